@@ -1,0 +1,40 @@
+// Errors a user can cause, with the offending text quoted and the rule named.
+//
+//   try { parse_spec("A[I_X, J_X]", mesh); }
+//   catch (const shardmm::InputError& e) {
+//     std::cerr << e.what();  // headline, then the text with a caret under the culprit
+//   }
+//
+// InputError means "the input is wrong" (the CLI exits 2); anything else escaping
+// the library is a bug or a resource problem.
+#pragma once
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace shardmm {
+
+class InputError : public std::runtime_error {
+ public:
+  // `headline` is one line naming what is wrong and the rule.
+  explicit InputError(std::string headline);
+  // Adds the quoted `text` with a caret under [pos, pos+len).
+  InputError(std::string headline, std::string_view text, std::size_t pos, std::size_t len = 1);
+
+  const std::string& headline() const { return headline_; }
+  // The quoted text and caret line ("" when the error has no source text).
+  const std::string& context() const { return context_; }
+
+ private:
+  std::string headline_;
+  std::string context_;
+};
+
+// Checked 64-bit arithmetic: sizes, products and byte counts never wrap silently.
+// `what` names the quantity in the error message.
+long long checked_mul(long long a, long long b, std::string_view what);
+long long checked_add(long long a, long long b, std::string_view what);
+
+}  // namespace shardmm

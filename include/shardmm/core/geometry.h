@@ -1,0 +1,56 @@
+// Shard geometry: which block of the global tensor each device holds.
+//
+//   Mesh mesh = Mesh::parse("X=4");
+//   split_range(10, 4, 1);                       // {offset 3, extent 3}: 3,3,2,2
+//   Spec a = parse_spec("A[I_X, J]", mesh);
+//   shard_box(mesh, a, {10, 5}, 3);              // {{8, 2}, {0, 5}}
+//
+// Uneven sizes follow numpy.array_split: n split p ways gives the first n mod p
+// shards one extra element; shards may be empty.
+//
+// A dimension sharded over several axes (I_{XY}) is split hierarchically: array_split
+// over X, then each piece over Y (as PyTorch DTensor nests placements on one tensor
+// dimension). For sizes divisible by |X|*|Y| this equals a flat split into |X|*|Y|
+// pieces; for uneven sizes it is what makes the cheap collectives exact: gathering the
+// minor-most axis of a dimension, slicing a new minor-most axis, and moving the
+// minor-most axis to another dimension each touch one group's data only.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "shardmm/core/mesh.h"
+#include "shardmm/core/spec.h"
+
+namespace shardmm {
+
+struct Range {
+  std::int64_t offset = 0;
+  std::int64_t extent = 0;
+  std::int64_t end() const { return offset + extent; }
+  bool operator==(const Range&) const = default;
+};
+
+// Piece `index` of [0, n) split `parts` ways (numpy.array_split).
+Range split_range(std::int64_t n, std::int64_t parts, std::int64_t index);
+// Piece `index` of `whole` split `parts` ways.
+Range split_range(Range whole, std::int64_t parts, std::int64_t index);
+
+// The range of a dimension of global size `n` sharded over `axes` that `device` holds.
+Range shard_range(const Mesh& mesh, std::int64_t n, const AxisList& axes, std::int64_t device);
+
+// One range per dimension.
+std::vector<Range> shard_box(const Mesh& mesh, const Spec& spec,
+                             const std::vector<std::int64_t>& shape, std::int64_t device);
+std::vector<std::int64_t> local_shape(const Mesh& mesh, const Spec& spec,
+                                      const std::vector<std::int64_t>& shape, std::int64_t device);
+std::int64_t local_elements(const Mesh& mesh, const Spec& spec,
+                            const std::vector<std::int64_t>& shape, std::int64_t device);
+// The largest local element count over all devices.
+std::int64_t max_local_elements(const Mesh& mesh, const Spec& spec,
+                                const std::vector<std::int64_t>& shape);
+
+// Elements of the intersection of two boxes (0 if disjoint).
+std::int64_t overlap_elements(const std::vector<Range>& a, const std::vector<Range>& b);
+
+}  // namespace shardmm

@@ -1,0 +1,77 @@
+// A named device mesh: axes with sizes, in declared order.
+//
+//   Mesh mesh = Mesh::parse("X=4,Y=2");   // 8 devices
+//   mesh.device_count();                 // 8
+//   mesh.coord(5, 0);                    // device 5 = (x=2, y=1): 2
+//
+// Device ids are row-major over the axes in declared order (first axis major), as
+// jax.make_mesh does: device = x * size(Y) + y.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardmm {
+
+// Mesh axis indices, ordered major to minor where order matters.
+using AxisList = std::vector<int>;
+
+struct MeshAxis {
+  std::string name;  // a letter followed by letters or digits: X, dp, tp2
+  std::int64_t size = 1;
+  bool operator==(const MeshAxis&) const = default;
+};
+
+class Mesh {
+ public:
+  Mesh() = default;
+  // Validates names and sizes; throws InputError.
+  explicit Mesh(std::vector<MeshAxis> axes);
+  // "X=4,Y=2" (spaces allowed around tokens).
+  static Mesh parse(std::string_view text);
+
+  int rank() const { return static_cast<int>(axes_.size()); }
+  const std::vector<MeshAxis>& axes() const { return axes_; }
+  const MeshAxis& axis(int index) const { return axes_.at(static_cast<std::size_t>(index)); }
+  std::int64_t size(int axis) const { return axes_[static_cast<std::size_t>(axis)].size; }
+  std::int64_t device_count() const { return device_count_; }
+
+  std::optional<int> find(std::string_view name) const;
+  // True when every axis name is one character, so that axis lists can be written
+  // by concatenation (I_XY) without ambiguity.
+  bool single_char_names() const;
+
+  // Coordinate of `device` along `axis`.
+  std::int64_t coord(std::int64_t device, int axis) const {
+    return (device / strides_[static_cast<std::size_t>(axis)]) % axes_[static_cast<std::size_t>(axis)].size;
+  }
+  std::int64_t stride(int axis) const { return strides_[static_cast<std::size_t>(axis)]; }
+  std::vector<std::int64_t> coords(std::int64_t device) const;
+  std::int64_t device(const std::vector<std::int64_t>& coords) const;
+
+  // Product of the sizes of `axes` (1 for none).
+  std::int64_t group_size(const AxisList& axes) const;
+  // Index of `device` within the group spanned by `axes` (mixed radix, first axis major).
+  std::int64_t group_rank(std::int64_t device, const AxisList& axes) const;
+  // The devices sharing `device`'s coordinates on every axis not in `axes`, ordered by
+  // group_rank.
+  std::vector<std::int64_t> group_members(std::int64_t device, const AxisList& axes) const;
+
+  // Axis names of `axes`, written the canonical way: "X", "XY" (single-character
+  // names) or "dp,tp".
+  std::string axis_names(const AxisList& axes) const;
+  // "X=4,Y=2"
+  std::string to_string() const;
+
+  bool operator==(const Mesh& other) const { return axes_ == other.axes_; }
+
+ private:
+  std::vector<MeshAxis> axes_;
+  std::vector<std::int64_t> strides_;
+  std::int64_t device_count_ = 1;
+};
+
+}  // namespace shardmm

@@ -1,0 +1,60 @@
+// The planners: reshards and sharded contractions, costed on a hardware profile.
+//
+//   Mesh mesh = Mesh::parse("X=4");
+//   PlanOptions opt{DType::bf16, builtin_profile("tpu-v5e")};
+//   Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I, K]", mesh);
+//   MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=4096,K=16384"), opt);
+//   p.cases[0].case_number;          // 3: both inputs shard the contracting dimension J over X
+//   p.candidates[p.chosen].steps;    // einsum, then all_reduce over X
+//
+// Planning is pure computation over specs and shapes: it never touches a communicator,
+// so a plan for 8192 devices is computed on a laptop.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardmm/core/contraction.h"
+#include "shardmm/core/mesh.h"
+#include "shardmm/core/spec.h"
+#include "shardmm/plan/cost.h"
+#include "shardmm/plan/step.h"
+
+namespace shardmm {
+
+struct PlanOptions {
+  DType dtype = DType::bf16;
+  HardwareProfile hw;
+  std::optional<std::int64_t> mem_limit_bytes;  // per device
+};
+
+// Plans `from` -> `to` for one tensor of global `shape` (the two specs name the same
+// dimensions in the same order). Always correct; for the common cases the cheapest
+// known plan: reduce_scatter before gathers, all_to_all to move an axis between
+// dimensions, slices (free) before gathers so that less data moves.
+Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
+                  const PlanOptions& options);
+
+// The seeds' four cases, per mesh axis, judged from the input shardings.
+struct AxisCase {
+  int axis = 0;
+  int case_number = 1;  // 1..4
+  std::string reason;
+};
+
+struct MatmulPlanning {
+  std::vector<AxisCase> cases;
+  std::vector<Plan> candidates;  // distinct strategies, cheapest first (ties broken by description)
+  int chosen = -1;               // index into candidates; -1 when none fits the memory limit
+};
+
+MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& contraction, const DimSizes& sizes,
+                           const PlanOptions& options);
+
+// Validates that `from` and `to` describe the same tensor (same dimension names in the
+// same order); throws InputError naming the difference.
+void check_same_tensor(const Spec& from, const Spec& to, const Mesh& mesh);
+
+}  // namespace shardmm

@@ -1,0 +1,76 @@
+// The communicator: collectives over groups of mesh axes, one object per rank (SPMD).
+//
+//   run_threads(Mesh::parse("X=4"), [](Communicator& comm) {
+//     std::vector<float> mine(3, float(comm.rank())), all(12);
+//     comm.all_gather(mine.data(), all.data(), {3, 3, 3, 3}, DType::f32, {0});
+//   });
+//
+// A group is a list of mesh axes (major to minor); it holds the devices that share
+// this device's coordinates on every other axis, ordered by Mesh::group_rank. Counts
+// are in elements and may differ per member (uneven shards) or be zero.
+//
+// Reductions are sums computed in group-rank order ((x0 + x1) + x2) + ..., on every
+// backend, so the same inputs give bitwise-identical results on threads and MPI.
+//
+// Backends: "threads" (one thread per device, the default) and "mpi" (one process per
+// device; built when SHARDMM_WITH_MPI is on). mpi.h never appears in a public header.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardmm/core/mesh.h"
+#include "shardmm/plan/step.h"
+
+namespace shardmm {
+
+using Counts = std::vector<std::int64_t>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual std::int64_t rank() const = 0;  // this device's id in the mesh
+  virtual const Mesh& mesh() const = 0;
+  virtual std::string backend() const = 0;
+
+  // recv = concatenation over members of each member's `counts[member]` elements;
+  // this rank contributes `send` (counts[my group rank] elements).
+  virtual void all_gather(const void* send, void* recv, const Counts& counts, DType dtype,
+                          const AxisList& group) = 0;
+  // `send` holds one chunk per member, concatenated (counts[m] elements for member m);
+  // recv gets the sum over members of chunk [my group rank] (counts[me] elements).
+  virtual void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype,
+                              const AxisList& group) = 0;
+  // In place: data = sum over members of their `data` (count elements each).
+  virtual void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& group) = 0;
+  // send_counts[m]: elements this rank sends to member m (chunks concatenated in member
+  // order); recv_counts[m]: elements it receives from member m (likewise).
+  virtual void all_to_all(const void* send, const Counts& send_counts, void* recv,
+                          const Counts& recv_counts, DType dtype, const AxisList& group) = 0;
+
+  // Point-to-point, for rings and pipelines. `peer` is a device id; messages between
+  // a pair are matched in order of `tag`-equal calls.
+  virtual void send(const void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
+  virtual void recv(void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
+
+  virtual void barrier() = 0;
+};
+
+// Runs `body` once per device of `mesh`, each on its own thread with its own
+// communicator. Returns when all have finished; the first exception thrown by any rank
+// is rethrown here after the others are released.
+void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& body);
+
+// The backends this build has: "threads", and "mpi" when built with MPI.
+std::vector<std::string> available_backends();
+// Runs `body` on the named backend. For "mpi" the process is one rank of an mpirun
+// job whose size must equal mesh.device_count(); `body` runs once in this process.
+void run_backend(std::string_view backend, const Mesh& mesh,
+                 const std::function<void(Communicator&)>& body);
+
+}  // namespace shardmm

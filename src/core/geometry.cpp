@@ -1,0 +1,67 @@
+#include "shardmm/core/geometry.h"
+
+#include <algorithm>
+
+#include "shardmm/core/error.h"
+
+namespace shardmm {
+
+Range split_range(std::int64_t n, std::int64_t parts, std::int64_t index) {
+  const std::int64_t base = n / parts, extra = n % parts;
+  return {index * base + std::min(index, extra), base + (index < extra ? 1 : 0)};
+}
+
+Range split_range(Range whole, std::int64_t parts, std::int64_t index) {
+  Range r = split_range(whole.extent, parts, index);
+  r.offset += whole.offset;
+  return r;
+}
+
+Range shard_range(const Mesh& mesh, std::int64_t n, const AxisList& axes, std::int64_t device) {
+  Range r{0, n};
+  for (int a : axes) r = split_range(r, mesh.size(a), mesh.coord(device, a));
+  return r;
+}
+
+std::vector<Range> shard_box(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape,
+                             std::int64_t device) {
+  std::vector<Range> box;
+  box.reserve(spec.dims.size());
+  for (std::size_t d = 0; d < spec.dims.size(); ++d) box.push_back(shard_range(mesh, shape[d], spec.dims[d].axes, device));
+  return box;
+}
+
+std::vector<std::int64_t> local_shape(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape,
+                                      std::int64_t device) {
+  std::vector<std::int64_t> out;
+  for (const Range& r : shard_box(mesh, spec, shape, device)) out.push_back(r.extent);
+  return out;
+}
+
+std::int64_t local_elements(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape,
+                            std::int64_t device) {
+  std::int64_t n = 1;
+  for (std::size_t d = 0; d < spec.dims.size(); ++d) n *= shard_range(mesh, shape[d], spec.dims[d].axes, device).extent;
+  return n;
+}
+
+std::int64_t max_local_elements(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape) {
+  // The largest shard of each dimension is its first one (array_split puts the extra elements
+  // first, at every level of a nested split), and the dimensions vary independently, so the
+  // product of the first shards' extents is the maximum.
+  std::int64_t n = 1;
+  for (std::size_t d = 0; d < spec.dims.size(); ++d) n *= shard_range(mesh, shape[d], spec.dims[d].axes, 0).extent;
+  return n;
+}
+
+std::int64_t overlap_elements(const std::vector<Range>& a, const std::vector<Range>& b) {
+  std::int64_t n = 1;
+  for (std::size_t d = 0; d < a.size(); ++d) {
+    const std::int64_t lo = std::max(a[d].offset, b[d].offset), hi = std::min(a[d].end(), b[d].end());
+    if (hi <= lo) return 0;
+    n *= hi - lo;
+  }
+  return n;
+}
+
+}  // namespace shardmm

@@ -1,0 +1,433 @@
+#include "shardmm/core/spec.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "core/text.h"
+#include "shardmm/core/error.h"
+
+namespace shardmm {
+
+int Spec::find_dim(std::string_view name) const {
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (dims[i].name == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+int Spec::dim_of_axis(int axis) const {
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (std::find(dims[i].axes.begin(), dims[i].axes.end(), axis) != dims[i].axes.end()) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+bool Spec::is_unreduced(int axis) const {
+  return std::find(unreduced.begin(), unreduced.end(), axis) != unreduced.end();
+}
+
+namespace {
+
+std::string axes_suffix(const AxisList& axes, const Mesh& mesh) {
+  if (axes.empty()) return "";
+  if (axes.size() == 1 || mesh.single_char_names()) return "_" + mesh.axis_names(axes);
+  return "_{" + mesh.axis_names(axes) + "}";
+}
+
+struct Violation {
+  std::string message;
+  int dim;  // the dimension to point at, or -1 for the unreduced axes
+};
+
+std::string format_spec_unchecked(const Spec& spec, const Mesh& mesh);
+
+// The first rule `spec` breaks: an axis used twice, or both sharding and unreduced.
+std::optional<Violation> find_violation(const Spec& spec, const Mesh& mesh) {
+  std::vector<int> owner(static_cast<std::size_t>(mesh.rank()), -1);  // dimension index
+  for (std::size_t d = 0; d < spec.dims.size(); ++d) {
+    for (int a : spec.dims[d].axes) {
+      if (a < 0 || a >= mesh.rank()) return Violation{"mesh axis index " + std::to_string(a) + " is out of range", static_cast<int>(d)};
+      const std::string& name = mesh.axis(a).name;
+      const int prev = owner[static_cast<std::size_t>(a)];
+      if (prev == static_cast<int>(d)) {
+        return Violation{"mesh axis '" + name + "' appears twice in dimension " + spec.dims[d].name +
+                             "; a mesh axis can shard a dimension only once",
+                         static_cast<int>(d)};
+      }
+      if (prev >= 0) {
+        // Suggest legal alternatives: drop the second use, or give the second dimension an
+        // axis nobody uses, or shard the first dimension over both.
+        Spec keep = spec;
+        auto& axes = keep.dims[d].axes;
+        axes.erase(std::find(axes.begin(), axes.end(), a));
+        std::string hint = "did you mean " + format_spec_unchecked(keep, mesh);
+        for (int u = 0; u < mesh.rank(); ++u) {
+          if (!spec.uses(u)) {
+            Spec other = spec;
+            std::replace(other.dims[d].axes.begin(), other.dims[d].axes.end(), a, u);
+            Spec merged = keep;
+            merged.dims[static_cast<std::size_t>(prev)].axes.push_back(u);
+            hint = "did you mean " + format_spec_unchecked(other, mesh) + " or " + format_spec_unchecked(merged, mesh);
+            break;
+          }
+        }
+        return Violation{"mesh axis '" + name + "' shards two dimensions (" +
+                             spec.dims[static_cast<std::size_t>(prev)].name + " and " + spec.dims[d].name +
+                             "); a mesh axis can shard only one dimension; " + hint + "?",
+                         static_cast<int>(d)};
+      }
+      owner[static_cast<std::size_t>(a)] = static_cast<int>(d);
+    }
+  }
+  for (std::size_t i = 0; i < spec.unreduced.size(); ++i) {
+    const int a = spec.unreduced[i];
+    if (a < 0 || a >= mesh.rank()) return Violation{"mesh axis index " + std::to_string(a) + " is out of range", -1};
+    if (i > 0 && spec.unreduced[i - 1] >= a) {
+      return Violation{"unreduced axes must be distinct and in mesh order", -1};
+    }
+    const int prev = owner[static_cast<std::size_t>(a)];
+    if (prev >= 0) {
+      return Violation{"mesh axis '" + mesh.axis(a).name + "' both shards dimension " +
+                           spec.dims[static_cast<std::size_t>(prev)].name +
+                           " and is unreduced; an axis either shards a dimension or holds partial sums, not both",
+                       -1};
+    }
+  }
+  return std::nullopt;
+}
+
+// A parser over one spec's text that remembers positions for error carets.
+class SpecParser {
+ public:
+  SpecParser(std::string_view src, const Mesh& mesh) : src_(src), mesh_(mesh) {}
+
+  Spec parse() {
+    Spec spec;
+    std::size_t pos = 0;
+    skip_space(pos);
+    const std::size_t name_begin = pos;
+    while (pos < src_.size() && (text::is_letter(src_[pos]) || text::is_digit(src_[pos]) || src_[pos] == '_')) ++pos;
+    spec.tensor = std::string(src_.substr(name_begin, pos - name_begin));
+    if (!spec.tensor.empty() && !text::is_letter(spec.tensor[0])) {
+      fail("bad tensor name '" + spec.tensor + "'; a tensor name starts with a letter", name_begin,
+           spec.tensor.size());
+    }
+    skip_space(pos);
+    if (pos >= src_.size()) {
+      if (src_.find_first_not_of(" \t") == std::string_view::npos) {
+        throw InputError("empty spec; write a tensor's sharding as A[I_X, J]");
+      }
+      fail("missing '[' after the tensor name; write a sharding as A[I_X, J]", pos, 1);
+    }
+    if (src_[pos] != '[') {
+      fail("unexpected '" + text::show_char(src_[pos]) + "'; write a sharding as A[I_X, J]", pos, 1);
+    }
+    const std::size_t open = pos;
+    const std::size_t close = matching(open, '[', ']');
+    parse_dims(open + 1, close, spec);
+    pos = close + 1;
+    skip_space(pos);
+    if (pos < src_.size() && src_[pos] == '{') {
+      const std::size_t uclose = matching(pos, '{', '}');
+      parse_unreduced(pos + 1, uclose, spec);
+      pos = uclose + 1;
+      skip_space(pos);
+    }
+    if (pos < src_.size()) {
+      fail("unexpected '" + text::show_char(src_[pos]) +
+               "' after the spec; only an unreduced suffix like {U_X} may follow ']'",
+           pos, 1);
+    }
+    check_rules(spec);
+    return spec;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why, std::size_t pos, std::size_t len) const {
+    throw InputError("bad spec '" + std::string(src_) + "': " + why, src_, pos, std::max<std::size_t>(1, len));
+  }
+
+  void skip_space(std::size_t& pos) const {
+    while (pos < src_.size() && text::is_space(src_[pos])) ++pos;
+  }
+
+  std::size_t matching(std::size_t open, char o, char c) const {
+    int depth = 0;
+    for (std::size_t i = open; i < src_.size(); ++i) {
+      if (src_[i] == o) ++depth;
+      if (src_[i] == c && --depth == 0) return i;
+    }
+    fail(std::string("'") + o + "' is never closed; add the matching '" + c + "'", open, 1);
+  }
+
+  void parse_dims(std::size_t begin, std::size_t end, Spec& spec) {
+    std::size_t from = begin, to = end;
+    text::trim(src_, from, to);
+    if (from == to) fail("empty brackets; a spec names every dimension, e.g. A[I_X, J]", begin - 1, end - begin + 2);
+    std::size_t start = begin;
+    int depth = 0;
+    for (std::size_t i = begin; i <= end; ++i) {
+      const char ch = i < end ? src_[i] : ',';
+      if (ch == '{') ++depth;
+      if (ch == '}') --depth;
+      if (ch == ',' && depth == 0) {
+        parse_dim(start, i, spec);
+        start = i + 1;
+      }
+    }
+  }
+
+  void parse_dim(std::size_t begin, std::size_t end, Spec& spec) {
+    std::size_t from = begin, to = end;
+    text::trim(src_, from, to);
+    if (from == to) fail("empty dimension between commas; name every dimension", std::min(begin, src_.size() - 1), 1);
+    if (!text::is_letter(src_[from])) {
+      fail("dimension names start with a letter, got '" + text::show_char(src_[from]) + "'", from, 1);
+    }
+    std::size_t pos = from + 1;
+    while (pos < to && text::is_digit(src_[pos])) ++pos;
+    DimSpec dim{std::string(src_.substr(from, pos - from)), {}};
+    dim_pos_.push_back(from);
+    if (pos < to) {
+      const bool underscore = src_[pos] == '_';
+      const std::size_t axes_from = underscore ? pos + 1 : pos;
+      dim.axes = parse_axes(axes_from, to, "dimension " + dim.name);
+    }
+    spec.dims.push_back(std::move(dim));
+  }
+
+  void parse_unreduced(std::size_t begin, std::size_t end, Spec& spec) {
+    std::size_t from = begin, to = end;
+    text::trim(src_, from, to);
+    if (from == to || src_[from] != 'U') {
+      fail("the braces after a spec hold unreduced axes, written {U_X}", from == to ? begin - 1 : from,
+           from == to ? 2 : 1);
+    }
+    std::size_t pos = from + 1;
+    if (pos < to && src_[pos] == '_') ++pos;
+    if (pos >= to) fail("no axes after 'U'; write the unreduced axes as {U_X} or {U_XY}", from, 1);
+    unreduced_pos_ = pos;
+    AxisList axes = parse_axes(pos, to, "the unreduced axes");
+    for (std::size_t i = 0; i < axes.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (axes[i] == axes[j]) {
+          fail("mesh axis '" + mesh_.axis(axes[i]).name + "' is listed twice as unreduced", pos, to - pos);
+        }
+      }
+    }
+    std::sort(axes.begin(), axes.end());
+    spec.unreduced = std::move(axes);
+  }
+
+  // Axes written after '_': X, XY (split into mesh axis names), {XY}, {dp,tp}.
+  AxisList parse_axes(std::size_t from, std::size_t to, const std::string& what) {
+    text::trim(src_, from, to);
+    if (from == to) fail("no mesh axes after '_' in " + what + "; write I_X or leave the dimension bare", from, 1);
+    if (src_[from] == '{') {
+      if (src_[to - 1] != '}') fail("'{' is never closed in " + what, from, 1);
+      ++from;
+      --to;
+      text::trim(src_, from, to);
+      if (from == to) fail("empty braces in " + what + "; list its mesh axes, e.g. I_{XY}", from - 1, 2);
+      if (src_.substr(from, to - from).find(',') != std::string_view::npos) {
+        AxisList axes;
+        std::size_t start = from;
+        for (std::size_t i = from; i <= to; ++i) {
+          if (i == to || src_[i] == ',') {
+            std::size_t nf = start, nt = i;
+            text::trim(src_, nf, nt);
+            if (nf == nt) fail("empty axis name in " + what, std::min(nf, src_.size() - 1), 1);
+            const std::string name(src_.substr(nf, nt - nf));
+            auto axis = mesh_.find(name);
+            if (!axis) unknown_axis(name, nf, nt - nf);
+            axes.push_back(*axis);
+            start = i + 1;
+          }
+        }
+        return axes;
+      }
+    }
+    return split_names(from, to, what);
+  }
+
+  [[noreturn]] void unknown_axis(const std::string& name, std::size_t pos, std::size_t len) const {
+    std::string names;
+    for (int i = 0; i < mesh_.rank(); ++i) names += (i ? ", " : "") + mesh_.axis(i).name;
+    fail("unknown mesh axis '" + name + "'; the mesh " + mesh_.to_string() + " has axes " + names, pos, len);
+  }
+
+  // Splits a run of axis names written together (XY, dptp) into the mesh's names. A run
+  // that is exactly one axis name means that axis; otherwise it must split one way only.
+  AxisList split_names(std::size_t from, std::size_t to, const std::string& what) {
+    const std::string_view run = src_.substr(from, to - from);
+    for (std::size_t i = 0; i < run.size(); ++i) {
+      if (!text::is_letter(run[i]) && !text::is_digit(run[i])) {
+        fail("unexpected '" + text::show_char(run[i]) + "' in " + what +
+                 "; mesh axes are written I_X, I_XY or I_{dp,tp}",
+             from + i, 1);
+      }
+    }
+    if (auto exact = mesh_.find(run)) return {*exact};
+    // ways[i]: number of ways to split run[i..] (capped at 2), next[i]: first name's length.
+    const std::size_t n = run.size();
+    std::vector<int> ways(n + 1, 0);
+    std::vector<std::size_t> first(n + 1, 0);
+    ways[n] = 1;
+    for (std::size_t i = n; i-- > 0;) {
+      for (int a = 0; a < mesh_.rank(); ++a) {
+        const std::string& name = mesh_.axis(a).name;
+        if (run.substr(i, name.size()) == name && ways[i + name.size()] > 0) {
+          if (ways[i] == 0) first[i] = name.size();
+          ways[i] = std::min(2, ways[i] + ways[i + name.size()]);
+        }
+      }
+    }
+    if (ways[0] == 0) {
+      // Name the first stretch that no reading can explain.
+      std::size_t reach = 0;
+      std::vector<bool> reachable(n + 1, false);
+      reachable[0] = true;
+      for (std::size_t i = 0; i < n; ++i) {
+        if (!reachable[i]) continue;
+        reach = std::max(reach, i);
+        for (int a = 0; a < mesh_.rank(); ++a) {
+          const std::string& name = mesh_.axis(a).name;
+          if (run.substr(i, name.size()) == name) reachable[i + name.size()] = true;
+        }
+      }
+      for (std::size_t i = 0; i <= n; ++i) {
+        if (reachable[i]) reach = i;
+      }
+      if (reach == 0) unknown_axis(std::string(run), from, n);
+      unknown_axis(std::string(run.substr(reach)), from + reach, n - reach);
+    }
+    if (ways[0] > 1) {
+      fail("'" + std::string(run) + "' splits into mesh axis names more than one way; separate them with commas, e.g. _{" +
+               std::string(run.substr(0, first[0])) + "," + std::string(run.substr(first[0])) + "}",
+           from, n);
+    }
+    AxisList axes;
+    for (std::size_t i = 0; i < n;) {
+      for (int a = 0; a < mesh_.rank(); ++a) {
+        const std::string& name = mesh_.axis(a).name;
+        if (run.substr(i, name.size()) == name && ways[i + name.size()] > 0) {
+          axes.push_back(a);
+          i += name.size();
+          break;
+        }
+      }
+    }
+    return axes;
+  }
+
+  void check_rules(const Spec& spec) const {
+    for (std::size_t i = 0; i < spec.dims.size(); ++i) {
+      for (std::size_t j = 0; j < i; ++j) {
+        if (spec.dims[i].name == spec.dims[j].name) {
+          fail("dimension '" + spec.dims[i].name + "' appears twice; dimension names in a spec must be distinct",
+               dim_pos_[i], spec.dims[i].name.size());
+        }
+      }
+    }
+    if (auto v = find_violation(spec, mesh_)) {
+      const std::size_t at = v->dim >= 0 ? dim_pos_[static_cast<std::size_t>(v->dim)] : unreduced_pos_;
+      fail(v->message, at, 1);
+    }
+  }
+
+  std::string_view src_;
+  const Mesh& mesh_;
+  std::vector<std::size_t> dim_pos_;
+  std::size_t unreduced_pos_ = 0;
+};
+
+}  // namespace
+
+void validate_spec(const Spec& spec, const Mesh& mesh) {
+  for (std::size_t i = 0; i < spec.dims.size(); ++i) {
+    for (std::size_t j = 0; j < i; ++j) {
+      if (spec.dims[i].name == spec.dims[j].name) {
+        throw InputError("dimension '" + spec.dims[i].name + "' appears twice in " + format_spec(spec, mesh) +
+                         "; dimension names in a spec must be distinct");
+      }
+    }
+  }
+  if (auto v = find_violation(spec, mesh)) throw InputError(v->message);
+}
+
+Spec parse_spec(std::string_view text, const Mesh& mesh) { return SpecParser(text, mesh).parse(); }
+
+std::string format_spec(const Spec& spec, const Mesh& mesh) { return format_spec_unchecked(spec, mesh); }
+
+namespace {
+std::string format_spec_unchecked(const Spec& spec, const Mesh& mesh) {
+  std::string out = spec.tensor + "[";
+  for (std::size_t i = 0; i < spec.dims.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += spec.dims[i].name + axes_suffix(spec.dims[i].axes, mesh);
+  }
+  out += "]";
+  if (!spec.unreduced.empty()) {
+    out += "{U" + axes_suffix(spec.unreduced, mesh) + "}";
+  }
+  return out;
+}
+}  // namespace
+
+DimSizes parse_dims(std::string_view src) {
+  DimSizes sizes;
+  if (src.find_first_not_of(" \t") == std::string_view::npos) {
+    throw InputError("empty --dims; give each dimension's size as NAME=SIZE, e.g. I=8192,J=4096");
+  }
+  std::size_t pos = 0;
+  while (pos <= src.size()) {
+    std::size_t end = src.find(',', pos);
+    if (end == std::string_view::npos) end = src.size();
+    std::size_t from = pos, to = end;
+    text::trim(src, from, to);
+    auto fail = [&](const std::string& why, std::size_t at, std::size_t len) {
+      throw InputError("bad dims '" + std::string(src) + "': " + why, src, at, std::max<std::size_t>(1, len));
+    };
+    if (from == to) fail("empty entry between commas; write NAME=SIZE", std::min(from, src.size() - 1), 1);
+    const std::size_t eq = src.find('=', from);
+    if (eq == std::string_view::npos || eq >= to) fail("'" + std::string(src.substr(from, to - from)) + "' has no '='; write NAME=SIZE", from, to - from);
+    std::size_t nf = from, nt = eq;
+    text::trim(src, nf, nt);
+    const std::string name(src.substr(nf, nt - nf));
+    bool ok = !name.empty() && text::is_letter(name[0]);
+    for (std::size_t i = 1; ok && i < name.size(); ++i) ok = text::is_digit(name[i]);
+    if (!ok) fail("bad dimension name '" + name + "'; a dimension name is a letter, optionally followed by digits", nf, nt - nf);
+    std::size_t sf = eq + 1, st = to;
+    text::trim(src, sf, st);
+    std::int64_t size = 0;
+    std::string why;
+    if (!text::parse_size(src.substr(sf, st - sf), size, why)) {
+      fail("size of dimension '" + name + "' " + why + "; a dimension size is a whole number >= 1", sf, st - sf);
+    }
+    if (size < 1) fail("dimension '" + name + "' has size 0; a dimension size must be at least 1", sf, st - sf);
+    if (sizes.count(name)) fail("dimension '" + name + "' is given twice", nf, nt - nf);
+    sizes[name] = size;
+    pos = end + 1;
+  }
+  return sizes;
+}
+
+std::vector<std::int64_t> global_shape(const Spec& spec, const DimSizes& sizes) {
+  std::vector<std::int64_t> shape;
+  std::int64_t elements = 1;
+  for (const DimSpec& d : spec.dims) {
+    auto it = sizes.find(d.name);
+    if (it == sizes.end()) {
+      throw InputError("dimension '" + d.name + "' of " + (spec.tensor.empty() ? "the tensor" : spec.tensor) +
+                       " has no size; add " + d.name + "=<size> to --dims");
+    }
+    shape.push_back(it->second);
+    elements = checked_mul(elements, it->second,
+                           "the element count of " + (spec.tensor.empty() ? std::string("the tensor") : spec.tensor));
+  }
+  return shape;
+}
+
+}  // namespace shardmm

@@ -1,0 +1,34 @@
+// Small lexing helpers shared by the core parsers (private to the library).
+#pragma once
+
+#include <cctype>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace shardmm::text {
+
+inline bool is_letter(char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; }
+inline bool is_digit(char c) { return c >= '0' && c <= '9'; }
+inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+// Axis names: a letter followed by letters or digits.
+inline bool is_identifier(std::string_view s) {
+  if (s.empty() || !is_letter(s[0])) return false;
+  for (char c : s) {
+    if (!is_letter(c) && !is_digit(c)) return false;
+  }
+  return true;
+}
+
+// Shows a character for an error message: printable as itself, others as \xNN.
+std::string show_char(char c);
+
+// Parses a positive decimal integer that fits in int64 from `digits` (all of it).
+// Returns false and sets `why` ("not a number", "overflows 64 bits", ...) on failure.
+bool parse_size(std::string_view digits, std::int64_t& value, std::string& why);
+
+// Trimmed span [begin, end) of `s` within [from, to).
+void trim(std::string_view s, std::size_t& from, std::size_t& to);
+
+}  // namespace shardmm::text

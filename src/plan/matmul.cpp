@@ -1,0 +1,315 @@
+#include <algorithm>
+#include <set>
+
+#include "plan/steps.h"
+#include "shardmm/core/error.h"
+
+namespace shardmm {
+namespace {
+
+std::string axis_name(const Mesh& mesh, int axis) { return mesh.axis(axis).name; }
+
+AxisCase classify_axis(const Mesh& mesh, const Contraction& c, int x) {
+  const std::string X = axis_name(mesh, x);
+  const Spec& a = c.a;
+  const Spec& b = c.b;
+  const int da = a.dim_of_axis(x), db = b.dim_of_axis(x);
+  const std::string la = da >= 0 ? a.dims[static_cast<std::size_t>(da)].name : "";
+  const std::string lb = db >= 0 ? b.dims[static_cast<std::size_t>(db)].name : "";
+  const bool ca = !la.empty() && c.role(la) == DimRole::contracted;
+  const bool cb = !lb.empty() && c.role(lb) == DimRole::contracted;
+  AxisCase out{x, 1, ""};
+  if (a.is_unreduced(x) || b.is_unreduced(x)) {
+    const Spec& partial = a.is_unreduced(x) ? a : b;
+    const Spec& other = a.is_unreduced(x) ? b : a;
+    out.case_number = 3;
+    out.reason = partial.tensor + " holds partial sums over " + X + " ({U_" + X + "}); the einsum is linear, so " +
+                 (other.uses(x) ? other.tensor + " must stop using " + X + " or " + partial.tensor + " be reduced first"
+                                : "the result is a partial sum over " + X + " too") +
+                 ", to be reduced with all_reduce or reduce_scatter, or kept unreduced";
+  } else if (ca && cb && la == lb) {
+    out.case_number = 3;
+    out.reason = "both " + a.tensor + " and " + b.tensor + " shard the contracting dimension " + la + " over " + X +
+                 ": each device multiplies its matching " + la + "-blocks into a partial sum " + c.out_tensor + "{U_" +
+                 X + "}, reduced by all_reduce (replicated result), reduce_scatter (sharded result) or kept unreduced";
+  } else if (ca || cb) {
+    const Spec& sharded = ca ? a : b;
+    const Spec& other = ca ? b : a;
+    const std::string& j = ca ? la : lb;
+    const std::string& ol = ca ? lb : la;
+    out.case_number = 2;
+    out.reason = "only " + sharded.tensor + " shards the contracting dimension " + j + " over " + X +
+                 ": all_gather " + sharded.tensor + "'s " + j + " before the einsum, or slice " + other.tensor + "'s " +
+                 j + " locally to match and reduce the partial sums after it";
+    if (!ol.empty()) {
+      out.reason += " (" + other.tensor + " uses " + X + " for " + ol + ", which must give it up first)";
+    }
+  } else if (!la.empty() && !lb.empty()) {
+    if (la == lb) {
+      out.reason = "both inputs shard the batch dimension " + la + " over " + X +
+                   ": the blocks line up and each device computes its own block with no communication";
+    } else {
+      out.case_number = 4;
+      out.reason = a.tensor + " shards " + la + " and " + b.tensor + " shards " + lb + " over the same axis " + X +
+                   ": each device would hold only a diagonal block of " + c.out_tensor + "[" + la + ", " + lb +
+                   "] and a mesh axis can shard only one dimension, so all_gather one side over " + X + " first";
+    }
+  } else if (!la.empty() || !lb.empty()) {
+    const std::string& l = la.empty() ? lb : la;
+    out.reason = (la.empty() ? b.tensor : a.tensor) + " shards " + l + " over " + X +
+                 ", which is not contracted: each device computes its own block of " + c.out_tensor +
+                 " with no communication";
+  } else {
+    out.reason = X + " shards neither input: the einsum is replicated over " + X;
+  }
+  return out;
+}
+
+// A mesh axis's part in the local einsum.
+struct Role {
+  enum Kind { none, dim, unreduced_a, unreduced_b } kind = none;
+  std::string letter;  // for `dim`
+  bool operator<(const Role& o) const { return std::tie(kind, letter) < std::tie(o.kind, o.letter); }
+};
+
+class MatmulPlanner {
+ public:
+  MatmulPlanner(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options)
+      : mesh_(mesh), c_(c), sizes_(sizes), options_(options), coster_(mesh, options) {
+    a_shape_ = global_shape(c.a, sizes);
+    b_shape_ = global_shape(c.b, sizes);
+    Spec out_dims_only;
+    out_dims_only.tensor = c.out_tensor;
+    for (const std::string& d : c.out_dims) out_dims_only.dims.push_back({d, {}});
+    c_shape_ = global_shape(out_dims_only, sizes);
+  }
+
+  std::vector<Plan> candidates() {
+    std::vector<std::vector<Role>> options(static_cast<std::size_t>(mesh_.rank()));
+    for (int x = 0; x < mesh_.rank(); ++x) options[static_cast<std::size_t>(x)] = roles_for(x);
+    std::vector<Role> chosen(options.size());
+    enumerate_roles(options, chosen, 0);
+    // Cheapest first; ties go to the smaller footprint, then to fewer steps, then by name.
+    std::stable_sort(plans_.begin(), plans_.end(), [this](const Plan& p, const Plan& q) {
+      const auto key = [this](const Plan& x) {
+        return std::make_tuple(x.total_time_s, x.peak_bytes_per_device, x.steps.size(), x.description,
+                               format_spec(x.output, mesh_));
+      };
+      return key(p) < key(q);
+    });
+    return std::move(plans_);
+  }
+
+ private:
+  std::vector<Role> roles_for(int x) const {
+    std::set<Role> roles{Role{}};
+    for (const Spec* s : {&c_.a, &c_.b}) {
+      if (int d = s->dim_of_axis(x); d >= 0) roles.insert({Role::dim, s->dims[static_cast<std::size_t>(d)].name});
+    }
+    if (c_.out) {
+      if (int d = c_.out->dim_of_axis(x); d >= 0) roles.insert({Role::dim, c_.out->dims[static_cast<std::size_t>(d)].name});
+      // A requested partial sum can come straight from splitting a contracted dimension.
+      if (c_.out->is_unreduced(x)) {
+        for (const std::string& j : c_.contracted()) roles.insert({Role::dim, j});
+      }
+    }
+    if (c_.a.is_unreduced(x)) roles.insert({Role::unreduced_a, ""});
+    if (c_.b.is_unreduced(x)) roles.insert({Role::unreduced_b, ""});
+    return {roles.begin(), roles.end()};
+  }
+
+  void enumerate_roles(const std::vector<std::vector<Role>>& options, std::vector<Role>& chosen, std::size_t x) {
+    if (x == options.size()) {
+      enumerate_orders(chosen);
+      return;
+    }
+    for (const Role& r : options[x]) {
+      chosen[x] = r;
+      enumerate_roles(options, chosen, x + 1);
+    }
+  }
+
+  // The orders (major to minor) in which a letter's axes may shard it: as the output, A or B
+  // already order them, the rest in mesh order.
+  std::vector<AxisList> orders_for(const std::string& letter, const AxisList& axes) const {
+    std::vector<const AxisList*> sources;
+    if (c_.out && c_.out->find_dim(letter) >= 0) sources.push_back(&c_.out->dims[static_cast<std::size_t>(c_.out->find_dim(letter))].axes);
+    for (const Spec* s : {&c_.a, &c_.b}) {
+      if (s->find_dim(letter) >= 0) sources.push_back(&s->dims[static_cast<std::size_t>(s->find_dim(letter))].axes);
+    }
+    std::vector<AxisList> orders;
+    const auto add = [&](const AxisList* source) {
+      AxisList order;
+      if (source) {
+        for (int a : *source) {
+          if (std::find(axes.begin(), axes.end(), a) != axes.end()) order.push_back(a);
+        }
+      }
+      for (int a : axes) {
+        if (std::find(order.begin(), order.end(), a) == order.end()) order.push_back(a);
+      }
+      if (std::find(orders.begin(), orders.end(), order) == orders.end()) orders.push_back(order);
+    };
+    for (const AxisList* s : sources) add(s);
+    if (orders.empty()) add(nullptr);
+    return orders;
+  }
+
+  void enumerate_orders(const std::vector<Role>& roles) {
+    const std::vector<std::string> letters = c_.all_dims();
+    std::vector<std::vector<AxisList>> per_letter;
+    for (const std::string& l : letters) {
+      AxisList axes;
+      for (int x = 0; x < mesh_.rank(); ++x) {
+        if (roles[static_cast<std::size_t>(x)].kind == Role::dim && roles[static_cast<std::size_t>(x)].letter == l) axes.push_back(x);
+      }
+      per_letter.push_back(axes.size() > 1 ? orders_for(l, axes) : std::vector<AxisList>{axes});
+    }
+    std::vector<std::size_t> pick(letters.size(), 0);
+    while (true) {
+      std::map<std::string, AxisList> layout;
+      for (std::size_t i = 0; i < letters.size(); ++i) layout[letters[i]] = per_letter[i][pick[i]];
+      build(roles, layout);
+      std::size_t i = 0;
+      while (i < pick.size() && ++pick[i] == per_letter[i].size()) pick[i++] = 0;
+      if (i == pick.size()) break;
+    }
+  }
+
+  Spec operand(const Spec& original, const std::map<std::string, AxisList>& layout, const AxisList& unreduced) const {
+    Spec s;
+    s.tensor = original.tensor;
+    for (const DimSpec& d : original.dims) s.dims.push_back({d.name, layout.at(d.name)});
+    s.unreduced = unreduced;
+    return s;
+  }
+
+  void build(const std::vector<Role>& roles, const std::map<std::string, AxisList>& layout) {
+    AxisList ua, ub, uc;
+    for (int x = 0; x < mesh_.rank(); ++x) {
+      const Role& r = roles[static_cast<std::size_t>(x)];
+      if (r.kind == Role::unreduced_a) ua.push_back(x);
+      if (r.kind == Role::unreduced_b) ub.push_back(x);
+      if (r.kind != Role::none && (r.kind != Role::dim || c_.role(r.letter) == DimRole::contracted)) uc.push_back(x);
+    }
+    const Spec a = operand(c_.a, layout, ua);
+    const Spec b = operand(c_.b, layout, ub);
+    Spec local;
+    local.tensor = c_.out_tensor;
+    for (const std::string& d : c_.out_dims) local.dims.push_back({d, layout.at(d)});
+    local.unreduced = uc;
+    if (c_.out) {
+      add_plan(a, b, local, *c_.out);
+      return;
+    }
+    // No output requested: any fully reduced sharding will do; each pending sum is either
+    // all-reduced or reduce-scattered onto one of the output's dimensions.
+    std::vector<Spec> targets{local};
+    targets[0].unreduced.clear();
+    for (int x : uc) {
+      std::vector<Spec> next;
+      for (const Spec& t : targets) {
+        next.push_back(t);
+        for (std::size_t d = 0; d < t.dims.size(); ++d) {
+          Spec rs = t;
+          rs.dims[d].axes.push_back(x);
+          next.push_back(rs);
+        }
+      }
+      targets.swap(next);
+    }
+    for (const Spec& t : targets) add_plan(a, b, local, t);
+  }
+
+  void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target) {
+    Plan plan;
+    const std::vector<Step> a_steps = detail::reshard_steps(mesh_, c_.a, a);
+    const std::vector<Step> b_steps = detail::reshard_steps(mesh_, c_.b, b);
+    Step einsum = detail::make_step(OpKind::einsum, a, {});
+    einsum.tensor = c_.out_tensor;
+    einsum.from_b = b;
+    einsum.to = local;
+    const std::vector<Step> c_steps = detail::reshard_steps(mesh_, local, target);
+
+    std::string signature;
+    for (const auto* steps : {&a_steps, &b_steps, &c_steps}) {
+      for (const Step& s : *steps) signature += format_spec(s.from, mesh_) + ">" + format_spec(s.to, mesh_) + to_string(s.op) + ";";
+      signature += "|";
+    }
+    signature += format_spec(local, mesh_);
+    if (!seen_.insert(signature).second) return;
+
+    // Peak: the caller's inputs stay allocated; an intermediate lives until its consumer ran.
+    const std::int64_t inputs = coster_.max_bytes(c_.a, a_shape_) + coster_.max_bytes(c_.b, b_shape_);
+    std::int64_t peak = inputs;
+    std::int64_t a_live = 0, b_live = 0;
+    const auto run = [&](const std::vector<Step>& steps, const std::vector<std::int64_t>& shape, std::int64_t held,
+                         std::int64_t first_input) {
+      std::int64_t current = first_input;
+      for (Step s : steps) {
+        coster_.cost(s, shape);
+        const std::int64_t out = coster_.max_bytes(s.to, shape);
+        peak = std::max(peak, inputs + held + current + out);
+        current = out;
+        plan.steps.push_back(s);
+      }
+      return current;
+    };
+    a_live = run(a_steps, a_shape_, 0, 0);
+    b_live = run(b_steps, b_shape_, a_live, 0);
+    coster_.cost_einsum(einsum, sizes_);
+    const std::int64_t local_bytes = coster_.max_bytes(local, c_shape_);
+    peak = std::max(peak, inputs + a_live + b_live + local_bytes);
+    plan.steps.push_back(einsum);
+    run(c_steps, c_shape_, 0, local_bytes);
+    plan.peak_bytes_per_device = peak;
+    plan.output = target;
+    plan.output.tensor = c_.out_tensor;
+    plan.description = describe(plan);
+    detail::total_up(plan, options_);
+    plans_.push_back(std::move(plan));
+  }
+
+  std::string describe(const Plan& plan) const {
+    std::string out;
+    for (const Step& s : plan.steps) {
+      if (!out.empty()) out += ", then ";
+      if (s.op == OpKind::einsum) {
+        out += "local einsum";
+      } else {
+        out += std::string(to_string(s.op)) + " " + s.tensor;
+        if (!s.axes.empty()) out += " over " + mesh_.axis_names(s.axes);
+      }
+    }
+    return out;
+  }
+
+  const Mesh& mesh_;
+  const Contraction& c_;
+  const DimSizes& sizes_;
+  const PlanOptions& options_;
+  detail::StepCoster coster_;
+  std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
+  std::vector<Plan> plans_;
+  std::set<std::string> seen_;
+};
+
+}  // namespace
+
+MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options) {
+  validate_spec(c.a, mesh);
+  validate_spec(c.b, mesh);
+  if (c.out) validate_spec(*c.out, mesh);
+  MatmulPlanning result;
+  for (int x = 0; x < mesh.rank(); ++x) result.cases.push_back(classify_axis(mesh, c, x));
+  result.candidates = MatmulPlanner(mesh, c, sizes, options).candidates();
+  for (std::size_t i = 0; i < result.candidates.size(); ++i) {
+    if (result.candidates[i].fits_memory) {
+      result.chosen = static_cast<int>(i);
+      break;
+    }
+  }
+  return result;
+}
+
+}  // namespace shardmm

@@ -1,0 +1,194 @@
+#include <algorithm>
+
+#include "plan/steps.h"
+#include "shardmm/core/error.h"
+
+namespace shardmm {
+
+void check_same_tensor(const Spec& from, const Spec& to, const Mesh& mesh) {
+  bool same = from.dims.size() == to.dims.size();
+  for (std::size_t i = 0; same && i < from.dims.size(); ++i) same = from.dims[i].name == to.dims[i].name;
+  if (!same) {
+    throw InputError("cannot reshard " + format_spec(from, mesh) + " to " + format_spec(to, mesh) +
+                     ": a reshard keeps the tensor's dimensions; both specs must name the same dimensions in the same order");
+  }
+}
+
+namespace detail {
+namespace {
+
+bool is_prefix(const AxisList& p, const AxisList& of) {
+  return p.size() <= of.size() && std::equal(p.begin(), p.end(), of.begin());
+}
+
+std::size_t common_prefix(const AxisList& a, const AxisList& b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
+// One greedy move towards `to`, or none. Moves are tried cheapest first.
+class ReshardStepper {
+ public:
+  ReshardStepper(const Mesh& mesh, const Spec& to) : mesh_(mesh), to_(to) {}
+
+  bool next(const Spec& s, std::vector<Step>& out) const {
+    return reduce_scatter(s, out) || all_to_all(s, out) || slice(s, out) || to_partial(s, out) ||
+           all_reduce(s, out) || all_gather(s, out);
+  }
+
+ private:
+  const AxisList& want(std::size_t d) const { return to_.dims[d].axes; }
+  bool pending_reduction(const Spec& s, int a) const { return s.is_unreduced(a) && !to_.is_unreduced(a); }
+
+  // The run of axes that dimension d wants next, each satisfying `ok`.
+  template <class Ok>
+  AxisList next_run(const Spec& s, std::size_t d, Ok ok) const {
+    AxisList run;
+    if (!is_prefix(s.dims[d].axes, want(d))) return run;
+    for (std::size_t i = s.dims[d].axes.size(); i < want(d).size() && ok(want(d)[i]); ++i) run.push_back(want(d)[i]);
+    return run;
+  }
+
+  // {U_X} -> X sharding the dimension that wants it next: sums and splits in one collective.
+  bool reduce_scatter(const Spec& s, std::vector<Step>& out) const {
+    for (std::size_t d = 0; d < s.dims.size(); ++d) {
+      AxisList run = next_run(s, d, [&](int a) { return pending_reduction(s, a); });
+      if (!run.empty()) {
+        out.push_back(make_step(OpKind::reduce_scatter, s, run, static_cast<int>(d)));
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // The minor-most axes of one dimension, wanted next by another: move them.
+  bool all_to_all(const Spec& s, std::vector<Step>& out) const {
+    for (std::size_t a = 0; a < s.dims.size(); ++a) {
+      const AxisList& have = s.dims[a].axes;
+      const std::size_t keep = common_prefix(have, want(a));
+      if (keep == have.size()) continue;
+      for (std::size_t b = 0; b < s.dims.size(); ++b) {
+        if (b == a || !is_prefix(s.dims[b].axes, want(b))) continue;
+        // Longest suffix of `have` (beyond what a keeps) equal to what b wants next.
+        const std::size_t at = s.dims[b].axes.size();
+        for (std::size_t k = have.size() - keep; k > 0; --k) {
+          const AxisList suffix(have.end() - static_cast<std::ptrdiff_t>(k), have.end());
+          if (at + k <= want(b).size() && std::equal(suffix.begin(), suffix.end(), want(b).begin() + static_cast<std::ptrdiff_t>(at))) {
+            out.push_back(make_step(OpKind::all_to_all, s, suffix, static_cast<int>(a), static_cast<int>(b)));
+            return true;
+          }
+        }
+      }
+    }
+    return false;
+  }
+
+  // A dimension wants next an axis nobody uses: take my piece locally.
+  bool slice(const Spec& s, std::vector<Step>& out) const {
+    for (std::size_t d = 0; d < s.dims.size(); ++d) {
+      AxisList run = next_run(s, d, [&](int a) { return !s.uses(a); });
+      if (!run.empty()) {
+        out.push_back(make_step(OpKind::slice, s, run, static_cast<int>(d)));
+        return true;
+      }
+    }
+    return false;
+  }
+
+  bool to_partial(const Spec& s, std::vector<Step>& out) const {
+    AxisList axes;
+    for (int a : to_.unreduced) {
+      if (!s.uses(a)) axes.push_back(a);
+    }
+    if (axes.empty()) return false;
+    out.push_back(make_step(OpKind::to_partial, s, axes));
+    return true;
+  }
+
+  // Pending sums that no dimension of the target wants as a sharding.
+  bool all_reduce(const Spec& s, std::vector<Step>& out) const {
+    AxisList axes;
+    for (int a : s.unreduced) {
+      if (pending_reduction(s, a) && to_.dim_of_axis(a) < 0) axes.push_back(a);
+    }
+    if (axes.empty()) return false;
+    out.push_back(make_step(OpKind::all_reduce, s, axes));
+    return true;
+  }
+
+  // Drop the axes of a dimension beyond what it keeps (its minor-most ones, so one gather).
+  bool all_gather(const Spec& s, std::vector<Step>& out) const {
+    for (std::size_t d = 0; d < s.dims.size(); ++d) {
+      const AxisList& have = s.dims[d].axes;
+      const std::size_t keep = common_prefix(have, want(d));
+      if (keep < have.size()) {
+        out.push_back(make_step(OpKind::all_gather, s, AxisList(have.begin() + static_cast<std::ptrdiff_t>(keep), have.end()),
+                                static_cast<int>(d)));
+        return true;
+      }
+    }
+    // Every dimension is a prefix of its target, yet pending sums remain that wait for an
+    // axis still in use elsewhere: resolve them in place.
+    AxisList axes;
+    for (int a : s.unreduced) {
+      if (pending_reduction(s, a)) axes.push_back(a);
+    }
+    if (axes.empty()) return false;
+    out.push_back(make_step(OpKind::all_reduce, s, axes));
+    return true;
+  }
+
+  const Mesh& mesh_;
+  const Spec& to_;
+};
+
+}  // namespace
+
+std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& to) {
+  std::vector<Step> steps;
+  Spec state = from;
+  ReshardStepper stepper(mesh, to);
+  // Each move removes or places at least one axis for good, so 4 moves per axis is ample.
+  for (int guard = 0; !(state == to); ++guard) {
+    if (guard > 4 * mesh.rank() + 4 || !stepper.next(state, steps)) {
+      throw std::logic_error("reshard planner made no progress from " + format_spec(state, mesh) + " to " +
+                             format_spec(to, mesh));
+    }
+    state = steps.back().to;
+  }
+  return steps;
+}
+
+}  // namespace detail
+
+Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
+                  const PlanOptions& options) {
+  validate_spec(from, mesh);
+  validate_spec(to, mesh);
+  check_same_tensor(from, to, mesh);
+  detail::StepCoster coster(mesh, options);
+  Plan plan;
+  plan.steps = detail::reshard_steps(mesh, from, to);
+  plan.output = to;
+  plan.output.tensor = from.tensor;
+  // The source stays allocated (it is the caller's); each step's input is freed after it.
+  const std::int64_t source = coster.max_bytes(from, shape);
+  plan.peak_bytes_per_device = source;
+  for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+    Step& s = plan.steps[i];
+    s.tensor = from.tensor;
+    coster.cost(s, shape);
+    const std::int64_t live = source + (i > 0 ? coster.max_bytes(s.from, shape) : 0) + coster.max_bytes(s.to, shape);
+    plan.peak_bytes_per_device = std::max(plan.peak_bytes_per_device, live);
+  }
+  plan.description = plan.steps.empty() ? "nothing to do: the layouts are equal" : "";
+  for (const Step& s : plan.steps) {
+    if (!plan.description.empty()) plan.description += ", then ";
+    plan.description += std::string(to_string(s.op)) + (s.axes.empty() ? "" : " over " + mesh.axis_names(s.axes));
+  }
+  detail::total_up(plan, options);
+  return plan;
+}
+
+}  // namespace shardmm

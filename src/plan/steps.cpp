@@ -1,0 +1,152 @@
+#include "plan/steps.h"
+
+#include <algorithm>
+
+#include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
+
+namespace shardmm::detail {
+
+Step make_step(OpKind op, const Spec& from, AxisList axes, int dim, int dst_dim) {
+  Step s;
+  s.op = op;
+  s.axes = std::move(axes);
+  s.dim = dim;
+  s.dst_dim = dst_dim;
+  s.tensor = from.tensor;
+  s.from = from;
+  s.to = from;
+  AxisList dummy;
+  AxisList& to_axes = dim >= 0 ? s.to.dims[static_cast<std::size_t>(dim)].axes : dummy;
+  const auto remove_unreduced = [&] {
+    for (int a : s.axes) s.to.unreduced.erase(std::find(s.to.unreduced.begin(), s.to.unreduced.end(), a));
+  };
+  switch (op) {
+    case OpKind::all_gather:
+      to_axes.resize(to_axes.size() - s.axes.size());
+      break;
+    case OpKind::slice:
+      to_axes.insert(to_axes.end(), s.axes.begin(), s.axes.end());
+      break;
+    case OpKind::all_to_all: {
+      to_axes.resize(to_axes.size() - s.axes.size());
+      AxisList& dst = s.to.dims[static_cast<std::size_t>(dst_dim)].axes;
+      dst.insert(dst.end(), s.axes.begin(), s.axes.end());
+      break;
+    }
+    case OpKind::reduce_scatter:
+      remove_unreduced();
+      to_axes.insert(to_axes.end(), s.axes.begin(), s.axes.end());
+      break;
+    case OpKind::all_reduce:
+      remove_unreduced();
+      break;
+    case OpKind::to_partial:
+      s.to.unreduced.insert(s.to.unreduced.end(), s.axes.begin(), s.axes.end());
+      std::sort(s.to.unreduced.begin(), s.to.unreduced.end());
+      break;
+    case OpKind::einsum:
+      break;
+  }
+  return s;
+}
+
+std::int64_t StepCoster::max_bytes(const Spec& spec, const std::vector<std::int64_t>& shape) const {
+  return checked_mul(max_local_elements(mesh_, spec, shape), dtype_bytes(options_.dtype), "bytes per device");
+}
+
+void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
+  std::string key = std::string(to_string(step.op)) + "|" + format_spec(step.from, mesh_) + "|" +
+                    format_spec(step.to, mesh_) + "|" + mesh_.axis_names(step.axes) + "|";
+  for (std::int64_t n : shape) key += std::to_string(n) + ",";
+  if (auto it = memo_.find(key); it != memo_.end()) {
+    step.bytes_sent = it->second.sent;
+    step.bytes_received = it->second.received;
+    step.flops = it->second.flops;
+    step.time_s = it->second.time;
+    return;
+  }
+  const std::int64_t elem = dtype_bytes(options_.dtype);
+  const std::int64_t group = mesh_.group_size(step.axes);
+  std::int64_t sent = 0, received = 0, in_max = 0, out_max = 0;
+  for (std::int64_t d = 0; d < mesh_.device_count(); ++d) {
+    const std::int64_t in = local_elements(mesh_, step.from, shape, d);
+    const std::int64_t out = local_elements(mesh_, step.to, shape, d);
+    in_max = std::max(in_max, in);
+    out_max = std::max(out_max, out);
+    std::int64_t s = 0, r = 0;
+    switch (step.op) {
+      case OpKind::all_gather: s = r = out - in; break;      // ring: every block but one passes by
+      case OpKind::reduce_scatter: s = r = in - out; break;  // the transpose of all_gather
+      case OpKind::all_reduce: s = r = 2 * (in - in / group); break;  // reduce_scatter + all_gather
+      case OpKind::all_to_all: {
+        const std::int64_t kept = overlap_elements(shard_box(mesh_, step.from, shape, d), shard_box(mesh_, step.to, shape, d));
+        s = in - kept;
+        r = out - kept;
+        break;
+      }
+      default: break;
+    }
+    sent = std::max(sent, s);
+    received = std::max(received, r);
+  }
+  Cost c{sent * elem, received * elem, 0, 0};
+  switch (step.op) {
+    case OpKind::all_gather: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, out_max * elem); break;
+    case OpKind::reduce_scatter:
+    case OpKind::all_reduce:
+    case OpKind::all_to_all: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, in_max * elem); break;
+    case OpKind::slice:
+    case OpKind::to_partial: c.time = local_copy_time(options_.hw, out_max * elem); break;
+    case OpKind::einsum: break;
+  }
+  memo_[key] = c;
+  step.bytes_sent = c.sent;
+  step.bytes_received = c.received;
+  step.flops = c.flops;
+  step.time_s = c.time;
+}
+
+void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
+  // Each letter's local extent comes from the operand that holds it (batch and contracted
+  // letters are sharded alike in both, so either will do).
+  struct Letter {
+    std::int64_t size;
+    const AxisList* axes;
+  };
+  std::vector<Letter> letters;
+  for (const Spec* spec : {&step.from, &step.from_b}) {
+    for (const DimSpec& d : spec->dims) {
+      if (spec == &step.from_b && step.from.find_dim(d.name) >= 0) continue;
+      letters.push_back({sizes.at(d.name), &d.axes});
+    }
+  }
+  std::vector<std::int64_t> a_shape, b_shape, c_shape;
+  for (const DimSpec& d : step.from.dims) a_shape.push_back(sizes.at(d.name));
+  for (const DimSpec& d : step.from_b.dims) b_shape.push_back(sizes.at(d.name));
+  for (const DimSpec& d : step.to.dims) c_shape.push_back(sizes.at(d.name));
+  double flops = 0;
+  std::int64_t bytes = 0;
+  for (std::int64_t dev = 0; dev < mesh_.device_count(); ++dev) {
+    double f = 2;
+    for (const Letter& l : letters) f *= static_cast<double>(shard_range(mesh_, l.size, *l.axes, dev).extent);
+    flops = std::max(flops, f);
+    const std::int64_t b = local_elements(mesh_, step.from, a_shape, dev) + local_elements(mesh_, step.from_b, b_shape, dev) +
+                           local_elements(mesh_, step.to, c_shape, dev);
+    bytes = std::max(bytes, b);
+  }
+  step.flops = flops;
+  step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes * dtype_bytes(options_.dtype));
+}
+
+void total_up(Plan& plan, const PlanOptions& options) {
+  plan.comm_time_s = plan.compute_time_s = 0;
+  for (const Step& s : plan.steps) {
+    (is_collective(s.op) ? plan.comm_time_s : plan.compute_time_s) += s.time_s;
+  }
+  plan.total_time_s = plan.comm_time_s + plan.compute_time_s;
+  plan.overlapped_time_s = std::max(plan.comm_time_s, plan.compute_time_s);
+  plan.fits_memory = !options.mem_limit_bytes || plan.peak_bytes_per_device <= *options.mem_limit_bytes;
+}
+
+}  // namespace shardmm::detail

@@ -1,0 +1,57 @@
+// Building and costing plan steps (private to the plan layer).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "shardmm/core/contraction.h"
+#include "shardmm/plan/cost.h"
+#include "shardmm/plan/planner.h"
+#include "shardmm/plan/step.h"
+
+namespace shardmm::detail {
+
+// The layout after applying `op` over `axes` to `from` (see plan/step.h for each op's
+// transition). `dim` / `dst_dim` as in Step.
+Step make_step(OpKind op, const Spec& from, AxisList axes, int dim = -1, int dst_dim = -1);
+
+// Fills bytes, FLOPs and predicted times of steps, remembering results: candidate plans
+// share most of their steps.
+class StepCoster {
+ public:
+  StepCoster(const Mesh& mesh, const PlanOptions& options) : mesh_(mesh), options_(options) {}
+
+  void cost(Step& step, const std::vector<std::int64_t>& shape);
+  // `shapes` gives each letter's global size.
+  void cost_einsum(Step& step, const DimSizes& sizes);
+
+  // Largest per-device bytes of `spec` over `shape`.
+  std::int64_t max_bytes(const Spec& spec, const std::vector<std::int64_t>& shape) const;
+
+  const Mesh& mesh() const { return mesh_; }
+  const PlanOptions& options() const { return options_; }
+
+ private:
+  struct Cost {
+    std::int64_t sent, received;
+    double flops, time;
+  };
+  const Mesh& mesh_;
+  const PlanOptions& options_;
+  std::map<std::string, Cost> memo_;
+};
+
+// Totals of a plan's steps (times, and `fits_memory` against the options' limit; the
+// peak is computed by the caller, who knows which buffers are live).
+void total_up(Plan& plan, const PlanOptions& options);
+
+}  // namespace shardmm::detail
+
+namespace shardmm::detail {
+
+// The steps (not yet costed) of a reshard from `from` to `to`; see plan_reshard.
+std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& to);
+
+}  // namespace shardmm::detail
