@@ -227,6 +227,7 @@ class MatmulPlanner {
     const std::vector<Step> b_steps = detail::reshard_steps(mesh_, c_.b, b);
     Step einsum = detail::make_step(OpKind::einsum, a, {});
     einsum.tensor = c_.out_tensor;
+    einsum.operand = 2;
     einsum.from_b = b;
     einsum.to = local;
     const std::vector<Step> c_steps = detail::reshard_steps(mesh_, local, target);
@@ -244,9 +245,10 @@ class MatmulPlanner {
     std::int64_t peak = inputs;
     std::int64_t a_live = 0, b_live = 0;
     const auto run = [&](const std::vector<Step>& steps, const std::vector<std::int64_t>& shape, std::int64_t held,
-                         std::int64_t first_input) {
+                         std::int64_t first_input, int operand) {
       std::int64_t current = first_input;
       for (Step s : steps) {
+        s.operand = operand;
         coster_.cost(s, shape);
         const std::int64_t out = coster_.max_bytes(s.to, shape);
         peak = std::max(peak, inputs + held + current + out);
@@ -255,13 +257,13 @@ class MatmulPlanner {
       }
       return current;
     };
-    a_live = run(a_steps, a_shape_, 0, 0);
-    b_live = run(b_steps, b_shape_, a_live, 0);
+    a_live = run(a_steps, a_shape_, 0, 0, 0);
+    b_live = run(b_steps, b_shape_, a_live, 0, 1);
     coster_.cost_einsum(einsum, sizes_);
     const std::int64_t local_bytes = coster_.max_bytes(local, c_shape_);
     peak = std::max(peak, inputs + a_live + b_live + local_bytes);
     plan.steps.push_back(einsum);
-    run(c_steps, c_shape_, 0, local_bytes);
+    run(c_steps, c_shape_, 0, local_bytes, 2);
     plan.peak_bytes_per_device = peak;
     plan.output = target;
     plan.output.tensor = c_.out_tensor;

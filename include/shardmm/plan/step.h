@@ -39,6 +39,7 @@ struct Step {
   int dim = -1;              // dimension index in `from` (gather, slice, reduce_scatter, all_to_all source)
   int dst_dim = -1;          // all_to_all destination dimension index
   std::string tensor;        // the tensor this step produces or transforms
+  int operand = 0;           // which: 0 the first input (or a reshard's tensor), 1 the second, 2 the output
   Spec from;                 // layout before (einsum: the A operand)
   Spec from_b;               // einsum only: the B operand
   Spec to;                   // layout after

@@ -1,0 +1,94 @@
+// Distributed tensors: a global shape, a spec, and this device's shard.
+//
+//   run_threads(mesh, [&](Communicator& comm) {
+//     DistTensor a = DistTensor::filled(comm.mesh(), comm.rank(), spec, {8, 4}, DType::f32,
+//                                       [](const Index& i, std::int64_t) { return i[0] - i[1]; });
+//     a.local_shape();   // this device's block extents
+//   });
+//
+// Only the device's own block is ever materialized. A spec with unreduced axes {U_G}
+// holds partial sums: the logical tensor is the sum, over the members of G, of their
+// blocks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "shardmm/core/geometry.h"
+#include "shardmm/core/mesh.h"
+#include "shardmm/core/spec.h"
+#include "shardmm/plan/step.h"
+
+namespace shardmm {
+
+using Index = std::vector<std::int64_t>;
+using Shape = std::vector<std::int64_t>;
+
+// Raw storage for one dtype, 64-byte aligned, allocated once and reused. Allocation
+// failure is an InputError naming the bytes asked for.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(std::int64_t elements, DType dtype);
+  void* data() { return data_.get(); }
+  const void* data() const { return data_.get(); }
+  template <class T>
+  T* as() { return static_cast<T*>(data()); }
+  template <class T>
+  const T* as() const { return static_cast<const T*>(data()); }
+  std::int64_t elements() const { return elements_; }
+  DType dtype() const { return dtype_; }
+  std::int64_t bytes() const;
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  std::unique_ptr<void, Free> data_;
+  std::int64_t elements_ = 0;
+  DType dtype_ = DType::f32;
+};
+
+class DistTensor {
+ public:
+  DistTensor() = default;
+  // An uninitialized shard of `spec` for `device`.
+  DistTensor(const Mesh& mesh, std::int64_t device, Spec spec, Shape global_shape, DType dtype);
+
+  // Each element of the block is value(global index, r), where r is the device's rank in
+  // the group of unreduced axes (0 when there are none): the logical tensor is the sum of
+  // value(i, r) over r.
+  using Generator = std::function<double(const Index& global, std::int64_t unreduced_rank)>;
+  static DistTensor filled(const Mesh& mesh, std::int64_t device, Spec spec, Shape global_shape, DType dtype,
+                           const Generator& value);
+
+  const Spec& spec() const { return spec_; }
+  const Shape& global_shape() const { return global_; }
+  const std::vector<Range>& box() const { return box_; }  // this device's block
+  const Shape& local_shape() const { return local_; }
+  std::int64_t device() const { return device_; }
+  DType dtype() const { return buffer_.dtype(); }
+  std::int64_t elements() const { return buffer_.elements(); }
+  Buffer& buffer() { return buffer_; }
+  const Buffer& buffer() const { return buffer_; }
+  void* data() { return buffer_.data(); }
+  const void* data() const { return buffer_.data(); }
+
+ private:
+  Spec spec_;
+  Shape global_;
+  std::vector<Range> box_;
+  Shape local_;
+  std::int64_t device_ = 0;
+  Buffer buffer_;
+};
+
+// Assembles the logical global tensor of one rank's shards, for verification only:
+// `shards` holds every device's shard (index = device id). Unreduced axes are summed in
+// group-rank order. The result is row-major, in f64.
+std::vector<double> assemble_global(const Mesh& mesh, const std::vector<const DistTensor*>& shards);
+
+}  // namespace shardmm
