@@ -12,14 +12,18 @@
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/executor.h"
+#include "shardmm/runtime/verify.h"
 
 namespace shardmm {
 namespace {
 
 using testing::dense_einsum;
-using testing::dense_tensor;
 using testing::dim_names;
 using testing::generator;
+
+std::vector<double> dense_tensor(const Mesh& mesh, const Spec& spec, const Shape& shape, std::uint64_t seed) {
+  return dense_logical(mesh, spec, shape, DType::f64, generator(seed));
+}
 
 PlanOptions options(DType dtype) {
   PlanOptions o;

@@ -32,26 +32,6 @@ inline DistTensor::Generator generator(std::uint64_t tensor_seed) {
   return [tensor_seed](const Index& i, std::int64_t r) { return test_value(tensor_seed, i, r); };
 }
 
-// The logical (summed over unreduced members) dense tensor of `spec`, row-major.
-inline std::vector<double> dense_tensor(const Mesh& mesh, const Spec& spec, const Shape& shape, std::uint64_t seed) {
-  std::int64_t n = 1;
-  for (std::int64_t e : shape) n *= e;
-  const std::int64_t parts = mesh.group_size(spec.unreduced);
-  std::vector<double> out(static_cast<std::size_t>(n));
-  Index idx(shape.size(), 0);
-  for (std::int64_t pos = 0; pos < n; ++pos) {
-    std::int64_t rest = pos;
-    for (std::size_t d = shape.size(); d-- > 0;) {
-      idx[d] = rest % shape[d];
-      rest /= shape[d];
-    }
-    double v = 0;
-    for (std::int64_t r = 0; r < parts; ++r) v += test_value(seed, idx, r);
-    out[static_cast<std::size_t>(pos)] = v;
-  }
-  return out;
-}
-
 // C[c] = sum over the other letters of A[a] * B[b]; every letter's size in `sizes`.
 inline std::vector<double> dense_einsum(const std::vector<std::string>& a_dims, const std::vector<double>& a,
                                         const std::vector<std::string>& b_dims, const std::vector<double>& b,
