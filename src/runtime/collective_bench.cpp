@@ -1,0 +1,142 @@
+#include "shardmm/runtime/collective_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "shardmm/core/error.h"
+#include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/runner.h"
+#include "shardmm/runtime/tensor.h"
+
+namespace shardmm {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// One measurement: `op` run back to back by every rank; every rank measures the same
+// barrier-to-barrier span, so the root's figure stands for the group.
+struct Measure {
+  Communicator& comm;
+  const CollectiveBenchOptions& o;
+
+  double per_call(const std::function<void()>& op) {
+    int iterations = o.iterations;
+    if (iterations <= 0) {
+      // Calibrate on one call: aim at ~20 ms per trial, between 1 and 1000 calls. All ranks
+      // must agree on the count, so the root's choice is summed over the mesh (others add 0).
+      comm.barrier();
+      const double t0 = now_s();
+      op();
+      comm.barrier();
+      const double once = now_s() - t0;
+      double n = comm.rank() == 0 ? std::clamp(0.02 / std::max(once, 1e-9), 1.0, 1000.0) : 0.0;
+      AxisList all;
+      for (int a = 0; a < comm.mesh().rank(); ++a) all.push_back(a);
+      comm.all_reduce(&n, 1, DType::f64, all);
+      iterations = static_cast<int>(n);
+    }
+    std::vector<double> trials;
+    for (int t = 0; t < o.trials; ++t) {
+      comm.barrier();
+      const double t0 = now_s();
+      for (int i = 0; i < iterations; ++i) op();
+      comm.barrier();
+      trials.push_back((now_s() - t0) / iterations);
+    }
+    return median(trials);
+  }
+};
+
+}  // namespace
+
+CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
+  if (o.dtype != DType::f32 && o.dtype != DType::f64) {
+    throw InputError(std::string("collectives run in f32 or f64; got ") + to_string(o.dtype));
+  }
+  if (o.trials < 1) throw InputError("--trials must be at least 1");
+  const std::int64_t n = o.mesh.group_size(o.group);
+  const std::int64_t eb = dtype_bytes(o.dtype);
+  CollectiveBenchReport report;
+  report.group_size = static_cast<int>(n);
+  report.is_root = process_rank(o.backend) == 0;
+  std::mutex root;
+
+  run_backend(o.backend, o.mesh, [&](Communicator& comm) {
+    const bool is_root = comm.rank() == 0;
+    Measure measure{comm, o};
+    const auto note = [&](const std::string& what) {
+      if (is_root && o.progress) o.progress(what);
+    };
+    for (std::int64_t bytes : o.sizes) {
+      // Every rank holds `count` elements of the array; chunks per member are as even as
+      // the count allows.
+      const std::int64_t count = std::max<std::int64_t>(n, bytes / eb / n * n);
+      const std::int64_t chunk = count / n;
+      Buffer a(count, o.dtype), b(count, o.dtype);
+      std::memset(a.data(), 0, static_cast<std::size_t>(a.bytes()));
+      std::memset(b.data(), 0, static_cast<std::size_t>(b.bytes()));
+      const Counts chunks(static_cast<std::size_t>(n), chunk);
+      const double size = static_cast<double>(count * eb);
+      const double moved = static_cast<double>(n - 1) / static_cast<double>(n);
+      std::vector<CollectiveBenchRow> rows;
+      const auto add = [&](const std::string& name, double time, double factor) {
+        rows.push_back({name, count * eb, count, time, size / time, size / time * factor});
+      };
+      const std::string label = " " + std::to_string(count * eb) + " B";
+      for (OpKind op : o.ops) {
+        note(std::string(to_string(op)) + label);
+        switch (op) {
+          case OpKind::all_gather:
+            add("all_gather", measure.per_call([&] { comm.all_gather(a.data(), b.data(), chunks, o.dtype, o.group); }), moved);
+            break;
+          case OpKind::reduce_scatter:
+            add("reduce_scatter", measure.per_call([&] { comm.reduce_scatter(a.data(), b.data(), chunks, o.dtype, o.group); }), moved);
+            break;
+          case OpKind::all_reduce:
+            add("all_reduce", measure.per_call([&] { comm.all_reduce(b.data(), count, o.dtype, o.group); }), 2 * moved);
+            break;
+          case OpKind::all_to_all:
+            add("all_to_all", measure.per_call([&] { comm.all_to_all(a.data(), chunks, b.data(), chunks, o.dtype, o.group); }), moved);
+            break;
+          default:
+            throw InputError(std::string("cannot benchmark ") + to_string(op) + "; it is not a collective");
+        }
+      }
+      // References: what each rank's memory does with the same bytes, all ranks at once.
+      const std::size_t delivered = static_cast<std::size_t>(count - chunk) * static_cast<std::size_t>(eb);
+      note("memcpy" + label);
+      const double copy = measure.per_call([&] { std::memcpy(b.data(), a.data(), delivered); });
+      rows.push_back({"memcpy", count * eb, count, copy, size / copy, static_cast<double>(delivered) / copy});
+      note("y += x" + label);
+      const double add_time = measure.per_call([&] {
+        if (o.dtype == DType::f32) {
+          float* y = b.as<float>();
+          const float* x = a.as<float>();
+          for (std::int64_t i = 0; i < count - chunk; ++i) y[i] += x[i];
+        } else {
+          double* y = b.as<double>();
+          const double* x = a.as<double>();
+          for (std::int64_t i = 0; i < count - chunk; ++i) y[i] += x[i];
+        }
+      });
+      rows.push_back({"y += x", count * eb, count, add_time, size / add_time, static_cast<double>(delivered) / add_time});
+      if (is_root) {
+        std::lock_guard lock(root);
+        report.rows.insert(report.rows.end(), rows.begin(), rows.end());
+      }
+    }
+  });
+  return report;
+}
+
+}  // namespace shardmm
