@@ -1,0 +1,31 @@
+// The MPI backend, private to the runtime: run_backend("mpi", ...) lands here. mpi.h stays
+// inside mpi_backend.cpp so that no public header (and no consumer) needs MPI.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include "shardmm/core/mesh.h"
+#include "shardmm/runtime/communicator.h"
+
+namespace shardmm::detail {
+
+// This process is one rank of an mpirun job whose size must equal mesh.device_count()
+// (InputError otherwise, raised identically on every rank); world rank = device id.
+// Initializes MPI on first use and finalizes it at exit. Runs `body` once. An exception
+// escaping `body` aborts the whole job (see mpi_backend.cpp for why).
+void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body);
+
+// Whether a launcher (mpirun, mpiexec, srun with PMI/PMIx) started this process; read from
+// the environment, so it is safe to ask before MPI is initialized.
+bool mpi_launched();
+// This process's rank in MPI_COMM_WORLD: from MPI once initialized, from the launcher's
+// environment before that, 0 when not launched. Lets the CLI print on rank 0 only.
+int mpi_world_rank();
+
+// The most elements (bytes for send/recv) handed to one MPI call, INT_MAX by default since
+// MPI counts are int. Larger transfers go out in pieces; tests lower the limit to exercise
+// that path without gigabyte buffers. Returns the previous limit.
+std::int64_t set_mpi_count_limit(std::int64_t limit);
+
+}  // namespace shardmm::detail

@@ -1,0 +1,430 @@
+// The mpi backend, run as a 4-process job (tests/mpi/CMakeLists.txt starts it under mpirun).
+// Every process runs the same tests in the same order; each test's body runs on this
+// process's rank. Only rank 0 prints gtest's report, the others print their failures, and
+// the exit status is non-zero when any rank failed.
+//
+// Checks inside a body use EXPECT, never ASSERT: a rank that left a body early would leave
+// its peers waiting in the next collective.
+#include <gtest/gtest.h>
+
+// The C API only: Open MPI's and MPICH's deprecated C++ bindings stay out.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <iostream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "runtime/collectives_testing.h"
+#include "runtime/mpi/mpi_backend.h"
+#include "shardmm/core/error.h"
+#include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/errors.h"
+
+namespace shardmm {
+namespace {
+
+using testing::Size;
+
+int world_rank = 0;  // set by main before the tests run
+
+struct Group {
+  const char* mesh;
+  AxisList axes;
+  const char* name;
+};
+
+// X=4 over X, every group of X=2,Y=2 (both orders of the two-axis group), and the empty
+// group (each rank alone).
+const Group kGroups[] = {
+    {"X=4", {0}, "X4_X"},           {"X=2,Y=2", {0}, "X2Y2_X"},      {"X=2,Y=2", {1}, "X2Y2_Y"},
+    {"X=2,Y=2", {0, 1}, "X2Y2_XY"}, {"X=2,Y=2", {1, 0}, "X2Y2_YX"}, {"X=4", {}, "X4_none"},
+};
+
+const Size kSizes[] = {Size::zero, Size::one, Size::small, Size::uneven, Size::large};
+
+// Calls `check` with a value of the dtype's element type (float or double).
+template <class F>
+void with_dtype(DType dtype, F&& check) {
+  if (dtype == DType::f32) {
+    check(float{});
+  } else {
+    check(double{});
+  }
+}
+
+// Restores the count limit when a test that lowered it ends.
+class CountLimit {
+ public:
+  explicit CountLimit(std::int64_t limit) : previous_(detail::set_mpi_count_limit(limit)) {}
+  ~CountLimit() { detail::set_mpi_count_limit(previous_); }
+  CountLimit(const CountLimit&) = delete;
+  CountLimit& operator=(const CountLimit&) = delete;
+
+ private:
+  std::int64_t previous_;
+};
+
+// ---- the four collectives against closed-form values ----
+
+using CollectivesParam = std::tuple<Group, DType, Size>;
+
+class Collectives : public ::testing::TestWithParam<CollectivesParam> {};
+
+TEST_P(Collectives, MatchClosedForm) {
+  const auto& [group, dtype, size] = GetParam();
+  int ran = 0;
+  run_backend("mpi", Mesh::parse(group.mesh), [&](Communicator& comm) {
+    ++ran;
+    EXPECT_EQ(comm.backend(), "mpi");
+    EXPECT_EQ(comm.rank(), world_rank);
+    with_dtype(dtype, [&](auto t) {
+      using T = decltype(t);
+      EXPECT_TRUE(testing::check_collectives<T>(comm, group.axes, size));
+    });
+  });
+  EXPECT_EQ(ran, 1);
+}
+
+std::string collectives_name(const ::testing::TestParamInfo<CollectivesParam>& info) {
+  const auto& [group, dtype, size] = info.param;
+  return std::string(group.name) + "_" + to_string(dtype) + "_" + testing::to_string(size);
+}
+
+INSTANTIATE_TEST_SUITE_P(Mpi, Collectives,
+                         ::testing::Combine(::testing::ValuesIn(kGroups), ::testing::Values(DType::f32, DType::f64),
+                                            ::testing::ValuesIn(kSizes)),
+                         collectives_name);
+
+// Counts and offsets beyond the limit go out as point-to-point pieces (the path for counts
+// past INT_MAX); a limit of 3 elements splits every chunk of the small and uneven sizes.
+TEST(MpiPieces, CollectivesMatchClosedFormWhenSplit) {
+  const CountLimit limit(3);
+  for (const Group& group : kGroups) {
+    run_backend("mpi", Mesh::parse(group.mesh), [&](Communicator& comm) {
+      for (Size size : {Size::one, Size::small, Size::uneven}) {
+        EXPECT_TRUE(testing::check_collectives<float>(comm, group.axes, size)) << group.name;
+        EXPECT_TRUE(testing::check_collectives<double>(comm, group.axes, size)) << group.name;
+      }
+    });
+  }
+}
+
+TEST(MpiPieces, LargeCollectivesMatchClosedFormWhenSplit) {
+  const CountLimit limit(100000);
+  run_backend("mpi", Mesh::parse("X=2,Y=2"), [&](Communicator& comm) {
+    EXPECT_TRUE(testing::check_collectives<double>(comm, {1, 0}, Size::large));
+  });
+}
+
+// ---- bitwise agreement with the threads backend ----
+
+enum class Op { all_gather, reduce_scatter, all_reduce, all_to_all };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::all_gather: return "all_gather";
+    case Op::reduce_scatter: return "reduce_scatter";
+    case Op::all_reduce: return "all_reduce";
+    case Op::all_to_all: return "all_to_all";
+  }
+  return "?";
+}
+
+template <class T>
+std::vector<T> spread_data(std::int64_t device, std::int64_t count) {
+  std::vector<T> v(static_cast<std::size_t>(count));
+  for (std::int64_t k = 0; k < count; ++k) v[static_cast<std::size_t>(k)] = testing::spread<T>(device, k);
+  return v;
+}
+
+std::int64_t total(const Counts& counts) {
+  std::int64_t sum = 0;
+  for (std::int64_t c : counts) sum += c;
+  return sum;
+}
+
+// Runs `op` on spread() inputs and returns this rank's output bytes.
+template <class T>
+std::vector<char> run_op(Communicator& comm, Op op, const AxisList& axes, Size size) {
+  const std::int64_t n = comm.mesh().group_size(axes);
+  const std::int64_t me = comm.mesh().group_rank(comm.rank(), axes);
+  const DType dtype = testing::dtype_of<T>();
+  std::vector<T> out;
+  switch (op) {
+    case Op::all_gather: {
+      const Counts counts = testing::member_counts(size, n);
+      const std::vector<T> send = spread_data<T>(comm.rank(), counts[static_cast<std::size_t>(me)]);
+      out.resize(static_cast<std::size_t>(total(counts)));
+      comm.all_gather(send.data(), out.data(), counts, dtype, axes);
+      break;
+    }
+    case Op::reduce_scatter: {
+      const Counts counts = testing::member_counts(size, n);
+      const std::vector<T> send = spread_data<T>(comm.rank(), total(counts));
+      out.resize(static_cast<std::size_t>(counts[static_cast<std::size_t>(me)]));
+      comm.reduce_scatter(send.data(), out.data(), counts, dtype, axes);
+      break;
+    }
+    case Op::all_reduce:
+      out = spread_data<T>(comm.rank(), testing::total_count(size, n));
+      comm.all_reduce(out.data(), static_cast<std::int64_t>(out.size()), dtype, axes);
+      break;
+    case Op::all_to_all: {
+      Counts send_counts, recv_counts;
+      for (std::int64_t m = 0; m < n; ++m) {
+        send_counts.push_back(testing::pair_count(size, n, me, m));
+        recv_counts.push_back(testing::pair_count(size, n, m, me));
+      }
+      const std::vector<T> send = spread_data<T>(comm.rank(), total(send_counts));
+      out.resize(static_cast<std::size_t>(total(recv_counts)));
+      comm.all_to_all(send.data(), send_counts, out.data(), recv_counts, dtype, axes);
+      break;
+    }
+  }
+  std::vector<char> bytes(out.size() * sizeof(T));
+  if (!bytes.empty()) std::memcpy(bytes.data(), out.data(), bytes.size());
+  return bytes;
+}
+
+::testing::AssertionResult same_bytes(const std::vector<char>& mpi, const std::vector<char>& threads) {
+  if (mpi.size() != threads.size()) {
+    return ::testing::AssertionFailure() << "mpi gave " << mpi.size() << " bytes, threads " << threads.size();
+  }
+  for (std::size_t i = 0; i < mpi.size(); ++i) {
+    if (mpi[i] != threads[i]) return ::testing::AssertionFailure() << "first differing byte at " << i;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+using BitwiseParam = std::tuple<Group, Op, DType>;
+
+class MatchesThreads : public ::testing::TestWithParam<BitwiseParam> {};
+
+// Every rank also runs the whole mesh on the threads backend, in-process, and compares its
+// own device's output byte for byte: the contract fixes the reduction order, and spread()
+// makes sums depend on it (tests/runtime/collectives_test.cpp checks that).
+TEST_P(MatchesThreads, Bitwise) {
+  const auto& [group, op, dtype] = GetParam();
+  const Mesh mesh = Mesh::parse(group.mesh);
+  for (Size size : {Size::uneven, Size::large}) {
+    std::vector<char> mpi;
+    std::vector<std::vector<char>> threads(static_cast<std::size_t>(mesh.device_count()));
+    with_dtype(dtype, [&](auto t) {
+      using T = decltype(t);
+      run_backend("mpi", mesh, [&](Communicator& comm) { mpi = run_op<T>(comm, op, group.axes, size); });
+      run_threads(mesh, [&](Communicator& comm) {
+        threads[static_cast<std::size_t>(comm.rank())] = run_op<T>(comm, op, group.axes, size);
+      });
+    });
+    EXPECT_TRUE(same_bytes(mpi, threads[static_cast<std::size_t>(world_rank)]))
+        << "rank " << world_rank << ", size " << testing::to_string(size);
+  }
+}
+
+std::string bitwise_name(const ::testing::TestParamInfo<BitwiseParam>& info) {
+  const auto& [group, op, dtype] = info.param;
+  return std::string(group.name) + "_" + op_name(op) + "_" + to_string(dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(Mpi, MatchesThreads,
+                         ::testing::Combine(::testing::ValuesIn(kGroups),
+                                            ::testing::Values(Op::all_gather, Op::reduce_scatter, Op::all_reduce,
+                                                              Op::all_to_all),
+                                            ::testing::Values(DType::f32, DType::f64)),
+                         bitwise_name);
+
+// Only the row y = 0 of X=2,Y=2 reduces over X; the other row never calls it. The group's
+// communicator involves its members only, so nobody waits for the other row.
+TEST(MpiGroups, CollectiveOnPartOfTheMesh) {
+  run_backend("mpi", Mesh::parse("X=2,Y=2"), [&](Communicator& comm) {
+    if (comm.mesh().coord(comm.rank(), 1) == 0) {
+      EXPECT_TRUE(testing::check_all_reduce<double>(comm, {0}, Size::uneven));
+    }
+    EXPECT_TRUE(testing::check_all_gather<float>(comm, {0, 1}, Size::small));
+  });
+}
+
+// ---- point-to-point ----
+
+std::vector<char> message(std::int64_t from, std::int64_t bytes, int tag) {
+  std::vector<char> m(static_cast<std::size_t>(bytes));
+  for (std::int64_t i = 0; i < bytes; ++i) m[static_cast<std::size_t>(i)] = static_cast<char>(from * 31 + tag * 7 + i);
+  return m;
+}
+
+// Each rank sends to its successor before receiving from its predecessor: with sends
+// that waited for their receiver this would deadlock at sizes past MPI's eager limit.
+void ring(Communicator& comm, std::int64_t bytes) {
+  const std::int64_t n = comm.mesh().device_count();
+  const std::int64_t next = (comm.rank() + 1) % n, prev = (comm.rank() + n - 1) % n;
+  std::vector<char> out = message(comm.rank(), bytes, 1);
+  comm.send(out.data(), bytes, next, 1);
+  std::fill(out.begin(), out.end(), char(0));  // the send kept its own copy
+  std::vector<char> in(static_cast<std::size_t>(bytes), char(-1));
+  comm.recv(in.data(), bytes, prev, 1);
+  EXPECT_EQ(in, message(prev, bytes, 1)) << "rank " << comm.rank() << ", " << bytes << " bytes";
+}
+
+TEST(MpiPointToPoint, Ring) {
+  for (const char* mesh : {"X=4", "X=2,Y=2"}) {
+    run_backend("mpi", Mesh::parse(mesh), [&](Communicator& comm) {
+      for (std::int64_t bytes : {0, 1, 13, 4 << 20}) ring(comm, bytes);
+      comm.barrier();
+    });
+  }
+}
+
+TEST(MpiPointToPoint, RingInPieces) {
+  const CountLimit limit(3);
+  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
+    for (std::int64_t bytes : {0, 3, 10}) ring(comm, bytes);
+  });
+}
+
+// Messages are matched by tag, whatever the order of the sends; messages with the same
+// tag arrive in the order sent; a rank may send to itself.
+TEST(MpiPointToPoint, TagsOrderAndSelf) {
+  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
+    const std::int64_t peer = (comm.rank() + 2) % 4;
+    // (tag, sequence number); the payload depends on both.
+    const std::pair<int, int> sent[] = {{5, 0}, {6, 0}, {5, 1}}, received[] = {{6, 0}, {5, 0}, {5, 1}};
+    for (const auto& [tag, seq] : sent) {
+      const std::vector<char> m = message(comm.rank(), 64, tag * 10 + seq);
+      comm.send(m.data(), 64, peer, tag);
+    }
+    const std::vector<char> self = message(comm.rank(), 9, 0);
+    comm.send(self.data(), 9, comm.rank(), 0);
+    for (const auto& [tag, seq] : received) {
+      std::vector<char> in(64);
+      comm.recv(in.data(), 64, peer, tag);
+      EXPECT_EQ(in, message(peer, 64, tag * 10 + seq)) << "rank " << comm.rank() << ", tag " << tag << " #" << seq;
+    }
+    std::vector<char> in(9);
+    comm.recv(in.data(), 9, comm.rank(), 0);
+    EXPECT_EQ(in, self);
+  });
+}
+
+// Shorter and longer than the recv expects; either way the message is consumed.
+TEST(MpiPointToPoint, SizeMismatchIsReported) {
+  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
+    const std::int64_t partner = comm.rank() ^ 1;
+    const std::vector<char> m(16, 'x');
+    comm.send(m.data(), 8, partner, 3);
+    comm.send(m.data(), 16, partner, 3);
+    std::vector<char> in(16);
+    EXPECT_THROW(comm.recv(in.data(), 16, partner, 3), CollectiveMismatch);
+    EXPECT_THROW(comm.recv(in.data(), 8, partner, 3), CollectiveMismatch);
+    ring(comm, 5);
+  });
+}
+
+// ---- errors ----
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const InputError& e) {
+    return e.what();
+  }
+  return "(no InputError)";
+}
+
+TEST(MpiErrors, WorldSizeMustMatchTheMesh) {
+  bool ran = false;
+  auto run = [&](const char* mesh) {
+    return error_of([&] { run_backend("mpi", Mesh::parse(mesh), [&](Communicator&) { ran = true; }); });
+  };
+  EXPECT_EQ(run("X=2"), "the mesh X=2 has 2 devices but mpirun started 4 processes; run with mpirun -n 2");
+  EXPECT_EQ(run("X=2,Y=4"), "the mesh X=2,Y=4 has 8 devices but mpirun started 4 processes; run with mpirun -n 8");
+  EXPECT_EQ(run("X=1"), "the mesh X=1 has 1 device but mpirun started 4 processes; run with mpirun -n 1");
+  EXPECT_FALSE(ran);
+}
+
+// Raised before any communication, so a body can catch them and carry on.
+TEST(MpiErrors, MisuseIsAnInputError) {
+  run_backend("mpi", Mesh::parse("X=2,Y=2"), [&](Communicator& comm) {
+    std::vector<float> data(8);
+    EXPECT_EQ(error_of([&] { comm.all_reduce(data.data(), 8, DType::bf16, {0}); }),
+              "the mpi backend computes in f32 and f64; got bf16");
+    EXPECT_EQ(error_of([&] { comm.all_gather(data.data(), data.data(), {1, 1}, DType::f16, {0}); }),
+              "the mpi backend computes in f32 and f64; got f16");
+    EXPECT_EQ(error_of([&] { comm.all_gather(data.data(), data.data() + 4, {1, 1, 1}, DType::f32, {0}); }),
+              "all_gather: got 3 counts for 2 members; pass one count per member");
+    EXPECT_EQ(error_of([&] { comm.reduce_scatter(data.data(), data.data() + 4, {1, -1}, DType::f32, {1}); }),
+              "reduce_scatter: count -1; a count is a number of elements >= 0");
+    EXPECT_EQ(error_of([&] { comm.all_reduce(data.data(), 8, DType::f32, {2}); }),
+              "group axis 2 is out of range or repeated for mesh X=2,Y=2; a group lists distinct axes "
+              "numbered 0 to 1");
+    EXPECT_EQ(error_of([&] { comm.all_reduce(data.data(), 8, DType::f32, {1, 1}); }),
+              "group axis 1 is out of range or repeated for mesh X=2,Y=2; a group lists distinct axes "
+              "numbered 0 to 1");
+    EXPECT_EQ(error_of([&] { comm.send(data.data(), 4, 4, 0); }),
+              "send to device 4: mesh X=2,Y=2 has devices 0 to 3");
+    const std::string bad_tag = error_of([&] { comm.recv(data.data(), 4, 0, -1); });
+    EXPECT_EQ(bad_tag.rfind("recv from device 0 with tag -1; the mpi backend takes tags 0 to ", 0), 0u) << bad_tag;
+    // The communicator still works after the errors.
+    EXPECT_TRUE(testing::check_all_reduce<float>(comm, {0, 1}, Size::small));
+  });
+}
+
+TEST(MpiLaunch, RankAndLaunchAreKnown) {
+  EXPECT_TRUE(detail::mpi_launched());
+  EXPECT_EQ(detail::mpi_world_rank(), world_rank);
+  const std::vector<std::string> backends = available_backends();
+  EXPECT_NE(std::find(backends.begin(), backends.end(), "mpi"), backends.end());
+}
+
+// Ranks other than 0 report only their failures, each line marked with the rank.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& result) override {
+    if (!result.failed()) return;
+    std::cerr << "[rank " << rank_ << "] " << (result.file_name() ? result.file_name() : "?") << ":"
+              << result.line_number() << ": Failure\n"
+              << result.summary() << std::endl;
+  }
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    if (info.result()->Failed()) {
+      std::cerr << "[rank " << rank_ << "] FAILED " << info.test_suite_name() << "." << info.name() << std::endl;
+    }
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace shardmm
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  // The first run initializes MPI (finalized at exit) and tells this process its rank.
+  try {
+    shardmm::run_backend("mpi", shardmm::Mesh::parse("X=4"),
+                         [](shardmm::Communicator& comm) { shardmm::world_rank = static_cast<int>(comm.rank()); });
+  } catch (const std::exception& e) {
+    std::cerr << "mpi_collectives_test: " << e.what() << "\n";
+    return 1;
+  }
+  ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
+  if (shardmm::world_rank != 0) {
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new shardmm::FailurePrinter(shardmm::world_rank));
+  }
+  const int failed = RUN_ALL_TESTS() == 0 ? 0 : 1;
+  int any_failed = failed;
+  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (shardmm::world_rank == 0 && any_failed && !failed) {
+    std::cerr << "mpi_collectives_test: tests failed on other ranks (their failures are above)\n";
+  }
+  return any_failed;
+}
