@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "mpi/mpi_test.h"
 #include "runtime/collectives_testing.h"
 #include "runtime/mpi/mpi_backend.h"
 #include "shardmm/core/error.h"
@@ -32,7 +33,6 @@ namespace {
 
 using testing::Size;
 
-int world_rank = 0;  // set by main before the tests run
 
 struct Group {
   const char* mesh;
@@ -382,49 +382,5 @@ TEST(MpiLaunch, RankAndLaunchAreKnown) {
   EXPECT_NE(std::find(backends.begin(), backends.end(), "mpi"), backends.end());
 }
 
-// Ranks other than 0 report only their failures, each line marked with the rank.
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::cerr << "[rank " << rank_ << "] " << (result.file_name() ? result.file_name() : "?") << ":"
-              << result.line_number() << ": Failure\n"
-              << result.summary() << std::endl;
-  }
-  void OnTestEnd(const ::testing::TestInfo& info) override {
-    if (info.result()->Failed()) {
-      std::cerr << "[rank " << rank_ << "] FAILED " << info.test_suite_name() << "." << info.name() << std::endl;
-    }
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace shardmm
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  // The first run initializes MPI (finalized at exit) and tells this process its rank.
-  try {
-    shardmm::run_backend("mpi", shardmm::Mesh::parse("X=4"),
-                         [](shardmm::Communicator& comm) { shardmm::world_rank = static_cast<int>(comm.rank()); });
-  } catch (const std::exception& e) {
-    std::cerr << "mpi_collectives_test: " << e.what() << "\n";
-    return 1;
-  }
-  ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
-  if (shardmm::world_rank != 0) {
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new shardmm::FailurePrinter(shardmm::world_rank));
-  }
-  const int failed = RUN_ALL_TESTS() == 0 ? 0 : 1;
-  int any_failed = failed;
-  MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  if (shardmm::world_rank == 0 && any_failed && !failed) {
-    std::cerr << "mpi_collectives_test: tests failed on other ranks (their failures are above)\n";
-  }
-  return any_failed;
-}
