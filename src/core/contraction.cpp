@@ -68,16 +68,18 @@ Spec parse_operand(std::string_view src, std::size_t from, std::size_t to, const
   try {
     spec = parse_spec(part, mesh);
   } catch (const InputError& e) {
-    // Move the caret from the operand's text to the expression's.
+    // Move the caret from the operand's text to the expression's. The context's second
+    // line is "  " then one space per column before the caret.
     const std::string& ctx = e.context();
-    std::size_t caret = ctx.find('^');
-    std::size_t line2 = ctx.find('\n');
-    std::size_t col = 0, len = 1;
+    const std::size_t line2 = ctx.find('\n');
+    const std::size_t caret = line2 == std::string::npos ? line2 : ctx.find('^', line2);  // the text may hold '^' too
+    std::size_t pos = 0, len = 1;
     if (caret != std::string::npos && line2 != std::string::npos) {
-      col = caret - (line2 + 3);
-      len = ctx.size() - caret;
+      const std::size_t col = caret - (line2 + 3), width = ctx.size() - caret;
+      pos = text::byte_of_column(part, col);
+      len = std::max<std::size_t>(1, text::byte_of_column(part, col + width) - pos);
     }
-    throw InputError(e.headline(), src, from + col, len);
+    throw InputError(e.headline(), src, from + pos, len);
   }
   if (spec.tensor.empty()) spec.tensor = default_name;
   return spec;
@@ -113,6 +115,11 @@ Contraction parse_contraction(std::string_view src, const Mesh& mesh) {
     for (const DimSpec& d : c.b.dims) {
       if (c.a.find_dim(d.name) < 0) c.out_dims.push_back(d.name);
     }
+  }
+  if (c.out_dims.empty()) {
+    throw InputError("bad contraction '" + std::string(src) +
+                     "': the output has no dimensions (a full contraction to a scalar); a spec needs at least one "
+                     "dimension, so keep one in the output (e.g. A[I, J] @ B[J, K] -> C[I, K])");
   }
   const auto where = [&](const std::string& name) {
     const std::size_t p = src.find(name, arrow == std::string_view::npos ? 0 : arrow);

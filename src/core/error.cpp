@@ -1,45 +1,55 @@
 #include "shardmm/core/error.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "core/text.h"
+
 namespace shardmm {
 
 namespace {
 
-// Two indented lines: the text (control characters shown as '?', so the caret lines up)
-// and a caret under the offending span.
-std::string quote_with_caret(std::string_view text, std::size_t pos, std::size_t len) {
-  std::string shown;
-  shown.reserve(text.size());
-  for (char ch : text) {
-    const auto uc = static_cast<unsigned char>(ch);
-    shown.push_back(uc < 0x20 || uc == 0x7f ? '?' : ch);
+// One printable column per character of `text`: printable ASCII and well-formed UTF-8 as
+// themselves, any other byte (control bytes, stray or truncated UTF-8) as `other(byte)`.
+// `columns[i]` is the column where byte i starts (columns[size] is the end).
+template <class Other>
+std::string show(std::string_view text, Other other, std::vector<std::size_t>* columns = nullptr) {
+  std::string out;
+  std::size_t column = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const auto uc = static_cast<unsigned char>(text[i]);
+    std::size_t len = uc >= 0x20 && uc < 0x7f ? 1 : text::utf8_length(text, i);
+    if (len > 0) {
+      out.append(text.substr(i, len));
+    } else {
+      out += other(uc);
+      len = 1;
+    }
+    if (columns) columns->insert(columns->end(), len, column);
+    ++column;
+    i += len;
   }
-  if (pos > shown.size()) pos = shown.size();
-  if (len == 0) len = 1;
-  // Multi-byte UTF-8 sequences take one column each: count only their lead bytes.
-  std::size_t columns = 0;
-  for (std::size_t i = 0; i < pos; ++i) {
-    if ((static_cast<unsigned char>(text[i]) & 0xC0) != 0x80) ++columns;
-  }
-  std::string caret(columns, ' ');
-  caret.append(len, '^');
-  return "  " + shown + "\n  " + caret;
+  if (columns) columns->push_back(column);
+  return out;
 }
 
-// The headline quotes user text: escape control bytes so it stays one printable line.
-std::string printable(std::string s) {
-  std::string out;
-  for (char ch : s) {
-    const auto uc = static_cast<unsigned char>(ch);
-    if (uc < 0x20 || uc == 0x7f) {
-      static const char* hex = "0123456789ABCDEF";
-      out += "\\x";
-      out += hex[uc >> 4];
-      out += hex[uc & 15];
-    } else {
-      out += ch;
-    }
-  }
-  return out;
+// Two indented lines: the text (unprintable bytes shown as '?', so the caret lines up) and
+// a caret under the offending span.
+std::string quote_with_caret(std::string_view text, std::size_t pos, std::size_t len) {
+  std::vector<std::size_t> columns;
+  const std::string shown = show(text, [](unsigned char) { return std::string("?"); }, &columns);
+  pos = std::min(pos, text.size());
+  const std::size_t end = std::min(pos + std::max<std::size_t>(len, 1), text.size());
+  const std::size_t width = std::max<std::size_t>(1, columns[end] - columns[pos]);
+  return "  " + shown + "\n  " + std::string(columns[pos], ' ') + std::string(width, '^');
+}
+
+// The headline quotes user text: escape unprintable bytes so it stays one printable line.
+std::string printable(std::string_view s) {
+  return show(s, [](unsigned char uc) {
+    static const char* hex = "0123456789ABCDEF";
+    return std::string("\\x") + hex[uc >> 4] + hex[uc & 15];
+  });
 }
 
 }  // namespace

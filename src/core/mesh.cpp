@@ -45,7 +45,7 @@ Mesh Mesh::parse(std::string_view src) {
     if (end == std::string_view::npos) end = src.size();
     std::size_t from = pos, to = end;
     text::trim(src, from, to);
-    if (from == to) return fail("empty axis between commas; write NAME=SIZE", from, 1);
+    if (from == to) return fail("an axis is missing (a stray comma?); write NAME=SIZE", from, 1);
     const std::size_t eq = src.find('=', from);
     if (eq == std::string_view::npos || eq >= to) {
       return fail("'" + std::string(src.substr(from, to - from)) + "' has no '='; write NAME=SIZE",
@@ -54,6 +54,7 @@ Mesh Mesh::parse(std::string_view src) {
     std::size_t nf = from, nt = eq;
     text::trim(src, nf, nt);
     const std::string name(src.substr(nf, nt - nf));
+    if (name.empty()) return fail("an axis name is missing before '='; write NAME=SIZE", eq, 1);
     if (!text::is_identifier(name)) {
       return fail("bad axis name '" + name + "'; an axis name is a letter followed by letters or digits",
                   nf, std::max<std::size_t>(1, nt - nf));

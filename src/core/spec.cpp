@@ -44,7 +44,8 @@ struct Violation {
 std::string format_spec_unchecked(const Spec& spec, const Mesh& mesh);
 
 // The first rule `spec` breaks: an axis used twice, or both sharding and unreduced.
-std::optional<Violation> find_violation(const Spec& spec, const Mesh& mesh) {
+// `hints` adds "did you mean" suggestions (checked with hints off, so no recursion).
+std::optional<Violation> find_violation(const Spec& spec, const Mesh& mesh, bool hints = true) {
   std::vector<int> owner(static_cast<std::size_t>(mesh.rank()), -1);  // dimension index
   for (std::size_t d = 0; d < spec.dims.size(); ++d) {
     for (int a : spec.dims[d].axes) {
@@ -56,26 +57,33 @@ std::optional<Violation> find_violation(const Spec& spec, const Mesh& mesh) {
                              "; a mesh axis can shard a dimension only once",
                          static_cast<int>(d)};
       }
+      if (prev >= 0 && !hints) return Violation{"", static_cast<int>(d)};
       if (prev >= 0) {
         // Suggest legal alternatives: drop the second use, or give the second dimension an
-        // axis nobody uses, or shard the first dimension over both.
+        // axis nobody uses, or shard the first dimension over both; only those that are
+        // legal themselves (the spec may break other rules too).
         Spec keep = spec;
         auto& axes = keep.dims[d].axes;
         axes.erase(std::find(axes.begin(), axes.end(), a));
-        std::string hint = "did you mean " + format_spec_unchecked(keep, mesh);
+        std::vector<Spec> hints{keep};
         for (int u = 0; u < mesh.rank(); ++u) {
           if (!spec.uses(u)) {
             Spec other = spec;
             std::replace(other.dims[d].axes.begin(), other.dims[d].axes.end(), a, u);
             Spec merged = keep;
             merged.dims[static_cast<std::size_t>(prev)].axes.push_back(u);
-            hint = "did you mean " + format_spec_unchecked(other, mesh) + " or " + format_spec_unchecked(merged, mesh);
+            hints = {other, merged};
             break;
           }
         }
+        std::string hint;
+        for (const Spec& h : hints) {
+          if (find_violation(h, mesh, false)) continue;
+          hint += (hint.empty() ? "; did you mean " : " or ") + format_spec_unchecked(h, mesh);
+        }
         return Violation{"mesh axis '" + name + "' shards two dimensions (" +
                              spec.dims[static_cast<std::size_t>(prev)].name + " and " + spec.dims[d].name +
-                             "); a mesh axis can shard only one dimension; " + hint + "?",
+                             "); a mesh axis can shard only one dimension" + hint + (hint.empty() ? "" : "?"),
                          static_cast<int>(d)};
       }
       owner[static_cast<std::size_t>(a)] = static_cast<int>(d);
@@ -122,7 +130,7 @@ class SpecParser {
       fail("missing '[' after the tensor name; write a sharding as A[I_X, J]", pos, 1);
     }
     if (src_[pos] != '[') {
-      fail("unexpected '" + text::show_char(src_[pos]) + "'; write a sharding as A[I_X, J]", pos, 1);
+      fail("unexpected '" + text::show_char(src_, pos) + "'; write a sharding as A[I_X, J]", pos, 1);
     }
     const std::size_t open = pos;
     const std::size_t close = matching(open, '[', ']');
@@ -136,7 +144,7 @@ class SpecParser {
       skip_space(pos);
     }
     if (pos < src_.size()) {
-      fail("unexpected '" + text::show_char(src_[pos]) +
+      fail("unexpected '" + text::show_char(src_, pos) +
                "' after the spec; only an unreduced suffix like {U_X} may follow ']'",
            pos, 1);
     }
@@ -172,7 +180,9 @@ class SpecParser {
       const char ch = i < end ? src_[i] : ',';
       if (ch == '{') ++depth;
       if (ch == '}') --depth;
-      if (ch == ',' && depth == 0) {
+      // The end always closes the last dimension, even after an unbalanced '{' (which
+      // parse_dim then reports).
+      if (i == end || (ch == ',' && depth == 0)) {
         parse_dim(start, i, spec);
         start = i + 1;
       }
@@ -182,9 +192,9 @@ class SpecParser {
   void parse_dim(std::size_t begin, std::size_t end, Spec& spec) {
     std::size_t from = begin, to = end;
     text::trim(src_, from, to);
-    if (from == to) fail("empty dimension between commas; name every dimension", std::min(begin, src_.size() - 1), 1);
+    if (from == to) fail("a dimension is missing (a stray comma?); name every dimension", std::min(begin, src_.size() - 1), 1);
     if (!text::is_letter(src_[from])) {
-      fail("dimension names start with a letter, got '" + text::show_char(src_[from]) + "'", from, 1);
+      fail("dimension names start with a letter, got '" + text::show_char(src_, from) + "'", from, 1);
     }
     std::size_t pos = from + 1;
     while (pos < to && text::is_digit(src_[pos])) ++pos;
@@ -193,7 +203,7 @@ class SpecParser {
     if (pos < to) {
       const bool underscore = src_[pos] == '_';
       const std::size_t axes_from = underscore ? pos + 1 : pos;
-      dim.axes = parse_axes(axes_from, to, "dimension " + dim.name);
+      dim.axes = parse_axes(axes_from, to, "dimension " + dim.name, dim.name);
     }
     spec.dims.push_back(std::move(dim));
   }
@@ -209,11 +219,13 @@ class SpecParser {
     if (pos < to && src_[pos] == '_') ++pos;
     if (pos >= to) fail("no axes after 'U'; write the unreduced axes as {U_X} or {U_XY}", from, 1);
     unreduced_pos_ = pos;
-    AxisList axes = parse_axes(pos, to, "the unreduced axes");
+    AxisList axes = parse_axes(pos, to, "the unreduced axes", "U");
     for (std::size_t i = 0; i < axes.size(); ++i) {
       for (std::size_t j = 0; j < i; ++j) {
         if (axes[i] == axes[j]) {
-          fail("mesh axis '" + mesh_.axis(axes[i]).name + "' is listed twice as unreduced", pos, to - pos);
+          fail("mesh axis '" + mesh_.axis(axes[i]).name +
+                   "' is listed twice as unreduced; list each unreduced axis once",
+               pos, to - pos);
         }
       }
     }
@@ -222,7 +234,8 @@ class SpecParser {
   }
 
   // Axes written after '_': X, XY (split into mesh axis names), {XY}, {dp,tp}.
-  AxisList parse_axes(std::size_t from, std::size_t to, const std::string& what) {
+  // `label` is what the axes are written after in a suggestion: the dimension's name, or U.
+  AxisList parse_axes(std::size_t from, std::size_t to, const std::string& what, const std::string& label) {
     text::trim(src_, from, to);
     if (from == to) fail("no mesh axes after '_' in " + what + "; write I_X or leave the dimension bare", from, 1);
     if (src_[from] == '{') {
@@ -238,7 +251,10 @@ class SpecParser {
           if (i == to || src_[i] == ',') {
             std::size_t nf = start, nt = i;
             text::trim(src_, nf, nt);
-            if (nf == nt) fail("empty axis name in " + what, std::min(nf, src_.size() - 1), 1);
+            if (nf == nt) {
+              fail("empty axis name in " + what + "; separate axis names with single commas, e.g. " + label + "_{dp,tp}",
+                   std::min(nf, src_.size() - 1), 1);
+            }
             const std::string name(src_.substr(nf, nt - nf));
             auto axis = mesh_.find(name);
             if (!axis) unknown_axis(name, nf, nt - nf);
@@ -249,7 +265,7 @@ class SpecParser {
         return axes;
       }
     }
-    return split_names(from, to, what);
+    return split_names(from, to, what, label);
   }
 
   [[noreturn]] void unknown_axis(const std::string& name, std::size_t pos, std::size_t len) const {
@@ -260,26 +276,24 @@ class SpecParser {
 
   // Splits a run of axis names written together (XY, dptp) into the mesh's names. A run
   // that is exactly one axis name means that axis; otherwise it must split one way only.
-  AxisList split_names(std::size_t from, std::size_t to, const std::string& what) {
+  AxisList split_names(std::size_t from, std::size_t to, const std::string& what, const std::string& label) {
     const std::string_view run = src_.substr(from, to - from);
     for (std::size_t i = 0; i < run.size(); ++i) {
       if (!text::is_letter(run[i]) && !text::is_digit(run[i])) {
-        fail("unexpected '" + text::show_char(run[i]) + "' in " + what +
+        fail("unexpected '" + text::show_char(run, i) + "' in " + what +
                  "; mesh axes are written I_X, I_XY or I_{dp,tp}",
              from + i, 1);
       }
     }
     if (auto exact = mesh_.find(run)) return {*exact};
-    // ways[i]: number of ways to split run[i..] (capped at 2), next[i]: first name's length.
+    // ways[i]: number of ways to split run[i..] (capped at 2).
     const std::size_t n = run.size();
     std::vector<int> ways(n + 1, 0);
-    std::vector<std::size_t> first(n + 1, 0);
     ways[n] = 1;
     for (std::size_t i = n; i-- > 0;) {
       for (int a = 0; a < mesh_.rank(); ++a) {
         const std::string& name = mesh_.axis(a).name;
         if (run.substr(i, name.size()) == name && ways[i + name.size()] > 0) {
-          if (ways[i] == 0) first[i] = name.size();
           ways[i] = std::min(2, ways[i] + ways[i + name.size()]);
         }
       }
@@ -303,23 +317,31 @@ class SpecParser {
       if (reach == 0) unknown_axis(std::string(run), from, n);
       unknown_axis(std::string(run.substr(reach)), from + reach, n - reach);
     }
-    if (ways[0] > 1) {
-      fail("'" + std::string(run) + "' splits into mesh axis names more than one way; separate them with commas, e.g. _{" +
-               std::string(run.substr(0, first[0])) + "," + std::string(run.substr(first[0])) + "}",
-           from, n);
-    }
-    AxisList axes;
-    for (std::size_t i = 0; i < n;) {
-      for (int a = 0; a < mesh_.rank(); ++a) {
+    // The first two readings, in mesh order of their first differing name.
+    std::vector<AxisList> readings;
+    AxisList reading;
+    const auto read = [&](const auto& self, std::size_t i) -> void {
+      if (i == n) {
+        readings.push_back(reading);
+        return;
+      }
+      for (int a = 0; a < mesh_.rank() && readings.size() < 2; ++a) {
         const std::string& name = mesh_.axis(a).name;
         if (run.substr(i, name.size()) == name && ways[i + name.size()] > 0) {
-          axes.push_back(a);
-          i += name.size();
-          break;
+          reading.push_back(a);
+          self(self, i + name.size());
+          reading.pop_back();
         }
       }
+    };
+    read(read, 0);
+    if (readings.size() > 1) {
+      const std::string one = mesh_.axis_names(readings[0]), two = mesh_.axis_names(readings[1]);
+      fail("'" + std::string(run) + "' splits into mesh axis names more than one way (" + one + " or " + two +
+               "); separate them with commas: " + label + "_{" + one + "} or " + label + "_{" + two + "}",
+           from, n);
     }
-    return axes;
+    return readings.at(0);
   }
 
   void check_rules(const Spec& spec) const {
@@ -390,13 +412,14 @@ DimSizes parse_dims(std::string_view src) {
     auto fail = [&](const std::string& why, std::size_t at, std::size_t len) {
       throw InputError("bad dims '" + std::string(src) + "': " + why, src, at, std::max<std::size_t>(1, len));
     };
-    if (from == to) fail("empty entry between commas; write NAME=SIZE", std::min(from, src.size() - 1), 1);
+    if (from == to) fail("a dimension is missing (a stray comma?); write NAME=SIZE", std::min(from, src.size() - 1), 1);
     const std::size_t eq = src.find('=', from);
     if (eq == std::string_view::npos || eq >= to) fail("'" + std::string(src.substr(from, to - from)) + "' has no '='; write NAME=SIZE", from, to - from);
     std::size_t nf = from, nt = eq;
     text::trim(src, nf, nt);
     const std::string name(src.substr(nf, nt - nf));
-    bool ok = !name.empty() && text::is_letter(name[0]);
+    if (name.empty()) fail("a dimension name is missing before '='; write NAME=SIZE", eq, 1);
+    bool ok = text::is_letter(name[0]);
     for (std::size_t i = 1; ok && i < name.size(); ++i) ok = text::is_digit(name[i]);
     if (!ok) fail("bad dimension name '" + name + "'; a dimension name is a letter, optionally followed by digits", nf, nt - nf);
     std::size_t sf = eq + 1, st = to;
@@ -407,7 +430,7 @@ DimSizes parse_dims(std::string_view src) {
       fail("size of dimension '" + name + "' " + why + "; a dimension size is a whole number >= 1", sf, st - sf);
     }
     if (size < 1) fail("dimension '" + name + "' has size 0; a dimension size must be at least 1", sf, st - sf);
-    if (sizes.count(name)) fail("dimension '" + name + "' is given twice", nf, nt - nf);
+    if (sizes.count(name)) fail("dimension '" + name + "' is given twice; give each dimension's size once", nf, nt - nf);
     sizes[name] = size;
     pos = end + 1;
   }

@@ -21,8 +21,17 @@ inline bool is_identifier(std::string_view s) {
   return true;
 }
 
-// Shows a character for an error message: printable as itself, others as \xNN.
-std::string show_char(char c);
+// The byte length of the well-formed multi-byte UTF-8 character at s[pos], or 0 when
+// s[pos] is ASCII or starts no well-formed character.
+std::size_t utf8_length(std::string_view s, std::size_t pos);
+// The byte offset in `s` of the character that error messages show at `column` (one
+// column per well-formed UTF-8 character or other byte; see InputError's caret line).
+std::size_t byte_of_column(std::string_view s, std::size_t column);
+
+// Shows the character at s[pos] for an error message: printable ASCII as itself, a
+// well-formed multi-byte UTF-8 character whole (so 'é' reads as 'é', not as its lead
+// byte), any other byte as \xNN.
+std::string show_char(std::string_view s, std::size_t pos);
 
 // Parses a positive decimal integer that fits in int64 from `digits` (all of it).
 // Returns false and sets `why` ("not a number", "overflows 64 bits", ...) on failure.

@@ -1,4 +1,6 @@
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 #include "plan/steps.h"
 #include "shardmm/core/error.h"
@@ -167,6 +169,17 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
   validate_spec(from, mesh);
   validate_spec(to, mesh);
   check_same_tensor(from, to, mesh);
+  // The shape comes from the caller, not from global_shape: check it the same way, so that
+  // no shard size below can overflow.
+  if (shape.size() != from.dims.size()) {
+    throw std::invalid_argument("plan_reshard: a shape of " + std::to_string(shape.size()) + " extents for " +
+                                format_spec(from, mesh));
+  }
+  std::int64_t elements = 1;
+  for (std::int64_t n : shape) {
+    if (n < 0) throw std::invalid_argument("plan_reshard: negative extent " + std::to_string(n));
+    elements = checked_mul(elements, n, "the element count of " + (from.tensor.empty() ? std::string("the tensor") : from.tensor));
+  }
   detail::StepCoster coster(mesh, options);
   Plan plan;
   plan.steps = detail::reshard_steps(mesh, from, to);

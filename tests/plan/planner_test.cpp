@@ -1,0 +1,248 @@
+// The planners on hand-checked examples: each reshard's steps and bytes, the matmul
+// planner's header example, peaks, the memory limit, and errors.
+#include "shardmm/plan/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <stdexcept>
+
+#include "shardmm/core/error.h"
+
+namespace shardmm {
+namespace {
+
+PlanOptions f32_v5e() { return PlanOptions{DType::f32, builtin_profile("tpu-v5e"), std::nullopt}; }
+
+// "op over AXES dim D[->E]" per step.
+std::vector<std::string> ops(const Plan& p, const Mesh& m) {
+  std::vector<std::string> out;
+  for (const Step& s : p.steps) {
+    std::string t = std::string(to_string(s.op)) + " over " + m.axis_names(s.axes);
+    if (s.dim >= 0) t += " dim " + std::to_string(s.dim);
+    if (s.dst_dim >= 0) t += "->" + std::to_string(s.dst_dim);
+    out.push_back(t);
+  }
+  return out;
+}
+
+class Reshard : public ::testing::Test {
+ protected:
+  // Mesh X=4,Y=2; T of shape 10 x 6 x 4, f32.
+  Plan plan(const std::string& from, const std::string& to) {
+    return plan_reshard(mesh, parse_spec(from, mesh), parse_spec(to, mesh), shape, f32_v5e());
+  }
+  const Mesh mesh = Mesh::parse("X=4,Y=2");
+  const std::vector<std::int64_t> shape{10, 6, 4};
+};
+
+TEST_F(Reshard, NothingToDo) {
+  const Plan p = plan("T[I_X, J, K]", "T[I_X, J, K]");
+  EXPECT_TRUE(p.steps.empty());
+  EXPECT_EQ(p.description, "nothing to do: the layouts are equal");
+  EXPECT_EQ(p.total_time_s, 0);
+  EXPECT_EQ(p.peak_bytes_per_device, 3 * 6 * 4 * 4);  // the largest shard of I: 3 rows
+  EXPECT_EQ(format_spec(p.output, mesh), "T[I_X, J, K]");
+}
+
+TEST_F(Reshard, AllGather) {
+  const Plan p = plan("T[I_X, J, K]", "T[I, J, K]");
+  EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"all_gather over X dim 0"}));
+  // I = 10 over 4 is 3,3,2,2: a device with 2 rows receives 8 rows of 6 x 4 floats.
+  EXPECT_EQ(p.steps[0].bytes_received, 8 * 6 * 4 * 4);
+  EXPECT_EQ(p.steps[0].bytes_sent, 8 * 6 * 4 * 4);
+  EXPECT_EQ(p.description, "all_gather over X");
+  EXPECT_EQ(p.comm_time_s, p.steps[0].time_s);
+  EXPECT_GT(p.comm_time_s, 0);
+  // The source stays, the gathered copy is added: 3 rows + 10 rows.
+  EXPECT_EQ(p.peak_bytes_per_device, (3 + 10) * 6 * 4 * 4);
+}
+
+TEST_F(Reshard, MinorAxisGather) {
+  const Plan p = plan("T[I_XY, J, K]", "T[I_X, J, K]");
+  EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"all_gather over Y dim 0"}));
+  // I_XY: 3,3,2,2 over X, then over Y: (2,1) (2,1) (1,1) (1,1). Device (x=0, y=1) goes from
+  // 1 row to 3: it receives 2 rows, the most.
+  EXPECT_EQ(p.steps[0].bytes_received, 2 * 6 * 4 * 4);
+}
+
+TEST_F(Reshard, SliceIsLocal) {
+  const Plan p = plan("T[I, J, K]", "T[I_X, J, K]");
+  EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"slice over X dim 0"}));
+  EXPECT_EQ(p.comm_time_s, 0);
+  EXPECT_EQ(p.steps[0].bytes_sent, 0);
+  // A copy of the largest slice, read and written at HBM bandwidth.
+  EXPECT_DOUBLE_EQ(p.compute_time_s, 2.0 * 3 * 6 * 4 * 4 / 8.1e11);
+}
+
+TEST_F(Reshard, Reductions) {
+  const Plan rs = plan("T[I, J, K]{U_X}", "T[I_X, J, K]");
+  EXPECT_EQ(ops(rs, mesh), (std::vector<std::string>{"reduce_scatter over X dim 0"}));
+  EXPECT_EQ(rs.steps[0].bytes_sent, (240 - 48) * 4);  // all but the smallest piece (2 x 6 x 4)
+  const Plan ar = plan("T[I, J, K]{U_X}", "T[I, J, K]");
+  EXPECT_EQ(ops(ar, mesh), (std::vector<std::string>{"all_reduce over X"}));
+  EXPECT_EQ(ar.steps[0].bytes_sent, 2 * (240 - 60) * 4);  // reduce_scatter + all_gather of quarters
+  const Plan partial = plan("T[I, J, K]", "T[I, J, K]{U_X}");
+  EXPECT_EQ(ops(partial, mesh), (std::vector<std::string>{"to_partial over X"}));
+  EXPECT_EQ(partial.comm_time_s, 0);
+  const Plan both = plan("T[I, J, K]{U_XY}", "T[I, J, K_XY]");
+  EXPECT_EQ(ops(both, mesh), (std::vector<std::string>{"reduce_scatter over XY dim 2"}));
+  // Reduce-scattering onto a dimension already sharded appends the axis (minor-most).
+  const Plan nested = plan("T[I_X, J, K]{U_Y}", "T[I_XY, J, K]");
+  EXPECT_EQ(ops(nested, mesh), (std::vector<std::string>{"reduce_scatter over Y dim 0"}));
+}
+
+TEST_F(Reshard, AllToAllMovesTheMinorAxis) {
+  EXPECT_EQ(ops(plan("T[I_X, J, K]", "T[I, J_X, K]"), mesh), (std::vector<std::string>{"all_to_all over X dim 0->1"}));
+  EXPECT_EQ(ops(plan("T[I, J, K_XY]", "T[I_XY, J, K]"), mesh), (std::vector<std::string>{"all_to_all over XY dim 2->0"}));
+  // Only the minor-most axis moves; X is gathered after.
+  EXPECT_EQ(ops(plan("T[I_XY, J, K]", "T[I, J_Y, K]"), mesh),
+            (std::vector<std::string>{"all_to_all over Y dim 0->1", "all_gather over X dim 0"}));
+}
+
+// planner.h: reduce_scatter before gathers, slices (free) before gathers, so less data moves.
+TEST_F(Reshard, CheapOrder) {
+  EXPECT_EQ(ops(plan("T[I_X, J, K]{U_Y}", "T[I, J_Y, K]"), mesh),
+            (std::vector<std::string>{"reduce_scatter over Y dim 1", "all_gather over X dim 0"}));
+  const Plan p = plan("T[I_X, J, K]", "T[I, J_Y, K]");
+  EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"slice over Y dim 1", "all_gather over X dim 0"}));
+  // The gather moves J-halves: a device with 2 rows of 3 x 4 receives 8 such rows.
+  EXPECT_EQ(p.steps[1].bytes_received, 8 * 3 * 4 * 4);
+}
+
+TEST_F(Reshard, Errors) {
+  EXPECT_THROW(check_same_tensor(parse_spec("T[I, J]", mesh), parse_spec("T[J, I]", mesh), mesh), InputError);
+  EXPECT_THROW(plan("T[I, J, K]", "T[I, J]"), InputError);
+  EXPECT_THROW(plan("T[I, J, K]", "T[I, J, L]"), InputError);
+  Spec bad = parse_spec("T[I_X, J, K]", mesh);
+  bad.dims[1].axes = {0};  // X twice
+  EXPECT_THROW(plan_reshard(mesh, bad, parse_spec("T[I, J, K]", mesh), shape, f32_v5e()), InputError);
+  EXPECT_THROW(plan_reshard(mesh, parse_spec("T[I, J, K]", mesh), bad, shape, f32_v5e()), InputError);
+  // The shape must match the specs and its element count fit in 64 bits.
+  const Spec t = parse_spec("T[I_X, J, K]", mesh), u = parse_spec("T[I, J, K]", mesh);
+  EXPECT_THROW(plan_reshard(mesh, t, u, {10, 6}, f32_v5e()), std::invalid_argument);
+  EXPECT_THROW(plan_reshard(mesh, t, u, {10, -6, 4}, f32_v5e()), std::invalid_argument);
+  EXPECT_THROW(plan_reshard(mesh, t, u, {std::int64_t{1} << 40, std::int64_t{1} << 40, 1}, f32_v5e()), InputError);
+  try {
+    check_same_tensor(parse_spec("T[I, J]", mesh), parse_spec("T[J, I]", mesh), mesh);
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("T[I, J]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("same dimensions in the same order"), std::string::npos) << e.what();
+  }
+}
+
+// planner.h's example.
+TEST(Matmul, HeaderExample) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const PlanOptions opt{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I, K]", mesh);
+  const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=4096,K=16384"), opt);
+  ASSERT_EQ(p.cases.size(), 1u);
+  EXPECT_EQ(p.cases[0].case_number, 3);
+  EXPECT_EQ(p.cases[0].axis, 0);
+  ASSERT_GE(p.chosen, 0);
+  const Plan& chosen = p.candidates[static_cast<std::size_t>(p.chosen)];
+  ASSERT_EQ(chosen.steps.size(), 2u);
+  EXPECT_EQ(chosen.steps[0].op, OpKind::einsum);
+  EXPECT_EQ(chosen.steps[1].op, OpKind::all_reduce);
+  EXPECT_EQ(chosen.steps[1].axes, AxisList{0});
+  EXPECT_EQ(chosen.description, "local einsum, then all_reduce C over X");
+  // 256 MiB of C all-reduced over a ring of 4: 2 V / W, W = 9e10 B/s.
+  EXPECT_NEAR(chosen.steps[1].time_s, 2.0 * 8192 * 16384 * 2 / 9e10, 1e-15);
+}
+
+// Case 2's candidates on X=4, bf16, I = J = K = 1024. The peak counts the inputs (A's 512 KiB
+// shard, B's 2 MiB), each intermediate until its consumer ran, and the result:
+//   gather:        inputs + A gathered (2 MiB) + C (2 MiB)                 = 6.5 MiB
+//   slice+reduce:  inputs + C{U_X} (2 MiB) + the all_reduced C (2 MiB)     = 6.5 MiB
+TEST(Matmul, PeakAndMemoryLimit) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J, K] -> C[I, K]", mesh);
+  const DimSizes sizes = parse_dims("I=1024,J=1024,K=1024");
+  PlanOptions opt{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
+  const MatmulPlanning p = plan_matmul(mesh, c, sizes, opt);
+  ASSERT_EQ(p.candidates.size(), 2u);
+  for (const Plan& plan : p.candidates) EXPECT_EQ(plan.peak_bytes_per_device, 6.5 * (1 << 20)) << plan.description;
+  opt.mem_limit_bytes = 6.5 * (1 << 20);
+  EXPECT_EQ(plan_matmul(mesh, c, sizes, opt).chosen, 0);
+  opt.mem_limit_bytes = 6.5 * (1 << 20) - 1;
+  const MatmulPlanning none = plan_matmul(mesh, c, sizes, opt);
+  EXPECT_EQ(none.chosen, -1);
+  ASSERT_EQ(none.candidates.size(), 2u);
+  EXPECT_FALSE(none.candidates[0].fits_memory);
+}
+
+// A tighter memory limit picks a slower plan that fits. Case 2 with I = K = 1024, J = 1536,
+// bf16 on X=4: A is 3 MiB, B 3 MiB, C 2 MiB; the inputs hold A/4 + B = 3.75 MiB.
+//   gather:        AG(3 MiB) = 3 MiB / W = 34.95 us, einsum 2 I J K / P = 16.35 us (compute-bound)
+//                  peak = inputs + A (3) + C (2)                     = 8.75 MiB
+//   slice+reduce:  slice 2 x 0.75 MiB / H = 1.94 us, einsum (0.75 + 0.75 + 2) MiB / H = 4.53 us
+//                  (memory-bound), AR(2 MiB) = 2 x 2 MiB / W = 46.60 us
+//                  peak = inputs + max(B/4 + C, C + C) = 3.75 + 4     = 7.75 MiB
+TEST(Matmul, MemoryLimitPicksASlowerPlan) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J, K] -> C[I, K]", mesh);
+  const DimSizes sizes = parse_dims("I=1024,J=1536,K=1024");
+  PlanOptions opt{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
+  const MatmulPlanning free = plan_matmul(mesh, c, sizes, opt);
+  ASSERT_EQ(free.candidates.size(), 2u);
+  const std::int64_t MiB = 1 << 20;
+  EXPECT_EQ(free.chosen, 0);
+  EXPECT_EQ(free.candidates[0].description, "all_gather A over X, then local einsum");
+  EXPECT_EQ(free.candidates[0].peak_bytes_per_device, 8.75 * MiB);
+  EXPECT_EQ(free.candidates[1].description, "slice B over X, then local einsum, then all_reduce C over X");
+  EXPECT_EQ(free.candidates[1].peak_bytes_per_device, 7.75 * MiB);
+  EXPECT_NEAR(free.candidates[0].total_time_s, 3.0 * MiB / 9e10 + 2.0 * 1024 * 1536 * 1024 / 1.97e14, 1e-15);
+  EXPECT_NEAR(free.candidates[1].total_time_s, 1.5 * MiB / 8.1e11 + 3.5 * MiB / 8.1e11 + 4.0 * MiB / 9e10, 1e-15);
+  opt.mem_limit_bytes = 8 * MiB;
+  const MatmulPlanning tight = plan_matmul(mesh, c, sizes, opt);
+  EXPECT_EQ(tight.chosen, 1);
+  EXPECT_FALSE(tight.candidates[0].fits_memory);
+  EXPECT_TRUE(tight.candidates[1].fits_memory);
+}
+
+TEST(Matmul, Errors) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const PlanOptions opt{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I, K]", mesh);
+  EXPECT_THROW(plan_matmul(mesh, c, parse_dims("I=4,J=4"), opt), InputError);  // K has no size
+  Contraction bad = c;
+  bad.a.dims[0].axes = {0};  // A[I_X, J_X]
+  EXPECT_THROW(plan_matmul(mesh, bad, parse_dims("I=4,J=4,K=4"), opt), InputError);
+  // A dtype the profile has no peak for.
+  EXPECT_THROW(plan_matmul(mesh, c, parse_dims("I=4,J=4,K=4"), PlanOptions{DType::f64, builtin_profile("tpu-v5e"), std::nullopt}),
+               InputError);
+}
+
+// Mutated contraction text, planned with random sizes: only InputError may escape.
+TEST(Matmul, MutatedInputsRaiseOnlyInputErrors) {
+  std::mt19937 rng(99);
+  const std::vector<std::string> seeds{"A[I, J_X] @ B[J_X, K] -> C[I, K]{U_Y}", "A[I_X, J] @ B[J, K_Y]",
+                                       "A[B_X, I, J] @ B[B_X, J, K] -> C[B_X, I_Y, K]", "A[I, J, L_Y]{U_X} @ B[L_Y, J, K]"};
+  const std::string alphabet = "IJKLBXY_,[]{}U@->";
+  const std::vector<Mesh> meshes{Mesh::parse("X=2,Y=3"), Mesh::parse("X=4,Y=1"), Mesh::parse("X=3,Y=2")};
+  int planned = 0;
+  for (int i = 0; i < 4000; ++i) {
+    std::string text = seeds[rng() % seeds.size()];
+    for (int e = static_cast<int>(rng() % 3) - 1; e >= 0; --e) text[rng() % text.size()] = alphabet[rng() % alphabet.size()];
+    const Mesh& mesh = meshes[rng() % meshes.size()];
+    DimSizes sizes;
+    for (const char* l : {"I", "J", "K", "L", "B"}) {
+      if (rng() % 8) sizes[l] = 1 + static_cast<std::int64_t>(rng() % 9);
+    }
+    try {
+      const Contraction c = parse_contraction(text, mesh);
+      const MatmulPlanning p = plan_matmul(mesh, c, sizes, PlanOptions{DType::f32, builtin_profile("h100"), std::nullopt});
+      EXPECT_FALSE(p.candidates.empty()) << text;
+      ++planned;
+    } catch (const InputError&) {
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "'" << text << "' on " << mesh.to_string() << " threw a non-InputError: " << e.what();
+    }
+  }
+  EXPECT_GT(planned, 200);
+}
+
+}  // namespace
+}  // namespace shardmm
