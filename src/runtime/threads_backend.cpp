@@ -1,0 +1,664 @@
+// The threads backend: one std::thread per device, each with its own buffers.
+//
+// A collective is three moves. Every member publishes a pointer to its buffers and a
+// fingerprint of the call in its group's slot and waits until all members have arrived
+// (the last arrival checks that the fingerprints agree). Each member then copies or
+// reduces what it needs straight out of its peers' buffers into its own. A second
+// rendezvous keeps every buffer alive and unmodified until all peers are done with it.
+//
+// Only the first rendezvous can fail (abort, mismatch, watchdog): past it every member is
+// committed to a bounded amount of copying, so the later ones always complete. That is
+// what makes it safe for a rank to unwind and free its buffers after an error.
+#include "runtime/threads_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "shardmm/core/error.h"
+#include "shardmm/runtime/errors.h"
+
+namespace shardmm {
+namespace detail {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Thrown in ranks released because another rank failed. run_threads never rethrows it:
+// the rank that failed records its own exception before anyone is released.
+class Aborted : public std::runtime_error {
+ public:
+  Aborted() : std::runtime_error("aborted: another rank failed") {}
+};
+
+enum class Op { all_gather, reduce_scatter, all_reduce, all_to_all, barrier };
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::all_gather: return "all_gather";
+    case Op::reduce_scatter: return "reduce_scatter";
+    case Op::all_reduce: return "all_reduce";
+    case Op::all_to_all: return "all_to_all";
+    case Op::barrier: return "barrier";
+  }
+  return "?";
+}
+
+// What a rank expects of a collective; the members of a group must agree on it.
+struct Fingerprint {
+  Op op = Op::barrier;
+  AxisList axes;
+  DType dtype = DType::f32;
+  Counts counts;       // all_gather, reduce_scatter: per member; all_reduce: {count}; all_to_all: sent
+  Counts recv_counts;  // all_to_all: received
+};
+
+std::string list(const Counts& values) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
+  return out + "]";
+}
+
+std::string elements(std::int64_t n) { return std::to_string(n) + (n == 1 ? " element" : " elements"); }
+
+std::string axes_label(const Mesh& mesh, const AxisList& axes) {
+  return axes.empty() ? "()" : mesh.axis_names(axes);
+}
+
+std::string describe(const Mesh& mesh, const Fingerprint& fp, bool with_axes) {
+  std::string out = op_name(fp.op);
+  const std::string dtype = to_string(fp.dtype);
+  switch (fp.op) {
+    case Op::all_gather:
+    case Op::reduce_scatter: out += "(" + dtype + ", counts " + list(fp.counts) + ")"; break;
+    case Op::all_reduce: out += "(" + dtype + ", " + elements(fp.counts.at(0)) + ")"; break;
+    case Op::all_to_all:
+      out += "(" + dtype + ", send " + list(fp.counts) + ", recv " + list(fp.recv_counts) + ")";
+      break;
+    case Op::barrier: out += "()"; break;
+  }
+  if (with_axes) out += " over " + axes_label(mesh, fp.axes);
+  return out;
+}
+
+std::string seconds(std::chrono::duration<double> d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", d.count());
+  return buf;
+}
+
+std::string ranks(const std::vector<std::int64_t>& devices) {
+  std::string out = devices.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < devices.size(); ++i) out += (i ? ", " : "") + std::to_string(devices[i]);
+  return out;
+}
+
+struct Entry {
+  Fingerprint fp;
+  const void* send = nullptr;
+  void* recv = nullptr;
+};
+
+// The rendezvous of one group (a set of devices). Keyed by the group's axis set, not its
+// axis order, so that members calling over XY and YX meet here and are told they differ.
+struct Slot {
+  explicit Slot(std::vector<std::int64_t> devices)
+      : members(std::move(devices)), entries(members.size()), arrived(members.size(), 0) {}
+
+  const std::vector<std::int64_t> members;  // ascending device ids; slot index = position
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<Entry> entries;  // valid from arrival until the closing sync
+  std::vector<char> arrived;   // in the current arrival round
+  std::size_t arrivals = 0;
+  std::uint64_t generation = 0;  // completed arrival rounds
+  std::string verdict;  // the last completed round's mismatch message ("" when all agreed)
+  bool broken = false;  // a member gave up waiting: this round can never complete
+  std::size_t syncs = 0;
+  std::uint64_t sync_generation = 0;
+};
+
+// Point-to-point messages addressed to one rank, FIFO per (source, tag).
+struct Inbox {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::map<std::pair<std::int64_t, int>, std::deque<std::vector<std::byte>>> queues;
+};
+
+class World {
+ public:
+  World(const Mesh& mesh, const ThreadsOptions& options)
+      : mesh_(mesh),
+        // A far-future deadline would overflow the clock; a century is "never".
+        watchdog_(std::chrono::duration_cast<Clock::duration>(
+            std::min(options.watchdog, std::chrono::duration<double>(3.2e9)))),
+        watchdog_text_(seconds(options.watchdog)),
+        finished_(new std::atomic<bool>[static_cast<std::size_t>(mesh.device_count())]) {
+    for (std::int64_t r = 0; r < mesh.device_count(); ++r) {
+      finished_[static_cast<std::size_t>(r)] = false;
+      inboxes_.push_back(std::make_unique<Inbox>());
+    }
+  }
+
+  const Mesh& mesh() const { return mesh_; }
+  Clock::time_point deadline() const { return Clock::now() + watchdog_; }
+  const std::string& watchdog_text() const { return watchdog_text_; }
+
+  Slot& slot(AxisList axis_set, const std::vector<std::int64_t>& sorted_members) {
+    std::sort(axis_set.begin(), axis_set.end());
+    std::lock_guard lock(slots_mutex_);
+    std::unique_ptr<Slot>& s = slots_[{std::move(axis_set), sorted_members.front()}];
+    if (!s) s = std::make_unique<Slot>(sorted_members);
+    return *s;
+  }
+  Inbox& inbox(std::int64_t rank) { return *inboxes_[static_cast<std::size_t>(rank)]; }
+
+  // Records `error` unless an earlier one is recorded, then releases every waiting rank.
+  // Must be called without holding a slot's or inbox's lock.
+  void fail(std::exception_ptr error) {
+    {
+      std::lock_guard lock(error_mutex_);
+      if (!first_error_) first_error_ = std::move(error);
+    }
+    aborted_ = true;
+    wake_all();
+  }
+  bool aborted() const { return aborted_; }
+  std::exception_ptr first_error() {
+    std::lock_guard lock(error_mutex_);
+    return first_error_;
+  }
+
+  // `rank`'s body has returned: peers still waiting for it will wait forever.
+  void finish(std::int64_t rank) {
+    finished_[static_cast<std::size_t>(rank)] = true;
+    wake_all();
+  }
+  bool finished(std::int64_t rank) const { return finished_[static_cast<std::size_t>(rank)]; }
+
+ private:
+  // Waiters test the flags under their slot's or inbox's lock; taking each lock before
+  // notifying means none can miss the change between its test and its wait.
+  void wake_all() {
+    std::lock_guard lock(slots_mutex_);
+    for (auto& [key, s] : slots_) {
+      { std::lock_guard l(s->mutex); }
+      s->cv.notify_all();
+    }
+    for (auto& in : inboxes_) {
+      { std::lock_guard l(in->mutex); }
+      in->cv.notify_all();
+    }
+  }
+
+  const Mesh mesh_;
+  const Clock::duration watchdog_;
+  const std::string watchdog_text_;
+  std::unique_ptr<std::atomic<bool>[]> finished_;
+  std::vector<std::unique_ptr<Inbox>> inboxes_;
+  std::mutex slots_mutex_;
+  std::map<std::pair<AxisList, std::int64_t>, std::unique_ptr<Slot>> slots_;
+  std::mutex error_mutex_;
+  std::exception_ptr first_error_;
+  std::atomic<bool> aborted_{false};
+};
+
+// Sums `count` elements of each source into dst, in source order ((s0 + s1) + s2) + ...
+// A tile at a time: each source streams through memory once, and dst may alias a source.
+template <typename T>
+void sum_in_order(const std::vector<const std::byte*>& sources, std::byte* dst, std::int64_t count) {
+  constexpr std::int64_t tile_elements = 16384 / sizeof(T);
+  alignas(64) T tile[tile_elements];
+  for (std::int64_t base = 0; base < count; base += tile_elements) {
+    const std::int64_t n = std::min(tile_elements, count - base);
+    const T* first = reinterpret_cast<const T*>(sources[0]) + base;
+    std::copy(first, first + n, tile);
+    for (std::size_t s = 1; s < sources.size(); ++s) {
+      const T* src = reinterpret_cast<const T*>(sources[s]) + base;
+      for (std::int64_t i = 0; i < n; ++i) tile[i] += src[i];
+    }
+    std::memcpy(dst + base * static_cast<std::int64_t>(sizeof(T)), tile, static_cast<std::size_t>(n) * sizeof(T));
+  }
+}
+
+void sum_in_order(DType dtype, const std::vector<const std::byte*>& sources, std::byte* dst,
+                  std::int64_t count) {
+  if (dtype == DType::f32) {
+    sum_in_order<float>(sources, dst, count);
+  } else {
+    sum_in_order<double>(sources, dst, count);
+  }
+}
+
+void copy_bytes(std::byte* dst, const std::byte* src, std::int64_t bytes) {
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
+}
+
+std::int64_t element_bytes(DType dtype) {
+  if (dtype != DType::f32 && dtype != DType::f64) {
+    throw InputError(std::string("the threads backend computes in f32 and f64; got ") + to_string(dtype));
+  }
+  return dtype_bytes(dtype);
+}
+
+// Element offsets of consecutive chunks of `counts`, plus the total at the end; checked so
+// that any byte offset derived from them fits too.
+Counts offsets(const Counts& counts, std::int64_t element_size) {
+  Counts out{0};
+  for (std::int64_t c : counts) out.push_back(checked_add(out.back(), c, "the collective's element count"));
+  checked_mul(out.back(), element_size, "the collective's byte count");
+  return out;
+}
+
+// Start of part `k` of `count` elements split `parts` ways, the first count % parts one larger.
+std::int64_t split_start(std::int64_t count, std::int64_t parts, std::int64_t k) {
+  return k * (count / parts) + std::min(k, count % parts);
+}
+
+const std::byte* bytes_of(const void* p) { return static_cast<const std::byte*>(p); }
+std::byte* bytes_of(void* p) { return static_cast<std::byte*>(p); }
+
+// Why the members' fingerprints (in s.entries) disagree, or "" when they agree.
+std::string disagreement(const Mesh& mesh, const Slot& s) {
+  const Fingerprint& ref = s.entries[0].fp;
+  const std::string where = "collective mismatch in group over " + axes_label(mesh, ref.axes) +
+                            " of device " + std::to_string(s.members[0]) + ": ";
+  auto same = [&](const Fingerprint& fp) {
+    return fp.op == ref.op && fp.axes == ref.axes && fp.dtype == ref.dtype &&
+           (ref.op == Op::all_to_all || fp.counts == ref.counts);
+  };
+  std::vector<std::size_t> differ;
+  bool axes_differ = false;
+  for (std::size_t i = 1; i < s.members.size(); ++i) {
+    if (!same(s.entries[i].fp)) differ.push_back(i);
+    axes_differ = axes_differ || s.entries[i].fp.axes != ref.axes;
+  }
+  if (!differ.empty()) {
+    constexpr std::size_t shown = 8;
+    std::string out = where + "rank " + std::to_string(s.members[0]) + " called " + describe(mesh, ref, axes_differ);
+    for (std::size_t k = 0; k < std::min(shown, differ.size()); ++k) {
+      const std::size_t i = differ[k];
+      out += ", rank " + std::to_string(s.members[i]) + " called " + describe(mesh, s.entries[i].fp, axes_differ);
+    }
+    if (differ.size() > shown) out += ", and " + std::to_string(differ.size() - shown) + " more ranks differ";
+    return out;
+  }
+  if (ref.op == Op::all_to_all) {
+    std::vector<std::size_t> by_rank(s.members.size());
+    for (std::size_t i = 0; i < s.members.size(); ++i) {
+      by_rank[static_cast<std::size_t>(mesh.group_rank(s.members[i], ref.axes))] = i;
+    }
+    for (std::size_t a = 0; a < by_rank.size(); ++a) {
+      for (std::size_t b = 0; b < by_rank.size(); ++b) {
+        const std::int64_t sent = s.entries[by_rank[a]].fp.counts[b];
+        const std::int64_t expected = s.entries[by_rank[b]].fp.recv_counts[a];
+        if (sent != expected) {
+          return where + "in all_to_all(" + to_string(ref.dtype) + "), rank " +
+                 std::to_string(s.members[by_rank[a]]) + " sends " + elements(sent) + " to rank " +
+                 std::to_string(s.members[by_rank[b]]) + ", which expects " + std::to_string(expected) +
+                 " from it";
+        }
+      }
+    }
+  }
+  return "";
+}
+
+class ThreadsCommunicator final : public Communicator {
+ public:
+  ThreadsCommunicator(World& world, std::int64_t rank) : world_(world), rank_(rank) {}
+
+  std::int64_t rank() const override { return rank_; }
+  const Mesh& mesh() const override { return world_.mesh(); }
+  std::string backend() const override { return "threads"; }
+
+  void all_gather(const void* send, void* recv, const Counts& counts, DType dtype,
+                  const AxisList& axes) override {
+    const Group& g = group(axes);
+    const std::int64_t eb = element_bytes(dtype);
+    check_counts("all_gather", counts, g);
+    const Counts off = offsets(counts, eb);
+    if (g.size() > 1) arrive(g, {{Op::all_gather, axes, dtype, counts, {}}, send, recv});
+    // Start with the next member, so that the ranks do not all read the same peer at once.
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const std::size_t m = (g.me + i) % g.size();
+      const void* src = m == g.me ? send : g.entry(m).send;
+      copy_bytes(bytes_of(recv) + off[m] * eb, bytes_of(src), counts[m] * eb);
+    }
+    if (g.size() > 1) sync(g);
+  }
+
+  void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype,
+                      const AxisList& axes) override {
+    const Group& g = group(axes);
+    const std::int64_t eb = element_bytes(dtype);
+    check_counts("reduce_scatter", counts, g);
+    const Counts off = offsets(counts, eb);
+    if (g.size() == 1) return copy_bytes(bytes_of(recv), bytes_of(send), counts[0] * eb);
+    arrive(g, {{Op::reduce_scatter, axes, dtype, counts, {}}, send, recv});
+    std::vector<const std::byte*> sources;
+    for (std::size_t m = 0; m < g.size(); ++m) sources.push_back(bytes_of(g.entry(m).send) + off[g.me] * eb);
+    sum_in_order(dtype, sources, bytes_of(recv), counts[g.me]);
+    sync(g);
+  }
+
+  // Reduce-scatter then all-gather within the members' own buffers: member k sums chunk k
+  // of everyone's data into its own, then copies the other chunks from their owners.
+  void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& axes) override {
+    const Group& g = group(axes);
+    const std::int64_t eb = element_bytes(dtype);
+    if (count < 0) {
+      throw InputError("all_reduce of " + elements(count) + "; a count is a number of elements >= 0");
+    }
+    offsets({count}, eb);  // checks that the byte count fits
+    if (g.size() == 1) return;
+    arrive(g, {{Op::all_reduce, axes, dtype, {count}, {}}, data, data});
+    const auto n = static_cast<std::int64_t>(g.size());
+    auto chunk = [&](std::size_t m) {
+      const std::int64_t lo = split_start(count, n, static_cast<std::int64_t>(m));
+      return std::pair{lo * eb, split_start(count, n, static_cast<std::int64_t>(m) + 1) - lo};
+    };
+    const auto [mine, my_count] = chunk(g.me);
+    std::vector<const std::byte*> sources;
+    for (std::size_t m = 0; m < g.size(); ++m) sources.push_back(bytes_of(g.entry(m).recv) + mine);
+    sum_in_order(dtype, sources, bytes_of(data) + mine, my_count);
+    sync(g);
+    for (std::size_t i = 1; i < g.size(); ++i) {
+      const std::size_t m = (g.me + i) % g.size();
+      const auto [at, elements] = chunk(m);
+      copy_bytes(bytes_of(data) + at, bytes_of(g.entry(m).recv) + at, elements * eb);
+    }
+    sync(g);
+  }
+
+  void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
+                  DType dtype, const AxisList& axes) override {
+    const Group& g = group(axes);
+    const std::int64_t eb = element_bytes(dtype);
+    check_counts("all_to_all (send counts)", send_counts, g);
+    check_counts("all_to_all (recv counts)", recv_counts, g);
+    offsets(send_counts, eb);  // checks that the byte count fits
+    const Counts recv_off = offsets(recv_counts, eb);
+    if (g.size() == 1) {
+      if (send_counts[0] != recv_counts[0]) {
+        throw CollectiveMismatch("collective mismatch in group over " + axes_label(mesh(), axes) +
+                                 " of device " + std::to_string(rank_) + ": in all_to_all(" +
+                                 to_string(dtype) + "), rank " + std::to_string(rank_) + " sends " +
+                                 elements(send_counts[0]) + " to itself but expects " +
+                                 std::to_string(recv_counts[0]));
+      }
+      return copy_bytes(bytes_of(recv), bytes_of(send), send_counts[0] * eb);
+    }
+    arrive(g, {{Op::all_to_all, axes, dtype, send_counts, recv_counts}, send, recv});
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const std::size_t m = (g.me + i) % g.size();
+      const Counts& theirs = g.entry(m).fp.counts;
+      std::int64_t at = 0;
+      for (std::size_t k = 0; k < g.me; ++k) at += theirs[k];
+      copy_bytes(bytes_of(recv) + recv_off[m] * eb, bytes_of(g.entry(m).send) + at * eb, recv_counts[m] * eb);
+    }
+    sync(g);
+  }
+
+  // Messages are copied out at send, so a ring of sends followed by recvs cannot deadlock.
+  void send(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    check_peer("send to", peer, bytes);
+    if (world_.aborted()) throw Aborted();
+    std::vector<std::byte> message(bytes_of(data), bytes_of(data) + bytes);
+    Inbox& in = world_.inbox(peer);
+    {
+      std::lock_guard lock(in.mutex);
+      in.queues[{rank_, tag}].push_back(std::move(message));
+    }
+    in.cv.notify_all();
+  }
+
+  void recv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    check_peer("recv from", peer, bytes);
+    const std::string call = "recv(" + std::to_string(bytes) + " bytes from rank " + std::to_string(peer) +
+                             ", tag " + std::to_string(tag) + ")";
+    Inbox& in = world_.inbox(rank_);
+    std::unique_lock lock(in.mutex);
+    auto& queue = in.queues[{peer, tag}];
+    const auto deadline = world_.deadline();
+    while (queue.empty()) {
+      if (world_.aborted()) throw Aborted();
+      // A finished peer's sends all happened before it finished, so an empty queue now stays empty.
+      if (world_.finished(peer)) {
+        lock.unlock();
+        raise<CollectiveMismatch>("p2p mismatch: rank " + std::to_string(rank_) + " called " + call +
+                                  "; rank " + std::to_string(peer) + " returned without sending it");
+      }
+      if (in.cv.wait_until(lock, deadline) == std::cv_status::timeout && queue.empty()) {
+        lock.unlock();
+        raise<CollectiveTimeout>("p2p timeout: rank " + std::to_string(rank_) + " waited " +
+                                 world_.watchdog_text() + " in " + call + "; nothing arrived" + watchdog_hint());
+      }
+    }
+    std::vector<std::byte> message = std::move(queue.front());
+    queue.pop_front();
+    lock.unlock();
+    if (static_cast<std::int64_t>(message.size()) != bytes) {
+      raise<CollectiveMismatch>("p2p mismatch: rank " + std::to_string(rank_) + " called " + call +
+                                " but rank " + std::to_string(peer) + " sent " +
+                                std::to_string(message.size()) + " bytes");
+    }
+    copy_bytes(bytes_of(data), message.data(), bytes);
+  }
+
+  void barrier() override {
+    AxisList all(static_cast<std::size_t>(mesh().rank()));
+    for (std::size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
+    const Group& g = group(all);
+    if (g.size() > 1) arrive(g, {{Op::barrier, all, DType::f32, {}, {}}, nullptr, nullptr});
+  }
+
+ private:
+  struct Group {
+    Slot* slot = nullptr;
+    std::vector<std::size_t> slot_index;  // by group rank
+    std::size_t me = 0;                   // this rank's group rank
+    std::string label;                    // "over X of device 0", for messages
+
+    std::size_t size() const { return slot_index.size(); }
+    const Entry& entry(std::size_t member) const { return slot->entries[slot_index[member]]; }
+  };
+
+  const Group& group(const AxisList& axes) {
+    auto found = groups_.find(axes);
+    if (found != groups_.end()) return found->second;
+    const Mesh& m = mesh();
+    for (std::size_t i = 0; i < axes.size(); ++i) {
+      if (axes[i] < 0 || axes[i] >= m.rank()) {
+        throw InputError("group axis " + std::to_string(axes[i]) + " is not an axis of mesh " + m.to_string() +
+                         "; axes are numbered 0 to " + std::to_string(m.rank() - 1));
+      }
+      for (std::size_t j = 0; j < i; ++j) {
+        if (axes[j] == axes[i]) {
+          throw InputError("group " + m.axis_names(axes) + " names axis " + m.axis(axes[i]).name +
+                           " twice; a group lists distinct mesh axes");
+        }
+      }
+    }
+    const std::vector<std::int64_t> members = m.group_members(rank_, axes);
+    std::vector<std::int64_t> sorted = members;
+    std::sort(sorted.begin(), sorted.end());
+    Group g;
+    g.slot = &world_.slot(axes, sorted);
+    for (std::int64_t d : members) {
+      g.slot_index.push_back(static_cast<std::size_t>(std::lower_bound(sorted.begin(), sorted.end(), d) - sorted.begin()));
+    }
+    g.me = static_cast<std::size_t>(m.group_rank(rank_, axes));
+    g.label = "over " + axes_label(m, axes) + " of device " + std::to_string(sorted.front());
+    return groups_.emplace(axes, std::move(g)).first->second;
+  }
+
+  void check_counts(const char* what, const Counts& counts, const Group& g) const {
+    if (counts.size() != g.size()) {
+      throw InputError(std::string(what) + " in the group " + g.label + ": got " + std::to_string(counts.size()) +
+                       " counts for " + std::to_string(g.size()) + " members; pass one count per member");
+    }
+    for (std::size_t m = 0; m < counts.size(); ++m) {
+      if (counts[m] < 0) {
+        throw InputError(std::string(what) + " in the group " + g.label + ": count " + std::to_string(counts[m]) +
+                         " for member " + std::to_string(m) + "; a count is a number of elements >= 0");
+      }
+    }
+  }
+
+  void check_peer(const char* what, std::int64_t peer, std::int64_t bytes) const {
+    if (peer < 0 || peer >= mesh().device_count()) {
+      throw InputError(std::string(what) + " device " + std::to_string(peer) + ": mesh " + mesh().to_string() +
+                       " has devices 0 to " + std::to_string(mesh().device_count() - 1));
+    }
+    if (bytes < 0) {
+      throw InputError(std::string(what) + " device " + std::to_string(peer) + " of " + std::to_string(bytes) +
+                       " bytes; a message size is >= 0");
+    }
+  }
+
+  std::string watchdog_hint() const { return " (watchdog " + world_.watchdog_text() + "; SHARDMM_WATCHDOG_S sets it)"; }
+
+  // Fails the whole run with this rank's error before throwing it, so that it, not the
+  // Aborted of a rank it releases, is what run_threads rethrows. Call without locks held.
+  template <typename E>
+  [[noreturn]] void raise(const std::string& message) {
+    E error(message);
+    world_.fail(std::make_exception_ptr(error));
+    throw error;
+  }
+
+  // Publishes `entry` and waits until every member has published its own.
+  void arrive(const Group& g, Entry entry) {
+    Slot& s = *g.slot;
+    std::unique_lock lock(s.mutex);
+    if (s.broken || world_.aborted()) throw Aborted();
+    const std::size_t mine = g.slot_index[g.me];
+    s.entries[mine] = std::move(entry);
+    s.arrived[mine] = 1;
+    const std::uint64_t round = s.generation;
+    if (++s.arrivals == s.members.size()) {
+      s.verdict = disagreement(mesh(), s);
+      s.arrivals = 0;
+      std::fill(s.arrived.begin(), s.arrived.end(), 0);
+      ++s.generation;
+      s.cv.notify_all();
+    }
+    const auto deadline = world_.deadline();
+    while (s.generation == round) {
+      if (s.broken || world_.aborted()) {
+        s.broken = true;
+        throw Aborted();
+      }
+      auto absent = [&](bool only_finished) {
+        std::vector<std::int64_t> out;
+        for (std::size_t i = 0; i < s.members.size(); ++i) {
+          if (!s.arrived[i] && (!only_finished || world_.finished(s.members[i]))) out.push_back(s.members[i]);
+        }
+        return out;
+      };
+      auto called = [&] { return "rank " + std::to_string(rank_) + " called " + describe(mesh(), s.entries[mine].fp, false); };
+      if (const std::vector<std::int64_t> gone = absent(true); !gone.empty()) {
+        s.broken = true;
+        const std::string message = "collective mismatch in group " + g.label + ": " + called() + "; " +
+                                    ranks(gone) + " returned without calling it";
+        lock.unlock();
+        raise<CollectiveMismatch>(message);
+      }
+      if (s.cv.wait_until(lock, deadline) == std::cv_status::timeout && s.generation == round) {
+        s.broken = true;
+        const std::string message = "collective timeout in group " + g.label + ": " + called() + " and waited " +
+                                    world_.watchdog_text() + "; " + ranks(absent(false)) + " never arrived" +
+                                    watchdog_hint();
+        lock.unlock();
+        raise<CollectiveTimeout>(message);
+      }
+    }
+    if (!s.verdict.empty()) {
+      const std::string verdict = s.verdict;
+      lock.unlock();
+      raise<CollectiveMismatch>(verdict);
+    }
+  }
+
+  // Waits until every member is past its copies. Cannot fail: every member got through
+  // arrive(), and nothing between the two blocks.
+  void sync(const Group& g) {
+    Slot& s = *g.slot;
+    std::unique_lock lock(s.mutex);
+    const std::uint64_t round = s.sync_generation;
+    if (++s.syncs == s.members.size()) {
+      s.syncs = 0;
+      ++s.sync_generation;
+      s.cv.notify_all();
+      return;
+    }
+    s.cv.wait(lock, [&] { return s.sync_generation != round; });
+  }
+
+  World& world_;
+  const std::int64_t rank_;
+  std::map<AxisList, Group> groups_;
+};
+
+}  // namespace
+
+ThreadsOptions threads_options_from_env() {
+  ThreadsOptions options;
+  if (const char* text = std::getenv("SHARDMM_WATCHDOG_S")) {
+    char* end = nullptr;
+    const double s = std::strtod(text, &end);
+    if (end == text || *end != '\0' || !std::isfinite(s) || s <= 0) {
+      throw InputError(std::string("SHARDMM_WATCHDOG_S='") + text + "' is not a positive number of seconds");
+    }
+    options.watchdog = std::chrono::duration<double>(s);
+  }
+  return options;
+}
+
+void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& body, const ThreadsOptions& options) {
+  World world(mesh, options);
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(mesh.device_count()));
+  try {
+    for (std::int64_t r = 0; r < mesh.device_count(); ++r) {
+      threads.emplace_back([&world, &body, r] {
+        try {
+          ThreadsCommunicator comm(world, r);
+          body(comm);
+        } catch (const Aborted&) {
+          // The rank that failed has recorded why.
+        } catch (...) {
+          world.fail(std::current_exception());
+        }
+        world.finish(r);
+      });
+    }
+  } catch (...) {
+    world.fail(std::current_exception());  // no thread for a rank: release the others
+  }
+  for (std::thread& t : threads) t.join();
+  if (std::exception_ptr error = world.first_error()) std::rethrow_exception(error);
+}
+
+}  // namespace detail
+
+void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& body) {
+  detail::run_threads(mesh, body, detail::threads_options_from_env());
+}
+
+}  // namespace shardmm

@@ -1,0 +1,26 @@
+// The in-process backend's knobs, private to the runtime and its tests.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+#include "shardmm/core/mesh.h"
+#include "shardmm/runtime/communicator.h"
+
+namespace shardmm::detail {
+
+struct ThreadsOptions {
+  // How long a rank waits in a collective or recv for peers that never come before it
+  // fails with CollectiveTimeout.
+  std::chrono::duration<double> watchdog{300.0};
+};
+
+// The defaults, with the watchdog taken from SHARDMM_WATCHDOG_S (seconds) when set;
+// InputError when it is not a positive number.
+ThreadsOptions threads_options_from_env();
+
+// run_threads with explicit options (run_threads uses threads_options_from_env()).
+void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& body,
+                 const ThreadsOptions& options);
+
+}  // namespace shardmm::detail

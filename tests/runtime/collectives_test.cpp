@@ -1,0 +1,460 @@
+// The threads backend against the closed-form results of collectives_testing.h, plus its
+// failure behaviour: released ranks, mismatches, the watchdog, bad arguments.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/collectives_testing.h"
+#include "runtime/threads_backend.h"
+#include "shardmm/core/error.h"
+#include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/errors.h"
+
+namespace shardmm {
+namespace {
+
+using testing::Size;
+
+// A watchdog short enough that a broken rendezvous fails the test instead of hanging it,
+// long enough for 8 ranks on a loaded 2-core machine.
+void run(const Mesh& mesh, const std::function<void(Communicator&)>& body, double watchdog_s = 120) {
+  detail::ThreadsOptions options;
+  options.watchdog = std::chrono::duration<double>(watchdog_s);
+  detail::run_threads(mesh, body, options);
+}
+
+// The message of the exception `f` throws, which must be an E.
+template <typename E, typename F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no exception";
+}
+
+// A one-shot signal between ranks of a test.
+class Gate {
+ public:
+  void open() {
+    { std::lock_guard lock(mutex_); open_ = true; }
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+struct Topology {
+  std::string mesh;
+  AxisList axes;
+  std::string name;
+};
+
+void PrintTo(const Topology& t, std::ostream* out) { *out << t.name; }
+
+std::vector<Topology> topologies() {
+  std::vector<Topology> out;
+  for (int n = 1; n <= 8; ++n) {
+    std::string name = "X", mesh = "X=";
+    name += std::to_string(n);  // appended, not "X" + ...: GCC 12 warns falsely (-Wrestrict) on that
+    mesh += std::to_string(n);
+    out.push_back({mesh, {0}, name});
+  }
+  auto add = [&](const std::string& mesh, const std::string& prefix,
+                 const std::vector<std::pair<AxisList, std::string>>& groups) {
+    for (const auto& [axes, name] : groups) out.push_back({mesh, axes, prefix + "_over_" + name});
+  };
+  add("X=2,Y=2", "X2Y2", {{{0}, "X"}, {{1}, "Y"}, {{0, 1}, "XY"}, {{1, 0}, "YX"}, {{}, "none"}});
+  add("X=2,Y=3", "X2Y3", {{{0}, "X"}, {{1}, "Y"}, {{0, 1}, "XY"}, {{1, 0}, "YX"}});
+  add("X=2,Y=2,Z=2", "X2Y2Z2",
+      {{{0}, "X"}, {{1}, "Y"}, {{2}, "Z"}, {{0, 2}, "XZ"}, {{2, 1, 0}, "ZYX"}, {{0, 1, 2}, "XYZ"}});
+  return out;
+}
+
+using Param = std::tuple<Topology, Size, DType>;
+
+class Collectives : public ::testing::TestWithParam<Param> {};
+
+TEST_P(Collectives, MatchClosedForm) {
+  const auto& [topology, size, dtype] = GetParam();
+  run(Mesh::parse(topology.mesh), [&](Communicator& comm) {
+    if (dtype == DType::f32) {
+      EXPECT_TRUE(testing::check_collectives<float>(comm, topology.axes, size));
+    } else {
+      EXPECT_TRUE(testing::check_collectives<double>(comm, topology.axes, size));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, Collectives,
+                         ::testing::Combine(::testing::ValuesIn(topologies()),
+                                            ::testing::Values(Size::zero, Size::one, Size::small, Size::uneven,
+                                                              Size::large),
+                                            ::testing::Values(DType::f32, DType::f64)),
+                         [](const ::testing::TestParamInfo<Param>& info) {
+                           return std::get<0>(info.param).name + "_" + testing::to_string(std::get<1>(info.param)) +
+                                  "_" + to_string(std::get<2>(info.param));
+                         });
+
+// The checks can only catch a wrong summation order if the data makes order matter.
+TEST(CollectivesTesting, SpreadValuesMakeSummationOrderVisible) {
+  for (int n : {3, 8}) {
+    std::vector<std::int64_t> members;
+    for (int m = 0; m < n; ++m) members.push_back(m);
+    const std::vector<std::int64_t> reversed(members.rbegin(), members.rend());
+    int f32_differs = 0, f64_differs = 0;
+    for (std::int64_t k = 0; k < 1000; ++k) {
+      f32_differs += testing::ordered_sum<float>(members, k) != testing::ordered_sum<float>(reversed, k);
+      f64_differs += testing::ordered_sum<double>(members, k) != testing::ordered_sum<double>(reversed, k);
+    }
+    EXPECT_GT(f32_differs, 100) << n << " members";
+    EXPECT_GT(f64_differs, 100) << n << " members";
+  }
+}
+
+TEST(Threads, EachRankHasItsOwnIdAndThread) {
+  const Mesh mesh = Mesh::parse("X=3,Y=2");
+  std::mutex mutex;
+  std::set<std::int64_t> ranks;
+  std::set<std::thread::id> threads;
+  run_threads(mesh, [&](Communicator& comm) {
+    EXPECT_EQ(comm.mesh(), mesh);
+    EXPECT_EQ(comm.backend(), "threads");
+    std::lock_guard lock(mutex);
+    ranks.insert(comm.rank());
+    threads.insert(std::this_thread::get_id());
+  });
+  EXPECT_EQ(ranks, (std::set<std::int64_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(threads.size(), 6u);
+}
+
+// Successive collectives on overlapping groups, in an order that differs between groups'
+// members only where the contract allows (the same sequence per group).
+TEST(Threads, SuccessiveCollectivesOnOverlappingGroupsStayApart) {
+  run(Mesh::parse("X=2,Y=2,Z=2"), [](Communicator& comm) {
+    for (int round = 0; round < 20; ++round) {
+      EXPECT_TRUE(testing::check_all_reduce<float>(comm, {0}, 7));
+      EXPECT_TRUE(testing::check_all_gather<double>(comm, {1, 2}, Size::uneven));
+      EXPECT_TRUE(testing::check_reduce_scatter<float>(comm, {2, 0}, Size::uneven));
+      EXPECT_TRUE(testing::check_all_to_all<double>(comm, {0, 1, 2}, Size::uneven));
+      comm.barrier();
+    }
+  });
+}
+
+// Row y=1 starts only after row y=0 has finished its collectives over X: if a group over X
+// waited for the other row, row y=0 would never finish.
+TEST(Threads, GroupsProceedIndependently) {
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  Gate row0_done;
+  std::atomic<int> row0_left{2};
+  run(mesh, [&](Communicator& comm) {
+    if (mesh.coord(comm.rank(), 1) == 1) row0_done.wait();
+    for (int i = 0; i < 10; ++i) EXPECT_TRUE(testing::check_all_reduce<double>(comm, {0}, 33));
+    if (mesh.coord(comm.rank(), 1) == 0 && --row0_left == 0) row0_done.open();
+  }, 20);
+}
+
+TEST(Threads, SendRecvRing) {
+  for (int n = 1; n <= 8; ++n) {
+    SCOPED_TRACE("ranks " + std::to_string(n));
+    run_threads(Mesh::parse("X=" + std::to_string(n)), [n](Communicator& comm) {
+      const std::int64_t right = (comm.rank() + 1) % n, left = (comm.rank() + n - 1) % n;
+      std::vector<double> mine(100), got(100);
+      for (int k = 0; k < 100; ++k) mine[k] = testing::tagged<double>(comm.rank(), k);
+      comm.send(mine.data(), 800, right, 7);
+      comm.recv(got.data(), 800, left, 7);
+      for (int k = 0; k < 100; ++k) ASSERT_EQ(got[k], testing::tagged<double>(left, k)) << "element " << k;
+    });
+  }
+}
+
+TEST(Threads, MessagesAreMatchedByTagAndArriveInOrder) {
+  run(Mesh::parse("X=2"), [](Communicator& comm) {
+    if (comm.rank() == 0) {
+      for (int i = 0; i < 3; ++i) comm.send(&i, sizeof i, 1, 1);
+      const int other = 42;
+      comm.send(&other, sizeof other, 1, 2);
+      comm.send(nullptr, 0, 1, 3);
+    } else {
+      int value = -1;
+      comm.recv(&value, sizeof value, 0, 2);  // tag 2 first, though it was sent last
+      EXPECT_EQ(value, 42);
+      comm.recv(nullptr, 0, 0, 3);
+      for (int i = 0; i < 3; ++i) {
+        comm.recv(&value, sizeof value, 0, 1);
+        EXPECT_EQ(value, i);
+      }
+    }
+  });
+}
+
+TEST(Threads, ARankThatThrowsReleasesTheOthersAndItsErrorIsRethrown) {
+  // Rank 2 throws while the others wait for it in an all_reduce, a recv and a barrier.
+  const std::string what = message_of<std::logic_error>([] {
+    run(Mesh::parse("X=4"), [](Communicator& comm) {
+      std::vector<float> data(4, 1.0f);
+      switch (comm.rank()) {
+        case 0: comm.all_reduce(data.data(), 4, DType::f32, {0}); break;
+        case 1: comm.recv(data.data(), 16, 3, 0); break;
+        case 2: throw std::logic_error("boom on rank 2");
+        case 3: comm.barrier(); break;
+      }
+    });
+  });
+  EXPECT_EQ(what, "boom on rank 2");
+}
+
+TEST(Threads, AThrowAfterCollectivesIsRethrown) {
+  EXPECT_EQ(message_of<InputError>([] {
+              run(Mesh::parse("X=2,Y=2"), [](Communicator& comm) {
+                EXPECT_TRUE(testing::check_all_reduce<float>(comm, {1}, 9));
+                if (comm.rank() == 3) throw InputError("late failure");
+                EXPECT_TRUE(testing::check_all_gather<float>(comm, {0}, Size::small));
+                comm.barrier();
+              });
+            }),
+            "late failure");
+}
+
+TEST(Threads, DifferentCollectivesAreAMismatch) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2"), [](Communicator& comm) {
+                std::vector<float> a(4), b(8);
+                if (comm.rank() == 0) {
+                  comm.all_gather(a.data(), b.data(), {4, 4}, DType::f32, {0});
+                } else {
+                  comm.all_reduce(a.data(), 4, DType::f32, {0});
+                }
+              });
+            }),
+            "collective mismatch in group over X of device 0: rank 0 called all_gather(f32, counts [4, 4]), "
+            "rank 1 called all_reduce(f32, 4 elements)");
+}
+
+TEST(Threads, DisagreeingCountsOrDtypesAreAMismatch) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=3"), [](Communicator& comm) {
+                std::vector<double> data(8);
+                comm.all_reduce(data.data(), comm.rank() == 2 ? 8 : 4, comm.rank() == 1 ? DType::f64 : DType::f32, {0});
+              });
+            }),
+            "collective mismatch in group over X of device 0: rank 0 called all_reduce(f32, 4 elements), "
+            "rank 1 called all_reduce(f64, 4 elements), rank 2 called all_reduce(f32, 8 elements)");
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2,Y=2"), [](Communicator& comm) {
+                std::vector<float> send(4), recv(3);
+                const Counts counts = comm.rank() == 2 ? Counts{1, 3} : Counts{2, 2};
+                comm.reduce_scatter(send.data(), recv.data(), counts, DType::f32, {0});
+              });
+            }),
+            "collective mismatch in group over X of device 0: rank 0 called reduce_scatter(f32, counts [2, 2]), "
+            "rank 2 called reduce_scatter(f32, counts [1, 3])");
+}
+
+TEST(Threads, GroupAxisOrderMustAgree) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2,Y=2"), [](Communicator& comm) {
+                float x = 1;
+                comm.all_reduce(&x, 1, DType::f32, comm.rank() == 3 ? AxisList{1, 0} : AxisList{0, 1});
+              });
+            }),
+            "collective mismatch in group over XY of device 0: rank 0 called all_reduce(f32, 1 element) over XY, "
+            "rank 3 called all_reduce(f32, 1 element) over YX");
+}
+
+TEST(Threads, BarrierAgainstACollectiveIsAMismatch) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2"), [](Communicator& comm) {
+                float x = 1;
+                if (comm.rank() == 0) comm.barrier();
+                else comm.all_reduce(&x, 1, DType::f32, {0});
+              });
+            }),
+            "collective mismatch in group over X of device 0: rank 0 called barrier(), "
+            "rank 1 called all_reduce(f32, 1 element)");
+}
+
+TEST(Threads, AllToAllCountsMustPair) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=3"), [](Communicator& comm) {
+                std::vector<float> send(9), recv(9);
+                Counts send_counts{1, 1, 1}, recv_counts{1, 1, 1};
+                if (comm.rank() == 2) recv_counts[1] = 2;  // rank 1 sends it only one
+                comm.all_to_all(send.data(), send_counts, recv.data(), recv_counts, DType::f32, {0});
+              });
+            }),
+            "collective mismatch in group over X of device 0: in all_to_all(f32), rank 1 sends 1 element to "
+            "rank 2, which expects 2 from it");
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=1"), [](Communicator& comm) {
+                float x = 0;
+                comm.all_to_all(&x, {1}, &x, {0}, DType::f32, {0});
+              });
+            }),
+            "collective mismatch in group over X of device 0: in all_to_all(f32), rank 0 sends 1 element to "
+            "itself but expects 0");
+}
+
+TEST(Threads, ARankThatReturnsWithoutCallingIsAMismatch) {
+  // One waiting rank, one missing rank: with more, which rank reports which returns first
+  // depends on timing.
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2,Y=2"), [](Communicator& comm) {
+                float x = 1;
+                if (comm.rank() != 3) comm.all_reduce(&x, 1, DType::f32, {0});
+              });
+            }),
+            "collective mismatch in group over X of device 1: rank 1 called all_reduce(f32, 1 element); "
+            "rank 3 returned without calling it");
+  const std::string what = message_of<CollectiveMismatch>([] {
+    run(Mesh::parse("X=2"), [](Communicator& comm) {
+      int x = 0;
+      if (comm.rank() == 0) comm.recv(&x, sizeof x, 1, 5);
+    });
+  });
+  EXPECT_EQ(what, "p2p mismatch: rank 0 called recv(4 bytes from rank 1, tag 5); rank 1 returned without sending it");
+}
+
+TEST(Threads, RecvOfTheWrongSizeIsAMismatch) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2"), [](Communicator& comm) {
+                double x = 0;
+                if (comm.rank() == 0) comm.send(&x, 4, 1, 0);
+                else comm.recv(&x, 8, 0, 0);
+              });
+            }),
+            "p2p mismatch: rank 1 called recv(8 bytes from rank 0, tag 0) but rank 0 sent 4 bytes");
+}
+
+// Ranks 1 and 2 stay away, blocked on a gate that only rank 0's timeout opens, so that
+// rank 0's watchdog, not their return, ends its wait.
+TEST(Threads, WatchdogNamesTheCollectiveAndTheMissingRanks) {
+  Gate timed_out;
+  EXPECT_EQ(message_of<CollectiveTimeout>([&] {
+              run(Mesh::parse("X=3"), [&](Communicator& comm) {
+                if (comm.rank() != 0) return timed_out.wait();
+                float x = 1;
+                try {
+                  comm.all_reduce(&x, 1, DType::f32, {0});
+                } catch (...) {
+                  timed_out.open();
+                  throw;
+                }
+              }, 1);
+            }),
+            "collective timeout in group over X of device 0: rank 0 called all_reduce(f32, 1 element) and "
+            "waited 1 s; ranks 1, 2 never arrived (watchdog 1 s; SHARDMM_WATCHDOG_S sets it)");
+}
+
+TEST(Threads, WatchdogCoversRecv) {
+  Gate timed_out;
+  EXPECT_EQ(message_of<CollectiveTimeout>([&] {
+              run(Mesh::parse("X=2"), [&](Communicator& comm) {
+                if (comm.rank() == 1) return timed_out.wait();
+                int x = 0;
+                try {
+                  comm.recv(&x, sizeof x, 1, 3);
+                } catch (...) {
+                  timed_out.open();
+                  throw;
+                }
+              }, 0.5);
+            }),
+            "p2p timeout: rank 0 waited 0.5 s in recv(4 bytes from rank 1, tag 3); nothing arrived "
+            "(watchdog 0.5 s; SHARDMM_WATCHDOG_S sets it)");
+}
+
+TEST(Threads, WatchdogComesFromTheEnvironment) {
+  ::setenv("SHARDMM_WATCHDOG_S", "2.5", 1);
+  EXPECT_EQ(detail::threads_options_from_env().watchdog.count(), 2.5);
+  for (const char* bad : {"soon", "0", "-1", "3s", ""}) {
+    ::setenv("SHARDMM_WATCHDOG_S", bad, 1);
+    EXPECT_EQ(message_of<InputError>([] { detail::threads_options_from_env(); }),
+              std::string("SHARDMM_WATCHDOG_S='") + bad + "' is not a positive number of seconds");
+  }
+  ::unsetenv("SHARDMM_WATCHDOG_S");
+  EXPECT_EQ(detail::threads_options_from_env().watchdog.count(), 300.0);
+}
+
+// Argument errors are InputErrors raised on the calling rank; the others are released.
+TEST(Threads, BadArgumentsAreInputErrors) {
+  auto on_rank_1 = [](std::function<void(Communicator&)> call) {
+    return message_of<InputError>([&] {
+      run(Mesh::parse("X=2,Y=2"), [&](Communicator& comm) {
+        float x[8] = {};
+        if (comm.rank() == 1) call(comm);
+        else comm.all_reduce(x, 8, DType::f32, {0, 1});
+      });
+    });
+  };
+  float buf[16] = {};
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_reduce(buf, 4, DType::bf16, {0}); }),
+            "the threads backend computes in f32 and f64; got bf16");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_gather(buf, buf + 4, {4, 4}, DType::f16, {0}); }),
+            "the threads backend computes in f32 and f64; got f16");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_gather(buf, buf + 4, {4, 4, 4}, DType::f32, {0}); }),
+            "all_gather in the group over X of device 1: got 3 counts for 2 members; pass one count per member");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.reduce_scatter(buf, buf + 8, {2, -1}, DType::f32, {1}); }),
+            "reduce_scatter in the group over Y of device 0: count -1 for member 1; a count is a number of "
+            "elements >= 0");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_reduce(buf, -3, DType::f64, {1}); }),
+            "all_reduce of -3 elements; a count is a number of elements >= 0");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_to_all(buf, {1, 1}, buf + 8, {1}, DType::f32, {1}); }),
+            "all_to_all (recv counts) in the group over Y of device 0: got 1 counts for 2 members; pass one count "
+            "per member");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_reduce(buf, 1, DType::f32, {2}); }),
+            "group axis 2 is not an axis of mesh X=2,Y=2; axes are numbered 0 to 1");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_reduce(buf, 1, DType::f32, {1, 0, 1}); }),
+            "group YXY names axis Y twice; a group lists distinct mesh axes");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.send(buf, 4, 4, 0); }),
+            "send to device 4: mesh X=2,Y=2 has devices 0 to 3");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.recv(buf, 4, -1, 0); }),
+            "recv from device -1: mesh X=2,Y=2 has devices 0 to 3");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.send(buf, -4, 0, 0); }),
+            "send to device 0 of -4 bytes; a message size is >= 0");
+}
+
+TEST(Backends, ThreadsIsAlwaysThereAndRunsEveryDevice) {
+  const std::vector<std::string> backends = available_backends();
+  ASSERT_FALSE(backends.empty());
+  EXPECT_EQ(backends[0], "threads");
+  std::atomic<int> calls{0};
+  run_backend("threads", Mesh::parse("X=2,Y=3"), [&](Communicator& comm) {
+    EXPECT_EQ(comm.backend(), "threads");
+    EXPECT_TRUE(testing::check_all_reduce<double>(comm, {1}, 5));
+    ++calls;
+  });
+  EXPECT_EQ(calls, 6);
+}
+
+TEST(Backends, UnknownBackendListsTheBuiltOnes) {
+  std::string built = "threads";
+  for (const std::string& b : available_backends()) {
+    if (b != "threads") built += ", " + b;
+  }
+  EXPECT_EQ(message_of<InputError>([] { run_backend("nccl", Mesh::parse("X=2"), [](Communicator&) {}); }),
+            "unknown backend 'nccl'; this build has: " + built);
+}
+
+}  // namespace
+}  // namespace shardmm
