@@ -11,6 +11,8 @@
 // what makes it safe for a rank to unwind and free its buffers after an error.
 #include "runtime/threads_backend.h"
 
+#include "runtime/ordered_sum.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -30,6 +32,7 @@
 #include <vector>
 
 #include "shardmm/core/error.h"
+#include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/errors.h"
 
 namespace shardmm {
@@ -217,33 +220,6 @@ class World {
   std::atomic<bool> aborted_{false};
 };
 
-// Sums `count` elements of each source into dst, in source order ((s0 + s1) + s2) + ...
-// A tile at a time: each source streams through memory once, and dst may alias a source.
-template <typename T>
-void sum_in_order(const std::vector<const std::byte*>& sources, std::byte* dst, std::int64_t count) {
-  constexpr std::int64_t tile_elements = 16384 / sizeof(T);
-  alignas(64) T tile[tile_elements];
-  for (std::int64_t base = 0; base < count; base += tile_elements) {
-    const std::int64_t n = std::min(tile_elements, count - base);
-    const T* first = reinterpret_cast<const T*>(sources[0]) + base;
-    std::copy(first, first + n, tile);
-    for (std::size_t s = 1; s < sources.size(); ++s) {
-      const T* src = reinterpret_cast<const T*>(sources[s]) + base;
-      for (std::int64_t i = 0; i < n; ++i) tile[i] += src[i];
-    }
-    std::memcpy(dst + base * static_cast<std::int64_t>(sizeof(T)), tile, static_cast<std::size_t>(n) * sizeof(T));
-  }
-}
-
-void sum_in_order(DType dtype, const std::vector<const std::byte*>& sources, std::byte* dst,
-                  std::int64_t count) {
-  if (dtype == DType::f32) {
-    sum_in_order<float>(sources, dst, count);
-  } else {
-    sum_in_order<double>(sources, dst, count);
-  }
-}
-
 void copy_bytes(std::byte* dst, const std::byte* src, std::int64_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, static_cast<std::size_t>(bytes));
 }
@@ -350,9 +326,9 @@ class ThreadsCommunicator final : public Communicator {
     const Counts off = offsets(counts, eb);
     if (g.size() == 1) return copy_bytes(bytes_of(recv), bytes_of(send), counts[0] * eb);
     arrive(g, {{Op::reduce_scatter, axes, dtype, counts, {}}, send, recv});
-    std::vector<const std::byte*> sources;
+    std::vector<const void*> sources;
     for (std::size_t m = 0; m < g.size(); ++m) sources.push_back(bytes_of(g.entry(m).send) + off[g.me] * eb);
-    sum_in_order(dtype, sources, bytes_of(recv), counts[g.me]);
+    detail::sum_in_order(dtype, sources, counts[g.me], recv);
     sync(g);
   }
 
@@ -373,9 +349,9 @@ class ThreadsCommunicator final : public Communicator {
       return std::pair{lo * eb, split_start(count, n, static_cast<std::int64_t>(m) + 1) - lo};
     };
     const auto [mine, my_count] = chunk(g.me);
-    std::vector<const std::byte*> sources;
+    std::vector<const void*> sources;
     for (std::size_t m = 0; m < g.size(); ++m) sources.push_back(bytes_of(g.entry(m).recv) + mine);
-    sum_in_order(dtype, sources, bytes_of(data) + mine, my_count);
+    detail::sum_in_order(dtype, sources, my_count, bytes_of(data) + mine);
     sync(g);
     for (std::size_t i = 1; i < g.size(); ++i) {
       const std::size_t m = (g.me + i) % g.size();
@@ -631,6 +607,13 @@ ThreadsOptions threads_options_from_env() {
 }
 
 void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& body, const ThreadsOptions& options) {
+  // Every rank is a thread already: each rank's GEMM runs single-threaded on its own
+  // thread (blas.h). OpenBLAS's count is process-wide, so restore it afterwards.
+  struct BlasThreads {
+    int saved = blas::threads();
+    BlasThreads() { blas::set_threads(1); }
+    ~BlasThreads() { blas::set_threads(saved); }
+  } single_threaded_blas;
   World world(mesh, options);
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(mesh.device_count()));

@@ -1,5 +1,7 @@
 #include "runtime/mpi/mpi_backend.h"
 
+#include "runtime/ordered_sum.h"
+
 // The C API only: Open MPI's and MPICH's deprecated C++ bindings stay out.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
@@ -126,25 +128,6 @@ void check_counts(const Counts& counts, std::int64_t group_size, const char* op)
   }
 }
 
-// out = ((s0 + s1) + s2) + ..., elementwise over `count` elements of each source: the threads
-// backend's order, so both backends agree to the bit. A tile at a time, so that `out` may
-// alias a source (all_reduce sums into its own chunk).
-template <class T>
-void sum_in_order(const std::vector<const char*>& sources, std::int64_t count, char* out) {
-  constexpr std::int64_t tile_elements = 16384 / sizeof(T);
-  alignas(64) T tile[tile_elements];
-  for (std::int64_t base = 0; base < count; base += tile_elements) {
-    const std::int64_t n = std::min(tile_elements, count - base);
-    const T* first = reinterpret_cast<const T*>(sources[0]) + base;
-    std::copy(first, first + n, tile);
-    for (std::size_t s = 1; s < sources.size(); ++s) {
-      const T* src = reinterpret_cast<const T*>(sources[s]) + base;
-      for (std::int64_t i = 0; i < n; ++i) tile[i] += src[i];
-    }
-    std::memcpy(out + base * static_cast<std::int64_t>(sizeof(T)), tile, static_cast<std::size_t>(n) * sizeof(T));
-  }
-}
-
 [[noreturn]] void abort_job(int rank, const char* what) {
   std::cerr << "shardmm: rank " << rank << ": " << what << std::endl;
   MPI_Abort(MPI_COMM_WORLD, 2);
@@ -217,15 +200,11 @@ class MpiCommunicator final : public Communicator {
     char* chunks = workspace(checked_mul(checked_mul(g.size - 1, mine, "reduce_scatter's buffer"),
                                          static_cast<long long>(esz), "reduce_scatter's buffer"));
     exchange(g, in, send_counts, send_displs, chunks, recv_counts, recv_displs, type, esz, chunks_fit_one_call(counts));
-    std::vector<const char*> sources(counts.size());
+    std::vector<const void*> sources(counts.size());
     for (std::size_t m = 0; m < counts.size(); ++m) {
       sources[m] = m == g.me ? in + send_displs[m] * esz : chunks + recv_displs[m] * esz;
     }
-    if (dtype == DType::f32) {
-      sum_in_order<float>(sources, mine, static_cast<char*>(recv));
-    } else {
-      sum_in_order<double>(sources, mine, static_cast<char*>(recv));
-    }
+    detail::sum_in_order(dtype, sources, mine, recv);
   }
 
   void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& axes) override {
