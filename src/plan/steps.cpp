@@ -68,10 +68,41 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
   }
   const std::int64_t elem = dtype_bytes(options_.dtype);
   const std::int64_t group = mesh_.group_size(step.axes);
+  // Local sizes factor over dimensions, and each dimension's extent depends only on the
+  // coordinates of its own axes. Dimensions the step leaves alone contribute the same
+  // factor before and after, largest on device 0 (array_split puts the extra elements
+  // first); so the largest figures come from device-0 coordinates on those axes and a walk
+  // over the coordinates of the axes of the dimensions that change.
+  std::vector<std::size_t> changed;
+  AxisList walk;
+  std::int64_t unchanged = 1;
+  for (std::size_t d = 0; d < step.from.dims.size(); ++d) {
+    const AxisList& before = step.from.dims[d].axes;
+    const AxisList& after = step.to.dims[d].axes;
+    if (before == after) {
+      unchanged = checked_mul(unchanged, shard_range(mesh_, shape[d], before, 0).extent, "a shard's element count");
+      continue;
+    }
+    changed.push_back(d);
+    for (const AxisList* list : {&before, &after}) {
+      for (int a : *list) {
+        if (std::find(walk.begin(), walk.end(), a) == walk.end()) walk.push_back(a);
+      }
+    }
+  }
   std::int64_t sent = 0, received = 0, in_max = 0, out_max = 0;
-  for (std::int64_t d = 0; d < mesh_.device_count(); ++d) {
-    const std::int64_t in = local_elements(mesh_, step.from, shape, d);
-    const std::int64_t out = local_elements(mesh_, step.to, shape, d);
+  std::vector<std::int64_t> coord(walk.size(), 0);
+  while (true) {
+    std::int64_t device = 0;
+    for (std::size_t i = 0; i < walk.size(); ++i) device += coord[i] * mesh_.stride(walk[i]);
+    std::int64_t in = unchanged, out = unchanged, kept = unchanged;
+    for (std::size_t d : changed) {
+      const Range before = shard_range(mesh_, shape[d], step.from.dims[d].axes, device);
+      const Range after = shard_range(mesh_, shape[d], step.to.dims[d].axes, device);
+      in *= before.extent;
+      out *= after.extent;
+      kept *= std::max<std::int64_t>(0, std::min(before.end(), after.end()) - std::max(before.offset, after.offset));
+    }
     in_max = std::max(in_max, in);
     out_max = std::max(out_max, out);
     std::int64_t s = 0, r = 0;
@@ -79,16 +110,17 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
       case OpKind::all_gather: s = r = out - in; break;      // ring: every block but one passes by
       case OpKind::reduce_scatter: s = r = in - out; break;  // the transpose of all_gather
       case OpKind::all_reduce: s = r = 2 * (in - in / group); break;  // reduce_scatter + all_gather
-      case OpKind::all_to_all: {
-        const std::int64_t kept = overlap_elements(shard_box(mesh_, step.from, shape, d), shard_box(mesh_, step.to, shape, d));
+      case OpKind::all_to_all:
         s = in - kept;
         r = out - kept;
         break;
-      }
       default: break;
     }
     sent = std::max(sent, s);
     received = std::max(received, r);
+    std::size_t i = 0;
+    while (i < walk.size() && ++coord[i] == mesh_.size(walk[i])) coord[i++] = 0;
+    if (i == walk.size()) break;
   }
   Cost c{sent * elem, received * elem, 0, 0};
   switch (step.op) {
@@ -125,16 +157,11 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
   for (const DimSpec& d : step.from.dims) a_shape.push_back(sizes.at(d.name));
   for (const DimSpec& d : step.from_b.dims) b_shape.push_back(sizes.at(d.name));
   for (const DimSpec& d : step.to.dims) c_shape.push_back(sizes.at(d.name));
-  double flops = 0;
-  std::int64_t bytes = 0;
-  for (std::int64_t dev = 0; dev < mesh_.device_count(); ++dev) {
-    double f = 2;
-    for (const Letter& l : letters) f *= static_cast<double>(shard_range(mesh_, l.size, *l.axes, dev).extent);
-    flops = std::max(flops, f);
-    const std::int64_t b = local_elements(mesh_, step.from, a_shape, dev) + local_elements(mesh_, step.from_b, b_shape, dev) +
-                           local_elements(mesh_, step.to, c_shape, dev);
-    bytes = std::max(bytes, b);
-  }
+  // Device 0 holds the first (largest) shard of every dimension: the most work and bytes.
+  double flops = 2;
+  for (const Letter& l : letters) flops *= static_cast<double>(shard_range(mesh_, l.size, *l.axes, 0).extent);
+  const std::int64_t bytes = max_local_elements(mesh_, step.from, a_shape) +
+                             max_local_elements(mesh_, step.from_b, b_shape) + max_local_elements(mesh_, step.to, c_shape);
   step.flops = flops;
   step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes * dtype_bytes(options_.dtype));
 }
