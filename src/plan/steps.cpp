@@ -109,7 +109,7 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     switch (step.op) {
       case OpKind::all_gather: s = r = out - in; break;      // ring: every block but one passes by
       case OpKind::reduce_scatter: s = r = in - out; break;  // the transpose of all_gather
-      case OpKind::all_reduce: s = r = 2 * (in - in / group); break;  // reduce_scatter + all_gather
+      case OpKind::all_reduce: s = r = checked_mul(2, in - in / group, "bytes per device"); break;  // RS + AG
       case OpKind::all_to_all:
         s = in - kept;
         r = out - kept;
@@ -122,14 +122,17 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     while (i < walk.size() && ++coord[i] == mesh_.size(walk[i])) coord[i++] = 0;
     if (i == walk.size()) break;
   }
-  Cost c{sent * elem, received * elem, 0, 0};
+  Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"),
+         0, 0};
+  in_max = checked_mul(in_max, elem, "bytes per device");
+  out_max = checked_mul(out_max, elem, "bytes per device");
   switch (step.op) {
-    case OpKind::all_gather: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, out_max * elem); break;
+    case OpKind::all_gather: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, out_max); break;
     case OpKind::reduce_scatter:
     case OpKind::all_reduce:
-    case OpKind::all_to_all: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, in_max * elem); break;
+    case OpKind::all_to_all: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, in_max); break;
     case OpKind::slice:
-    case OpKind::to_partial: c.time = local_copy_time(options_.hw, out_max * elem); break;
+    case OpKind::to_partial: c.time = local_copy_time(options_.hw, out_max); break;
     case OpKind::einsum: break;
   }
   memo_[key] = c;
@@ -160,10 +163,11 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
   // Device 0 holds the first (largest) shard of every dimension: the most work and bytes.
   double flops = 2;
   for (const Letter& l : letters) flops *= static_cast<double>(shard_range(mesh_, l.size, *l.axes, 0).extent);
-  const std::int64_t bytes = max_local_elements(mesh_, step.from, a_shape) +
-                             max_local_elements(mesh_, step.from_b, b_shape) + max_local_elements(mesh_, step.to, c_shape);
+  const std::int64_t bytes =
+      checked_add(checked_add(max_bytes(step.from, a_shape), max_bytes(step.from_b, b_shape), "the einsum's bytes"),
+                  max_bytes(step.to, c_shape), "the einsum's bytes");
   step.flops = flops;
-  step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes * dtype_bytes(options_.dtype));
+  step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes);
 }
 
 void total_up(Plan& plan, const PlanOptions& options) {

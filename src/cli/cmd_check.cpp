@@ -1,0 +1,224 @@
+// shardmm check SPEC --mesh M [--dims ...] [--dtype ...] [--json]
+#include <map>
+#include <memory>
+#include <ostream>
+
+#include "cli/commands.h"
+#include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
+
+namespace shardmm::cli {
+namespace {
+
+struct CheckFlags {
+  std::string spec;
+  std::string mesh;
+  std::optional<std::string> dims;
+  std::optional<std::string> dtype;
+  bool json = false;
+};
+
+struct Checked {
+  Mesh mesh;
+  Spec spec;
+  std::optional<DimSizes> sizes;
+  std::vector<std::int64_t> shape;  // with --dims
+  DType dtype = kDefaultDType;
+  bool default_dtype = true;
+};
+
+std::string axis_list(const Mesh& mesh, const AxisList& axes) {
+  std::vector<std::string> names;
+  for (int a : axes) names.push_back(mesh.axis(a).name);
+  return names.empty() ? "none" : join(names, ", ");
+}
+
+AxisList unused_axes(const Mesh& mesh, const Spec& spec) {
+  AxisList out;
+  for (int a = 0; a < mesh.rank(); ++a) {
+    if (!spec.uses(a)) out.push_back(a);
+  }
+  return out;
+}
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::vector<std::string> parts;
+  for (std::int64_t n : shape) parts.push_back(std::to_string(n));
+  return "[" + join(parts, ", ") + "]";
+}
+
+std::int64_t bytes_of(const std::vector<std::int64_t>& shape, DType dtype) {
+  std::int64_t n = dtype_bytes(dtype);
+  for (std::int64_t e : shape) n = checked_mul(n, e, "the tensor's bytes");
+  return n;
+}
+
+void print_text(std::ostream& out, const Checked& c) {
+  const Mesh& mesh = c.mesh;
+  out << "valid: " << format_spec(c.spec, mesh) << "\n";
+  out << "  mesh      " << mesh.to_string() << " (" << mesh.device_count() << " devices)\n";
+  for (const DimSpec& d : c.spec.dims) {
+    out << "  " << d.name << std::string(d.name.size() < 8 ? 8 - d.name.size() : 0, ' ') << "  ";
+    if (d.axes.empty()) {
+      out << "replicated (whole on every device)\n";
+    } else {
+      out << "split over " << mesh.axis_names(d.axes) << " into " << mesh.group_size(d.axes) << " blocks"
+          << (d.axes.size() > 1 ? " (nested: over " + mesh.axis(d.axes[0]).name + " first, then each piece further)"
+                                : "")
+          << "\n";
+    }
+  }
+  const AxisList unused = unused_axes(mesh, c.spec);
+  out << "  copies    "
+      << (unused.empty() ? std::string("none: every mesh axis shards a dimension or holds partial sums")
+                         : "identical over " + axis_list(mesh, unused) + " (the axes the spec does not use)")
+      << "\n";
+  out << "  partial   "
+      << (c.spec.unreduced.empty() ? std::string("none")
+                                   : "sums over " + axis_list(mesh, c.spec.unreduced) +
+                                         ": each device holds a partial sum; the value is the sum over that group")
+      << "\n";
+  if (!c.sizes) {
+    std::vector<std::string> example;
+    for (const DimSpec& d : c.spec.dims) example.push_back(d.name + "=1024");
+    out << "  (add --dims, e.g. --dims " << join(example, ",") << ", for the local shape and bytes on each device)\n";
+    return;
+  }
+  const std::int64_t global = bytes_of(c.shape, c.dtype);
+  out << "  global    shape " << shape_text(c.shape) << ", " << format_bytes(static_cast<double>(global)) << " in "
+      << to_string(c.dtype) << (c.default_dtype ? " (the default; choose another with --dtype)" : "") << "\n";
+  std::int64_t largest = 0;
+  double total = 0;
+  std::map<std::vector<std::int64_t>, std::int64_t> by_shape;
+  for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
+    const std::vector<std::int64_t> local = local_shape(mesh, c.spec, c.shape, d);
+    const std::int64_t b = bytes_of(local, c.dtype);
+    largest = std::max(largest, b);
+    total += static_cast<double>(b);
+    ++by_shape[local];
+  }
+  if (mesh.device_count() <= 16) {
+    std::vector<std::string> header{"device"};
+    for (const MeshAxis& a : mesh.axes()) header.push_back(a.name);
+    for (const char* h : {"block", "local shape", "bytes"}) header.push_back(h);
+    Table table(header);
+    for (std::size_t col = 0; col <= mesh.axes().size(); ++col) table.right_align(col);
+    table.right_align(header.size() - 1);
+    for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
+      std::vector<std::string> row{std::to_string(d)};
+      for (int a = 0; a < mesh.rank(); ++a) row.push_back(std::to_string(mesh.coord(d, a)));
+      const std::vector<Range> box = shard_box(mesh, c.spec, c.shape, d);
+      std::vector<std::string> block;
+      for (std::size_t i = 0; i < box.size(); ++i) {
+        block.push_back(c.spec.dims[i].name + "[" + std::to_string(box[i].offset) + ":" + std::to_string(box[i].end()) +
+                        ")");
+      }
+      const std::vector<std::int64_t> local = local_shape(mesh, c.spec, c.shape, d);
+      row.push_back(join(block, " "));
+      row.push_back(shape_text(local));
+      row.push_back(format_bytes(static_cast<double>(bytes_of(local, c.dtype))));
+      table.add(row);
+    }
+    table.print(out);
+  } else {
+    out << "  local shapes (" << mesh.device_count() << " devices; the table per device is printed up to 16):\n";
+    Table table({"local shape", "devices", "bytes each"});
+    table.right_align(1);
+    table.right_align(2);
+    for (const auto& [shape, count] : by_shape) {
+      table.add(
+          {shape_text(shape), std::to_string(count), format_bytes(static_cast<double>(bytes_of(shape, c.dtype)))});
+    }
+    table.print(out);
+  }
+  out << "  per device at most " << format_bytes(static_cast<double>(largest)) << "; all devices together "
+      << format_bytes(total) << " = " << format_sig3(global > 0 ? total / static_cast<double>(global) : 0)
+      << "x the tensor\n";
+}
+
+Json to_json(const Checked& c) {
+  const Mesh& mesh = c.mesh;
+  Json j;
+  j["valid"] = true;
+  j["spec"] = format_spec(c.spec, mesh);
+  j["mesh"] = mesh_json(mesh);
+  j["device_count"] = mesh.device_count();
+  j["tensor"] = c.spec.tensor;
+  j["dimensions"] = Json::array();
+  for (const DimSpec& d : c.spec.dims) {
+    Json axes = Json::array();
+    for (int a : d.axes) axes.push_back(mesh.axis(a).name);
+    j["dimensions"].push_back({{"name", d.name}, {"axes", axes}, {"blocks", mesh.group_size(d.axes)}});
+  }
+  const auto names = [&](const AxisList& list) {
+    Json out = Json::array();
+    for (int a : list) out.push_back(mesh.axis(a).name);
+    return out;
+  };
+  j["unreduced"] = names(c.spec.unreduced);
+  j["replicated_over"] = names(unused_axes(mesh, c.spec));
+  j["dims"] = c.sizes ? dims_json(*c.sizes) : Json(nullptr);
+  j["dtype"] = to_string(c.dtype);
+  if (!c.sizes) {
+    j["global_shape"] = nullptr;
+    j["global_bytes"] = nullptr;
+    j["max_bytes_per_device"] = nullptr;
+    j["shards"] = nullptr;
+    return j;
+  }
+  j["global_shape"] = c.shape;
+  j["global_bytes"] = bytes_of(c.shape, c.dtype);
+  std::int64_t largest = 0;
+  Json shards = Json::array();
+  for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
+    Json coords = Json::object();
+    for (int a = 0; a < mesh.rank(); ++a) coords[mesh.axis(a).name] = mesh.coord(d, a);
+    Json block = Json::array();
+    for (const Range& r : shard_box(mesh, c.spec, c.shape, d)) block.push_back({r.offset, r.end()});
+    const std::vector<std::int64_t> local = local_shape(mesh, c.spec, c.shape, d);
+    const std::int64_t b = bytes_of(local, c.dtype);
+    largest = std::max(largest, b);
+    shards.push_back({{"device", d}, {"coords", coords}, {"block", block}, {"local_shape", local}, {"bytes", b}});
+  }
+  j["max_bytes_per_device"] = largest;
+  j["shards"] = shards;
+  return j;
+}
+
+}  // namespace
+
+Command add_check_command(CLI::App& root) {
+  auto flags = std::make_shared<CheckFlags>();
+  CLI::App* app = root.add_subcommand("check", "validate a spec on a mesh; with --dims, each device's block and bytes");
+  app->add_option("SPEC", flags->spec, "the sharding to check, e.g. 'A[I_X, J_Y]', 'A[I_{XY}, J]' or 'C[I, K]{U_X}'")
+      ->required();
+  add_mesh_flag(*app, flags->mesh);
+  add_dims_flag(*app, flags->dims, false);
+  add_dtype_flag(*app, flags->dtype);
+  add_json_flag(*app, flags->json);
+  app->footer(std::string(kNotationHint) +
+              "\n\nExamples:\n"
+              "  shardmm check 'A[I_X, J_Y]' --mesh X=4,Y=2\n"
+              "  shardmm check 'A[I_XY, J]' --mesh X=2,Y=2 --dims I=10,J=4 --dtype f32 --json\n\n" +
+              kDocsHint);
+  return {app, [flags](std::ostream& out) {
+            Checked c;
+            c.mesh = parse_mesh(flags->mesh);
+            c.spec = parse_spec(flags->spec, c.mesh);
+            c.dtype = flags->dtype ? parse_dtype(*flags->dtype) : kDefaultDType;
+            c.default_dtype = !flags->dtype;
+            if (flags->dims) {
+              c.sizes = parse_dims(*flags->dims);
+              check_dims_used(*c.sizes, {&c.spec});
+              c.shape = global_shape(c.spec, *c.sizes);
+            }
+            if (flags->json) {
+              out << to_json(c).dump(2) << "\n";
+            } else {
+              print_text(out, c);
+            }
+            return 0;
+          }};
+}
+
+}  // namespace shardmm::cli

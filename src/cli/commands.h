@@ -1,0 +1,16 @@
+// The shardmm subcommands, one file each (cmd_<name>.cpp). main() registers every
+// command listed here, in this order (the order of `shardmm --help`).
+#pragma once
+
+#include "cli/common.h"
+
+namespace shardmm::cli {
+
+Command add_check_command(CLI::App& root);    // cmd_check.cpp
+Command add_plan_command(CLI::App& root);     // cmd_plan.cpp
+Command add_reshard_command(CLI::App& root);  // cmd_reshard.cpp
+Command add_run_command(CLI::App& root);      // cmd_run.cpp
+Command add_bench_command(CLI::App& root);    // cmd_bench.cpp
+Command add_demo_command(CLI::App& root);     // cmd_demo.cpp
+
+}  // namespace shardmm::cli

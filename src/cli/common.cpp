@@ -1,0 +1,391 @@
+#include "cli/common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ostream>
+#include <set>
+
+#include "shardmm/core/error.h"
+
+namespace shardmm::cli {
+
+namespace {
+
+// An option whose absence differs from an empty value (`--dims ''` is an error, not "unset").
+CLI::Option* add_optional(CLI::App& app, const std::string& name, std::optional<std::string>& value,
+                          const std::string& help) {
+  return app.add_option_function<std::string>(
+      name, [&value](const std::string& text) { value = text; }, help);
+}
+
+}  // namespace
+
+void add_mesh_flag(CLI::App& app, std::string& mesh) {
+  app.add_option("--mesh", mesh,
+                 "device mesh: named axes NAME=SIZE in order, e.g. --mesh X=4,Y=2 (8 devices; device ids "
+                 "are row-major, first axis major)")
+      ->required();
+}
+
+void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool required) {
+  auto* option = add_optional(app, "--dims", dims,
+                              "size of every dimension named in the specs, e.g. --dims I=8192,J=4096,K=16384");
+  if (required) option->required();
+}
+
+void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype) {
+  add_optional(app, "--dtype", dtype, "element type: bf16 (default), f16, f32 or f64, e.g. --dtype f32");
+}
+
+void add_hw_flag(CLI::App& app, std::optional<std::string>& hw) {
+  add_optional(app, "--hw", hw,
+               "hardware profile: a built-in name (" + join(builtin_profile_names(), ", ") + "; default " +
+                   kDefaultProfile + ") or a JSON profile file, e.g. --hw h100 or --hw profiles/example-cpu.json");
+}
+
+void add_json_flag(CLI::App& app, bool& json) {
+  app.add_flag("--json", json, "print one JSON document instead of text (docs/json-schema.md), e.g. --json");
+}
+
+void add_planning_flags(CLI::App& app, PlanningFlags& flags, bool dims_required) {
+  add_mesh_flag(app, flags.mesh);
+  add_dims_flag(app, flags.dims, dims_required);
+  add_dtype_flag(app, flags.dtype);
+  add_hw_flag(app, flags.hw);
+  add_optional(app, "--mem-limit", flags.mem_limit,
+               "memory per device that a plan may use, e.g. --mem-limit 16GiB (also 512MiB, 1.5GB, 1e9 = "
+               "bytes; units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  add_json_flag(app, flags.json);
+  app.add_flag("--show", flags.show, "draw how each tensor's blocks lie on the mesh devices, e.g. --show");
+}
+
+Planning make_planning(const PlanningFlags& flags) {
+  Planning p;
+  p.mesh = parse_mesh(flags.mesh);
+  if (flags.dims) p.sizes = parse_dims(*flags.dims);
+  p.default_dtype = !flags.dtype;
+  p.options.dtype = flags.dtype ? parse_dtype(*flags.dtype) : kDefaultDType;
+  p.default_hw = !flags.hw;
+  const std::string hw = flags.hw.value_or(kDefaultProfile);
+  const std::vector<std::string> builtins = builtin_profile_names();
+  p.hw_source = std::find(builtins.begin(), builtins.end(), hw) != builtins.end() ? "built-in" : hw;
+  p.options.hw = load_profile(hw);
+  if (flags.mem_limit) p.options.mem_limit_bytes = parse_byte_size(*flags.mem_limit, "--mem-limit");
+  return p;
+}
+
+Mesh parse_mesh(std::string_view text) {
+  Mesh mesh = Mesh::parse(text);
+  if (mesh.device_count() > kMaxDevices) {
+    throw InputError("mesh " + mesh.to_string() + " has " + std::to_string(mesh.device_count()) +
+                     " devices; shardmm handles meshes of up to " + std::to_string(kMaxDevices) +
+                     " devices (2^24), since it costs every device's shard");
+  }
+  return mesh;
+}
+
+void check_tensor_bytes(const Spec& spec, const DimSizes& sizes, DType dtype) {
+  std::int64_t bytes = dtype_bytes(dtype);
+  for (std::int64_t n : global_shape(spec, sizes)) {
+    bytes = checked_mul(bytes, n, (spec.tensor.empty() ? std::string("the tensor") : spec.tensor) + "'s byte count");
+  }
+}
+
+namespace {
+
+struct Unit {
+  const char* name;
+  double bytes;
+};
+constexpr Unit kByteUnits[] = {
+    {"B", 1},    {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+    {"KB", 1e3}, {"MB", 1e6},     {"GB", 1e9},        {"TB", 1e12},
+};
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+}  // namespace
+
+std::int64_t parse_byte_size(std::string_view text, std::string_view flag) {
+  const std::string forms =
+      "; write a byte count such as 16GiB, 512MiB, 1.5GB or 1e9 (bytes), with an optional unit B, KiB, MiB, "
+      "GiB, TiB, KB, MB, GB or TB";
+  const auto fail = [&](const std::string& why, std::size_t pos, std::size_t len) {
+    throw InputError("bad " + std::string(flag) + " '" + std::string(text) + "': " + why + forms, text, pos,
+                     std::max<std::size_t>(len, 1));
+  };
+  std::size_t pos = 0;
+  while (pos < text.size() && text[pos] == ' ') ++pos;
+  if (pos == text.size()) throw InputError("empty " + std::string(flag) + forms);
+  if (text[pos] == '-') fail("a byte size must be positive", pos, 1);
+  // [digits][.digits][e[+-]digits], at least one digit before the exponent.
+  const std::size_t start = pos;
+  std::size_t mantissa_digits = 0;
+  while (pos < text.size() && is_digit(text[pos])) ++pos, ++mantissa_digits;
+  if (pos < text.size() && text[pos] == '.') {
+    ++pos;
+    while (pos < text.size() && is_digit(text[pos])) ++pos, ++mantissa_digits;
+  }
+  if (mantissa_digits == 0) fail("no number before the unit", start, text.size() - start);
+  if (pos < text.size() && (text[pos] == 'e' || text[pos] == 'E')) {
+    std::size_t e = pos + 1;
+    if (e < text.size() && (text[e] == '+' || text[e] == '-')) ++e;
+    const std::size_t digits_from = e;
+    while (e < text.size() && is_digit(text[e])) ++e;
+    if (e == digits_from) fail("the exponent has no digits", pos, e - pos);
+    pos = e;
+  }
+  const std::string number(text.substr(start, pos - start));
+  const double value = std::strtod(number.c_str(), nullptr);
+  while (pos < text.size() && text[pos] == ' ') ++pos;
+  std::size_t end = text.size();
+  while (end > pos && text[end - 1] == ' ') --end;
+  const std::string_view unit = text.substr(pos, end - pos);
+  double scale = 1;
+  if (!unit.empty()) {
+    const auto* u =
+        std::find_if(std::begin(kByteUnits), std::end(kByteUnits), [&](const Unit& x) { return unit == x.name; });
+    if (u == std::end(kByteUnits)) fail("unknown unit '" + std::string(unit) + "'", pos, unit.size());
+    scale = u->bytes;
+  }
+  const double bytes = std::round(value * scale);
+  if (!(bytes >= 1)) fail("a byte size must be at least 1 byte", start, end - start);
+  if (bytes >= 9.2e18) fail("more bytes than a signed 64-bit count holds", start, end - start);
+  return static_cast<std::int64_t>(bytes);
+}
+
+void check_dims_used(const DimSizes& sizes, const std::vector<const Spec*>& specs) {
+  std::set<std::string> named;
+  for (const Spec* s : specs) {
+    for (const DimSpec& d : s->dims) named.insert(d.name);
+  }
+  for (const auto& [name, size] : sizes) {
+    if (!named.count(name)) {
+      throw InputError("--dims gives a size for '" + name + "', which no tensor names (the dimensions are " +
+                       join({named.begin(), named.end()}, ", ") + "); every size must belong to a dimension");
+    }
+  }
+}
+
+// --- units ---
+
+std::string format_sig3(double v) {
+  if (v == 0) return "0";
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  const int magnitude = static_cast<int>(std::floor(std::log10(std::fabs(v))));
+  const int decimals = std::max(0, 2 - magnitude);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+namespace {
+
+// v scaled to the largest unit (stepping by `step`) that keeps it >= 1.
+std::string scaled(double v, double step, const std::vector<const char*>& units) {
+  std::size_t i = 0;
+  while (i + 1 < units.size() && std::fabs(v) >= step) {
+    v /= step;
+    ++i;
+  }
+  return format_sig3(v) + " " + units[i];
+}
+
+}  // namespace
+
+std::string format_bytes(double bytes) {
+  if (std::fabs(bytes) < 1024) return std::to_string(static_cast<long long>(bytes)) + " B";
+  return scaled(bytes, 1024, {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"});
+}
+
+std::string format_bytes_exact(std::int64_t bytes) {
+  const std::string shown = format_bytes(static_cast<double>(bytes));
+  return bytes < 1024 ? shown : shown + " (" + std::to_string(bytes) + " B)";
+}
+
+std::string format_time(double s) {
+  if (s == 0) return "0 s";
+  if (s < 1e-9) return "< 1 ns";
+  if (s < 1e-6) return format_sig3(s * 1e9) + " ns";
+  if (s < 1e-3) return format_sig3(s * 1e6) + " µs";
+  if (s < 1) return format_sig3(s * 1e3) + " ms";
+  return format_sig3(s) + " s";
+}
+
+std::string format_flops(double flops) {
+  return scaled(flops, 1000, {"FLOP", "kFLOP", "MFLOP", "GFLOP", "TFLOP", "PFLOP", "EFLOP"});
+}
+
+std::string format_flop_rate(double flops_s) {
+  return scaled(flops_s, 1000, {"FLOP/s", "kFLOP/s", "MFLOP/s", "GFLOP/s", "TFLOP/s", "PFLOP/s", "EFLOP/s"});
+}
+
+std::string format_bandwidth(double bytes_s) {
+  return scaled(bytes_s, 1000, {"B/s", "KB/s", "MB/s", "GB/s", "TB/s", "PB/s"});
+}
+
+// --- text ---
+
+std::size_t display_width(std::string_view text) {
+  return static_cast<std::size_t>(
+      std::count_if(text.begin(), text.end(), [](char c) { return (static_cast<unsigned char>(c) & 0xC0) != 0x80; }));
+}
+
+Table::Table(std::vector<std::string> header, std::string indent) : indent_(std::move(indent)) {
+  right_.assign(header.size(), false);
+  rows_.push_back(std::move(header));
+}
+
+void Table::add(std::vector<std::string> row) {
+  row.resize(rows_.front().size());
+  rows_.push_back(std::move(row));
+}
+
+void Table::right_align(std::size_t column) { right_.at(column) = true; }
+
+void Table::print(std::ostream& out) const {
+  std::vector<std::size_t> widths(rows_.front().size(), 0);
+  for (const auto& row : rows_) {
+    for (std::size_t c = 0; c < row.size(); ++c) widths[c] = std::max(widths[c], display_width(row[c]));
+  }
+  for (const auto& row : rows_) {
+    std::string line = indent_;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      const std::string pad(widths[c] - display_width(row[c]), ' ');
+      const bool last = c + 1 == row.size();
+      if (right_[c]) {
+        line += pad + row[c];
+      } else {
+        line += row[c];
+        if (!last) line += pad;
+      }
+      if (!last) line += "  ";
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    out << line << "\n";
+  }
+}
+
+std::string wrap(std::string_view text, std::size_t width, std::string_view indent) {
+  // Words, with a number kept together with the unit after it ("1.40 ms", "45.0 GB/s").
+  std::vector<std::string> words;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t end = std::min(text.find(' ', pos), text.size());
+    const std::string word(text.substr(pos, end - pos));
+    const bool after_number =
+        !words.empty() && !words.back().empty() && words.back().find_first_not_of("0123456789.") == std::string::npos;
+    if (after_number && !word.empty() && display_width(word) <= 8) {
+      words.back() += " " + word;
+    } else if (!word.empty()) {
+      words.push_back(word);
+    }
+    pos = end + 1;
+  }
+  std::string out, line;
+  for (const std::string& word : words) {
+    if (!line.empty() && display_width(line) + 1 + display_width(word) > width) {
+      out += line + "\n" + std::string(indent);
+      line.clear();
+    }
+    if (!line.empty()) line += " ";
+    line += word;
+  }
+  return out + line;
+}
+
+std::string join(const std::vector<std::string>& parts, std::string_view separator) {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += separator;
+    out += parts[i];
+  }
+  return out;
+}
+
+std::string format_sizes(const DimSizes& sizes) {
+  std::vector<std::string> parts;
+  for (const auto& [name, size] : sizes) parts.push_back(name + "=" + std::to_string(size));
+  return join(parts, ", ");
+}
+
+void print_hardware(std::ostream& out, const Planning& p) {
+  const HardwareProfile& hw = p.options.hw;
+  std::string origin = p.hw_source == "built-in" ? "built-in" : "from " + p.hw_source;
+  if (p.default_hw) origin += ", the default; choose another with --hw";
+  out << "  hardware  " << hw.name << " (" << origin << ")\n";
+  if (!hw.description.empty()) out << "            " << wrap(hw.description, 88, "            ") << "\n";
+  std::vector<std::string> peaks;
+  for (const auto& [dtype, flops] : hw.peak_flops) peaks.push_back(format_flop_rate(flops) + " " + to_string(dtype));
+  const std::string figures = "peak " + join(peaks, ", ") + "; HBM " + format_bandwidth(hw.hbm_bandwidth) + "; links " +
+                              format_bandwidth(hw.link_bandwidth) +
+                              (hw.bidirectional ? " each way (bidirectional)" : " one way") + "; " + hw.topology +
+                              "; " + format_time(hw.hop_latency_s) + " per hop";
+  out << "            " << wrap(figures, 88, "            ") << "\n";
+}
+
+// --- JSON ---
+
+Json mesh_json(const Mesh& mesh) {
+  Json j = Json::object();
+  for (const MeshAxis& a : mesh.axes()) j[a.name] = a.size;
+  return j;
+}
+
+Json dims_json(const DimSizes& sizes) {
+  Json j = Json::object();
+  for (const auto& [name, size] : sizes) j[name] = size;
+  return j;
+}
+
+namespace {
+
+Json axes_json(const Mesh& mesh, const AxisList& axes) {
+  Json j = Json::array();
+  for (int a : axes) j.push_back(mesh.axis(a).name);
+  return j;
+}
+
+Json dim_name(const Spec& spec, int dim) {
+  if (dim < 0 || dim >= spec.rank()) return nullptr;
+  return spec.dims[static_cast<std::size_t>(dim)].name;
+}
+
+}  // namespace
+
+Json step_json(const Step& s, const Mesh& mesh) {
+  Json j;
+  j["op"] = to_string(s.op);
+  j["axes"] = axes_json(mesh, s.axes);
+  j["tensor"] = s.tensor;
+  j["dim"] = s.op == OpKind::einsum ? Json(nullptr) : dim_name(s.from, s.dim);
+  j["dst_dim"] = s.op == OpKind::all_to_all ? dim_name(s.from, s.dst_dim) : Json(nullptr);
+  j["from"] = format_spec(s.from, mesh);
+  j["from_b"] = s.op == OpKind::einsum ? Json(format_spec(s.from_b, mesh)) : Json(nullptr);
+  j["to"] = format_spec(s.to, mesh);
+  j["bytes_per_device"] = std::max(s.bytes_sent, s.bytes_received);
+  j["bytes_sent"] = s.bytes_sent;
+  j["bytes_received"] = s.bytes_received;
+  j["flops"] = s.flops;
+  j["time_s"] = s.time_s;
+  return j;
+}
+
+Json plan_json(const Plan& plan, const Mesh& mesh) {
+  Json j;
+  j["description"] = plan.description;
+  j["steps"] = Json::array();
+  for (const Step& s : plan.steps) j["steps"].push_back(step_json(s, mesh));
+  j["output"] = format_spec(plan.output, mesh);
+  j["comm_time_s"] = plan.comm_time_s;
+  j["compute_time_s"] = plan.compute_time_s;
+  j["total_time_s"] = plan.total_time_s;
+  j["overlapped_time_s"] = plan.overlapped_time_s;
+  j["peak_bytes_per_device"] = plan.peak_bytes_per_device;
+  j["fits_memory"] = plan.fits_memory;
+  return j;
+}
+
+}  // namespace shardmm::cli

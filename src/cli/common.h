@@ -1,0 +1,140 @@
+// Pieces shared by the shardmm subcommands: the command registry, the planning flags
+// (mesh, dims, dtype, hardware, memory limit), units, plain-text tables and the JSON
+// writers for steps and plans (docs/json-schema.md).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardmm/core/mesh.h"
+#include "shardmm/core/spec.h"
+#include "shardmm/plan/cost.h"
+#include "shardmm/plan/planner.h"
+#include "shardmm/plan/step.h"
+
+namespace shardmm::cli {
+
+// Key order is part of the documented schema, so documents keep insertion order.
+using Json = nlohmann::ordered_json;
+
+// A subcommand: its CLI11 app and what it does once its flags are parsed. `run` writes
+// the command's whole output to `out`; main() prints it only when `run` returns, so a
+// failing command leaves stdout empty.
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int(std::ostream& out)> run;
+};
+
+// Where the documentation lives, for --help footers.
+inline constexpr const char* kDocsHint =
+    "Docs: docs/cli.md (commands), docs/notation.md (specs), docs/json-schema.md (--json), "
+    "docs/cost-model.md (costs).";
+// The notation in two lines, for --help footers.
+inline constexpr const char* kNotationHint =
+    "Notation: A[I_X, J_Y] shards I over mesh axis X and J over Y; a bare dimension is replicated;\n"
+    "I_XY (or I_{dp,tp}) splits I over X then Y; {U_X} marks partial sums over X; an axis shards one dimension.";
+
+// --- flags shared by the planning commands ---
+
+struct PlanningFlags {
+  std::string mesh;
+  std::optional<std::string> dims;       // unset when --dims is not given
+  std::optional<std::string> dtype;      // unset: bf16
+  std::optional<std::string> hw;         // unset: the default profile
+  std::optional<std::string> mem_limit;  // unset: no limit
+  bool json = false;
+  bool show = false;
+};
+
+inline constexpr const char* kDefaultProfile = "tpu-v5e";
+inline constexpr DType kDefaultDType = DType::bf16;
+
+// One flag each, with its help text (an example included).
+void add_mesh_flag(CLI::App& app, std::string& mesh);
+void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool required);
+void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype);
+void add_hw_flag(CLI::App& app, std::optional<std::string>& hw);
+void add_json_flag(CLI::App& app, bool& json);
+// All of the above plus --mem-limit and --show.
+void add_planning_flags(CLI::App& app, PlanningFlags& flags, bool dims_required);
+
+// The parsed planning context.
+struct Planning {
+  Mesh mesh;
+  DimSizes sizes;
+  PlanOptions options;
+  bool default_dtype = true;
+  bool default_hw = true;
+  std::string hw_source;  // "built-in" or the profile file's path
+};
+
+Planning make_planning(const PlanningFlags& flags);
+
+// The most devices a mesh may have: planning and `check` visit every device, which takes
+// about a second per million devices.
+inline constexpr std::int64_t kMaxDevices = std::int64_t{1} << 24;
+// Mesh::parse, and the device limit.
+Mesh parse_mesh(std::string_view text);
+// Rejects a tensor whose bytes do not fit in a signed 64-bit count.
+void check_tensor_bytes(const Spec& spec, const DimSizes& sizes, DType dtype);
+
+// "16GiB", "512 MiB", "1e9", "1.5GB": bytes (rounded to the nearest byte). Throws InputError
+// naming the text and the accepted forms; `flag` names the option in the message.
+std::int64_t parse_byte_size(std::string_view text, std::string_view flag);
+
+// Rejects sizes in `sizes` that no tensor in `specs` names (a likely typo).
+void check_dims_used(const DimSizes& sizes, const std::vector<const Spec*>& specs);
+
+// --- units: three significant digits, binary units for bytes, SI for rates ---
+
+std::string format_bytes(double bytes);              // 512 B, 8.00 MiB, 1.50 GiB
+std::string format_bytes_exact(std::int64_t bytes);  // 60 B, 16.0 GiB (17179869184 B)
+std::string format_time(double seconds);             // 0 s, < 1 ns, 980 ns, 12.3 µs, 4.56 ms, 1.20 s
+std::string format_flops(double flops);              // 2.75 TFLOP (a count)
+std::string format_flop_rate(double flops_s);        // 197 TFLOP/s
+std::string format_bandwidth(double bytes_s);        // 45.0 GB/s
+std::string format_sig3(double v);                   // 3 significant digits, no exponent
+
+// --- text ---
+
+// Columns padded to their widest cell (UTF-8 aware); the last column is not padded.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> header, std::string indent = "  ");
+  void add(std::vector<std::string> row);
+  void right_align(std::size_t column);
+  void print(std::ostream& out) const;
+
+ private:
+  std::vector<std::vector<std::string>> rows_;
+  std::vector<bool> right_;
+  std::string indent_;
+};
+
+// Display width of UTF-8 text (one column per code point).
+std::size_t display_width(std::string_view text);
+// `text` wrapped into lines of at most `width` columns; lines after the first start with
+// `indent` (not counted in `width`).
+std::string wrap(std::string_view text, std::size_t width, std::string_view indent);
+std::string join(const std::vector<std::string>& parts, std::string_view separator);
+
+// "I=8192, J=4096"
+std::string format_sizes(const DimSizes& sizes);
+// The hardware profile: name and origin, its description, its key figures.
+void print_hardware(std::ostream& out, const Planning& p);
+
+// --- JSON (docs/json-schema.md) ---
+
+Json mesh_json(const Mesh& mesh);
+Json dims_json(const DimSizes& sizes);
+Json step_json(const Step& step, const Mesh& mesh);
+Json plan_json(const Plan& plan, const Mesh& mesh);
+
+}  // namespace shardmm::cli

@@ -1,0 +1,181 @@
+#include "cli/execution.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <ostream>
+
+#include "shardmm/core/error.h"
+#include "shardmm/runtime/communicator.h"
+
+namespace shardmm::cli {
+
+void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
+  app.add_option("--backend", flags.backend,
+                 "where the ranks run: threads (one thread per device, the default) or mpi (one process per device, "
+                 "under mpirun -n <devices>), e.g. --backend mpi");
+  app.add_option("--repeat", flags.repeat, "timed runs; the report gives medians, e.g. --repeat 10 (default 5)");
+  app.add_option("--warmup", flags.warmup, "untimed runs before them, e.g. --warmup 2 (default 1)");
+  app.add_option("--candidate", flags.candidate,
+                 "run this candidate (1-based, as 'plan --all' numbers them) instead of the chosen one, e.g. "
+                 "--candidate 2");
+}
+
+void check_execution(const ExecutionFlags& flags, const Planning& p) {
+  const auto backends = available_backends();
+  if (std::find(backends.begin(), backends.end(), flags.backend) == backends.end()) {
+    throw InputError("unknown backend '" + flags.backend + "'; this build has: " + join(backends, ", "));
+  }
+  if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
+    throw InputError(std::string("cannot run in ") + to_string(p.options.dtype) +
+                     ": execution computes in f32 or f64; pass --dtype f32 or --dtype f64");
+  }
+  if (flags.repeat < 1) throw InputError("--repeat " + std::to_string(flags.repeat) + ": at least one timed run is needed");
+  if (flags.warmup < 0) throw InputError("--warmup " + std::to_string(flags.warmup) + ": must be 0 or more");
+}
+
+std::size_t pick_candidate(const ExecutionFlags& flags, std::size_t count, int chosen) {
+  if (flags.candidate == 0) return static_cast<std::size_t>(chosen);
+  if (flags.candidate < 1 || static_cast<std::size_t>(flags.candidate) > count) {
+    throw InputError("--candidate " + std::to_string(flags.candidate) + ": there are " + std::to_string(count) +
+                     " candidates, numbered 1 to " + std::to_string(count));
+  }
+  return static_cast<std::size_t>(flags.candidate - 1);
+}
+
+RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& plan, const Contraction* contraction,
+                  const Spec* reshard_from) {
+  RunRequest req;
+  req.backend = flags.backend;
+  req.mesh = p.mesh;
+  req.plan = plan;
+  req.sizes = p.sizes;
+  req.dtype = p.options.dtype;
+  req.contraction = contraction;
+  req.reshard_from = reshard_from;
+  req.repeat = flags.repeat;
+  req.warmup = flags.warmup;
+  const bool tty = isatty(2);
+  req.progress = [tty](const std::string& what) {
+    // A live line on a terminal; one line per step in a log.
+    std::cerr << (tty ? "\r\033[K" : "") << "shardmm: " << what << (tty ? "" : "\n") << std::flush;
+  };
+  RunReport r = run_plan(req);
+  if (tty && r.is_root) std::cerr << "\r\033[K" << std::flush;
+  return r;
+}
+
+namespace {
+
+// Collective counts and bytes per op and mesh axes (the bytes each device sends, summed
+// over the steps, as PyTorch's CommDebugMode counts them).
+struct CommCount {
+  int count = 0;
+  std::int64_t bytes = 0;
+};
+
+std::map<std::string, std::map<std::string, CommCount>> comm_summary(const RunReport& r, const Mesh& mesh) {
+  std::map<std::string, std::map<std::string, CommCount>> out;
+  for (const StepMeasurement& s : r.steps) {
+    if (!is_collective(s.op)) continue;
+    CommCount& c = out[to_string(s.op)][mesh.axis_names(s.axes)];
+    c.count++;
+    c.bytes += s.bytes_sent;
+  }
+  return out;
+}
+
+}  // namespace
+
+void print_execution(std::ostream& out, const Planning& p, const Plan& plan, const ExecutionFlags& flags,
+                     const RunReport& r) {
+  const Mesh& mesh = p.mesh;
+  out << "\nRun: " << r.ranks << " ranks on the " << flags.backend << " backend, " << to_string(p.options.dtype)
+      << ", median of " << flags.repeat << " (after " << flags.warmup << " warm-up)\n";
+  out << "  plan      " << plan.description << "\n";
+  Table steps({"#", "op", "axes", "tensor", "sent", "received", "predicted", "measured", "measured/predicted"});
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    const StepMeasurement& m = r.steps[i];
+    const Step& s = plan.steps[i];
+    steps.add({std::to_string(i + 1), to_string(m.op), m.axes.empty() ? "-" : mesh.axis_names(m.axes), m.tensor,
+               format_bytes(static_cast<double>(m.bytes_sent)), format_bytes(static_cast<double>(m.bytes_received)),
+               format_time(s.time_s), format_time(m.measured_time_s),
+               s.time_s > 0 ? format_sig3(m.measured_time_s / s.time_s) + "x" : "-"});
+  }
+  for (std::size_t c = 4; c <= 8; ++c) steps.right_align(c);
+  steps.print(out);
+  out << "  (per step: the slowest rank's time, median over repeats; predicted on " << p.options.hw.name
+      << ", see --hw)\n";
+  out << "  total     measured " << format_time(r.measured_time_s) << " (barrier to barrier); predicted "
+      << format_time(plan.total_time_s) << " serialized\n";
+
+  out << "\nCommunication (bytes each device sends, summed over steps)\n";
+  const auto summary = comm_summary(r, mesh);
+  if (summary.empty()) {
+    out << "  none: every step is local\n";
+  } else {
+    Table comm({"collective", "axes", "count", "bytes"});
+    for (const auto& [op, by_axes] : summary) {
+      for (const auto& [axes, c] : by_axes) {
+        comm.add({op, axes, std::to_string(c.count), format_bytes(static_cast<double>(c.bytes))});
+      }
+    }
+    comm.right_align(2);
+    comm.right_align(3);
+    comm.print(out);
+  }
+
+  const Verification& v = r.verification;
+  out << "\nVerification against a dense single-device reference (f64)\n";
+  out << "  " << (v.verified ? "verified" : "NOT VERIFIED") << ": max abs error " << format_sig3(v.max_abs_error)
+      << ", max rel error " << format_sig3(v.max_rel_error) << ", tolerance " << format_sig3(v.tolerance) << "\n";
+  if (!v.verified && !v.detail.empty()) out << "  " << v.detail << "\n";
+}
+
+void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, const ExecutionFlags& flags,
+                        const RunReport& r) {
+  // The executed candidate's steps first: adding top-level keys to an ordered document
+  // moves its values, so no reference into it may be held across that.
+  Json& plan_doc = doc["candidates"][candidate];
+  for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    plan_doc["steps"][i]["measured_time_s"] = r.steps[i].measured_time_s;
+    plan_doc["steps"][i]["measured_bytes_sent"] = r.steps[i].bytes_sent;
+    plan_doc["steps"][i]["measured_bytes_received"] = r.steps[i].bytes_received;
+  }
+  plan_doc["measured_time_s"] = r.measured_time_s;
+  doc["executed"] = candidate;
+  doc["backend"] = flags.backend;
+  doc["ranks"] = r.ranks;
+  doc["repeat"] = flags.repeat;
+  doc["warmup"] = flags.warmup;
+  doc["verified"] = r.verification.verified;
+  doc["max_abs_error"] = r.verification.max_abs_error;
+  doc["max_rel_error"] = r.verification.max_rel_error;
+  doc["tolerance"] = r.verification.tolerance;
+  doc["measured_time_s"] = r.measured_time_s;
+  doc["repeat_times_s"] = r.repeat_times_s;
+  Json trace = Json::object();
+  for (const auto& [op, by_axes] : comm_summary(r, p.mesh)) {
+    Json entry{{"count", 0}, {"bytes", 0}, {"by_axes", Json::object()}};
+    for (const auto& [axes, c] : by_axes) {
+      entry["count"] = entry["count"].get<int>() + c.count;
+      entry["bytes"] = entry["bytes"].get<std::int64_t>() + c.bytes;
+      entry["by_axes"][axes] = {{"count", c.count}, {"bytes", c.bytes}};
+    }
+    trace[op] = entry;
+  }
+  doc["trace"] = trace;
+}
+
+int execution_status(const RunReport& r) {
+  if (r.verification.verified) return 0;
+  if (r.is_root) {
+    std::cerr << "shardmm: error: the result does not match the dense reference (max abs error "
+              << r.verification.max_abs_error << ", tolerance " << r.verification.tolerance << ")\n";
+  }
+  return 3;
+}
+
+}  // namespace shardmm::cli

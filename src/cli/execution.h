@@ -1,0 +1,44 @@
+// Running a planned contraction or reshard for real, for `run` and `reshard --run`: the
+// flags, the run itself, and its report (text, or keys added to the plan's JSON).
+#pragma once
+
+#include <iosfwd>
+#include <string>
+
+#include "cli/common.h"
+#include "shardmm/runtime/runner.h"
+
+namespace shardmm::cli {
+
+struct ExecutionFlags {
+  std::string backend = "threads";
+  int repeat = 5;
+  int warmup = 1;
+  int candidate = 0;  // 1-based index into the candidates as printed; 0 = the chosen one
+};
+
+// --backend, --repeat, --warmup, --candidate.
+void add_execution_flags(CLI::App& app, ExecutionFlags& flags);
+
+// Checks the backend name and the dtype (runs compute in f32 or f64) before anything runs,
+// so that every MPI rank rejects bad input alike.
+void check_execution(const ExecutionFlags& flags, const Planning& p);
+
+// The candidate to run: flags.candidate, or `chosen`.
+std::size_t pick_candidate(const ExecutionFlags& flags, std::size_t count, int chosen);
+
+// Runs the plan (progress on stderr on the printing process).
+RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& plan, const Contraction* contraction,
+                  const Spec* reshard_from);
+
+void print_execution(std::ostream& out, const Planning& p, const Plan& plan, const ExecutionFlags& flags,
+                     const RunReport& r);
+// Adds the run's figures to a plan document: top-level keys (`executed` = `candidate`) and
+// each executed step's measured_time_s (docs/json-schema.md).
+void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, const ExecutionFlags& flags,
+                        const RunReport& r);
+
+// The exit status of a run: 0 when verified, 3 when the result is wrong (a line on stderr).
+int execution_status(const RunReport& r);
+
+}  // namespace shardmm::cli

@@ -1,0 +1,697 @@
+// The shardmm command, run as a user runs it (fork + exec of the built binary, with a
+// timeout): every command's text and JSON, checked against the library's own results and
+// against closed-form figures; exit codes; one clear error line for bad input.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "shardmm/core/contraction.h"
+#include "shardmm/core/geometry.h"
+#include "shardmm/core/mesh.h"
+#include "shardmm/core/spec.h"
+#include "shardmm/plan/cost.h"
+#include "shardmm/plan/planner.h"
+
+namespace shardmm {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+
+struct Result {
+  int status = -1;  // exit code; -1 when killed or not exited
+  std::string out, err;
+};
+
+// Runs the shardmm binary with `args`; kills it after `timeout_s`.
+Result run(const std::vector<std::string>& args, int timeout_s = 120) {
+  int out_pipe[2], err_pipe[2];
+  if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) {
+    ADD_FAILURE() << "pipe failed";
+    return {};
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_pipe[1], 1);
+    dup2(err_pipe[1], 2);
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    std::vector<char*> argv;
+    std::string path = SHARDMM_CLI_PATH;
+    argv.push_back(path.data());
+    std::vector<std::string> copy = args;
+    for (std::string& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(path.c_str(), argv.data());
+    _exit(127);
+  }
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  Result r;
+  std::array<pollfd, 2> fds{{{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}}};
+  std::array<std::string*, 2> sinks{&r.out, &r.err};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s);
+  int open_fds = 2;
+  while (open_fds > 0) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      kill(pid, SIGKILL);
+      ADD_FAILURE() << "shardmm timed out";
+      break;
+    }
+    if (poll(fds.data(), fds.size(), static_cast<int>(left.count())) < 0) break;
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP))) continue;
+      char buf[65536];
+      const ssize_t n = read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        sinks[i]->append(buf, static_cast<std::size_t>(n));
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (pollfd& f : fds) {
+    if (f.fd >= 0) close(f.fd);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    out.push_back(text.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return out;
+}
+
+json parse_stdout(const Result& r) {
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  return json::parse(r.out);
+}
+
+// Bad input: exit 2, nothing on stdout, one headline "shardmm: error: ..." containing
+// `needle`, then only the caret context (two indented lines) when there is one.
+void expect_input_error(const std::vector<std::string>& args, const std::string& needle) {
+  SCOPED_TRACE(::testing::PrintToString(args));
+  const Result r = run(args);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  const std::vector<std::string> err = lines(r.err);
+  ASSERT_FALSE(err.empty());
+  EXPECT_THAT(err[0], StartsWith("shardmm: error: "));
+  EXPECT_THAT(err[0], HasSubstr(needle));
+  EXPECT_THAT(r.err, Not(HasSubstr("internal error")));
+  EXPECT_TRUE(err.size() == 1 || err.size() == 3) << r.err;
+  if (err.size() == 3) {
+    EXPECT_THAT(err[1], StartsWith("  "));
+    EXPECT_THAT(err[2], StartsWith("  "));
+    EXPECT_NE(err[2].find('^'), std::string::npos);
+  }
+}
+
+const std::string kDims = "I=8192,J=4096,K=16384";
+
+PlanOptions v5e() { return PlanOptions{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt}; }
+
+MatmulPlanning library_plan(const std::string& expr, const std::string& mesh_text, const std::string& dims,
+                            const PlanOptions& options) {
+  const Mesh mesh = Mesh::parse(mesh_text);
+  return plan_matmul(mesh, parse_contraction(expr, mesh), parse_dims(dims), options);
+}
+
+// The JSON plan must be the library's plan, field by field.
+void expect_same_plan(const json& j, const Plan& p, const Mesh& mesh) {
+  EXPECT_EQ(j["description"], p.description);
+  EXPECT_EQ(j["output"], format_spec(p.output, mesh));
+  EXPECT_DOUBLE_EQ(j["comm_time_s"].get<double>(), p.comm_time_s);
+  EXPECT_DOUBLE_EQ(j["compute_time_s"].get<double>(), p.compute_time_s);
+  EXPECT_DOUBLE_EQ(j["total_time_s"].get<double>(), p.total_time_s);
+  EXPECT_DOUBLE_EQ(j["overlapped_time_s"].get<double>(), p.overlapped_time_s);
+  EXPECT_EQ(j["peak_bytes_per_device"].get<std::int64_t>(), p.peak_bytes_per_device);
+  EXPECT_EQ(j["fits_memory"].get<bool>(), p.fits_memory);
+  ASSERT_EQ(j["steps"].size(), p.steps.size());
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    const json& js = j["steps"][i];
+    const Step& s = p.steps[i];
+    EXPECT_EQ(js["op"], to_string(s.op));
+    std::vector<std::string> axes;
+    for (int a : s.axes) axes.push_back(mesh.axis(a).name);
+    EXPECT_EQ(js["axes"].get<std::vector<std::string>>(), axes);
+    EXPECT_EQ(js["tensor"], s.tensor);
+    EXPECT_EQ(js["from"], format_spec(s.from, mesh));
+    EXPECT_EQ(js["to"], format_spec(s.to, mesh));
+    EXPECT_EQ(js["bytes_sent"].get<std::int64_t>(), s.bytes_sent);
+    EXPECT_EQ(js["bytes_received"].get<std::int64_t>(), s.bytes_received);
+    EXPECT_EQ(js["bytes_per_device"].get<std::int64_t>(), std::max(s.bytes_sent, s.bytes_received));
+    EXPECT_DOUBLE_EQ(js["flops"].get<double>(), s.flops);
+    EXPECT_DOUBLE_EQ(js["time_s"].get<double>(), s.time_s);
+    if (s.op == OpKind::einsum) {
+      EXPECT_EQ(js["from_b"], format_spec(s.from_b, mesh));
+    } else {
+      EXPECT_TRUE(js["from_b"].is_null());
+    }
+  }
+}
+
+// ---------------------------------------------------------------- top level
+
+TEST(Cli, VersionAndHelp) {
+  const Result v = run({"--version"});
+  EXPECT_EQ(v.status, 0);
+  EXPECT_THAT(v.out, StartsWith("shardmm "));
+
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--help"}, {"check", "--help"}, {"plan", "--help"}, {"reshard", "--help"}, {"demo", "--help"}}) {
+    SCOPED_TRACE(args.front());
+    const Result r = run(args);
+    EXPECT_EQ(r.status, 0);
+    EXPECT_EQ(r.err, "");
+    // The notation in two lines, examples, where the docs are.
+    EXPECT_THAT(r.out, HasSubstr("Notation: A[I_X, J_Y] shards I over mesh axis X"));
+    EXPECT_THAT(r.out, HasSubstr("{U_X} marks partial sums"));
+    EXPECT_THAT(r.out, HasSubstr("Examples:\n  shardmm "));
+    EXPECT_THAT(r.out, HasSubstr("docs/cli.md"));
+    // Every flag (other than --help/--version) comes with an example.
+    for (const std::string& line : lines(r.out)) {
+      if (line.rfind("  --", 0) == 0 && line.find("--version") == std::string::npos) {
+        EXPECT_THAT(line, HasSubstr("e.g. --")) << line;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- check
+
+TEST(CliCheck, CanonicalForm) {
+  const Result r = run({"check", "A[IX, JY]", "--mesh", "X=4,Y=2"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_THAT(r.out, StartsWith("valid: A[I_X, J_Y]\n"));
+  EXPECT_THAT(r.out, HasSubstr("8 devices"));
+
+  const json j = parse_stdout(run({"check", "A[I_{XY}, J]{U_Z}", "--mesh", "X=2,Y=2,Z=2", "--json"}));
+  EXPECT_EQ(j["valid"], true);
+  EXPECT_EQ(j["spec"], "A[I_XY, J]{U_Z}");
+  EXPECT_EQ(j["mesh"], (json{{"X", 2}, {"Y", 2}, {"Z", 2}}));
+  EXPECT_EQ(j["unreduced"], json::array({"Z"}));
+  EXPECT_EQ(j["dimensions"][0]["axes"], json::array({"X", "Y"}));
+  EXPECT_EQ(j["dimensions"][0]["blocks"], 4);
+  EXPECT_TRUE(j["shards"].is_null());
+}
+
+// The nested uneven split of core/geometry.h, by hand: 10 over X=3 is 4,3,3; each piece
+// over Y=2 is 2,2 | 2,1 | 2,1.
+TEST(CliCheck, NestedUnevenBlocksAndBytes) {
+  const json j =
+      parse_stdout(run({"check", "A[I_XY, J]", "--mesh", "X=3,Y=2", "--dims", "I=10,J=4", "--dtype", "f32", "--json"}));
+  const std::vector<std::pair<int, int>> rows{{0, 2}, {2, 4}, {4, 6}, {6, 7}, {7, 9}, {9, 10}};
+  ASSERT_EQ(j["shards"].size(), 6u);
+  for (std::size_t d = 0; d < 6; ++d) {
+    const json& s = j["shards"][d];
+    EXPECT_EQ(s["device"], d);
+    EXPECT_EQ(s["coords"], (json{{"X", d / 2}, {"Y", d % 2}}));
+    EXPECT_EQ(s["block"], json::array({json::array({rows[d].first, rows[d].second}), json::array({0, 4})}));
+    const int extent = rows[d].second - rows[d].first;
+    EXPECT_EQ(s["local_shape"], json::array({extent, 4}));
+    EXPECT_EQ(s["bytes"], extent * 4 * 4);  // f32
+  }
+  EXPECT_EQ(j["global_shape"], json::array({10, 4}));
+  EXPECT_EQ(j["global_bytes"], 10 * 4 * 4);
+  EXPECT_EQ(j["max_bytes_per_device"], 2 * 4 * 4);
+
+  const Result text = run({"check", "A[I_XY, J]", "--mesh", "X=3,Y=2", "--dims", "I=10,J=4"});
+  EXPECT_EQ(text.status, 0);
+  EXPECT_THAT(text.out, HasSubstr("I[6:7) J[0:4)"));
+  EXPECT_THAT(text.out, HasSubstr("[1, 4]"));
+  EXPECT_THAT(text.out, HasSubstr("8 B"));  // 1 x 4 bf16
+}
+
+TEST(CliCheck, ManyDevicesAreSummarized) {
+  const Result r = run({"check", "A[I_X, J_Y]", "--mesh", "X=64,Y=128", "--dims", "I=8192,J=4096"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_THAT(r.out, HasSubstr("[128, 32]"));  // 8192/64, 4096/128
+  EXPECT_THAT(r.out, HasSubstr("8192"));       // devices with that shape
+  EXPECT_LT(lines(r.out).size(), 30u);
+}
+
+// ---------------------------------------------------------------- plan
+
+// The seeds' case 3: a single all_reduce after the einsum.
+TEST(CliPlan, Case3JsonIsTheLibrarysPlan) {
+  const std::string expr = "A[I, J_X] @ B[J_X, K] -> C[I, K]";
+  const json j = parse_stdout(run({"plan", expr, "--mesh", "X=4", "--dims", kDims, "--json"}));
+  const Mesh mesh = Mesh::parse("X=4");
+  const MatmulPlanning m = library_plan(expr, "X=4", kDims, v5e());
+
+  EXPECT_EQ(j["expr"], expr);
+  EXPECT_EQ(j["mesh"], (json{{"X", 4}}));
+  EXPECT_EQ(j["dims"], (json{{"I", 8192}, {"J", 4096}, {"K", 16384}}));
+  EXPECT_EQ(j["dtype"], "bf16");
+  EXPECT_EQ(j["hardware"], "tpu-v5e");
+  EXPECT_TRUE(j["mem_limit_bytes"].is_null());
+  EXPECT_EQ(j["roles"], (json{{"I", "free"}, {"J", "contracted"}, {"K", "free"}}));
+  ASSERT_EQ(j["cases"].size(), 1u);
+  EXPECT_EQ(j["cases"][0]["axis"], "X");
+  EXPECT_EQ(j["cases"][0]["case"], 3);
+  EXPECT_EQ(j["cases"][0]["reason"], m.cases[0].reason);
+
+  ASSERT_EQ(j["candidates"].size(), m.candidates.size());
+  ASSERT_EQ(j["chosen"], m.chosen);
+  for (std::size_t i = 0; i < m.candidates.size(); ++i) expect_same_plan(j["candidates"][i], m.candidates[i], mesh);
+
+  const json& chosen = j["candidates"][j["chosen"].get<std::size_t>()];
+  ASSERT_EQ(chosen["steps"].size(), 2u);
+  EXPECT_EQ(chosen["steps"][0]["op"], "einsum");
+  EXPECT_EQ(chosen["steps"][0]["to"], "C[I, K]{U_X}");
+  EXPECT_EQ(chosen["steps"][1]["op"], "all_reduce");
+  EXPECT_EQ(chosen["steps"][1]["axes"], json::array({"X"}));
+  // all_reduce = reduce_scatter + all_gather: each device sends 2 (n-1)/n of C (bf16).
+  EXPECT_EQ(chosen["steps"][1]["bytes_sent"], 2 * 3 * (8192LL * 16384 / 4) * 2);
+  // Local FLOPs: 2 I J K / 4.
+  EXPECT_DOUBLE_EQ(chosen["steps"][0]["flops"].get<double>(), 2.0 * 8192 * 4096 * 16384 / 4);
+  EXPECT_EQ(chosen["output"], "C[I, K]");
+}
+
+TEST(CliPlan, Case3Text) {
+  const Result r = run({"plan", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=4", "--dims", kDims});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.err, "");
+  EXPECT_THAT(r.out, HasSubstr("expr      A[I, J_X] @ B[J_X, K] -> C[I, K]"));
+  EXPECT_THAT(r.out, HasSubstr("mesh      X=4 (4 devices)"));
+  EXPECT_THAT(r.out, HasSubstr("hardware  tpu-v5e (built-in, the default"));
+  EXPECT_THAT(r.out, HasSubstr("dtype     bf16 (2 B per element; the default"));
+  EXPECT_THAT(r.out, HasSubstr("J    contracted"));
+  EXPECT_THAT(r.out, HasSubstr("X  case 3"));
+  EXPECT_THAT(r.out, HasSubstr("Chosen plan (candidate 1 of 2, the cheapest): local einsum, then all_reduce C over X"));
+  EXPECT_THAT(r.out, HasSubstr("all_reduce  X     C       C[I, K]{U_X} -> C[I, K]"));
+  EXPECT_THAT(r.out, HasSubstr("384 MiB"));    // 402653184 B sent per device
+  EXPECT_THAT(r.out, HasSubstr("275 GFLOP"));  // 2 I J K / 4
+  EXPECT_THAT(r.out, HasSubstr("communication-bound"));
+  EXPECT_THAT(r.out, HasSubstr("with perfect overlap"));
+  EXPECT_THAT(r.out, HasSubstr("peak "));
+  EXPECT_THAT(r.out, HasSubstr("Alternatives (1"));
+}
+
+// The seeds' four cases, per axis, as the library judges them and as the seeds state them.
+TEST(CliPlan, FourCases) {
+  struct Case {
+    std::string expr, mesh;
+    std::vector<int> cases;
+  };
+  const std::vector<Case> all{
+      {"A[I_X, J] @ B[J, K_Y] -> C[I_X, K_Y]", "X=4,Y=2", {1, 1}},
+      {"A[I, J_X] @ B[J, K] -> C[I, K]", "X=4", {2}},
+      {"A[I, J_X] @ B[J_X, K] -> C[I, K]", "X=4", {3}},
+      {"A[I_X, J] @ B[J, K_X]", "X=4", {4}},
+  };
+  for (const Case& c : all) {
+    SCOPED_TRACE(c.expr);
+    const json j = parse_stdout(run({"plan", c.expr, "--mesh", c.mesh, "--dims", kDims, "--json"}));
+    const MatmulPlanning m = library_plan(c.expr, c.mesh, kDims, v5e());
+    ASSERT_EQ(j["cases"].size(), c.cases.size());
+    for (std::size_t i = 0; i < c.cases.size(); ++i) {
+      EXPECT_EQ(j["cases"][i]["case"], c.cases[i]);
+      EXPECT_EQ(j["cases"][i]["case"], m.cases[i].case_number);
+    }
+    ASSERT_EQ(j["candidates"].size(), m.candidates.size());
+    EXPECT_EQ(j["chosen"], m.chosen);
+    const Mesh mesh = Mesh::parse(c.mesh);
+    expect_same_plan(j["candidates"][j["chosen"].get<std::size_t>()], m.candidates[static_cast<std::size_t>(m.chosen)],
+                     mesh);
+  }
+  // Case 1: the chosen plan is the local einsum alone, moving nothing.
+  const json one = parse_stdout(run({"plan", all[0].expr, "--mesh", all[0].mesh, "--dims", kDims, "--json"}));
+  const json& steps = one["candidates"][one["chosen"].get<std::size_t>()]["steps"];
+  ASSERT_EQ(steps.size(), 1u);
+  EXPECT_EQ(steps[0]["op"], "einsum");
+  EXPECT_EQ(steps[0]["bytes_per_device"], 0);
+}
+
+TEST(CliPlan, OtherHardwareAndDtype) {
+  const std::string expr = "A[I, J_X] @ B[J_X, K] -> C[I, K]";
+  const json j =
+      parse_stdout(run({"plan", expr, "--mesh", "X=4", "--dims", kDims, "--hw", "h100", "--dtype", "f32", "--json"}));
+  EXPECT_EQ(j["hardware"], "h100");
+  EXPECT_EQ(j["dtype"], "f32");
+  const MatmulPlanning m =
+      library_plan(expr, "X=4", kDims, PlanOptions{DType::f32, builtin_profile("h100"), std::nullopt});
+  ASSERT_EQ(j["candidates"].size(), m.candidates.size());
+  for (std::size_t i = 0; i < m.candidates.size(); ++i) {
+    expect_same_plan(j["candidates"][i], m.candidates[i], Mesh::parse("X=4"));
+  }
+
+  // A profile file: the same numbers as a built-in, under another name.
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "shardmm_cli_test_profile.json";
+  {
+    std::ofstream out(file);
+    out << R"({"name": "my-chip", "peak_flops": {"bf16": 1e14}, "hbm_bandwidth": 1e12,
+              "link_bandwidth": 1e11, "bidirectional": true, "hop_latency_s": 1e-6, "topology": "torus"})";
+  }
+  const Result text = run({"plan", expr, "--mesh", "X=4", "--dims", kDims, "--hw", file.string()});
+  EXPECT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("hardware  my-chip (from " + file.string() + ")"));
+  EXPECT_THAT(text.out, HasSubstr("peak 100 TFLOP/s bf16; HBM 1.00 TB/s; links 100 GB/s each way"));
+  std::filesystem::remove(file);
+}
+
+TEST(CliPlan, MemoryLimit) {
+  // Case 3 to a replicated C: the all_reduce plan is the cheapest but holds C twice; gathering
+  // both inputs is slower and smaller.
+  const std::string expr = "A[I, J_X] @ B[J_X, K] -> C[I, K]";
+  const MatmulPlanning free = library_plan(expr, "X=4", kDims, v5e());
+  ASSERT_GE(free.candidates.size(), 2u);
+  std::int64_t smallest = free.candidates[0].peak_bytes_per_device;
+  for (const Plan& p : free.candidates) smallest = std::min(smallest, p.peak_bytes_per_device);
+
+  // A limit just under the cheapest plan's peak: the CLI picks what the library picks.
+  const std::int64_t limit = free.candidates[0].peak_bytes_per_device - 1;
+  PlanOptions limited = v5e();
+  limited.mem_limit_bytes = limit;
+  const MatmulPlanning m = library_plan(expr, "X=4", kDims, limited);
+  ASSERT_GE(m.chosen, 1);
+  const json j = parse_stdout(
+      run({"plan", expr, "--mesh", "X=4", "--dims", kDims, "--mem-limit", std::to_string(limit), "--json"}));
+  EXPECT_EQ(j["mem_limit_bytes"], limit);
+  EXPECT_EQ(j["chosen"], m.chosen);
+  EXPECT_FALSE(j["candidates"][0]["fits_memory"].get<bool>());
+  for (std::size_t i = 0; i < m.candidates.size(); ++i) {
+    EXPECT_EQ(j["candidates"][i]["fits_memory"], m.candidates[i].fits_memory);
+  }
+  const Result text = run({"plan", expr, "--mesh", "X=4", "--dims", kDims, "--mem-limit", std::to_string(limit)});
+  EXPECT_THAT(text.out, HasSubstr("Chosen plan (candidate " + std::to_string(m.chosen + 1) + " of " +
+                                  std::to_string(m.candidates.size()) + ", the cheapest within the memory limit)"));
+  EXPECT_THAT(text.out, HasSubstr("[over the memory limit]"));
+
+  // Nothing fits: exit 2, one line naming the smallest peak and the limit.
+  const std::string too_small = std::to_string(smallest - 1);
+  for (bool as_json : {false, true}) {
+    std::vector<std::string> args{"plan", expr, "--mesh", "X=4", "--dims", kDims, "--mem-limit", too_small};
+    if (as_json) args.push_back("--json");
+    const Result r = run(args);
+    EXPECT_EQ(r.status, 2);
+    EXPECT_EQ(r.out, "");
+    EXPECT_EQ(lines(r.err).size(), 1u) << r.err;
+    EXPECT_THAT(r.err, StartsWith("shardmm: error: no plan fits --mem-limit"));
+    EXPECT_THAT(r.err, HasSubstr("(" + too_small + " B)"));
+    EXPECT_THAT(r.err, HasSubstr("(" + std::to_string(smallest) + " B)"));
+  }
+}
+
+TEST(CliPlan, MemoryLimitForms) {
+  const std::vector<std::pair<std::string, std::int64_t>> forms{
+      {"16GiB", 16LL << 30},  {"512MiB", 512LL << 20}, {"1e9", 1000000000}, {"1.5GB", 1500000000}, {"2 KiB", 2048},
+      {"3TB", 3000000000000}, {"1TiB", 1LL << 40},     {"100B", 100},       {"7KB", 7000},         {"2MB", 2000000},
+  };
+  for (const auto& [text, bytes] : forms) {
+    SCOPED_TRACE(text);
+    const Result r =
+        run({"reshard", "A[I_X]", "A[I]", "--mesh", "X=2", "--dims", "I=4", "--mem-limit", text, "--json"});
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["mem_limit_bytes"], bytes);
+  }
+}
+
+TEST(CliPlan, AllAndShow) {
+  const std::string expr = "A[I_X, J] @ B[J, K_X]";
+  const MatmulPlanning m = library_plan(expr, "X=4", "I=8,J=4,K=16", v5e());
+  const Result r = run({"plan", expr, "--mesh", "X=4", "--dims", "I=8,J=4,K=16", "--all", "--show"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  for (std::size_t i = 0; i < m.candidates.size(); ++i) {
+    if (static_cast<int>(i) == m.chosen) continue;
+    EXPECT_THAT(r.out, HasSubstr("Candidate " + std::to_string(i + 1) + " of " + std::to_string(m.candidates.size()) +
+                                 ": " + m.candidates[i].description));
+  }
+  // Each device's block: A's I over X is 2 rows per device.
+  EXPECT_THAT(r.out, HasSubstr("X=0  0 I[0:2) J[0:4)"));
+  EXPECT_THAT(r.out, HasSubstr("X=3  3 I[6:8) J[0:4)"));
+  EXPECT_THAT(r.out, HasSubstr("X=2  2 J[0:4) K[8:12)"));
+}
+
+TEST(CliPlan, ShowOnThreeAxesAndManyDevices) {
+  const Result r = run({"reshard", "A[I_X, J_Y]", "A[I_Z, J]", "--mesh", "X=2,Y=2,Z=2", "--dims", "I=8,J=4", "--show"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Z=0:"));
+  EXPECT_THAT(r.out, HasSubstr("Z=1:"));
+  // Device 7 = (x 1, y 1, z 1): before I[4:8) J[2:4), after I[4:8) J[0:4).
+  EXPECT_THAT(r.out, HasSubstr("7 I[4:8) J[2:4)"));
+  EXPECT_THAT(r.out, HasSubstr("7 I[4:8) J[0:4)"));
+
+  const Result big =
+      run({"reshard", "A[I_X, J_Y]", "A[I_XY, J]", "--mesh", "X=8,Y=8", "--dims", "I=8192,J=4096", "--show"});
+  EXPECT_EQ(big.status, 0) << big.err;
+  EXPECT_THAT(big.out, HasSubstr("64 devices: too many to draw"));
+  EXPECT_THAT(big.out, HasSubstr("I: 64 blocks over XY"));
+}
+
+// ---------------------------------------------------------------- reshard
+
+TEST(CliReshard, AllToAll) {
+  const json j =
+      parse_stdout(run({"reshard", "A[I, J_X]", "A[I_X, J]", "--mesh", "X=4", "--dims", "I=8192,J=4096", "--json"}));
+  EXPECT_EQ(j["expr"], "A[I, J_X] -> A[I_X, J]");
+  EXPECT_FALSE(j.contains("cases"));
+  const Mesh mesh = Mesh::parse("X=4");
+  const Plan p = plan_reshard(mesh, parse_spec("A[I, J_X]", mesh), parse_spec("A[I_X, J]", mesh), {8192, 4096}, v5e());
+  ASSERT_EQ(j["candidates"].size(), 1u);
+  EXPECT_EQ(j["chosen"], 0);
+  expect_same_plan(j["candidates"][0], p, mesh);
+  const json& step = j["candidates"][0]["steps"][0];
+  EXPECT_EQ(step["op"], "all_to_all");
+  EXPECT_EQ(step["dim"], "J");
+  EXPECT_EQ(step["dst_dim"], "I");
+  // A device keeps the quarter of its block it still owns and sends the other three.
+  EXPECT_EQ(step["bytes_sent"], 3 * 2048 * 1024 * 2);
+
+  const Result text = run({"reshard", "A[I, J_X]", "A[I_X, J]", "--mesh", "X=4", "--dims", "I=8192,J=4096"});
+  EXPECT_EQ(text.status, 0);
+  EXPECT_THAT(text.out, HasSubstr("Plan: all_to_all over X"));
+  EXPECT_THAT(text.out, HasSubstr("12.0 MiB"));
+  EXPECT_THAT(text.out, HasSubstr("µs"));
+}
+
+// ---------------------------------------------------------------- demo
+
+TEST(CliDemo, ExplainsTheFourCases) {
+  const Result r = run({"demo"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  for (const char* s : {"1. Case 1:", "2. Case 2:", "3. Case 3:", "4. Case 4:", "情形一", "情形二", "情形三", "情形四",
+                        "Megatron column", "Megatron row", "AllToAll", "X  case 1", "X  case 2", "X  case 3",
+                        "X  case 4", "then all_reduce C over X", "Plan: all_to_all over X",
+                        "$ shardmm plan 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=4 --dims I=8192,J=4096,K=16384"}) {
+    EXPECT_THAT(r.out, HasSubstr(s));
+  }
+}
+
+// ---------------------------------------------------------------- bad input
+
+TEST(CliErrors, OneLineAndExit2) {
+  const std::string expr = "A[I, J_X] @ B[J_X, K]";
+  const std::vector<std::string> ok{"--mesh", "X=4", "--dims", "I=8,J=4,K=2"};
+  const auto plan = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args{"plan", expr};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = plan(ok);
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  const std::filesystem::path bad_json = std::filesystem::temp_directory_path() / "shardmm_cli_test_bad.json";
+  const std::filesystem::path no_key = std::filesystem::temp_directory_path() / "shardmm_cli_test_nokey.json";
+  std::ofstream(bad_json) << "{\"name\": \"x\",\n \"peak_flops\": {bf16: 1}}";
+  std::ofstream(no_key) << R"({"name": "x", "peak_flops": {"bf16": 1e14}})";
+
+  expect_input_error({}, "no command given");
+  expect_input_error({"frobnicate"}, "unknown command 'frobnicate'");
+  expect_input_error({"plan"}, "EXPR is required");
+  expect_input_error(plan({"--dims", "I=8,J=4,K=2"}), "--mesh is required");
+  expect_input_error(plan({"--mesh", "X=4"}), "--dims is required");
+  expect_input_error(with({"--bogus"}), "--bogus");
+  expect_input_error({"check"}, "SPEC is required");
+  expect_input_error({"reshard", "A[I]", "--mesh", "X=2", "--dims", "I=4"}, "DST is required");
+  expect_input_error({"demo", "--bogus"}, "--bogus");
+  expect_input_error(plan({"--mesh", "X=0", "--dims", "I=8,J=4,K=2"}), "bad mesh 'X=0'");
+  expect_input_error(plan({"--mesh", "X4", "--dims", "I=8,J=4,K=2"}), "has no '='");
+  expect_input_error(plan({"--mesh", "X=4,X=2", "--dims", "I=8,J=4,K=2"}), "declared twice");
+  expect_input_error(plan({"--mesh", "X=4", "--dims", "I=8,J=x,K=2"}), "bad dims 'I=8,J=x,K=2'");
+  expect_input_error(plan({"--mesh", "X=4", "--dims", ""}), "empty --dims");
+  expect_input_error(plan({"--mesh", "X=4096,Y=4097", "--dims", "I=8,J=4,K=2"}), "up to 16777216 devices");
+  expect_input_error(plan({"--mesh", "X=4", "--dims", "I=3037000499,J=3037000499,K=2"}), "A's byte count overflows");
+  expect_input_error(plan({"--mesh", "X=4", "--dims", "I=8,J=4"}), "'K' of B has no size");
+  expect_input_error(plan({"--mesh", "X=4", "--dims", "I=8,J=4,K=2,L=3"}), "'L'");
+  expect_input_error(with({"--dtype", "f8"}), "unknown dtype 'f8'");
+  expect_input_error(with({"--dtype", "f16"}), "no peak FLOP/s for f16");
+  expect_input_error(with({"--hw", "tpu-v9"}), "unknown hardware profile 'tpu-v9'");
+  expect_input_error(with({"--hw", bad_json.string()}), "malformed JSON");
+  expect_input_error(with({"--hw", no_key.string()}), "missing key");
+  expect_input_error(with({"--mem-limit", "16Gx"}), "unknown unit 'Gx'");
+  expect_input_error(with({"--mem-limit", "0"}), "at least 1 byte");
+  expect_input_error(with({"--mem-limit", "-1GiB"}), "must be positive");
+  expect_input_error(with({"--mem-limit", "GiB"}), "no number");
+  expect_input_error(with({"--mem-limit", "1e99"}), "64-bit");
+  expect_input_error(with({"--mem-limit", "1MiB", "--mem-limit", "2MiB"}), "--mem-limit");
+  expect_input_error({"plan", "A[I_X, J_X] @ B[J_X, K]", "--mesh", "X=4", "--dims", "I=8,J=4,K=2"},
+                     "a mesh axis can shard only one dimension");
+  expect_input_error({"plan", "A[I, J_Q] @ B[J, K]", "--mesh", "X=4", "--dims", "I=8,J=4,K=2"},
+                     "unknown mesh axis 'Q'");
+  expect_input_error({"plan", "A[I, J] B[J, K]", "--mesh", "X=4", "--dims", "I=8,J=4,K=2"}, "no '@'");
+  expect_input_error({"check", "A[I_X", "--mesh", "X=4"}, "never closed");
+  expect_input_error({"reshard", "A[I, J_X]", "A[J, I]", "--mesh", "X=4", "--dims", "I=8,J=4"}, "cannot reshard");
+  // --json changes nothing about errors: stdout stays empty.
+  expect_input_error({"plan", expr, "--mesh", "X=0", "--dims", "I=8,J=4,K=2", "--json"}, "bad mesh");
+  expect_input_error({"check", "A[I_X, J_X]", "--mesh", "X=4", "--json"}, "a mesh axis can shard only one dimension");
+
+  std::filesystem::remove(bad_json);
+  std::filesystem::remove(no_key);
+}
+
+TEST(CliErrors, CaretUnderTheCulprit) {
+  const Result r =
+      run({"plan", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=4", "--dims", "I=8,J=4,K=2", "--mem-limit", "16Gx"});
+  const std::vector<std::string> err = lines(r.err);
+  ASSERT_EQ(err.size(), 3u) << r.err;
+  EXPECT_EQ(err[1], "  16Gx");
+  EXPECT_EQ(err[2], "    ^^");
+}
+
+}  // namespace
+}  // namespace shardmm
+
+namespace shardmm {
+namespace {
+
+TEST(CliRun, VerifiesAndReportsTheTrace) {
+  const Result r = run({"run", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", "--mesh", "X=4", "--dims", "I=37,J=64,K=9",
+                        "--repeat", "3", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(r.out);
+  EXPECT_EQ(doc["verified"], true);
+  EXPECT_EQ(doc["backend"], "threads");
+  EXPECT_EQ(doc["ranks"], 4);
+  EXPECT_EQ(doc["repeat_times_s"].size(), 3u);
+  EXPECT_GT(doc["measured_time_s"].get<double>(), 0);
+  EXPECT_LE(doc["max_abs_error"].get<double>(), doc["tolerance"].get<double>());
+  // The executed plan's collectives, as the trace counts them, agree with the plan's steps.
+  const json& plan = doc["candidates"][doc["executed"].get<std::size_t>()];
+  std::map<std::string, std::pair<int, std::int64_t>> expected;
+  for (const json& s : plan["steps"]) {
+    EXPECT_TRUE(s.contains("measured_time_s"));
+    EXPECT_EQ(s["measured_bytes_sent"], s["bytes_sent"]);
+    if (s["op"] != "einsum" && s["op"] != "slice" && s["op"] != "to_partial") {
+      expected[s["op"]].first++;
+      expected[s["op"]].second += s["bytes_sent"].get<std::int64_t>();
+    }
+  }
+  ASSERT_EQ(doc["trace"].size(), expected.size());
+  for (const auto& [op, c] : expected) {
+    EXPECT_EQ(doc["trace"][op]["count"], c.first) << op;
+    EXPECT_EQ(doc["trace"][op]["bytes"], c.second) << op;
+  }
+}
+
+TEST(CliRun, EveryCandidateRunsAndTheTextNamesTheVerdict) {
+  const std::vector<std::string> base{"run", "A[I_X, J] @ B[J, K_X]", "--mesh", "X=2,Y=2", "--dims", "I=6,J=5,K=7",
+                                      "--dtype", "f64", "--repeat", "1"};
+  const Result plan = run({"plan", "A[I_X, J] @ B[J, K_X]", "--mesh", "X=2,Y=2", "--dims", "I=6,J=5,K=7", "--dtype",
+                           "f64", "--hw", "h100", "--json"});
+  ASSERT_EQ(plan.status, 0) << plan.err;
+  const std::size_t n = json::parse(plan.out)["candidates"].size();
+  ASSERT_GE(n, 2u);
+  for (std::size_t k = 1; k <= n; ++k) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), {"--candidate", std::to_string(k)});
+    const Result r = run(args);
+    EXPECT_EQ(r.status, 0) << "candidate " << k << ": " << r.err;
+    EXPECT_THAT(r.out, HasSubstr("verified: max abs error"));
+    EXPECT_THAT(r.out, HasSubstr("Communication"));
+  }
+}
+
+TEST(CliRun, ReshardRunChecksEveryElement) {
+  const Result r = run({"reshard", "A[I, J_X]{U_Y}", "A[I_XY, J]", "--mesh", "X=2,Y=2", "--dims", "I=9,J=5",
+                        "--dtype", "f64", "--run", "--repeat", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("verified"));
+  EXPECT_THAT(r.out, Not(HasSubstr("NOT VERIFIED")));
+}
+
+TEST(CliRun, BadExecutionInputs) {
+  const std::vector<std::string> ok{"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=4,J=4,K=4"};
+  const auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = ok;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  expect_input_error(with({"--backend", "nccl"}), "unknown backend 'nccl'");
+  expect_input_error(with({"--dtype", "bf16"}), "execution computes in f32 or f64");
+  expect_input_error(with({"--repeat", "0"}), "at least one timed run");
+  expect_input_error(with({"--warmup", "-1"}), "must be 0 or more");
+  expect_input_error(with({"--candidate", "99"}), "numbered 1 to");
+  expect_input_error(with({"--repeat", "x"}), "--repeat");
+  expect_input_error({"reshard", "A[I, J_X]", "A[I_X, J]", "--mesh", "X=2", "--dims", "I=4,J=4", "--run"},
+                     "execution computes in f32 or f64");
+}
+
+TEST(CliBench, CollectivesTableAndJson) {
+  const Result r = run({"bench", "collectives", "--mesh", "X=2", "--sizes", "4KiB,64KiB", "--trials", "2", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(r.out);
+  EXPECT_EQ(doc["group_size"], 2);
+  std::map<std::string, int> per_op;
+  for (const json& row : doc["rows"]) {
+    per_op[row["op"]]++;
+    EXPECT_GT(row["time_s"].get<double>(), 0);
+    const double algbw = row["algbw_bytes_per_s"], busbw = row["busbw_bytes_per_s"];
+    const double size = row["size_bytes"];
+    EXPECT_NEAR(algbw, size / row["time_s"].get<double>(), algbw * 1e-9);
+    // nccl-tests' factors at n = 2: (n-1)/n = 0.5, all_reduce 2(n-1)/n = 1.
+    if (row["op"] == "all_reduce") EXPECT_NEAR(busbw, algbw, algbw * 1e-9);
+    if (row["op"] == "all_gather" || row["op"] == "reduce_scatter" || row["op"] == "all_to_all") {
+      EXPECT_NEAR(busbw, algbw / 2, algbw * 1e-9);
+    }
+  }
+  for (const char* op : {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "memcpy", "y += x"}) {
+    EXPECT_EQ(per_op[op], 2) << op;
+  }
+  const Result text = run({"bench", "collectives", "--mesh", "X=2", "--sizes", "8KiB", "--trials", "1"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("busbw / reference"));
+  EXPECT_THAT(text.err, HasSubstr("shardmm: bench all_gather"));  // progress goes to stderr
+  expect_input_error({"bench", "collectives", "--mesh", "X=2", "--sizes", "64MiB:1KiB"}, "1 <= LO <= HI");
+  expect_input_error({"bench", "collectives", "--mesh", "X=2", "--axes", "Q"}, "unknown mesh axis 'Q'");
+  expect_input_error({"bench"}, "subcommand is required");
+}
+
+}  // namespace
+}  // namespace shardmm
