@@ -71,13 +71,20 @@ RunReport run_plan(const RunRequest& req) {
     DistTensor a = DistTensor::filled(mesh, me, a_spec, global_shape(a_spec, req.sizes), req.dtype, a_values);
     DistTensor b;
     if (matmul) b = DistTensor::filled(mesh, me, req.contraction->b, global_shape(req.contraction->b, req.sizes), req.dtype, b_values);
+    const auto note = [&](const std::string& what) {
+      if (me == 0 && req.progress) req.progress(what);
+    };
     Executor exec(comm, req.plan, req.sizes, req.dtype);
-    for (int i = 0; i < req.warmup; ++i) exec.run(a, matmul ? &b : nullptr);
+    for (int i = 0; i < req.warmup; ++i) {
+      note("warm-up " + std::to_string(i + 1) + " of " + std::to_string(req.warmup));
+      exec.run(a, matmul ? &b : nullptr);
+    }
 
     std::vector<double> repeat_times;
     std::vector<std::vector<double>> durations;
     const DistTensor* result = nullptr;
     for (int i = 0; i < req.repeat; ++i) {
+      note("repeat " + std::to_string(i + 1) + " of " + std::to_string(req.repeat));
       comm.barrier();
       const auto t0 = std::chrono::steady_clock::now();
       result = &exec.run(a, matmul ? &b : nullptr);
@@ -105,6 +112,7 @@ RunReport run_plan(const RunRequest& req) {
     Verification v;
     v.verified = true;
     if (req.verify) {
+      note("verifying against the dense reference");
       v = matmul ? verify_contraction(comm, *req.contraction, req.sizes, req.dtype, *result, a_values, b_values)
                  : verify_reshard(comm, *req.reshard_from, global_shape(*req.reshard_from, req.sizes), req.dtype, *result,
                                   a_values);

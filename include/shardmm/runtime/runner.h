@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,8 @@ struct RunRequest {
   int warmup = 1;                            // untimed runs first (page faults, caches)
   int repeat = 5;                            // timed runs
   bool verify = true;
+  // Called on device 0 as the run moves on ("repeat 3 of 5", "verifying"), for long runs.
+  std::function<void(const std::string&)> progress;
 };
 
 struct StepMeasurement {
