@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include "shardmm/core/error.h"
+#include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/kernels.h"
 
 namespace shardmm {
 
@@ -75,6 +77,50 @@ DistTensor DistTensor::filled(const Mesh& mesh, std::int64_t device, Spec spec, 
     throw InputError(std::string("tensors hold f32 or f64 data; got ") + to_string(dtype));
   }
   return t;
+}
+
+DistTensor DistTensor::from_global(const Mesh& mesh, std::int64_t device, Spec spec, Shape global_shape, DType dtype,
+                                   const void* global) {
+  DistTensor t(mesh, device, std::move(spec), std::move(global_shape), dtype);
+  if (dtype != DType::f32 && dtype != DType::f64) {
+    throw InputError(std::string("tensors hold f32 or f64 data; got ") + to_string(dtype));
+  }
+  if (mesh.group_rank(device, t.spec_.unreduced) != 0) {
+    std::memset(t.data(), 0, static_cast<std::size_t>(t.buffer_.bytes()));
+    return t;
+  }
+  Shape offset;
+  for (const Range& r : t.box_) offset.push_back(r.offset);
+  if (dtype == DType::f32) {
+    copy_box(static_cast<const float*>(global), t.global_, offset, t.buffer_.as<float>(), t.local_,
+             Shape(t.local_.size(), 0), t.local_);
+  } else {
+    copy_box(static_cast<const double*>(global), t.global_, offset, t.buffer_.as<double>(), t.local_,
+             Shape(t.local_.size(), 0), t.local_);
+  }
+  return t;
+}
+
+std::vector<double> gather_global(Communicator& comm, const DistTensor& shard) {
+  constexpr int kGatherTag = 0x5e7f;
+  const Mesh& mesh = comm.mesh();
+  if (comm.rank() != 0) {
+    comm.send(shard.data(), shard.buffer().bytes(), 0, kGatherTag);
+    return {};
+  }
+  std::vector<DistTensor> shards;
+  std::vector<const DistTensor*> ptrs;
+  for (std::int64_t dev = 0; dev < mesh.device_count(); ++dev) {
+    DistTensor t(mesh, dev, shard.spec(), shard.global_shape(), shard.dtype());
+    if (dev == 0) {
+      std::memcpy(t.data(), shard.data(), static_cast<std::size_t>(shard.buffer().bytes()));
+    } else {
+      comm.recv(t.data(), t.buffer().bytes(), dev, kGatherTag);
+    }
+    shards.push_back(std::move(t));
+  }
+  for (const DistTensor& t : shards) ptrs.push_back(&t);
+  return assemble_global(mesh, ptrs);
 }
 
 std::vector<double> assemble_global(const Mesh& mesh, const std::vector<const DistTensor*>& shards) {

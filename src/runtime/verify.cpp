@@ -12,8 +12,6 @@ namespace shardmm {
 
 namespace {
 
-constexpr int kGatherTag = 0x5e7f;
-
 std::int64_t elements(const Shape& s) {
   std::int64_t n = 1;
   for (std::int64_t e : s) n *= e;
@@ -23,27 +21,6 @@ std::int64_t elements(const Shape& s) {
 double round_to(DType dtype, double v) { return dtype == DType::f32 ? double(static_cast<float>(v)) : v; }
 
 double eps(DType dtype) { return dtype == DType::f32 ? std::ldexp(1.0, -24) : std::ldexp(1.0, -53); }
-
-// Device 0 receives every device's shard; the others send theirs. Returns the shards on
-// device 0 (empty elsewhere).
-std::vector<DistTensor> gather_shards(Communicator& comm, const DistTensor& mine) {
-  const Mesh& mesh = comm.mesh();
-  std::vector<DistTensor> shards;
-  if (comm.rank() != 0) {
-    comm.send(mine.data(), mine.buffer().bytes(), 0, kGatherTag);
-    return shards;
-  }
-  for (std::int64_t dev = 0; dev < mesh.device_count(); ++dev) {
-    DistTensor t(mesh, dev, mine.spec(), mine.global_shape(), mine.dtype());
-    if (dev == 0) {
-      std::memcpy(t.data(), mine.data(), static_cast<std::size_t>(mine.buffer().bytes()));
-    } else {
-      comm.recv(t.data(), t.buffer().bytes(), dev, kGatherTag);
-    }
-    shards.push_back(std::move(t));
-  }
-  return shards;
-}
 
 // Device 0's verdict, shared with every rank (a sum over the whole mesh of values that
 // only device 0 fills in).
@@ -91,12 +68,6 @@ Verification compare(const std::vector<double>& got, const std::vector<double>& 
   return v;
 }
 
-std::vector<double> assembled(const Mesh& mesh, const std::vector<DistTensor>& shards) {
-  std::vector<const DistTensor*> ptrs;
-  for (const DistTensor& t : shards) ptrs.push_back(&t);
-  return assemble_global(mesh, ptrs);
-}
-
 }  // namespace
 
 DistTensor::Generator uniform_values(std::uint64_t seed) {
@@ -136,9 +107,14 @@ Verification verify_contraction(Communicator& comm, const Contraction& c, const 
                                 const DistTensor& result, const DistTensor::Generator& a_values,
                                 const DistTensor::Generator& b_values) {
   const Mesh& mesh = comm.mesh();
-  std::vector<DistTensor> shards = gather_shards(comm, result);
   Verification v;
-  if (comm.rank() == 0) {
+  std::vector<double> got;
+  try {
+    got = gather_global(comm, result);
+  } catch (const std::runtime_error& e) {  // replicas that disagree
+    v.detail = e.what();
+  }
+  if (comm.rank() == 0 && v.detail.empty()) {
     try {
       const Shape a_shape = global_shape(c.a, sizes), b_shape = global_shape(c.b, sizes);
       const std::vector<double> a = dense_logical(mesh, c.a, a_shape, dtype, a_values);
@@ -158,7 +134,7 @@ Verification verify_contraction(Communicator& comm, const Contraction& c, const 
       for (double x : a) max_a = std::max(max_a, std::fabs(x));
       for (double x : b) max_b = std::max(max_b, std::fabs(x));
       const double tolerance = 2.0 * static_cast<double>(terms) * eps(dtype) * max_a * max_b;
-      v = compare(assembled(mesh, shards), want, tolerance, eps(dtype));
+      v = compare(got, want, tolerance, eps(dtype));
     } catch (const std::runtime_error& e) {
       v.verified = false;
       v.detail = e.what();
@@ -169,16 +145,20 @@ Verification verify_contraction(Communicator& comm, const Contraction& c, const 
 
 Verification verify_reshard(Communicator& comm, const Spec& from, const Shape& shape, DType dtype,
                             const DistTensor& result, const DistTensor::Generator& values) {
-  std::vector<DistTensor> shards = gather_shards(comm, result);
   Verification v;
-  if (comm.rank() == 0) {
+  std::vector<double> got;
+  try {
+    got = gather_global(comm, result);
+  } catch (const std::runtime_error& e) {  // replicas that disagree
+    v.detail = e.what();
+  }
+  if (comm.rank() == 0 && v.detail.empty()) {
     try {
       // Resolving unreduced axes sums `parts` partials (each below 1 in magnitude) in the
       // tensor's dtype: that sum may round, by at most parts^2 * eps. Moving data alone is exact.
       const double parts = static_cast<double>(comm.mesh().group_size(from.unreduced));
       const double tolerance = parts > 1 ? parts * parts * eps(dtype) : 0.0;
-      v = compare(assembled(comm.mesh(), shards), dense_logical(comm.mesh(), from, shape, dtype, values), tolerance,
-                  0.0);
+      v = compare(got, dense_logical(comm.mesh(), from, shape, dtype, values), tolerance, 0.0);
     } catch (const std::runtime_error& e) {
       v.verified = false;
       v.detail = e.what();

@@ -65,6 +65,12 @@ class DistTensor {
   static DistTensor filled(const Mesh& mesh, std::int64_t device, Spec spec, Shape global_shape, DType dtype,
                            const Generator& value);
 
+  // Scatter: this device's block of a dense row-major global array (`global` holds
+  // prod(global_shape) elements of `dtype`). With unreduced axes the value goes to the
+  // member at coordinate 0 of them and the others hold zeros, so the sum is the array.
+  static DistTensor from_global(const Mesh& mesh, std::int64_t device, Spec spec, Shape global_shape, DType dtype,
+                                const void* global);
+
   const Spec& spec() const { return spec_; }
   const Shape& global_shape() const { return global_; }
   const std::vector<Range>& box() const { return box_; }  // this device's block
@@ -85,6 +91,13 @@ class DistTensor {
   std::int64_t device_ = 0;
   Buffer buffer_;
 };
+
+class Communicator;
+
+// Gather: every rank sends its shard to device 0, which returns the logical global tensor
+// (row-major, f64; unreduced axes summed in group-rank order, replicas checked to agree);
+// the other ranks return an empty vector. Call it on every rank (SPMD).
+std::vector<double> gather_global(Communicator& comm, const DistTensor& shard);
 
 // Assembles the logical global tensor of one rank's shards, for verification only:
 // `shards` holds every device's shard (index = device id). Unreduced axes are summed in
