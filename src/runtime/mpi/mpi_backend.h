@@ -10,11 +10,18 @@
 
 namespace shardmm::detail {
 
+// BackendOptions (communicator.h), with the watchdog resolved to seconds.
+struct MpiOptions {
+  bool check = true;
+  double watchdog_s = 300;
+};
+
 // This process is one rank of an mpirun job whose size must equal mesh.device_count()
 // (InputError otherwise, raised identically on every rank); world rank = device id.
 // Initializes MPI on first use and finalizes it at exit. Runs `body` once. An exception
-// escaping `body` aborts the whole job (see mpi_backend.cpp for why).
-void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body);
+// escaping `body` aborts the whole job (see mpi_backend.cpp for why), and so does the
+// watchdog in check mode.
+void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, const MpiOptions& options);
 
 // Whether a launcher (mpirun, mpiexec, srun with PMI/PMIx) started this process; read from
 // the environment, so it is safe to ask before MPI is initialized.

@@ -1,0 +1,286 @@
+// The mpi backend's collectives against the same MPI collectives called directly, on the same
+// bytes, in the same run. The backend adds a fixed reduction order and uneven counts on top of
+// MPI; this program says what that costs (target: MPI/ours >= 0.95 at >= 1 MiB).
+//
+//   mpirun -n 2 build/bench/mpi_collectives_bench [--sizes 1MiB,4MiB,16MiB,64MiB] [--repeat 21]
+//          [--calls N] [--check] [--json]
+//
+// Sizes follow nccl-tests: the bytes of the whole f32 array per rank. all_gather: the gathered
+// output (each rank contributes size/n); reduce_scatter: the input (each rank keeps size/n,
+// summed); all_reduce: the array, in place; all_to_all: the send buffer (size/n to each rank).
+// A size is rounded down to a whole number of elements per rank, and MPI's calls take int
+// counts, so sizes stop below 8 GiB.
+//
+// Each row pairs one backend call with one MPI call (MPI_Allgather, MPI_Reduce_scatter_block,
+// MPI_Reduce_scatter with counts, MPI_Allreduce in place, MPI_Alltoall) and times them
+// alternately, ours then MPI's, then MPI's then ours, ... so that drift in the machine's load
+// hits both. Each timing is barrier to barrier around `calls` calls (calibrated to ~20 ms, the
+// same on every rank); rank 0's figures are printed. "ours" and "MPI" are the medians of
+// --repeat timings per call; MPI/ours is the median of the ratios of adjacent timings, so
+// >= 1 means the backend is not slower. The backend runs unchecked (BackendOptions::check off,
+// as benchmarks run it); --check adds its per-collective agreement message to ours.
+
+// The C API only: Open MPI's and MPICH's deprecated C++ bindings stay out.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardmm/core/mesh.h"
+#include "shardmm/runtime/communicator.h"
+
+namespace {
+
+using shardmm::Communicator;
+using shardmm::Counts;
+using shardmm::DType;
+
+struct Options {
+  std::vector<std::int64_t> sizes = {1 << 20, 4 << 20, 16 << 20, 64 << 20};
+  int repeat = 21;
+  int calls = 0;  // per timing; 0 calibrates
+  bool check = false;
+  bool json = false;
+};
+
+// "1MiB", "64 KiB", "4M", "1048576": bytes, binary units as nccl-tests reads them.
+std::int64_t parse_size(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long number = std::strtoll(text.c_str(), &end, 10);
+  std::string unit(end);
+  unit.erase(0, unit.find_first_not_of(' '));
+  int shift = -1;
+  for (const auto& [name, s] : {std::pair<const char*, int>{"", 0}, {"B", 0}, {"K", 10}, {"KiB", 10}, {"M", 20},
+                                {"MiB", 20}, {"G", 30}, {"GiB", 30}}) {
+    if (unit == name) shift = s;
+  }
+  if (end == text.c_str() || errno != 0 || number <= 0 || shift < 0 || number > (LLONG_MAX >> shift)) {
+    throw std::invalid_argument("--sizes: '" + text + "' is not a size; write a positive whole number of bytes, " +
+                                "optionally with K, KiB, M, MiB, G or GiB (e.g. 16MiB)");
+  }
+  return number << shift;
+}
+
+int parse_count(const std::string& flag, const std::string& text, int least) {
+  char* end = nullptr;
+  errno = 0;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || errno != 0 || value < least || value > INT_MAX) {
+    throw std::invalid_argument(flag + ": '" + text + "' is not a whole number >= " + std::to_string(least));
+  }
+  return static_cast<int>(value);
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--sizes") {
+      o.sizes.clear();
+      const std::string list = value();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        o.sizes.push_back(parse_size(list.substr(at, comma - at)));
+        at = comma + 1;
+      }
+    } else if (arg == "--repeat") {
+      o.repeat = parse_count(arg, value(), 1);
+    } else if (arg == "--calls") {
+      o.calls = parse_count(arg, value(), 0);
+    } else if (arg == "--check") {
+      o.check = true;
+    } else if (arg == "--json") {
+      o.json = true;
+    } else {
+      throw std::invalid_argument("unknown option '" + arg + "'; options: --sizes LIST, --repeat N, --calls N, --check, --json");
+    }
+  }
+  return o;
+}
+
+std::string format_size(std::int64_t bytes) {
+  if (bytes % (1 << 30) == 0) return std::to_string(bytes >> 30) + " GiB";
+  if (bytes % (1 << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
+  if (bytes % (1 << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
+  return std::to_string(bytes) + " B";
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
+}
+
+// One row: a backend call and the MPI call that moves the same bytes.
+struct Pair {
+  const char* op;
+  const char* mpi_call;
+  std::function<void()> ours;
+  std::function<void()> theirs;
+};
+
+struct Row {
+  std::int64_t bytes;
+  const char* op;
+  const char* mpi_call;
+  int calls;
+  double ours_s;
+  double mpi_s;
+  double ratio;
+};
+
+double timing(const std::function<void()>& op, int calls) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const double t0 = MPI_Wtime();
+  for (int c = 0; c < calls; ++c) op();
+  MPI_Barrier(MPI_COMM_WORLD);
+  return (MPI_Wtime() - t0) / calls;
+}
+
+Row measure(const Pair& p, std::int64_t bytes, const Options& o) {
+  // First calls pay for what later ones reuse (the backend's group communicator and
+  // workspace, MPI's buffers, page faults): not timed.
+  p.ours();
+  p.theirs();
+  int calls = o.calls;
+  if (calls == 0) {
+    // Rank 0's estimate, so every rank makes the same number of calls.
+    const double once = std::max(timing(p.theirs, 1), timing(p.ours, 1));
+    calls = static_cast<int>(std::clamp(std::ceil(0.02 / std::max(once, 1e-9)), 1.0, 1000.0));
+    MPI_Bcast(&calls, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  }
+  std::vector<double> ours, theirs, ratios;
+  for (int r = 0; r < o.repeat; ++r) {
+    double a = 0;
+    double b = 0;
+    if (r % 2 == 0) {
+      a = timing(p.ours, calls);
+      b = timing(p.theirs, calls);
+    } else {
+      b = timing(p.theirs, calls);
+      a = timing(p.ours, calls);
+    }
+    ours.push_back(a);
+    theirs.push_back(b);
+    ratios.push_back(b / a);
+  }
+  return {bytes, p.op, p.mpi_call, calls, median(ours), median(theirs), median(ratios)};
+}
+
+void print_row(const Row& r, int ranks, const Options& o) {
+  std::printf("%-9s %-15s %-26s %6d %10.3f %10.3f %9.3f\n", format_size(r.bytes).c_str(), r.op, r.mpi_call, r.calls,
+              r.ours_s * 1e3, r.mpi_s * 1e3, r.ratio);
+  if (o.json) {
+    std::printf(
+        "{\"bench\":\"mpi_collectives\",\"ranks\":%d,\"dtype\":\"f32\",\"check\":%s,\"bytes\":%lld,\"op\":\"%s\","
+        "\"mpi_call\":\"%s\",\"calls\":%d,\"repeat\":%d,\"ours_ms\":%.6f,\"mpi_ms\":%.6f,\"mpi_over_ours\":%.4f}\n",
+        ranks, o.check ? "true" : "false", static_cast<long long>(r.bytes), r.op, r.mpi_call, r.calls, o.repeat,
+        r.ours_s * 1e3, r.mpi_s * 1e3, r.ratio);
+  }
+  std::fflush(stdout);
+}
+
+void run(Communicator& comm, int ranks, const Options& o) {
+  const shardmm::AxisList x = {0};
+  const bool root = comm.rank() == 0;
+  if (root) {
+    std::printf("mpi backend (%s) vs MPI called directly: %d ranks, f32, size = bytes of the whole array per rank,\n"
+                "median of %d interleaved timings; MPI/ours >= 1: the backend is not slower\n",
+                o.check ? "checked" : "unchecked", ranks, o.repeat);
+    std::printf("%-9s %-15s %-26s %6s %10s %10s %9s\n", "size", "op", "MPI call", "calls", "ours ms", "MPI ms",
+                "MPI/ours");
+  }
+  for (std::int64_t requested : o.sizes) {
+    const std::int64_t block = requested / static_cast<std::int64_t>(sizeof(float)) / ranks;  // elements per rank
+    const std::int64_t count = block * ranks;
+    const std::int64_t bytes = count * static_cast<std::int64_t>(sizeof(float));
+    const int b = static_cast<int>(block);
+    const int c = static_cast<int>(count);
+    const Counts blocks(static_cast<std::size_t>(ranks), block);
+    const std::vector<int> int_blocks(static_cast<std::size_t>(ranks), b);
+    std::vector<float> send(static_cast<std::size_t>(count), 1.0f);
+    std::vector<float> recv(static_cast<std::size_t>(count), 0.0f);
+    // all_reduce sums in place, doubling the values each call; they reach +inf, and adding
+    // infinities is as fast as adding anything else (no denormals arise on the way up).
+    std::vector<float> data(static_cast<std::size_t>(count), 1.0f);
+    float* const in = send.data();
+    float* const out = recv.data();
+    const Pair pairs[] = {
+        {"all_gather", "MPI_Allgather",
+         [&] { comm.all_gather(in, out, blocks, DType::f32, x); },
+         [&] { MPI_Allgather(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }},
+        {"reduce_scatter", "MPI_Reduce_scatter_block",
+         [&] { comm.reduce_scatter(in, out, blocks, DType::f32, x); },
+         [&] { MPI_Reduce_scatter_block(in, out, b, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
+        {"reduce_scatter", "MPI_Reduce_scatter",
+         [&] { comm.reduce_scatter(in, out, blocks, DType::f32, x); },
+         [&] { MPI_Reduce_scatter(in, out, int_blocks.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
+        {"all_reduce", "MPI_Allreduce",
+         [&] { comm.all_reduce(data.data(), count, DType::f32, x); },
+         [&] { MPI_Allreduce(MPI_IN_PLACE, data.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
+        {"all_to_all", "MPI_Alltoall",
+         [&] { comm.all_to_all(in, blocks, out, blocks, DType::f32, x); },
+         [&] { MPI_Alltoall(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }},
+    };
+    for (const Pair& p : pairs) {
+      const Row row = measure(p, bytes, o);
+      if (root) print_row(row, ranks, o);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // This program calls MPI itself, so it initializes MPI (the backend then leaves init and
+  // finalize to it), with the level the backend asks for.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int ranks = 0;
+  int rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  int status = 0;
+  try {
+    const Options o = parse_options(argc, argv);
+    for (std::int64_t s : o.sizes) {
+      const std::int64_t elements = s / static_cast<std::int64_t>(sizeof(float));
+      if (elements / ranks == 0) {
+        throw std::invalid_argument("--sizes: " + std::to_string(s) + " B gives each of " + std::to_string(ranks) +
+                                    " ranks no whole f32 element; take at least " + std::to_string(4 * ranks) + " B");
+      }
+      if (elements > INT_MAX) {
+        throw std::invalid_argument("--sizes: " + std::to_string(s) + " B is more f32 elements than MPI's int counts " +
+                                    "take; take less than 8 GiB");
+      }
+    }
+    shardmm::BackendOptions backend;
+    backend.check = o.check;
+    shardmm::run_backend("mpi", shardmm::Mesh::parse("X=" + std::to_string(ranks)),
+                         [&](Communicator& comm) { run(comm, ranks, o); }, backend);
+  } catch (const std::exception& e) {
+    // Options are parsed alike on every rank, so every rank lands here; one reports.
+    if (rank == 0) std::fprintf(stderr, "mpi_collectives_bench: %s\n", e.what());
+    status = 2;
+  }
+  MPI_Finalize();
+  return status;
+}
