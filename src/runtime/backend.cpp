@@ -1,5 +1,7 @@
 // The backend factory: the one place that knows which backends this build has.
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -8,6 +10,8 @@
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/communicator.h"
+#include "runtime/fingerprint.h"
+#include "runtime/threads_backend.h"
 #ifdef SHARDMM_HAVE_MPI
 #include "runtime/mpi/mpi_backend.h"
 #endif
@@ -23,7 +27,23 @@ std::vector<std::string> available_backends() {
 }
 
 void run_backend(std::string_view backend, const Mesh& mesh, const std::function<void(Communicator&)>& body) {
-  if (backend == "threads") return run_threads(mesh, body);
+  run_backend(backend, mesh, body, BackendOptions{});
+}
+
+void run_backend(std::string_view backend, const Mesh& mesh, const std::function<void(Communicator&)>& body,
+                 const BackendOptions& options) {
+  if (!(options.watchdog_s >= 0) || !std::isfinite(options.watchdog_s)) {
+    throw InputError("a watchdog of " + detail::seconds(options.watchdog_s) +
+                     "; a watchdog is a positive number of seconds, or 0 for SHARDMM_WATCHDOG_S or 300 s");
+  }
+  // The environment is read only when the program leaves the watchdog to it.
+  const double watchdog_s =
+      options.watchdog_s > 0 ? options.watchdog_s : detail::threads_options_from_env().watchdog.count();
+  if (backend == "threads") {
+    detail::ThreadsOptions threads;
+    threads.watchdog = std::chrono::duration<double>(watchdog_s);
+    return detail::run_threads(mesh, body, threads);
+  }
 #ifdef SHARDMM_HAVE_MPI
   if (backend == "mpi") {
     // BLAS threads per rank (blas.h): the node's cores shared among the ranks on it, unless
@@ -34,7 +54,7 @@ void run_backend(std::string_view backend, const Mesh& mesh, const std::function
       blas::set_threads(blas::threads_per_rank(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
                                                ranks_on_node));
     }
-    return detail::run_mpi(mesh, body);
+    return detail::run_mpi(mesh, body, {options.check, watchdog_s});
   }
 #endif
   std::string have;

@@ -11,6 +11,7 @@
 // what makes it safe for a rank to unwind and free its buffers after an error.
 #include "runtime/threads_backend.h"
 
+#include "runtime/fingerprint.h"
 #include "runtime/ordered_sum.h"
 
 #include <algorithm>
@@ -47,68 +48,6 @@ class Aborted : public std::runtime_error {
  public:
   Aborted() : std::runtime_error("aborted: another rank failed") {}
 };
-
-enum class Op { all_gather, reduce_scatter, all_reduce, all_to_all, barrier };
-
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::all_gather: return "all_gather";
-    case Op::reduce_scatter: return "reduce_scatter";
-    case Op::all_reduce: return "all_reduce";
-    case Op::all_to_all: return "all_to_all";
-    case Op::barrier: return "barrier";
-  }
-  return "?";
-}
-
-// What a rank expects of a collective; the members of a group must agree on it.
-struct Fingerprint {
-  Op op = Op::barrier;
-  AxisList axes;
-  DType dtype = DType::f32;
-  Counts counts;       // all_gather, reduce_scatter: per member; all_reduce: {count}; all_to_all: sent
-  Counts recv_counts;  // all_to_all: received
-};
-
-std::string list(const Counts& values) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < values.size(); ++i) out += (i ? ", " : "") + std::to_string(values[i]);
-  return out + "]";
-}
-
-std::string elements(std::int64_t n) { return std::to_string(n) + (n == 1 ? " element" : " elements"); }
-
-std::string axes_label(const Mesh& mesh, const AxisList& axes) {
-  return axes.empty() ? "()" : mesh.axis_names(axes);
-}
-
-std::string describe(const Mesh& mesh, const Fingerprint& fp, bool with_axes) {
-  std::string out = op_name(fp.op);
-  const std::string dtype = to_string(fp.dtype);
-  switch (fp.op) {
-    case Op::all_gather:
-    case Op::reduce_scatter: out += "(" + dtype + ", counts " + list(fp.counts) + ")"; break;
-    case Op::all_reduce: out += "(" + dtype + ", " + elements(fp.counts.at(0)) + ")"; break;
-    case Op::all_to_all:
-      out += "(" + dtype + ", send " + list(fp.counts) + ", recv " + list(fp.recv_counts) + ")";
-      break;
-    case Op::barrier: out += "()"; break;
-  }
-  if (with_axes) out += " over " + axes_label(mesh, fp.axes);
-  return out;
-}
-
-std::string seconds(std::chrono::duration<double> d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g s", d.count());
-  return buf;
-}
-
-std::string ranks(const std::vector<std::int64_t>& devices) {
-  std::string out = devices.size() == 1 ? "rank " : "ranks ";
-  for (std::size_t i = 0; i < devices.size(); ++i) out += (i ? ", " : "") + std::to_string(devices[i]);
-  return out;
-}
 
 struct Entry {
   Fingerprint fp;
@@ -149,7 +88,7 @@ class World {
         // A far-future deadline would overflow the clock; a century is "never".
         watchdog_(std::chrono::duration_cast<Clock::duration>(
             std::min(options.watchdog, std::chrono::duration<double>(3.2e9)))),
-        watchdog_text_(seconds(options.watchdog)),
+        watchdog_text_(seconds(options.watchdog.count())),
         finished_(new std::atomic<bool>[static_cast<std::size_t>(mesh.device_count())]) {
     for (std::int64_t r = 0; r < mesh.device_count(); ++r) {
       finished_[static_cast<std::size_t>(r)] = false;
@@ -248,52 +187,6 @@ std::int64_t split_start(std::int64_t count, std::int64_t parts, std::int64_t k)
 const std::byte* bytes_of(const void* p) { return static_cast<const std::byte*>(p); }
 std::byte* bytes_of(void* p) { return static_cast<std::byte*>(p); }
 
-// Why the members' fingerprints (in s.entries) disagree, or "" when they agree.
-std::string disagreement(const Mesh& mesh, const Slot& s) {
-  const Fingerprint& ref = s.entries[0].fp;
-  const std::string where = "collective mismatch in group over " + axes_label(mesh, ref.axes) +
-                            " of device " + std::to_string(s.members[0]) + ": ";
-  auto same = [&](const Fingerprint& fp) {
-    return fp.op == ref.op && fp.axes == ref.axes && fp.dtype == ref.dtype &&
-           (ref.op == Op::all_to_all || fp.counts == ref.counts);
-  };
-  std::vector<std::size_t> differ;
-  bool axes_differ = false;
-  for (std::size_t i = 1; i < s.members.size(); ++i) {
-    if (!same(s.entries[i].fp)) differ.push_back(i);
-    axes_differ = axes_differ || s.entries[i].fp.axes != ref.axes;
-  }
-  if (!differ.empty()) {
-    constexpr std::size_t shown = 8;
-    std::string out = where + "rank " + std::to_string(s.members[0]) + " called " + describe(mesh, ref, axes_differ);
-    for (std::size_t k = 0; k < std::min(shown, differ.size()); ++k) {
-      const std::size_t i = differ[k];
-      out += ", rank " + std::to_string(s.members[i]) + " called " + describe(mesh, s.entries[i].fp, axes_differ);
-    }
-    if (differ.size() > shown) out += ", and " + std::to_string(differ.size() - shown) + " more ranks differ";
-    return out;
-  }
-  if (ref.op == Op::all_to_all) {
-    std::vector<std::size_t> by_rank(s.members.size());
-    for (std::size_t i = 0; i < s.members.size(); ++i) {
-      by_rank[static_cast<std::size_t>(mesh.group_rank(s.members[i], ref.axes))] = i;
-    }
-    for (std::size_t a = 0; a < by_rank.size(); ++a) {
-      for (std::size_t b = 0; b < by_rank.size(); ++b) {
-        const std::int64_t sent = s.entries[by_rank[a]].fp.counts[b];
-        const std::int64_t expected = s.entries[by_rank[b]].fp.recv_counts[a];
-        if (sent != expected) {
-          return where + "in all_to_all(" + to_string(ref.dtype) + "), rank " +
-                 std::to_string(s.members[by_rank[a]]) + " sends " + elements(sent) + " to rank " +
-                 std::to_string(s.members[by_rank[b]]) + ", which expects " + std::to_string(expected) +
-                 " from it";
-        }
-      }
-    }
-  }
-  return "";
-}
-
 class ThreadsCommunicator final : public Communicator {
  public:
   ThreadsCommunicator(World& world, std::int64_t rank) : world_(world), rank_(rank) {}
@@ -308,7 +201,7 @@ class ThreadsCommunicator final : public Communicator {
     const std::int64_t eb = element_bytes(dtype);
     check_counts("all_gather", counts, g);
     const Counts off = offsets(counts, eb);
-    if (g.size() > 1) arrive(g, {{Op::all_gather, axes, dtype, counts, {}}, send, recv});
+    if (g.size() > 1) arrive(g, {{CollectiveOp::all_gather, axes, dtype, counts, {}}, send, recv});
     // Start with the next member, so that the ranks do not all read the same peer at once.
     for (std::size_t i = 0; i < g.size(); ++i) {
       const std::size_t m = (g.me + i) % g.size();
@@ -325,7 +218,7 @@ class ThreadsCommunicator final : public Communicator {
     check_counts("reduce_scatter", counts, g);
     const Counts off = offsets(counts, eb);
     if (g.size() == 1) return copy_bytes(bytes_of(recv), bytes_of(send), counts[0] * eb);
-    arrive(g, {{Op::reduce_scatter, axes, dtype, counts, {}}, send, recv});
+    arrive(g, {{CollectiveOp::reduce_scatter, axes, dtype, counts, {}}, send, recv});
     std::vector<const void*> sources;
     for (std::size_t m = 0; m < g.size(); ++m) sources.push_back(bytes_of(g.entry(m).send) + off[g.me] * eb);
     detail::sum_in_order(dtype, sources, counts[g.me], recv);
@@ -342,7 +235,7 @@ class ThreadsCommunicator final : public Communicator {
     }
     offsets({count}, eb);  // checks that the byte count fits
     if (g.size() == 1) return;
-    arrive(g, {{Op::all_reduce, axes, dtype, {count}, {}}, data, data});
+    arrive(g, {{CollectiveOp::all_reduce, axes, dtype, {count}, {}}, data, data});
     const auto n = static_cast<std::int64_t>(g.size());
     auto chunk = [&](std::size_t m) {
       const std::int64_t lo = split_start(count, n, static_cast<std::int64_t>(m));
@@ -379,7 +272,7 @@ class ThreadsCommunicator final : public Communicator {
       }
       return copy_bytes(bytes_of(recv), bytes_of(send), send_counts[0] * eb);
     }
-    arrive(g, {{Op::all_to_all, axes, dtype, send_counts, recv_counts}, send, recv});
+    arrive(g, {{CollectiveOp::all_to_all, axes, dtype, send_counts, recv_counts}, send, recv});
     for (std::size_t i = 0; i < g.size(); ++i) {
       const std::size_t m = (g.me + i) % g.size();
       const Counts& theirs = g.entry(m).fp.counts;
@@ -440,7 +333,7 @@ class ThreadsCommunicator final : public Communicator {
     AxisList all(static_cast<std::size_t>(mesh().rank()));
     for (std::size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
     const Group& g = group(all);
-    if (g.size() > 1) arrive(g, {{Op::barrier, all, DType::f32, {}, {}}, nullptr, nullptr});
+    if (g.size() > 1) arrive(g, {{CollectiveOp::barrier, all, DType::f32, {}, {}}, nullptr, nullptr});
   }
 
  private:
@@ -507,7 +400,7 @@ class ThreadsCommunicator final : public Communicator {
     }
   }
 
-  std::string watchdog_hint() const { return " (watchdog " + world_.watchdog_text() + "; SHARDMM_WATCHDOG_S sets it)"; }
+  std::string watchdog_hint() const { return detail::watchdog_hint(world_.watchdog_text()); }
 
   // Fails the whole run with this rank's error before throwing it, so that it, not the
   // Aborted of a rank it releases, is what run_threads rethrows. Call without locks held.
@@ -528,7 +421,9 @@ class ThreadsCommunicator final : public Communicator {
     s.arrived[mine] = 1;
     const std::uint64_t round = s.generation;
     if (++s.arrivals == s.members.size()) {
-      s.verdict = disagreement(mesh(), s);
+      std::vector<const Fingerprint*> fps;
+      for (const Entry& e : s.entries) fps.push_back(&e.fp);
+      s.verdict = disagreement(mesh(), s.members, fps);
       s.arrivals = 0;
       std::fill(s.arrived.begin(), s.arrived.end(), 0);
       ++s.generation;

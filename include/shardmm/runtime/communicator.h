@@ -68,8 +68,27 @@ void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& bod
 
 // The backends this build has: "threads", and "mpi" when built with MPI.
 std::vector<std::string> available_backends();
+
+// How a backend guards against ranks that stop agreeing (errors.h).
+struct BackendOptions {
+  // Before each collective the members of its group compare what they are calling (op,
+  // dtype, axes, counts) and all throw CollectiveMismatch when they differ, instead of
+  // hanging or moving the wrong bytes. The threads backend always checks (its rendezvous
+  // is the check); on mpi it costs one small message per member and collective, so
+  // benchmarks turn it off.
+  bool check = true;
+  // Seconds a rank waits for peers in a checked collective or a recv before it gives up
+  // naming the ranks that never came: threads throws CollectiveTimeout, mpi prints the
+  // same message and aborts the job (a peer hung elsewhere can be freed no other way).
+  // 0: SHARDMM_WATCHDOG_S when set, else 300.
+  double watchdog_s = 0;
+};
+
 // Runs `body` on the named backend. For "mpi" the process is one rank of an mpirun
 // job whose size must equal mesh.device_count(); `body` runs once in this process.
+void run_backend(std::string_view backend, const Mesh& mesh, const std::function<void(Communicator&)>& body,
+                 const BackendOptions& options);
+// With the default BackendOptions: checked, watchdog from SHARDMM_WATCHDOG_S or 300 s.
 void run_backend(std::string_view backend, const Mesh& mesh,
                  const std::function<void(Communicator&)>& body);
 

@@ -1,0 +1,59 @@
+// Faults that must end an mpirun job, each staged on 2 ranks by the mode in argv[1]; run by
+// run_fault.cmake, which checks that the job ends non-zero within a bound and prints the
+// expected message. Rank 1 misbehaves while rank 0 waits for it:
+//
+//   watchdog       rank 1 sleeps; rank 0 waits in all_reduce until the watchdog ends the job
+//   recv-watchdog  rank 1 sleeps; rank 0 waits in recv
+//   end-watchdog   rank 1 sleeps; rank 0 returns and waits for it at the end of the run
+//   mismatch       rank 0 calls all_gather, rank 1 all_reduce: both report, the job ends
+//   throw          rank 1 throws while rank 0 waits in all_reduce
+//   exit           rank 1 calls std::exit(1) while rank 0 waits in all_reduce
+//   abort          rank 1 calls std::abort() likewise
+//
+// The last three run with the check off, so that no watchdog can be what ends them. The
+// sleep outlasts the driver's bound: if the job does not end it, the test fails.
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardmm/runtime/communicator.h"
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const std::vector<std::string> modes = {"watchdog", "recv-watchdog", "end-watchdog", "mismatch",
+                                          "throw",    "exit",          "abort"};
+  if (std::find(modes.begin(), modes.end(), mode) == modes.end()) {
+    std::cerr << "usage: mpirun -n 2 " << argv[0] << " watchdog|recv-watchdog|end-watchdog|mismatch|throw|exit|abort\n";
+    return 64;
+  }
+  shardmm::BackendOptions options;
+  options.check = mode.ends_with("watchdog") || mode == "mismatch";
+  try {
+    shardmm::run_backend("mpi", shardmm::Mesh::parse("X=2"), [&](shardmm::Communicator& comm) {
+      float x[2] = {1, 1};
+      if (comm.rank() == 1) {
+        if (mode == "throw") throw std::runtime_error("rank 1 failed on purpose");
+        if (mode == "exit") std::exit(1);
+        if (mode == "abort") std::abort();
+        if (mode.ends_with("watchdog")) std::this_thread::sleep_for(std::chrono::seconds(120));
+        if (mode == "mismatch") comm.all_reduce(x, 2, shardmm::DType::f32, {0});
+        return;
+      }
+      if (mode == "recv-watchdog") return comm.recv(x, sizeof x, 1, 3);
+      if (mode == "end-watchdog") return;
+      if (mode == "mismatch") return comm.all_gather(x, x, {1, 1}, shardmm::DType::f32, {0});
+      comm.all_reduce(x, 2, shardmm::DType::f32, {0});
+    }, options);
+  } catch (const std::exception& e) {
+    std::cerr << argv[0] << ": " << e.what() << "\n";
+    return 1;
+  }
+  // Reached only if the job was not ended: the driver reports it.
+  std::cout << "the job went on" << std::endl;
+  return 0;
+}
