@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages shardmm builds and tests with. Silent when they are all
-# present, so that scripts/test.sh and scripts/demo.sh can call it every time.
+# present, so that scripts/test.sh and scripts/demo.sh can call it every time. Arguments
+# are further packages a script needs (scripts/fuzz.sh: clang and libFuzzer).
 set -euo pipefail
 
 packages=(
@@ -8,6 +9,7 @@ packages=(
   libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
+  "$@"
 )
 
 missing=()

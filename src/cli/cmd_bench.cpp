@@ -1,4 +1,5 @@
-// shardmm bench collectives --mesh X=4 [--axes X] [--backend threads|mpi] [--sizes 1KiB:64MiB] [--dtype f32] [--json]
+// shardmm bench collectives --mesh X=4 [--axes X] [--backend threads|mpi] [--sizes 1KiB:64MiB] [--dtype f32] [--check] [--json]
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -16,26 +17,67 @@ namespace {
 
 // "1KiB:64MiB" (every power of two from one to the other), "1MiB,4MiB" or "16MiB".
 std::vector<std::int64_t> parse_sizes(const std::string& text) {
+  const auto size = [&text](const std::string& piece) {
+    if (piece.find_first_not_of(' ') == std::string::npos) {
+      throw InputError("bad --sizes '" + text + "': a size is missing (a stray ',' or ':'?); write a range LO:HI, " +
+                       "e.g. 1KiB:64MiB, or a list, e.g. 1MiB,4MiB");
+    }
+    return parse_byte_size(piece, "--sizes");
+  };
   std::vector<std::int64_t> sizes;
   const std::size_t colon = text.find(':');
   if (colon != std::string::npos) {
-    const std::int64_t lo = parse_byte_size(text.substr(0, colon), "--sizes");
-    const std::int64_t hi = parse_byte_size(text.substr(colon + 1), "--sizes");
-    if (lo < 1 || hi < lo) {
-      throw InputError("--sizes '" + text + "': a range LO:HI needs 1 <= LO <= HI, e.g. 1KiB:64MiB");
+    const std::int64_t lo = size(text.substr(0, colon));
+    const std::int64_t hi = size(text.substr(colon + 1));
+    if (hi < lo) throw InputError("bad --sizes '" + text + "': a range LO:HI needs LO <= HI, e.g. 1KiB:64MiB");
+    // Doubling stops before it could pass HI, so it never overflows.
+    for (std::int64_t s = lo;; s *= 2) {
+      sizes.push_back(s);
+      if (s > hi / 2) break;
     }
-    for (std::int64_t s = lo; s <= hi && s > 0; s *= 2) sizes.push_back(s);
     return sizes;
   }
   std::size_t at = 0;
   while (at <= text.size()) {
     const std::size_t comma = std::min(text.find(',', at), text.size());
-    const std::int64_t s = parse_byte_size(text.substr(at, comma - at), "--sizes");
-    if (s < 1) throw InputError("--sizes '" + text + "': every size must be at least 1 byte");
-    sizes.push_back(s);
+    sizes.push_back(size(text.substr(at, comma - at)));
     at = comma + 1;
   }
   return sizes;
+}
+
+// "X", "XY" (one-character axis names), "dp,tp" or "{dp,tp}": mesh axes, major to minor.
+AxisList parse_axes(const std::string& text, const Mesh& mesh) {
+  std::string inner = text;
+  if (inner.size() >= 2 && inner.front() == '{' && inner.back() == '}') inner = inner.substr(1, inner.size() - 2);
+  std::vector<std::string> names;
+  if (inner.find(',') != std::string::npos || !mesh.single_char_names()) {
+    for (std::size_t at = 0; at <= inner.size();) {
+      const std::size_t comma = std::min(inner.find(',', at), inner.size());
+      names.push_back(inner.substr(at, comma - at));
+      at = comma + 1;
+    }
+  } else {
+    for (char c : inner) names.emplace_back(1, c);
+  }
+  std::vector<std::string> known;
+  for (const MeshAxis& a : mesh.axes()) known.push_back(a.name);
+  AxisList axes;
+  for (const std::string& name : names) {
+    const std::optional<int> axis = mesh.find(name);
+    if (!axis) {
+      const std::string several = mesh.single_char_names() || known.size() < 2
+                                      ? ""
+                                      : "; write several with commas, e.g. --axes " + known[0] + "," + known[1];
+      throw InputError("bad --axes '" + text + "': unknown mesh axis '" + name + "'; the mesh " + mesh.to_string() +
+                       " has axes " + join(known, ", ") + several);
+    }
+    if (std::find(axes.begin(), axes.end(), *axis) != axes.end()) {
+      throw InputError("bad --axes '" + text + "': mesh axis '" + name + "' is named twice; name each axis once");
+    }
+    axes.push_back(*axis);
+  }
+  return axes;
 }
 
 }  // namespace
@@ -46,6 +88,7 @@ Command add_bench_command(CLI::App& root) {
     std::optional<std::string> dtype;  // unset: f32
     int trials = 5;
     bool json = false;
+    bool check = false;
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* bench = root.add_subcommand("bench", "measure this machine: collectives (nccl-tests style)");
@@ -62,6 +105,9 @@ Command add_bench_command(CLI::App& root) {
                   "16MiB,64MiB (default 1KiB:64MiB)");
   add_dtype_flag(*app, flags->dtype);
   app->add_option("--trials", flags->trials, "timed trials per size; the median is reported, e.g. --trials 9");
+  app->add_flag("--check", flags->check,
+                "time the collectives with the mpi backend's agreement check on, as `run` has it (off by default "
+                "here, to time the collectives alone; the threads backend always checks), e.g. --check");
   add_json_flag(*app, flags->json);
   app->footer(
       "Columns follow nccl-tests: size is the whole array per rank (all_gather: the output, reduce_scatter: the\n"
@@ -76,20 +122,18 @@ Command add_bench_command(CLI::App& root) {
   return {bench, [flags](std::ostream& out) {
             CollectiveBenchOptions o;
             o.backend = flags->backend;
-            o.mesh = Mesh::parse(flags->mesh);
+            o.mesh = parse_mesh(flags->mesh);
             if (flags->axes.empty()) {
               for (int a = 0; a < o.mesh.rank(); ++a) o.group.push_back(a);
             } else {
-              o.group = parse_spec("[I_{" + flags->axes + "}]", o.mesh).dims[0].axes;
+              o.group = parse_axes(flags->axes, o.mesh);
             }
             o.sizes = parse_sizes(flags->sizes);
             o.dtype = flags->dtype ? parse_dtype(*flags->dtype) : DType::f32;
             o.trials = flags->trials;
+            o.check = flags->check;
             if (o.trials < 1) throw InputError("--trials " + std::to_string(o.trials) + ": at least one trial is needed");
-            const auto backends = available_backends();
-            if (std::find(backends.begin(), backends.end(), o.backend) == backends.end()) {
-              throw InputError("unknown backend '" + o.backend + "'; this build has: " + join(backends, ", "));
-            }
+            check_backend(o.backend, o.mesh);
             o.progress = [](const std::string& what) { std::cerr << "shardmm: bench " << what << "\n"; };
             const CollectiveBenchReport r = bench_collectives(o);
             if (!r.is_root) return 0;

@@ -210,6 +210,7 @@ Command add_check_command(CLI::App& root) {
             if (flags->dims) {
               c.sizes = parse_dims(*flags->dims);
               check_dims_used(*c.sizes, {&c.spec});
+              check_tensor_bytes(c.spec, *c.sizes, c.dtype);
               c.shape = global_shape(c.spec, *c.sizes);
             }
             if (flags->json) {

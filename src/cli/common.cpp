@@ -8,6 +8,7 @@
 #include <set>
 
 #include "shardmm/core/error.h"
+#include "shardmm/runtime/communicator.h"
 
 namespace shardmm::cli {
 
@@ -88,8 +89,32 @@ Mesh parse_mesh(std::string_view text) {
 
 void check_tensor_bytes(const Spec& spec, const DimSizes& sizes, DType dtype) {
   std::int64_t bytes = dtype_bytes(dtype);
-  for (std::int64_t n : global_shape(spec, sizes)) {
-    bytes = checked_mul(bytes, n, (spec.tensor.empty() ? std::string("the tensor") : spec.tensor) + "'s byte count");
+  bool overflow = false;
+  std::vector<std::string> factors;
+  for (const DimSpec& d : spec.dims) {
+    const auto it = sizes.find(d.name);
+    if (it == sizes.end()) continue;  // global_shape names it below
+    overflow = __builtin_mul_overflow(bytes, it->second, &bytes) || overflow;
+    factors.push_back(d.name + "=" + std::to_string(it->second));
+  }
+  if (overflow) {
+    throw InputError((spec.tensor.empty() ? std::string("the tensor") : "tensor " + spec.tensor) +
+                     " has more bytes than a signed 64-bit count holds (2^63 - 1): " + join(factors, " x ") +
+                     " elements of " + std::to_string(dtype_bytes(dtype)) + " B (" + to_string(dtype) +
+                     "); give smaller --dims");
+  }
+  global_shape(spec, sizes);
+}
+
+void check_backend(const std::string& backend, const Mesh& mesh) {
+  const std::vector<std::string> backends = available_backends();
+  if (std::find(backends.begin(), backends.end(), backend) == backends.end()) {
+    throw InputError("unknown backend '" + backend + "'; this build has: " + join(backends, ", "));
+  }
+  if (backend == "threads" && mesh.device_count() > kMaxThreadRanks) {
+    throw InputError("mesh " + mesh.to_string() + " has " + std::to_string(mesh.device_count()) +
+                     " devices; the threads backend runs one thread per device and takes up to " +
+                     std::to_string(kMaxThreadRanks) + " (larger meshes run on the mpi backend, under mpirun)");
   }
 }
 

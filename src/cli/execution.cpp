@@ -21,13 +21,15 @@ void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
   app.add_option("--candidate", flags.candidate,
                  "run this candidate (1-based, as 'plan --all' numbers them) instead of the chosen one, e.g. "
                  "--candidate 2");
+  app.add_flag_callback(
+      "--no-check", [&flags] { flags.check = false; },
+      "on the mpi backend, skip comparing the ranks' calls before each collective (one small message per "
+      "member; a rank that disagrees or never arrives then hangs the job instead of ending it with a message); "
+      "the threads backend always checks, e.g. --no-check");
 }
 
 void check_execution(const ExecutionFlags& flags, const Planning& p) {
-  const auto backends = available_backends();
-  if (std::find(backends.begin(), backends.end(), flags.backend) == backends.end()) {
-    throw InputError("unknown backend '" + flags.backend + "'; this build has: " + join(backends, ", "));
-  }
+  check_backend(flags.backend, p.mesh);
   if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
     throw InputError(std::string("cannot run in ") + to_string(p.options.dtype) +
                      ": execution computes in f32 or f64; pass --dtype f32 or --dtype f64");
@@ -57,6 +59,8 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   req.reshard_from = reshard_from;
   req.repeat = flags.repeat;
   req.warmup = flags.warmup;
+  req.mem_limit_bytes = p.options.mem_limit_bytes;  // run_plan checks the run's memory against it
+  req.check = flags.check;
   const bool tty = isatty(2);
   req.progress = [tty](const std::string& what) {
     // A live line on a terminal; one line per step in a log.

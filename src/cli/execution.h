@@ -15,9 +15,10 @@ struct ExecutionFlags {
   int repeat = 5;
   int warmup = 1;
   int candidate = 0;  // 1-based index into the candidates as printed; 0 = the chosen one
+  bool check = true;  // BackendOptions::check; --no-check turns it off
 };
 
-// --backend, --repeat, --warmup, --candidate.
+// --backend, --repeat, --warmup, --candidate, --no-check.
 void add_execution_flags(CLI::App& app, ExecutionFlags& flags);
 
 // Checks the backend name and the dtype (runs compute in f32 or f64) before anything runs,

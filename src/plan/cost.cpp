@@ -174,6 +174,10 @@ Regimes switched(const HardwareProfile& hw, OpKind op, double n, double bytes) {
   throw std::logic_error("switched(): not a collective");
 }
 
+// A profile is a few hundred bytes; the cap stops a path such as /dev/zero from reading
+// until memory runs out.
+constexpr std::size_t kMaxProfileBytes = std::size_t{1} << 20;
+
 // Reads the whole profile file; errors name the file.
 std::string read_file(const std::filesystem::path& path) {
   std::error_code ec;
@@ -184,12 +188,17 @@ std::string read_file(const std::filesystem::path& path) {
   if (!in) {
     throw InputError(path.string() + ": cannot read hardware profile: " + std::strerror(errno));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  std::string text(kMaxProfileBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) {
     throw InputError(path.string() + ": cannot read hardware profile: " + std::strerror(errno));
   }
-  return text.str();
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (text.size() > kMaxProfileBytes) {
+    throw InputError(path.string() + ": cannot read hardware profile: larger than 1 MiB; a profile is a small JSON "
+                     "object (docs/cost-model.md)");
+  }
+  return text;
 }
 
 // nlohmann reports the 1-based byte index of the character it stopped at; we turn that into
@@ -304,6 +313,9 @@ HardwareProfile builtin_profile(std::string_view name) {
 
 HardwareProfile parse_profile_json(std::string_view json_text, std::string_view origin_view) {
   const std::string origin(origin_view);
+  if (json_text.find_first_not_of(" \t\r\n") == std::string_view::npos) {
+    throw InputError(origin + ": the profile is empty; a hardware profile is a JSON object (docs/cost-model.md)");
+  }
   const json doc = parse_json(json_text, origin);
   if (!doc.is_object()) {
     throw InputError(origin + ": a hardware profile must be a JSON object, got " + doc.type_name());
@@ -321,7 +333,10 @@ HardwareProfile parse_profile_json(std::string_view json_text, std::string_view 
 
   const json& peaks = required(doc, "peak_flops", origin);
   if (!peaks.is_object()) wrong_type(origin, "peak_flops", "an object of FLOP/s by dtype", peaks);
-  for (const auto& [key, value] : peaks.items()) {
+  for (const auto& item : peaks.items()) {
+    // Named, not a structured binding: clang 14 (the fuzz build) cannot capture one in a lambda.
+    const std::string& key = item.key();
+    const json& value = item.value();
     const auto* dtype = std::find_if(std::begin(kDTypes), std::end(kDTypes),
                                      [&](DType d) { return key == to_string(d); });
     if (dtype == std::end(kDTypes)) {

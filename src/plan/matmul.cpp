@@ -87,6 +87,7 @@ class MatmulPlanner {
   std::vector<Plan> candidates() {
     std::vector<std::vector<Role>> options(static_cast<std::size_t>(mesh_.rank()));
     for (int x = 0; x < mesh_.rank(); ++x) options[static_cast<std::size_t>(x)] = roles_for(x);
+    refuse_too_many_layouts(options);
     std::vector<Role> chosen(options.size());
     enumerate_roles(options, chosen, 0);
     // Cheapest first; ties go to the smaller footprint, then to fewer steps, then by name.
@@ -116,6 +117,25 @@ class MatmulPlanner {
     if (c_.a.is_unreduced(x)) roles.insert({Role::unreduced_a, ""});
     if (c_.b.is_unreduced(x)) roles.insert({Role::unreduced_b, ""});
     return {roles.begin(), roles.end()};
+  }
+
+  // Every combination of the axes' roles is planned and costed (tens of microseconds each),
+  // so each mesh axis the tensors use multiplies the work: 10 axes take seconds, 40 would
+  // take years. Past kMaxRoleCombinations the planner refuses instead of hanging.
+  void refuse_too_many_layouts(const std::vector<std::vector<Role>>& options) const {
+    constexpr std::size_t kMaxRoleCombinations = 1024;
+    std::size_t combinations = 1;
+    int used = 0;
+    for (const std::vector<Role>& roles : options) {
+      used += roles.size() > 1;
+      combinations = std::min(combinations * roles.size(), kMaxRoleCombinations + 1);
+    }
+    if (combinations > kMaxRoleCombinations) {
+      throw InputError("cannot plan " + format_contraction(c_, mesh_) + ": its tensors use " + std::to_string(used) +
+                       " mesh axes, whose roles (shard a dimension, hold partial sums, or neither) combine in more "
+                       "than " + std::to_string(kMaxRoleCombinations) +
+                       " ways, the most the planner weighs; shard over fewer, larger mesh axes");
+    }
   }
 
   void enumerate_roles(const std::vector<std::vector<Role>>& options, std::vector<Role>& chosen, std::size_t x) {

@@ -473,8 +473,8 @@ TEST(ProfileJson, MalformedJsonGivesLineAndColumnAndQuotesTheLine) {
     EXPECT_THAT(e.headline(), HasSubstr("unexpected '}'"));
     EXPECT_EQ(e.context(), "    \"peak_flops\": }\n                  ^");
   }
-  EXPECT_THAT(input_error([] { parse_profile_json("", "empty.json"); }),
-              StartsWith("empty.json: malformed JSON at line 1, column 1: "));
+  EXPECT_EQ(input_error([] { parse_profile_json(" \n", "empty.json"); }),
+            "empty.json: the profile is empty; a hardware profile is a JSON object (docs/cost-model.md)");
   EXPECT_THAT(input_error([] { parse_profile_json("{\"name\": \"x\",}", "p.json"); }),
               StartsWith("p.json: malformed JSON at line 1, column 14: "));
 }
@@ -533,6 +533,19 @@ TEST_F(LoadProfile, NeitherBuiltinNorFile) {
 TEST_F(LoadProfile, UnreadableFile) {
   EXPECT_EQ(input_error([&] { load_profile(dir_.string()); }),
             dir_.string() + ": cannot read hardware profile: it is a directory");
+}
+
+// A path that never ends (/dev/zero) must not be read until memory runs out: profiles are
+// read up to 1 MiB.
+TEST_F(LoadProfile, ReadsAtMostOneMiB) {
+  const std::string text = valid_profile().dump();
+  const std::size_t mib = std::size_t{1} << 20;
+  expect_same(load_profile(write("padded.json", text + std::string(mib - text.size(), ' '))),
+              builtin_profile("tpu-v5e"));
+  const std::string big = write("big.json", text + std::string(mib - text.size() + 1, ' '));
+  EXPECT_EQ(input_error([&] { load_profile(big); }),
+            big + ": cannot read hardware profile: larger than 1 MiB; a profile is a small JSON object "
+                  "(docs/cost-model.md)");
 }
 
 TEST(ExampleProfiles, ShippedExamplesLoad) {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Fuzzes the parsers and the command line: builds the libFuzzer targets (fuzz/) in
+# build-fuzz/ with clang, AddressSanitizer and UndefinedBehaviorSanitizer, and runs each for
+# SECONDS (default 60) from its checked-in corpus (fuzz/corpus/<target>/).
+#   scripts/fuzz.sh [SECONDS]
+# Fails (non-zero) on any crash, uncaught exception other than InputError, broken invariant,
+# leak, sanitizer report, input slower than 10 s or using more than 2 GiB. What a target
+# finds is saved under build-fuzz/artifacts/ (reproduce: build-fuzz/fuzz/fuzz_<target> FILE);
+# inputs that grew coverage go to build-fuzz/corpus/<target>/, not into the checked-in corpus.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+seconds=${1:-60}
+[[ "$seconds" =~ ^[0-9]+$ && "$seconds" -ge 1 ]] || { echo "usage: scripts/fuzz.sh [SECONDS >= 1]" >&2; exit 2; }
+
+bash scripts/setup.sh clang libclang-rt-14-dev
+echo "fuzz: configuring build-fuzz/ (clang, ASan + UBSan, libFuzzer)" >&2
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DSHARDMM_BUILD_FUZZERS=ON -DSHARDMM_WITH_MPI=OFF -DSHARDMM_BUILD_TESTS=OFF -DSHARDMM_BUILD_BENCHMARKS=OFF \
+  >/dev/null
+echo "fuzz: building fuzz_parse and fuzz_cli" >&2
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_parse fuzz_cli >/dev/null
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+failed=()
+for target in parse cli; do
+  work=build-fuzz/corpus/$target
+  mkdir -p "$work" build-fuzz/artifacts
+  log=build-fuzz/fuzz_$target.log
+  echo "fuzz: fuzz_$target for ${seconds}s (log: $log)" >&2
+  # New inputs go to the first corpus directory (the work copy); the checked-in one seeds it.
+  if build-fuzz/fuzz/fuzz_$target "$work" "fuzz/corpus/$target" -dict="fuzz/$target.dict" \
+      -max_total_time="$seconds" -max_len=512 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      -artifact_prefix="build-fuzz/artifacts/$target-" </dev/null >"$log" 2>&1; then
+    { grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true; } | sed "s/^/fuzz: fuzz_$target /" >&2
+  else
+    echo "fuzz: fuzz_$target FAILED; the end of its log:" >&2
+    tail -40 "$log" >&2
+    failed+=("fuzz_$target")
+  fi
+done
+
+if ((${#failed[@]})); then
+  echo "fuzz: failed: ${failed[*]} (inputs under build-fuzz/artifacts/)" >&2
+  exit 1
+fi
+echo "fuzz: no findings in ${seconds}s per target" >&2
