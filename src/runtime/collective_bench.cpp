@@ -71,6 +71,8 @@ CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
   report.is_root = process_rank(o.backend) == 0;
   std::mutex root;
 
+  BackendOptions backend_options;
+  backend_options.check = o.check;
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
     const bool is_root = comm.rank() == 0;
     Measure measure{comm, o};
@@ -141,7 +143,7 @@ CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
         report.rows.insert(report.rows.end(), rows.begin(), rows.end());
       }
     }
-  });
+  }, backend_options);
   return report;
 }
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/kernels.h"
@@ -30,6 +31,50 @@ Shape at_dim(std::size_t rank, int dim, std::int64_t offset) {
   Shape s(rank, 0);
   s[static_cast<std::size_t>(dim)] = offset;
   return s;
+}
+
+// The staging copies a collective needs on one device, in elements; absent where it
+// works on the blocks in place. A gather into (or a scatter from) a block is in place
+// when the dimensions before the step's dimension have extent 1: each member's piece is
+// then one contiguous run.
+struct Staging {
+  std::optional<std::int64_t> send, recv;
+};
+
+Staging staging(const Step& step, const Shape& in_local, const Shape& out_local) {
+  const auto in_place = [&](const Shape& s) { return product(s, 0, static_cast<std::size_t>(step.dim)) == 1; };
+  Staging st;
+  switch (step.op) {
+    case OpKind::all_gather:
+      if (!in_place(out_local)) st.recv = product(out_local, 0, out_local.size());
+      break;
+    case OpKind::reduce_scatter:
+      if (!in_place(in_local)) st.send = product(in_local, 0, in_local.size());
+      break;
+    case OpKind::all_to_all:
+      st.send = product(in_local, 0, in_local.size());
+      st.recv = product(out_local, 0, out_local.size());
+      break;
+    default:
+      break;
+  }
+  return st;
+}
+
+// An einsum step's operand orders and this device's extents, for LocalEinsum.
+std::pair<EinsumLayout, std::map<std::string, std::int64_t>> einsum_shape(const Mesh& mesh, const Step& step,
+                                                                          const DimSizes& sizes, std::int64_t device) {
+  EinsumLayout layout;
+  std::map<std::string, std::int64_t> extents;
+  for (const auto& [spec, names] :
+       {std::pair{&step.from, &layout.a}, std::pair{&step.from_b, &layout.b}, std::pair{&step.to, &layout.c}}) {
+    const std::vector<Range> box = shard_box(mesh, *spec, global_shape(*spec, sizes), device);
+    for (std::size_t i = 0; i < spec->dims.size(); ++i) {
+      names->push_back(spec->dims[i].name);
+      extents[spec->dims[i].name] = box[i].extent;
+    }
+  }
+  return {std::move(layout), std::move(extents)};
 }
 
 }  // namespace
@@ -78,11 +123,13 @@ struct Executor::Impl {
     StepState st;
     st.out = DistTensor(mesh, me, step.to, shape_of(step.to), dtype);
     const Shape in_local = local_shape(mesh, step.from, shape_of(step.from), me);
-    const std::int64_t in_elements = product(in_local, 0, in_local.size());
     const Shape& out_local = st.out.local_shape();
+    const Staging stage = staging(step, in_local, out_local);
+    if (stage.send) st.send = Buffer(*stage.send, dtype);
+    if (stage.recv) st.recv = Buffer(*stage.recv, dtype);
+    st.direct = !stage.send && !stage.recv;
     const std::vector<std::int64_t> members =
         step.axes.empty() ? std::vector<std::int64_t>{me} : mesh.group_members(me, step.axes);
-    const auto d = static_cast<std::size_t>(step.dim);
     switch (step.op) {
       case OpKind::all_gather: {
         const std::int64_t inner = elements_across(out_local, step.dim);
@@ -90,8 +137,6 @@ struct Executor::Impl {
           st.pieces.push_back(range(step.from, step.dim, m));
           st.counts.push_back(st.pieces.back().extent * inner);
         }
-        st.direct = product(out_local, 0, d) == 1;
-        if (!st.direct) st.recv = Buffer(st.out.elements(), dtype);
         break;
       }
       case OpKind::reduce_scatter: {
@@ -103,8 +148,6 @@ struct Executor::Impl {
           st.pieces.push_back(r);
           st.counts.push_back(r.extent * inner);
         }
-        st.direct = product(in_local, 0, d) == 1;
-        if (!st.direct) st.send = Buffer(in_elements, dtype);
         break;
       }
       case OpKind::all_to_all: {
@@ -122,8 +165,6 @@ struct Executor::Impl {
           st.recv_pieces.push_back(ra);
           st.recv_counts.push_back(ra.extent * recv_inner);
         }
-        st.send = Buffer(in_elements, dtype);
-        st.recv = Buffer(st.out.elements(), dtype);
         break;
       }
       case OpKind::slice: {
@@ -138,17 +179,8 @@ struct Executor::Impl {
       case OpKind::all_reduce:
         break;
       case OpKind::einsum: {
-        EinsumLayout layout;
-        std::map<std::string, std::int64_t> extents;
-        for (const auto& [spec, names] : {std::pair{&step.from, &layout.a}, std::pair{&step.from_b, &layout.b},
-                                          std::pair{&step.to, &layout.c}}) {
-          const std::vector<Range> box = shard_box(mesh, *spec, shape_of(*spec), me);
-          for (std::size_t i = 0; i < spec->dims.size(); ++i) {
-            names->push_back(spec->dims[i].name);
-            extents[spec->dims[i].name] = box[i].extent;
-          }
-        }
-        st.einsum = std::make_unique<LocalEinsum>(layout, extents, dtype);
+        auto [layout, extents] = einsum_shape(mesh, step, sizes, me);
+        st.einsum = std::make_unique<LocalEinsum>(std::move(layout), std::move(extents), dtype);
         break;
       }
     }
@@ -291,5 +323,29 @@ Executor::~Executor() = default;
 const DistTensor& Executor::run(const DistTensor& a, const DistTensor* b) { return impl_->run(a, b); }
 
 const std::vector<TraceEvent>& Executor::trace() const { return impl_->events; }
+
+std::int64_t Executor::bytes_needed(const Mesh& mesh, const Plan& plan, const DimSizes& sizes, DType dtype,
+                                    std::int64_t device) {
+  const std::int64_t eb = dtype_bytes(dtype);
+  // As Buffer allocates: whole 64-byte lines, at least one.
+  const auto buffer = [&](std::int64_t elements) {
+    return (std::max<std::int64_t>(checked_mul(elements, eb, "a buffer's size"), 1) + 63) / 64 * 64;
+  };
+  std::int64_t total = 0;
+  const auto add = [&](std::int64_t bytes) { total = checked_add(total, bytes, "an executor's bytes"); };
+  for (const Step& step : plan.steps) {
+    const Shape in_local = local_shape(mesh, step.from, global_shape(step.from, sizes), device);
+    const Shape out_local = local_shape(mesh, step.to, global_shape(step.to, sizes), device);
+    add(buffer(product(out_local, 0, out_local.size())));
+    const Staging stage = staging(step, in_local, out_local);
+    if (stage.send) add(buffer(*stage.send));
+    if (stage.recv) add(buffer(*stage.recv));
+    if (step.op == OpKind::einsum) {
+      auto [layout, extents] = einsum_shape(mesh, step, sizes, device);
+      add(LocalEinsum::workspace_bytes_for(std::move(layout), extents, dtype));
+    }
+  }
+  return total;
+}
 
 }  // namespace shardmm

@@ -303,16 +303,20 @@ struct LocalEinsum::Impl {
   };
   std::unique_ptr<std::byte, Free> workspace;
 
+  static std::unique_ptr<Impl> plan(EinsumLayout layout, const std::map<std::string, std::int64_t>& extents,
+                                    DType dtype);
   template <class T>
   void run(const T* a_in, const T* b_in, T* c_out);
   template <class T>
   const T* prepare(const Operand& op, const T* in, T* ws) const;
 };
 
-LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t> extents,
-                         DType dtype)
-    : impl_(std::make_unique<Impl>()) {
-  Impl& p = *impl_;
+// The plan alone: everything but the workspace's allocation.
+std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
+                                                           const std::map<std::string, std::int64_t>& extents,
+                                                           DType dtype) {
+  auto impl = std::make_unique<Impl>();
+  Impl& p = *impl;
   const std::string where = "einsum " + show(layout.a) + ", " + show(layout.b) + " -> " +
                             show(layout.c);
   if (dtype != DType::f32 && dtype != DType::f64) {
@@ -372,7 +376,7 @@ LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t
   p.flops *= 2;
   p.layout = std::move(layout);
   p.dtype = dtype;
-  if (p.empty) return;
+  if (p.empty) return impl;
   const EinsumLayout& L = p.layout;
 
   // Groups, each over names of extent > 1 in the order of `names` (only those names
@@ -512,11 +516,23 @@ LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t
   for (const std::string& name : ord_n) p.n *= ext(name);
   for (const std::string& name : batch) p.batch_extents.push_back(ext(name));
 
-  if (ws_elements > 0) {
-    p.workspace_bytes = checked_mul(ws_elements, dtype_bytes(dtype), "einsum workspace bytes");
-    p.workspace.reset(static_cast<std::byte*>(
-        ::operator new(static_cast<std::size_t>(p.workspace_bytes), std::align_val_t{64})));
+  p.workspace_bytes = checked_mul(ws_elements, dtype_bytes(dtype), "einsum workspace bytes");
+  return impl;
+}
+
+LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t> extents,
+                         DType dtype)
+    : impl_(Impl::plan(std::move(layout), extents, dtype)) {
+  if (impl_->workspace_bytes > 0) {
+    impl_->workspace.reset(static_cast<std::byte*>(
+        ::operator new(static_cast<std::size_t>(impl_->workspace_bytes), std::align_val_t{64})));
   }
+}
+
+std::int64_t LocalEinsum::workspace_bytes_for(EinsumLayout layout,
+                                              const std::map<std::string, std::int64_t>& extents,
+                                              DType dtype) {
+  return Impl::plan(std::move(layout), extents, dtype)->workspace_bytes;
 }
 
 LocalEinsum::~LocalEinsum() = default;

@@ -1,11 +1,20 @@
 #include "shardmm/runtime/runner.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
 #include <mutex>
+#include <new>
 
 #include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
 #include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/kernels.h"
 #ifdef SHARDMM_HAVE_MPI
 #include "runtime/mpi/mpi_backend.h"
 #endif
@@ -39,7 +48,176 @@ std::vector<double> timing_message(const std::vector<std::vector<double>>& durat
   return msg;
 }
 
+// Byte counts saturate: a run that would need more than 2^63 bytes is refused all the same.
+constexpr std::int64_t kMaxBytes = std::numeric_limits<std::int64_t>::max();
+std::int64_t sat_add(std::int64_t a, std::int64_t b) { return a > kMaxBytes - b ? kMaxBytes : a + b; }
+std::int64_t sat_mul(std::int64_t a, std::int64_t b) { return b != 0 && a > kMaxBytes / b ? kMaxBytes : a * b; }
+
+std::int64_t elements_of(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t e : shape) n = sat_mul(n, e);
+  return n;
+}
+
+// As Buffer allocates: whole 64-byte lines, at least one.
+std::int64_t buffer_bytes(std::int64_t elements, DType dtype) {
+  return sat_add(std::max<std::int64_t>(sat_mul(elements, dtype_bytes(dtype)), 1), 63) / 64 * 64;
+}
+
+std::int64_t block_bytes(const Mesh& mesh, const Spec& spec, const DimSizes& sizes, DType dtype, std::int64_t device) {
+  return buffer_bytes(local_elements(mesh, spec, global_shape(spec, sizes), device), dtype);
+}
+
+// "12.0 GiB": three significant digits.
+std::string format_bytes(std::int64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  std::size_t u = 0;
+  while (u + 1 < std::size(units) && v >= 1024) {
+    v /= 1024;
+    ++u;
+  }
+  char text[32];
+  if (u == 0) {
+    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(text, sizeof text, v < 9.995 ? "%.2f %s" : v < 99.95 ? "%.1f %s" : "%.0f %s", v, units[u]);
+  }
+  return text;
+}
+
+void check_operands(const RunRequest& req) {
+  if ((req.contraction != nullptr) == (req.reshard_from != nullptr)) {
+    throw InputError("run_plan needs exactly one of a contraction or a reshard source");
+  }
+}
+
+// Ranks of this mpirun job on this node; they share its memory.
+std::int64_t ranks_on_node() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"}) {
+    if (const char* v = std::getenv(name)) return std::max(1, std::atoi(v));
+  }
+  return 1;
+}
+
+// The first number in a file ("max" in a cgroup v2 limit is no number: no limit).
+std::optional<std::int64_t> file_number(const char* path) {
+  std::ifstream in(path);
+  std::int64_t v = 0;
+  if (in >> v) return v;
+  return std::nullopt;
+}
+
+// The run needs more than the request's limit or the machine's memory: refuse, with the
+// figures, before anything is allocated.
+void check_memory(const RunRequest& req, const MemoryNeed& need) {
+  const std::int64_t device0 = sat_add(need.device_bytes, need.verify_bytes);
+  const std::string verifying =
+      need.verify_bytes ? " + " + format_bytes(need.verify_bytes) + " to verify on device 0" : std::string();
+  if (req.mem_limit_bytes && device0 > *req.mem_limit_bytes) {
+    throw InputError("the run needs " + format_bytes(need.device_bytes) + " on device 0 (its inputs, and every step's " +
+                     "buffers, which the executor keeps between repeats)" + verifying + ", over the memory limit of " +
+                     format_bytes(*req.mem_limit_bytes) + " per device; use smaller --dims or more devices");
+  }
+  const std::int64_t available = req.available_bytes ? *req.available_bytes : available_memory();
+  if (need.total_bytes > available) {
+    const bool threads = req.backend == "threads";
+    const std::string sharing =
+        threads ? std::to_string(need.devices_sharing) + (need.devices_sharing == 1 ? " device" : " devices") +
+                      " in this process"
+                : std::to_string(need.devices_sharing) +
+                      (need.devices_sharing == 1 ? " process (device)" : " processes (devices)") + " on this node";
+    throw InputError("the run needs " + format_bytes(need.device_bytes) + " per device x " + sharing + verifying +
+                     " = " + format_bytes(need.total_bytes) + ", but only " + format_bytes(available) +
+                     " is available; use smaller --dims or " +
+                     (threads ? "more processes (--backend mpi, across machines)" : "more machines"));
+  }
+}
+
+// Allocation failure despite the check (another program took the memory, or a
+// container's limit is lower than it says) is an InputError with the estimate.
+std::function<void(Communicator&)> allocation_failure_as_input_error(const MemoryNeed& need,
+                                                                     std::function<void(Communicator&)> body) {
+  return [&need, body = std::move(body)](Communicator& comm) {
+    try {
+      body(comm);
+    } catch (const std::bad_alloc&) {
+      throw InputError("out of memory on device " + std::to_string(comm.rank()) + " (the run was estimated at " +
+                       format_bytes(need.device_bytes) + " per device); use smaller --dims or more devices");
+    }
+  };
+}
+
 }  // namespace
+
+MemoryNeed memory_need(const RunRequest& req) {
+  check_operands(req);
+  const bool matmul = req.contraction != nullptr;
+  const Mesh& mesh = req.mesh;
+  const Spec& a_spec = matmul ? req.contraction->a : *req.reshard_from;
+  MemoryNeed need;
+  need.device_bytes = sat_add(block_bytes(mesh, a_spec, req.sizes, req.dtype, 0),
+                              Executor::bytes_needed(mesh, req.plan, req.sizes, req.dtype, 0));
+  if (matmul) need.device_bytes = sat_add(need.device_bytes, block_bytes(mesh, req.contraction->b, req.sizes, req.dtype, 0));
+  if (req.backend != "threads") {
+    // The mpi backend's reductions receive the other members' chunks into a workspace
+    // (mpi_backend.cpp, reduce_scatter; all_reduce is one): about the input block.
+    std::int64_t workspace = 0;
+    for (const Step& s : req.plan.steps) {
+      if (s.op == OpKind::reduce_scatter || s.op == OpKind::all_reduce) {
+        workspace = std::max(workspace, block_bytes(mesh, s.from, req.sizes, req.dtype, 0));
+      }
+    }
+    need.device_bytes = sat_add(need.device_bytes, workspace);
+  }
+  if (req.verify) {
+    // Every device sends device 0 a copy of its result block (verify.h), which device 0
+    // keeps, with the dense reference in f64.
+    const Spec& out = req.plan.output;
+    need.device_bytes = sat_add(need.device_bytes, block_bytes(mesh, out, req.sizes, req.dtype, 0));
+    for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
+      need.verify_bytes = sat_add(need.verify_bytes, block_bytes(mesh, out, req.sizes, req.dtype, d));
+    }
+    const auto dense = [&](const Spec& s) { return sat_mul(elements_of(global_shape(s, req.sizes)), 8); };
+    if (matmul) {
+      // The inputs, the expected and the assembled result, and the reference einsum's workspace.
+      const Contraction& c = *req.contraction;
+      EinsumLayout layout;
+      for (const DimSpec& d : c.a.dims) layout.a.push_back(d.name);
+      for (const DimSpec& d : c.b.dims) layout.b.push_back(d.name);
+      layout.c = c.out_dims;
+      const std::map<std::string, std::int64_t> extents(req.sizes.begin(), req.sizes.end());
+      need.verify_bytes = sat_add(need.verify_bytes, sat_add(dense(c.a), dense(c.b)));
+      need.verify_bytes = sat_add(need.verify_bytes, sat_mul(dense(out), 2));
+      need.verify_bytes =
+          sat_add(need.verify_bytes, LocalEinsum::workspace_bytes_for(std::move(layout), extents, DType::f64));
+    } else {
+      need.verify_bytes = sat_add(need.verify_bytes, sat_mul(dense(out), 2));  // assembled and expected
+    }
+  }
+  need.devices_sharing = req.backend == "threads" ? mesh.device_count() : ranks_on_node();
+  need.total_bytes = sat_add(sat_mul(need.device_bytes, need.devices_sharing), need.verify_bytes);
+  return need;
+}
+
+std::int64_t available_memory() {
+  std::int64_t available = -1;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key, rest;
+  std::int64_t kib = 0;
+  while (meminfo >> key >> kib && std::getline(meminfo, rest)) {
+    if (key == "MemAvailable:") {
+      available = sat_mul(kib, 1024);
+      break;
+    }
+  }
+  if (available < 0) available = sat_mul(sysconf(_SC_AVPHYS_PAGES), sysconf(_SC_PAGESIZE));
+  // A container's memory limit (cgroup v2, else v1), which MemAvailable does not see.
+  for (const char* limit : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    if (const auto bytes = file_number(limit)) available = std::min(available, *bytes);
+  }
+  return available;
+}
 
 int process_rank(std::string_view backend) {
 #ifdef SHARDMM_HAVE_MPI
@@ -50,14 +228,14 @@ int process_rank(std::string_view backend) {
 }
 
 RunReport run_plan(const RunRequest& req) {
+  check_operands(req);
   const bool matmul = req.contraction != nullptr;
-  if (matmul == (req.reshard_from != nullptr)) {
-    throw InputError("run_plan needs exactly one of a contraction or a reshard source");
-  }
   if (req.repeat < 1 || req.warmup < 0) {
     throw InputError("--repeat must be at least 1 and --warmup at least 0 (got " + std::to_string(req.repeat) + " and " +
                      std::to_string(req.warmup) + ")");
   }
+  const MemoryNeed need = memory_need(req);
+  check_memory(req, need);
   const Mesh& mesh = req.mesh;
   const std::size_t nsteps = req.plan.steps.size();
   const auto a_values = uniform_values(1), b_values = uniform_values(2);
@@ -65,7 +243,9 @@ RunReport run_plan(const RunRequest& req) {
   report.ranks = static_cast<int>(mesh.device_count());
   std::mutex root_mutex;
 
-  run_backend(req.backend, mesh, [&](Communicator& comm) {
+  BackendOptions backend_options;
+  backend_options.check = req.check;
+  run_backend(req.backend, mesh, allocation_failure_as_input_error(need, [&](Communicator& comm) {
     const std::int64_t me = comm.rank();
     const Spec& a_spec = matmul ? req.contraction->a : *req.reshard_from;
     DistTensor a = DistTensor::filled(mesh, me, a_spec, global_shape(a_spec, req.sizes), req.dtype, a_values);
@@ -150,7 +330,7 @@ RunReport run_plan(const RunRequest& req) {
       }
       report.steps.push_back(std::move(m));
     }
-  });
+  }), backend_options);
   return report;
 }
 

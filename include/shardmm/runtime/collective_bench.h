@@ -35,6 +35,7 @@ struct CollectiveBenchOptions {
   DType dtype = DType::f32;
   int iterations = 0;              // per trial; 0 picks enough for ~20 ms per trial
   int trials = 5;                  // the reported time is the median trial
+  bool check = false;              // BackendOptions::check: off, to time the collectives alone
   std::vector<OpKind> ops = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all};
   // Called on the root process before each measurement ("all_gather 16 MiB").
   std::function<void(const std::string&)> progress;

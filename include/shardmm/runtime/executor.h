@@ -53,6 +53,12 @@ class Executor {
   // The events of the latest run, in order.
   const std::vector<TraceEvent>& trace() const;
 
+  // The bytes an executor for `plan` allocates on `device` (every step's output block,
+  // its staging copies and the einsum's workspace; they stay allocated between runs),
+  // worked out without allocating: run_plan's memory check (runner.h).
+  static std::int64_t bytes_needed(const Mesh& mesh, const Plan& plan, const DimSizes& sizes, DType dtype,
+                                   std::int64_t device);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

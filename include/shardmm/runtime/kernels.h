@@ -73,6 +73,10 @@ class LocalEinsum {
   // term of the sum that defines C (what a naive einsum does).
   double flops() const;
   std::int64_t workspace_bytes() const;
+  // What workspace_bytes() would be, worked out without allocating: memory checks
+  // before a run (runner.h). Throws as the constructor does.
+  static std::int64_t workspace_bytes_for(EinsumLayout layout, const std::map<std::string, std::int64_t>& extents,
+                                          DType dtype);
   // Whether run() copies that operand through the workspace (A and B: permuted, or
   // reduced over their summed dimensions; C: written there, then permuted into c).
   bool copies_a() const;

@@ -7,6 +7,11 @@
 //   RunReport r = run_plan(req);
 //   if (r.is_root) std::cout << r.measured_time_s << " " << r.verification.verified;
 //
+// Before anything is allocated, run_plan checks the run's memory (memory_need) against
+// the request's per-device limit and against what the machine has available, and
+// refuses with the figures (InputError). An allocation that fails anyway is an
+// InputError too, not a crash.
+//
 // On the threads backend every rank is a thread of this process and the report is
 // complete here. Under mpirun each process is one rank: the figures are gathered on
 // device 0 and `is_root` is true in that process only; the verdict is known everywhere.
@@ -14,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +41,12 @@ struct RunRequest {
   int warmup = 1;                            // untimed runs first (page faults, caches)
   int repeat = 5;                            // timed runs
   bool verify = true;
+  bool check = true;                         // BackendOptions::check (communicator.h)
+  // Per device (--mem-limit): refuse a run whose largest device needs more.
+  std::optional<std::int64_t> mem_limit_bytes;
+  // The memory this process may use; unset: available_memory() now. Lets a caller budget
+  // for something else, and tests reach allocation failure.
+  std::optional<std::int64_t> available_bytes;
   // Called on device 0 as the run moves on ("repeat 3 of 5", "verifying"), for long runs.
   std::function<void(const std::string&)> progress;
 };
@@ -58,7 +70,30 @@ struct RunReport {
   bool verified_run = false;        // whether verification ran
 };
 
-// Throws InputError for a request that does not fit (no operand given, bad repeat).
+// What a run holds in memory at once, worked out from the plan alone. Device 0 is the
+// largest: the first shards of an uneven split take the extra elements.
+struct MemoryNeed {
+  // Device 0's inputs and its executor's buffers: every step's output block, staging
+  // copies and einsum workspace, all kept between repeats (Executor::bytes_needed).
+  // At least the plan's peak_bytes_per_device, which assumes each intermediate is freed
+  // after use.
+  std::int64_t device_bytes = 0;
+  // More on device 0 when verifying: every device's result block, and the dense f64
+  // reference (inputs, expected and assembled outputs, einsum workspace).
+  std::int64_t verify_bytes = 0;
+  // The devices whose memory comes out of one pool: threads, every device of the mesh
+  // (one process); mpi, the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE, else 1).
+  std::int64_t devices_sharing = 1;
+  std::int64_t total_bytes = 0;  // device_bytes * devices_sharing + verify_bytes (saturating)
+};
+MemoryNeed memory_need(const RunRequest& request);
+
+// Bytes the machine can give this process now: MemAvailable from /proc/meminfo (else
+// free pages), capped by the cgroup's memory limit less its usage.
+std::int64_t available_memory();
+
+// Throws InputError for a request that does not fit (no operand given, bad repeat, more
+// memory than the limit or the machine allows).
 RunReport run_plan(const RunRequest& request);
 
 // The rank of this process in its backend's job: 0 for threads, the MPI world rank
