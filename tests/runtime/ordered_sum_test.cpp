@@ -1,0 +1,62 @@
+// The summation all backends share (src/runtime/ordered_sum.h): every kernel it may pick
+// (cached or streamed stores, any output alignment, in place or not) gives, element by
+// element, the bits of a plain left-to-right sum in source order.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "runtime/ordered_sum.h"
+
+namespace shardmm {
+namespace {
+
+template <class T>
+void expect_ordered_sums(DType dtype, std::int64_t count, std::size_t n_sources, std::size_t out_offset,
+                         bool in_place, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  // Values of very different magnitudes, so that any other order of additions rounds
+  // differently somewhere.
+  std::uniform_real_distribution<double> mantissa(-1, 1);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  std::vector<std::vector<T>> data(n_sources, std::vector<T>(static_cast<std::size_t>(count) + out_offset));
+  for (auto& source : data) {
+    for (T& x : source) x = static_cast<T>(std::ldexp(mantissa(rng), exponent(rng)));
+  }
+  std::vector<T> expected(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    T acc = data[0][out_offset + static_cast<std::size_t>(i)];
+    for (std::size_t s = 1; s < n_sources; ++s) acc += data[s][out_offset + static_cast<std::size_t>(i)];
+    expected[static_cast<std::size_t>(i)] = acc;
+  }
+  std::vector<const void*> sources;
+  for (auto& source : data) sources.push_back(source.data() + out_offset);
+  std::vector<T> separate(static_cast<std::size_t>(count) + out_offset + 16);
+  T* out = in_place ? data[n_sources - 1].data() + out_offset : separate.data() + out_offset;
+  detail::sum_in_order(dtype, sources, count, out);
+  ASSERT_EQ(0, std::memcmp(out, expected.data(), static_cast<std::size_t>(count) * sizeof(T)))
+      << "count " << count << ", " << n_sources << " sources, output offset " << out_offset
+      << (in_place ? ", in place" : "");
+}
+
+TEST(OrderedSumTest, EveryKernelGivesTheLeftToRightSumsBits) {
+  const std::int64_t threshold_elements = detail::streaming_threshold_bytes() / 4;
+  // Counts below, around and far above the size where the output is streamed, with
+  // outputs at every alignment a float or double can have within a 64-byte line.
+  for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{63}, std::int64_t{1000},
+                             threshold_elements / 3 + 7, threshold_elements + 129}) {
+    for (std::size_t n : {1u, 2u, 3u, 5u}) {
+      for (std::size_t offset : {0u, 1u, 3u, 7u, 15u}) {
+        for (bool in_place : {false, true}) {
+          const auto seed = static_cast<std::uint32_t>(count * 131 + n * 17 + offset * 3 + in_place);
+          expect_ordered_sums<float>(DType::f32, count, n, offset, in_place, seed);
+          expect_ordered_sums<double>(DType::f64, count, n, offset % 8, in_place, seed);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardmm
