@@ -68,6 +68,7 @@ class Var {
   const DistTensor& value() const;  // this rank's shard; executed tapes only
   Tape& tape() const;
   bool valid() const { return tape_ != nullptr; }
+  int id() const { return id_; }  // its index on the tape, in recording order
 
  private:
   friend class Tape;
@@ -151,12 +152,13 @@ class Tape {
   const std::vector<TapeEvent>& events() const;
   TapeMemory memory() const;
 
-  // For the ops (ops.h); not for users.
+  // The recording machinery, for the op functions below; not for users.
   struct Impl;
   Impl& impl() { return *impl_; }
 
  private:
   friend class Var;
+  static Var make_var(Tape* tape, int id) { return Var(tape, id); }
   std::unique_ptr<Impl> impl_;
 };
 
