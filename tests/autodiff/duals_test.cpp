@@ -124,7 +124,9 @@ TEST(Duals, MegatronMlpOneAllReduceEachWay) {
             (std::vector<Collective>{{F, OpKind::all_reduce, "X", ""}, {B, OpKind::all_reduce, "X", ""}}));
   // Both move the same [B, D]-sized array: 2 (n - n/4) elements of 8 bytes per device.
   for (const TapeEvent& e : events) {
-    if (e.step.op == OpKind::all_reduce) EXPECT_EQ(e.step.bytes_sent, 2 * (24 - 6) * 8);
+    if (e.step.op == OpKind::all_reduce) {
+      EXPECT_EQ(e.step.bytes_sent, 2 * (24 - 6) * 8);
+    }
   }
 }
 

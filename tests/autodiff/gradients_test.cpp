@@ -14,88 +14,11 @@ namespace shardmm {
 namespace {
 
 using namespace autodiff;
-using testing::Collected;
+using testing::check_symbolic;
+using testing::execute;
+using testing::Executed;
 using testing::Kind;
 using testing::Program;
-
-struct Executed {
-  std::vector<std::vector<double>> grads;          // per leaf, logical
-  double loss = 0;
-  std::vector<std::vector<TapeEvent>> events;      // per device
-  std::vector<TapeMemory> memory;                  // per device
-  std::vector<bool> grads_in_leaf_spec;            // per leaf, on every device
-};
-
-Executed execute(const Program& p, const Mesh& mesh, bool one_device) {
-  Collected out(mesh);
-  Executed r;
-  r.events.resize(static_cast<std::size_t>(mesh.device_count()));
-  r.memory.resize(r.events.size());
-  std::vector<std::vector<bool>> in_spec(r.events.size());
-  run_threads(mesh, [&](Communicator& comm) {
-    Tape tape(comm, {DType::f64});
-    const std::vector<Var> v = testing::replay(tape, p, one_device);
-    out.put("loss", v.back().value());
-    tape.backward(v.back());
-    const auto me = static_cast<std::size_t>(comm.rank());
-    for (std::size_t l = 0; l < p.leaves.size(); ++l) {
-      out.put("d" + std::to_string(l), tape.grad(v[l]));
-      in_spec[me].push_back(tape.grad(v[l]).spec() == v[l].spec());
-    }
-    r.events[me] = tape.events();
-    r.memory[me] = tape.memory();
-  });
-  r.loss = out.global("loss").at(0);
-  for (std::size_t l = 0; l < p.leaves.size(); ++l) r.grads.push_back(out.global("d" + std::to_string(l)));
-  r.grads_in_leaf_spec.assign(p.leaves.size(), true);
-  for (const auto& dev : in_spec) {
-    for (std::size_t l = 0; l < dev.size(); ++l) r.grads_in_leaf_spec[l] = r.grads_in_leaf_spec[l] && dev[l];
-  }
-  return r;
-}
-
-// A symbolic tape for each device predicts that device's executed run: the same steps in
-// the same order and phase, the plan layer's bytes and FLOPs equal to the most any device
-// measured, and the same memory figures.
-void check_symbolic(const Program& p, const Mesh& mesh, const Executed& run) {
-  std::vector<TapeEvent> predicted;
-  for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
-    Tape tape(mesh, {DType::f64, builtin_profile("h100"), d});
-    const std::vector<Var> v = testing::replay(tape, p);
-    tape.backward(v.back());
-    const std::vector<TapeEvent>& got = run.events[static_cast<std::size_t>(d)];
-    ASSERT_EQ(tape.events().size(), got.size()) << "device " << d;
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      const Step& want = tape.events()[i].step;
-      EXPECT_EQ(tape.events()[i].phase, got[i].phase) << "event " << i;
-      EXPECT_FALSE(tape.events()[i].executed);
-      EXPECT_TRUE(got[i].executed);
-      EXPECT_EQ(want.op, got[i].step.op) << "event " << i;
-      EXPECT_EQ(want.axes, got[i].step.axes) << "event " << i;
-      EXPECT_EQ(want.from, got[i].step.from) << "event " << i;
-      EXPECT_EQ(want.to, got[i].step.to) << "event " << i;
-      EXPECT_EQ(want.bytes_sent, got[i].step.bytes_sent) << "event " << i;
-    }
-    const TapeMemory m = tape.memory(), e = run.memory[static_cast<std::size_t>(d)];
-    EXPECT_EQ(m.leaves, e.leaves) << "device " << d;
-    EXPECT_EQ(m.activations, e.activations) << "device " << d;
-    EXPECT_EQ(m.gradients, e.gradients) << "device " << d;
-    if (d == 0) predicted = tape.events();
-  }
-  // The most any device moved or computed is what the plan layer predicts.
-  for (std::size_t i = 0; i < predicted.size(); ++i) {
-    std::int64_t sent = 0, received = 0;
-    double flops = 0;
-    for (const auto& dev : run.events) {
-      sent = std::max(sent, dev[i].measured.bytes_sent);
-      received = std::max(received, dev[i].measured.bytes_received);
-      flops = std::max(flops, dev[i].measured.flops);
-    }
-    EXPECT_EQ(sent, predicted[i].step.bytes_sent) << "event " << i << " " << to_string(predicted[i].step.op);
-    EXPECT_EQ(received, predicted[i].step.bytes_received) << "event " << i;
-    EXPECT_EQ(flops, predicted[i].step.flops) << "event " << i;
-  }
-}
 
 bool close(double a, double b, double tol) { return std::abs(a - b) <= tol * (1 + std::abs(b)); }
 

@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "autodiff_testing.h"
 #include "dense_reference.h"
 #include "random_cases.h"
 #include "shardmm/autodiff/tape.h"
@@ -19,23 +22,26 @@ namespace shardmm::testing {
 
 enum class Kind {
   local_einsum, planned_einsum, relu, gelu, silu, swiglu, add, softmax, layer_norm,
-  reshard, all_gather, all_to_all, slice, reduce_scatter, all_reduce, sum, mean
+  reshard, all_gather, all_to_all, slice, reduce_scatter, all_reduce, mul, scale, rename, sum, mean
 };
 inline const char* kind_name(Kind k) {
   static const char* names[] = {"local_einsum", "planned_einsum", "relu",   "gelu",       "silu",      "swiglu",
                                 "add",          "softmax",        "layer_norm", "reshard", "all_gather", "all_to_all",
-                                "slice",        "reduce_scatter", "all_reduce", "sum",     "mean"};
+                                "slice",        "reduce_scatter", "all_reduce", "mul",     "scale",      "rename",
+                                "sum",          "mean"};
   return names[static_cast<int>(k)];
 }
 
 // One op; operands index the program's values (leaves first, then each op's result).
 struct Instr {
-  Kind kind;
-  std::vector<int> args;
-  std::vector<std::string> out_dims;  // einsums
-  Spec spec;                          // reshard target, planned einsum output
-  std::string dim, dim2;              // collectives
-  AxisList axes;
+  Kind kind = Kind::sum;
+  std::vector<int> args = {};
+  std::vector<std::string> out_dims = {};  // einsums
+  Spec spec = {};                          // reshard target, planned einsum output
+  std::string dim = {}, dim2 = {};         // collectives
+  AxisList axes = {};
+  double factor = 1;                       // scale
+  autodiff::Gathered keep = autodiff::Gathered::kept;  // all_gather
 };
 
 struct Leaf {
@@ -75,11 +81,14 @@ inline autodiff::Var apply_op(const Instr& in, const std::vector<autodiff::Var>&
     case Kind::softmax: return softmax(arg(0));
     case Kind::layer_norm: return layer_norm(arg(0), arg(1), arg(2));
     case Kind::reshard: return one_device ? arg(0) : reshard(arg(0), in.spec);
-    case Kind::all_gather: return one_device ? arg(0) : all_gather(arg(0), in.dim, in.axes);
+    case Kind::all_gather: return one_device ? arg(0) : all_gather(arg(0), in.dim, in.axes, in.keep);
     case Kind::all_to_all: return one_device ? arg(0) : all_to_all(arg(0), in.dim, in.dim2, in.axes);
     case Kind::slice: return one_device ? arg(0) : slice(arg(0), in.dim, in.axes);
     case Kind::reduce_scatter: return one_device ? arg(0) : reduce_scatter(arg(0), in.dim, in.axes);
     case Kind::all_reduce: return one_device ? arg(0) : all_reduce(arg(0), in.axes);
+    case Kind::mul: return mul(arg(0), arg(1));
+    case Kind::scale: return scale(arg(0), in.factor);
+    case Kind::rename: return rename(arg(0), in.dim, in.dim2);
     case Kind::sum: return sum(arg(0));
     case Kind::mean: return mean(arg(0));
   }
@@ -144,6 +153,15 @@ inline double dense_loss(const Program& p, const std::vector<std::vector<double>
         break;
       case Kind::add:
         for (std::size_t i = 0; i < out.v.size(); ++i) out.v[i] += arg(1).v[i];
+        break;
+      case Kind::mul:
+        for (std::size_t i = 0; i < out.v.size(); ++i) out.v[i] *= arg(1).v[i];
+        break;
+      case Kind::scale:
+        for (double& x : out.v) x *= in.factor;
+        break;
+      case Kind::rename:
+        *std::find(out.dims.begin(), out.dims.end(), in.dim) = in.dim2;
         break;
       case Kind::softmax:
         for (std::int64_t r = 0; r < rows; ++r) {
@@ -297,7 +315,7 @@ class ProgramGenerator {
   }
 
   int random_op(int cur) {
-    switch (uniform(rng_, 0, 10)) {
+    switch (uniform(rng_, 0, 13)) {
       case 0: {  // local einsum with a weight sharded to match
         const Spec s = spec(cur);
         const std::string l = letter();
@@ -375,6 +393,20 @@ class ProgramGenerator {
         const std::size_t d = static_cast<std::size_t>(uniform(rng_, 0, s.rank() - 1));
         return push({Kind::slice, {cur}, {}, {}, s.dims[d].name, "", {free[0]}});
       }
+      case 11: {  // gating by an activation of itself
+        cur = make_whole(cur);
+        const int gate = push({Kind::silu, {cur}});
+        return push({Kind::mul, {gate, cur}});
+      }
+      case 12: {  // a linear op, on partial sums too
+        Instr in{Kind::scale, {cur}};
+        in.factor = uniform(rng_, -3, 3) / 2.0 + 0.25;
+        return push(in);
+      }
+      case 13: {  // rename one dimension to a fresh letter
+        const Spec s = spec(cur);
+        return push({Kind::rename, {cur}, {}, {}, s.dims[static_cast<std::size_t>(uniform(rng_, 0, 1))].name, letter()});
+      }
       default: {  // all_to_all the minor-most axis of one dimension to the other
         const Spec s = spec(cur);
         for (std::size_t d = 0; d < s.dims.size(); ++d) {
@@ -393,5 +425,97 @@ class ProgramGenerator {
   std::vector<autodiff::Var> vars_;
   int next_letter_ = 0;
 };
+
+// ---- running a program
+using autodiff::Tape;
+using autodiff::TapeEvent;
+using autodiff::TapeMemory;
+using autodiff::Var;
+
+// (Appending, not operator+: GCC 12 warns falsely about "d" + std::string.)
+inline std::string grad_key(std::size_t leaf) {
+  std::string key = "d";
+  key += std::to_string(leaf);
+  return key;
+}
+
+struct Executed {
+  std::vector<std::vector<double>> grads;          // per leaf, logical
+  double loss = 0;
+  std::vector<std::vector<TapeEvent>> events;      // per device
+  std::vector<TapeMemory> memory;                  // per device
+  std::vector<bool> grads_in_leaf_spec;            // per leaf, on every device
+};
+
+inline Executed execute(const Program& p, const Mesh& mesh, bool one_device) {
+  Collected out(mesh);
+  Executed r;
+  r.events.resize(static_cast<std::size_t>(mesh.device_count()));
+  r.memory.resize(r.events.size());
+  std::vector<std::vector<bool>> in_spec(r.events.size());
+  run_threads(mesh, [&](Communicator& comm) {
+    Tape tape(comm, {DType::f64});
+    const std::vector<Var> v = replay(tape, p, one_device);
+    out.put("loss", v.back().value());
+    tape.backward(v.back());
+    const auto me = static_cast<std::size_t>(comm.rank());
+    for (std::size_t l = 0; l < p.leaves.size(); ++l) {
+      out.put(grad_key(l), tape.grad(v[l]));
+      in_spec[me].push_back(tape.grad(v[l]).spec() == v[l].spec());
+    }
+    r.events[me] = tape.events();
+    r.memory[me] = tape.memory();
+  });
+  r.loss = out.global("loss").at(0);
+  for (std::size_t l = 0; l < p.leaves.size(); ++l) r.grads.push_back(out.global(grad_key(l)));
+  r.grads_in_leaf_spec.assign(p.leaves.size(), true);
+  for (const auto& dev : in_spec) {
+    for (std::size_t l = 0; l < dev.size(); ++l) r.grads_in_leaf_spec[l] = r.grads_in_leaf_spec[l] && dev[l];
+  }
+  return r;
+}
+
+// A symbolic tape for each device predicts that device's executed run: the same steps in
+// the same order and phase, the plan layer's bytes and FLOPs equal to the most any device
+// measured, and the same memory figures.
+inline void check_symbolic(const Program& p, const Mesh& mesh, const Executed& run) {
+  std::vector<TapeEvent> predicted;
+  for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
+    Tape tape(mesh, {DType::f64, builtin_profile("h100"), d});
+    const std::vector<Var> v = replay(tape, p);
+    tape.backward(v.back());
+    const std::vector<TapeEvent>& got = run.events[static_cast<std::size_t>(d)];
+    ASSERT_EQ(tape.events().size(), got.size()) << "device " << d;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const Step& want = tape.events()[i].step;
+      EXPECT_EQ(tape.events()[i].phase, got[i].phase) << "event " << i;
+      EXPECT_FALSE(tape.events()[i].executed);
+      EXPECT_TRUE(got[i].executed);
+      EXPECT_EQ(want.op, got[i].step.op) << "event " << i;
+      EXPECT_EQ(want.axes, got[i].step.axes) << "event " << i;
+      EXPECT_EQ(want.from, got[i].step.from) << "event " << i;
+      EXPECT_EQ(want.to, got[i].step.to) << "event " << i;
+      EXPECT_EQ(want.bytes_sent, got[i].step.bytes_sent) << "event " << i;
+    }
+    const TapeMemory m = tape.memory(), e = run.memory[static_cast<std::size_t>(d)];
+    EXPECT_EQ(m.leaves, e.leaves) << "device " << d;
+    EXPECT_EQ(m.activations, e.activations) << "device " << d;
+    EXPECT_EQ(m.gradients, e.gradients) << "device " << d;
+    if (d == 0) predicted = tape.events();
+  }
+  // The most any device moved or computed is what the plan layer predicts.
+  for (std::size_t i = 0; i < predicted.size(); ++i) {
+    std::int64_t sent = 0, received = 0;
+    double flops = 0;
+    for (const auto& dev : run.events) {
+      sent = std::max(sent, dev[i].measured.bytes_sent);
+      received = std::max(received, dev[i].measured.bytes_received);
+      flops = std::max(flops, dev[i].measured.flops);
+    }
+    EXPECT_EQ(sent, predicted[i].step.bytes_sent) << "event " << i << " " << to_string(predicted[i].step.op);
+    EXPECT_EQ(received, predicted[i].step.bytes_received) << "event " << i;
+    EXPECT_EQ(flops, predicted[i].step.flops) << "event " << i;
+  }
+}
 
 }  // namespace shardmm::testing
