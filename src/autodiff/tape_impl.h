@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -48,7 +49,8 @@ struct Tape::Impl {
   Mesh mesh;
   TapeOptions options;
   PlanOptions plan_options;
-  std::vector<Node> nodes;
+  // A deque: references to nodes (Var::spec(), a backward's `self`) survive new nodes.
+  std::deque<Node> nodes;
   std::vector<TapeEvent> events;
   Phase phase = Phase::forward;
   bool backward_done = false;
