@@ -201,7 +201,7 @@ Var add(Var a, Var b);
 // factor * x (unreduced axes allowed: it is linear), e.g. attention's 1/sqrt(d).
 Var scale(Var x, double factor);
 // The same tensor with dimension `from` named `to` (self-attention contracts a sequence
-// with itself: rename T to S for the keys). No data moves.
+// with itself: rename T to S for the keys). No communication.
 Var rename(Var x, std::string_view from, std::string_view to);
 
 // Over the last dimension, which must not be sharded; no unreduced axes.
