@@ -117,6 +117,39 @@ TEST_F(Errors, SameSpecOpsAndLeavesAndBackward) {
               HasSubstr("computes in f32 or f64; got bf16"));
 }
 
+TEST(Executed, ShardInputsRegatheredValuesAndEmptyMeans) {
+  const Mesh mesh = Mesh::parse("X=2");
+  std::vector<std::string> errors(2);
+  std::vector<double> sums(2);
+  run_threads(mesh, [&](Communicator& comm) {
+    const auto me = static_cast<std::size_t>(comm.rank());
+    Tape tape(comm, {DType::f64});
+    const Spec w_spec = tape.spec("W[D_X, F]");
+    const auto ones = [](const Index&, std::int64_t) { return 1.0; };
+    // A shard the rank already holds is a leaf like any other.
+    Var w = tape.input(DistTensor::filled(mesh, comm.rank(), w_spec, {4, 3}, DType::f64, ones), true);
+    Var x = tape.input("x[B, D]", {{"B", 2}, {"D", 4}}, ones);
+    Var g = all_gather(w, "D", tape.axes("X"), Gathered::regathered);
+    Var y = einsum(x, g, {"B", "F"});
+    tape.backward(sum(y));
+    // dW = x^T 1: every entry 2 (two rows of ones); x needs no gradient, so the gathered
+    // weight was never read again: it stays dropped.
+    const DistTensor& dw = tape.grad(w);
+    double total = 0;
+    for (std::int64_t i = 0; i < dw.elements(); ++i) total += dw.buffer().as<double>()[i];
+    sums[me] = total;
+    errors[me] = error_of([&] { g.value(); });
+    if (me == 0) {
+      EXPECT_THAT(error_of([&] { tape.input(DistTensor::filled(mesh, 1, w_spec, {4, 3}, DType::f64, ones)); }),
+                  HasSubstr("input shard is for device 1 in f64; this tape runs device 0 in f64"));
+    }
+    Tape next(comm, {DType::f64});
+    EXPECT_THAT(error_of([&] { mean(next.input("e[I]", {{"I", 0}}, ones)); }), HasSubstr("it has no elements"));
+  });
+  EXPECT_EQ(sums, (std::vector<double>{2 * 2 * 3, 2 * 2 * 3}));  // each rank's 2 x 3 block of 2s
+  for (const std::string& e : errors) EXPECT_THAT(e, HasSubstr("this gathered value was dropped for the backward pass"));
+}
+
 TEST(Symbolic, Bf16ProgramPredictsBytesAndTimes) {
   // The MLP of the seeds at model size, never allocated: 8 devices, bf16.
   Tape tape(Mesh::parse("X=8"), {DType::bf16, builtin_profile("h100")});
