@@ -204,7 +204,6 @@ ModelConfig make_model_config(std::string_view layer, std::string_view strategie
     }
   }
   m.dims = dims;
-  m.dims["N"] = checked_mul(dims.at("B"), dims.at("T"), "the token count B*T");
   if (dims.count("H")) {
     if (dims.at("D") % dims.at("H") != 0) {
       throw InputError("H=" + std::to_string(dims.at("H")) + " does not divide D=" + std::to_string(dims.at("D")) +
@@ -245,8 +244,8 @@ std::vector<TensorLayout> parameter_layouts(const ModelConfig& m) {
 }
 
 TensorLayout input_layout(const ModelConfig& m) {
-  if (m.layer == LayerKind::moe) return layout(m, "X", {dim_over(m, "N", {Strategy::ep, Strategy::dp}), "D"});
-  return layout(m, "X", {dim_over(m, "B", {Strategy::dp, Strategy::fsdp}), dim_over(m, "T", {Strategy::sp}), "D"});
+  return layout(m, "X", {dim_over(m, "B", {Strategy::dp, Strategy::fsdp, Strategy::ep}),
+                         dim_over(m, "T", {Strategy::sp}), "D"});
 }
 
 TensorLayout output_layout(const ModelConfig& m) {

@@ -13,6 +13,8 @@ namespace {
 
 using Vec = std::vector<double>;
 
+const double kGeluC = std::sqrt(2.0 / M_PI);
+
 std::int64_t count(const Shape& s) {
   return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>());
 }
@@ -309,7 +311,7 @@ Activation parse_activation(const std::string& name) {
 double activate(Activation a, double x) {
   switch (a) {
     case Activation::relu: return x > 0 ? x : 0.0;
-    case Activation::gelu: return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0)));
+    case Activation::gelu: return 0.5 * x * (1.0 + std::tanh(kGeluC * (x + 0.044715 * x * x * x)));
     case Activation::silu: return x / (1.0 + std::exp(-x));
   }
   return 0;
@@ -318,8 +320,10 @@ double activate(Activation a, double x) {
 double activate_grad(Activation a, double x) {
   switch (a) {
     case Activation::relu: return x > 0 ? 1.0 : 0.0;
-    case Activation::gelu:
-      return 0.5 * (1.0 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+    case Activation::gelu: {
+      const double th = std::tanh(kGeluC * (x + 0.044715 * x * x * x));
+      return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * kGeluC * (1.0 + 3 * 0.044715 * x * x);
+    }
     case Activation::silu: {
       const double s = 1.0 / (1.0 + std::exp(-x));
       return s * (1.0 + x * (1.0 - s));
@@ -412,35 +416,46 @@ DenseStep block_step(const BlockConfig& config, const Params& params, const Dens
   return step;
 }
 
+std::vector<std::vector<MoeChoice>> moe_assign(const MoeConfig& config, const std::vector<double>& probs,
+                                               std::int64_t tokens, std::int64_t experts) {
+  if (config.top_k < 1 || config.top_k > experts) {
+    throw InputError("top-k routing needs 1 <= K <= E; got K=" + std::to_string(config.top_k) +
+                     ", E=" + std::to_string(experts));
+  }
+  std::vector<std::vector<MoeChoice>> route(static_cast<std::size_t>(tokens));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const double* p = &probs[t * experts];
+    std::vector<std::int64_t> order(static_cast<std::size_t>(experts));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](std::int64_t i, std::int64_t j) { return p[i] > p[j]; });
+    for (std::int64_t k = 0; k < config.top_k; ++k) route[t].push_back({order[k], p[order[k]], false, 0});
+  }
+  const std::int64_t capacity = moe_capacity(config, tokens, experts);
+  std::vector<std::int64_t> load(static_cast<std::size_t>(experts), 0);
+  for (std::int64_t k = 0; k < config.top_k; ++k) {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      MoeChoice& c = route[t][k];
+      c.kept = load[c.expert] < capacity;
+      c.slot = c.kept ? load[c.expert]++ : -1;
+    }
+  }
+  return route;
+}
+
 std::vector<std::vector<MoeChoice>> moe_route(const MoeConfig& config, const DenseTensor& x,
                                               const DenseTensor& w_router) {
-  const std::int64_t n = rows_of(x), d = x.shape.back();
+  if (x.shape.size() != 3) throw InputError("the MoE input is [B, T, D]; got " + shape_text(x.shape));
+  const std::int64_t b = x.shape[0], t = x.shape[1], d = x.shape[2];
   if (w_router.shape.size() != 2 || w_router.shape[0] != d) {
     throw InputError("parameter W_router is " + shape_text(w_router.shape) + "; it should be [D, E] with D = " +
                      std::to_string(d));
   }
   const std::int64_t e = w_router.shape[1];
-  if (config.top_k < 1 || config.top_k > e) {
-    throw InputError("top-k routing needs 1 <= K <= E; got K=" + std::to_string(config.top_k) +
-                     ", E=" + std::to_string(e));
-  }
-  const Vec probs = softmax_rows(matmul(x.values, w_router.values, n, d, e), n, e);
-  std::vector<std::vector<MoeChoice>> route(static_cast<std::size_t>(n));
-  for (std::int64_t t = 0; t < n; ++t) {
-    const double* p = &probs[t * e];
-    std::vector<std::int64_t> order(static_cast<std::size_t>(e));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](std::int64_t i, std::int64_t j) { return p[i] > p[j]; });
-    for (std::int64_t k = 0; k < config.top_k; ++k) route[t].push_back({order[k], p[order[k]], false});
-  }
-  const std::int64_t capacity = moe_capacity(config, n, e);
-  std::vector<std::int64_t> load(static_cast<std::size_t>(e), 0);
-  for (std::int64_t k = 0; k < config.top_k; ++k) {
-    for (std::int64_t t = 0; t < n; ++t) {
-      MoeChoice& c = route[t][k];
-      c.kept = load[c.expert] < capacity;
-      load[c.expert] += c.kept;
-    }
+  const Vec probs = softmax_rows(matmul(x.values, w_router.values, b * t, d, e), b * t, e);
+  std::vector<std::vector<MoeChoice>> route;
+  for (std::int64_t seq = 0; seq < b; ++seq) {
+    const Vec mine(probs.begin() + seq * t * e, probs.begin() + (seq + 1) * t * e);
+    for (auto& choices : moe_assign(config, mine, t, e)) route.push_back(std::move(choices));
   }
   return route;
 }

@@ -79,7 +79,7 @@ TEST(ReferenceTest, ActivationDerivativesMatchDifferences) {
     }
     EXPECT_EQ(parse_activation(to_string(a)), a);
   }
-  EXPECT_NEAR(activate(Activation::gelu, 1.0), 0.8413447460685429, 1e-15);  // x * Phi(x)
+  EXPECT_NEAR(activate(Activation::gelu, 1.0), 0.8411919906082768, 1e-15);  // the tanh form at 1
   EXPECT_THROW(parse_activation("tanh"), InputError);
 }
 
@@ -162,7 +162,7 @@ TEST(ReferenceTest, MoeWithOneExpertIsItsMlpScaledByAGateOfOne) {
   Params moe = {{"W_router", random({4, 1}, 39)}, {"W_in", mlp.at("W_in")}, {"W_out", mlp.at("W_out")}};
   moe.at("W_in").shape = {1, 4, 5};
   moe.at("W_out").shape = {1, 5, 4};
-  const DenseTensor x = random({3, 4}, 40), dy = random({3, 4}, 41);
+  const DenseTensor x = random({1, 3, 4}, 40), dy = random({1, 3, 4}, 41);
   const DenseStep a = mlp_step({Activation::gelu}, mlp, x, dy, 0.5);
   const DenseStep b = moe_step({1, 1.0, {Activation::gelu}}, moe, x, dy, 0.5);
   for (std::size_t i = 0; i < a.output.values.size(); ++i) {
@@ -178,14 +178,16 @@ TEST(ReferenceTest, MoeCapacityDropsLaterChoicesFirst) {
   const MoeConfig cfg{2, 0.5, {}};
   EXPECT_EQ(moe_capacity(cfg, 4, 2), 2);
   const DenseTensor w_router{{1, 2}, {1, -1}};
-  const DenseTensor x{{4, 1}, {1, 2, -1, 3}};  // tokens 0, 1, 3 prefer expert 0; token 2 expert 1
+  const DenseTensor x{{1, 4, 1}, {1, 2, -1, 3}};  // tokens 0, 1, 3 prefer expert 0; token 2 expert 1
   const auto route = moe_route(cfg, x, w_router);
   EXPECT_EQ(route[0][0].expert, 0);
   EXPECT_TRUE(route[0][0].kept);
   EXPECT_TRUE(route[1][0].kept);
   EXPECT_FALSE(route[3][0].kept);  // expert 0 is full after tokens 0 and 1
   EXPECT_TRUE(route[2][0].kept);   // expert 1's first choice
+  EXPECT_EQ(route[1][0].slot, 1);
   EXPECT_TRUE(route[0][1].kept);   // token 0's second choice, expert 1, is its second row
+  EXPECT_EQ(route[0][1].slot, 1);
   EXPECT_FALSE(route[1][1].kept);
   EXPECT_NEAR(route[0][0].gate + route[0][1].gate, 1.0, 1e-15);
   const DenseStep s = moe_step(cfg, {{"W_router", w_router}, {"W_in", random({2, 1, 3}, 42)},
@@ -194,9 +196,23 @@ TEST(ReferenceTest, MoeCapacityDropsLaterChoicesFirst) {
   // Token 3's second choice (expert 1) finds it full too: the token gets no output and no gradient.
   EXPECT_FALSE(route[3][1].kept);
   EXPECT_EQ(s.output.values[3], 0.0);
+  EXPECT_EQ(route[3][1].slot, -1);
   EXPECT_EQ(s.input_grad.values[3], 0.0);
   EXPECT_NE(s.output.values[0], 0.0);
   EXPECT_THROW(moe_route({3, 1.0, {}}, x, w_router), InputError);  // K > E
+}
+
+TEST(ReferenceTest, MoeCapacityIsPerSequence) {
+  // Two sequences of two tokens, all preferring expert 0, capacity ceil(0.5 * 2 / 2) = 1:
+  // the first token of each sequence is kept, as if the sequences were routed alone.
+  const MoeConfig cfg{1, 0.5, {}};
+  const auto route = moe_route(cfg, {{2, 2, 1}, {1, 2, 3, 4}}, {{1, 2}, {1, -1}});
+  ASSERT_EQ(route.size(), 4u);
+  EXPECT_TRUE(route[0][0].kept);
+  EXPECT_FALSE(route[1][0].kept);
+  EXPECT_TRUE(route[2][0].kept);
+  EXPECT_EQ(route[2][0].slot, 0);
+  EXPECT_FALSE(route[3][0].kept);
 }
 
 TEST(ReferenceTest, MisshapenParametersAreInputErrors) {

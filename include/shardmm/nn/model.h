@@ -18,12 +18,11 @@
 //   fsdp  fully sharded data parallel: B split, each weight stored split along the
 //         dimension tp would split (F or H) and all-gathered before forward and again
 //         before backward; gradients reduce-scattered back to the weight's split.
-//   ep    expert parallel (moe only): tokens and experts split on one axis; tokens move to
-//         their experts' devices and back with all_to_all.
+//   ep    expert parallel (moe only): the batch B and the experts E split on one axis;
+//         tokens move to their experts' devices and back with all_to_all.
 // Sharded sizes need not divide evenly: uneven and empty shards are legal.
 //
-// The head width of attention is A = D / H (H must divide D); an MoE layer has N = B*T
-// tokens. Mesh axes: a strategy takes the axis named after it (tp, dp, ...) when the mesh
+// The head width of attention is A = D / H (H must divide D). Mesh axes: a strategy takes the axis named after it (tp, dp, ...) when the mesh
 // has one, else the axes in declared order; the mesh has exactly one axis per strategy.
 #pragma once
 
@@ -60,7 +59,7 @@ struct ModelConfig {
   std::vector<Strategy> strategies;
   std::vector<int> axes;  // the mesh axis of each strategy
   Mesh mesh;
-  DimSizes dims;          // B, T, D, F, H, E, K as given, plus A = D / H and N = B * T
+  DimSizes dims;          // B, T, D, F, H, E, K as given, plus A = D / H
   bool train = true;      // false: forward only (inference)
   MlpConfig mlp;          // the MLP's (and each expert's) activation
   AttentionConfig attention;

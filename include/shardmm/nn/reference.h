@@ -19,12 +19,14 @@
 //              causal: position t attends to positions <= t of its own sequence.
 //   block      A = X + attention(LN(X)); Y = A + MLP(LN(A))  (layer norm without affine
 //              parameters, eps 1e-5, so that no replicated parameter needs a gradient sum)
-//   MoE        router logits X W_router [D, E], probabilities softmax over E; each token's
-//              top-k experts (ties: lower index), the gate is the probability (not
-//              renormalized); expert e is an MLP (W_in [E, D, F], W_out [E, F, D]);
-//              Y[n] = sum over kept choices of gate * expert(X[n]). Capacity per expert
-//              C = ceil(capacity_factor * N * k / E): choices are queued choice-rank first
-//              (every token's 1st choice, in token order, then the 2nd choices, ...) and a
+//   MoE        X is [B, T, D]. Router logits X W_router [D, E], probabilities softmax over
+//              E; each token's top-k experts (ties: lower index), the gate is the
+//              probability (not renormalized); expert e is an MLP (W_in [E, D, F],
+//              W_out [E, F, D]); Y[t] = sum over kept choices of gate * expert(X[t]).
+//              Capacity is per sequence (GShard's groups are the B sequences): each
+//              sequence may send C = ceil(capacity_factor * T * k / E) tokens to each
+//              expert. Within a sequence choices are queued choice-rank first (every
+//              token's 1st choice, in position order, then the 2nd choices, ...) and a
 //              choice that finds its expert full is dropped (it contributes nothing).
 #pragma once
 
@@ -49,7 +51,7 @@ using Params = std::map<std::string, DenseTensor>;
 DenseTensor dense(const Shape& shape, const std::function<double(const std::vector<std::int64_t>&)>& value);
 
 enum class Activation { relu, gelu, silu };
-// "relu", "gelu" (the exact, erf form), "silu"; parse throws InputError on other names.
+// "relu", "gelu" (the tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))), "silu"; parse throws InputError on other names.
 const char* to_string(Activation a);
 Activation parse_activation(const std::string& name);
 double activate(Activation a, double x);
@@ -73,7 +75,7 @@ struct MoeConfig {
   MlpConfig expert;
 };
 
-// The per-expert capacity for `tokens` tokens (see above).
+// The per-expert capacity of a group of `tokens` tokens (one sequence: T).
 std::int64_t moe_capacity(const MoeConfig& config, std::int64_t tokens, std::int64_t experts);
 
 struct DenseStep {
@@ -94,17 +96,23 @@ DenseStep attention_step(const AttentionConfig& config, const Params& params, co
 // Parameters: Wq, Wk, Wv, Wo, W_in, W_out. X is [B, T, D].
 DenseStep block_step(const BlockConfig& config, const Params& params, const DenseTensor& x, const DenseTensor& dy,
                      double lr);
-// Parameters: W_router, W_in, W_out.
+// Parameters: W_router, W_in, W_out. X is [B, T, D].
 DenseStep moe_step(const MoeConfig& config, const Params& params, const DenseTensor& x, const DenseTensor& dy,
                    double lr);
 
-// Which (token, expert) choices the MoE keeps, in the order above: for each token its k
-// choices (expert, gate probability, kept). Exposed for tests of the dispatch counts.
+// Which (token, expert) choices the MoE keeps: for each token its k choices (expert, gate
+// probability, kept, and the kept choice's slot in its expert's buffer of C).
 struct MoeChoice {
   std::int64_t expert = 0;
   double gate = 0;
   bool kept = false;
+  std::int64_t slot = -1;
 };
+// One group's routing from its router probabilities ([tokens, experts], row-major): the
+// rule above. The sharded layer routes its own sequences with it.
+std::vector<std::vector<MoeChoice>> moe_assign(const MoeConfig& config, const std::vector<double>& probs,
+                                               std::int64_t tokens, std::int64_t experts);
+// The routing of every token of X [B, T, D], in row-major token order.
 std::vector<std::vector<MoeChoice>> moe_route(const MoeConfig& config, const DenseTensor& x,
                                               const DenseTensor& w_router);
 
