@@ -1,0 +1,211 @@
+// Reverse-mode autodiff over sharded programs (SPMD): every rank records the same tape
+// over its own shards and its own communicator, then runs it backwards.
+//
+//   // Seed 003's two-rank FFN: column-parallel A, ReLU, row-parallel B, one all_reduce.
+//   run_threads(Mesh::parse("X=2"), [](Communicator& comm) {
+//     autodiff::Tape tape(comm, {DType::f64});
+//     autodiff::Var x = tape.input("X[N, D]", {{"N", 1}, {"D", 2}}, x_values, /*requires_grad=*/true);
+//     autodiff::Var a = tape.input("A[D, F_X]", {{"D", 2}, {"F", 4}}, a_values, true);
+//     autodiff::Var b = tape.input("B[F_X, E]", {{"F", 4}, {"E", 2}}, b_values, true);
+//     autodiff::Var h = relu(einsum(x, a, {"N", "F"}));        // [N, F_X]: no communication
+//     autodiff::Var y = all_reduce(einsum(h, b, {"N", "E"}), tape.axes("X"));  // [N, E]{U_X} -> [N, E]
+//     tape.backward(sum(y));
+//     tape.grad(x);     // [N, D], replicated: the backward all_reduce came out of the rule
+//     tape.events();    // forward all_reduce, backward all_reduce, with bytes and times
+//   });
+//
+//   // The same program without data: specs, shapes, collectives, FLOPs, memory.
+//   autodiff::Tape plan(Mesh::parse("X=2"), {DType::bf16, builtin_profile("h100")});
+//   ... the same calls, `input` ignoring its generator ...
+//
+// Gradient layouts. A gradient is a DistTensor of the logical dL/dv, in a spec of its own
+// that may carry unreduced axes {U_G} (each member holds a partial sum of the gradient).
+//   * An op that computes locally from its values (einsum, elementwise, softmax, layer
+//     norm, sum) first brings its output gradient to the layout its local backward needs
+//     (the output's dimension sharding; axes the output is unreduced over or shards made
+//     whole; other unreduced axes kept, since those backwards are linear in the gradient),
+//     using the reshard planner. Its input gradients then come out in whatever layout the
+//     local rule gives: a replicated operand of a sharded contraction gets a partial
+//     gradient (Megatron's f: identity forward, all_reduce backward, happens where that
+//     partial gradient next meets a local op or its parameter).
+//   * Collectives, reshard, slice and to_partial change the layout, not the logical
+//     tensor: their backward passes the gradient on unchanged, and the dual collective
+//     (all_gather <-> reduce_scatter or slice, all_to_all(d->e) <-> all_to_all(e->d),
+//     all_reduce <-> identity) is what the planner emits where the gradient is next
+//     aligned. A gradient nobody needs is never moved.
+//   * A value used twice: its gradients are brought to one layout (the value's dimension
+//     sharding, with the union of their unreduced axes: free) and added locally.
+//   * A leaf's final gradient is delivered in the leaf's own spec: data parallel's
+//     all_reduce and FSDP's reduce_scatter. Nothing is summed twice, nothing divided by
+//     the rank count.
+// docs/autodiff.md has each op's rule.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardmm/core/mesh.h"
+#include "shardmm/core/spec.h"
+#include "shardmm/plan/cost.h"
+#include "shardmm/plan/step.h"
+#include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/executor.h"
+#include "shardmm/runtime/tensor.h"
+
+namespace shardmm::autodiff {
+
+class Tape;
+
+// A value on a tape: a handle, cheap to copy. Valid while its tape lives.
+class Var {
+ public:
+  Var() = default;
+  const Spec& spec() const;
+  const Shape& shape() const;       // global
+  const DistTensor& value() const;  // this rank's shard; executed tapes only
+  Tape& tape() const;
+  bool valid() const { return tape_ != nullptr; }
+  int id() const { return id_; }  // its index on the tape, in recording order
+
+ private:
+  friend class Tape;
+  Var(Tape* tape, int id) : tape_(tape), id_(id) {}
+  Tape* tape_ = nullptr;
+  int id_ = -1;
+};
+
+enum class Phase { forward, backward };
+const char* to_string(Phase phase);
+
+// One step the program ran, or (symbolic) would run: a collective, a local slice or
+// to_partial, or an einsum. `step` holds the plan layer's figures: bytes per device are
+// the most any device sends/receives, flops the most any device computes, time_s the
+// prediction on the tape's hardware profile. Executed tapes add this rank's measurement
+// (bytes it moved; start/end in seconds since the tape was built).
+struct TapeEvent {
+  Phase phase = Phase::forward;
+  Step step;
+  bool executed = false;
+  TraceEvent measured;
+};
+
+// Per-device memory of the program, in bytes, as the tape holds it (executed: this rank;
+// symbolic: the tape's device, by default device 0, which holds the largest shards).
+struct TapeMemory {
+  std::int64_t leaves = 0;        // inputs and parameters
+  std::int64_t activations = 0;   // non-leaf values kept for the backward pass
+  std::int64_t gradients = 0;     // leaf gradients, in the leaves' specs (after backward)
+};
+
+struct TapeOptions {
+  DType dtype = DType::f32;  // executed: f32 or f64; symbolic: any (it sizes bytes and FLOP/s)
+  HardwareProfile hw = builtin_profile("h100");  // for predicted times
+  std::int64_t device = 0;   // symbolic only: whose shards the memory figures count
+};
+
+// How all_gather keeps its output for the backward pass.
+enum class Gathered {
+  kept,        // the gathered value stays in memory until backward
+  regathered,  // dropped after the forward pass and gathered again in backward (FSDP)
+};
+
+class Tape {
+ public:
+  // Executed: ops compute this rank's shards and run collectives on `comm`.
+  Tape(Communicator& comm, TapeOptions options);
+  // Symbolic: ops propagate specs and shapes over `mesh`, computing nothing; the events
+  // and memory figures are those an executed run records.
+  Tape(const Mesh& mesh, TapeOptions options);
+  ~Tape();
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
+
+  bool symbolic() const;
+  const Mesh& mesh() const;
+  DType dtype() const;
+
+  // Parses a spec or a list of mesh axis names ("X", "XY", "dp,tp") against the mesh;
+  // InputError on bad text.
+  Spec spec(std::string_view text) const;
+  AxisList axes(std::string_view names) const;
+
+  // A leaf. Executed tapes fill this rank's shard with `value` (DistTensor::filled);
+  // symbolic tapes ignore it. The spec has no unreduced axes. With requires_grad,
+  // grad() returns its gradient after backward().
+  Var input(const Spec& spec, Shape shape, const DistTensor::Generator& value, bool requires_grad = false);
+  Var input(std::string_view spec, const DimSizes& sizes, const DistTensor::Generator& value,
+            bool requires_grad = false);
+  // Executed tapes only: a shard this rank already holds.
+  Var input(DistTensor value, bool requires_grad = false);
+
+  // Runs the tape backwards from `loss`, a rank-0 value, seeding dloss/dloss = 1 on every
+  // rank. Call once per tape.
+  void backward(Var loss);
+  // A leaf's gradient in the leaf's spec (executed tapes, after backward; a leaf that the
+  // loss does not depend on gets zeros).
+  const DistTensor& grad(Var leaf) const;
+
+  // Everything run so far, forward then backward, in order.
+  const std::vector<TapeEvent>& events() const;
+  TapeMemory memory() const;
+
+  // The recording machinery, for the op functions below; not for users.
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  friend class Var;
+  static Var make_var(Tape* tape, int id) { return Var(tape, id); }
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- Ops. Each records itself on its operands' tape (operands must share one tape).
+// Dimensions are named by the spec's letters; `axes` are mesh axes, major to minor.
+
+// Local einsum on compatible shards, no communication: batch and contracted dimensions
+// sharded alike in both operands, unreduced axes of the operands disjoint. Output
+// dimensions `out_dims`, sharded as the operands shard them; contracted axes become
+// unreduced ({U_...}). InputError names the axis that breaks the rule.
+Var einsum(Var a, Var b, const std::vector<std::string>& out_dims);
+// The planner's cheapest plan (plan_matmul) for A @ B -> `out`, recorded step by step
+// (reshards, local einsum, reshards) so that its backward is automatic.
+Var planned_einsum(Var a, Var b, const Spec& out);
+
+// The collectives (plan/step.h's transitions), each one step.
+//   all_gather(x, d, G)        [.., D_{P G}, ..]  -> [.., D_P, ..]    G a suffix of d's axes
+//   reduce_scatter(x, d, G)    [.., D_P, ..]{U_G} -> [.., D_{P G}, ..]
+//   all_reduce(x, G)           [..]{U_G}          -> [..]
+//   all_to_all(x, d, e, G)     [D_{P G}, E_Q]     -> [D_P, E_{Q G}]   G a suffix of d's axes
+//   slice(x, d, G)             [.., D_P, ..]      -> [.., D_{P G}, ..] local; G unused by x
+Var all_gather(Var x, std::string_view dim, const AxisList& axes, Gathered keep = Gathered::kept);
+Var reduce_scatter(Var x, std::string_view dim, const AxisList& axes);
+Var all_reduce(Var x, const AxisList& axes);
+Var all_to_all(Var x, std::string_view from_dim, std::string_view to_dim, const AxisList& axes);
+Var slice(Var x, std::string_view dim, const AxisList& axes);
+// Any layout to any other of the same dimensions (plan_reshard), step by step.
+Var reshard(Var x, const Spec& to);
+
+// Elementwise, on whole values (no unreduced axes: ReLU(a + b) != ReLU(a) + ReLU(b)).
+Var relu(Var x);
+Var gelu(Var x);  // tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+Var silu(Var x);  // x * sigmoid(x)
+// SwiGLU's pairing: silu(gate) * up, both in the same spec.
+Var swiglu(Var gate, Var up);
+// a + b, both in the same spec (unreduced axes allowed: partial sums add).
+Var add(Var a, Var b);
+
+// Over the last dimension, which must not be sharded; no unreduced axes.
+Var softmax(Var x);
+// (x - mean) / sqrt(var + eps) * scale + bias over the last dimension (biased variance);
+// scale and bias are 1-D over that dimension, replicated.
+Var layer_norm(Var x, Var scale, Var bias, double eps = 1e-5);
+
+// Rank-0 losses over all elements. The result is unreduced over the axes that shard x
+// (and x's own unreduced axes): the logical loss is the sum over ranks of their parts.
+Var sum(Var x);
+Var mean(Var x);  // sum / global element count
+
+}  // namespace shardmm::autodiff

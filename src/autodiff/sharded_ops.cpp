@@ -1,0 +1,296 @@
+// Ops that move data or contract shards: einsum (local and planned), the collectives,
+// slice, reshard. Their backwards are the rules of tape.h: a layout change passes its
+// gradient on unchanged; an einsum aligns its gradient and contracts it locally.
+#include <algorithm>
+#include <map>
+#include <stdexcept>
+
+#include "autodiff/tape_impl.h"
+#include "plan/steps.h"
+#include "shardmm/core/error.h"
+
+namespace shardmm::autodiff {
+
+namespace {
+
+Tape& common_tape(Var a, Var b, const char* op) {
+  if (&a.tape() != &b.tape()) throw InputError(std::string(op) + ": the operands belong to different tapes");
+  return a.tape();
+}
+
+std::string label(const Spec& s) { return s.tensor.empty() ? std::string("the tensor") : s.tensor; }
+
+int dim_index(const Spec& spec, std::string_view dim, const Mesh& mesh, const char* op) {
+  const int d = spec.find_dim(dim);
+  if (d < 0) {
+    throw InputError(std::string(op) + ": " + format_spec(spec, mesh) + " has no dimension '" + std::string(dim) + "'");
+  }
+  return d;
+}
+
+bool is_suffix(const AxisList& s, const AxisList& of) {
+  return !s.empty() && s.size() <= of.size() && std::equal(s.begin(), s.end(), of.end() - static_cast<std::ptrdiff_t>(s.size()));
+}
+
+// Global sizes of every letter of a and b; InputError when a letter's sizes differ.
+DimSizes letter_sizes(const Mesh& mesh, const Spec& a, const Shape& a_shape, const Spec& b, const Shape& b_shape) {
+  DimSizes sizes;
+  for (std::size_t i = 0; i < a.dims.size(); ++i) sizes[a.dims[i].name] = a_shape[i];
+  for (std::size_t i = 0; i < b.dims.size(); ++i) {
+    const auto [it, fresh] = sizes.emplace(b.dims[i].name, b_shape[i]);
+    if (!fresh && it->second != b_shape[i]) {
+      throw InputError("einsum: dimension '" + b.dims[i].name + "' has size " + std::to_string(it->second) + " in " +
+                       format_spec(a, mesh) + " but " + std::to_string(b_shape[i]) + " in " + format_spec(b, mesh));
+    }
+  }
+  return sizes;
+}
+
+// The two-operand contractions the planner handles: every letter of an operand is in the
+// other operand or in the output, every output letter in an operand, none repeated.
+void check_letters(const Mesh& mesh, const Spec& a, const Spec& b, const std::vector<std::string>& out_dims) {
+  for (std::size_t i = 0; i < out_dims.size(); ++i) {
+    if (std::find(out_dims.begin(), out_dims.begin() + static_cast<std::ptrdiff_t>(i), out_dims[i]) !=
+        out_dims.begin() + static_cast<std::ptrdiff_t>(i)) {
+      throw InputError("einsum: output dimension '" + out_dims[i] + "' is named twice");
+    }
+    if (a.find_dim(out_dims[i]) < 0 && b.find_dim(out_dims[i]) < 0) {
+      throw InputError("einsum: output dimension '" + out_dims[i] + "' is in neither " + format_spec(a, mesh) +
+                       " nor " + format_spec(b, mesh));
+    }
+  }
+  for (const auto& [x, y] : {std::pair{&a, &b}, std::pair{&b, &a}}) {
+    for (const DimSpec& d : x->dims) {
+      if (y->find_dim(d.name) < 0 && std::find(out_dims.begin(), out_dims.end(), d.name) == out_dims.end()) {
+        throw InputError("einsum: dimension '" + d.name + "' of " + format_spec(*x, mesh) +
+                         " is in neither the other operand nor the output; sum it out first");
+      }
+    }
+  }
+}
+
+// A costed reshard-type step applied to x: a node whose backward passes the gradient on.
+Var step_node(Var x, Step step, Gathered keep = Gathered::kept) {
+  Tape& tape = x.tape();
+  Tape::Impl& t = tape.impl();
+  const Node& in = t.node(x);
+  step.tensor = in.value.spec.tensor;
+  Value out = t.run_step(step, in.value, in.shape);
+  out.spec.tensor = in.value.spec.tensor;
+  const Shape shape = in.shape;
+  Var y = t.add_node(tape, std::move(out), shape, {x.id()},
+                     [](Tape::Impl& impl, const Node& self, const Value& grad) { impl.accumulate(self.inputs[0], grad); });
+  if (keep == Gathered::regathered) t.node(y).regather = step;
+  return y;
+}
+
+Var single_step(Var x, OpKind op, AxisList axes, int dim = -1, int dst_dim = -1, Gathered keep = Gathered::kept) {
+  Tape::Impl& t = x.tape().impl();
+  Step step = detail::make_step(op, x.spec(), std::move(axes), dim, dst_dim);
+  t.cost(step, x.shape());
+  return step_node(x, std::move(step), keep);
+}
+
+void check_axes(const Mesh& mesh, const AxisList& axes, const char* op) {
+  if (axes.empty()) throw InputError(std::string(op) + ": no mesh axes given");
+  for (std::size_t i = 0; i < axes.size(); ++i) {
+    if (axes[i] < 0 || axes[i] >= mesh.rank()) {
+      throw InputError(std::string(op) + ": mesh axis index " + std::to_string(axes[i]) + " is not in mesh " +
+                       mesh.to_string());
+    }
+    if (std::find(axes.begin(), axes.begin() + static_cast<std::ptrdiff_t>(i), axes[i]) !=
+        axes.begin() + static_cast<std::ptrdiff_t>(i)) {
+      throw InputError(std::string(op) + ": mesh axis " + mesh.axis(axes[i]).name + " is named twice");
+    }
+  }
+}
+
+}  // namespace
+
+Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, const Spec& b, const Shape& b_shape,
+                       const std::vector<std::string>& out_dims, Shape* out_shape) {
+  const DimSizes sizes = letter_sizes(mesh, a, a_shape, b, b_shape);
+  check_letters(mesh, a, b, out_dims);
+  const std::string what = "einsum " + format_spec(a, mesh) + " @ " + format_spec(b, mesh);
+  const auto same_in_both = [&](const std::string& name, const char* role) {
+    const AxisList& x = a.dims[static_cast<std::size_t>(a.find_dim(name))].axes;
+    const AxisList& y = b.dims[static_cast<std::size_t>(b.find_dim(name))].axes;
+    if (x != y) {
+      throw InputError(what + " cannot run locally: " + role + " dimension '" + name +
+                       "' must be sharded alike in both operands (" + (x.empty() ? "replicated" : mesh.axis_names(x)) +
+                       " vs " + (y.empty() ? "replicated" : mesh.axis_names(y)) + "); reshard one, or use planned_einsum");
+    }
+    return x;
+  };
+  Spec c;
+  c.tensor = a.tensor + b.tensor;
+  if (out_shape) out_shape->clear();
+  for (const std::string& n : out_dims) {
+    const bool in_a = a.find_dim(n) >= 0, in_b = b.find_dim(n) >= 0;
+    AxisList axes = in_a && in_b ? same_in_both(n, "batch")
+                                 : (in_a ? a : b).dims[static_cast<std::size_t>((in_a ? a : b).find_dim(n))].axes;
+    c.dims.push_back({n, std::move(axes)});
+    if (out_shape) out_shape->push_back(sizes.at(n));
+  }
+  for (const DimSpec& d : a.dims) {
+    if (b.find_dim(d.name) >= 0 && std::find(out_dims.begin(), out_dims.end(), d.name) == out_dims.end()) {
+      const AxisList axes = same_in_both(d.name, "contracted");
+      c.unreduced.insert(c.unreduced.end(), axes.begin(), axes.end());
+    }
+  }
+  for (int x : a.unreduced) {
+    if (b.is_unreduced(x)) {
+      throw InputError(what + ": both operands are unreduced over " + mesh.axis(x).name +
+                       "; the product of two partial sums is not the partial sum of the product (reduce one first)");
+    }
+  }
+  c.unreduced.insert(c.unreduced.end(), a.unreduced.begin(), a.unreduced.end());
+  c.unreduced.insert(c.unreduced.end(), b.unreduced.begin(), b.unreduced.end());
+  std::sort(c.unreduced.begin(), c.unreduced.end());
+  try {
+    validate_spec(c, mesh);
+  } catch (const InputError& e) {
+    throw InputError(what + " cannot run locally: its output would be " + format_spec(c, mesh) + ", and " +
+                     e.headline() + "; reshard an operand, or use planned_einsum");
+  }
+  return c;
+}
+
+Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
+  Tape& tape = common_tape(a, b, "einsum");
+  Tape::Impl& t = tape.impl();
+  Shape shape;
+  const Spec out = local_einsum_spec(t.mesh, a.spec(), a.shape(), b.spec(), b.shape(), out_dims, &shape);
+  Value c = t.run_einsum(t.node(a).value, a.shape(), t.node(b).value, b.shape(), out, shape);
+  Node& na = t.node(a);
+  Node& nb = t.node(b);
+  // Each operand's gradient is contracted from the other operand's value.
+  if (nb.requires_grad) na.saved = true;
+  if (na.requires_grad) nb.saved = true;
+  return t.add_node(tape, std::move(c), shape, {a.id(), b.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
+    const Value g = impl.align(grad, self.value.spec, self.shape);
+    const int ia = self.inputs[0], ib = self.inputs[1];
+    for (const auto& [target, other, target_first] : {std::tuple{ia, ib, true}, std::tuple{ib, ia, false}}) {
+      const Node& tn = impl.node(target);
+      if (!tn.requires_grad) continue;
+      const Value& ov = impl.saved_value(other);
+      const Shape& os = impl.node(other).shape;
+      std::vector<std::string> names;
+      for (const DimSpec& d : tn.value.spec.dims) names.push_back(d.name);
+      // dA = dC (x) B and dB = A (x) dC, in the operand's own dimension order.
+      const Value& x = target_first ? g : ov;
+      const Value& y = target_first ? ov : g;
+      const Shape& xs = target_first ? self.shape : os;
+      const Shape& ys = target_first ? os : self.shape;
+      Spec spec = local_einsum_spec(impl.mesh, x.spec, xs, y.spec, ys, names, nullptr);
+      spec.tensor = "d" + tn.value.spec.tensor;
+      impl.accumulate(target, impl.run_einsum(x, xs, y, ys, spec, tn.shape));
+    }
+  });
+}
+
+Var planned_einsum(Var a, Var b, const Spec& out) {
+  Tape& tape = common_tape(a, b, "planned_einsum");
+  Tape::Impl& t = tape.impl();
+  validate_spec(out, t.mesh);
+  Contraction c;
+  c.a = a.spec();
+  c.b = b.spec();
+  c.out = out;
+  c.out_tensor = out.tensor.empty() ? c.a.tensor + c.b.tensor : out.tensor;
+  for (const DimSpec& d : out.dims) c.out_dims.push_back(d.name);
+  check_letters(t.mesh, c.a, c.b, c.out_dims);
+  const DimSizes sizes = letter_sizes(t.mesh, c.a, a.shape(), c.b, b.shape());
+  const MatmulPlanning planning = plan_matmul(t.mesh, c, sizes, t.plan_options);
+  if (planning.chosen < 0) throw InputError("planned_einsum: no plan for " + format_contraction(c, t.mesh));
+  Var current[3] = {a, b, Var()};
+  for (const Step& step : planning.candidates[static_cast<std::size_t>(planning.chosen)].steps) {
+    if (step.op == OpKind::einsum) {
+      current[2] = einsum(current[0], current[1], c.out_dims);
+      if (!(current[2].spec() == step.to)) {
+        throw std::logic_error("planned_einsum: the planner's local einsum gives " + format_spec(step.to, t.mesh) +
+                               ", the tape's " + format_spec(current[2].spec(), t.mesh));
+      }
+    } else {
+      Var& x = current[static_cast<std::size_t>(step.operand)];
+      x = step_node(x, step);
+    }
+  }
+  return current[2];
+}
+
+Var all_gather(Var x, std::string_view dim, const AxisList& axes, Gathered keep) {
+  const Mesh& mesh = x.tape().mesh();
+  check_axes(mesh, axes, "all_gather");
+  const int d = dim_index(x.spec(), dim, mesh, "all_gather");
+  if (!is_suffix(axes, x.spec().dims[static_cast<std::size_t>(d)].axes)) {
+    throw InputError("all_gather over " + mesh.axis_names(axes) + " on " + format_spec(x.spec(), mesh) +
+                     ": the axes must be the minor-most ones sharding dimension '" + std::string(dim) +
+                     "' (use reshard for other moves)");
+  }
+  return single_step(x, OpKind::all_gather, axes, d, -1, keep);
+}
+
+Var reduce_scatter(Var x, std::string_view dim, const AxisList& axes) {
+  const Mesh& mesh = x.tape().mesh();
+  check_axes(mesh, axes, "reduce_scatter");
+  const int d = dim_index(x.spec(), dim, mesh, "reduce_scatter");
+  for (int a : axes) {
+    if (!x.spec().is_unreduced(a)) {
+      throw InputError("reduce_scatter over " + mesh.axis_names(axes) + " on " + format_spec(x.spec(), mesh) + ": " +
+                       label(x.spec()) + " is not unreduced over " + mesh.axis(a).name + " (nothing to sum)");
+    }
+  }
+  return single_step(x, OpKind::reduce_scatter, axes, d);
+}
+
+Var all_reduce(Var x, const AxisList& axes) {
+  const Mesh& mesh = x.tape().mesh();
+  check_axes(mesh, axes, "all_reduce");
+  for (int a : axes) {
+    if (!x.spec().is_unreduced(a)) {
+      throw InputError("all_reduce over " + mesh.axis_names(axes) + " on " + format_spec(x.spec(), mesh) + ": " +
+                       label(x.spec()) + " is not unreduced over " + mesh.axis(a).name + " (nothing to sum)");
+    }
+  }
+  AxisList sorted = axes;
+  std::sort(sorted.begin(), sorted.end());
+  return single_step(x, OpKind::all_reduce, sorted);
+}
+
+Var all_to_all(Var x, std::string_view from_dim, std::string_view to_dim, const AxisList& axes) {
+  const Mesh& mesh = x.tape().mesh();
+  check_axes(mesh, axes, "all_to_all");
+  const int d = dim_index(x.spec(), from_dim, mesh, "all_to_all");
+  const int e = dim_index(x.spec(), to_dim, mesh, "all_to_all");
+  if (d == e) throw InputError("all_to_all: source and destination are both dimension '" + std::string(from_dim) + "'");
+  if (!is_suffix(axes, x.spec().dims[static_cast<std::size_t>(d)].axes)) {
+    throw InputError("all_to_all over " + mesh.axis_names(axes) + " on " + format_spec(x.spec(), mesh) +
+                     ": the axes must be the minor-most ones sharding dimension '" + std::string(from_dim) + "'");
+  }
+  return single_step(x, OpKind::all_to_all, axes, d, e);
+}
+
+Var slice(Var x, std::string_view dim, const AxisList& axes) {
+  const Mesh& mesh = x.tape().mesh();
+  check_axes(mesh, axes, "slice");
+  const int d = dim_index(x.spec(), dim, mesh, "slice");
+  for (int a : axes) {
+    if (x.spec().uses(a)) {
+      throw InputError("slice over " + mesh.axis_names(axes) + " on " + format_spec(x.spec(), mesh) + ": mesh axis " +
+                       mesh.axis(a).name + " is already in use (a mesh axis can shard only one dimension)");
+    }
+  }
+  return single_step(x, OpKind::slice, axes, d);
+}
+
+Var reshard(Var x, const Spec& to) {
+  Tape::Impl& t = x.tape().impl();
+  validate_spec(to, t.mesh);
+  check_same_tensor(x.spec(), to, t.mesh);
+  const Plan plan = plan_reshard(t.mesh, x.spec(), to, x.shape(), t.plan_options);
+  for (const Step& s : plan.steps) x = step_node(x, s);
+  return x;
+}
+
+}  // namespace shardmm::autodiff

@@ -1,0 +1,389 @@
+// The tape: nodes, steps run through the runtime's executor, gradient layouts, backward.
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+#include "autodiff/tape_impl.h"
+#include "plan/steps.h"
+#include "shardmm/core/error.h"
+#include "shardmm/runtime/kernels.h"
+
+namespace shardmm::autodiff {
+
+const char* to_string(Phase phase) { return phase == Phase::forward ? "forward" : "backward"; }
+
+AxisList sharding_axes(const Spec& spec) {
+  AxisList out;
+  for (const DimSpec& d : spec.dims) out.insert(out.end(), d.axes.begin(), d.axes.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace {
+
+// Every dimension's global size by name, for the executor.
+void add_sizes(DimSizes& sizes, const Spec& spec, const Shape& shape) {
+  for (std::size_t i = 0; i < spec.dims.size(); ++i) sizes[spec.dims[i].name] = shape[i];
+}
+
+bool contains(const AxisList& list, int axis) { return std::find(list.begin(), list.end(), axis) != list.end(); }
+
+template <class T>
+void add_into(T* dst, const T* src, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Impl
+
+Tape::Impl::Impl(Communicator* c, const Mesh& m, TapeOptions o) : comm(c), mesh(m), options(std::move(o)) {
+  if (comm && options.dtype != DType::f32 && options.dtype != DType::f64) {
+    throw InputError(std::string("an executed tape computes in f32 or f64; got ") + to_string(options.dtype));
+  }
+  if (!comm && (options.device < 0 || options.device >= mesh.device_count())) {
+    throw InputError("the symbolic tape's device " + std::to_string(options.device) + " is not in mesh " +
+                     mesh.to_string() + " (devices 0.." + std::to_string(mesh.device_count() - 1) + ")");
+  }
+  plan_options.dtype = options.dtype;
+  plan_options.hw = options.hw;
+}
+
+std::int64_t Tape::Impl::device() const { return comm ? comm->rank() : options.device; }
+
+Node& Tape::Impl::node(Var v) {
+  if (!v.valid()) throw InputError("an op was given an empty Var (default-constructed, never assigned)");
+  return nodes[static_cast<std::size_t>(v.id())];
+}
+
+Var Tape::Impl::add_node(Tape& tape, Value value, Shape shape, std::vector<int> inputs, Backward backward) {
+  if (backward_done) throw InputError("this tape has run backward(); record a new program on a new tape");
+  Node n;
+  n.value = std::move(value);
+  n.shape = std::move(shape);
+  for (int i : inputs) n.requires_grad = n.requires_grad || node(i).requires_grad;
+  n.inputs = std::move(inputs);
+  n.backward = std::move(backward);
+  nodes.push_back(std::move(n));
+  return make_var(&tape, static_cast<int>(nodes.size()) - 1);
+}
+
+std::shared_ptr<DistTensor> Tape::Impl::make_shard(const Spec& spec, const Shape& shape) const {
+  return std::make_shared<DistTensor>(mesh, device(), spec, shape, options.dtype);
+}
+
+std::int64_t Tape::Impl::local_bytes(const Spec& spec, const Shape& shape) const {
+  return checked_mul(local_elements(mesh, spec, shape, device()), dtype_bytes(options.dtype), "a shard's bytes");
+}
+
+void Tape::Impl::cost(Step& step, const Shape& shape) const {
+  detail::StepCoster coster(mesh, plan_options);
+  coster.cost(step, shape);
+}
+
+Value Tape::Impl::run_step(const Step& step, const Value& in, const Shape& shape) {
+  TapeEvent ev{phase, step, false, {}};
+  Value out{step.to, nullptr};
+  if (!symbolic()) {
+    DimSizes sizes;
+    add_sizes(sizes, step.from, shape);
+    Plan plan;
+    plan.steps = {step};
+    plan.steps[0].operand = 0;
+    const double start = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+    Executor exec(*comm, plan, sizes, options.dtype);
+    const DistTensor& result = exec.run(*in.data);
+    auto copy = make_shard(step.to, shape);
+    std::memcpy(copy->data(), result.data(), static_cast<std::size_t>(result.buffer().bytes()));
+    out.data = std::move(copy);
+    ev.executed = true;
+    ev.measured = exec.trace().at(0);
+    ev.measured.start_s = start;
+    ev.measured.end_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+  }
+  events.push_back(std::move(ev));
+  return out;
+}
+
+Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& b, const Shape& b_shape,
+                             const Spec& out, const Shape& out_shape) {
+  Step step;
+  step.op = OpKind::einsum;
+  step.tensor = out.tensor;
+  step.operand = 2;
+  step.from = a.spec;
+  step.from_b = b.spec;
+  step.to = out;
+  DimSizes sizes;
+  add_sizes(sizes, a.spec, a_shape);
+  add_sizes(sizes, b.spec, b_shape);
+  add_sizes(sizes, out, out_shape);
+  detail::StepCoster coster(mesh, plan_options);
+  coster.cost_einsum(step, sizes);
+  TapeEvent ev{phase, step, false, {}};
+  Value result{out, nullptr};
+  if (!symbolic()) {
+    Plan plan;
+    plan.steps = {step};
+    const double start = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+    Executor exec(*comm, plan, sizes, options.dtype);
+    const DistTensor& c = exec.run(*a.data, b.data.get());
+    auto copy = make_shard(out, out_shape);
+    std::memcpy(copy->data(), c.data(), static_cast<std::size_t>(c.buffer().bytes()));
+    result.data = std::move(copy);
+    ev.executed = true;
+    ev.measured = exec.trace().at(0);
+    ev.measured.start_s = start;
+    ev.measured.end_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+  }
+  events.push_back(std::move(ev));
+  return result;
+}
+
+Value Tape::Impl::reshard(const Value& v, const Spec& to, const Shape& shape) {
+  if (v.spec == to) return v;
+  const Plan plan = plan_reshard(mesh, v.spec, to, shape, plan_options);
+  Value current = v;
+  for (const Step& s : plan.steps) current = run_step(s, current, shape);
+  current.spec.tensor = v.spec.tensor;
+  return current;
+}
+
+Value Tape::Impl::align(const Value& grad, const Spec& spec, const Shape& shape) {
+  Spec target;
+  target.tensor = grad.spec.tensor;
+  target.dims = spec.dims;
+  const AxisList used = sharding_axes(spec);
+  for (int a : grad.spec.unreduced) {
+    if (!contains(used, a) && !spec.is_unreduced(a)) target.unreduced.push_back(a);
+  }
+  return reshard(grad, target, shape);
+}
+
+void Tape::Impl::accumulate(int id, Value grad) {
+  Node& n = nodes[static_cast<std::size_t>(id)];
+  if (!n.requires_grad) return;
+  grad.spec.tensor = "d" + n.value.spec.tensor;
+  if (!n.grad) {
+    n.grad = std::move(grad);
+    return;
+  }
+  // One layout for both: their common dimension sharding (else the value's), and the
+  // union of their unreduced axes, which costs nothing (to_partial is local).
+  Value& have = *n.grad;
+  Spec target;
+  target.tensor = grad.spec.tensor;
+  target.dims = have.spec.dims == grad.spec.dims ? grad.spec.dims : n.value.spec.dims;
+  const AxisList used = sharding_axes(target);
+  for (const AxisList* u : {&have.spec.unreduced, &grad.spec.unreduced}) {
+    for (int a : *u) {
+      if (!contains(used, a) && !contains(target.unreduced, a)) target.unreduced.push_back(a);
+    }
+  }
+  std::sort(target.unreduced.begin(), target.unreduced.end());
+  const Value x = reshard(have, target, n.shape);
+  const Value y = reshard(grad, target, n.shape);
+  Value sum{target, nullptr};
+  if (!symbolic()) {
+    auto data = make_shard(target, n.shape);
+    std::memcpy(data->data(), x.data->data(), static_cast<std::size_t>(x.data->buffer().bytes()));
+    if (options.dtype == DType::f32) {
+      add_into(data->buffer().as<float>(), y.data->buffer().as<float>(), data->elements());
+    } else {
+      add_into(data->buffer().as<double>(), y.data->buffer().as<double>(), data->elements());
+    }
+    sum.data = std::move(data);
+  }
+  n.grad = std::move(sum);
+}
+
+const Value& Tape::Impl::saved_value(int id) {
+  Node& n = nodes[static_cast<std::size_t>(id)];
+  if (n.regather && phase == Phase::backward && !n.regathered) {
+    const int source = n.inputs.at(0);
+    n.value = run_step(*n.regather, saved_value(source), node(source).shape);
+    n.regathered = true;
+  }
+  return n.value;
+}
+
+// ---------------------------------------------------------------- Tape, Var
+
+Tape::Tape(Communicator& comm, TapeOptions options)
+    : impl_(std::make_unique<Impl>(&comm, comm.mesh(), std::move(options))) {}
+Tape::Tape(const Mesh& mesh, TapeOptions options) : impl_(std::make_unique<Impl>(nullptr, mesh, std::move(options))) {}
+Tape::~Tape() = default;
+
+bool Tape::symbolic() const { return impl_->symbolic(); }
+const Mesh& Tape::mesh() const { return impl_->mesh; }
+DType Tape::dtype() const { return impl_->options.dtype; }
+
+Spec Tape::spec(std::string_view text) const { return parse_spec(text, impl_->mesh); }
+
+AxisList Tape::axes(std::string_view names) const {
+  const Mesh& mesh = impl_->mesh;
+  // "dp,tp" names axes by comma; "XY" is a run of one-character names.
+  std::vector<std::string> parts;
+  if (names.find(',') != std::string_view::npos || !mesh.single_char_names()) {
+    std::size_t from = 0;
+    while (true) {
+      const std::size_t to = std::min(names.find(',', from), names.size());
+      parts.emplace_back(names.substr(from, to - from));
+      if (to == names.size()) break;
+      from = to + 1;
+    }
+  } else {
+    for (char c : names) parts.emplace_back(1, c);
+  }
+  AxisList out;
+  for (const std::string& p : parts) {
+    const std::optional<int> a = mesh.find(p);
+    if (!a) throw InputError("mesh axis '" + p + "' in '" + std::string(names) + "' is not in mesh " + mesh.to_string());
+    if (contains(out, *a)) throw InputError("mesh axis '" + p + "' appears twice in '" + std::string(names) + "'");
+    out.push_back(*a);
+  }
+  if (out.empty()) throw InputError("no mesh axes named; write axes as X, XY or dp,tp");
+  return out;
+}
+
+Var Tape::input(const Spec& spec, Shape shape, const DistTensor::Generator& value, bool requires_grad) {
+  validate_spec(spec, impl_->mesh);
+  if (!spec.unreduced.empty()) {
+    throw InputError("input " + format_spec(spec, impl_->mesh) +
+                     " is unreduced: a leaf holds whole values (make partial sums with an op, e.g. einsum)");
+  }
+  if (shape.size() != spec.dims.size()) {
+    throw InputError("input " + format_spec(spec, impl_->mesh) + " has " + std::to_string(spec.dims.size()) +
+                     " dimensions but a shape of " + std::to_string(shape.size()) + " extents");
+  }
+  for (std::int64_t n : shape) {
+    if (n < 0) throw InputError("input " + format_spec(spec, impl_->mesh) + " has a negative extent " + std::to_string(n));
+  }
+  Value v{spec, nullptr};
+  if (!impl_->symbolic()) {
+    v.data = std::make_shared<DistTensor>(
+        DistTensor::filled(impl_->mesh, impl_->device(), spec, shape, impl_->options.dtype, value));
+  }
+  Var var = impl_->add_node(*this, std::move(v), std::move(shape), {}, nullptr);
+  Node& n = impl_->node(var);
+  n.leaf = true;
+  n.requires_grad = requires_grad;
+  return var;
+}
+
+Var Tape::input(std::string_view spec_text, const DimSizes& sizes, const DistTensor::Generator& value,
+                bool requires_grad) {
+  const Spec s = spec(spec_text);
+  return input(s, global_shape(s, sizes), value, requires_grad);
+}
+
+Var Tape::input(DistTensor value, bool requires_grad) {
+  if (impl_->symbolic()) throw InputError("a symbolic tape holds no data; use input(spec, shape, generator)");
+  if (value.device() != impl_->device() || value.dtype() != impl_->options.dtype) {
+    throw InputError("input shard is for device " + std::to_string(value.device()) + " in " +
+                     to_string(value.dtype()) + "; this tape runs device " + std::to_string(impl_->device()) +
+                     " in " + to_string(impl_->options.dtype));
+  }
+  const Spec spec = value.spec();
+  const Shape shape = value.global_shape();
+  Var var = input(spec, shape, [](const Index&, std::int64_t) { return 0.0; }, requires_grad);
+  impl_->node(var).value.data = std::make_shared<DistTensor>(std::move(value));
+  return var;
+}
+
+void Tape::backward(Var loss) {
+  Impl& t = *impl_;
+  const Node& l = t.node(loss);
+  if (&loss.tape() != this) throw InputError("backward(loss): the loss belongs to another tape");
+  if (!l.shape.empty()) {
+    throw InputError("backward(loss): the loss must be a rank-0 value (use sum or mean); got " +
+                     format_spec(l.value.spec, t.mesh));
+  }
+  if (t.backward_done) throw InputError("backward() runs once per tape");
+  t.phase = Phase::backward;
+  t.backward_done = true;
+  // Regathered values leave memory now; a backward that needs one gathers it again.
+  for (Node& n : t.nodes) {
+    if (n.regather) n.value.data.reset();
+  }
+  Spec seed_spec;
+  seed_spec.tensor = "d" + l.value.spec.tensor;
+  Value seed{seed_spec, nullptr};
+  if (!t.symbolic()) {
+    auto one = t.make_shard(seed_spec, {});
+    if (t.options.dtype == DType::f32) {
+      one->buffer().as<float>()[0] = 1.0f;
+    } else {
+      one->buffer().as<double>()[0] = 1.0;
+    }
+    seed.data = std::move(one);
+  }
+  t.accumulate(loss.id(), std::move(seed));
+  for (int id = static_cast<int>(t.nodes.size()) - 1; id >= 0; --id) {
+    Node& n = t.nodes[static_cast<std::size_t>(id)];
+    if (!n.grad) continue;
+    if (n.leaf) {
+      *n.grad = t.reshard(*n.grad, n.value.spec, n.shape);
+      continue;
+    }
+    const Value grad = std::move(*n.grad);
+    n.grad.reset();  // an intermediate's gradient is not kept once passed on
+    n.backward(t, n, grad);
+  }
+  // Leaves the loss does not reach get zeros in their own spec.
+  for (Node& n : t.nodes) {
+    if (!n.leaf || !n.requires_grad || n.grad) continue;
+    Value zero{n.value.spec, nullptr};
+    zero.spec.tensor = "d" + n.value.spec.tensor;
+    if (!t.symbolic()) {
+      auto data = t.make_shard(zero.spec, n.shape);
+      std::memset(data->data(), 0, static_cast<std::size_t>(data->buffer().bytes()));
+      zero.data = std::move(data);
+    }
+    n.grad = std::move(zero);
+  }
+}
+
+const DistTensor& Tape::grad(Var leaf) const {
+  const Node& n = impl_->node(leaf);
+  if (!n.leaf || !n.requires_grad) {
+    throw InputError("grad(): only leaves made with requires_grad = true have a gradient");
+  }
+  if (!n.grad) throw InputError("grad(): call backward(loss) first");
+  if (!n.grad->data) throw InputError("grad(): a symbolic tape computes no gradients");
+  return *n.grad->data;
+}
+
+const std::vector<TapeEvent>& Tape::events() const { return impl_->events; }
+
+TapeMemory Tape::memory() const {
+  TapeMemory m;
+  for (const Node& n : impl_->nodes) {
+    const std::int64_t bytes = impl_->local_bytes(n.value.spec, n.shape);
+    if (n.leaf) {
+      m.leaves += bytes;
+      if (n.requires_grad && n.grad) m.gradients += bytes;
+    } else {
+      if (n.saved && !n.regather) m.activations += bytes;
+      m.activations += n.extra_saved_bytes;
+    }
+  }
+  return m;
+}
+
+const Spec& Var::spec() const { return tape_->impl_->node(*this).value.spec; }
+const Shape& Var::shape() const { return tape_->impl_->node(*this).shape; }
+Tape& Var::tape() const {
+  if (!tape_) throw InputError("an empty Var (default-constructed, never assigned) has no tape");
+  return *tape_;
+}
+const DistTensor& Var::value() const {
+  const Node& n = tape_->impl_->node(*this);
+  if (!n.value.data) {
+    throw InputError(tape_->symbolic() ? "value(): a symbolic tape holds no data"
+                                       : "value(): this gathered value was dropped for the backward pass");
+  }
+  return *n.value.data;
+}
+
+}  // namespace shardmm::autodiff

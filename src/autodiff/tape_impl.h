@@ -1,0 +1,100 @@
+// The tape's insides, shared by the op files (private to the autodiff layer).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "shardmm/autodiff/tape.h"
+#include "shardmm/plan/planner.h"
+
+namespace shardmm::autodiff {
+
+// A tensor as the tape sees it: its layout and, on executed tapes, this rank's shard.
+// Shards are shared, never modified after they are made: one gradient may feed several
+// inputs (add passes its gradient to both operands).
+struct Value {
+  Spec spec;
+  std::shared_ptr<const DistTensor> data;  // null on symbolic tapes
+};
+
+struct Node;
+// Receives the output gradient (any layout) and contributes the inputs' gradients
+// through Tape::Impl::accumulate.
+using Backward = std::function<void(Tape::Impl&, const Node&, const Value& grad)>;
+
+struct Node {
+  Value value;
+  Shape shape;
+  bool leaf = false;
+  bool requires_grad = false;
+  // Some op's backward reads this value (counted in TapeMemory::activations).
+  bool saved = false;
+  // Bytes an op keeps beside its inputs for the backward pass (layer norm's statistics).
+  std::int64_t extra_saved_bytes = 0;
+  // all_gather(.., Gathered::regathered): dropped when backward starts, then this step
+  // run again from `inputs[0]` when a backward needs the value.
+  std::optional<Step> regather;
+  bool regathered = false;  // in this backward pass
+  std::vector<int> inputs;
+  Backward backward;
+  std::optional<Value> grad;  // accumulated during backward
+};
+
+struct Tape::Impl {
+  Communicator* comm = nullptr;  // null: symbolic
+  Mesh mesh;
+  TapeOptions options;
+  PlanOptions plan_options;
+  std::vector<Node> nodes;
+  std::vector<TapeEvent> events;
+  Phase phase = Phase::forward;
+  bool backward_done = false;
+  std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
+
+  Impl(Communicator* c, const Mesh& m, TapeOptions o);
+
+  bool symbolic() const { return comm == nullptr; }
+  std::int64_t device() const;
+
+  // ---- recording
+  Node& node(Var v);
+  const Node& node(int id) const { return nodes[static_cast<std::size_t>(id)]; }
+  // A new node computed from `inputs`; requires_grad when any input does.
+  Var add_node(Tape& tape, Value value, Shape shape, std::vector<int> inputs, Backward backward);
+  // The value a backward reads, regathered first when it was dropped.
+  const Value& saved_value(int id);
+
+  // ---- steps (collectives, slice, to_partial, einsum): costed, recorded, executed
+  // Runs one reshard-type step on `in` (already costed).
+  Value run_step(const Step& step, const Value& in, const Shape& shape);
+  // Runs a local einsum step (costed here) on a and b, producing `out` dims.
+  Value run_einsum(const Value& a, const Shape& a_shape, const Value& b, const Shape& b_shape, const Spec& out,
+                   const Shape& out_shape);
+  // plan_reshard and run its steps; `v` unchanged when already in `to`.
+  Value reshard(const Value& v, const Spec& to, const Shape& shape);
+  // Costs a single reshard-type step with the plan layer's figures.
+  void cost(Step& step, const Shape& shape) const;
+
+  // ---- gradients
+  // The layout a local backward needs for the gradient of a value in `spec`: spec's
+  // dimension sharding; unreduced axes of the gradient kept unless the value is sharded
+  // or unreduced over them.
+  Value align(const Value& grad, const Spec& spec, const Shape& shape);
+  void accumulate(int id, Value grad);
+  // A new shard on this rank (executed tapes only).
+  std::shared_ptr<DistTensor> make_shard(const Spec& spec, const Shape& shape) const;
+  std::int64_t local_bytes(const Spec& spec, const Shape& shape) const;
+};
+
+// The output spec of a local einsum on compatible shards (see einsum in tape.h); throws
+// InputError naming the axis or dimension that breaks the rule.
+Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, const Spec& b, const Shape& b_shape,
+                       const std::vector<std::string>& out_dims, Shape* out_shape);
+
+// Axes that shard a dimension of `spec`, in mesh order.
+AxisList sharding_axes(const Spec& spec);
+
+}  // namespace shardmm::autodiff
