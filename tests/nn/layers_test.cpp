@@ -54,7 +54,7 @@ CollectiveTally find(const std::vector<CollectiveTally>& t, Phase phase, OpKind 
   for (const CollectiveTally& x : t) {
     if (x.phase == phase && x.op == op) return x;
   }
-  return {phase, op, 0, 0, 0};
+  return {phase, op, {}, 0, 0, 0};
 }
 
 int total_count(const std::vector<CollectiveTally>& t) {

@@ -82,10 +82,11 @@ struct LayerPrediction {
 };
 LayerPrediction predict_layer(const ModelConfig& m, DType dtype, const HardwareProfile& hw);
 
-// Per phase and collective: how many and their bytes (the most any device sends).
+// Per phase, collective and mesh axes: how many and their bytes (the most any device sends).
 struct CollectiveTally {
   autodiff::Phase phase = autodiff::Phase::forward;
   OpKind op = OpKind::all_reduce;
+  AxisList axes;
   int count = 0;
   std::int64_t bytes = 0;
   double time_s = 0;  // predicted
