@@ -186,57 +186,140 @@ Var relu(Var x) { return unary(x, Activation::relu); }
 Var gelu(Var x) { return unary(x, Activation::gelu); }
 Var silu(Var x) { return unary(x, Activation::silu); }
 
-Var swiglu(Var gate, Var up) {
-  Tape& tape = same_tape(gate, up, "swiglu");
+namespace {
+
+// f(a) * b with f = silu (SwiGLU's gate) or the identity (mul): same spec, whole values.
+Var gated_product(Var a, Var b, bool swish, const char* op) {
+  Tape& tape = same_tape(a, b, op);
   Tape::Impl& t = tape.impl();
-  require_whole(t.mesh, gate.spec(), "swiglu");
-  require_same_spec(t.mesh, gate, up, "swiglu");
-  const Node& ng = t.node(gate);
-  const Node& nu = t.node(up);
-  Value y{ng.value.spec, nullptr};
-  y.spec.tensor = "swiglu(" + ng.value.spec.tensor + "," + nu.value.spec.tensor + ")";
-  if (ng.value.data) {
-    auto out = t.make_shard(y.spec, ng.shape);
+  require_whole(t.mesh, a.spec(), op);
+  require_same_spec(t.mesh, a, b, op);
+  const auto f = [swish](double x) { return swish ? apply(Activation::silu, x) : x; };
+  const auto df = [swish](double x) { return swish ? derivative(Activation::silu, x) : 1.0; };
+  const Node& na = t.node(a);
+  const Node& nb = t.node(b);
+  Value y{na.value.spec, nullptr};
+  y.spec.tensor = std::string(op) + "(" + na.value.spec.tensor + "," + nb.value.spec.tensor + ")";
+  if (na.value.data) {
+    auto out = t.make_shard(y.spec, na.shape);
     with_type(t.options.dtype, [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      const T* g = in<T>(ng.value);
-      const T* u = in<T>(nu.value);
+      const T* x = in<T>(na.value);
+      const T* z = in<T>(nb.value);
       T* dst = out->buffer().as<T>();
-      for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(apply(Activation::silu, g[i]) * u[i]);
+      for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(f(x[i]) * z[i]);
     });
     y.data = std::move(out);
   }
-  const bool any = ng.requires_grad || nu.requires_grad;
-  t.node(gate).saved = t.node(gate).saved || any;
-  t.node(up).saved = t.node(up).saved || t.node(gate).requires_grad;
-  const Shape shape = ng.shape;
-  return t.add_node(tape, std::move(y), shape, {gate.id(), up.id()},
-                    [](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const int ig = self.inputs[0], iu = self.inputs[1];
+  // db = g f(a) reads a; da = g b f'(a) reads b, and a when f is not the identity.
+  const bool a_grad = na.requires_grad, b_grad = nb.requires_grad;
+  t.node(a).saved = t.node(a).saved || b_grad || (swish && a_grad);
+  t.node(b).saved = t.node(b).saved || a_grad;
+  const Shape shape = na.shape;
+  return t.add_node(tape, std::move(y), shape, {a.id(), b.id()},
+                    [f, df](Tape::Impl& impl, const Node& self, const Value& grad) {
+    const int ia = self.inputs[0], ib = self.inputs[1];
     const Value g = impl.align(grad, self.value.spec, self.shape);
-    Value dgate{g.spec, nullptr}, dup{g.spec, nullptr};
+    Value da{g.spec, nullptr}, db{g.spec, nullptr};
     if (g.data) {
-      const Value& gv = impl.saved_value(ig);
-      const Value& uv = impl.saved_value(iu);
-      auto dg = impl.make_shard(g.spec, self.shape);
-      auto du = impl.make_shard(g.spec, self.shape);
+      const Value& av = impl.saved_value(ia);
+      const Value& bv = impl.saved_value(ib);
+      auto pa = impl.make_shard(g.spec, self.shape);
+      auto pb = impl.make_shard(g.spec, self.shape);
       with_type(impl.options.dtype, [&](auto* type) {
         using T = std::remove_pointer_t<decltype(type)>;
         const T* gr = in<T>(g);
-        const T* a = in<T>(gv);
-        const T* u = in<T>(uv);
-        T* pg = dg->buffer().as<T>();
-        T* pu = du->buffer().as<T>();
-        for (std::int64_t i = 0; i < dg->elements(); ++i) {
-          pg[i] = static_cast<T>(gr[i] * u[i] * derivative(Activation::silu, a[i]));
-          pu[i] = static_cast<T>(gr[i] * apply(Activation::silu, a[i]));
+        const T* x = in<T>(av);
+        const T* z = in<T>(bv);
+        T* qa = pa->buffer().as<T>();
+        T* qb = pb->buffer().as<T>();
+        for (std::int64_t i = 0; i < pa->elements(); ++i) {
+          qa[i] = static_cast<T>(gr[i] * z[i] * df(x[i]));
+          qb[i] = static_cast<T>(gr[i] * f(x[i]));
         }
       });
-      dgate.data = std::move(dg);
-      dup.data = std::move(du);
+      da.data = std::move(pa);
+      db.data = std::move(pb);
     }
-    impl.accumulate(ig, std::move(dgate));
-    impl.accumulate(iu, std::move(dup));
+    impl.accumulate(ia, std::move(da));
+    impl.accumulate(ib, std::move(db));
+  });
+}
+
+// A copy of `v`'s shard under another spec of the same blocks (renamed dimensions).
+Value relabeled(Tape::Impl& t, const Value& v, Spec spec, const Shape& shape) {
+  Value out{std::move(spec), nullptr};
+  if (v.data) {
+    auto data = t.make_shard(out.spec, shape);
+    std::memcpy(data->data(), v.data->data(), static_cast<std::size_t>(v.data->buffer().bytes()));
+    out.data = std::move(data);
+  }
+  return out;
+}
+
+Spec renamed(Spec spec, std::string_view from, std::string_view to) {
+  spec.dims[static_cast<std::size_t>(spec.find_dim(from))].name = std::string(to);
+  return spec;
+}
+
+}  // namespace
+
+Var swiglu(Var gate, Var up) { return gated_product(gate, up, true, "swiglu"); }
+Var mul(Var a, Var b) { return gated_product(a, b, false, "mul"); }
+
+Var scale(Var x, double factor) {
+  Tape& tape = x.tape();
+  Tape::Impl& t = tape.impl();
+  const Node& nx = t.node(x);
+  Value y{nx.value.spec, nullptr};
+  y.spec.tensor = "scale(" + nx.value.spec.tensor + ")";
+  if (nx.value.data) {
+    auto out = t.make_shard(y.spec, nx.shape);
+    with_type(t.options.dtype, [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      const T* src = in<T>(nx.value);
+      T* dst = out->buffer().as<T>();
+      for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(src[i] * factor);
+    });
+    y.data = std::move(out);
+  }
+  const Shape shape = nx.shape;
+  // Linear and elementwise: the gradient scales in whatever layout it came, partial sums too.
+  return t.add_node(tape, std::move(y), shape, {x.id()}, [factor](Tape::Impl& impl, const Node& self, const Value& grad) {
+    Value dx{grad.spec, nullptr};
+    if (grad.data) {
+      auto out = impl.make_shard(grad.spec, self.shape);
+      with_type(impl.options.dtype, [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        const T* src = in<T>(grad);
+        T* dst = out->buffer().as<T>();
+        for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(src[i] * factor);
+      });
+      dx.data = std::move(out);
+    }
+    impl.accumulate(self.inputs[0], std::move(dx));
+  });
+}
+
+Var rename(Var x, std::string_view from, std::string_view to) {
+  Tape& tape = x.tape();
+  Tape::Impl& t = tape.impl();
+  const Spec& s = x.spec();
+  if (s.find_dim(from) < 0) {
+    throw InputError("rename: " + format_spec(s, t.mesh) + " has no dimension '" + std::string(from) + "'");
+  }
+  if (from != to && s.find_dim(to) >= 0) {
+    throw InputError("rename: " + format_spec(s, t.mesh) + " already has a dimension '" + std::string(to) + "'");
+  }
+  Spec out = renamed(s, from, to);
+  validate_spec(out, t.mesh);  // the new name must be a dimension name
+  const Node& nx = t.node(x);
+  const Shape shape = nx.shape;
+  Value y = relabeled(t, nx.value, std::move(out), shape);
+  return t.add_node(tape, std::move(y), shape, {x.id()},
+                    [from = std::string(from), to = std::string(to)](Tape::Impl& impl, const Node& self,
+                                                                    const Value& grad) {
+    impl.accumulate(self.inputs[0], relabeled(impl, grad, renamed(grad.spec, to, from), self.shape));
   });
 }
 

@@ -153,10 +153,6 @@ Value Tape::Impl::align(const Value& grad, const Spec& spec, const Shape& shape)
   Spec target;
   target.tensor = grad.spec.tensor;
   target.dims = spec.dims;
-  const AxisList used = sharding_axes(spec);
-  for (int a : grad.spec.unreduced) {
-    if (!contains(used, a) && !spec.is_unreduced(a)) target.unreduced.push_back(a);
-  }
   return reshard(grad, target, shape);
 }
 

@@ -79,9 +79,8 @@ struct Tape::Impl {
   void cost(Step& step, const Shape& shape) const;
 
   // ---- gradients
-  // The layout a local backward needs for the gradient of a value in `spec`: spec's
-  // dimension sharding; unreduced axes of the gradient kept unless the value is sharded
-  // or unreduced over them.
+  // The gradient of a value in `spec`, brought to what a local backward needs: spec's
+  // dimension sharding, whole (pending sums resolved here, as Megatron's f does).
   Value align(const Value& grad, const Spec& spec, const Shape& shape);
   void accumulate(int id, Value grad);
   // A new shard on this rank (executed tapes only).

@@ -21,13 +21,13 @@
 // Gradient layouts. A gradient is a DistTensor of the logical dL/dv, in a spec of its own
 // that may carry unreduced axes {U_G} (each member holds a partial sum of the gradient).
 //   * An op that computes locally from its values (einsum, elementwise, softmax, layer
-//     norm, sum) first brings its output gradient to the layout its local backward needs
-//     (the output's dimension sharding; axes the output is unreduced over or shards made
-//     whole; other unreduced axes kept, since those backwards are linear in the gradient),
-//     using the reshard planner. Its input gradients then come out in whatever layout the
-//     local rule gives: a replicated operand of a sharded contraction gets a partial
-//     gradient (Megatron's f: identity forward, all_reduce backward, happens where that
-//     partial gradient next meets a local op or its parameter).
+//     norm, sum) first brings its output gradient to the output's dimension sharding,
+//     whole (pending sums resolved), using the reshard planner. Its input gradients come
+//     out in whatever layout the local rule gives: a replicated operand of a sharded
+//     contraction gets a gradient unreduced over the contracted axes, summed where it
+//     next meets a local op or its leaf (Megatron's f: identity forward, all_reduce
+//     backward); layer norm's scale and bias get gradients unreduced over the axes that
+//     split the rows.
 //   * Collectives, reshard, slice and to_partial change the layout, not the logical
 //     tensor: their backward passes the gradient on unchanged, and the dual collective
 //     (all_gather <-> reduce_scatter or slice, all_to_all(d->e) <-> all_to_all(e->d),
@@ -194,8 +194,15 @@ Var gelu(Var x);  // tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 Var silu(Var x);  // x * sigmoid(x)
 // SwiGLU's pairing: silu(gate) * up, both in the same spec.
 Var swiglu(Var gate, Var up);
+// a * b elementwise (gating), both in the same spec, whole.
+Var mul(Var a, Var b);
 // a + b, both in the same spec (unreduced axes allowed: partial sums add).
 Var add(Var a, Var b);
+// factor * x (unreduced axes allowed: it is linear), e.g. attention's 1/sqrt(d).
+Var scale(Var x, double factor);
+// The same tensor with dimension `from` named `to` (self-attention contracts a sequence
+// with itself: rename T to S for the keys). No data moves.
+Var rename(Var x, std::string_view from, std::string_view to);
 
 // Over the last dimension, which must not be sharded; no unreduced axes.
 Var softmax(Var x);
