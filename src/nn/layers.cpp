@@ -4,7 +4,7 @@
 #include <cmath>
 #include <map>
 
-#include "shardmm/autodiff/layer_ops.h"
+#include "shardmm/autodiff/causal_mask.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
 
