@@ -35,6 +35,13 @@ const DenseTensor& param(const Params& p, const std::string& name, const Shape& 
   return it->second;
 }
 
+// Extent `dim` of a parameter of rank `rank`, 0 when it is missing or of another rank (param()
+// then names what is wrong).
+std::int64_t extent_of(const Params& p, const std::string& name, std::size_t rank, std::size_t dim) {
+  const auto it = p.find(name);
+  return it != p.end() && it->second.shape.size() == rank ? it->second.shape[dim] : 0;
+}
+
 void check_like(const DenseTensor& dy, const DenseTensor& x) {
   if (dy.shape != x.shape) {
     throw InputError("the output gradient is " + shape_text(dy.shape) + "; it should be shaped as the input, " +
@@ -342,8 +349,7 @@ DenseStep mlp_step(const MlpConfig& config, const Params& params, const DenseTen
                    double lr) {
   check_like(dy, x);
   const std::int64_t n = rows_of(x), d = x.shape.back();
-  const auto it = params.find("W_in");
-  const std::int64_t f = it != params.end() && it->second.shape.size() == 2 ? it->second.shape[1] : 0;
+  const std::int64_t f = extent_of(params, "W_in", 2, 1);
   const Vec& w_in = param(params, "W_in", {d, f}).values;
   const Vec& w_out = param(params, "W_out", {f, d}).values;
   const MlpCache c = mlp_forward(config.activation, x.values, w_in, w_out, n, d, f);
@@ -383,8 +389,7 @@ DenseStep block_step(const BlockConfig& config, const Params& params, const Dens
   const Vec& wk = param(params, "Wk", {d, s.h, s.dh}).values;
   const Vec& wv = param(params, "Wv", {d, s.h, s.dh}).values;
   const Vec& wo = param(params, "Wo", {s.h, s.dh, d}).values;
-  const auto it = params.find("W_in");
-  const std::int64_t f = it != params.end() && it->second.shape.size() == 2 ? it->second.shape[1] : 0;
+  const std::int64_t f = extent_of(params, "W_in", 2, 1);
   const Vec& w_in = param(params, "W_in", {d, f}).values;
   const Vec& w_out = param(params, "W_out", {f, d}).values;
   const Activation act = config.mlp.activation;
@@ -464,10 +469,7 @@ DenseStep moe_step(const MoeConfig& config, const Params& params, const DenseTen
                    double lr) {
   check_like(dy, x);
   const std::int64_t n = rows_of(x), d = x.shape.back();
-  const auto router = params.find("W_router");
-  const std::int64_t e = router != params.end() && router->second.shape.size() == 2 ? router->second.shape[1] : 0;
-  const auto it = params.find("W_in");
-  const std::int64_t f = it != params.end() && it->second.shape.size() == 3 ? it->second.shape[2] : 0;
+  const std::int64_t e = extent_of(params, "W_router", 2, 1), f = extent_of(params, "W_in", 3, 2);
   const DenseTensor& w_router = param(params, "W_router", {d, e});
   const Vec& w_in = param(params, "W_in", {e, d, f}).values;
   const Vec& w_out = param(params, "W_out", {e, f, d}).values;

@@ -35,6 +35,13 @@ Result model(std::vector<std::string> args) {
   return r;
 }
 
+// The arguments of `layer --strategy strategy` followed by `rest`.
+std::vector<std::string> with(const char* layer, const char* strategy, const std::vector<std::string>& rest) {
+  std::vector<std::string> args = {layer, "--strategy", strategy};
+  args.insert(args.end(), rest.begin(), rest.end());
+  return args;
+}
+
 json model_json(std::vector<std::string> args) {
   args.push_back("--json");
   const Result r = model(args);
@@ -80,10 +87,7 @@ TEST(ModelCliTest, DecoderBlockFourAllReducesTrainingTwoInference) {
 
 TEST(ModelCliTest, SequenceParallelSameBytesAsTensorParallel) {
   const std::vector<std::string> rest = {"--mesh", "X=4", "--dims", "B=2,T=16,D=16,F=32,H=4"};
-  std::vector<std::string> tp = {"block", "--strategy", "tp"}, sp = {"block", "--strategy", "sp"};
-  tp.insert(tp.end(), rest.begin(), rest.end());
-  sp.insert(sp.end(), rest.begin(), rest.end());
-  const json a = model_json(tp), b = model_json(sp);
+  const json a = model_json(with("block", "tp", rest)), b = model_json(with("block", "sp", rest));
   EXPECT_EQ(total(b, "count", "", "all_reduce"), 0);
   EXPECT_EQ(total(b, "count", "", "all_gather"), 4);
   EXPECT_EQ(total(b, "count", "", "reduce_scatter"), 4);
@@ -93,10 +97,7 @@ TEST(ModelCliTest, SequenceParallelSameBytesAsTensorParallel) {
 
 TEST(ModelCliTest, FsdpIsOneAndAHalfTimesDataParallel) {
   const std::vector<std::string> rest = {"--mesh", "X=8", "--dims", "B=8,T=4,D=64,F=256"};
-  std::vector<std::string> dp = {"mlp", "--strategy", "dp"}, fsdp = {"mlp", "--strategy", "fsdp"};
-  dp.insert(dp.end(), rest.begin(), rest.end());
-  fsdp.insert(fsdp.end(), rest.begin(), rest.end());
-  const json a = model_json(dp), b = model_json(fsdp);
+  const json a = model_json(with("mlp", "dp", rest)), b = model_json(with("mlp", "fsdp", rest));
   EXPECT_EQ(2 * total(b, "bytes"), 3 * total(a, "bytes"));
   // DP's all_reduce of V = 2 * 64 * 256 f32 weights: 2 (N - 1) / N V per device.
   EXPECT_EQ(total(a, "bytes"), 2 * 7 * (2 * 64 * 256 * 4) / 8);
