@@ -55,6 +55,30 @@ void check_layer_flags(const ModelFlags& f, nn::LayerKind layer) {
   }
 }
 
+// --run compares with a dense f64 reference computed by plain loops on one core, and every
+// rank's shards live in this process (threads): refuse sizes it cannot finish or hold.
+inline constexpr double kMaxReferenceFlops = 5e9;
+
+void check_run_size(const nn::ModelConfig& m, const nn::LayerPrediction& pred, DType dtype) {
+  double flops = 0;
+  for (const autodiff::TapeEvent& e : pred.events) flops += e.step.flops;
+  flops *= static_cast<double>(m.mesh.device_count());  // the most per device, times the devices: an upper bound
+  if (flops > kMaxReferenceFlops) {
+    throw InputError("--run verifies the step against a dense single-device reference of about " +
+                     format_flops(flops) + ", more than --run computes (" + format_flops(kMaxReferenceFlops) +
+                     "); give smaller --dims with --run (the prediction alone has no size limit)");
+  }
+  // Every device's shards and kept values, and about as much again for the f64 reference.
+  const double per_device = static_cast<double>(pred.memory.leaves + pred.memory.activations +
+                                                2 * nn::parameter_bytes_per_device(m, dtype));
+  const double need = 2 * per_device * static_cast<double>(m.mesh.device_count()) * 8 / dtype_bytes(dtype);
+  const double have = static_cast<double>(available_memory());
+  if (need > have) {
+    throw InputError("--run needs about " + format_bytes(need) + " here (every device's shards and the dense f64 " +
+                     "reference) but " + format_bytes(have) + " is available; give smaller --dims with --run");
+  }
+}
+
 struct Row {
   autodiff::Phase phase;
   OpKind op;
@@ -310,6 +334,7 @@ Command add_model_command(CLI::App& root) {
             std::optional<nn::LayerStep> step;
             if (f.run) {
               check_backend(f.backend, m.mesh);
+              check_run_size(m, pred, p.options.dtype);
               if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
                 throw InputError(std::string("--run computes in f32 or f64, not ") + to_string(p.options.dtype) +
                                  "; pass --dtype f32 or --dtype f64");

@@ -176,6 +176,8 @@ TEST(ModelCliTest, BadInputIsOneLineAndExitTwo) {
       {{"mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--run", "--backend", "nccl"},
        "nccl"},
       {{"mlp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4"}, "--strategy"},
+      {{"mlp", "--strategy", "tp", "--mesh", "X=8", "--dims", "B=8,T=2048,D=4096,F=16384", "--run"},
+       "give smaller --dims with --run"},
   };
   for (const Bad& b : cases) {
     const Result r = model(b.args);
