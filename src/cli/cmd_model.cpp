@@ -204,7 +204,7 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
       << format_time(t.compute) << " = " << format_time(t.comm + t.compute) << " (serialized, no overlap)\n";
   if (step) {
     const Verification& v = step->verification;
-    out << "\nRun (" << f.backend << ", " << m.mesh.device_count() << " ranks): "
+    out << "\nRun (" << f.backend << ", " << m.mesh.device_count() << (m.mesh.device_count() == 1 ? " rank): " : " ranks): ")
         << (v.verified ? "verified" : "WRONG") << " against the dense single-device step (output, input gradient, "
         << (m.train ? "every weight's gradient and update; " : "") << "max abs error " << scientific(v.max_abs_error)
         << ", tolerance " << scientific(v.tolerance) << ")\n";

@@ -189,6 +189,7 @@ void compare(Verification& v, const std::string& what, const std::vector<double>
   double scale = 0;
   for (double w : want) scale = std::max(scale, std::abs(w));
   const double tol = rel * (1.0 + scale);
+  if (v.tolerance == 0) v.tolerance = tol;  // the first tensor's, until an element comes closer to its own
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double err = std::abs(got[i] - want[i]);
     const bool worst = !(err / tol <= v.max_rel_error / rel);
