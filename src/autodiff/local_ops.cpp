@@ -66,6 +66,24 @@ const T* in(const Value& v) {
   return v.data->buffer().as<T>();
 }
 
+// out[i] = f(a[i], b[i]) in double (b null: f(a[i], 0)), on executed tapes; the layout only
+// on symbolic ones.
+template <class F>
+Value elementwise(Tape::Impl& t, Spec spec, const Shape& shape, const Value& a, const Value* b, F f) {
+  Value out{std::move(spec), nullptr};
+  if (!a.data) return out;
+  auto data = t.make_shard(out.spec, shape);
+  with_type(t.options.dtype, [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const T* x = in<T>(a);
+    const T* z = b ? in<T>(*b) : nullptr;
+    T* dst = data->buffer().as<T>();
+    for (std::int64_t i = 0; i < data->elements(); ++i) dst[i] = static_cast<T>(f(x[i], z ? z[i] : T(0)));
+  });
+  out.data = std::move(data);
+  return out;
+}
+
 // A nonlinear op needs whole values: f(a + b) != f(a) + f(b).
 void require_whole(const Mesh& mesh, const Spec& spec, const char* op) {
   if (!spec.unreduced.empty()) {
@@ -104,36 +122,16 @@ Var unary(Var x, Activation f) {
   Tape::Impl& t = tape.impl();
   require_whole(t.mesh, x.spec(), name(f));
   const Node& nx = t.node(x);
-  Value y{nx.value.spec, nullptr};
-  y.spec.tensor = std::string(name(f)) + "(" + nx.value.spec.tensor + ")";
-  if (nx.value.data) {
-    auto out = t.make_shard(y.spec, nx.shape);
-    with_type(t.options.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      const T* src = in<T>(nx.value);
-      T* dst = out->buffer().as<T>();
-      for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(apply(f, src[i]));
-    });
-    y.data = std::move(out);
-  }
+  Spec spec = nx.value.spec;
+  spec.tensor = std::string(name(f)) + "(" + nx.value.spec.tensor + ")";
+  Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, [f](double v, double) { return apply(f, v); });
   t.node(x).saved = t.node(x).requires_grad;
   const Shape shape = nx.shape;
   return t.add_node(tape, std::move(y), shape, {x.id()}, [f](Tape::Impl& impl, const Node& self, const Value& grad) {
     const int ix = self.inputs[0];
     const Value g = impl.align(grad, self.value.spec, self.shape);
-    Value dx{g.spec, nullptr};
-    if (g.data) {
-      const Value& xv = impl.saved_value(ix);
-      auto out = impl.make_shard(g.spec, self.shape);
-      with_type(impl.options.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        const T* gx = in<T>(g);
-        const T* xs = in<T>(xv);
-        T* dst = out->buffer().as<T>();
-        for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(gx[i] * derivative(f, xs[i]));
-      });
-      dx.data = std::move(out);
-    }
+    const Value dx = elementwise(impl, g.spec, self.shape, g, &impl.saved_value(ix),
+                                 [f](double gr, double v) { return gr * derivative(f, v); });
     impl.accumulate(ix, std::move(dx));
   });
 }
@@ -198,19 +196,9 @@ Var gated_product(Var a, Var b, bool swish, const char* op) {
   const auto df = [swish](double x) { return swish ? derivative(Activation::silu, x) : 1.0; };
   const Node& na = t.node(a);
   const Node& nb = t.node(b);
-  Value y{na.value.spec, nullptr};
-  y.spec.tensor = std::string(op) + "(" + na.value.spec.tensor + "," + nb.value.spec.tensor + ")";
-  if (na.value.data) {
-    auto out = t.make_shard(y.spec, na.shape);
-    with_type(t.options.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      const T* x = in<T>(na.value);
-      const T* z = in<T>(nb.value);
-      T* dst = out->buffer().as<T>();
-      for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(f(x[i]) * z[i]);
-    });
-    y.data = std::move(out);
-  }
+  Spec spec = na.value.spec;
+  spec.tensor = std::string(op) + "(" + na.value.spec.tensor + "," + nb.value.spec.tensor + ")";
+  Value y = elementwise(t, std::move(spec), na.shape, na.value, &nb.value, [f](double x, double z) { return f(x) * z; });
   // db = g f(a) reads a; da = g b f'(a) reads b, and a when f is not the identity.
   const bool a_grad = na.requires_grad, b_grad = nb.requires_grad;
   t.node(a).saved = t.node(a).saved || b_grad || (swish && a_grad);
@@ -220,27 +208,14 @@ Var gated_product(Var a, Var b, bool swish, const char* op) {
                     [f, df](Tape::Impl& impl, const Node& self, const Value& grad) {
     const int ia = self.inputs[0], ib = self.inputs[1];
     const Value g = impl.align(grad, self.value.spec, self.shape);
-    Value da{g.spec, nullptr}, db{g.spec, nullptr};
-    if (g.data) {
-      const Value& av = impl.saved_value(ia);
-      const Value& bv = impl.saved_value(ib);
-      auto pa = impl.make_shard(g.spec, self.shape);
-      auto pb = impl.make_shard(g.spec, self.shape);
-      with_type(impl.options.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        const T* gr = in<T>(g);
-        const T* x = in<T>(av);
-        const T* z = in<T>(bv);
-        T* qa = pa->buffer().as<T>();
-        T* qb = pb->buffer().as<T>();
-        for (std::int64_t i = 0; i < pa->elements(); ++i) {
-          qa[i] = static_cast<T>(gr[i] * z[i] * df(x[i]));
-          qb[i] = static_cast<T>(gr[i] * f(x[i]));
-        }
-      });
-      da.data = std::move(pa);
-      db.data = std::move(pb);
-    }
+    const Value& av = impl.saved_value(ia);
+    const Value& bv = impl.saved_value(ib);
+    // da = g b f'(a): b's role is played by the product b f'(a), a's by f(a).
+    const Value slope = elementwise(impl, g.spec, self.shape, av, &bv, [df](double x, double z) { return z * df(x); });
+    const Value gate = elementwise(impl, g.spec, self.shape, av, nullptr, [f](double x, double) { return f(x); });
+    const auto times = [](double x, double z) { return x * z; };
+    Value da = elementwise(impl, g.spec, self.shape, g, &slope, times);
+    Value db = elementwise(impl, g.spec, self.shape, g, &gate, times);
     impl.accumulate(ia, std::move(da));
     impl.accumulate(ib, std::move(db));
   });
@@ -271,33 +246,14 @@ Var scale(Var x, double factor) {
   Tape& tape = x.tape();
   Tape::Impl& t = tape.impl();
   const Node& nx = t.node(x);
-  Value y{nx.value.spec, nullptr};
-  y.spec.tensor = "scale(" + nx.value.spec.tensor + ")";
-  if (nx.value.data) {
-    auto out = t.make_shard(y.spec, nx.shape);
-    with_type(t.options.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      const T* src = in<T>(nx.value);
-      T* dst = out->buffer().as<T>();
-      for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(src[i] * factor);
-    });
-    y.data = std::move(out);
-  }
+  Spec spec = nx.value.spec;
+  spec.tensor = "scale(" + nx.value.spec.tensor + ")";
+  const auto times = [factor](double v, double) { return v * factor; };
+  Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, times);
   const Shape shape = nx.shape;
   // Linear and elementwise: the gradient scales in whatever layout it came, partial sums too.
-  return t.add_node(tape, std::move(y), shape, {x.id()}, [factor](Tape::Impl& impl, const Node& self, const Value& grad) {
-    Value dx{grad.spec, nullptr};
-    if (grad.data) {
-      auto out = impl.make_shard(grad.spec, self.shape);
-      with_type(impl.options.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        const T* src = in<T>(grad);
-        T* dst = out->buffer().as<T>();
-        for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = static_cast<T>(src[i] * factor);
-      });
-      dx.data = std::move(out);
-    }
-    impl.accumulate(self.inputs[0], std::move(dx));
+  return t.add_node(tape, std::move(y), shape, {x.id()}, [times](Tape::Impl& impl, const Node& self, const Value& grad) {
+    impl.accumulate(self.inputs[0], elementwise(impl, grad.spec, self.shape, grad, nullptr, times));
   });
 }
 
@@ -329,19 +285,9 @@ Var add(Var a, Var b) {
   require_same_spec(t.mesh, a, b, "add");
   const Node& na = t.node(a);
   const Node& nb = t.node(b);
-  Value y{na.value.spec, nullptr};
-  y.spec.tensor = na.value.spec.tensor + "+" + nb.value.spec.tensor;
-  if (na.value.data) {
-    auto out = t.make_shard(y.spec, na.shape);
-    with_type(t.options.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      const T* x = in<T>(na.value);
-      const T* z = in<T>(nb.value);
-      T* dst = out->buffer().as<T>();
-      for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = x[i] + z[i];
-    });
-    y.data = std::move(out);
-  }
+  Spec spec = na.value.spec;
+  spec.tensor = na.value.spec.tensor + "+" + nb.value.spec.tensor;
+  Value y = elementwise(t, std::move(spec), na.shape, na.value, &nb.value, [](double x, double z) { return x + z; });
   const Shape shape = na.shape;
   // The sum's gradient is each operand's, in whatever layout it came.
   return t.add_node(tape, std::move(y), shape, {a.id(), b.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {

@@ -207,6 +207,7 @@ Var planned_einsum(Var a, Var b, const Spec& out) {
   for (const Step& step : planning.candidates[static_cast<std::size_t>(planning.chosen)].steps) {
     if (step.op == OpKind::einsum) {
       current[2] = einsum(current[0], current[1], c.out_dims);
+      t.node(current[2]).value.spec.tensor = c.out_tensor;
       if (!(current[2].spec() == step.to)) {
         throw std::logic_error("planned_einsum: the planner's local einsum gives " + format_spec(step.to, t.mesh) +
                                ", the tape's " + format_spec(current[2].spec(), t.mesh));

@@ -81,28 +81,36 @@ void Tape::Impl::cost(Step& step, const Shape& shape) const {
   coster.cost(step, shape);
 }
 
-Value Tape::Impl::run_step(const Step& step, const Value& in, const Shape& shape) {
+Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
   TapeEvent ev{phase, step, false, {}};
   Value out{step.to, nullptr};
   if (!symbolic()) {
-    DimSizes sizes;
-    add_sizes(sizes, step.from, shape);
+    const auto seconds = [this] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+    };
     Plan plan;
     plan.steps = {step};
-    plan.steps[0].operand = 0;
-    const double start = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+    const double start = seconds();
     Executor exec(*comm, plan, sizes, options.dtype);
-    const DistTensor& result = exec.run(*in.data);
+    const DistTensor& result = exec.run(*a.data, b ? b->data.get() : nullptr);
+    // The executor owns its result and is gone after this step: keep a copy.
     auto copy = make_shard(step.to, shape);
     std::memcpy(copy->data(), result.data(), static_cast<std::size_t>(result.buffer().bytes()));
     out.data = std::move(copy);
     ev.executed = true;
     ev.measured = exec.trace().at(0);
     ev.measured.start_s = start;
-    ev.measured.end_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+    ev.measured.end_s = seconds();
   }
   events.push_back(std::move(ev));
   return out;
+}
+
+Value Tape::Impl::run_step(Step step, const Value& in, const Shape& shape) {
+  DimSizes sizes;
+  add_sizes(sizes, step.from, shape);
+  step.operand = 0;
+  return record(step, sizes, in, nullptr, shape);
 }
 
 Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& b, const Shape& b_shape,
@@ -120,24 +128,7 @@ Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& 
   add_sizes(sizes, out, out_shape);
   detail::StepCoster coster(mesh, plan_options);
   coster.cost_einsum(step, sizes);
-  TapeEvent ev{phase, step, false, {}};
-  Value result{out, nullptr};
-  if (!symbolic()) {
-    Plan plan;
-    plan.steps = {step};
-    const double start = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
-    Executor exec(*comm, plan, sizes, options.dtype);
-    const DistTensor& c = exec.run(*a.data, b.data.get());
-    auto copy = make_shard(out, out_shape);
-    std::memcpy(copy->data(), c.data(), static_cast<std::size_t>(c.buffer().bytes()));
-    result.data = std::move(copy);
-    ev.executed = true;
-    ev.measured = exec.trace().at(0);
-    ev.measured.start_s = start;
-    ev.measured.end_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
-  }
-  events.push_back(std::move(ev));
-  return result;
+  return record(step, sizes, a, &b, out_shape);
 }
 
 Value Tape::Impl::reshard(const Value& v, const Spec& to, const Shape& shape) {

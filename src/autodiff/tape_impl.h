@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -48,7 +49,8 @@ struct Tape::Impl {
   Mesh mesh;
   TapeOptions options;
   PlanOptions plan_options;
-  std::vector<Node> nodes;
+  // A deque: references to nodes (Var::spec(), a backward's `self`) survive new nodes.
+  std::deque<Node> nodes;
   std::vector<TapeEvent> events;
   Phase phase = Phase::forward;
   bool backward_done = false;
@@ -69,10 +71,12 @@ struct Tape::Impl {
 
   // ---- steps (collectives, slice, to_partial, einsum): costed, recorded, executed
   // Runs one reshard-type step on `in` (already costed).
-  Value run_step(const Step& step, const Value& in, const Shape& shape);
+  Value run_step(Step step, const Value& in, const Shape& shape);
   // Runs a local einsum step (costed here) on a and b, producing `out` dims.
   Value run_einsum(const Value& a, const Shape& a_shape, const Value& b, const Shape& b_shape, const Spec& out,
                    const Shape& out_shape);
+  // Records a costed step and, on executed tapes, runs it through a one-step Executor.
+  Value record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape);
   // plan_reshard and run its steps; `v` unchanged when already in `to`.
   Value reshard(const Value& v, const Spec& to, const Shape& shape);
   // Costs a single reshard-type step with the plan layer's figures.

@@ -33,8 +33,9 @@
 //     (all_gather <-> reduce_scatter or slice, all_to_all(d->e) <-> all_to_all(e->d),
 //     all_reduce <-> identity) is what the planner emits where the gradient is next
 //     aligned. A gradient nobody needs is never moved.
-//   * A value used twice: its gradients are brought to one layout (the value's dimension
-//     sharding, with the union of their unreduced axes: free) and added locally.
+//   * A value used twice: its gradients are brought to one layout (their common dimension
+//     sharding, else the value's, with the union of their unreduced axes: free) and added
+//     locally.
 //   * A leaf's final gradient is delivered in the leaf's own spec: data parallel's
 //     all_reduce and FSDP's reduce_scatter. Nothing is summed twice, nothing divided by
 //     the rank count.
@@ -201,7 +202,7 @@ Var add(Var a, Var b);
 // factor * x (unreduced axes allowed: it is linear), e.g. attention's 1/sqrt(d).
 Var scale(Var x, double factor);
 // The same tensor with dimension `from` named `to` (self-attention contracts a sequence
-// with itself: rename T to S for the keys). No data moves.
+// with itself: rename T to S for the keys). No communication.
 Var rename(Var x, std::string_view from, std::string_view to);
 
 // Over the last dimension, which must not be sharded; no unreduced axes.
