@@ -143,13 +143,14 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
              "  shardmm check 'A[I_X, J_Y]' --mesh X=4,Y=2 --dims I=8192,J=4096\n"
              "  shardmm plan 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=4 --dims I=8192,J=4096,K=16384\n"
              "  shardmm reshard 'A[I, J_X]' 'A[I_X, J]' --mesh X=4 --dims I=8192,J=4096\n"
+             "  shardmm model block --strategy sp --mesh X=4 --dims B=8,T=1024,D=4096,F=16384,H=32\n"
              "  shardmm demo\n"
              "Run 'shardmm COMMAND --help' for a command's flags.\n" +
              kDocsHint);
 
   const std::vector<Command> commands = {
       add_check_command(app), add_plan_command(app), add_reshard_command(app),
-      add_run_command(app),   add_bench_command(app), add_demo_command(app),
+      add_run_command(app),   add_bench_command(app), add_demo_command(app),  add_model_command(app),
   };
 
   try {

@@ -12,5 +12,6 @@ Command add_reshard_command(CLI::App& root);  // cmd_reshard.cpp
 Command add_run_command(CLI::App& root);      // cmd_run.cpp
 Command add_bench_command(CLI::App& root);    // cmd_bench.cpp
 Command add_demo_command(CLI::App& root);     // cmd_demo.cpp
+Command add_model_command(CLI::App& root);    // cmd_model.cpp
 
 }  // namespace shardmm::cli
