@@ -369,10 +369,15 @@ class MpiCommunicator final : public Communicator {
       waited_ = true;
       comm_.complete(*this);
     }
+    // Once MPI_Testall has completed the requests it has also freed them and filled the
+    // statuses: keep both results for wait(), which would otherwise see empty statuses.
     bool test() override {
-      int done = 0;
-      check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses()), "MPI_Testall");
-      return done != 0;
+      if (!done_) {
+        int done = 0;
+        rc_ = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses());
+        done_ = done != 0 || rc_ != MPI_SUCCESS;  // an error is reported by wait()
+      }
+      return done_;
     }
 
     std::vector<MPI_Request> requests;
@@ -389,6 +394,8 @@ class MpiCommunicator final : public Communicator {
     int tag_;
     bool sending_;
     bool waited_ = false;
+    bool done_ = false;     // test() completed the requests (or failed): rc_ and statuses_ hold the result
+    int rc_ = MPI_SUCCESS;
     std::vector<MPI_Status> statuses_;
   };
 
@@ -398,16 +405,15 @@ class MpiCommunicator final : public Communicator {
                              std::to_string(r.tag_) + ")";
     MPI_Status* statuses = r.statuses();
     int rc = MPI_SUCCESS;
-    if (check_) {
+    if (r.done_) {
+      rc = r.rc_;
+    } else if (check_) {
       // Polled, so that a peer that never matches ends the job instead of hanging it.
-      poll_until(Clock::now() + watchdog_, [&] {
-        int done = 0;
-        rc = MPI_Testall(static_cast<int>(r.requests.size()), r.requests.data(), &done, statuses);
-        return rc != MPI_SUCCESS || done != 0;
-      }, [&] {
+      poll_until(Clock::now() + watchdog_, [&] { return r.test(); }, [&] {
         return "p2p timeout: rank " + std::to_string(rank_) + " waited " + watchdog_text_ + " in " + call + "; " +
                (r.sending_ ? "no receive was posted" : "nothing arrived") + watchdog_hint(watchdog_text_);
       });
+      rc = r.rc_;
     } else {
       rc = MPI_Waitall(static_cast<int>(r.requests.size()), r.requests.data(), statuses);
     }
