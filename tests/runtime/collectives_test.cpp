@@ -6,12 +6,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/collectives_testing.h"
@@ -367,22 +369,32 @@ TEST(Threads, WatchdogNamesTheCollectiveAndTheMissingRanks) {
             "waited 1 s; ranks 1, 2 never arrived (watchdog 1 s; SHARDMM_WATCHDOG_S sets it)");
 }
 
-TEST(Threads, WatchdogCoversRecv) {
-  Gate timed_out;
-  EXPECT_EQ(message_of<CollectiveTimeout>([&] {
-              run(Mesh::parse("X=2"), [&](Communicator& comm) {
-                if (comm.rank() == 1) return timed_out.wait();
-                int x = 0;
-                try {
-                  comm.recv(&x, sizeof x, 1, 3);
-                } catch (...) {
-                  timed_out.open();
-                  throw;
-                }
-              }, 0.5);
-            }),
-            "p2p timeout: rank 0 waited 0.5 s in recv(4 bytes from rank 1, tag 3); nothing arrived "
-            "(watchdog 0.5 s; SHARDMM_WATCHDOG_S sets it)");
+// recv, and the waits of irecv and isend.
+TEST(Threads, WatchdogCoversPointToPoint) {
+  const std::string hint = " (watchdog 0.5 s; SHARDMM_WATCHDOG_S sets it)";
+  const std::pair<std::function<void(Communicator&, int&)>, std::string> calls[] = {
+      {[](Communicator& c, int& x) { c.recv(&x, sizeof x, 1, 3); }, "recv(4 bytes from rank 1, tag 3); nothing arrived"},
+      {[](Communicator& c, int& x) { c.irecv(&x, sizeof x, 1, 3)->wait(); },
+       "recv(4 bytes from rank 1, tag 3); nothing arrived"},
+      {[](Communicator& c, int& x) { c.isend(&x, sizeof x, 1, 3)->wait(); },
+       "isend(4 bytes to rank 1, tag 3); no receive was posted"},
+  };
+  for (const auto& [call, what] : calls) {
+    Gate timed_out;
+    EXPECT_EQ(message_of<CollectiveTimeout>([&] {
+                run(Mesh::parse("X=2"), [&](Communicator& comm) {
+                  if (comm.rank() == 1) return timed_out.wait();
+                  int x = 0;
+                  try {
+                    call(comm, x);
+                  } catch (...) {
+                    timed_out.open();
+                    throw;
+                  }
+                }, 0.5);
+              }),
+              "p2p timeout: rank 0 waited 0.5 s in " + what + hint);
+  }
 }
 
 TEST(Threads, WatchdogComesFromTheEnvironment) {
@@ -579,28 +591,6 @@ TEST(ThreadsNonblocking, SizesMustAgree) {
               });
             }),
             "p2p mismatch: rank 0 called isend(4 bytes to rank 1, tag 0) but rank 1 posted a receive of 8 bytes");
-}
-
-TEST(ThreadsNonblocking, WatchdogCoversWaits) {
-  for (bool sending : {false, true}) {
-    Gate timed_out;
-    EXPECT_EQ(message_of<CollectiveTimeout>([&] {
-                run(Mesh::parse("X=2"), [&](Communicator& comm) {
-                  if (comm.rank() == 1) return timed_out.wait();
-                  int x = 0;
-                  try {
-                    (sending ? comm.isend(&x, sizeof x, 1, 3) : comm.irecv(&x, sizeof x, 1, 3))->wait();
-                  } catch (...) {
-                    timed_out.open();
-                    throw;
-                  }
-                }, 0.5);
-              }),
-              sending ? "p2p timeout: rank 0 waited 0.5 s in isend(4 bytes to rank 1, tag 3); no receive was posted "
-                        "(watchdog 0.5 s; SHARDMM_WATCHDOG_S sets it)"
-                      : "p2p timeout: rank 0 waited 0.5 s in recv(4 bytes from rank 1, tag 3); nothing arrived "
-                        "(watchdog 0.5 s; SHARDMM_WATCHDOG_S sets it)");
-  }
 }
 
 TEST(Backends, ThreadsIsAlwaysThereAndRunsEveryDevice) {
