@@ -192,11 +192,11 @@ TEST(Seeds, FsdpGathersTheWeights) {
   EXPECT_EQ(r.p.cases[0].case_number, 4);
   const Plan* fsdp = find(r, {"all_gather W over X: W[D, F_X] -> W[D, F]", "einsum: B[B_X, D] x W[D, F] -> Y[B_X, F]"});
   ASSERT_TRUE(fsdp) << all_candidates(r);
-  // With many tokens per weight the gather of W (128 MiB) is the cheapest way.
+  // With many tokens per weight, gathering W (128 MiB) is the cheapest serialized plan.
   expect_time(fsdp->steps[0].time_s, 4096.0 * 16384 * 2 / kW);
   EXPECT_EQ(fsdp->steps[1].flops, 2.0 * (65536 / 8) * 4096 * 16384);
   // Cheaper still, the same gather as a collective matmul (docs/cost-model.md): each of
-  // the 8 ring steps multiplies one eighth of W (0.70 ms at peak) while the next eighth
+  // the 8 ring steps multiplies by one eighth of W (0.70 ms at peak) while the next eighth
   // (16 MiB) crosses one link (0.37 ms), so every hop hides and the plan costs the
   // einsum alone; one way or both ways round ties.
   const Plan& chosen = r.chosen();
