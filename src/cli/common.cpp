@@ -385,16 +385,28 @@ Json step_json(const Step& s, const Mesh& mesh) {
   j["op"] = to_string(s.op);
   j["axes"] = axes_json(mesh, s.axes);
   j["tensor"] = s.tensor;
-  j["dim"] = s.op == OpKind::einsum ? Json(nullptr) : dim_name(s.from, s.dim);
+  const Spec& dim_of = s.op == OpKind::einsum_reduce_scatter ? s.to : s.ring_operand == 1 ? s.from_b : s.from;
+  j["dim"] = s.op == OpKind::einsum ? Json(nullptr) : dim_name(dim_of, s.dim);
   j["dst_dim"] = s.op == OpKind::all_to_all ? dim_name(s.from, s.dst_dim) : Json(nullptr);
   j["from"] = format_spec(s.from, mesh);
-  j["from_b"] = s.op == OpKind::einsum ? Json(format_spec(s.from_b, mesh)) : Json(nullptr);
+  j["from_b"] = multiplies(s.op) ? Json(format_spec(s.from_b, mesh)) : Json(nullptr);
   j["to"] = format_spec(s.to, mesh);
   j["bytes_per_device"] = std::max(s.bytes_sent, s.bytes_received);
   j["bytes_sent"] = s.bytes_sent;
   j["bytes_received"] = s.bytes_received;
   j["flops"] = s.flops;
   j["time_s"] = s.time_s;
+  if (is_collective_matmul(s.op)) {
+    Json ring;
+    ring["operand"] = s.op == OpKind::all_gather_einsum ? Json(s.ring_operand == 0 ? "a" : "b") : Json(nullptr);
+    ring["bidirectional"] = s.bidirectional;
+    ring["steps"] = s.ring_steps;
+    ring["comm_time_s"] = s.comm_time_s;
+    ring["compute_time_s"] = s.compute_time_s;
+    j["ring"] = ring;
+  } else {
+    j["ring"] = nullptr;
+  }
   return j;
 }
 

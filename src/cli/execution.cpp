@@ -83,7 +83,7 @@ struct CommCount {
 std::map<std::string, std::map<std::string, CommCount>> comm_summary(const RunReport& r, const Mesh& mesh) {
   std::map<std::string, std::map<std::string, CommCount>> out;
   for (const StepMeasurement& s : r.steps) {
-    if (!is_collective(s.op)) continue;
+    if (!is_collective(s.op) && !is_collective_matmul(s.op)) continue;
     CommCount& c = out[to_string(s.op)][mesh.axis_names(s.axes)];
     c.count++;
     c.bytes += s.bytes_sent;

@@ -51,12 +51,24 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
     case OpKind::to_partial:
       return "turns the replicated value into a partial sum over " + g +
              " (coordinate 0 keeps it, the others hold zeros): local";
+    case OpKind::all_gather_einsum: {
+      const Spec& gathered = s.ring_operand == 0 ? s.from : s.from_b;
+      return "collective matmul: all_gather " + gathered.tensor + "'s " + g + "-blocks of " + dim_at(gathered, s.dim) +
+             " round a " + (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) +
+             " steps, multiplying each block into its rows of " + s.to.tensor + " while the next one is in flight (" +
+             format_time(s.comm_time_s) + " of transfers, " + format_time(s.compute_time_s) + " of compute)";
+    }
+    case OpKind::einsum_reduce_scatter:
+      return "collective matmul: computes the partial " + g + "-block of " + dim_at(s.to, s.dim) +
+             " bound for each member in turn, adds the running sum that arrived from the previous member and "
+             "passes it on round a ring of " + std::to_string(s.ring_steps) + " steps (" + format_time(s.comm_time_s) +
+             " of transfers, " + format_time(s.compute_time_s) + " of compute)";
   }
   return "";
 }
 
 std::string step_transition(const Step& s, const Mesh& mesh) {
-  if (s.op == OpKind::einsum) {
+  if (multiplies(s.op)) {
     return format_spec(s.from, mesh) + " @ " + format_spec(s.from_b, mesh) + " -> " + format_spec(s.to, mesh);
   }
   return format_spec(s.from, mesh) + " -> " + format_spec(s.to, mesh);
@@ -73,7 +85,7 @@ void print_steps(std::ostream& out, const Plan& plan, const Mesh& mesh) {
     const Step& s = plan.steps[i];
     table.add({std::to_string(i + 1), to_string(s.op), axes_or_dash(mesh, s.axes), s.tensor, step_transition(s, mesh),
                format_bytes(static_cast<double>(s.bytes_sent)), format_bytes(static_cast<double>(s.bytes_received)),
-               s.op == OpKind::einsum ? format_flops(s.flops) : "-", format_time(s.time_s)});
+               multiplies(s.op) ? format_flops(s.flops) : "-", format_time(s.time_s)});
   }
   table.print(out);
   out << "  (sent, received, FLOPs: per device, the most any device handles)\n";
@@ -99,7 +111,7 @@ std::string roofline(const Plan& plan, const PlanOptions& options) {
            "x the collectives (" + format_time(comm) + "); with overlap the collectives can hide behind it";
   }
   for (const Step& s : plan.steps) {
-    if (s.op != OpKind::einsum || s.flops == 0) continue;
+    if (!multiplies(s.op) || s.flops == 0) continue;
     const double at_peak = s.flops / options.hw.flops_for(options.dtype);
     text += s.time_s > at_peak * (1 + 1e-9)
                 ? "; the local einsum is HBM-bound on chip (moving its operands takes longer than its FLOPs at " +
@@ -113,8 +125,12 @@ std::string roofline(const Plan& plan, const PlanOptions& options) {
 void print_totals(std::ostream& out, const Plan& plan, const Mesh& mesh, const PlanOptions& options) {
   out << "  output    " << format_spec(plan.output, mesh) << "\n";
   out << "  time      communication " << format_time(plan.comm_time_s) << " + compute "
-      << format_time(plan.compute_time_s) << " = " << format_time(plan.total_time_s) << " serialized; "
-      << format_time(plan.overlapped_time_s) << " with perfect overlap\n";
+      << format_time(plan.compute_time_s) << " = " << format_time(plan.comm_time_s + plan.compute_time_s)
+      << " serialized; ";
+  if (std::any_of(plan.steps.begin(), plan.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); })) {
+    out << format_time(plan.total_time_s) << " with the collective matmul's ring overlap; ";
+  }
+  out << format_time(plan.overlapped_time_s) << " with perfect overlap\n";
   out << "  memory    peak " << format_bytes(static_cast<double>(plan.peak_bytes_per_device)) << " per device";
   if (options.mem_limit_bytes) {
     out << (plan.fits_memory ? ", within" : ", OVER") << " the limit of "

@@ -416,4 +416,27 @@ double local_copy_time(const HardwareProfile& hw, std::int64_t bytes) {
   return 2 * static_cast<double>(bytes) / hw.hbm_bandwidth;
 }
 
+double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes) {
+  if (bytes < 0) throw std::invalid_argument("ring_hop_time: negative bytes");
+  validate(hw, "hardware profile '" + hw.name + "'");
+  return hw.hop_latency_s + static_cast<double>(bytes) / hw.link_bandwidth;
+}
+
+std::vector<int> ring_chunks(std::int64_t members, bool bidirectional) {
+  if (members < 1) throw std::invalid_argument("ring_chunks: a ring has at least one member");
+  if (!bidirectional) return std::vector<int>(static_cast<std::size_t>(members), 1);
+  // The shards from the left travel ceil((n-1)/2) hops, those from the right floor((n-1)/2).
+  const std::int64_t from_left = members / 2, from_right = (members - 1) / 2;
+  std::vector<int> chunks{1};
+  for (std::int64_t s = 1; s <= from_left; ++s) chunks.push_back(1 + (s <= from_right ? 1 : 0));
+  return chunks;
+}
+
+double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s) {
+  if (chunks.empty()) throw std::invalid_argument("overlapped_ring_time: a ring has at least one step");
+  double total = 0;
+  for (std::size_t s = 0; s + 1 < chunks.size(); ++s) total += std::max(hop_s, chunks[s] * chunk_compute_s);
+  return total + chunks.back() * chunk_compute_s;
+}
+
 }  // namespace shardmm

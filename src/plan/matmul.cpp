@@ -289,7 +289,57 @@ class MatmulPlanner {
     plan.output.tensor = c_.out_tensor;
     plan.description = describe(plan);
     detail::total_up(plan, options_);
+    add_collective_matmuls(plan, a_steps.size() + b_steps.size(), a_steps.size());
     plans_.push_back(std::move(plan));
+  }
+
+  // Whether `letter` is free in operand `operand` (0 A, 1 B): in it and the output, not in the other.
+  bool free_in(const std::string& letter, int operand) const {
+    return c_.role(letter) == (operand == 0 ? DimRole::free_a : DimRole::free_b);
+  }
+
+  // The collective matmul variants of `serial` (plan/step.h): its operand's last all_gather
+  // fused into the einsum, or the einsum fused into the reduce_scatter that follows it.
+  // Each is a candidate of its own, costed as a ring; the serialized plan stays one too.
+  void add_collective_matmuls(const Plan& serial, std::size_t einsum_at, std::size_t a_steps) {
+    const std::vector<Step>& steps = serial.steps;
+    const Step& einsum = steps[einsum_at];
+    // The fused step takes the einsum's place; B's steps, when A is gathered, run before it.
+    const auto add = [&](std::size_t collective_at, const Step& fused) {
+      Plan plan = serial;
+      plan.steps.erase(plan.steps.begin() + static_cast<std::ptrdiff_t>(std::max(collective_at, einsum_at)));
+      plan.steps.erase(plan.steps.begin() + static_cast<std::ptrdiff_t>(std::min(collective_at, einsum_at)));
+      const std::size_t at = collective_at < einsum_at ? einsum_at - 1 : einsum_at;
+      plan.steps.insert(plan.steps.begin() + static_cast<std::ptrdiff_t>(at), fused);
+      plan.description = describe(plan);
+      detail::total_up(plan, options_);
+      plans_.push_back(std::move(plan));
+    };
+    for (int operand = 0; operand < 2; ++operand) {
+      // The operand's steps end just before B's (A) or just before the einsum (B).
+      const std::size_t end = operand == 0 ? a_steps : einsum_at;
+      if (end == (operand == 0 ? 0 : a_steps)) continue;  // the operand has no steps
+      const Step& gather = steps[end - 1];
+      if (gather.op != OpKind::all_gather || mesh_.group_size(gather.axes) < 2) continue;
+      if (!free_in(gather.from.dims[static_cast<std::size_t>(gather.dim)].name, operand)) continue;
+      for (bool both_ways : {false, true}) {
+        // Both ways round needs a ring of direct links that carry both directions at once
+        // (behind a switch the two transfers share one port), and a third member.
+        if (both_ways && (!options_.hw.bidirectional || options_.hw.topology != "torus" ||
+                          mesh_.group_size(gather.axes) < 3)) {
+          continue;
+        }
+        add(end - 1, detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_));
+      }
+    }
+    if (einsum_at + 1 < steps.size()) {
+      const Step& scatter = steps[einsum_at + 1];
+      const std::string& letter = scatter.to.dims[static_cast<std::size_t>(scatter.dim)].name;
+      if (scatter.op == OpKind::reduce_scatter && mesh_.group_size(scatter.axes) >= 2 &&
+          (free_in(letter, 0) || free_in(letter, 1))) {
+        add(einsum_at + 1, detail::fuse_einsum_reduce_scatter(einsum, scatter, sizes_, coster_));
+      }
+    }
   }
 
   std::string describe(const Plan& plan) const {
@@ -298,6 +348,13 @@ class MatmulPlanner {
       if (!out.empty()) out += ", then ";
       if (s.op == OpKind::einsum) {
         out += "local einsum";
+      } else if (s.op == OpKind::all_gather_einsum) {
+        out += "all_gather " + (s.ring_operand == 0 ? s.from : s.from_b).tensor + " over " + mesh_.axis_names(s.axes) +
+               " overlapped with the local einsum (" + (s.bidirectional ? "bidirectional " : "") + "ring of " +
+               std::to_string(s.ring_steps) + " steps)";
+      } else if (s.op == OpKind::einsum_reduce_scatter) {
+        out += "local einsum overlapped with reduce_scatter " + s.tensor + " over " + mesh_.axis_names(s.axes) +
+               " (ring of " + std::to_string(s.ring_steps) + " steps)";
       } else {
         out += std::string(to_string(s.op)) + " " + s.tensor;
         if (!s.axes.empty()) out += " over " + mesh_.axis_names(s.axes);

@@ -13,6 +13,8 @@ const char* to_string(OpKind op) {
     case OpKind::slice: return "slice";
     case OpKind::to_partial: return "to_partial";
     case OpKind::einsum: return "einsum";
+    case OpKind::all_gather_einsum: return "all_gather_einsum";
+    case OpKind::einsum_reduce_scatter: return "einsum_reduce_scatter";
   }
   return "?";
 }
@@ -20,6 +22,12 @@ const char* to_string(OpKind op) {
 bool is_collective(OpKind op) {
   return op == OpKind::all_gather || op == OpKind::reduce_scatter || op == OpKind::all_reduce ||
          op == OpKind::all_to_all;
+}
+
+bool multiplies(OpKind op) { return op == OpKind::einsum || is_collective_matmul(op); }
+
+bool is_collective_matmul(OpKind op) {
+  return op == OpKind::all_gather_einsum || op == OpKind::einsum_reduce_scatter;
 }
 
 const char* to_string(DType dtype) {

@@ -46,6 +46,8 @@ Step make_step(OpKind op, const Spec& from, AxisList axes, int dim, int dst_dim)
       std::sort(s.to.unreduced.begin(), s.to.unreduced.end());
       break;
     case OpKind::einsum:
+    case OpKind::all_gather_einsum:  // built by fusing costed steps (fuse_*), not here
+    case OpKind::einsum_reduce_scatter:
       break;
   }
   return s;
@@ -133,7 +135,9 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     case OpKind::all_to_all: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, in_max); break;
     case OpKind::slice:
     case OpKind::to_partial: c.time = local_copy_time(options_.hw, out_max); break;
-    case OpKind::einsum: break;
+    case OpKind::einsum:  // cost_einsum
+    case OpKind::all_gather_einsum:  // fuse_*
+    case OpKind::einsum_reduce_scatter: break;
   }
   memo_[key] = c;
   step.bytes_sent = c.sent;
@@ -170,12 +174,80 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
   step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes);
 }
 
+namespace {
+
+// The ring's members and the share of the einsum one chunk carries: the largest chunk
+// (device 0's, as array_split puts the extra elements first) over the whole extent.
+struct Ring {
+  std::int64_t members;
+  double chunk_share;
+};
+
+Ring ring_of(const Mesh& mesh, const AxisList& group, std::int64_t size, const AxisList& whole_axes,
+             const AxisList& chunk_axes) {
+  const std::int64_t whole = shard_range(mesh, size, whole_axes, 0).extent;
+  const std::int64_t chunk = shard_range(mesh, size, chunk_axes, 0).extent;
+  return {mesh.group_size(group), whole == 0 ? 0.0 : static_cast<double>(chunk) / static_cast<double>(whole)};
+}
+
+Step fused(OpKind op, const Step& collective, const Step& einsum, const Ring& ring, const std::vector<int>& chunks,
+           std::int64_t hop_bytes, const StepCoster& coster) {
+  Step s = einsum;
+  s.op = op;
+  s.axes = collective.axes;
+  s.bytes_sent = collective.bytes_sent;
+  s.bytes_received = collective.bytes_received;
+  s.ring_steps = static_cast<int>(chunks.size());
+  const double hop = ring_hop_time(coster.options().hw, hop_bytes);
+  s.comm_time_s = hop * static_cast<double>(chunks.size() - 1);  // the hops of one step move at once
+  s.compute_time_s = einsum.time_s;
+  s.time_s = overlapped_ring_time(chunks, einsum.time_s * ring.chunk_share, hop);
+  return s;
+}
+
+}  // namespace
+
+Step fuse_all_gather_einsum(const Step& gather, const Step& einsum, int operand, bool bidirectional,
+                            const DimSizes& sizes, const StepCoster& coster) {
+  const DimSpec& d = gather.from.dims[static_cast<std::size_t>(gather.dim)];
+  const Ring ring = ring_of(coster.mesh(), gather.axes, sizes.at(d.name),
+                            gather.to.dims[static_cast<std::size_t>(gather.dim)].axes, d.axes);
+  Step s = einsum;
+  (operand == 0 ? s.from : s.from_b) = gather.from;
+  s.dim = gather.dim;
+  s.ring_operand = operand;
+  s.bidirectional = bidirectional;
+  const std::int64_t shard = coster.max_bytes(gather.from, global_shape(gather.from, sizes));
+  return fused(OpKind::all_gather_einsum, gather, s, ring, ring_chunks(ring.members, bidirectional), shard, coster);
+}
+
+Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, const DimSizes& sizes,
+                                const StepCoster& coster) {
+  const DimSpec& d = scatter.to.dims[static_cast<std::size_t>(scatter.dim)];
+  const Ring ring = ring_of(coster.mesh(), scatter.axes, sizes.at(d.name),
+                            scatter.from.dims[static_cast<std::size_t>(scatter.dim)].axes, d.axes);
+  Step s = einsum;
+  s.to = scatter.to;
+  s.dim = scatter.dim;
+  const std::int64_t block = coster.max_bytes(scatter.to, global_shape(scatter.to, sizes));
+  return fused(OpKind::einsum_reduce_scatter, scatter, s, ring, ring_chunks(ring.members, false), block, coster);
+}
+
 void total_up(Plan& plan, const PlanOptions& options) {
   plan.comm_time_s = plan.compute_time_s = 0;
+  double steps_time = 0;
+  bool overlaps = false;
   for (const Step& s : plan.steps) {
-    (is_collective(s.op) ? plan.comm_time_s : plan.compute_time_s) += s.time_s;
+    if (is_collective_matmul(s.op)) {
+      plan.comm_time_s += s.comm_time_s;
+      plan.compute_time_s += s.compute_time_s;
+      overlaps = true;
+    } else {
+      (is_collective(s.op) ? plan.comm_time_s : plan.compute_time_s) += s.time_s;
+    }
+    steps_time += s.time_s;
   }
-  plan.total_time_s = plan.comm_time_s + plan.compute_time_s;
+  plan.total_time_s = overlaps ? steps_time : plan.comm_time_s + plan.compute_time_s;
   plan.overlapped_time_s = std::max(plan.comm_time_s, plan.compute_time_s);
   plan.fits_memory = !options.mem_limit_bytes || plan.peak_bytes_per_device <= *options.mem_limit_bytes;
 }

@@ -43,6 +43,16 @@ class StepCoster {
   std::map<std::string, Cost> memo_;
 };
 
+// The collective matmul that fuses `gather` (a costed all_gather of the einsum's operand
+// `operand`, 0 or 1) into `einsum` (costed), as plan/step.h describes all_gather_einsum.
+// `sizes` gives each letter's global size.
+Step fuse_all_gather_einsum(const Step& gather, const Step& einsum, int operand, bool bidirectional,
+                            const DimSizes& sizes, const StepCoster& coster);
+// The collective matmul that fuses `einsum` (costed) into the costed reduce_scatter of its
+// result that follows it.
+Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, const DimSizes& sizes,
+                                const StepCoster& coster);
+
 // Totals of a plan's steps (times, and `fits_memory` against the options' limit; the
 // peak is computed by the caller, who knows which buffers are live).
 void total_up(Plan& plan, const PlanOptions& options);

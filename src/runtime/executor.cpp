@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cstring>
 #include <optional>
+#include <set>
+#include <tuple>
 
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/kernels.h"
@@ -77,6 +79,97 @@ std::pair<EinsumLayout, std::map<std::string, std::int64_t>> einsum_shape(const 
   return {std::move(layout), std::move(extents)};
 }
 
+// The ring tags of the collective matmuls, one per direction round the ring; apart from the
+// runner's (0x71e) and gather_global's (0x5e7f), and within any MPI's tag range (>= 32767).
+constexpr int kRingTags[2] = {0x7a10, 0x7a11};
+
+// `spec` without the trailing `group` axes of dimension `dim` (an all_gather's result).
+Spec gathered(Spec spec, int dim, const AxisList& group) {
+  AxisList& axes = spec.dims[static_cast<std::size_t>(dim)].axes;
+  axes.resize(axes.size() - group.size());
+  return spec;
+}
+
+// What a collective matmul does on one device: the operand split into per-member chunks
+// along the ring's dimension D, where each chunk lands in C, and the buffers it needs.
+struct RingGeometry {
+  std::vector<std::int64_t> members;  // device ids by group rank
+  std::size_t me = 0;
+  int operand = 0;                    // the chunked operand: 0 A (step.from), 1 B (step.from_b)
+  int operand_dim = 0;                // D in that operand
+  int out_dim = 0;                    // D in C
+  Shape operand_local;                // the chunked operand's whole local block (gathered, for all_gather_einsum)
+  Shape out_local;                    // C's whole local block (before the scatter, for einsum_reduce_scatter)
+  std::vector<Range> pieces;          // per member: its range of D, relative to the whole block
+  std::vector<std::int64_t> chunk_at; // per member: element offset of its chunk in the chunk buffer
+  std::int64_t chunk_elements = 0;    // the chunk buffer (0: the chunks are read in place)
+  std::int64_t product_elements = 0;  // all_gather_einsum: a chunk's product when C's rows are not
+                                      // contiguous; einsum_reduce_scatter: one running sum
+  EinsumLayout layout;
+  std::map<std::string, std::int64_t> extents;  // of the whole blocks; D varies per chunk
+
+  std::map<std::string, std::int64_t> chunk_extents(std::size_t m) const {
+    std::map<std::string, std::int64_t> e = extents;
+    e[layout.c[static_cast<std::size_t>(out_dim)]] = pieces[m].extent;
+    return e;
+  }
+};
+
+// Whether the dimensions before `dim` have extent 1, so that a range of `dim` is one
+// contiguous run.
+bool leading(const Shape& s, int dim) { return product(s, 0, static_cast<std::size_t>(dim)) == 1; }
+
+RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& sizes, std::int64_t device) {
+  RingGeometry g;
+  g.members = mesh.group_members(device, step.axes);
+  g.me = static_cast<std::size_t>(mesh.group_rank(device, step.axes));
+  Step einsum = step;  // the einsum's own view: whole operands, C before any scatter
+  if (step.op == OpKind::all_gather_einsum) {
+    g.operand = step.ring_operand;
+    g.operand_dim = step.dim;
+    Spec& x = g.operand == 0 ? einsum.from : einsum.from_b;
+    x = gathered(x, step.dim, step.axes);
+  } else {
+    Spec& c = einsum.to;
+    const std::string letter = c.dims[static_cast<std::size_t>(step.dim)].name;
+    c = gathered(c, step.dim, step.axes);
+    c.unreduced.insert(c.unreduced.end(), step.axes.begin(), step.axes.end());
+    g.operand = step.from.find_dim(letter) >= 0 ? 0 : 1;
+    g.operand_dim = (g.operand == 0 ? step.from : step.from_b).find_dim(letter);
+  }
+  const Spec& x = g.operand == 0 ? einsum.from : einsum.from_b;
+  const DimSpec& d = x.dims[static_cast<std::size_t>(g.operand_dim)];
+  g.out_dim = einsum.to.find_dim(d.name);
+  g.operand_local = local_shape(mesh, x, global_shape(x, sizes), device);
+  g.out_local = local_shape(mesh, einsum.to, global_shape(einsum.to, sizes), device);
+  // Member m's chunk: D sharded over the ring's axes too, at m's coordinates on them.
+  const Spec& split = step.op == OpKind::all_gather_einsum ? (g.operand == 0 ? step.from : step.from_b) : step.to;
+  const std::int64_t whole_offset = shard_range(mesh, sizes.at(d.name), d.axes, device).offset;
+  const std::int64_t across = elements_across(g.operand_local, g.operand_dim);
+  std::int64_t at = 0;
+  for (std::int64_t m : g.members) {
+    Range r = shard_range(mesh, sizes.at(d.name), split.dims[static_cast<std::size_t>(step.dim)].axes, m);
+    r.offset -= whole_offset;
+    g.pieces.push_back(r);
+    g.chunk_at.push_back(at);
+    at += r.extent * across;
+  }
+  const std::int64_t largest =
+      std::max_element(g.pieces.begin(), g.pieces.end(), [](const Range& p, const Range& q) {
+        return p.extent < q.extent;
+      })->extent;
+  const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
+  if (step.op == OpKind::all_gather_einsum) {
+    g.chunk_elements = at;
+    if (!leading(g.out_local, g.out_dim)) g.product_elements = largest * out_across;
+  } else {
+    if (!leading(g.operand_local, g.operand_dim)) g.chunk_elements = at;
+    g.product_elements = largest * out_across;
+  }
+  std::tie(g.layout, g.extents) = einsum_shape(mesh, einsum, sizes, device);
+  return g;
+}
+
 }  // namespace
 
 // What one step needs on this rank, worked out once when the executor is built.
@@ -90,6 +183,10 @@ struct StepState {
   bool direct = false;               // the collective can work on the buffers in place
   bool keeps = false;                // to_partial: this device keeps the value
   std::unique_ptr<LocalEinsum> einsum;
+  // Collective matmuls: the ring, its buffers, and the einsum of one chunk by D's extent.
+  std::unique_ptr<RingGeometry> ring;
+  Buffer chunks, product, partial[2], incoming[2];
+  std::map<std::int64_t, std::unique_ptr<LocalEinsum>> chunk_einsum;
 };
 
 struct Executor::Impl {
@@ -183,6 +280,25 @@ struct Executor::Impl {
         st.einsum = std::make_unique<LocalEinsum>(std::move(layout), std::move(extents), dtype);
         break;
       }
+      case OpKind::all_gather_einsum:
+      case OpKind::einsum_reduce_scatter: {
+        st.ring = std::make_unique<RingGeometry>(ring_geometry(mesh, step, sizes, me));
+        const RingGeometry& g = *st.ring;
+        if (g.chunk_elements > 0) st.chunks = Buffer(g.chunk_elements, dtype);
+        if (step.op == OpKind::all_gather_einsum) {
+          if (g.product_elements > 0) st.product = Buffer(g.product_elements, dtype);
+        } else {
+          for (int i = 0; i < 2; ++i) {
+            st.partial[i] = Buffer(g.product_elements, dtype);
+            st.incoming[i] = Buffer(g.product_elements, dtype);
+          }
+        }
+        for (std::size_t m = 0; m < g.members.size(); ++m) {
+          std::unique_ptr<LocalEinsum>& e = st.chunk_einsum[g.pieces[m].extent];
+          if (!e) e = std::make_unique<LocalEinsum>(g.layout, g.chunk_extents(m), dtype);
+        }
+        break;
+      }
     }
     return st;
   }
@@ -269,7 +385,151 @@ struct Executor::Impl {
         st.einsum->run(src, in_b->data(), out);
         ev.flops = st.einsum->flops();
         break;
+      case OpKind::all_gather_einsum:
+        all_gather_einsum<T>(step, st, in, *in_b, ev);
+        break;
+      case OpKind::einsum_reduce_scatter:
+        einsum_reduce_scatter<T>(st, in, *in_b, ev);
+        break;
     }
+  }
+
+  // One chunk's product: the chunked operand's chunk `x` times the other operand, into `c`.
+  template <class T>
+  void multiply_chunk(StepState& st, std::size_t m, const T* x, const DistTensor& a, const DistTensor& b, T* c,
+                      TraceEvent& ev) {
+    LocalEinsum& e = *st.chunk_einsum.at(st.ring->pieces[m].extent);
+    if (st.ring->operand == 0) {
+      e.run(x, b.data(), c);
+    } else {
+      e.run(a.data(), x, c);
+    }
+    ev.flops += e.flops();
+  }
+
+  // Waits for every request in `pending` and clears it.
+  static void wait_all(std::vector<Request>& pending) {
+    for (Request& r : pending) r->wait();
+    pending.clear();
+  }
+
+  // The ring of plan/step.h's all_gather_einsum. Shards travel one way (prev -> me -> next),
+  // or both ways when bidirectional: ceil((n-1)/2) arrive from the left, floor((n-1)/2)
+  // from the right. Step s multiplies what arrived during step s-1 (step 0: my own shard)
+  // while the next shards are in flight, and forwards what it holds.
+  template <class T>
+  void all_gather_einsum(const Step& step, StepState& st, const DistTensor& a, const DistTensor& b, TraceEvent& ev) {
+    const RingGeometry& g = *st.ring;
+    const DistTensor& x = g.operand == 0 ? a : b;
+    const auto n = static_cast<std::int64_t>(g.members.size());
+    const auto me_g = static_cast<std::int64_t>(g.me);
+    const std::int64_t from_left = step.bidirectional ? n / 2 : n - 1;
+    const std::int64_t from_right = step.bidirectional ? (n - 1) / 2 : 0;
+    const std::int64_t next = g.members[static_cast<std::size_t>((me_g + 1) % n)];
+    const std::int64_t prev = g.members[static_cast<std::size_t>((me_g + n - 1) % n)];
+    const std::int64_t eb = dtype_bytes(dtype);
+    const auto member = [&](std::int64_t k) { return static_cast<std::size_t>(((k % n) + n) % n); };
+    const auto chunk = [&](std::size_t m) -> T* {
+      return m == g.me ? const_cast<T*>(x.buffer().template as<T>()) : st.chunks.as<T>() + g.chunk_at[m];
+    };
+    const auto chunk_bytes = [&](std::size_t m) {
+      return g.pieces[m].extent * elements_across(g.operand_local, g.operand_dim) * eb;
+    };
+    T* out = st.out.buffer().as<T>();
+    const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
+    const auto multiply = [&](std::size_t m) {
+      const Range& rows = g.pieces[m];
+      if (st.product.elements() == 0) {
+        multiply_chunk<T>(st, m, chunk(m), a, b, out + rows.offset * out_across, ev);
+        return;
+      }
+      T* staged = st.product.as<T>();
+      multiply_chunk<T>(st, m, chunk(m), a, b, staged, ev);
+      const Shape piece = with_extent(g.out_local, g.out_dim, rows.extent);
+      copy_box(staged, piece, zeros(piece.size()), out, g.out_local, at_dim(piece.size(), g.out_dim, rows.offset),
+               piece);
+    };
+    std::vector<Request> pending;
+    for (std::int64_t s = 0; s <= from_left; ++s) {
+      if (s + 1 <= from_left) {
+        const std::size_t in = member(me_g - s - 1), fwd = member(me_g - s);
+        pending.push_back(comm.irecv(chunk(in), chunk_bytes(in), prev, kRingTags[0]));
+        pending.push_back(comm.isend(chunk(fwd), chunk_bytes(fwd), next, kRingTags[0]));
+      }
+      if (s + 1 <= from_right) {
+        const std::size_t in = member(me_g + s + 1), fwd = member(me_g + s);
+        pending.push_back(comm.irecv(chunk(in), chunk_bytes(in), next, kRingTags[1]));
+        pending.push_back(comm.isend(chunk(fwd), chunk_bytes(fwd), prev, kRingTags[1]));
+      }
+      for (Request& r : pending) r->test();  // mpi: start the transfers before the GEMM
+      if (s == 0) {
+        multiply(g.me);
+      } else {
+        multiply(member(me_g - s));
+        if (s <= from_right) multiply(member(me_g + s));
+      }
+      wait_all(pending);
+    }
+    ev.bytes_sent = ev.bytes_received = (g.chunk_elements - x.elements()) * eb;
+  }
+
+  // The ring of plan/step.h's einsum_reduce_scatter. At step s this rank computes the
+  // partial block of member b = me - s - 1, adds the running sum of b's block that arrived
+  // from the previous member, and passes it on; at step n-1, b = me and the sum is done:
+  // block b is summed as ((x[b+1] + x[b+2]) + ...) + x[b], ring order from b's successor.
+  template <class T>
+  void einsum_reduce_scatter(StepState& st, const DistTensor& a, const DistTensor& b, TraceEvent& ev) {
+    const RingGeometry& g = *st.ring;
+    const DistTensor& x = g.operand == 0 ? a : b;
+    const auto n = static_cast<std::int64_t>(g.members.size());
+    const auto me_g = static_cast<std::int64_t>(g.me);
+    const std::int64_t next = g.members[static_cast<std::size_t>((me_g + 1) % n)];
+    const std::int64_t prev = g.members[static_cast<std::size_t>((me_g + n - 1) % n)];
+    const std::int64_t eb = dtype_bytes(dtype);
+    const auto member = [&](std::int64_t k) { return static_cast<std::size_t>(((k % n) + n) % n); };
+    const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
+    const T* src = x.buffer().template as<T>();
+    const std::int64_t x_across = elements_across(g.operand_local, g.operand_dim);
+    if (st.chunks.elements() > 0) {  // D is not leading in the operand: lay its chunks out one after another
+      for (std::size_t m = 0; m < g.members.size(); ++m) {
+        const Shape piece = with_extent(g.operand_local, g.operand_dim, g.pieces[m].extent);
+        copy_box(src, g.operand_local, at_dim(piece.size(), g.operand_dim, g.pieces[m].offset),
+                 st.chunks.as<T>() + g.chunk_at[m], piece, zeros(piece.size()), piece);
+      }
+    }
+    const auto chunk = [&](std::size_t m) {
+      return st.chunks.elements() > 0 ? st.chunks.as<T>() + g.chunk_at[m] : src + g.pieces[m].offset * x_across;
+    };
+    Request receiving[2], sending[2];  // by step parity, like the buffers they use
+    for (std::int64_t s = 0; s < n; ++s) {
+      const std::size_t m = member(me_g - s - 1);
+      if (s + 1 < n) {  // the running sum for the next step, from prev
+        const std::size_t bound = member(me_g - s - 2);
+        receiving[(s + 1) % 2] = comm.irecv(st.incoming[(s + 1) % 2].as<T>(),
+                                            g.pieces[bound].extent * out_across * eb, prev, kRingTags[0]);
+        receiving[(s + 1) % 2]->test();
+      }
+      const bool last = s == n - 1;
+      if (!last && sending[s % 2]) {  // the buffer's previous running sum must have left
+        sending[s % 2]->wait();
+        sending[s % 2].reset();
+      }
+      T* sum = last ? st.out.buffer().as<T>() : st.partial[s % 2].as<T>();
+      multiply_chunk<T>(st, m, chunk(m), a, b, sum, ev);
+      if (s > 0) {
+        receiving[s % 2]->wait();
+        receiving[s % 2].reset();
+        const T* running = st.incoming[s % 2].as<T>();
+        const std::int64_t count = g.pieces[m].extent * out_across;
+        for (std::int64_t i = 0; i < count; ++i) sum[i] = running[i] + sum[i];
+      }
+      if (!last) sending[s % 2] = comm.isend(sum, g.pieces[m].extent * out_across * eb, next, kRingTags[0]);
+    }
+    for (Request& r : sending) {
+      if (r) r->wait();
+    }
+    const std::int64_t whole = product(g.out_local, 0, g.out_local.size());
+    ev.bytes_sent = ev.bytes_received = (whole - st.out.elements()) * eb;
   }
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count(); }
@@ -290,14 +550,14 @@ struct Executor::Impl {
     for (std::size_t i = 0; i < plan.steps.size(); ++i) {
       const Step& step = plan.steps[i];
       StepState& st = states[i];
-      const int which = step.op == OpKind::einsum ? 0 : step.operand;
+      const int which = multiplies(step.op) ? 0 : step.operand;
       const DistTensor* in = current[which];
       if (!in) throw InputError("this plan multiplies two operands; pass both to Executor::run");
       if (which < 2 && !checked[which]) {
         check_input(*in, step.from, which == 0 ? "the first operand" : "the second operand");
         checked[which] = true;
       }
-      if (step.op == OpKind::einsum && current[1] && !checked[1]) {
+      if (multiplies(step.op) && current[1] && !checked[1]) {
         check_input(*current[1], step.from_b, "the second operand");
         checked[1] = true;
       }
@@ -309,7 +569,7 @@ struct Executor::Impl {
       }
       ev.end_s = now();
       events.push_back(std::move(ev));
-      current[step.op == OpKind::einsum ? 2 : step.operand] = &st.out;
+      current[multiplies(step.op) ? 2 : step.operand] = &st.out;
     }
     const bool matmul = current[2] != nullptr;
     return matmul ? *current[2] : *current[0];
@@ -343,6 +603,21 @@ std::int64_t Executor::bytes_needed(const Mesh& mesh, const Plan& plan, const Di
     if (step.op == OpKind::einsum) {
       auto [layout, extents] = einsum_shape(mesh, step, sizes, device);
       add(LocalEinsum::workspace_bytes_for(std::move(layout), extents, dtype));
+    }
+    if (is_collective_matmul(step.op)) {  // as prepare() allocates them
+      const RingGeometry g = ring_geometry(mesh, step, sizes, device);
+      if (g.chunk_elements > 0) add(buffer(g.chunk_elements));
+      if (step.op == OpKind::einsum_reduce_scatter) {
+        for (int i = 0; i < 4; ++i) add(buffer(g.product_elements));  // two running sums, two arriving
+      } else if (g.product_elements > 0) {
+        add(buffer(g.product_elements));
+      }
+      std::set<std::int64_t> extents;
+      for (std::size_t m = 0; m < g.members.size(); ++m) {
+        if (extents.insert(g.pieces[m].extent).second) {
+          add(LocalEinsum::workspace_bytes_for(g.layout, g.chunk_extents(m), dtype));
+        }
+      }
     }
   }
   return total;

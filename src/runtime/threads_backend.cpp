@@ -74,11 +74,69 @@ struct Slot {
   std::uint64_t sync_generation = 0;
 };
 
-// Point-to-point messages addressed to one rank, FIFO per (source, tag).
+// One point-to-point message addressed to one rank. The side that posts first creates it
+// and queues it in the receiver's Inbox; the other side matches it. Guarded by the
+// receiver's inbox mutex.
+struct Transfer {
+  enum class State { posted, queued, copying, done, cancelled };
+  State state = State::posted;
+  const std::byte* src = nullptr;
+  std::int64_t src_bytes = -1;  // -1 until a send is posted
+  std::byte* dst = nullptr;
+  std::int64_t dst_bytes = -1;  // -1 until a receive is posted
+  std::vector<std::byte> eager;  // a blocking send's copy of its message
+  bool is_eager = false;
+};
+using TransferPtr = std::shared_ptr<Transfer>;
+
+// The point-to-point traffic addressed to one rank, FIFO per (source, tag): sends that no
+// receive has met yet, receives that no send has met yet, and matched nonblocking transfers
+// waiting for this rank's progress thread. A progress thread copies, rather than the
+// waiting rank, so that the copy runs while both ranks compute; it starts on first use.
 struct Inbox {
   std::mutex mutex;
   std::condition_variable cv;
-  std::map<std::pair<std::int64_t, int>, std::deque<std::vector<std::byte>>> queues;
+  std::map<std::pair<std::int64_t, int>, std::deque<TransferPtr>> sends, receives;
+  std::deque<TransferPtr> copies;
+  bool stop = false;
+  std::thread progress;
+
+  // Call with `mutex` held.
+  void queue_copy(TransferPtr t) {
+    t->state = Transfer::State::queued;
+    copies.push_back(std::move(t));
+    if (!progress.joinable()) progress = std::thread([this] { copy_loop(); });
+    cv.notify_all();
+  }
+
+  ~Inbox() {
+    {
+      std::lock_guard lock(mutex);
+      stop = true;
+    }
+    cv.notify_all();
+    if (progress.joinable()) progress.join();
+  }
+
+ private:
+  void copy_loop() {
+    std::unique_lock lock(mutex);
+    while (true) {
+      cv.wait(lock, [&] { return stop || !copies.empty(); });
+      if (copies.empty()) return;
+      TransferPtr t = std::move(copies.front());
+      copies.pop_front();
+      if (t->state != Transfer::State::queued) continue;  // cancelled by a rank unwinding
+      t->state = Transfer::State::copying;
+      lock.unlock();
+      if (t->src_bytes > 0 && t->src_bytes == t->dst_bytes) {
+        std::memcpy(t->dst, t->src, static_cast<std::size_t>(t->src_bytes));
+      }
+      lock.lock();
+      t->state = Transfer::State::done;
+      cv.notify_all();
+    }
+  }
 };
 
 class World {
@@ -187,6 +245,18 @@ std::int64_t split_start(std::int64_t count, std::int64_t parts, std::int64_t k)
 const std::byte* bytes_of(const void* p) { return static_cast<const std::byte*>(p); }
 std::byte* bytes_of(void* p) { return static_cast<std::byte*>(p); }
 
+class ThreadsCommunicator;
+
+// The oldest unmatched entry of `queues[key]`, removed; null when there is none.
+TransferPtr take(std::map<std::pair<std::int64_t, int>, std::deque<TransferPtr>>& queues,
+                 std::pair<std::int64_t, int> key) {
+  const auto it = queues.find(key);
+  if (it == queues.end() || it->second.empty()) return nullptr;
+  TransferPtr t = std::move(it->second.front());
+  it->second.pop_front();
+  return t;
+}
+
 class ThreadsCommunicator final : public Communicator {
  public:
   ThreadsCommunicator(World& world, std::int64_t rank) : world_(world), rank_(rank) {}
@@ -283,50 +353,77 @@ class ThreadsCommunicator final : public Communicator {
     sync(g);
   }
 
-  // Messages are copied out at send, so a ring of sends followed by recvs cannot deadlock.
+  // A blocking send copies its message out (into the receive when one is posted, else into
+  // the inbox), so a ring of sends followed by recvs cannot deadlock.
   void send(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_peer("send to", peer, bytes);
     if (world_.aborted()) throw Aborted();
-    std::vector<std::byte> message(bytes_of(data), bytes_of(data) + bytes);
     Inbox& in = world_.inbox(peer);
-    {
-      std::lock_guard lock(in.mutex);
-      in.queues[{rank_, tag}].push_back(std::move(message));
+    std::unique_lock lock(in.mutex);
+    if (TransferPtr t = take(in.receives, {rank_, tag})) {
+      t->src = bytes_of(data);
+      t->src_bytes = bytes;
+      t->state = Transfer::State::copying;
+      lock.unlock();
+      if (bytes > 0 && bytes == t->dst_bytes) std::memcpy(t->dst, data, static_cast<std::size_t>(bytes));
+      lock.lock();
+      t->state = Transfer::State::done;
+    } else {
+      auto message = std::make_shared<Transfer>();
+      message->eager.assign(bytes_of(data), bytes_of(data) + bytes);
+      message->is_eager = true;
+      message->src = message->eager.data();
+      message->src_bytes = bytes;
+      in.sends[{rank_, tag}].push_back(std::move(message));
     }
     in.cv.notify_all();
   }
 
   void recv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    irecv(data, bytes, peer, tag)->wait();
+  }
+
+  Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    check_peer("isend to", peer, bytes);
+    if (world_.aborted()) throw Aborted();
+    Inbox& in = world_.inbox(peer);
+    std::lock_guard lock(in.mutex);
+    TransferPtr t = take(in.receives, {rank_, tag});
+    const bool matched = t != nullptr;
+    if (!matched) t = std::make_shared<Transfer>();
+    t->src = bytes_of(data);
+    t->src_bytes = bytes;
+    if (matched) {
+      in.queue_copy(t);
+    } else {
+      in.sends[{rank_, tag}].push_back(t);
+    }
+    return std::make_unique<ThreadsRequest>(*this, in, t, peer, tag, true);
+  }
+
+  Request irecv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_peer("recv from", peer, bytes);
-    const std::string call = "recv(" + std::to_string(bytes) + " bytes from rank " + std::to_string(peer) +
-                             ", tag " + std::to_string(tag) + ")";
+    if (world_.aborted()) throw Aborted();
     Inbox& in = world_.inbox(rank_);
     std::unique_lock lock(in.mutex);
-    auto& queue = in.queues[{peer, tag}];
-    const auto deadline = world_.deadline();
-    while (queue.empty()) {
-      if (world_.aborted()) throw Aborted();
-      // A finished peer's sends all happened before it finished, so an empty queue now stays empty.
-      if (world_.finished(peer)) {
-        lock.unlock();
-        raise<CollectiveMismatch>("p2p mismatch: rank " + std::to_string(rank_) + " called " + call +
-                                  "; rank " + std::to_string(peer) + " returned without sending it");
-      }
-      if (in.cv.wait_until(lock, deadline) == std::cv_status::timeout && queue.empty()) {
-        lock.unlock();
-        raise<CollectiveTimeout>("p2p timeout: rank " + std::to_string(rank_) + " waited " +
-                                 world_.watchdog_text() + " in " + call + "; nothing arrived" + watchdog_hint());
-      }
+    TransferPtr t = take(in.sends, {peer, tag});
+    const bool matched = t != nullptr;
+    if (!matched) t = std::make_shared<Transfer>();
+    t->dst = bytes_of(data);
+    t->dst_bytes = bytes;
+    if (!matched) {
+      in.receives[{peer, tag}].push_back(t);
+    } else if (t->is_eager) {
+      // Only this rank holds the message now: copy it here, without the lock.
+      t->state = Transfer::State::copying;
+      lock.unlock();
+      if (bytes > 0 && bytes == t->src_bytes) std::memcpy(t->dst, t->src, static_cast<std::size_t>(bytes));
+      lock.lock();
+      t->state = Transfer::State::done;
+    } else {
+      in.queue_copy(t);
     }
-    std::vector<std::byte> message = std::move(queue.front());
-    queue.pop_front();
-    lock.unlock();
-    if (static_cast<std::int64_t>(message.size()) != bytes) {
-      raise<CollectiveMismatch>("p2p mismatch: rank " + std::to_string(rank_) + " called " + call +
-                                " but rank " + std::to_string(peer) + " sent " +
-                                std::to_string(message.size()) + " bytes");
-    }
-    copy_bytes(bytes_of(data), message.data(), bytes);
+    return std::make_unique<ThreadsRequest>(*this, in, t, peer, tag, false);
   }
 
   void barrier() override {
@@ -337,6 +434,121 @@ class ThreadsCommunicator final : public Communicator {
   }
 
  private:
+  class ThreadsRequest final : public P2PRequest {
+   public:
+    ThreadsRequest(ThreadsCommunicator& comm, Inbox& inbox, TransferPtr transfer, std::int64_t peer, int tag,
+                   bool sending)
+        : comm_(comm), inbox_(inbox), transfer_(std::move(transfer)), peer_(peer), tag_(tag), sending_(sending) {}
+    ~ThreadsRequest() override {
+      if (!waited_) comm_.cancel(*this);
+    }
+    void wait() override {
+      waited_ = true;  // whatever wait() raises, the transfer is settled or cancelled by then
+      comm_.wait_for(*this);
+    }
+    bool test() override {
+      std::lock_guard lock(inbox_.mutex);
+      return transfer_->state == Transfer::State::done;
+    }
+
+   private:
+    friend class ThreadsCommunicator;
+    ThreadsCommunicator& comm_;
+    Inbox& inbox_;
+    TransferPtr transfer_;
+    std::int64_t peer_;
+    int tag_;
+    bool sending_;
+    bool waited_ = false;
+  };
+
+  // "recv(8 bytes from rank 1, tag 3)" or "isend(8 bytes to rank 1, tag 3)".
+  std::string p2p_call(const ThreadsRequest& r) const {
+    const Transfer& t = *r.transfer_;
+    return std::string(r.sending_ ? "isend(" : "recv(") + std::to_string(r.sending_ ? t.src_bytes : t.dst_bytes) +
+           " bytes " + (r.sending_ ? "to" : "from") + " rank " + std::to_string(r.peer_) + ", tag " +
+           std::to_string(r.tag_) + ")";
+  }
+
+  void wait_for(ThreadsRequest& r) {
+    Inbox& in = r.inbox_;
+    Transfer& t = *r.transfer_;
+    const std::string me = "rank " + std::to_string(rank_);
+    const std::string peer = "rank " + std::to_string(r.peer_);
+    std::unique_lock lock(in.mutex);
+    const auto deadline = world_.deadline();
+    while (t.state != Transfer::State::done) {
+      if (world_.aborted()) {
+        lock.unlock();
+        cancel(r);
+        throw Aborted();
+      }
+      if (t.state == Transfer::State::cancelled) {
+        lock.unlock();
+        raise<CollectiveMismatch>("p2p mismatch: " + me + " called " + p2p_call(r) + "; " + peer +
+                                  " dropped its side without waiting for it");
+      }
+      if (t.state != Transfer::State::posted) {
+        in.cv.wait(lock);  // matched: the progress thread's copy is bounded
+        continue;
+      }
+      // A finished peer posted all its calls before it finished: an unmatched one stays so.
+      if (world_.finished(r.peer_)) {
+        const std::string call = p2p_call(r);
+        t.state = Transfer::State::cancelled;
+        lock.unlock();
+        remove_unmatched(r);
+        raise<CollectiveMismatch>("p2p mismatch: " + me + " called " + call + "; " + peer + " returned without " +
+                                  (r.sending_ ? "receiving" : "sending") + " it");
+      }
+      if (in.cv.wait_until(lock, deadline) == std::cv_status::timeout && t.state == Transfer::State::posted) {
+        const std::string call = p2p_call(r);
+        lock.unlock();
+        cancel(r);
+        raise<CollectiveTimeout>("p2p timeout: " + me + " waited " + world_.watchdog_text() + " in " + call + "; " +
+                                 (r.sending_ ? "no receive was posted" : "nothing arrived") + watchdog_hint());
+      }
+    }
+    if (t.src_bytes != t.dst_bytes) {
+      const std::string call = p2p_call(r);
+      lock.unlock();
+      raise<CollectiveMismatch>("p2p mismatch: " + me + " called " + call + " but " + peer +
+                                (r.sending_ ? " posted a receive of " + std::to_string(t.dst_bytes)
+                                            : " sent " + std::to_string(t.src_bytes)) +
+                                " bytes");
+    }
+  }
+
+  // Takes an unmatched transfer out of its queue. Call without the inbox's lock.
+  void remove_unmatched(const ThreadsRequest& r) {
+    Inbox& in = r.inbox_;
+    std::lock_guard lock(in.mutex);
+    auto& queue = r.sending_ ? in.sends[{rank_, r.tag_}] : in.receives[{r.peer_, r.tag_}];
+    std::erase(queue, r.transfer_);
+  }
+
+  // A request dropped without wait(): what has not moved is withdrawn, a copy under way is
+  // waited for. Call without the inbox's lock.
+  void cancel(ThreadsRequest& r) noexcept {
+    r.waited_ = true;
+    Inbox& in = r.inbox_;
+    Transfer& t = *r.transfer_;
+    std::unique_lock lock(in.mutex);
+    switch (t.state) {
+      case Transfer::State::posted: {
+        auto& queue = r.sending_ ? in.sends[{rank_, r.tag_}] : in.receives[{r.peer_, r.tag_}];
+        std::erase(queue, r.transfer_);
+        t.state = Transfer::State::cancelled;
+        break;
+      }
+      case Transfer::State::queued: t.state = Transfer::State::cancelled; break;
+      case Transfer::State::copying: in.cv.wait(lock, [&] { return t.state == Transfer::State::done; }); break;
+      case Transfer::State::done:
+      case Transfer::State::cancelled: break;
+    }
+    in.cv.notify_all();
+  }
+
   struct Group {
     Slot* slot = nullptr;
     std::vector<std::size_t> slot_index;  // by group rank

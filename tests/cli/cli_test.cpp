@@ -175,10 +175,23 @@ void expect_same_plan(const json& j, const Plan& p, const Mesh& mesh) {
     EXPECT_EQ(js["bytes_per_device"].get<std::int64_t>(), std::max(s.bytes_sent, s.bytes_received));
     EXPECT_DOUBLE_EQ(js["flops"].get<double>(), s.flops);
     EXPECT_DOUBLE_EQ(js["time_s"].get<double>(), s.time_s);
-    if (s.op == OpKind::einsum) {
+    if (multiplies(s.op)) {
       EXPECT_EQ(js["from_b"], format_spec(s.from_b, mesh));
     } else {
       EXPECT_TRUE(js["from_b"].is_null());
+    }
+    if (is_collective_matmul(s.op)) {
+      const json& ring = js["ring"];
+      EXPECT_EQ(ring["operand"], s.op == OpKind::all_gather_einsum ? json(s.ring_operand == 0 ? "a" : "b") : json(nullptr));
+      EXPECT_EQ(ring["bidirectional"].get<bool>(), s.bidirectional);
+      EXPECT_EQ(ring["steps"].get<int>(), s.ring_steps);
+      EXPECT_DOUBLE_EQ(ring["comm_time_s"].get<double>(), s.comm_time_s);
+      EXPECT_DOUBLE_EQ(ring["compute_time_s"].get<double>(), s.compute_time_s);
+      // `dim` names the ring's dimension: in the gathered operand, or in the output.
+      const Spec& ringed = s.op == OpKind::einsum_reduce_scatter ? s.to : s.ring_operand == 1 ? s.from_b : s.from;
+      EXPECT_EQ(js["dim"], ringed.dims.at(static_cast<std::size_t>(s.dim)).name);
+    } else {
+      EXPECT_TRUE(js["ring"].is_null());
     }
   }
 }

@@ -272,10 +272,34 @@ void ring(Communicator& comm, std::int64_t bytes) {
   EXPECT_EQ(in, message(prev, bytes, 1)) << "rank " << comm.rank() << ", " << bytes << " bytes";
 }
 
+// The same with isend/irecv, as the collective matmul rings use them: both directions in
+// flight at once, the waits in another order than the posts.
+void nonblocking_ring(Communicator& comm, std::int64_t bytes) {
+  const std::int64_t n = comm.mesh().device_count();
+  const std::int64_t next = (comm.rank() + 1) % n, prev = (comm.rank() + n - 1) % n;
+  const std::vector<char> right = message(comm.rank(), bytes, 1), left = message(comm.rank(), bytes, 2);
+  std::vector<char> from_prev(static_cast<std::size_t>(bytes), char(-1)), from_next(from_prev);
+  Request r1 = comm.irecv(from_prev.data(), bytes, prev, 1);
+  Request r2 = comm.irecv(from_next.data(), bytes, next, 2);
+  Request s1 = comm.isend(right.data(), bytes, next, 1);
+  Request s2 = comm.isend(left.data(), bytes, prev, 2);
+  while (!r2->test()) {
+  }
+  r2->wait();
+  s2->wait();
+  r1->wait();
+  s1->wait();
+  EXPECT_EQ(from_prev, message(prev, bytes, 1)) << "rank " << comm.rank() << ", " << bytes << " bytes";
+  EXPECT_EQ(from_next, message(next, bytes, 2)) << "rank " << comm.rank() << ", " << bytes << " bytes";
+}
+
 TEST(MpiPointToPoint, Ring) {
   for (const char* mesh : {"X=4", "X=2,Y=2"}) {
     run_backend("mpi", Mesh::parse(mesh), [&](Communicator& comm) {
-      for (std::int64_t bytes : {0, 1, 13, 4 << 20}) ring(comm, bytes);
+      for (std::int64_t bytes : {0, 1, 13, 4 << 20}) {
+        ring(comm, bytes);
+        nonblocking_ring(comm, bytes);
+      }
       comm.barrier();
     });
   }
@@ -284,7 +308,10 @@ TEST(MpiPointToPoint, Ring) {
 TEST(MpiPointToPoint, RingInPieces) {
   const CountLimit limit(3);
   run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
-    for (std::int64_t bytes : {0, 3, 10}) ring(comm, bytes);
+    for (std::int64_t bytes : {0, 3, 10}) {
+      ring(comm, bytes);
+      nonblocking_ring(comm, bytes);
+    }
   });
 }
 
@@ -312,17 +339,68 @@ TEST(MpiPointToPoint, TagsOrderAndSelf) {
   });
 }
 
-// Shorter and longer than the recv expects; either way the message is consumed.
+// Shorter and longer than the recv (or the irecv's wait) expects; either way the message is
+// consumed.
 TEST(MpiPointToPoint, SizeMismatchIsReported) {
   run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
     const std::int64_t partner = comm.rank() ^ 1;
     const std::vector<char> m(16, 'x');
-    comm.send(m.data(), 8, partner, 3);
-    comm.send(m.data(), 16, partner, 3);
+    for (int round = 0; round < 2; ++round) {
+      comm.send(m.data(), 8, partner, 3);
+      comm.send(m.data(), 16, partner, 3);
+    }
     std::vector<char> in(16);
     EXPECT_THROW(comm.recv(in.data(), 16, partner, 3), CollectiveMismatch);
     EXPECT_THROW(comm.recv(in.data(), 8, partner, 3), CollectiveMismatch);
+    for (std::int64_t bytes : {16, 8}) {
+      std::string what = "(no CollectiveMismatch)";
+      try {
+        comm.irecv(in.data(), bytes, partner, 3)->wait();
+      } catch (const CollectiveMismatch& e) {
+        what = e.what();
+      }
+      EXPECT_EQ(what, "p2p mismatch: rank " + std::to_string(comm.rank()) + " called recv(" + std::to_string(bytes) +
+                          " bytes from rank " + std::to_string(partner) + ", tag 3) but rank " +
+                          std::to_string(partner) + " sent a message of another size");
+    }
     ring(comm, 5);
+    nonblocking_ring(comm, 5);
+  });
+}
+
+// Many messages in flight between partners, several per tag (matched in order), waited
+// for in reverse; nonblocking and blocking calls meet.
+TEST(MpiNonblocking, ManyInFlightWaitedInAnyOrder) {
+  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
+    const std::int64_t partner = comm.rank() ^ 1;
+    constexpr int count = 48;
+    std::vector<std::vector<char>> out, in;
+    std::vector<Request> requests;
+    for (int i = 0; i < count; ++i) {
+      const std::int64_t bytes = i % 4 == 0 ? 0 : 100 * i;
+      out.push_back(message(comm.rank(), bytes, i));
+      in.emplace_back(static_cast<std::size_t>(bytes), char(-1));
+    }
+    for (int i = 0; i < count; ++i) {
+      requests.push_back(comm.irecv(in[static_cast<std::size_t>(i)].data(), static_cast<std::int64_t>(in[static_cast<std::size_t>(i)].size()), partner, i % 3));
+      requests.push_back(comm.isend(out[static_cast<std::size_t>(i)].data(), static_cast<std::int64_t>(out[static_cast<std::size_t>(i)].size()), partner, i % 3));
+    }
+    for (auto r = requests.rbegin(); r != requests.rend(); ++r) (*r)->wait();
+    for (int i = 0; i < count; ++i) {
+      EXPECT_EQ(in[static_cast<std::size_t>(i)], message(partner, static_cast<std::int64_t>(in[static_cast<std::size_t>(i)].size()), i))
+          << "rank " << comm.rank() << ", message " << i;
+    }
+    // A blocking send meets an irecv, an isend a blocking recv.
+    const std::vector<char> m = message(comm.rank(), 77, 9);
+    std::vector<char> got(77);
+    Request r = comm.irecv(got.data(), 77, partner, 9);
+    comm.send(m.data(), 77, partner, 9);
+    r->wait();
+    EXPECT_EQ(got, message(partner, 77, 9));
+    Request s = comm.isend(m.data(), 77, partner, 10);
+    comm.recv(got.data(), 77, partner, 10);
+    s->wait();
+    EXPECT_EQ(got, message(partner, 77, 9));
   });
 }
 

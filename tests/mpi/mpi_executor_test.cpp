@@ -3,7 +3,10 @@
 // bit with the same plan run on the threads backend inside this process.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <string>
 
 #include "dense_reference.h"
 #include "mpi/mpi_test.h"
@@ -75,6 +78,33 @@ TEST(MpiExecutorTest, RandomContractionsMatchThreadsBitForBit) {
     }
   }
   EXPECT_GT(plans, 120);
+}
+
+// The collective matmul rings (isend/irecv between chunk GEMMs) on the mpi backend: every
+// fused candidate, on a torus profile so that groups of 4 also go both ways round.
+TEST(MpiExecutorTest, CollectiveMatmulsMatchThreadsBitForBit) {
+  PlanOptions torus = options(DType::f32);
+  torus.hw = builtin_profile("tpu-v5e");
+  std::map<std::string, int> rings;  // by kind, one way or both ways round
+  for (int i = 0; i < 80; ++i) {
+    const std::uint64_t seed = 7500 + static_cast<std::uint64_t>(i);
+    testing::Rng rng(seed);
+    const Mesh mesh = four_device_mesh(rng);
+    const auto rc = testing::random_contraction(rng, mesh, 9);
+    for (const Plan& plan : plan_matmul(mesh, rc.contraction, rc.sizes, torus).candidates) {
+      const auto ring = std::find_if(plan.steps.begin(), plan.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
+      if (ring == plan.steps.end()) continue;
+      ++rings[std::string(to_string(ring->op)) + (ring->bidirectional ? " both ways" : "")];
+      const Outcome mpi = run_on("mpi", mesh, plan, rc.contraction, rc.sizes, DType::f32, world_rank);
+      const Outcome threads = run_on("threads", mesh, plan, rc.contraction, rc.sizes, DType::f32, world_rank);
+      EXPECT_TRUE(mpi.verified) << "seed " << seed << " " << rc.text << " [" << plan.description << "]";
+      EXPECT_EQ(mpi.bytes, threads.bytes) << "seed " << seed << " rank " << world_rank << " " << rc.text << " ["
+                                          << plan.description << "]";
+    }
+  }
+  EXPECT_GE(rings["all_gather_einsum"], 10);
+  EXPECT_GE(rings["all_gather_einsum both ways"], 3);
+  EXPECT_GE(rings["einsum_reduce_scatter"], 5);
 }
 
 TEST(MpiExecutorTest, ReshardsOnTwoByTwo) {

@@ -4,6 +4,9 @@
 //
 //   watchdog       rank 1 sleeps; rank 0 waits in all_reduce until the watchdog ends the job
 //   recv-watchdog  rank 1 sleeps; rank 0 waits in recv
+//   irecv-watchdog rank 1 sleeps; rank 0 waits for an irecv
+//   isend-watchdog rank 1 sleeps; rank 0 waits for an isend of 1 MiB (past the eager limit,
+//                  so it cannot complete before a receive is posted)
 //   end-watchdog   rank 1 sleeps; rank 0 returns and waits for it at the end of the run
 //   mismatch       rank 0 calls all_gather, rank 1 all_reduce: both report, the job ends
 //   throw          rank 1 throws while rank 0 waits in all_reduce
@@ -25,10 +28,11 @@
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  const std::vector<std::string> modes = {"watchdog", "recv-watchdog", "end-watchdog", "mismatch",
-                                          "throw",    "exit",          "abort"};
+  const std::vector<std::string> modes = {"watchdog", "recv-watchdog", "irecv-watchdog", "isend-watchdog",
+                                          "end-watchdog", "mismatch", "throw", "exit", "abort"};
   if (std::find(modes.begin(), modes.end(), mode) == modes.end()) {
-    std::cerr << "usage: mpirun -n 2 " << argv[0] << " watchdog|recv-watchdog|end-watchdog|mismatch|throw|exit|abort\n";
+    std::cerr << "usage: mpirun -n 2 " << argv[0] << " watchdog|recv-watchdog|irecv-watchdog|isend-watchdog|end-watchdog|"
+                 "mismatch|throw|exit|abort\n";
     return 64;
   }
   shardmm::BackendOptions options;
@@ -45,6 +49,11 @@ int main(int argc, char** argv) {
         return;
       }
       if (mode == "recv-watchdog") return comm.recv(x, sizeof x, 1, 3);
+      if (mode == "irecv-watchdog") return comm.irecv(x, sizeof x, 1, 3)->wait();
+      if (mode == "isend-watchdog") {
+        const std::vector<char> big(1 << 20);
+        return comm.isend(big.data(), 1 << 20, 1, 3)->wait();
+      }
       if (mode == "end-watchdog") return;
       if (mode == "mismatch") return comm.all_gather(x, x, {1, 1}, shardmm::DType::f32, {0});
       comm.all_reduce(x, 2, shardmm::DType::f32, {0});

@@ -135,6 +135,8 @@ std::string illegal_transition(const Step& s, const Mesh& m) {
       std::sort(want.unreduced.begin(), want.unreduced.end());
       break;
     case OpKind::einsum: return "";  // checked with the contraction
+    case OpKind::all_gather_einsum:
+    case OpKind::einsum_reduce_scatter: return "a collective matmul in a chain of layout steps";
   }
   if (!(want == s.to)) return "`to` is " + format_spec(s.to, m) + ", the op gives " + format_spec(want, m);
   return "";
@@ -146,13 +148,19 @@ std::vector<std::int64_t> shape_of(const Spec& s, const DimSizes& sizes) {
   return out;
 }
 
-// Bytes, FLOPs and time of a step recomputed from the shard geometry and cost.h.
-void check_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const PlanOptions& opt) {
+struct Costs {
+  std::int64_t sent = 0, received = 0;
+  double flops = 0, time_s = 0;
+};
+
+// Bytes, FLOPs and time of an einsum, collective or local step recomputed from the shard
+// geometry and cost.h.
+Costs expected_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const PlanOptions& opt) {
   const std::int64_t e = dtype_bytes(opt.dtype);
+  Costs want;
   if (s.op == OpKind::einsum) {
     // 2 x the product of every letter's local extent (each letter once), and the roofline
     // over the three local operands.
-    double flops = 0;
     std::int64_t bytes = 0;
     for (std::int64_t d = 0; d < m.device_count(); ++d) {
       double f = 2;
@@ -162,20 +170,17 @@ void check_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const Plan
           if (seen.insert(dim.name).second) f *= static_cast<double>(shard_range(m, sizes.at(dim.name), dim.axes, d).extent);
         }
       }
-      flops = std::max(flops, f);
+      want.flops = std::max(want.flops, f);
       bytes = std::max(bytes, (local_elements(m, s.from, shape_of(s.from, sizes), d) +
                                local_elements(m, s.from_b, shape_of(s.from_b, sizes), d) +
                                local_elements(m, s.to, shape_of(s.to, sizes), d)) * e);
     }
-    EXPECT_EQ(s.flops, flops);
-    EXPECT_EQ(s.bytes_sent, 0);
-    EXPECT_EQ(s.bytes_received, 0);
-    EXPECT_DOUBLE_EQ(s.time_s, einsum_time(opt.hw, opt.dtype, flops, bytes));
-    return;
+    want.time_s = einsum_time(opt.hw, opt.dtype, want.flops, bytes);
+    return want;
   }
   const auto shape = shape_of(s.from, sizes);
   const std::int64_t group = m.group_size(s.axes);
-  std::int64_t sent = 0, received = 0, in_max = 0, out_max = 0;
+  std::int64_t in_max = 0, out_max = 0;
   for (std::int64_t d = 0; d < m.device_count(); ++d) {
     const std::int64_t in = local_elements(m, s.from, shape, d), out = local_elements(m, s.to, shape, d);
     in_max = std::max(in_max, in);
@@ -203,19 +208,25 @@ void check_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const Plan
       }
       default: break;
     }
-    sent = std::max(sent, snd);
-    received = std::max(received, rcv);
+    want.sent = std::max(want.sent, snd * e);
+    want.received = std::max(want.received, rcv * e);
   }
-  EXPECT_EQ(s.bytes_sent, sent * e);
-  EXPECT_EQ(s.bytes_received, received * e);
-  EXPECT_EQ(s.flops, 0);
   switch (s.op) {
-    case OpKind::all_gather: EXPECT_DOUBLE_EQ(s.time_s, collective_time(opt.hw, m, s.op, s.axes, out_max * e)); break;
+    case OpKind::all_gather: want.time_s = collective_time(opt.hw, m, s.op, s.axes, out_max * e); break;
     case OpKind::reduce_scatter:
     case OpKind::all_reduce:
-    case OpKind::all_to_all: EXPECT_DOUBLE_EQ(s.time_s, collective_time(opt.hw, m, s.op, s.axes, in_max * e)); break;
-    default: EXPECT_DOUBLE_EQ(s.time_s, local_copy_time(opt.hw, out_max * e)); break;
+    case OpKind::all_to_all: want.time_s = collective_time(opt.hw, m, s.op, s.axes, in_max * e); break;
+    default: want.time_s = local_copy_time(opt.hw, out_max * e); break;
   }
+  return want;
+}
+
+void check_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const PlanOptions& opt) {
+  const Costs want = expected_costs(s, m, sizes, opt);
+  EXPECT_EQ(s.bytes_sent, want.sent);
+  EXPECT_EQ(s.bytes_received, want.received);
+  EXPECT_EQ(s.flops, want.flops);
+  EXPECT_DOUBLE_EQ(s.time_s, want.time_s);
 }
 
 // A chain of steps from `from` to `to` (each step's `from` is the previous one's `to`).
@@ -270,16 +281,124 @@ void check_einsum(const Step& e, const Contraction& c, const Mesh& m) {
   EXPECT_EQ(out.unreduced, partial) << format_spec(a, m) << " x " << format_spec(b, m) << " -> " << format_spec(out, m);
 }
 
+// The serialized pair a collective matmul step fuses (plan/step.h): the all_gather of its
+// ring operand then the einsum, or the einsum then the reduce_scatter of its result. The
+// collective's `to` (all_gather_einsum) or `from` (einsum_reduce_scatter) drops the group's
+// axes from the end of the dimension's; when they are not there, the collective is left as
+// an identity that illegal_transition rejects.
+struct Unfused {
+  Step collective, einsum;
+};
+
+Unfused unfuse(const Step& s) {
+  Unfused u;
+  u.einsum = s;
+  u.einsum.op = OpKind::einsum;
+  u.einsum.axes = {};
+  u.einsum.dim = -1;
+  u.collective.axes = s.axes;
+  u.collective.dim = s.dim;
+  const auto drop_group = [&](Spec spec) {
+    if (s.dim < 0 || s.dim >= spec.rank()) return spec;
+    AxisList& have = spec.dims[static_cast<std::size_t>(s.dim)].axes;
+    if (have.size() >= s.axes.size() &&
+        std::equal(s.axes.begin(), s.axes.end(), have.end() - static_cast<std::ptrdiff_t>(s.axes.size()))) {
+      have.resize(have.size() - s.axes.size());
+    }
+    return spec;
+  };
+  if (s.op == OpKind::all_gather_einsum) {
+    Spec& gathered = s.ring_operand == 1 ? u.einsum.from_b : u.einsum.from;
+    u.collective.op = OpKind::all_gather;
+    u.collective.operand = s.ring_operand;
+    u.collective.from = gathered;
+    u.collective.to = gathered = drop_group(gathered);
+  } else {
+    u.collective.op = OpKind::reduce_scatter;
+    u.collective.operand = 2;
+    u.collective.to = s.to;
+    Spec partial = drop_group(s.to);
+    partial.unreduced.insert(partial.unreduced.end(), s.axes.begin(), s.axes.end());
+    std::sort(partial.unreduced.begin(), partial.unreduced.end());
+    u.collective.from = u.einsum.to = partial;
+  }
+  u.collective.tensor = u.collective.to.tensor;
+  return u;
+}
+
+// A collective matmul step: the pair it fuses is legal, its bytes are the collective's and
+// its FLOPs the einsum's, and its ring and overlapped time follow docs/cost-model.md
+// ("Collective matmul"), recomputed here from the shard geometry.
+void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m, const DimSizes& sizes,
+                             const PlanOptions& opt) {
+  const Unfused u = unfuse(s);
+  EXPECT_EQ(illegal_transition(u.collective, m), "")
+      << to_string(u.collective.op) << " fused into " << to_string(s.op) << ": " << format_spec(u.collective.from, m)
+      << " -> " << format_spec(u.collective.to, m);
+  check_einsum(u.einsum, c, m);
+  const std::int64_t n = m.group_size(s.axes);
+  EXPECT_GE(n, 2) << "a ring of one";
+  // The ring's dimension is free, so each chunk fills its own block of C.
+  const bool gathers = s.op == OpKind::all_gather_einsum;
+  const std::string letter = (gathers ? u.collective.from : s.to).dims.at(static_cast<std::size_t>(s.dim)).name;
+  if (gathers) {
+    EXPECT_TRUE(s.ring_operand == 0 || s.ring_operand == 1) << s.ring_operand;
+    EXPECT_EQ(c.role(letter), s.ring_operand == 0 ? DimRole::free_a : DimRole::free_b) << letter;
+  } else {
+    EXPECT_EQ(s.ring_operand, -1);
+    EXPECT_TRUE(c.role(letter) == DimRole::free_a || c.role(letter) == DimRole::free_b) << letter;
+    EXPECT_FALSE(s.bidirectional) << "einsum_reduce_scatter goes one way round";
+  }
+  if (s.bidirectional) {
+    EXPECT_TRUE(opt.hw.bidirectional && opt.hw.topology == "torus" && n >= 3)
+        << "both ways round on " << opt.hw.name << " over " << n << " members";
+  }
+  // Bytes: the collective's; FLOPs: the einsum's.
+  const Costs collective = expected_costs(u.collective, m, sizes, opt), einsum = expected_costs(u.einsum, m, sizes, opt);
+  EXPECT_EQ(s.bytes_sent, collective.sent);
+  EXPECT_EQ(s.bytes_received, collective.received);
+  EXPECT_EQ(s.flops, einsum.flops);
+  EXPECT_DOUBLE_EQ(s.compute_time_s, einsum.time_s);
+  // The ring: n steps of one chunk one way round; both ways round, the own chunk, then two
+  // a step (one from either side), the last step one when n is even.
+  std::vector<int> chunks(static_cast<std::size_t>(n), 1);
+  if (s.bidirectional) {
+    chunks.assign(static_cast<std::size_t>(1 + n / 2), 2);
+    chunks.front() = 1;
+    if (n % 2 == 0) chunks.back() = 1;
+  }
+  ASSERT_EQ(s.ring_steps, static_cast<int>(chunks.size()));
+  // A hop moves the largest shard (all_gather_einsum) or output block (einsum_reduce_scatter).
+  const Spec& hop_spec = gathers ? u.collective.from : s.to;
+  const std::int64_t hop_bytes = max_local_elements(m, hop_spec, shape_of(hop_spec, sizes)) * dtype_bytes(opt.dtype);
+  const double hop = opt.hw.hop_latency_s + static_cast<double>(hop_bytes) / opt.hw.link_bandwidth;
+  EXPECT_DOUBLE_EQ(s.comm_time_s, hop * static_cast<double>(chunks.size() - 1));
+  // A chunk's compute: the einsum's share by the largest chunk of the ring's dimension.
+  const std::int64_t size = sizes.at(letter);
+  const AxisList& chunk_axes = (gathers ? u.collective.from : s.to).dims[static_cast<std::size_t>(s.dim)].axes;
+  const AxisList& whole_axes = (gathers ? u.collective.to : u.collective.from).dims[static_cast<std::size_t>(s.dim)].axes;
+  std::int64_t chunk_extent = 0, whole_extent = 0;
+  for (std::int64_t d = 0; d < m.device_count(); ++d) {
+    chunk_extent = std::max(chunk_extent, shard_range(m, size, chunk_axes, d).extent);
+    whole_extent = std::max(whole_extent, shard_range(m, size, whole_axes, d).extent);
+  }
+  const double chunk = whole_extent == 0 ? 0 : einsum.time_s * static_cast<double>(chunk_extent) / static_cast<double>(whole_extent);
+  double time = 0;
+  for (std::size_t i = 0; i + 1 < chunks.size(); ++i) time += std::max(hop, chunks[i] * chunk);
+  time += chunks.back() * chunk;
+  EXPECT_DOUBLE_EQ(s.time_s, time);
+}
+
 void check_plan(const Plan& p, const Contraction& c, const Mesh& m, const DimSizes& sizes, const PlanOptions& opt) {
   std::vector<const Step*> a_steps, b_steps, c_steps;
-  const Step* einsum = nullptr;
+  const Step* product = nullptr;  // the einsum or the collective matmul that contains it
   for (const Step& s : p.steps) {
-    if (s.op == OpKind::einsum) {
-      EXPECT_EQ(einsum, nullptr) << "two einsums";
-      einsum = &s;
+    if (multiplies(s.op)) {
+      EXPECT_EQ(product, nullptr) << "two einsums";
+      product = &s;
       continue;
     }
-    if (einsum) {
+    if (product) {
       EXPECT_EQ(s.operand, 2) << "a step after the einsum that is not on the output";
       c_steps.push_back(&s);
     } else {
@@ -288,23 +407,36 @@ void check_plan(const Plan& p, const Contraction& c, const Mesh& m, const DimSiz
     }
     check_costs(s, m, sizes, opt);
   }
-  ASSERT_NE(einsum, nullptr);
-  check_costs(*einsum, m, sizes, opt);
-  check_einsum(*einsum, c, m);
-  check_chain(a_steps, c.a, einsum->from, m, "A's steps");
-  check_chain(b_steps, c.b, einsum->from_b, m, "B's steps");
-  check_chain(c_steps, einsum->to, p.output, m, "C's steps");
+  ASSERT_NE(product, nullptr);
+  if (product->op == OpKind::einsum) {
+    check_costs(*product, m, sizes, opt);
+    check_einsum(*product, c, m);
+  } else {
+    check_collective_matmul(*product, c, m, sizes, opt);
+  }
+  check_chain(a_steps, c.a, product->from, m, "A's steps");
+  check_chain(b_steps, c.b, product->from_b, m, "B's steps");
+  check_chain(c_steps, product->to, p.output, m, "C's steps");
   if (c.out) {
     EXPECT_EQ(p.output, *c.out);
   } else {
     EXPECT_TRUE(p.output.unreduced.empty()) << format_spec(p.output, m);
   }
-  // Totals.
-  double comm = 0, compute = 0;
-  for (const Step& s : p.steps) (is_collective(s.op) ? comm : compute) += s.time_s;
+  // Totals: a collective matmul's ring counts as communication, its einsum as compute, and
+  // the step at its overlapped time in the total.
+  double comm = 0, compute = 0, total = 0;
+  for (const Step& s : p.steps) {
+    if (is_collective_matmul(s.op)) {
+      comm += s.comm_time_s;
+      compute += s.compute_time_s;
+    } else {
+      (is_collective(s.op) ? comm : compute) += s.time_s;
+    }
+    total += s.time_s;
+  }
   EXPECT_DOUBLE_EQ(p.comm_time_s, comm);
   EXPECT_DOUBLE_EQ(p.compute_time_s, compute);
-  EXPECT_DOUBLE_EQ(p.total_time_s, comm + compute);
+  EXPECT_DOUBLE_EQ(p.total_time_s, total);
   EXPECT_DOUBLE_EQ(p.overlapped_time_s, std::max(comm, compute));
   EXPECT_EQ(p.fits_memory, !opt.mem_limit_bytes || p.peak_bytes_per_device <= *opt.mem_limit_bytes);
   // The peak holds at least the inputs, and every step's input and output together.
@@ -316,6 +448,42 @@ void check_plan(const Plan& p, const Contraction& c, const Mesh& m, const DimSiz
       EXPECT_GE(p.peak_bytes_per_device, biggest(s.to));
     }
   }
+}
+
+// A step as the planner's other candidates would spell it (op, group, dims, layouts).
+std::string signature(const Step& s, const Mesh& m) {
+  std::string out = std::string(to_string(s.op)) + " " + m.axis_names(s.axes) + " " + std::to_string(s.dim) + " " +
+                    std::to_string(s.dst_dim) + " " + std::to_string(s.operand) + " " + format_spec(s.from, m);
+  if (multiplies(s.op)) out += " @ " + format_spec(s.from_b, m);
+  return out + " -> " + format_spec(s.to, m);
+}
+
+// The steps of `p` with its collective matmul (if any) replaced by the pair it fuses, in the
+// serialized plan's order: A's steps, B's steps, the einsum, C's steps.
+std::vector<std::string> serialized_signature(const Plan& p, const Mesh& m) {
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < p.steps.size(); ++i) {
+    const Step& s = p.steps[i];
+    if (!is_collective_matmul(s.op)) {
+      out.push_back(signature(s, m));
+      continue;
+    }
+    const Unfused u = unfuse(s);
+    if (s.op == OpKind::einsum_reduce_scatter) {
+      out.push_back(signature(u.einsum, m));
+      out.push_back(signature(u.collective, m));
+      continue;
+    }
+    // A's gather goes after A's other steps, before B's; B's right before the einsum.
+    std::size_t at = out.size();
+    if (s.ring_operand == 0) {
+      at = static_cast<std::size_t>(
+          std::count_if(p.steps.begin(), p.steps.begin() + static_cast<std::ptrdiff_t>(i), [](const Step& t) { return t.operand == 0; }));
+    }
+    out.insert(out.begin() + static_cast<std::ptrdiff_t>(at), signature(u.collective, m));
+    out.push_back(signature(u.einsum, m));
+  }
+  return out;
 }
 
 // A random contraction: letters of every role in random orders, several contracted ones,
@@ -417,6 +585,16 @@ void check_planning(const Case& k, PlanOptions opt, Rng& rng) {
     }
   }
   EXPECT_EQ(p.chosen, 0) << "without a memory limit the cheapest is chosen";
+  // A collective matmul is offered next to the serialized plan it overlaps, not instead of it.
+  std::set<std::vector<std::string>> serialized;
+  for (const Plan& c : p.candidates) {
+    if (std::none_of(c.steps.begin(), c.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); })) {
+      serialized.insert(serialized_signature(c, k.mesh));
+    }
+  }
+  for (const Plan& c : p.candidates) {
+    EXPECT_TRUE(serialized.count(serialized_signature(c, k.mesh))) << "no serialized twin of: " << c.description;
+  }
   // Again under a memory limit between the smallest and the largest peak: `chosen` is the
   // cheapest candidate within it.
   std::int64_t lo = p.candidates[0].peak_bytes_per_device, hi = lo;
@@ -450,7 +628,7 @@ TEST(PlannerProperty, RandomContractionsOnSmallMeshes) {
   }
   // The sample exercised every kind of step.
   for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all, OpKind::slice,
-                    OpKind::to_partial, OpKind::einsum}) {
+                    OpKind::to_partial, OpKind::einsum, OpKind::all_gather_einsum, OpKind::einsum_reduce_scatter}) {
     EXPECT_GT(op_counts()[op], 20) << to_string(op);
   }
 }
@@ -505,7 +683,7 @@ TEST(PlannerProperty, CheckerCatchesTamperedPlans) {
     return p;
   };
   EXPECT_TRUE(check(tamper(OpKind::all_gather, [](Step& s) { s.bytes_received += 2; }), "bytes_received").second);
-  EXPECT_TRUE(check(tamper(OpKind::all_gather, [](Step& s) { s.time_s *= 1.5; }), "collective_time").second);
+  EXPECT_TRUE(check(tamper(OpKind::all_gather, [](Step& s) { s.time_s *= 1.5; }), "time_s").second);
   EXPECT_TRUE(check(tamper(OpKind::einsum, [](Step& s) { s.flops += 2; }), "flops").second);
   EXPECT_TRUE(check(tamper(OpKind::einsum, [](Step& s) { s.from_b.dims[0].axes = {0}; }), "sharded differently").second);
   EXPECT_TRUE(check(tamper(OpKind::einsum, [](Step& s) { s.to.unreduced = {0}; }), "unreduced").second);
@@ -518,6 +696,56 @@ TEST(PlannerProperty, CheckerCatchesTamperedPlans) {
   Plan wrong_total = good;
   wrong_total.total_time_s += 1;
   EXPECT_TRUE(check(wrong_total, "total_time_s").second);
+  // A collective matmul's bytes, FLOPs, ring and overlapped time, and the pair it fuses.
+  const Mesh ring_mesh = Mesh::parse("X=4");
+  const auto fused_candidate = [&](const Contraction& k, OpKind op) {
+    for (const Plan& p : plan_matmul(ring_mesh, k, sizes, opt).candidates) {
+      for (const Step& s : p.steps) {
+        if (s.op == op) return p;
+      }
+    }
+    ADD_FAILURE() << "no " << to_string(op) << " candidate";
+    return Plan{};
+  };
+  const Contraction gathered = parse_contraction("A[I_X, J] @ B[J, K] -> C[I, K]", ring_mesh);
+  const Contraction scattered = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I_X, K]", ring_mesh);
+  for (const auto& [k, op] : {std::pair{gathered, OpKind::all_gather_einsum}, std::pair{scattered, OpKind::einsum_reduce_scatter}}) {
+    SCOPED_TRACE(to_string(op));
+    const Plan fused = fused_candidate(k, op);
+    const auto check_fused = [&](auto edit, const std::string& text) {
+      Plan p = fused;
+      for (Step& s : p.steps) {
+        if (s.op == op) edit(s);
+      }
+      return failures_of([&] { check_plan(p, k, ring_mesh, sizes, opt); }, text).second;
+    };
+    EXPECT_EQ(failures_of([&] { check_plan(fused, k, ring_mesh, sizes, opt); }, "").first, 0);
+    EXPECT_TRUE(check_fused([](Step& s) { s.bytes_sent += 2; }, "bytes_sent"));
+    EXPECT_TRUE(check_fused([](Step& s) { s.flops *= 2; }, "flops"));
+    EXPECT_TRUE(check_fused([](Step& s) { s.time_s *= 1.5; }, "time_s"));
+    EXPECT_TRUE(check_fused([](Step& s) { s.comm_time_s *= 2; }, "comm_time_s"));
+    EXPECT_TRUE(check_fused([](Step& s) { s.compute_time_s *= 2; }, "compute_time_s"));
+    EXPECT_TRUE(check_fused([](Step& s) { s.ring_steps += 1; }, "ring_steps"));
+    EXPECT_TRUE(check_fused([](Step& s) { s.axes = {}; }, "a ring of one"));
+  }
+  // The ring operand must be the one whose layout the gather changes; a reduce-scatter ring
+  // goes one way round.
+  EXPECT_TRUE(failures_of(
+                  [&] {
+                    Plan p = fused_candidate(gathered, OpKind::all_gather_einsum);
+                    for (Step& s : p.steps) s.ring_operand = is_collective_matmul(s.op) ? 1 : s.ring_operand;
+                    check_plan(p, gathered, ring_mesh, sizes, opt);
+                  },
+                  "fused into")
+                  .second);
+  EXPECT_TRUE(failures_of(
+                  [&] {
+                    Plan p = fused_candidate(scattered, OpKind::einsum_reduce_scatter);
+                    for (Step& s : p.steps) s.bidirectional = is_collective_matmul(s.op);
+                    check_plan(p, scattered, ring_mesh, sizes, opt);
+                  },
+                  "one way round")
+                  .second);
   // Gathering an axis that is not the minor-most is illegal; the minor-most one is fine.
   Step gather;
   gather.op = OpKind::all_gather;

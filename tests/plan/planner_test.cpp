@@ -244,5 +244,115 @@ TEST(Matmul, MutatedInputsRaiseOnlyInputErrors) {
   EXPECT_GT(planned, 200);
 }
 
+
+// --- collective matmuls (docs/cost-model.md, "Collective matmul") ---
+
+// The candidate that is one collective matmul step and nothing else.
+const Plan* candidate_with(const MatmulPlanning& p, OpKind op, bool bidirectional = false) {
+  for (const Plan& plan : p.candidates) {
+    if (plan.steps.size() == 1 && plan.steps[0].op == op && plan.steps[0].bidirectional == bidirectional) return &plan;
+  }
+  return nullptr;
+}
+
+TEST(CollectiveMatmul, RingChunksAndTime) {
+  EXPECT_EQ(ring_chunks(4, false), (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_EQ(ring_chunks(4, true), (std::vector<int>{1, 2, 1}));
+  EXPECT_EQ(ring_chunks(5, true), (std::vector<int>{1, 2, 2}));
+  EXPECT_EQ(ring_chunks(2, true), (std::vector<int>{1, 1}));
+  // Compute-bound: every hop hides behind a chunk; only the chunks' compute counts.
+  EXPECT_DOUBLE_EQ(overlapped_ring_time({1, 1, 1, 1}, 2.0, 1.0), 8.0);
+  // Comm-bound: the hops, plus the last chunk, which nothing overlaps.
+  EXPECT_DOUBLE_EQ(overlapped_ring_time({1, 1, 1, 1}, 1.0, 3.0), 10.0);
+  EXPECT_DOUBLE_EQ(overlapped_ring_time({1, 2, 1}, 1.0, 1.5), 1.5 + 2.0 + 1.0);
+}
+
+// The serialized candidate whose steps are exactly `ops`.
+const Plan* serialized(const MatmulPlanning& p, const std::vector<OpKind>& ops) {
+  for (const Plan& plan : p.candidates) {
+    std::vector<OpKind> got;
+    for (const Step& s : plan.steps) got.push_back(s.op);
+    if (got == ops) return &plan;
+  }
+  return nullptr;
+}
+
+// The seeds' collective matmul: B keeps K_X, A's I_X is gathered. Compute-bound (N = 8192
+// on 4 H100s: a quarter of the GEMM takes far longer than moving a shard): the ring hides
+// the all_gather entirely, beats gather-then-multiply and is chosen; that plan stays a
+// candidate.
+TEST(CollectiveMatmul, WinsWhereComputeHidesTheTransfers) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I, K_X]", mesh);
+  PlanOptions o{DType::bf16, builtin_profile("h100")};
+  const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=8192,K=16384"), o);
+  const Plan& chosen = p.candidates[static_cast<std::size_t>(p.chosen)];
+  ASSERT_EQ(chosen.steps.size(), 1u);
+  EXPECT_EQ(chosen.steps[0].op, OpKind::all_gather_einsum);
+  EXPECT_EQ(chosen.steps[0].ring_operand, 0);
+  const double einsum = 2.0 * 8192 * 8192 * 16384 / 4 / o.hw.flops_for(DType::bf16);
+  EXPECT_DOUBLE_EQ(chosen.total_time_s, einsum);
+  const double hop = 1e-6 + 2048.0 * 8192 * 2 / 4.5e11;
+  EXPECT_DOUBLE_EQ(chosen.comm_time_s, 3 * hop);
+  EXPECT_LT(3 * hop, einsum);
+  EXPECT_EQ(candidate_with(p, OpKind::all_gather_einsum, true), nullptr) << "no bidirectional ring behind a switch";
+  const Plan* twin = serialized(p, {OpKind::all_gather, OpKind::einsum});
+  ASSERT_NE(twin, nullptr);
+  EXPECT_DOUBLE_EQ(twin->total_time_s, twin->steps[0].time_s + einsum);
+}
+
+// Latency-bound (64 x 64): the ring pays three hops of bandwidth on top of the latency the
+// one-shot all_gather also pays, and there is next to no compute to hide them behind:
+// gather-then-multiply is cheaper than the ring.
+TEST(CollectiveMatmul, LosesWhereTheTransfersDominate) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I, K_X]", mesh);
+  PlanOptions o{DType::bf16, builtin_profile("h100")};
+  const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=64,J=64,K=64"), o);
+  const Plan* ring = candidate_with(p, OpKind::all_gather_einsum);
+  const Plan* twin = serialized(p, {OpKind::all_gather, OpKind::einsum});
+  ASSERT_NE(ring, nullptr);
+  ASSERT_NE(twin, nullptr);
+  const double einsum = twin->steps[1].time_s;
+  const double hop = 1e-6 + 16.0 * 64 * 2 / 4.5e11;
+  EXPECT_LT(einsum / 4, hop);
+  EXPECT_DOUBLE_EQ(ring->total_time_s, 3 * hop + einsum / 4);
+  EXPECT_GT(ring->total_time_s, twin->total_time_s);
+}
+
+// On a torus of bidirectional links the shards can travel both ways round: 2 hops instead
+// of 3 on 4 devices, which wins when the transfers dominate.
+TEST(CollectiveMatmul, BothWaysRoundHalvesTheHopsOnATorus) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I, K_X]", mesh);
+  PlanOptions o{DType::bf16, builtin_profile("tpu-v5e")};
+  const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=8192,K=16"), o);
+  const Plan* one_way = candidate_with(p, OpKind::all_gather_einsum, false);
+  const Plan* both_ways = candidate_with(p, OpKind::all_gather_einsum, true);
+  ASSERT_NE(one_way, nullptr);
+  ASSERT_NE(both_ways, nullptr);
+  EXPECT_DOUBLE_EQ(one_way->steps[0].comm_time_s * 2, both_ways->steps[0].comm_time_s * 3);
+  EXPECT_LT(both_ways->total_time_s, one_way->total_time_s);
+}
+
+// Case 3 with a sharded output: the einsum's partial sums reduce_scattered round a ring.
+TEST(CollectiveMatmul, EinsumReduceScatterReplacesTheScatter) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I_X, K]", mesh);
+  PlanOptions o{DType::bf16, builtin_profile("h100")};
+  const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=8192,K=8192"), o);
+  const Plan* ring = candidate_with(p, OpKind::einsum_reduce_scatter);
+  const Plan* twin = serialized(p, {OpKind::einsum, OpKind::reduce_scatter});
+  ASSERT_NE(ring, nullptr);
+  ASSERT_NE(twin, nullptr);
+  EXPECT_LT(ring->total_time_s, twin->total_time_s);
+  ASSERT_EQ(ring->steps.size(), 1u);
+  const Step& s = ring->steps[0];
+  EXPECT_EQ(s.op, OpKind::einsum_reduce_scatter);
+  EXPECT_EQ(format_spec(s.to, mesh), "C[I_X, K]");
+  EXPECT_EQ(s.ring_steps, 4);
+  EXPECT_EQ(s.bytes_sent, 3LL * 2048 * 8192 * 2);
+}
+
 }  // namespace
 }  // namespace shardmm

@@ -6,11 +6,14 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "runtime/collectives_testing.h"
@@ -366,22 +369,32 @@ TEST(Threads, WatchdogNamesTheCollectiveAndTheMissingRanks) {
             "waited 1 s; ranks 1, 2 never arrived (watchdog 1 s; SHARDMM_WATCHDOG_S sets it)");
 }
 
-TEST(Threads, WatchdogCoversRecv) {
-  Gate timed_out;
-  EXPECT_EQ(message_of<CollectiveTimeout>([&] {
-              run(Mesh::parse("X=2"), [&](Communicator& comm) {
-                if (comm.rank() == 1) return timed_out.wait();
-                int x = 0;
-                try {
-                  comm.recv(&x, sizeof x, 1, 3);
-                } catch (...) {
-                  timed_out.open();
-                  throw;
-                }
-              }, 0.5);
-            }),
-            "p2p timeout: rank 0 waited 0.5 s in recv(4 bytes from rank 1, tag 3); nothing arrived "
-            "(watchdog 0.5 s; SHARDMM_WATCHDOG_S sets it)");
+// recv, and the waits of irecv and isend.
+TEST(Threads, WatchdogCoversPointToPoint) {
+  const std::string hint = " (watchdog 0.5 s; SHARDMM_WATCHDOG_S sets it)";
+  const std::pair<std::function<void(Communicator&, int&)>, std::string> calls[] = {
+      {[](Communicator& c, int& x) { c.recv(&x, sizeof x, 1, 3); }, "recv(4 bytes from rank 1, tag 3); nothing arrived"},
+      {[](Communicator& c, int& x) { c.irecv(&x, sizeof x, 1, 3)->wait(); },
+       "recv(4 bytes from rank 1, tag 3); nothing arrived"},
+      {[](Communicator& c, int& x) { c.isend(&x, sizeof x, 1, 3)->wait(); },
+       "isend(4 bytes to rank 1, tag 3); no receive was posted"},
+  };
+  for (const auto& [call, what] : calls) {
+    Gate timed_out;
+    EXPECT_EQ(message_of<CollectiveTimeout>([&] {
+                run(Mesh::parse("X=2"), [&](Communicator& comm) {
+                  if (comm.rank() == 1) return timed_out.wait();
+                  int x = 0;
+                  try {
+                    call(comm, x);
+                  } catch (...) {
+                    timed_out.open();
+                    throw;
+                  }
+                }, 0.5);
+              }),
+              "p2p timeout: rank 0 waited 0.5 s in " + what + hint);
+  }
 }
 
 TEST(Threads, WatchdogComesFromTheEnvironment) {
@@ -432,6 +445,152 @@ TEST(Threads, BadArgumentsAreInputErrors) {
             "recv from device -1: mesh X=2,Y=2 has devices 0 to 3");
   EXPECT_EQ(on_rank_1([&](Communicator& c) { c.send(buf, -4, 0, 0); }),
             "send to device 0 of -4 bytes; a message size is >= 0");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.isend(buf, 4, 4, 0); }),
+            "isend to device 4: mesh X=2,Y=2 has devices 0 to 3");
+  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.irecv(buf, -4, 0, 0); }),
+            "recv from device 0 of -4 bytes; a message size is >= 0");
+}
+
+// Nonblocking point-to-point (isend, irecv): the ring a collective matmul runs, mixed with
+// the blocking calls, and what happens to requests that are dropped or never matched.
+TEST(ThreadsNonblocking, RingMatchesAndMixesWithBlockingCalls) {
+  for (int n = 1; n <= 8; ++n) {
+    SCOPED_TRACE("ranks " + std::to_string(n));
+    run(Mesh::parse("X=" + std::to_string(n)), [n](Communicator& comm) {
+      const std::int64_t right = (comm.rank() + 1) % n, left = (comm.rank() + n - 1) % n;
+      std::vector<double> mine(100), got(100), again(100);
+      for (int k = 0; k < 100; ++k) mine[k] = testing::tagged<double>(comm.rank(), k);
+      Request in = comm.irecv(got.data(), 800, left, 7);
+      Request out = comm.isend(mine.data(), 800, right, 7);
+      out->wait();
+      in->wait();
+      EXPECT_TRUE(in->test());
+      // A blocking send meets an irecv, an isend a blocking recv.
+      comm.send(mine.data(), 800, right, 8);
+      Request back = comm.isend(mine.data(), 800, left, 9);
+      Request late = comm.irecv(again.data(), 800, left, 8);
+      std::vector<double> from_right(100);
+      comm.recv(from_right.data(), 800, right, 9);
+      late->wait();
+      back->wait();
+      for (int k = 0; k < 100; ++k) {
+        ASSERT_EQ(got[k], testing::tagged<double>(left, k)) << "element " << k;
+        ASSERT_EQ(again[k], testing::tagged<double>(left, k)) << "element " << k;
+        ASSERT_EQ(from_right[k], testing::tagged<double>(right, k)) << "element " << k;
+      }
+    });
+  }
+}
+
+TEST(ThreadsNonblocking, ZeroBytesManyInFlightAndWaitsInAnyOrder) {
+  run(Mesh::parse("X=2"), [](Communicator& comm) {
+    constexpr int count = 64;
+    const std::int64_t peer = 1 - comm.rank();
+    std::vector<std::vector<float>> out(count), in(count);
+    std::vector<Request> requests;
+    for (int i = 0; i < count; ++i) {
+      // Message i: i floats under tag i % 3, so that each tag's messages must stay in order.
+      out[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(i), static_cast<float>(comm.rank() * 1000 + i));
+      in[static_cast<std::size_t>(i)].assign(static_cast<std::size_t>(i), -1.0f);
+      requests.push_back(comm.isend(out[static_cast<std::size_t>(i)].data(), 4 * i, peer, i % 3));
+      requests.push_back(comm.irecv(in[static_cast<std::size_t>(i)].data(), 4 * i, peer, i % 3));
+    }
+    for (auto r = requests.rbegin(); r != requests.rend(); ++r) (*r)->wait();  // the last posted first
+    for (int i = 0; i < count; ++i) {
+      for (float v : in[static_cast<std::size_t>(i)]) ASSERT_EQ(v, static_cast<float>(peer * 1000 + i)) << "message " << i;
+    }
+  });
+}
+
+// The receiving rank's progress thread copies: rank 0's isend completes while rank 1 sits
+// outside every communicator call, and rank 1 finds the data when it comes back.
+TEST(ThreadsNonblocking, TransfersProceedWhileTheReceiverIsBusy) {
+  Gate sent;
+  run(Mesh::parse("X=2"), [&](Communicator& comm) {
+    std::vector<int> data(1000);
+    if (comm.rank() == 0) {
+      std::iota(data.begin(), data.end(), 5);
+      comm.barrier();  // rank 1's irecv is posted
+      comm.isend(data.data(), 4000, 1, 0)->wait();
+      sent.open();
+    } else {
+      Request r = comm.irecv(data.data(), 4000, 0, 0);
+      comm.barrier();
+      sent.wait();  // "computing": no communicator call until the send has completed
+      EXPECT_TRUE(r->test());
+      r->wait();
+      for (int k = 0; k < 1000; ++k) ASSERT_EQ(data[static_cast<std::size_t>(k)], k + 5);
+    }
+  });
+}
+
+// A request dropped before its peer posts is withdrawn: the peer's call meets the next one.
+TEST(ThreadsNonblocking, DroppedRequestsAreWithdrawn) {
+  run(Mesh::parse("X=2"), [](Communicator& comm) {
+    int first = -1, second = -1;
+    if (comm.rank() == 0) {
+      { Request dropped = comm.irecv(&first, 4, 1, 1); }
+      { Request dropped = comm.isend(&first, 4, 1, 2); }
+      comm.barrier();
+      comm.recv(&second, 4, 1, 1);
+      EXPECT_EQ(first, -1) << "a withdrawn receive was written";
+      EXPECT_EQ(second, 42);
+      const int value = 7;
+      comm.send(&value, 4, 1, 2);
+    } else {
+      comm.barrier();
+      const int value = 42;
+      comm.isend(&value, 4, 0, 1)->wait();
+      comm.irecv(&second, 4, 0, 2)->wait();
+      EXPECT_EQ(second, 7) << "the withdrawn send was received";
+    }
+  });
+}
+
+TEST(ThreadsNonblocking, APeerThatReturnsWithoutMatchingIsAMismatch) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2"), [](Communicator& comm) {
+                int x = 0;
+                if (comm.rank() == 0) comm.irecv(&x, sizeof x, 1, 5)->wait();
+              });
+            }),
+            "p2p mismatch: rank 0 called recv(4 bytes from rank 1, tag 5); rank 1 returned without sending it");
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2"), [](Communicator& comm) {
+                int x = 0;
+                if (comm.rank() == 1) comm.isend(&x, sizeof x, 0, 6)->wait();
+              });
+            }),
+            "p2p mismatch: rank 1 called isend(4 bytes to rank 0, tag 6); rank 0 returned without receiving it");
+}
+
+TEST(ThreadsNonblocking, SizesMustAgree) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2"), [](Communicator& comm) {
+                double x = 0;
+                if (comm.rank() == 0) comm.send(&x, 4, 1, 0);
+                else comm.irecv(&x, 8, 0, 0)->wait();
+              });
+            }),
+            "p2p mismatch: rank 1 called recv(8 bytes from rank 0, tag 0) but rank 0 sent 4 bytes");
+  // Only the sender waits: the receiver keeps its request until the sender has failed.
+  Gate failed;
+  EXPECT_EQ(message_of<CollectiveMismatch>([&] {
+              run(Mesh::parse("X=2"), [&](Communicator& comm) {
+                double x = 0;
+                if (comm.rank() == 1) {
+                  Request r = comm.irecv(&x, 8, 0, 0);
+                  return failed.wait();
+                }
+                try {
+                  comm.isend(&x, 4, 1, 0)->wait();
+                } catch (...) {
+                  failed.open();
+                  throw;
+                }
+              });
+            }),
+            "p2p mismatch: rank 0 called isend(4 bytes to rank 1, tag 0) but rank 1 posted a receive of 8 bytes");
 }
 
 TEST(Backends, ThreadsIsAlwaysThereAndRunsEveryDevice) {

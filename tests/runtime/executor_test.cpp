@@ -3,7 +3,9 @@
 // the threads backend and compared with the dense single-device reference.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <stdexcept>
 #include <cstring>
 #include <mutex>
 
@@ -99,6 +101,95 @@ TEST(ExecutorTest, SeedsCaseThreeOnFourRanks) {
                                        dense_tensor(mesh, c.b, {10, 5}, 2), {"I", "K"}, sizes);
     EXPECT_EQ(r.global, expected) << plan.description;
   }
+}
+
+// Runs `plan` with real-valued (not integer) inputs, so that the order of additions shows
+// in the bits, and assembles the logical result.
+std::vector<double> run_real_valued(const Mesh& mesh, const Plan& plan, const Contraction& c, const DimSizes& sizes,
+                                    DType dtype) {
+  const auto value = [](double phase) {
+    return [phase](const Index& i, std::int64_t r) {
+      double v = phase + 0.37 * static_cast<double>(r);
+      for (std::size_t d = 0; d < i.size(); ++d) v += 1.618 * static_cast<double>(d + 1) * static_cast<double>(i[d]);
+      return std::sin(v);
+    };
+  };
+  std::vector<DistTensor> results(static_cast<std::size_t>(mesh.device_count()));
+  run_threads(mesh, [&](Communicator& comm) {
+    const std::int64_t me = comm.rank();
+    const DistTensor a = DistTensor::filled(mesh, me, c.a, global_shape(c.a, sizes), dtype, value(0.1));
+    const DistTensor b = DistTensor::filled(mesh, me, c.b, global_shape(c.b, sizes), dtype, value(0.7));
+    Executor exec(comm, plan, sizes, dtype);
+    results[static_cast<std::size_t>(me)] = copy_of(mesh, exec.run(a, &b));
+  });
+  std::vector<const DistTensor*> shards;
+  for (const DistTensor& t : results) shards.push_back(&t);
+  return assemble_global(mesh, shards);
+}
+
+// The candidate whose steps are exactly `ops`.
+const Plan& plan_with(const MatmulPlanning& p, const std::vector<OpKind>& ops, bool bidirectional = false) {
+  for (const Plan& plan : p.candidates) {
+    std::vector<OpKind> got;
+    bool bidi = false;
+    for (const Step& s : plan.steps) {
+      got.push_back(s.op);
+      bidi = bidi || s.bidirectional;
+    }
+    if (got == ops && bidi == bidirectional) return plan;
+  }
+  throw std::runtime_error("no candidate with those steps");
+}
+
+// The all_gather_einsum ring multiplies each gathered shard into its own rows of C: the
+// same products and sums per element as one einsum over the gathered operand, but OpenBLAS
+// picks its kernels by the GEMM's row count, and the association of a dot product differs
+// between them, so the bits may differ (they do here in f32): within rounding, not
+// bitwise. Uneven shards, one and both directions round the ring (tpu-v5e: a torus), A or
+// B gathered, the free dimension leading in C or not.
+TEST(ExecutorTest, AllGatherEinsumIsWithinRoundingOfTheSerializedPlan) {
+  struct Case {
+    const char* mesh;
+    const char* expr;
+    const char* dims;
+  };
+  PlanOptions torus = options(DType::f32);  // tpu-v5e has no f64 peak; the plan's steps do not depend on it
+  torus.hw = builtin_profile("tpu-v5e");
+  int rings = 0;
+  for (const Case& k : {Case{"X=4", "A[I_X, J] @ B[J, K] -> C[I, K]", "I=37,J=29,K=23"},
+                        Case{"X=3", "A[I, J] @ B[J, K_X] -> C[I, K]", "I=19,J=31,K=17"},
+                        Case{"X=5", "A[J, I_X] @ B[J, K] -> C[K, I]", "I=23,J=9,K=12"}}) {
+    const Mesh mesh = Mesh::parse(k.mesh);
+    const Contraction c = parse_contraction(k.expr, mesh);
+    const DimSizes sizes = parse_dims(k.dims);
+    const MatmulPlanning p = plan_matmul(mesh, c, sizes, torus);
+    const std::vector<double> serial =
+        run_real_valued(mesh, plan_with(p, {OpKind::all_gather, OpKind::einsum}), c, sizes, DType::f64);
+    for (bool both_ways : {false, true}) {
+      const Plan& ring = plan_with(p, {OpKind::all_gather_einsum}, both_ways);
+      const std::vector<double> got = run_real_valued(mesh, ring, c, sizes, DType::f64);
+      ASSERT_EQ(got.size(), serial.size());
+      for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], serial[i], 1e-12) << k.expr << " " << i;
+      ++rings;
+    }
+  }
+  EXPECT_EQ(rings, 6);
+}
+
+// einsum_reduce_scatter sums each block in ring order from its owner's successor, not in
+// group-rank order as reduce_scatter does: within rounding of the serialized plan and the
+// dense reference, not bitwise.
+TEST(ExecutorTest, EinsumReduceScatterIsWithinRoundingOfTheSerializedPlan) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I_X, K]", mesh);
+  const DimSizes sizes = parse_dims("I=26,J=41,K=15");
+  const MatmulPlanning p = plan_matmul(mesh, c, sizes, options(DType::f64));
+  const std::vector<double> serial =
+      run_real_valued(mesh, plan_with(p, {OpKind::einsum, OpKind::reduce_scatter}), c, sizes, DType::f64);
+  const std::vector<double> ring =
+      run_real_valued(mesh, plan_with(p, {OpKind::einsum_reduce_scatter}), c, sizes, DType::f64);
+  ASSERT_EQ(ring.size(), serial.size());
+  for (std::size_t i = 0; i < ring.size(); ++i) EXPECT_NEAR(ring[i], serial[i], 1e-12) << i;
 }
 
 TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {

@@ -55,4 +55,16 @@ double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::in
 // A local copy (slice) reads and writes `bytes`.
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes);
 
+// Collective matmuls (docs/cost-model.md, "Collective matmul"). One hop of a ring: the hop
+// latency plus `bytes` over one link in one direction.
+double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes);
+// The chunks each step of an all_gather_einsum ring multiplies on a group of `members`:
+// one per step one way round ({1, 1, ..., 1}, `members` steps), or, both ways round, the
+// own shard first and then the two that arrived from either side ({1, 2, .., 2[, 1]}).
+std::vector<int> ring_chunks(std::int64_t members, bool bidirectional);
+// A ring whose step s multiplies chunks[s] chunks of `chunk_compute_s` each while the next
+// hop (`hop_s`) is in flight, nothing being in flight during the last step:
+//   sum over s < last of max(hop_s, chunks[s] * chunk_compute_s) + chunks[last] * chunk_compute_s.
+double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s);
+
 }  // namespace shardmm

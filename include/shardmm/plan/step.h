@@ -12,6 +12,20 @@
 //   to_partial(G)             [..]               -> [..]{U_G}         local: coordinate 0 of G
 //                                                                      keeps the value, others 0
 //   einsum                    local contraction of the two operands' shards
+// Collective matmuls (the seeds' "collective matmul"; XLA's windowed einsum): a collective
+// and the einsum fused into a ring, so that while one chunk is multiplied the next is in
+// flight. `from` @ `from_b` -> `to` as for einsum; G = `axes` is flattened into one ring.
+//   all_gather_einsum(G, dim d of operand o)
+//                             A @ B -> C where operand o (`ring_operand`: 0 A, 1 B) is held as
+//                             [.., D_{P G}, ..] and the einsum needs [.., D_P, ..]: each ring
+//                             step multiplies one member's shard while the next one moves.
+//                             D is free (in o and C, not in the other operand), so each
+//                             chunk fills its own rows of C.
+//   einsum_reduce_scatter(G, dim d of C)
+//                             A @ B -> C[.., D_{P G}, ..] where the einsum alone gives
+//                             C[.., D_P, ..]{U_G}: each ring step computes the partial block
+//                             bound for one member, adds the running sum that arrived from
+//                             the previous member and passes it on. D is free in one input.
 // Planning never touches a communicator.
 #pragma once
 
@@ -24,9 +38,24 @@
 
 namespace shardmm {
 
-enum class OpKind { all_gather, reduce_scatter, all_reduce, all_to_all, slice, to_partial, einsum };
+enum class OpKind {
+  all_gather,
+  reduce_scatter,
+  all_reduce,
+  all_to_all,
+  slice,
+  to_partial,
+  einsum,
+  all_gather_einsum,
+  einsum_reduce_scatter,
+};
 const char* to_string(OpKind op);
+// The four collectives alone (not the collective matmuls, which also compute).
 bool is_collective(OpKind op);
+// einsum and the collective matmuls: steps that multiply A and B into C.
+bool multiplies(OpKind op);
+// The collective matmuls.
+bool is_collective_matmul(OpKind op);
 
 enum class DType { bf16, f16, f32, f64 };
 const char* to_string(DType dtype);
@@ -36,7 +65,8 @@ DType parse_dtype(std::string_view text);  // throws InputError
 struct Step {
   OpKind op = OpKind::einsum;
   AxisList axes;             // the collective's group (empty for einsum)
-  int dim = -1;              // dimension index in `from` (gather, slice, reduce_scatter, all_to_all source)
+  int dim = -1;              // dimension index in `from` (gather, slice, reduce_scatter, all_to_all source);
+                             // all_gather_einsum: in the gathered operand; einsum_reduce_scatter: in `to`
   int dst_dim = -1;          // all_to_all destination dimension index
   std::string tensor;        // the tensor this step produces or transforms
   int operand = 0;           // which: 0 the first input (or a reshard's tensor), 1 the second, 2 the output
@@ -46,7 +76,13 @@ struct Step {
   std::int64_t bytes_sent = 0;      // per device, the most any device sends
   std::int64_t bytes_received = 0;  // per device, the most any device receives
   double flops = 0;                 // per device, the most any device computes
-  double time_s = 0;                // predicted
+  double time_s = 0;                // predicted (collective matmuls: overlapped, see docs/cost-model.md)
+  // Collective matmuls only.
+  int ring_operand = -1;            // all_gather_einsum: the gathered operand (0: from, 1: from_b)
+  bool bidirectional = false;       // all_gather_einsum: shards travel both ways round the ring
+  int ring_steps = 0;               // steps of the ring; each multiplies one or two chunks
+  double comm_time_s = 0;           // the ring's transfers alone, predicted
+  double compute_time_s = 0;        // the einsum alone, predicted
 };
 
 struct Plan {
@@ -55,7 +91,8 @@ struct Plan {
   Spec output;               // the layout the plan delivers
   double comm_time_s = 0;
   double compute_time_s = 0;
-  double total_time_s = 0;          // serialized: comm + compute
+  double total_time_s = 0;          // the sum of the steps' times: comm + compute, except that
+                                    // collective matmul steps count at their overlapped time
   double overlapped_time_s = 0;     // with perfect overlap: max(comm, compute)
   std::int64_t peak_bytes_per_device = 0;
   bool fits_memory = true;          // within the planning memory limit

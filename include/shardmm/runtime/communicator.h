@@ -30,6 +30,21 @@ namespace shardmm {
 
 using Counts = std::vector<std::int64_t>;
 
+// A nonblocking send or receive in flight (Communicator::isend, irecv). wait() returns once
+// the buffer may be reused (send) or holds the message (recv), raising what send and recv
+// raise (errors.h) under the same watchdog. Destroying a request that was not waited for
+// cancels what has not moved yet and waits for a copy under way, so that no peer reads or
+// writes the buffer after it is gone.
+class P2PRequest {
+ public:
+  virtual ~P2PRequest() = default;
+  virtual void wait() = 0;
+  // Lets the transfer advance where the backend moves data only inside its calls (mpi:
+  // MPI_Test); true once it has completed (wait() must still be called).
+  virtual bool test() = 0;
+};
+using Request = std::unique_ptr<P2PRequest>;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -57,6 +72,13 @@ class Communicator {
   // a pair are matched in order of `tag`-equal calls.
   virtual void send(const void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
   virtual void recv(void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
+  // Nonblocking forms: the transfer proceeds while this rank computes (threads: a progress
+  // thread of the receiving rank copies between the two ranks' buffers; mpi: MPI_Isend and
+  // MPI_Irecv). The buffer must stay valid and, for isend, unmodified until wait().
+  // Matching is as for send/recv: in order per (peer, tag), and a nonblocking call may
+  // meet a blocking one.
+  virtual Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
+  virtual Request irecv(void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
 
   virtual void barrier() = 0;
 };

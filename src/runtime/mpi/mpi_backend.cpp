@@ -318,6 +318,29 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    check_message(bytes, peer, tag, "isend to");
+    auto r = std::make_unique<MpiRequest>(*this, bytes, peer, tag, true);
+    const char* in = static_cast<const char*>(data);
+    for_each_piece(bytes, [&](std::int64_t offset, int size) {
+      check(MPI_Isend(in + offset, size, MPI_BYTE, static_cast<int>(peer), tag, world_, &r->requests.emplace_back()),
+            "MPI_Isend");
+    });
+    return r;
+  }
+
+  Request irecv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    check_message(bytes, peer, tag, "recv from");
+    auto r = std::make_unique<MpiRequest>(*this, bytes, peer, tag, false);
+    char* out = static_cast<char*>(data);
+    for_each_piece(bytes, [&](std::int64_t offset, int size) {
+      r->sizes.push_back(size);
+      check(MPI_Irecv(out + offset, size, MPI_BYTE, static_cast<int>(peer), tag, world_, &r->requests.emplace_back()),
+            "MPI_Irecv");
+    });
+    return r;
+  }
+
   void barrier() override {
     if (check_) {
       AxisList all(static_cast<std::size_t>(mesh_.rank()));
@@ -325,6 +348,92 @@ class MpiCommunicator final : public Communicator {
       agree(group(all), {CollectiveOp::barrier, all, DType::f32, {}, {}});
     }
     check(MPI_Barrier(world_), "MPI_Barrier");
+  }
+
+  // A nonblocking transfer: its MPI requests, one per piece (for_each_piece).
+  class MpiRequest final : public P2PRequest {
+   public:
+    MpiRequest(MpiCommunicator& comm, std::int64_t bytes, std::int64_t peer, int tag, bool sending)
+        : comm_(comm), bytes_(bytes), peer_(peer), tag_(tag), sending_(sending) {}
+    // Only an exception unwinding the body drops a request unwaited, and that ends the job
+    // (run_mpi); a receive is still cancelled so that nothing lands in freed memory first.
+    ~MpiRequest() override {
+      if (waited_) return;
+      for (MPI_Request& r : requests) {
+        if (r == MPI_REQUEST_NULL) continue;
+        if (!sending_) MPI_Cancel(&r);
+        MPI_Request_free(&r);
+      }
+    }
+    void wait() override {
+      waited_ = true;
+      comm_.complete(*this);
+    }
+    // Once MPI_Testall has completed the requests it has also freed them and filled the
+    // statuses: keep both results for wait(), which would otherwise see empty statuses.
+    bool test() override {
+      if (!done_) {
+        int done = 0;
+        rc_ = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, statuses());
+        done_ = done != 0 || rc_ != MPI_SUCCESS;  // an error is reported by wait()
+      }
+      return done_;
+    }
+
+    std::vector<MPI_Request> requests;
+    std::vector<int> sizes;  // receives: the bytes each piece expects
+
+   private:
+    friend class MpiCommunicator;
+    MPI_Status* statuses() {
+      statuses_.resize(requests.size());
+      return statuses_.data();
+    }
+    MpiCommunicator& comm_;
+    std::int64_t bytes_, peer_;
+    int tag_;
+    bool sending_;
+    bool waited_ = false;
+    bool done_ = false;     // test() completed the requests (or failed): rc_ and statuses_ hold the result
+    int rc_ = MPI_SUCCESS;
+    std::vector<MPI_Status> statuses_;
+  };
+
+  void complete(MpiRequest& r) {
+    const std::string call = std::string(r.sending_ ? "isend(" : "recv(") + std::to_string(r.bytes_) + " bytes " +
+                             (r.sending_ ? "to" : "from") + " rank " + std::to_string(r.peer_) + ", tag " +
+                             std::to_string(r.tag_) + ")";
+    MPI_Status* statuses = r.statuses();
+    int rc = MPI_SUCCESS;
+    if (r.done_) {
+      rc = r.rc_;
+    } else if (check_) {
+      // Polled, so that a peer that never matches ends the job instead of hanging it.
+      poll_until(Clock::now() + watchdog_, [&] { return r.test(); }, [&] {
+        return "p2p timeout: rank " + std::to_string(rank_) + " waited " + watchdog_text_ + " in " + call + "; " +
+               (r.sending_ ? "no receive was posted" : "nothing arrived") + watchdog_hint(watchdog_text_);
+      });
+      rc = r.rc_;
+    } else {
+      rc = MPI_Waitall(static_cast<int>(r.requests.size()), r.requests.data(), statuses);
+    }
+    const auto mismatch = [&] {
+      return CollectiveMismatch("p2p mismatch: rank " + std::to_string(rank_) + " called " + call + " but rank " +
+                                std::to_string(r.peer_) + " sent a message of another size");
+    };
+    if (error_class(rc) == MPI_ERR_IN_STATUS) {
+      for (std::size_t i = 0; i < r.requests.size(); ++i) {
+        if (error_class(statuses[i].MPI_ERROR) == MPI_ERR_TRUNCATE) throw mismatch();
+        check(statuses[i].MPI_ERROR, r.sending_ ? "MPI_Isend" : "MPI_Irecv");
+      }
+    }
+    if (error_class(rc) == MPI_ERR_TRUNCATE) throw mismatch();
+    check(rc, r.sending_ ? "MPI_Isend" : "MPI_Irecv");
+    for (std::size_t i = 0; i < r.sizes.size(); ++i) {
+      int got = 0;
+      check(MPI_Get_count(&statuses[i], MPI_BYTE, &got), "MPI_Get_count");
+      if (got != r.sizes[i]) throw mismatch();
+    }
   }
 
   // Completes this rank's sends still in flight; run before the communicators go away. In
@@ -678,7 +787,7 @@ class MpiCommunicator final : public Communicator {
                                 " expects " + std::to_string(transfers[m].recv_count) + " elements from rank " +
                                 std::to_string(g.members[m]) + ", which sent another number");
     };
-    if (rc == MPI_ERR_IN_STATUS) {
+    if (error_class(rc) == MPI_ERR_IN_STATUS) {
       for (std::size_t i = 0; i < statuses.size(); ++i) {
         if (i < from.size() && error_class(statuses[i].MPI_ERROR) == MPI_ERR_TRUNCATE) throw mismatch(from[i]);
         if (statuses[i].MPI_ERROR != MPI_ERR_PENDING) check(statuses[i].MPI_ERROR, "MPI_Waitall");
