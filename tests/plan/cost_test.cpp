@@ -424,7 +424,7 @@ INSTANTIATE_TEST_SUITE_P(
                    std::string("missing key 'topology'") + kMissingTail},
         BadProfile{"unknown_key", [](json& d) { d["hbm_bw"] = 1; },
                    "unknown key 'hbm_bw'; expected name, description, peak_flops, hbm_bandwidth, link_bandwidth, "
-                   "bidirectional, hop_latency_s, topology"},
+                   "bidirectional, hop_latency_s, topology, calibration"},
         BadProfile{"name_not_string", [](json& d) { d["name"] = 5; }, "key 'name' must be a string, got number"},
         BadProfile{"name_empty", [](json& d) { d["name"] = ""; }, "key 'name' must be a non-empty string"},
         BadProfile{"description_not_string", [](json& d) { d["description"] = json::array(); },
