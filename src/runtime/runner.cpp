@@ -256,8 +256,6 @@ RunReport run_plan(const RunRequest& req) {
     const auto note = [&](const std::string& what) {
       if (me == 0 && req.progress) req.progress(what);
     };
-    // The executor's trace counts from its construction; starts are taken from each repeat's.
-    const auto built = std::chrono::steady_clock::now();
     Executor exec(comm, req.plan, req.sizes, req.dtype);
     for (int i = 0; i < req.warmup; ++i) {
       note("warm-up " + std::to_string(i + 1) + " of " + std::to_string(req.warmup));
@@ -271,10 +269,10 @@ RunReport run_plan(const RunRequest& req) {
       note("repeat " + std::to_string(i + 1) + " of " + std::to_string(req.repeat));
       comm.barrier();
       const auto t0 = std::chrono::steady_clock::now();
+      const double repeat_start = exec.clock();  // t0 on the trace's clock
       result = &exec.run(a, matmul ? &b : nullptr);
       comm.barrier();
       repeat_times.push_back(seconds_since(t0));
-      const double repeat_start = std::chrono::duration<double>(t0 - built).count();
       std::vector<double> d, from;
       for (const TraceEvent& e : exec.trace()) {
         d.push_back(e.end_s - e.start_s);
