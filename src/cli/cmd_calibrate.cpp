@@ -150,6 +150,7 @@ Command add_calibrate_command(CLI::App& root) {
                                         {"group_size", s.group_size},
                                         {"bytes", s.bytes},
                                         {"measured_s", s.measured_s},
+                                        {"fit_input_s", s.fit_input_s},
                                         {"fitted_s", s.fitted_s}});
             }
             out << doc.dump(2) << "\n";

@@ -152,17 +152,22 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
     }
     for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
       const auto& [bytes, seconds] = points.at(to_string(op));
-      const AlphaBetaFit fit = fit_alpha_beta(bytes, seconds);
+      // A larger message never takes less time than a smaller one: a size measured slower
+      // than a larger one was disturbed (the machine is shared), so it counts at the larger
+      // one's time. Times rising with size also keep the fitted beta >= 0.
+      std::vector<double> envelope = seconds;
+      for (std::size_t i = envelope.size() - 1; i-- > 0;) envelope[i] = std::min(envelope[i], envelope[i + 1]);
+      const AlphaBetaFit fit = fit_alpha_beta(bytes, envelope);
       if (!(fit.beta_s_per_byte > 0)) {
-        throw InputError(std::string("calibration failed: the fit of ") + to_string(op) + " on " +
-                         std::to_string(n) + " ranks has no positive per-byte cost (the timings were too noisy); "
-                         "run it again on a quieter machine, or without --quick");
+        throw InputError(std::string("calibration failed: ") + to_string(op) + " on " + std::to_string(n) +
+                         " ranks took no longer for larger messages, so it has no per-byte cost to fit (the "
+                         "timings were too noisy); run it again on a quieter machine, or without --quick");
       }
       cal.collectives.push_back({op, n, fit.alpha_s, fit.beta_s_per_byte,
                                  static_cast<std::int64_t>(bytes.front()), static_cast<std::int64_t>(bytes.back()),
                                  fit.max_rel_residual});
       for (std::size_t i = 0; i < bytes.size(); ++i) {
-        result.samples.push_back({op, n, static_cast<std::int64_t>(bytes[i]), seconds[i],
+        result.samples.push_back({op, n, static_cast<std::int64_t>(bytes[i]), seconds[i], envelope[i],
                                   fit.alpha_s + fit.beta_s_per_byte * bytes[i]});
       }
     }

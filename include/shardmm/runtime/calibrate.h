@@ -39,6 +39,7 @@ struct CollectiveSample {
   int group_size = 2;
   std::int64_t bytes = 0;  // cost.h's array_bytes
   double measured_s = 0;   // median of trials
+  double fit_input_s = 0;  // what the fit saw: the least measured_s at this size or larger
   double fitted_s = 0;     // alpha + beta * bytes
 };
 
