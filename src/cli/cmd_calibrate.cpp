@@ -79,7 +79,7 @@ void print_calibration(std::ostream& out, const CalibrationResult& r, const std:
   Table fits({"op", "ranks", "alpha", "1/beta", "sizes", "max residual"});
   for (const CollectiveFit& f : c.collectives) {
     fits.add({to_string(f.op), std::to_string(f.group_size), format_time(f.alpha_s),
-              format_bandwidth(1 / f.beta_s_per_byte),
+              f.beta_s_per_byte > 0 ? format_bandwidth(1 / f.beta_s_per_byte) : "-",
               format_bytes(static_cast<double>(f.min_bytes)) + " .. " + format_bytes(static_cast<double>(f.max_bytes)),
               format_sig3(100 * f.max_rel_residual) + "%"});
   }

@@ -366,14 +366,16 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
     f.group_size = static_cast<int>(std::min<std::int64_t>(whole_value(fits[i], where, "group_size", 2, origin),
                                                            std::int64_t{1} << 30));
     f.alpha_s = non_negative_value(fits[i], where, "alpha_s", origin);
-    f.beta_s_per_byte = positive_value(fits[i], where, "beta_s_per_byte", "seconds per byte", origin);
+    f.beta_s_per_byte = non_negative_value(fits[i], where, "beta_s_per_byte", origin);
     f.min_bytes = whole_value(fits[i], where, "min_bytes", 1, origin);
     f.max_bytes = whole_value(fits[i], where, "max_bytes", f.min_bytes, origin);
     f.max_rel_residual = non_negative_value(fits[i], where, "max_rel_residual", origin);
     for (const CollectiveFit& g : c.collectives) {
-      if (g.op == f.op && g.group_size == f.group_size) {
-        throw InputError(origin + ": " + where + " repeats " + op + " on group size " +
-                         std::to_string(f.group_size) + "; give one fit per collective and group size");
+      if (g.op == f.op && g.group_size == f.group_size && f.min_bytes <= g.max_bytes && g.min_bytes <= f.max_bytes) {
+        throw InputError(origin + ": " + where + " overlaps another " + op + " fit on group size " +
+                         std::to_string(f.group_size) + " (" + std::to_string(g.min_bytes) + ".." +
+                         std::to_string(g.max_bytes) + " bytes); the fits of one collective and group size "
+                         "cover disjoint size ranges");
       }
     }
     c.collectives.push_back(f);
@@ -429,12 +431,18 @@ json calibration_json(const Calibration& c) {
           {"collectives", fits},           {"gemm", rates}};
 }
 
-const CollectiveFit* find_fit(const HardwareProfile& hw, OpKind op, double group_size) {
+// The fit of `op` on `group_size` whose size range holds `bytes`: the segment starting
+// at or below it, the first segment below them all, the last above them all.
+const CollectiveFit* find_fit(const HardwareProfile& hw, OpKind op, double group_size, double bytes) {
   if (!hw.calibration) return nullptr;
+  const CollectiveFit* lowest = nullptr;
+  const CollectiveFit* below = nullptr;  // the highest segment starting at or below `bytes`
   for (const CollectiveFit& f : hw.calibration->collectives) {
-    if (f.op == op && f.group_size == group_size) return &f;
+    if (f.op != op || f.group_size != group_size) continue;
+    if (!lowest || f.min_bytes < lowest->min_bytes) lowest = &f;
+    if (static_cast<double>(f.min_bytes) <= bytes && (!below || f.min_bytes > below->min_bytes)) below = &f;
   }
-  return nullptr;
+  return below ? below : lowest;
 }
 
 // The measured GEMM rate at `intensity`, or 0 when the profile measured none for `dtype`.
@@ -595,6 +603,40 @@ AlphaBetaFit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<
   return fit;
 }
 
+std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>& bytes,
+                                                      const std::vector<double>& seconds) {
+  if (bytes.size() != seconds.size()) {
+    throw std::invalid_argument("fit_alpha_beta_segments: sizes and times differ in count");
+  }
+  if (!std::is_sorted(bytes.begin(), bytes.end()) ||
+      std::adjacent_find(bytes.begin(), bytes.end()) != bytes.end()) {
+    throw std::invalid_argument("fit_alpha_beta_segments: sizes must be distinct and ascending");
+  }
+  const auto fit_range = [&](std::size_t from, std::size_t to) {
+    const std::vector<double> x(bytes.begin() + static_cast<std::ptrdiff_t>(from),
+                                bytes.begin() + static_cast<std::ptrdiff_t>(to));
+    const std::vector<double> t(seconds.begin() + static_cast<std::ptrdiff_t>(from),
+                                seconds.begin() + static_cast<std::ptrdiff_t>(to));
+    return AlphaBetaSegment{x.front(), x.back(), fit_alpha_beta(x, t)};
+  };
+  const auto squares = [&](const AlphaBetaSegment& s, std::size_t points) {
+    return s.fit.rms_rel_residual * s.fit.rms_rel_residual * static_cast<double>(points);
+  };
+  std::vector<AlphaBetaSegment> best = {fit_range(0, bytes.size())};
+  double best_squares = squares(best[0], bytes.size());
+  const double one_line = best_squares;
+  if (best[0].fit.rms_rel_residual < kOneLineIsExact) return best;
+  for (std::size_t split = kMinSegmentPoints; split + kMinSegmentPoints <= bytes.size(); ++split) {
+    const AlphaBetaSegment low = fit_range(0, split), high = fit_range(split, bytes.size());
+    const double total = squares(low, split) + squares(high, bytes.size() - split);
+    if (total < best_squares && total < one_line / 2) {
+      best = {low, high};
+      best_squares = total;
+    }
+  }
+  return best;
+}
+
 HardwareProfile load_profile(std::string_view name_or_path) {
   for (const auto& p : builtins()) {
     if (p.name == name_or_path) return p;
@@ -643,7 +685,7 @@ double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op, c
   const auto bytes = static_cast<double>(array_bytes);
   double n = 1;
   for (double s : sizes) n *= s;
-  if (const CollectiveFit* fit = find_fit(hw, op, n)) return fit->alpha_s + fit->beta_s_per_byte * bytes;
+  if (const CollectiveFit* fit = find_fit(hw, op, n, bytes)) return fit->alpha_s + fit->beta_s_per_byte * bytes;
   if (hw.topology == "switch") return switched(hw, op, n, bytes).time(hw.hop_latency_s);
   return torus(hw, op, sizes, bytes).time(hw.hop_latency_s);
 }

@@ -157,18 +157,23 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
       // one's time. Times rising with size also keep the fitted beta >= 0.
       std::vector<double> envelope = seconds;
       for (std::size_t i = envelope.size() - 1; i-- > 0;) envelope[i] = std::min(envelope[i], envelope[i + 1]);
-      const AlphaBetaFit fit = fit_alpha_beta(bytes, envelope);
-      if (!(fit.beta_s_per_byte > 0)) {
+      const std::vector<AlphaBetaSegment> segments = fit_alpha_beta_segments(bytes, envelope);
+      // A range of small sizes may be flat (latency alone); the largest sizes must cost per byte.
+      if (!(segments.back().fit.beta_s_per_byte > 0)) {
         throw InputError(std::string("calibration failed: ") + to_string(op) + " on " + std::to_string(n) +
                          " ranks took no longer for larger messages, so it has no per-byte cost to fit (the "
                          "timings were too noisy); run it again on a quieter machine, or without --quick");
       }
-      cal.collectives.push_back({op, n, fit.alpha_s, fit.beta_s_per_byte,
-                                 static_cast<std::int64_t>(bytes.front()), static_cast<std::int64_t>(bytes.back()),
-                                 fit.max_rel_residual});
+      for (const AlphaBetaSegment& seg : segments) {
+        cal.collectives.push_back({op, n, seg.fit.alpha_s, seg.fit.beta_s_per_byte,
+                                   static_cast<std::int64_t>(seg.min_bytes), static_cast<std::int64_t>(seg.max_bytes),
+                                   seg.fit.max_rel_residual});
+      }
       for (std::size_t i = 0; i < bytes.size(); ++i) {
+        const auto& seg = *std::find_if(segments.rbegin(), segments.rend(),
+                                        [&](const AlphaBetaSegment& s) { return s.min_bytes <= bytes[i]; });
         result.samples.push_back({op, n, static_cast<std::int64_t>(bytes[i]), seconds[i], envelope[i],
-                                  fit.alpha_s + fit.beta_s_per_byte * bytes[i]});
+                                  seg.fit.alpha_s + seg.fit.beta_s_per_byte * bytes[i]});
       }
     }
   }
@@ -186,7 +191,12 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
   p.hbm_bandwidth = cal.copy_bandwidth;
   const CollectiveFit* widest = nullptr;
   for (const CollectiveFit& f : cal.collectives) {
-    if (f.op == OpKind::all_gather && (!widest || f.group_size > widest->group_size)) widest = &f;
+    // The widest group's fit of the largest sizes: the bandwidth bulk transfers get.
+    if (f.op == OpKind::all_gather &&
+        (!widest || f.group_size > widest->group_size ||
+         (f.group_size == widest->group_size && f.min_bytes > widest->min_bytes))) {
+      widest = &f;
+    }
   }
   const double n = widest->group_size;
   p.link_bandwidth = (n - 1) / n / widest->beta_s_per_byte;

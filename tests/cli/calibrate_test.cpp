@@ -89,11 +89,16 @@ class Calibrated : public ::testing::Test {
     ASSERT_EQ(calibration_->status, 0) << calibration_->err;
   }
   static HardwareProfile profile() { return parse_profile_json(slurp(*profile_), profile_->string()); }
+  // The one fit of `op` on 2 ranks (a --quick sweep has too few sizes for two ranges).
   static const CollectiveFit& fit(const HardwareProfile& p, OpKind op) {
+    const CollectiveFit* found = nullptr;
     for (const CollectiveFit& f : p.calibration->collectives) {
-      if (f.op == op && f.group_size == 2) return f;
+      if (f.op != op || f.group_size != 2) continue;
+      if (found) throw std::logic_error("two fits");
+      found = &f;
     }
-    throw std::logic_error("no fit");
+    if (!found) throw std::logic_error("no fit");
+    return *found;
   }
 
   static std::filesystem::path* dir_;
@@ -115,9 +120,11 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   EXPECT_EQ(p.calibration->mesh, "X=2");
   EXPECT_EQ(p.topology, "switch");
 
-  // Four collectives on the one group size; every sample lies on its fit as the file says.
-  ASSERT_EQ(p.calibration->collectives.size(), 4u);
+  // Four collectives on the one group size, one size range each (a --quick sweep has too
+  // few sizes for two); every sample lies on its fit as the file says.
   const std::vector<std::int64_t> sizes = calibration_sizes(true);
+  ASSERT_LT(sizes.size(), 2 * kMinSegmentPoints);
+  ASSERT_EQ(p.calibration->collectives.size(), 4u);
   ASSERT_EQ(doc["samples"].size(), 4 * sizes.size());
   std::map<std::string, double> worst;
   for (std::size_t i = 0; i < doc["samples"].size(); ++i) {
@@ -129,13 +136,14 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
       least = std::min(least, doc["samples"][j]["measured_s"].get<double>());
     }
     EXPECT_EQ(s["fit_input_s"].get<double>(), least);
+    const std::int64_t size = s["bytes"].get<std::int64_t>();
     const CollectiveFit& f = fit(p, [&] {
       for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
         if (s["op"] == to_string(op)) return op;
       }
       throw std::logic_error("unknown op");
     }());
-    const double bytes = s["bytes"].get<double>();
+    const auto bytes = static_cast<double>(size);
     EXPECT_EQ(s["group_size"], 2);
     EXPECT_NEAR(s["fitted_s"].get<double>(), f.alpha_s + f.beta_s_per_byte * bytes, 1e-15);
     const double measured = s["fit_input_s"].get<double>();
@@ -145,7 +153,7 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   for (const CollectiveFit& f : p.calibration->collectives) {
     EXPECT_NEAR(f.max_rel_residual, worst[to_string(f.op)], 1e-12) << to_string(f.op);
     EXPECT_GE(f.alpha_s, 0);
-    EXPECT_GT(f.beta_s_per_byte, 0);
+    EXPECT_GE(f.beta_s_per_byte, 0);
     EXPECT_EQ(f.min_bytes, sizes.front());
     EXPECT_EQ(f.max_bytes, sizes.back());
   }

@@ -96,6 +96,39 @@ TEST(FitAlphaBeta, RejectsWhatCannotBeFitted) {
   EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6, NAN}), std::invalid_argument);
 }
 
+TEST(FitAlphaBetaSegments, OneLineStaysOneSegment) {
+  const std::vector<double> x = sweep();
+  std::vector<double> t;
+  for (double b : x) t.push_back(3e-6 + b / 5e9);
+  const std::vector<AlphaBetaSegment> segments = fit_alpha_beta_segments(x, t);
+  ASSERT_EQ(segments.size(), 1u);
+  EXPECT_EQ(segments[0].min_bytes, x.front());
+  EXPECT_EQ(segments[0].max_bytes, x.back());
+  EXPECT_NEAR(segments[0].fit.alpha_s, 3e-6, 3e-15);
+  EXPECT_NEAR(segments[0].fit.beta_s_per_byte, 1 / 5e9, 1e-22);
+}
+
+TEST(FitAlphaBetaSegments, ACacheKneeGivesTwoExactLines) {
+  // In cache up to 1 MiB (10 us + 20 GB/s), out of it from 2 MiB (50 us + 2 GB/s).
+  const std::vector<double> x = sweep();
+  std::vector<double> t;
+  for (double b : x) t.push_back(b <= (1 << 20) ? 1e-5 + b / 2e10 : 5e-5 + b / 2e9);
+  const std::vector<AlphaBetaSegment> segments = fit_alpha_beta_segments(x, t);
+  ASSERT_EQ(segments.size(), 2u);
+  EXPECT_EQ(segments[0].max_bytes, 1 << 20);
+  EXPECT_EQ(segments[1].min_bytes, 2 << 20);
+  EXPECT_NEAR(segments[0].fit.alpha_s, 1e-5, 1e-14);
+  EXPECT_NEAR(segments[0].fit.beta_s_per_byte, 1 / 2e10, 1e-22);
+  EXPECT_NEAR(segments[1].fit.alpha_s, 5e-5, 1e-13);
+  EXPECT_NEAR(segments[1].fit.beta_s_per_byte, 1 / 2e9, 1e-21);
+  for (const AlphaBetaSegment& s : segments) EXPECT_LT(s.fit.max_rel_residual, 1e-9);
+}
+
+TEST(FitAlphaBetaSegments, NeedsAscendingDistinctSizes) {
+  EXPECT_THROW(fit_alpha_beta_segments({2, 1, 3}, {1, 1, 1}), std::invalid_argument);
+  EXPECT_THROW(fit_alpha_beta_segments({1, 1, 3}, {1, 1, 1}), std::invalid_argument);
+}
+
 // ---- the cost model on a calibrated profile ----
 
 HardwareProfile calibrated() {
@@ -130,6 +163,20 @@ TEST(CalibratedCost, CollectiveFitReplacesTheFormulaForItsOpAndGroupSize) {
   EXPECT_DOUBLE_EQ(collective_time(hw, mesh, OpKind::all_reduce, {0, 1}, bytes), 2e-5 + bytes / 2e9);
   // Nothing to move costs nothing, fit or not.
   EXPECT_EQ(collective_time(hw, mesh, OpKind::all_gather, {0}, 0), 0);
+}
+
+TEST(CalibratedCost, EachSizeTakesTheFitOfItsRange) {
+  HardwareProfile hw = calibrated();
+  // all_gather on 2 ranks: 5 us + 4 GB/s from 4 KiB, and a second range from 1 MiB.
+  hw.calibration->collectives[0].max_bytes = 512 << 10;
+  hw.calibration->collectives.push_back({OpKind::all_gather, 2, 4e-5, 1 / 1e9, 1 << 20, 1 << 25, 0.02});
+  const Mesh mesh = Mesh::parse("X=2");
+  const auto t = [&](std::int64_t bytes) { return collective_time(hw, mesh, OpKind::all_gather, {0}, bytes); };
+  EXPECT_DOUBLE_EQ(t(1024), 5e-6 + 1024 / 4e9);                // below every range: the lowest
+  EXPECT_DOUBLE_EQ(t(512 << 10), 5e-6 + (512 << 10) / 4e9);    // in the first
+  EXPECT_DOUBLE_EQ(t(768 << 10), 5e-6 + (768 << 10) / 4e9);    // between: the range below
+  EXPECT_DOUBLE_EQ(t(1 << 20), 4e-5 + (1 << 20) / 1e9);        // in the second
+  EXPECT_DOUBLE_EQ(t(std::int64_t{1} << 30), 4e-5 + (std::int64_t{1} << 30) / 1e9);  // beyond: the last
 }
 
 TEST(CalibratedCost, WithoutAFitTheFormulasOfTheProfileApply) {
@@ -236,13 +283,17 @@ TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
        "key 'calibration.collectives[0].group_size' must be a whole number >= 2, got 2.5"},
       {"negative alpha", [](json& d) { d["calibration"]["collectives"][0]["alpha_s"] = -1e-6; },
        "key 'calibration.collectives[0].alpha_s' must be a non-negative finite number, got -1e-06"},
-      {"zero beta", [](json& d) { d["calibration"]["collectives"][0]["beta_s_per_byte"] = 0; },
-       "key 'calibration.collectives[0].beta_s_per_byte' must be a positive finite number (seconds per byte), got 0"},
+      {"negative beta", [](json& d) { d["calibration"]["collectives"][0]["beta_s_per_byte"] = -1e-9; },
+       "key 'calibration.collectives[0].beta_s_per_byte' must be a non-negative finite number, got -1e-09"},
       {"sizes reversed", [](json& d) { d["calibration"]["collectives"][0]["max_bytes"] = 1; },
        "key 'calibration.collectives[0].max_bytes' must be a whole number >= 4096, got 1"},
-      {"repeated fit",
-       [](json& d) { d["calibration"]["collectives"][1] = d["calibration"]["collectives"][0]; },
-       "calibration.collectives[1] repeats all_gather on group size 2; give one fit per collective and group size"},
+      {"overlapping fits",
+       [](json& d) {
+         d["calibration"]["collectives"][1] = d["calibration"]["collectives"][0];
+         d["calibration"]["collectives"][1]["min_bytes"] = 1 << 20;
+       },
+       "calibration.collectives[1] overlaps another all_gather fit on group size 2 (4096..33554432 bytes); the fits "
+       "of one collective and group size cover disjoint size ranges"},
       {"bad dtype", [](json& d) { d["calibration"]["gemm"][0]["dtype"] = "fp32"; },
        "key 'calibration.gemm[0].dtype' must be one of bf16, f16, f32, f64, got 'fp32'"},
       {"zero rate", [](json& d) { d["calibration"]["gemm"][1]["flops_per_s"] = 0; },

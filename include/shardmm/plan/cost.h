@@ -25,9 +25,11 @@
 
 namespace shardmm {
 
-// `time = alpha_s + beta_s_per_byte * array_bytes` for one collective on one group size,
-// fitted by `shardmm calibrate` (docs/calibration.md), with the fit's worst relative
-// residual over the measured sizes.
+// `time = alpha_s + beta_s_per_byte * array_bytes` for one collective on one group size
+// over one range of sizes, fitted by `shardmm calibrate` (docs/calibration.md), with the
+// fit's worst relative residual over the measured sizes. A collective may have two fits on
+// disjoint ranges (in cache and out of it); sizes between or beyond them take the fit of
+// the range that starts at or below them (the lowest range below them all).
 struct CollectiveFit {
   OpKind op = OpKind::all_gather;
   int group_size = 2;
@@ -109,8 +111,23 @@ struct AlphaBetaFit {
 };
 AlphaBetaFit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds);
 
-// A calibrated profile with a fit for `op` on the group's size uses it; otherwise the
-// formulas of docs/cost-model.md.
+// The sweep as one line, or as two lines split between two sizes when that at least
+// halves the sum of squared relative residuals (the best such split; each line fitted on
+// kMinSegmentPoints sizes or more). Caches make small messages cheaper per byte than large
+// ones, which one line cannot follow. One line within kOneLineIsExact (rms relative
+// residual) is kept: timers resolve no better. Sizes must be distinct and ascending.
+inline constexpr std::size_t kMinSegmentPoints = 3;
+inline constexpr double kOneLineIsExact = 1e-3;
+struct AlphaBetaSegment {
+  double min_bytes = 0;  // the first and last size the line was fitted on
+  double max_bytes = 0;
+  AlphaBetaFit fit;
+};
+std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>& bytes,
+                                                      const std::vector<double>& seconds);
+
+// A calibrated profile with a fit for `op` on the group's size uses it (the fit for the
+// size range of `array_bytes`); otherwise the formulas of docs/cost-model.md.
 double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op,
                        const AxisList& group, std::int64_t array_bytes);
 // Roofline: max(flops / peak, bytes / HBM bandwidth). A calibrated profile with GEMM
