@@ -119,7 +119,7 @@ Command add_calibrate_command(CLI::App& root) {
   add_json_flag(*app, flags->json);
   app->footer(
       "Progress goes to stderr; under mpirun only rank 0 prints and writes the file.\n"
-      "The profile is JSON (docs/json-schema.md, 'calibrate'); --hw FILE reads one written with --out.\n\n"
+      "The profile is JSON (docs/json-schema.md, 'Calibrated profile files'); --hw FILE reads one written with --out.\n\n"
       "Examples:\n"
       "  shardmm calibrate --quick\n"
       "  shardmm calibrate --mesh X=2,Y=2 --out profiles/my-host.json\n"

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "shardmm/core/error.h"
+#include "input_error.h"
 #include "shardmm/plan/cost.h"
 
 namespace shardmm {
@@ -24,15 +25,7 @@ namespace {
 using json = nlohmann::json;
 using ::testing::HasSubstr;
 
-std::string input_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.headline();
-  }
-  ADD_FAILURE() << "no InputError thrown";
-  return "";
-}
+using testing::input_error;
 
 // ---- the fit ----
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardmm/core/error.h"
+#include "input_error.h"
 
 namespace shardmm {
 namespace {
@@ -24,16 +25,7 @@ using json = nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// The headline of the InputError `f` throws ("" and a test failure when it throws none).
-std::string input_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.headline();
-  }
-  ADD_FAILURE() << "no InputError thrown";
-  return "";
-}
+using testing::input_error;
 
 HardwareProfile ring_profile(double link_bandwidth, bool bidirectional, double hop_latency_s) {
   HardwareProfile p;
