@@ -84,9 +84,9 @@ Planning make_planning(const PlanningFlags& flags) {
                                                                                 : hw;
   p.options.hw = load_profile(hw);
   p.default_dtype = !flags.dtype;
-  // The default dtype is bf16, or f32 on a profile without bf16 (a CPU's calibrated one).
-  const bool has_default = p.options.hw.peak_flops.count(kDefaultDType) || !p.options.hw.peak_flops.count(DType::f32);
-  p.options.dtype = flags.dtype ? parse_dtype(*flags.dtype) : has_default ? kDefaultDType : DType::f32;
+  // The default dtype is bf16, except on a calibrated profile: measured on this machine,
+  // whose runs compute in f32 or f64, it has no bf16 rate.
+  p.options.dtype = flags.dtype ? parse_dtype(*flags.dtype) : p.options.hw.calibration ? DType::f32 : kDefaultDType;
   if (flags.mem_limit) p.options.mem_limit_bytes = parse_byte_size(*flags.mem_limit, "--mem-limit");
   return p;
 }
