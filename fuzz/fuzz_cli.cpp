@@ -5,9 +5,9 @@
 //   2  nothing on stdout and a first line "shardmm: error: <headline>" on stderr;
 // an internal error (exit 1) or any other status is a finding.
 //
-// Inputs naming run or bench (or any argument containing those words) are skipped: they
-// execute or time real work, which one input must not be able to make long. So are meshes
-// of more than 4096 devices or 6 axes: `check` and `--show` visit every device and the
+// Inputs naming run, bench or calibrate (or any argument containing those words) are
+// skipped: they execute or time real work (calibrate also writes a file), which one input
+// must not be able to make long. So are meshes of more than 4096 devices or 6 axes: `check` and `--show` visit every device and the
 // matmul planner weighs every combination of the axes' roles, which takes seconds at the
 // limits (2^24 devices, 1024 combinations) and many times that under the sanitizers.
 // tests/cli/fuzz_corpus_test.cpp replays the checked-in corpus through this harness.
@@ -64,7 +64,10 @@ bool mesh_too_large(const std::vector<std::string>& args) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string_view input(reinterpret_cast<const char*>(data), size);
-  if (input.find("run") != std::string_view::npos || input.find("bench") != std::string_view::npos) return 0;
+  if (input.find("run") != std::string_view::npos || input.find("bench") != std::string_view::npos ||
+      input.find("calibrate") != std::string_view::npos) {
+    return 0;
+  }
 
   std::vector<std::string> args{"shardmm"};
   if (!input.empty()) {

@@ -17,7 +17,7 @@ Command add_run_command(CLI::App& root) {
   auto flags = std::make_shared<Flags>();
   // Execution computes in f32 or f64; predictions need a profile with those peaks.
   flags->common.dtype = "f32";
-  flags->common.hw = "h100";
+  flags->common.fallback_hw = "h100";
   CLI::App* app = root.add_subcommand(
       "run", "plan a sharded contraction, execute it on real ranks, time it, and verify it against a dense reference");
   app->add_option("EXPR", flags->expr, "the contraction, e.g. 'A[I, J_X] @ B[J_X, K] -> C[I, K]'")->required();
@@ -26,7 +26,8 @@ Command add_run_command(CLI::App& root) {
   app->footer(std::string(kNotationHint) +
               "\n\nInputs are deterministic values in [-1, 1) set by each element's global index, so the same\n"
               "logical tensors result on any mesh. Exit status: 0 verified, 2 bad input, 3 wrong result.\n"
-              "The defaults here are --dtype f32 and --hw h100 (the predictions' profile).\n\n"
+              "The defaults here are --dtype f32 and, for the predictions, --hw calibrated when 'shardmm calibrate'\n"
+              "has written a profile (docs/calibration.md), else --hw h100.\n\n"
               "Examples:\n"
               "  shardmm run 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=4 --dims I=512,J=1024,K=256\n"
               "  shardmm run 'A[I_X, J] @ B[J, K_Y]' --mesh X=2,Y=2 --dims I=1000,J=300,K=77 --dtype f64 --json\n"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <ostream>
 #include <set>
 
@@ -42,8 +43,9 @@ void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype) {
 
 void add_hw_flag(CLI::App& app, std::optional<std::string>& hw) {
   add_optional(app, "--hw", hw,
-               "hardware profile: a built-in name (" + join(builtin_profile_names(), ", ") + "; default " +
-                   kDefaultProfile + ") or a JSON profile file, e.g. --hw h100 or --hw profiles/example-cpu.json");
+               "hardware profile: a built-in name (" + join(builtin_profile_names(), ", ") +
+                   "), 'calibrated' (what 'shardmm calibrate' measured: the default when it has run) or a JSON "
+                   "profile file, e.g. --hw h100 or --hw profiles/example-cpu.json");
 }
 
 void add_json_flag(CLI::App& app, bool& json) {
@@ -66,13 +68,25 @@ Planning make_planning(const PlanningFlags& flags) {
   Planning p;
   p.mesh = parse_mesh(flags.mesh);
   if (flags.dims) p.sizes = parse_dims(*flags.dims);
-  p.default_dtype = !flags.dtype;
-  p.options.dtype = flags.dtype ? parse_dtype(*flags.dtype) : kDefaultDType;
   p.default_hw = !flags.hw;
-  const std::string hw = flags.hw.value_or(kDefaultProfile);
+  // Without --hw: the calibrated profile when one exists (a broken one is an error, not
+  // silently skipped), else the command's fallback.
+  const std::string calibrated_path = calibrated_profile_path();
+  std::error_code ec;
+  const bool have_calibrated = !calibrated_path.empty() && std::filesystem::exists(calibrated_path, ec);
+  const std::string hw = flags.hw ? *flags.hw
+                         : have_calibrated ? std::string(kCalibratedProfileName)
+                                           : std::string(flags.fallback_hw ? flags.fallback_hw : kDefaultProfile);
   const std::vector<std::string> builtins = builtin_profile_names();
-  p.hw_source = std::find(builtins.begin(), builtins.end(), hw) != builtins.end() ? "built-in" : hw;
+  p.calibrated = hw == kCalibratedProfileName;
+  p.hw_source = std::find(builtins.begin(), builtins.end(), hw) != builtins.end() ? "built-in"
+                : p.calibrated                                                  ? calibrated_path
+                                                                                : hw;
   p.options.hw = load_profile(hw);
+  p.default_dtype = !flags.dtype;
+  // The default dtype is bf16, except on a calibrated profile: measured on this machine,
+  // whose runs compute in f32 or f64, it has no bf16 rate.
+  p.options.dtype = flags.dtype ? parse_dtype(*flags.dtype) : p.options.hw.calibration ? DType::f32 : kDefaultDType;
   if (flags.mem_limit) p.options.mem_limit_bytes = parse_byte_size(*flags.mem_limit, "--mem-limit");
   return p;
 }
@@ -339,7 +353,9 @@ std::string format_sizes(const DimSizes& sizes) {
 void print_hardware(std::ostream& out, const Planning& p) {
   const HardwareProfile& hw = p.options.hw;
   std::string origin = p.hw_source == "built-in" ? "built-in" : "from " + p.hw_source;
-  if (p.default_hw) origin += ", the default; choose another with --hw";
+  if (p.default_hw) {
+    origin += p.calibrated ? ", the calibrated default; choose another with --hw" : ", the default; choose another with --hw";
+  }
   out << "  hardware  " << hw.name << " (" << origin << ")\n";
   if (!hw.description.empty()) out << "            " << wrap(hw.description, 88, "            ") << "\n";
   std::vector<std::string> peaks;
@@ -349,6 +365,18 @@ void print_hardware(std::ostream& out, const Planning& p) {
                               (hw.bidirectional ? " each way (bidirectional)" : " one way") + "; " + hw.topology +
                               "; " + format_time(hw.hop_latency_s) + " per hop";
   out << "            " << wrap(figures, 88, "            ") << "\n";
+  if (hw.calibration) {
+    std::set<int> group_sizes;
+    for (const CollectiveFit& f : hw.calibration->collectives) group_sizes.insert(f.group_size);
+    std::vector<std::string> sizes;
+    for (int n : group_sizes) sizes.push_back(std::to_string(n));
+    out << "            "
+        << wrap("calibrated on the " + hw.calibration->backend + " backend: collectives by measured alpha-beta fit on " +
+                    join(sizes, ", ") + " ranks (other sizes by the formulas above); einsums at the measured GEMM "
+                    "rate for their shape",
+                88, "            ")
+        << "\n";
+  }
 }
 
 // --- JSON ---

@@ -47,7 +47,8 @@ struct PlanningFlags {
   std::string mesh;
   std::optional<std::string> dims;       // unset when --dims is not given
   std::optional<std::string> dtype;      // unset: bf16
-  std::optional<std::string> hw;         // unset: the default profile
+  std::optional<std::string> hw;         // unset: the calibrated profile if there is one, else fallback_hw
+  const char* fallback_hw = nullptr;     // null: kDefaultProfile
   std::optional<std::string> mem_limit;  // unset: no limit
   bool json = false;
   bool show = false;
@@ -73,6 +74,7 @@ struct Planning {
   bool default_dtype = true;
   bool default_hw = true;
   std::string hw_source;  // "built-in" or the profile file's path
+  bool calibrated = false;  // the profile came from calibrated_profile_path() (--hw calibrated or the default)
 };
 
 Planning make_planning(const PlanningFlags& flags);

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <iostream>
 #include <map>
 #include <ostream>
 
 #include "shardmm/core/error.h"
+#include "shardmm/runtime/chrome_trace.h"
 #include "shardmm/runtime/communicator.h"
 
 namespace shardmm::cli {
@@ -26,6 +28,10 @@ void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
       "on the mpi backend, skip comparing the ranks' calls before each collective (one small message per "
       "member; a rank that disagrees or never arrives then hangs the job instead of ending it with a message); "
       "the threads backend always checks, e.g. --no-check");
+  app.add_option("--trace", flags.trace,
+                 "write a Chrome trace of the run (every rank's steps in the median repeat, a compute and a "
+                 "communication lane per rank; open it in ui.perfetto.dev or chrome://tracing), e.g. --trace "
+                 "run.json; under mpirun rank 0 writes the whole job's");
 }
 
 void check_execution(const ExecutionFlags& flags, const Planning& p) {
@@ -36,6 +42,18 @@ void check_execution(const ExecutionFlags& flags, const Planning& p) {
   }
   if (flags.repeat < 1) throw InputError("--repeat " + std::to_string(flags.repeat) + ": at least one timed run is needed");
   if (flags.warmup < 0) throw InputError("--warmup " + std::to_string(flags.warmup) + ": must be 0 or more");
+  if (!flags.trace.empty()) {
+    const std::filesystem::path path(flags.trace);
+    const std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) {
+      throw InputError("--trace '" + flags.trace + "': it is a directory; give a file name, e.g. --trace run.json");
+    }
+    if (!std::filesystem::is_directory(dir, ec)) {
+      throw InputError("--trace '" + flags.trace + "': the directory '" + dir.string() +
+                       "' does not exist; the trace file goes into an existing directory");
+    }
+  }
 }
 
 std::size_t pick_candidate(const ExecutionFlags& flags, std::size_t count, int chosen) {
@@ -68,6 +86,7 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   };
   RunReport r = run_plan(req);
   if (tty && r.is_root) std::cerr << "\r\033[K" << std::flush;
+  if (r.is_root && !flags.trace.empty()) write_chrome_trace_file(flags.trace, run_trace_events(plan, p.mesh, r));
   return r;
 }
 
@@ -113,7 +132,15 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
   out << "  (per step: the slowest rank's time, median over repeats; predicted on " << p.options.hw.name
       << ", see --hw)\n";
   out << "  total     measured " << format_time(r.measured_time_s) << " (barrier to barrier); predicted "
-      << format_time(plan.total_time_s) << " serialized\n";
+      << format_time(plan.total_time_s) << " serialized"
+      << (plan.total_time_s > 0 ? "; measured/predicted " + format_sig3(r.measured_time_s / plan.total_time_s) + "x"
+                                : std::string())
+      << "\n";
+  if (!flags.trace.empty()) {
+    out << "  trace     " << flags.trace << ": " << r.timeline.size() << " ranks x " << r.steps.size()
+        << " steps of repeat " << r.timeline_repeat + 1
+        << " (the median); open it in ui.perfetto.dev or chrome://tracing\n";
+  }
 
   out << "\nCommunication (bytes each device sends, summed over steps)\n";
   const auto summary = comm_summary(r, mesh);
@@ -143,12 +170,18 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
   // The executed candidate's steps first: adding top-level keys to an ordered document
   // moves its values, so no reference into it may be held across that.
   Json& plan_doc = doc["candidates"][candidate];
+  const auto ratio = [](double measured, double predicted) {
+    return predicted > 0 ? Json(measured / predicted) : Json(nullptr);
+  };
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
     plan_doc["steps"][i]["measured_time_s"] = r.steps[i].measured_time_s;
+    plan_doc["steps"][i]["measured_over_predicted"] =
+        ratio(r.steps[i].measured_time_s, plan_doc["steps"][i]["time_s"].get<double>());
     plan_doc["steps"][i]["measured_bytes_sent"] = r.steps[i].bytes_sent;
     plan_doc["steps"][i]["measured_bytes_received"] = r.steps[i].bytes_received;
   }
   plan_doc["measured_time_s"] = r.measured_time_s;
+  const double predicted = plan_doc["total_time_s"].get<double>();
   doc["executed"] = candidate;
   doc["backend"] = flags.backend;
   doc["ranks"] = r.ranks;
@@ -159,6 +192,8 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
   doc["max_rel_error"] = r.verification.max_rel_error;
   doc["tolerance"] = r.verification.tolerance;
   doc["measured_time_s"] = r.measured_time_s;
+  doc["predicted_time_s"] = predicted;
+  doc["measured_over_predicted"] = ratio(r.measured_time_s, predicted);
   doc["repeat_times_s"] = r.repeat_times_s;
   Json trace = Json::object();
   for (const auto& [op, by_axes] : comm_summary(r, p.mesh)) {
@@ -171,6 +206,7 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
     trace[op] = entry;
   }
   doc["trace"] = trace;
+  doc["trace_file"] = flags.trace.empty() ? Json(nullptr) : Json(flags.trace);
 }
 
 int execution_status(const RunReport& r) {

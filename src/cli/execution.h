@@ -16,26 +16,28 @@ struct ExecutionFlags {
   int warmup = 1;
   int candidate = 0;  // 1-based index into the candidates as printed; 0 = the chosen one
   bool check = true;  // BackendOptions::check; --no-check turns it off
+  std::string trace;  // --trace FILE: a Chrome trace of the run; empty: none
 };
 
-// --backend, --repeat, --warmup, --candidate, --no-check.
+// --backend, --repeat, --warmup, --candidate, --no-check, --trace.
 void add_execution_flags(CLI::App& app, ExecutionFlags& flags);
 
-// Checks the backend name and the dtype (runs compute in f32 or f64) before anything runs,
-// so that every MPI rank rejects bad input alike.
+// Checks the backend name, the dtype (runs compute in f32 or f64) and the --trace path
+// before anything runs, so that every MPI rank rejects bad input alike.
 void check_execution(const ExecutionFlags& flags, const Planning& p);
 
 // The candidate to run: flags.candidate, or `chosen`.
 std::size_t pick_candidate(const ExecutionFlags& flags, std::size_t count, int chosen);
 
-// Runs the plan (progress on stderr on the printing process).
+// Runs the plan (progress on stderr on the printing process); with --trace, the printing
+// process writes the Chrome trace (chrome_trace.h) of every rank.
 RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& plan, const Contraction* contraction,
                   const Spec* reshard_from);
 
 void print_execution(std::ostream& out, const Planning& p, const Plan& plan, const ExecutionFlags& flags,
                      const RunReport& r);
 // Adds the run's figures to a plan document: top-level keys (`executed` = `candidate`) and
-// each executed step's measured_time_s (docs/json-schema.md).
+// each executed step's measured_time_s and measured/predicted ratio (docs/json-schema.md).
 void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, const ExecutionFlags& flags,
                         const RunReport& r);
 

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -257,8 +259,8 @@ json parse_json(std::string_view text, const std::string& origin) {
   }
 }
 
-const char* const kKeys[] = {"name",           "description",   "peak_flops", "hbm_bandwidth",
-                             "link_bandwidth", "bidirectional", "hop_latency_s", "topology"};
+const char* const kKeys[] = {"name",          "description",   "peak_flops", "hbm_bandwidth", "link_bandwidth",
+                             "bidirectional", "hop_latency_s", "topology",   "calibration"};
 
 const json& required(const json& object, const std::string& key, const std::string& origin) {
   const auto it = object.find(key);
@@ -283,6 +285,186 @@ double number_value(const json& v, const std::string& key, const std::string& or
 std::string string_value(const json& v, const std::string& key, const std::string& origin) {
   if (!v.is_string()) wrong_type(origin, key, "a string", v);
   return v.get<std::string>();
+}
+
+// --- the "calibration" object (docs/calibration.md, "Profile") ---
+
+// A sub-object of the calibration: every key known, every required key present. `where`
+// is its dotted path ("calibration.collectives[0]").
+void check_object(const json& object, const std::string& where, const std::vector<std::string>& keys,
+                  const std::string& origin) {
+  if (!object.is_object()) wrong_type(origin, where, "an object", object);
+  for (const auto& item : object.items()) {
+    if (std::find(keys.begin(), keys.end(), item.key()) == keys.end()) {
+      throw InputError(origin + ": unknown key '" + where + "." + item.key() + "'; expected " + join_names(keys));
+    }
+  }
+  for (const std::string& key : keys) {
+    if (!object.contains(key)) {
+      throw InputError(origin + ": missing key '" + where + "." + key + "'; it needs " + join_names(keys));
+    }
+  }
+}
+
+double positive_value(const json& object, const std::string& where, const std::string& key, const char* unit,
+                      const std::string& origin) {
+  const double v = number_value(object.at(key), where + "." + key, origin);
+  check_positive(v, origin, where + "." + key, unit);
+  return v;
+}
+
+double non_negative_value(const json& object, const std::string& where, const std::string& key,
+                          const std::string& origin) {
+  const double v = number_value(object.at(key), where + "." + key, origin);
+  if (!std::isfinite(v) || v < 0) {
+    throw InputError(origin + ": key '" + where + "." + key + "' must be a non-negative finite number, got " +
+                     show_number(v));
+  }
+  return v;
+}
+
+std::int64_t whole_value(const json& object, const std::string& where, const std::string& key, std::int64_t least,
+                         const std::string& origin) {
+  const json& v = object.at(key);
+  if (!v.is_number_integer() || v.get<std::int64_t>() < least) {
+    throw InputError(origin + ": key '" + where + "." + key + "' must be a whole number >= " +
+                     std::to_string(least) + ", got " + (v.is_number() ? v.dump() : std::string(v.type_name())));
+  }
+  return v.get<std::int64_t>();
+}
+
+constexpr OpKind kCollectives[] = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce,
+                                   OpKind::all_to_all};
+
+Calibration parse_calibration(const json& doc, const std::string& origin) {
+  check_object(doc, "calibration",
+               {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"},
+               origin);
+  Calibration c;
+  c.backend = string_value(doc.at("backend"), "calibration.backend", origin);
+  c.mesh = string_value(doc.at("mesh"), "calibration.mesh", origin);
+  c.host = string_value(doc.at("host"), "calibration.host", origin);
+  c.measured_at = string_value(doc.at("measured_at"), "calibration.measured_at", origin);
+  c.copy_bandwidth = positive_value(doc, "calibration", "copy_bandwidth", "bytes/s", origin);
+  c.add_bandwidth = positive_value(doc, "calibration", "add_bandwidth", "bytes/s", origin);
+  const json& fits = doc.at("collectives");
+  if (!fits.is_array()) wrong_type(origin, "calibration.collectives", "an array", fits);
+  for (std::size_t i = 0; i < fits.size(); ++i) {
+    const std::string where = "calibration.collectives[" + std::to_string(i) + "]";
+    check_object(fits[i], where,
+                 {"op", "group_size", "alpha_s", "beta_s_per_byte", "min_bytes", "max_bytes", "max_rel_residual"},
+                 origin);
+    CollectiveFit f;
+    const std::string op = string_value(fits[i].at("op"), where + ".op", origin);
+    const auto* known = std::find_if(std::begin(kCollectives), std::end(kCollectives),
+                                     [&](OpKind k) { return op == to_string(k); });
+    if (known == std::end(kCollectives)) {
+      throw InputError(origin + ": key '" + where + ".op' must be all_gather, reduce_scatter, all_reduce or "
+                       "all_to_all, got '" + op + "'");
+    }
+    f.op = *known;
+    f.group_size = static_cast<int>(std::min<std::int64_t>(whole_value(fits[i], where, "group_size", 2, origin),
+                                                           std::int64_t{1} << 30));
+    f.alpha_s = non_negative_value(fits[i], where, "alpha_s", origin);
+    f.beta_s_per_byte = non_negative_value(fits[i], where, "beta_s_per_byte", origin);
+    f.min_bytes = whole_value(fits[i], where, "min_bytes", 1, origin);
+    f.max_bytes = whole_value(fits[i], where, "max_bytes", f.min_bytes, origin);
+    f.max_rel_residual = non_negative_value(fits[i], where, "max_rel_residual", origin);
+    for (const CollectiveFit& g : c.collectives) {
+      if (g.op == f.op && g.group_size == f.group_size && f.min_bytes <= g.max_bytes && g.min_bytes <= f.max_bytes) {
+        throw InputError(origin + ": " + where + " overlaps another " + op + " fit on group size " +
+                         std::to_string(f.group_size) + " (" + std::to_string(g.min_bytes) + ".." +
+                         std::to_string(g.max_bytes) + " bytes); the fits of one collective and group size "
+                         "cover disjoint size ranges");
+      }
+    }
+    c.collectives.push_back(f);
+  }
+  const json& rates = doc.at("gemm");
+  if (!rates.is_array()) wrong_type(origin, "calibration.gemm", "an array", rates);
+  for (std::size_t i = 0; i < rates.size(); ++i) {
+    const std::string where = "calibration.gemm[" + std::to_string(i) + "]";
+    check_object(rates[i], where, {"dtype", "shape", "m", "n", "k", "intensity", "flops_per_s"}, origin);
+    GemmRate g;
+    const std::string dtype = string_value(rates[i].at("dtype"), where + ".dtype", origin);
+    const auto* known = std::find_if(std::begin(kDTypes), std::end(kDTypes),
+                                     [&](DType d) { return dtype == to_string(d); });
+    if (known == std::end(kDTypes)) {
+      throw InputError(origin + ": key '" + where + ".dtype' must be one of bf16, f16, f32, f64, got '" + dtype + "'");
+    }
+    g.dtype = *known;
+    g.shape = string_value(rates[i].at("shape"), where + ".shape", origin);
+    g.m = whole_value(rates[i], where, "m", 1, origin);
+    g.n = whole_value(rates[i], where, "n", 1, origin);
+    g.k = whole_value(rates[i], where, "k", 1, origin);
+    g.intensity = positive_value(rates[i], where, "intensity", "FLOP/byte", origin);
+    g.flops_per_s = positive_value(rates[i], where, "flops_per_s", "FLOP/s", origin);
+    c.gemm.push_back(g);
+  }
+  return c;
+}
+
+json calibration_json(const Calibration& c) {
+  json fits = json::array();
+  for (const CollectiveFit& f : c.collectives) {
+    fits.push_back({{"op", to_string(f.op)},
+                    {"group_size", f.group_size},
+                    {"alpha_s", f.alpha_s},
+                    {"beta_s_per_byte", f.beta_s_per_byte},
+                    {"min_bytes", f.min_bytes},
+                    {"max_bytes", f.max_bytes},
+                    {"max_rel_residual", f.max_rel_residual}});
+  }
+  json rates = json::array();
+  for (const GemmRate& g : c.gemm) {
+    rates.push_back({{"dtype", to_string(g.dtype)},
+                     {"shape", g.shape},
+                     {"m", g.m},
+                     {"n", g.n},
+                     {"k", g.k},
+                     {"intensity", g.intensity},
+                     {"flops_per_s", g.flops_per_s}});
+  }
+  return {{"backend", c.backend},          {"mesh", c.mesh},
+          {"host", c.host},                {"measured_at", c.measured_at},
+          {"copy_bandwidth", c.copy_bandwidth}, {"add_bandwidth", c.add_bandwidth},
+          {"collectives", fits},           {"gemm", rates}};
+}
+
+// The fit of `op` on `group_size` whose size range holds `bytes`: the segment starting
+// at or below it, the first segment below them all, the last above them all.
+const CollectiveFit* find_fit(const HardwareProfile& hw, OpKind op, double group_size, double bytes) {
+  if (!hw.calibration) return nullptr;
+  const CollectiveFit* lowest = nullptr;
+  const CollectiveFit* below = nullptr;  // the highest segment starting at or below `bytes`
+  for (const CollectiveFit& f : hw.calibration->collectives) {
+    if (f.op != op || f.group_size != group_size) continue;
+    if (!lowest || f.min_bytes < lowest->min_bytes) lowest = &f;
+    if (static_cast<double>(f.min_bytes) <= bytes && (!below || f.min_bytes > below->min_bytes)) below = &f;
+  }
+  return below ? below : lowest;
+}
+
+// The measured GEMM rate at `intensity`, or 0 when the profile measured none for `dtype`.
+double calibrated_gemm_rate(const HardwareProfile& hw, DType dtype, double intensity) {
+  if (!hw.calibration) return 0;
+  std::vector<std::pair<double, double>> points;  // (log intensity, rate)
+  for (const GemmRate& g : hw.calibration->gemm) {
+    if (g.dtype == dtype) points.emplace_back(std::log(g.intensity), g.flops_per_s);
+  }
+  if (points.empty()) return 0;
+  std::sort(points.begin(), points.end());
+  const double x = std::log(std::max(intensity, 1e-300));
+  if (x <= points.front().first) return points.front().second;
+  if (x >= points.back().first) return points.back().second;
+  for (std::size_t i = 1; i < points.size(); ++i) {
+    if (x <= points[i].first) {
+      const auto& [x0, y0] = points[i - 1];
+      const auto& [x1, y1] = points[i];
+      return x1 == x0 ? y1 : y0 + (y1 - y0) * (x - x0) / (x1 - x0);
+    }
+  }
+  return points.back().second;
 }
 
 }  // namespace
@@ -323,7 +505,7 @@ HardwareProfile parse_profile_json(std::string_view json_text, std::string_view 
   for (const auto& [key, _] : doc.items()) {
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       throw InputError(origin + ": unknown key '" + key + "'; expected name, description, peak_flops, "
-                       "hbm_bandwidth, link_bandwidth, bidirectional, hop_latency_s, topology");
+                       "hbm_bandwidth, link_bandwidth, bidirectional, hop_latency_s, topology, calibration");
     }
   }
 
@@ -353,14 +535,121 @@ HardwareProfile parse_profile_json(std::string_view json_text, std::string_view 
   p.bidirectional = bidi.get<bool>();
   p.hop_latency_s = number_value(required(doc, "hop_latency_s", origin), "hop_latency_s", origin);
   p.topology = string_value(required(doc, "topology", origin), "topology", origin);
+  if (const auto it = doc.find("calibration"); it != doc.end()) p.calibration = parse_calibration(*it, origin);
 
   validate(p, origin);
   return p;
 }
 
+std::string profile_to_json(const HardwareProfile& hw) {
+  json peaks = json::object();
+  for (const auto& [dtype, flops] : hw.peak_flops) peaks[to_string(dtype)] = flops;
+  json doc = {{"name", hw.name},
+              {"description", hw.description},
+              {"peak_flops", peaks},
+              {"hbm_bandwidth", hw.hbm_bandwidth},
+              {"link_bandwidth", hw.link_bandwidth},
+              {"bidirectional", hw.bidirectional},
+              {"hop_latency_s", hw.hop_latency_s},
+              {"topology", hw.topology}};
+  if (hw.calibration) doc["calibration"] = calibration_json(*hw.calibration);
+  return doc.dump(2) + "\n";
+}
+
+std::string calibrated_profile_path() {
+  const auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v ? v : "";
+  };
+  if (const std::string explicit_path = env("SHARDMM_PROFILE"); !explicit_path.empty()) return explicit_path;
+  if (const std::string xdg = env("XDG_CONFIG_HOME"); !xdg.empty()) return xdg + "/shardmm/calibrated.json";
+  if (const std::string home = env("HOME"); !home.empty()) return home + "/.config/shardmm/calibrated.json";
+  return "";
+}
+
+AlphaBetaFit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds) {
+  if (bytes.size() != seconds.size()) throw std::invalid_argument("fit_alpha_beta: sizes and times differ in count");
+  if (std::adjacent_find(bytes.begin(), bytes.end(), std::not_equal_to<>()) == bytes.end()) {
+    throw std::invalid_argument("fit_alpha_beta: needs at least two distinct sizes");
+  }
+  for (double t : seconds) {
+    if (!(t > 0) || !std::isfinite(t)) throw std::invalid_argument("fit_alpha_beta: times must be positive");
+  }
+  // Weighted normal equations for t = a + b x with weights w = 1 / t^2.
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const double w = 1 / (seconds[i] * seconds[i]);
+    sw += w;
+    sx += w * bytes[i];
+    sy += w * seconds[i];
+    sxx += w * bytes[i] * bytes[i];
+    sxy += w * bytes[i] * seconds[i];
+  }
+  AlphaBetaFit fit;
+  const double det = sw * sxx - sx * sx;
+  fit.beta_s_per_byte = (sw * sxy - sx * sy) / det;
+  fit.alpha_s = (sy - fit.beta_s_per_byte * sx) / sw;
+  if (fit.alpha_s < 0) {  // through the origin: minimise sum w (t - b x)^2
+    fit.alpha_s = 0;
+    fit.beta_s_per_byte = sxy / sxx;
+  }
+  double sum_sq = 0;
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    const double rel = std::abs(fit.alpha_s + fit.beta_s_per_byte * bytes[i] - seconds[i]) / seconds[i];
+    fit.max_rel_residual = std::max(fit.max_rel_residual, rel);
+    sum_sq += rel * rel;
+  }
+  fit.rms_rel_residual = std::sqrt(sum_sq / static_cast<double>(bytes.size()));
+  return fit;
+}
+
+std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>& bytes,
+                                                      const std::vector<double>& seconds) {
+  if (bytes.size() != seconds.size()) {
+    throw std::invalid_argument("fit_alpha_beta_segments: sizes and times differ in count");
+  }
+  if (!std::is_sorted(bytes.begin(), bytes.end()) ||
+      std::adjacent_find(bytes.begin(), bytes.end()) != bytes.end()) {
+    throw std::invalid_argument("fit_alpha_beta_segments: sizes must be distinct and ascending");
+  }
+  const auto fit_range = [&](std::size_t from, std::size_t to) {
+    const std::vector<double> x(bytes.begin() + static_cast<std::ptrdiff_t>(from),
+                                bytes.begin() + static_cast<std::ptrdiff_t>(to));
+    const std::vector<double> t(seconds.begin() + static_cast<std::ptrdiff_t>(from),
+                                seconds.begin() + static_cast<std::ptrdiff_t>(to));
+    return AlphaBetaSegment{x.front(), x.back(), fit_alpha_beta(x, t)};
+  };
+  const auto squares = [&](const AlphaBetaSegment& s, std::size_t points) {
+    return s.fit.rms_rel_residual * s.fit.rms_rel_residual * static_cast<double>(points);
+  };
+  std::vector<AlphaBetaSegment> best = {fit_range(0, bytes.size())};
+  double best_squares = squares(best[0], bytes.size());
+  const double one_line = best_squares;
+  if (best[0].fit.rms_rel_residual < kOneLineIsExact) return best;
+  for (std::size_t split = kMinSegmentPoints; split + kMinSegmentPoints <= bytes.size(); ++split) {
+    const AlphaBetaSegment low = fit_range(0, split), high = fit_range(split, bytes.size());
+    const double total = squares(low, split) + squares(high, bytes.size() - split);
+    if (total < best_squares && total < one_line / 2) {
+      best = {low, high};
+      best_squares = total;
+    }
+  }
+  return best;
+}
+
 HardwareProfile load_profile(std::string_view name_or_path) {
   for (const auto& p : builtins()) {
     if (p.name == name_or_path) return p;
+  }
+  if (name_or_path == kCalibratedProfileName) {
+    const std::string path = calibrated_profile_path();
+    std::error_code ec;
+    if (path.empty() || !std::filesystem::exists(path, ec)) {
+      throw InputError("no calibrated hardware profile" + (path.empty() ? std::string(" (HOME is not set)") : " at " + path) +
+                       "; run 'shardmm calibrate' first, or set SHARDMM_PROFILE to a profile file "
+                       "(docs/calibration.md)");
+    }
+    return parse_profile_json(read_file(path), path);
   }
   const std::filesystem::path path{std::string(name_or_path)};
   std::error_code ec;
@@ -394,11 +683,10 @@ double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op, c
   if (sizes.empty() || array_bytes == 0) return 0;
 
   const auto bytes = static_cast<double>(array_bytes);
-  if (hw.topology == "switch") {
-    double n = 1;
-    for (double s : sizes) n *= s;
-    return switched(hw, op, n, bytes).time(hw.hop_latency_s);
-  }
+  double n = 1;
+  for (double s : sizes) n *= s;
+  if (const CollectiveFit* fit = find_fit(hw, op, n, bytes)) return fit->alpha_s + fit->beta_s_per_byte * bytes;
+  if (hw.topology == "switch") return switched(hw, op, n, bytes).time(hw.hop_latency_s);
   return torus(hw, op, sizes, bytes).time(hw.hop_latency_s);
 }
 
@@ -407,7 +695,8 @@ double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::in
   if (bytes < 0) throw std::invalid_argument("einsum_time: negative bytes");
   const double peak = hw.flops_for(dtype);
   validate(hw, "hardware profile '" + hw.name + "'");
-  return std::max(flops / peak, static_cast<double>(bytes) / hw.hbm_bandwidth);
+  const double measured = bytes > 0 ? calibrated_gemm_rate(hw, dtype, flops / static_cast<double>(bytes)) : 0;
+  return std::max(flops / (measured > 0 ? measured : peak), static_cast<double>(bytes) / hw.hbm_bandwidth);
 }
 
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes) {

@@ -1,10 +1,10 @@
 #include "shardmm/runtime/collective_bench.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <mutex>
 
+#include "runtime/bench_timing.h"
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/runner.h"
@@ -12,52 +12,6 @@
 
 namespace shardmm {
 
-namespace {
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// One measurement: `op` run back to back by every rank; every rank measures the same
-// barrier-to-barrier span, so the root's figure stands for the group.
-struct Measure {
-  Communicator& comm;
-  const CollectiveBenchOptions& o;
-
-  double per_call(const std::function<void()>& op) {
-    int iterations = o.iterations;
-    if (iterations <= 0) {
-      // Calibrate on one call: aim at ~20 ms per trial, between 1 and 1000 calls. All ranks
-      // must agree on the count, so the root's choice is summed over the mesh (others add 0).
-      comm.barrier();
-      const double t0 = now_s();
-      op();
-      comm.barrier();
-      const double once = now_s() - t0;
-      double n = comm.rank() == 0 ? std::clamp(0.02 / std::max(once, 1e-9), 1.0, 1000.0) : 0.0;
-      AxisList all;
-      for (int a = 0; a < comm.mesh().rank(); ++a) all.push_back(a);
-      comm.all_reduce(&n, 1, DType::f64, all);
-      iterations = static_cast<int>(n);
-    }
-    std::vector<double> trials;
-    for (int t = 0; t < o.trials; ++t) {
-      comm.barrier();
-      const double t0 = now_s();
-      for (int i = 0; i < iterations; ++i) op();
-      comm.barrier();
-      trials.push_back((now_s() - t0) / iterations);
-    }
-    return median(trials);
-  }
-};
-
-}  // namespace
 
 CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
   if (o.dtype != DType::f32 && o.dtype != DType::f64) {
@@ -75,7 +29,7 @@ CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
   backend_options.check = o.check;
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
     const bool is_root = comm.rank() == 0;
-    Measure measure{comm, o};
+    const detail::BenchTimer measure{comm, o.iterations, o.trials};
     const auto note = [&](const std::string& what) {
       if (is_root && o.progress) o.progress(what);
     };

@@ -584,6 +584,8 @@ const DistTensor& Executor::run(const DistTensor& a, const DistTensor* b) { retu
 
 const std::vector<TraceEvent>& Executor::trace() const { return impl_->events; }
 
+double Executor::clock() const { return impl_->now(); }
+
 std::int64_t Executor::bytes_needed(const Mesh& mesh, const Plan& plan, const DimSizes& sizes, DType dtype,
                                     std::int64_t device) {
   const std::int64_t eb = dtype_bytes(dtype);

@@ -36,11 +36,13 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
-// Per rank, what device 0 needs: every step's duration in every repeat, then each
-// step's bytes sent and received.
-std::vector<double> timing_message(const std::vector<std::vector<double>>& durations, const std::vector<TraceEvent>& trace) {
+// Per rank, what device 0 needs: every step's duration in every repeat, every step's start
+// in every repeat (from the repeat's start), then each step's bytes sent and received.
+std::vector<double> timing_message(const std::vector<std::vector<double>>& durations,
+                                   const std::vector<std::vector<double>>& starts, const std::vector<TraceEvent>& trace) {
   std::vector<double> msg;
   for (const auto& rep : durations) msg.insert(msg.end(), rep.begin(), rep.end());
+  for (const auto& rep : starts) msg.insert(msg.end(), rep.begin(), rep.end());
   for (const TraceEvent& e : trace) {
     msg.push_back(static_cast<double>(e.bytes_sent));
     msg.push_back(static_cast<double>(e.bytes_received));
@@ -261,22 +263,27 @@ RunReport run_plan(const RunRequest& req) {
     }
 
     std::vector<double> repeat_times;
-    std::vector<std::vector<double>> durations;
+    std::vector<std::vector<double>> durations, starts;
     const DistTensor* result = nullptr;
     for (int i = 0; i < req.repeat; ++i) {
       note("repeat " + std::to_string(i + 1) + " of " + std::to_string(req.repeat));
       comm.barrier();
       const auto t0 = std::chrono::steady_clock::now();
+      const double repeat_start = exec.clock();  // t0 on the trace's clock
       result = &exec.run(a, matmul ? &b : nullptr);
       comm.barrier();
       repeat_times.push_back(seconds_since(t0));
-      std::vector<double> d;
-      for (const TraceEvent& e : exec.trace()) d.push_back(e.end_s - e.start_s);
+      std::vector<double> d, from;
+      for (const TraceEvent& e : exec.trace()) {
+        d.push_back(e.end_s - e.start_s);
+        from.push_back(e.start_s - repeat_start);
+      }
       durations.push_back(std::move(d));
+      starts.push_back(std::move(from));
     }
 
     // Device 0 collects every rank's step timings and bytes.
-    std::vector<double> mine = timing_message(durations, exec.trace());
+    std::vector<double> mine = timing_message(durations, starts, exec.trace());
     std::vector<std::vector<double>> all;
     if (me == 0) {
       all.push_back(mine);
@@ -323,12 +330,27 @@ RunReport run_plan(const RunRequest& req) {
         per_repeat.push_back(slowest);
       }
       m.measured_time_s = median(per_repeat);
-      const std::size_t bytes_at = static_cast<std::size_t>(req.repeat) * nsteps + 2 * s;
+      const std::size_t bytes_at = 2 * static_cast<std::size_t>(req.repeat) * nsteps + 2 * s;
       for (const auto& msg : all) {
         m.bytes_sent = std::max(m.bytes_sent, static_cast<std::int64_t>(msg[bytes_at]));
         m.bytes_received = std::max(m.bytes_received, static_cast<std::int64_t>(msg[bytes_at + 1]));
       }
       report.steps.push_back(std::move(m));
+    }
+    // The repeat whose time is the median (the upper one of an even count), on every rank.
+    std::vector<int> order(static_cast<std::size_t>(req.repeat));
+    for (int r = 0; r < req.repeat; ++r) order[static_cast<std::size_t>(r)] = r;
+    std::sort(order.begin(), order.end(), [&](int x, int y) { return repeat_times[static_cast<std::size_t>(x)] < repeat_times[static_cast<std::size_t>(y)]; });
+    report.timeline_repeat = order[order.size() / 2];
+    const std::size_t rep = static_cast<std::size_t>(report.timeline_repeat) * nsteps;
+    const std::size_t starts_at = static_cast<std::size_t>(req.repeat) * nsteps;
+    for (const auto& msg : all) {
+      std::vector<StepSpan> spans;
+      for (std::size_t s = 0; s < nsteps; ++s) {
+        const double start = msg[starts_at + rep + s];
+        spans.push_back({start, start + msg[rep + s]});
+      }
+      report.timeline.push_back(std::move(spans));
     }
   }), backend_options);
   return report;

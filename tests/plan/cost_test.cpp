@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardmm/core/error.h"
+#include "input_error.h"
 
 namespace shardmm {
 namespace {
@@ -24,16 +25,7 @@ using json = nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-// The headline of the InputError `f` throws ("" and a test failure when it throws none).
-std::string input_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InputError& e) {
-    return e.headline();
-  }
-  ADD_FAILURE() << "no InputError thrown";
-  return "";
-}
+using testing::input_error;
 
 HardwareProfile ring_profile(double link_bandwidth, bool bidirectional, double hop_latency_s) {
   HardwareProfile p;
@@ -424,7 +416,7 @@ INSTANTIATE_TEST_SUITE_P(
                    std::string("missing key 'topology'") + kMissingTail},
         BadProfile{"unknown_key", [](json& d) { d["hbm_bw"] = 1; },
                    "unknown key 'hbm_bw'; expected name, description, peak_flops, hbm_bandwidth, link_bandwidth, "
-                   "bidirectional, hop_latency_s, topology"},
+                   "bidirectional, hop_latency_s, topology, calibration"},
         BadProfile{"name_not_string", [](json& d) { d["name"] = 5; }, "key 'name' must be a string, got number"},
         BadProfile{"name_empty", [](json& d) { d["name"] = ""; }, "key 'name' must be a non-empty string"},
         BadProfile{"description_not_string", [](json& d) { d["description"] = json::array(); },

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,6 +24,44 @@
 #include "shardmm/plan/step.h"
 
 namespace shardmm {
+
+// `time = alpha_s + beta_s_per_byte * array_bytes` for one collective on one group size
+// over one range of sizes, fitted by `shardmm calibrate` (docs/calibration.md), with the
+// fit's worst relative residual over the measured sizes. A collective may have two fits on
+// disjoint ranges (in cache and out of it); sizes between or beyond them take the fit of
+// the range that starts at or below them (the lowest range below them all).
+struct CollectiveFit {
+  OpKind op = OpKind::all_gather;
+  int group_size = 2;
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+  std::int64_t min_bytes = 0;       // the sizes the fit was made on
+  std::int64_t max_bytes = 0;
+  double max_rel_residual = 0;      // max |fit - measured| / measured
+};
+
+// A measured local GEMM rate: one dtype, one shape class ("square", "skinny"), at the
+// arithmetic intensity 2mnk / (bytes of A, B and C) of the shape measured.
+struct GemmRate {
+  DType dtype = DType::f32;
+  std::string shape;
+  std::int64_t m = 0, n = 0, k = 0;
+  double intensity = 0;             // FLOP per byte
+  double flops_per_s = 0;
+};
+
+// What `shardmm calibrate` measured on one machine: collectives per backend and group
+// size, GEMM rates and memory bandwidth, measured on every rank of `mesh` at once.
+struct Calibration {
+  std::string backend;              // threads or mpi
+  std::string mesh;                 // the mesh measured on, e.g. "X=2"
+  std::string host;
+  std::string measured_at;          // UTC, ISO 8601
+  double copy_bandwidth = 0;        // memcpy: bytes read + written per second, per rank
+  double add_bandwidth = 0;         // y += x: bytes read + written per second, per rank
+  std::vector<CollectiveFit> collectives;
+  std::vector<GemmRate> gemm;
+};
 
 struct HardwareProfile {
   std::string name;
@@ -35,6 +74,9 @@ struct HardwareProfile {
   // "torus": each mesh axis is a ring of direct links, axes use disjoint links.
   // "switch": all devices share a non-blocking switch (NVLink within a node).
   std::string topology = "torus";
+  // Set in calibrated profiles: their collective fits and GEMM rates replace the formulas
+  // where they apply (docs/calibration.md, "How the cost model uses a profile").
+  std::optional<Calibration> calibration;
 
   double flops_for(DType dtype) const;  // throws InputError when the dtype has no entry
 };
@@ -47,10 +89,50 @@ HardwareProfile builtin_profile(std::string_view name);
 // docs/cost-model.md); throws InputError with the file, key and rule on bad input.
 HardwareProfile load_profile(std::string_view name_or_path);
 HardwareProfile parse_profile_json(std::string_view json_text, std::string_view origin);
+// The profile as a JSON document that parse_profile_json reads back unchanged.
+std::string profile_to_json(const HardwareProfile& hw);
 
+// The name `load_profile` resolves to the calibrated profile's file.
+inline constexpr const char* kCalibratedProfileName = "calibrated";
+// Where `shardmm calibrate` writes and `--hw calibrated` reads: $SHARDMM_PROFILE, else
+// $XDG_CONFIG_HOME/shardmm/calibrated.json, else $HOME/.config/shardmm/calibrated.json
+// (empty when none of these variables is set).
+std::string calibrated_profile_path();
+
+// The least-squares line `seconds = alpha + beta * bytes` through measured points,
+// weighted by 1 / seconds^2 so that every size counts by its relative error (the sizes
+// span decades); a negative alpha (noise at small sizes) is refitted as alpha = 0.
+// Needs at least two distinct sizes and positive times (else std::invalid_argument).
+struct AlphaBetaFit {
+  double alpha_s = 0;
+  double beta_s_per_byte = 0;
+  double max_rel_residual = 0;
+  double rms_rel_residual = 0;
+};
+AlphaBetaFit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds);
+
+// The sweep as one line, or as two lines split between two sizes when that at least
+// halves the sum of squared relative residuals (the best such split; each line fitted on
+// kMinSegmentPoints sizes or more). Caches make small messages cheaper per byte than large
+// ones, which one line cannot follow. One line within kOneLineIsExact (rms relative
+// residual) is kept: timers resolve no better. Sizes must be distinct and ascending.
+inline constexpr std::size_t kMinSegmentPoints = 3;
+inline constexpr double kOneLineIsExact = 1e-3;
+struct AlphaBetaSegment {
+  double min_bytes = 0;  // the first and last size the line was fitted on
+  double max_bytes = 0;
+  AlphaBetaFit fit;
+};
+std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>& bytes,
+                                                      const std::vector<double>& seconds);
+
+// A calibrated profile with a fit for `op` on the group's size uses it (the fit for the
+// size range of `array_bytes`); otherwise the formulas of docs/cost-model.md.
 double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op,
                        const AxisList& group, std::int64_t array_bytes);
-// Roofline: max(flops / peak, bytes / HBM bandwidth).
+// Roofline: max(flops / peak, bytes / HBM bandwidth). A calibrated profile with GEMM
+// rates for `dtype` takes the rate at this einsum's intensity (flops / bytes) instead of
+// the peak: interpolated in log(intensity) between the measured shapes, clamped at the ends.
 double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
 // A local copy (slice) reads and writes `bytes`.
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes);

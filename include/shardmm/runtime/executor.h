@@ -52,6 +52,8 @@ class Executor {
 
   // The events of the latest run, in order.
   const std::vector<TraceEvent>& trace() const;
+  // Seconds since the executor was built: the clock of the trace's start_s and end_s.
+  double clock() const;
 
   // The bytes an executor for `plan` allocates on `device` (every step's output block,
   // its staging copies and the einsum's workspace; they stay allocated between runs),

@@ -60,12 +60,23 @@ struct StepMeasurement {
   double measured_time_s = 0;       // median over repeats of the slowest rank's time
 };
 
+// One step on one rank: seconds from that rank's start of the repeat (every rank starts a
+// repeat on leaving the same barrier, so the ranks' spans line up).
+struct StepSpan {
+  double start_s = 0;
+  double end_s = 0;
+};
+
 struct RunReport {
   bool is_root = true;              // this process holds the gathered figures
   int ranks = 0;
   double measured_time_s = 0;       // median over repeats, barrier to barrier
   std::vector<double> repeat_times_s;
   std::vector<StepMeasurement> steps;
+  // Every rank's steps in one repeat, the one whose time is the median: timeline[rank][step]
+  // (write_run_trace, chrome_trace.h, draws it).
+  std::vector<std::vector<StepSpan>> timeline;
+  int timeline_repeat = 0;          // 0-based
   Verification verification;        // verified = true and zero errors when verify is off
   bool verified_run = false;        // whether verification ran
 };

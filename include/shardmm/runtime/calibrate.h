@@ -1,0 +1,58 @@
+// Measuring this machine for the cost model: what `shardmm calibrate` does.
+//
+//   CalibrateOptions o;
+//   o.backend = "threads"; o.mesh = Mesh::parse("X=2"); o.quick = true;
+//   CalibrationResult r = calibrate(o);
+//   if (r.is_root) write(profile_to_json(r.profile));  // plan/cost.h reads it back
+//
+// Every measurement runs on all ranks of the mesh at once, each rank on its own buffers,
+// so the rates are what one rank gets while the others work too:
+//   - GEMM FLOP/s per dtype (f32, f64) and shape class: "square" (large), "small"
+//     (square, cache-sized) and "skinny" (a matrix times a few columns);
+//   - memory bandwidth, memcpy and y += x (the collective benchmark's references);
+//   - per group size (each mesh axis alone and all axes together) every collective over a
+//     size sweep, fitted to time = alpha + beta * bytes (fit_alpha_beta, plan/cost.h).
+// docs/calibration.md gives the sizes, the fit and what the figures mean.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardmm/core/mesh.h"
+#include "shardmm/plan/cost.h"
+
+namespace shardmm {
+
+struct CalibrateOptions {
+  std::string backend = "threads";
+  Mesh mesh;
+  bool quick = false;  // fewer sizes and trials, smaller GEMMs: seconds instead of a minute
+  // Called on the root process before each measurement ("gemm f32 square 1024^3").
+  std::function<void(const std::string&)> progress;
+};
+
+// One point of a collective's size sweep and the fit's value there.
+struct CollectiveSample {
+  OpKind op = OpKind::all_gather;
+  int group_size = 2;
+  std::int64_t bytes = 0;  // cost.h's array_bytes
+  double measured_s = 0;   // median of trials
+  double fit_input_s = 0;  // what the fit saw: the least measured_s at this size or larger
+  double fitted_s = 0;     // alpha + beta * bytes
+};
+
+struct CalibrationResult {
+  bool is_root = true;     // under mpirun only world rank 0 holds the figures
+  HardwareProfile profile; // calibration set, and the analytic fields derived from it
+  std::vector<CollectiveSample> samples;
+};
+
+// The sizes a sweep measures (bytes per rank, cost.h's convention).
+std::vector<std::int64_t> calibration_sizes(bool quick);
+
+// Throws InputError for a mesh of one device (nothing to communicate) or a bad backend.
+CalibrationResult calibrate(const CalibrateOptions& options);
+
+}  // namespace shardmm

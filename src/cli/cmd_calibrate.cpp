@@ -1,0 +1,161 @@
+// shardmm calibrate [--backend threads|mpi] [--mesh M] [--out FILE] [--quick] [--json]
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <ostream>
+#include <thread>
+
+#include "cli/commands.h"
+#include "shardmm/core/error.h"
+#include "shardmm/runtime/calibrate.h"
+#include "shardmm/runtime/runner.h"
+
+namespace shardmm::cli {
+
+namespace {
+
+// One device per core (threads), or one per process of the job (mpi).
+std::string default_mesh(const std::string& backend) {
+  if (backend == "mpi") {
+    for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+      if (const char* v = std::getenv(var)) return "X=" + std::string(v);
+    }
+    return "X=1";
+  }
+  return "X=" + std::to_string(std::max(2u, std::thread::hardware_concurrency()));
+}
+
+// The profile's file, checked before anything is measured.
+std::filesystem::path output_path(const std::string& out) {
+  const std::string path = out.empty() ? calibrated_profile_path() : out;
+  if (path.empty()) {
+    throw InputError("nowhere to write the calibrated profile: HOME, XDG_CONFIG_HOME and SHARDMM_PROFILE are unset; "
+                     "give --out FILE");
+  }
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw InputError("--out '" + path + "': it is a directory; give a file name, e.g. --out profile.json");
+  }
+  return path;
+}
+
+// Written beside the target and renamed over it, so that a reader never sees half a profile.
+void write_profile(const std::filesystem::path& path, const std::string& text) {
+  std::error_code ec;
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
+  if (ec) throw InputError("cannot create the directory of '" + path.string() + "': " + ec.message());
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
+    file << text;
+    file.close();
+    if (!file) throw InputError("cannot write the calibrated profile to '" + tmp.string() + "'");
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw InputError("cannot write the calibrated profile to '" + path.string() + "': " + ec.message());
+}
+
+void print_calibration(std::ostream& out, const CalibrationResult& r, const std::string& path, bool quick) {
+  const HardwareProfile& hw = r.profile;
+  const Calibration& c = *hw.calibration;
+  out << "Calibrated " << c.host << ": " << c.backend << " backend, mesh " << c.mesh << (quick ? ", --quick" : "")
+      << ", " << c.measured_at << "\n";
+  out << "  profile   " << hw.name << " written to " << path << "\n";
+  out << "            plan and run use it when no --hw is given (or with --hw calibrated)\n";
+  out << "\nGEMM, per rank with every rank computing at once\n";
+  Table gemm({"dtype", "shape", "m x n x k", "FLOP/byte", "rate"});
+  for (const GemmRate& g : c.gemm) {
+    gemm.add({to_string(g.dtype), g.shape, std::to_string(g.m) + " x " + std::to_string(g.n) + " x " + std::to_string(g.k),
+              format_sig3(g.intensity), format_flop_rate(g.flops_per_s)});
+  }
+  gemm.right_align(3);
+  gemm.right_align(4);
+  gemm.print(out);
+  out << "\nMemory, per rank: memcpy " << format_bandwidth(c.copy_bandwidth) << ", y += x "
+      << format_bandwidth(c.add_bandwidth) << " (bytes read + written)\n";
+  out << "\nCollectives: time = alpha + beta x bytes (least squares, relative error; docs/calibration.md)\n";
+  Table fits({"op", "ranks", "alpha", "1/beta", "sizes", "max residual"});
+  for (const CollectiveFit& f : c.collectives) {
+    fits.add({to_string(f.op), std::to_string(f.group_size), format_time(f.alpha_s),
+              f.beta_s_per_byte > 0 ? format_bandwidth(1 / f.beta_s_per_byte) : "-",
+              format_bytes(static_cast<double>(f.min_bytes)) + " .. " + format_bytes(static_cast<double>(f.max_bytes)),
+              format_sig3(100 * f.max_rel_residual) + "%"});
+  }
+  for (std::size_t col : {1, 2, 3, 5}) fits.right_align(col);
+  fits.print(out);
+  out << "  (one run on this machine as it is now; a busy machine shifts every figure: calibrate again when it "
+         "changes)\n";
+}
+
+}  // namespace
+
+Command add_calibrate_command(CLI::App& root) {
+  struct Flags {
+    std::string backend = "threads";
+    std::string mesh;
+    std::string out;
+    bool quick = false;
+    bool json = false;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* app = root.add_subcommand(
+      "calibrate", "measure this machine (GEMM rates, memory bandwidth, each collective's latency and per-byte cost) "
+                   "and write the hardware profile that plan and run then use");
+  app->add_option("--backend", flags->backend,
+                  "the backend to measure the collectives of: threads (default) or mpi (under mpirun -n <devices>), "
+                  "e.g. --backend mpi");
+  app->add_option("--mesh", flags->mesh,
+                  "the mesh to measure on: every mesh axis alone and all axes together give the group sizes fitted "
+                  "(default X=<cores> on threads, X=<processes> under mpirun), e.g. --mesh X=2,Y=2");
+  app->add_option("--out", flags->out,
+                  "the profile file to write (default: $SHARDMM_PROFILE, else $XDG_CONFIG_HOME/shardmm/calibrated.json, "
+                  "else ~/.config/shardmm/calibrated.json: the one plan and run load by default), e.g. --out "
+                  "my-host.json");
+  app->add_flag("--quick", flags->quick,
+                "fewer sizes and trials and smaller GEMMs: seconds instead of about a minute, and rougher figures, "
+                "e.g. --quick");
+  add_json_flag(*app, flags->json);
+  app->footer(
+      "Progress goes to stderr; under mpirun only rank 0 prints and writes the file.\n"
+      "The profile is JSON (docs/json-schema.md, 'Calibrated profile files'); --hw FILE reads one written with --out.\n\n"
+      "Examples:\n"
+      "  shardmm calibrate --quick\n"
+      "  shardmm calibrate --mesh X=2,Y=2 --out profiles/my-host.json\n"
+      "  mpirun -n 4 shardmm calibrate --backend mpi --mesh X=4\n\n" +
+      std::string(kDocsHint) + " docs/calibration.md (calibration).");
+  return {app, [flags](std::ostream& out) {
+            CalibrateOptions o;
+            o.backend = flags->backend;
+            o.mesh = parse_mesh(flags->mesh.empty() ? default_mesh(flags->backend) : flags->mesh);
+            o.quick = flags->quick;
+            check_backend(o.backend, o.mesh);
+            const std::filesystem::path path = output_path(flags->out);
+            o.progress = [](const std::string& what) { std::cerr << "shardmm: calibrate " << what << "\n"; };
+            const CalibrationResult r = calibrate(o);
+            if (!r.is_root) return 0;
+            const std::string text = profile_to_json(r.profile);
+            write_profile(path, text);
+            if (!flags->json) {
+              print_calibration(out, r, path.string(), o.quick);
+              return 0;
+            }
+            Json doc;
+            doc["profile_path"] = path.string();
+            doc["profile"] = Json::parse(text);
+            doc["samples"] = Json::array();
+            for (const CollectiveSample& s : r.samples) {
+              doc["samples"].push_back({{"op", to_string(s.op)},
+                                        {"group_size", s.group_size},
+                                        {"bytes", s.bytes},
+                                        {"measured_s", s.measured_s},
+                                        {"fit_input_s", s.fit_input_s},
+                                        {"fitted_s", s.fitted_s}});
+            }
+            out << doc.dump(2) << "\n";
+            return 0;
+          }};
+}
+
+}  // namespace shardmm::cli

@@ -1,0 +1,210 @@
+#include "shardmm/runtime/calibrate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <ctime>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "runtime/bench_timing.h"
+#include "shardmm/core/error.h"
+#include "shardmm/runtime/blas.h"
+#include "shardmm/runtime/collective_bench.h"
+#include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/runner.h"
+
+namespace shardmm {
+
+namespace {
+
+struct GemmShape {
+  const char* shape;
+  std::int64_t m, n, k;
+};
+
+// Large enough to leave the caches ("square"), cache-sized ("small"), and a matrix times
+// a few columns ("skinny"): arithmetic intensities a decade apart.
+std::vector<GemmShape> gemm_shapes(bool quick) {
+  if (quick) return {{"skinny", 256, 8, 256}, {"small", 96, 96, 96}, {"square", 256, 256, 256}};
+  return {{"skinny", 1024, 16, 1024}, {"small", 192, 192, 192}, {"square", 1024, 1024, 1024}};
+}
+
+template <typename T>
+double time_gemm(const detail::BenchTimer& timer, const GemmShape& s) {
+  std::vector<T> a(static_cast<std::size_t>(s.m * s.k)), b(static_cast<std::size_t>(s.k * s.n)),
+      c(static_cast<std::size_t>(s.m * s.n));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<T>(static_cast<double>(i % 7) / 7 - 0.5);
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<T>(static_cast<double>(i % 5) / 5 - 0.5);
+  return timer.per_call([&] { blas::gemm(false, false, s.m, s.n, s.k, T(1), a.data(), s.k, b.data(), s.n, T(0), c.data(), s.n); });
+}
+
+std::vector<GemmRate> measure_gemm(const CalibrateOptions& o, int trials) {
+  std::vector<GemmRate> rates;
+  std::mutex root;
+  run_backend(o.backend, o.mesh, [&](Communicator& comm) {
+    const detail::BenchTimer timer{comm, 0, trials};
+    std::vector<GemmRate> mine;
+    for (DType dtype : {DType::f32, DType::f64}) {
+      for (const GemmShape& s : gemm_shapes(o.quick)) {
+        if (comm.rank() == 0 && o.progress) {
+          o.progress(std::string("gemm ") + to_string(dtype) + " " + s.shape + " " + std::to_string(s.m) + "x" +
+                     std::to_string(s.n) + "x" + std::to_string(s.k));
+        }
+        const double t = dtype == DType::f32 ? time_gemm<float>(timer, s) : time_gemm<double>(timer, s);
+        const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
+        const double bytes = static_cast<double>((s.m * s.k + s.k * s.n + s.m * s.n) * dtype_bytes(dtype));
+        mine.push_back({dtype, s.shape, s.m, s.n, s.k, flops / bytes, flops / t});
+      }
+    }
+    if (comm.rank() == 0) {
+      std::lock_guard lock(root);
+      rates = std::move(mine);
+    }
+  });
+  return rates;
+}
+
+// Each axis alone and all axes together, one group per distinct size.
+std::map<int, AxisList> groups_by_size(const Mesh& mesh) {
+  std::vector<AxisList> groups;
+  for (int a = 0; a < mesh.rank(); ++a) groups.push_back({a});
+  AxisList all;
+  for (int a = 0; a < mesh.rank(); ++a) all.push_back(a);
+  groups.push_back(all);
+  std::map<int, AxisList> out;
+  for (const AxisList& g : groups) {
+    const auto n = static_cast<int>(mesh.group_size(g));
+    if (n > 1) out.emplace(n, g);
+  }
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::array<char, 32> buf{};
+  std::strftime(buf.data(), buf.size(), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf.data();
+}
+
+std::string host_name() {
+  std::array<char, 256> buf{};
+  return gethostname(buf.data(), buf.size() - 1) == 0 ? std::string(buf.data()) : std::string("unknown");
+}
+
+}  // namespace
+
+std::vector<std::int64_t> calibration_sizes(bool quick) {
+  // Both ends matter: the small sizes pin alpha, the large ones beta.
+  const std::int64_t lo = quick ? 16 << 10 : 4 << 10;
+  const std::int64_t hi = quick ? 4 << 20 : 32 << 20;
+  const int step = quick ? 4 : 2;
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t s = lo; s <= hi; s *= step) sizes.push_back(s);
+  return sizes;
+}
+
+CalibrationResult calibrate(const CalibrateOptions& o) {
+  if (o.mesh.device_count() < 2) {
+    throw InputError("cannot calibrate on mesh " + o.mesh.to_string() +
+                     ": it has one device, so no collective can be measured; give a mesh of two or more, e.g. "
+                     "--mesh X=2");
+  }
+  const int trials = o.quick ? 3 : 5;
+  CalibrationResult result;
+  result.is_root = process_rank(o.backend) == 0;
+  Calibration cal;
+  cal.backend = o.backend;
+  cal.mesh = o.mesh.to_string();
+  cal.host = host_name();
+  cal.measured_at = utc_now();
+  cal.gemm = measure_gemm(o, trials);
+
+  for (const auto& [size, group] : groups_by_size(o.mesh)) {
+    CollectiveBenchOptions b;
+    b.backend = o.backend;
+    b.mesh = o.mesh;
+    b.group = group;
+    b.sizes = calibration_sizes(o.quick);
+    b.trials = trials;
+    const int n = size;
+    if (o.progress) b.progress = [&o, n](const std::string& what) { o.progress(what + " on " + std::to_string(n) + " ranks"); };
+    const CollectiveBenchReport report = bench_collectives(b);
+    if (!report.is_root) continue;
+    std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> points;
+    double copy = 0, add = 0;  // rows come by size, ascending: these end as the largest size's, least in cache
+    for (const CollectiveBenchRow& row : report.rows) {
+      if (row.op == "memcpy") copy = 2 * row.busbw;      // each byte read once, written once
+      else if (row.op == "y += x") add = 3 * row.busbw;  // y and x read, y written
+      else {
+        points[row.op].first.push_back(static_cast<double>(row.bytes));
+        points[row.op].second.push_back(row.time_s);
+      }
+    }
+    if (cal.copy_bandwidth == 0) {  // from the smallest group: the most ranks idle in between
+      cal.copy_bandwidth = copy;
+      cal.add_bandwidth = add;
+    }
+    for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
+      const auto& [bytes, seconds] = points.at(to_string(op));
+      // A larger message never takes less time than a smaller one: a size measured slower
+      // than a larger one was disturbed (the machine is shared), so it counts at the larger
+      // one's time. Times rising with size also keep the fitted beta >= 0.
+      std::vector<double> envelope = seconds;
+      for (std::size_t i = envelope.size() - 1; i-- > 0;) envelope[i] = std::min(envelope[i], envelope[i + 1]);
+      const std::vector<AlphaBetaSegment> segments = fit_alpha_beta_segments(bytes, envelope);
+      // A range of small sizes may be flat (latency alone); the largest sizes must cost per byte.
+      if (!(segments.back().fit.beta_s_per_byte > 0)) {
+        throw InputError(std::string("calibration failed: ") + to_string(op) + " on " + std::to_string(n) +
+                         " ranks took no longer for larger messages, so it has no per-byte cost to fit (the "
+                         "timings were too noisy); run it again on a quieter machine, or without --quick");
+      }
+      for (const AlphaBetaSegment& seg : segments) {
+        cal.collectives.push_back({op, n, seg.fit.alpha_s, seg.fit.beta_s_per_byte,
+                                   static_cast<std::int64_t>(seg.min_bytes), static_cast<std::int64_t>(seg.max_bytes),
+                                   seg.fit.max_rel_residual});
+      }
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        const auto& seg = *std::find_if(segments.rbegin(), segments.rend(),
+                                        [&](const AlphaBetaSegment& s) { return s.min_bytes <= bytes[i]; });
+        result.samples.push_back({op, n, static_cast<std::int64_t>(bytes[i]), seconds[i], envelope[i],
+                                  seg.fit.alpha_s + seg.fit.beta_s_per_byte * bytes[i]});
+      }
+    }
+  }
+  if (!result.is_root) return result;
+
+  // The analytic fields, so that a group size or dtype the calibration lacks still gets a
+  // figure: switch topology (ranks share memory), link and latency from the AllGather fit
+  // of the largest group.
+  HardwareProfile& p = result.profile;
+  p.name = "calibrated-" + o.backend;
+  p.description = "Measured by 'shardmm calibrate" + std::string(o.quick ? " --quick" : "") + "' on " + cal.host +
+                  ", " + o.backend + " backend, mesh " + cal.mesh + ", at " + cal.measured_at +
+                  ": collectives by alpha-beta fit per group size, GEMM rates by shape (docs/calibration.md)";
+  for (const GemmRate& g : cal.gemm) p.peak_flops[g.dtype] = std::max(p.peak_flops[g.dtype], g.flops_per_s);
+  p.hbm_bandwidth = cal.copy_bandwidth;
+  const CollectiveFit* widest = nullptr;
+  for (const CollectiveFit& f : cal.collectives) {
+    // The widest group's fit of the largest sizes: the bandwidth bulk transfers get.
+    if (f.op == OpKind::all_gather &&
+        (!widest || f.group_size > widest->group_size ||
+         (f.group_size == widest->group_size && f.min_bytes > widest->min_bytes))) {
+      widest = &f;
+    }
+  }
+  const double n = widest->group_size;
+  p.link_bandwidth = (n - 1) / n / widest->beta_s_per_byte;
+  p.hop_latency_s = widest->alpha_s / (n - 1);
+  p.bidirectional = true;
+  p.topology = "switch";
+  p.calibration = std::move(cal);
+  return result;
+}
+
+}  // namespace shardmm

@@ -1,0 +1,306 @@
+// `shardmm calibrate` end to end, in-process (cli::run_cli): a --quick calibration writes a
+// profile whose figures agree with the samples it printed; plan, reshard and run then load
+// it by default (and with --hw calibrated or --hw FILE) and predict with its fits; run
+// reports measured/predicted and writes a Chrome trace; bad profiles and flags exit 2.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/cli.h"
+#include "shardmm/plan/cost.h"
+#include "shardmm/runtime/calibrate.h"
+
+namespace shardmm {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+Result shardmm_cli(std::vector<std::string> args) {
+  args.insert(args.begin(), "shardmm");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::ostringstream out, err;
+  Result r;
+  r.status = cli::run_cli(static_cast<int>(args.size()), argv.data(), out, err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+json json_of(const Result& r) {
+  EXPECT_EQ(r.status, 0) << r.err;
+  return json::parse(r.out);
+}
+
+void expect_input_error(const std::vector<std::string>& args, const std::string& needle) {
+  SCOPED_TRACE(::testing::PrintToString(args));
+  const Result r = shardmm_cli(args);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_THAT(r.err, StartsWith("shardmm: error: "));
+  EXPECT_THAT(r.err.substr(0, r.err.find('\n')), HasSubstr(needle));
+}
+
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// One --quick calibration on X=2 for the whole suite, in its own directory, found through
+// SHARDMM_PROFILE.
+class Calibrated : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new std::filesystem::path(std::filesystem::temp_directory_path() /
+                                     ("shardmm-calibrate-test-" + std::to_string(getpid())));
+    std::filesystem::create_directories(*dir_);
+    profile_ = new std::filesystem::path(*dir_ / "nested" / "calibrated.json");
+    setenv("SHARDMM_PROFILE", profile_->c_str(), 1);
+    calibration_ = new Result(shardmm_cli({"calibrate", "--quick", "--mesh", "X=2", "--json"}));
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*dir_);
+    delete calibration_;
+    delete profile_;
+    delete dir_;
+  }
+  void SetUp() override {
+    setenv("SHARDMM_PROFILE", profile_->c_str(), 1);
+    ASSERT_EQ(calibration_->status, 0) << calibration_->err;
+  }
+  static HardwareProfile profile() { return parse_profile_json(slurp(*profile_), profile_->string()); }
+  // The one fit of `op` on 2 ranks (a --quick sweep has too few sizes for two ranges).
+  static const CollectiveFit& fit(const HardwareProfile& p, OpKind op) {
+    const CollectiveFit* found = nullptr;
+    for (const CollectiveFit& f : p.calibration->collectives) {
+      if (f.op != op || f.group_size != 2) continue;
+      if (found) throw std::logic_error("two fits");
+      found = &f;
+    }
+    if (!found) throw std::logic_error("no fit");
+    return *found;
+  }
+
+  static std::filesystem::path* dir_;
+  static std::filesystem::path* profile_;
+  static Result* calibration_;
+};
+std::filesystem::path* Calibrated::dir_ = nullptr;
+std::filesystem::path* Calibrated::profile_ = nullptr;
+Result* Calibrated::calibration_ = nullptr;
+
+TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
+  const json doc = json::parse(calibration_->out);
+  EXPECT_EQ(doc["profile_path"], profile_->string());
+  EXPECT_EQ(doc["profile"], json::parse(slurp(*profile_)));
+  const HardwareProfile p = profile();
+  EXPECT_EQ(p.name, "calibrated-threads");
+  ASSERT_TRUE(p.calibration.has_value());
+  EXPECT_EQ(p.calibration->backend, "threads");
+  EXPECT_EQ(p.calibration->mesh, "X=2");
+  EXPECT_EQ(p.topology, "switch");
+
+  // Four collectives on the one group size, one size range each (a --quick sweep has too
+  // few sizes for two); every sample lies on its fit as the file says.
+  const std::vector<std::int64_t> sizes = calibration_sizes(true);
+  ASSERT_LT(sizes.size(), 2 * kMinSegmentPoints);
+  ASSERT_EQ(p.calibration->collectives.size(), 4u);
+  ASSERT_EQ(doc["samples"].size(), 4 * sizes.size());
+  std::map<std::string, double> worst;
+  for (std::size_t i = 0; i < doc["samples"].size(); ++i) {
+    const json& s = doc["samples"][i];
+    // The fit's input is the least time measured at this size or a larger one (same op:
+    // the samples run by op, sizes ascending).
+    double least = s["measured_s"].get<double>();
+    for (std::size_t j = i + 1; j < doc["samples"].size() && doc["samples"][j]["op"] == s["op"]; ++j) {
+      least = std::min(least, doc["samples"][j]["measured_s"].get<double>());
+    }
+    EXPECT_EQ(s["fit_input_s"].get<double>(), least);
+    const std::int64_t size = s["bytes"].get<std::int64_t>();
+    const CollectiveFit& f = fit(p, [&] {
+      for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
+        if (s["op"] == to_string(op)) return op;
+      }
+      throw std::logic_error("unknown op");
+    }());
+    const auto bytes = static_cast<double>(size);
+    EXPECT_EQ(s["group_size"], 2);
+    EXPECT_NEAR(s["fitted_s"].get<double>(), f.alpha_s + f.beta_s_per_byte * bytes, 1e-15);
+    const double measured = s["fit_input_s"].get<double>();
+    EXPECT_GT(measured, 0);
+    worst[s["op"]] = std::max(worst[s["op"]], std::abs(s["fitted_s"].get<double>() - measured) / measured);
+  }
+  for (const CollectiveFit& f : p.calibration->collectives) {
+    EXPECT_NEAR(f.max_rel_residual, worst[to_string(f.op)], 1e-12) << to_string(f.op);
+    EXPECT_GE(f.alpha_s, 0);
+    EXPECT_GE(f.beta_s_per_byte, 0);
+    EXPECT_EQ(f.min_bytes, sizes.front());
+    EXPECT_EQ(f.max_bytes, sizes.back());
+  }
+  // The analytic fields come from the AllGather fit and the fastest GEMM per dtype.
+  const CollectiveFit& ag = fit(p, OpKind::all_gather);
+  EXPECT_DOUBLE_EQ(p.link_bandwidth, 0.5 / ag.beta_s_per_byte);
+  EXPECT_DOUBLE_EQ(p.hop_latency_s, ag.alpha_s);
+  EXPECT_DOUBLE_EQ(p.hbm_bandwidth, p.calibration->copy_bandwidth);
+  ASSERT_EQ(p.calibration->gemm.size(), 6u);
+  std::map<DType, double> fastest;
+  for (const GemmRate& g : p.calibration->gemm) {
+    const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);
+    const double bytes = static_cast<double>((g.m * g.k + g.k * g.n + g.m * g.n) * dtype_bytes(g.dtype));
+    EXPECT_DOUBLE_EQ(g.intensity, flops / bytes);
+    fastest[g.dtype] = std::max(fastest[g.dtype], g.flops_per_s);
+  }
+  EXPECT_EQ(p.peak_flops, fastest);
+}
+
+TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
+  const std::filesystem::path other = *dir_ / "other.json";
+  const Result r = shardmm_cli({"calibrate", "--quick", "--mesh", "X=2", "--out", other.string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("calibrated-threads written to " + other.string()));
+  EXPECT_THAT(r.out, HasSubstr("all_reduce"));
+  EXPECT_TRUE(parse_profile_json(slurp(other), other.string()).calibration.has_value());
+}
+
+TEST_F(Calibrated, PlanAndReshardPredictWithTheFitByDefault) {
+  const HardwareProfile p = profile();
+  const std::vector<std::string> reshard = {"reshard", "A[I_X, J]", "A[I, J]", "--mesh", "X=2", "--dims",
+                                            "I=256,J=128", "--json"};
+  // The default dtype on a profile without bf16 is f32: the all_gather's array is 256 x 128 x 4 B.
+  const json by_default = json_of(shardmm_cli(reshard));
+  EXPECT_EQ(by_default["hardware"], "calibrated-threads");
+  EXPECT_EQ(by_default["dtype"], "f32");
+  const json& step = by_default["candidates"][0]["steps"][0];
+  ASSERT_EQ(step["op"], "all_gather");
+  const CollectiveFit& ag = fit(p, OpKind::all_gather);
+  EXPECT_DOUBLE_EQ(step["time_s"].get<double>(), ag.alpha_s + ag.beta_s_per_byte * 131072);
+
+  std::vector<std::string> named = reshard, by_file = reshard, analytic = reshard;
+  named.insert(named.end(), {"--hw", "calibrated"});
+  by_file.insert(by_file.end(), {"--hw", profile_->string()});
+  analytic.insert(analytic.end(), {"--hw", "h100", "--dtype", "f32"});
+  EXPECT_EQ(json_of(shardmm_cli(named)), by_default);
+  EXPECT_EQ(json_of(shardmm_cli(by_file)), by_default);
+  EXPECT_EQ(json_of(shardmm_cli(analytic))["hardware"], "h100");
+
+  const Result text = shardmm_cli({"plan", "A[I_X, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2", "--dims",
+                                   "I=256,J=128,K=64"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("calibrated-threads (from " + profile_->string() + ", the calibrated default"));
+  EXPECT_THAT(text.out, HasSubstr("calibrated on the threads backend"));
+}
+
+// The trace file: one "X" event per step per rank, collectives in the communication lane.
+void expect_trace(const std::filesystem::path& file, const json& plan, int ranks) {
+  const json trace = json::parse(slurp(file));
+  std::map<int, std::vector<json>> by_rank;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") by_rank[e["pid"].get<int>()].push_back(e);
+  }
+  ASSERT_EQ(static_cast<int>(by_rank.size()), ranks);
+  for (const auto& [rank, events] : by_rank) {
+    ASSERT_EQ(events.size(), plan["steps"].size()) << "rank " << rank;
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      const json& step = plan["steps"][i];
+      const bool comm = step["op"] != "einsum" && step["op"] != "slice" && step["op"] != "to_partial";
+      EXPECT_EQ(events[i]["tid"], comm ? 1 : 0);
+      EXPECT_EQ(events[i]["args"]["op"], step["op"]);
+      EXPECT_EQ(events[i]["args"]["bytes_sent"], step["bytes_sent"]);
+      EXPECT_DOUBLE_EQ(events[i]["args"]["predicted_time_s"].get<double>(), step["time_s"].get<double>());
+    }
+  }
+}
+
+TEST_F(Calibrated, RunReportsMeasuredOverPredictedAndWritesTheTrace) {
+  const std::filesystem::path trace = *dir_ / "run-trace.json";
+  const json doc = json_of(shardmm_cli({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims",
+                                        "I=64,J=96,K=32", "--repeat", "3", "--json", "--trace", trace.string()}));
+  EXPECT_EQ(doc["hardware"], "calibrated-threads");
+  EXPECT_TRUE(doc["verified"].get<bool>());
+  const json& plan = doc["candidates"][doc["executed"].get<std::size_t>()];
+  EXPECT_DOUBLE_EQ(doc["predicted_time_s"].get<double>(), plan["total_time_s"].get<double>());
+  EXPECT_DOUBLE_EQ(doc["measured_over_predicted"].get<double>(),
+                   doc["measured_time_s"].get<double>() / doc["predicted_time_s"].get<double>());
+  for (const json& step : plan["steps"]) {
+    EXPECT_DOUBLE_EQ(step["measured_over_predicted"].get<double>(),
+                     step["measured_time_s"].get<double>() / step["time_s"].get<double>());
+  }
+  EXPECT_EQ(doc["trace_file"], trace.string());
+  expect_trace(trace, plan, 2);
+
+  const Result text = shardmm_cli({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims",
+                                   "I=64,J=96,K=32", "--repeat", "1"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("measured/predicted"));
+  EXPECT_THAT(text.out, HasSubstr("predicted on calibrated-threads"));
+}
+
+TEST_F(Calibrated, ReshardRunTracesToo) {
+  const std::filesystem::path trace = *dir_ / "reshard-trace.json";
+  const json doc = json_of(shardmm_cli({"reshard", "A[I_X, J]", "A[I, J_X]", "--mesh", "X=2", "--dims", "I=64,J=32",
+                                        "--run", "--json", "--trace", trace.string()}));
+  EXPECT_EQ(doc["trace_file"], trace.string());
+  expect_trace(trace, doc["candidates"][0], 2);
+}
+
+TEST_F(Calibrated, WithoutAProfileTheOldDefaultsStand) {
+  setenv("SHARDMM_PROFILE", (*dir_ / "none.json").c_str(), 1);
+  const std::vector<std::string> reshard = {"reshard", "A[I_X, J]", "A[I, J]", "--mesh", "X=2", "--dims",
+                                            "I=256,J=128", "--json"};
+  const json plan = json_of(shardmm_cli(reshard));
+  EXPECT_EQ(plan["hardware"], "tpu-v5e");
+  EXPECT_EQ(plan["dtype"], "bf16");
+  const json run = json_of(shardmm_cli({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims",
+                                        "I=8,J=8,K=8", "--repeat", "1", "--json"}));
+  EXPECT_EQ(run["hardware"], "h100");
+  EXPECT_EQ(run["trace_file"], nullptr);
+  expect_input_error({"plan", "A[I_X, J] @ B[J, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8", "--hw", "calibrated"},
+                     "no calibrated hardware profile at " + (*dir_ / "none.json").string() +
+                         "; run 'shardmm calibrate' first");
+}
+
+TEST_F(Calibrated, ABrokenProfileIsAnErrorNotSkipped) {
+  const std::filesystem::path bad = *dir_ / "bad.json";
+  json doc = json::parse(profile_to_json(builtin_profile("h100")));
+  doc["calibration"] = 1;
+  std::ofstream(bad) << doc.dump();
+  setenv("SHARDMM_PROFILE", bad.c_str(), 1);
+  expect_input_error({"plan", "A[I_X, J] @ B[J, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8"},
+                     bad.string() + ": key 'calibration' must be an object, got number");
+}
+
+TEST_F(Calibrated, BadFlagsExitTwo) {
+  expect_input_error({"calibrate", "--mesh", "X=1", "--quick"}, "cannot calibrate on mesh X=1: it has one device");
+  expect_input_error({"calibrate", "--backend", "gloo", "--mesh", "X=2"}, "unknown backend 'gloo'");
+  expect_input_error({"calibrate", "--mesh", "X=2", "--out", dir_->string()}, "it is a directory");
+  const std::vector<std::string> run = {"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8",
+                                        "--trace"};
+  std::vector<std::string> missing_dir = run, is_dir = run;
+  missing_dir.push_back("/nonexistent-shardmm/t.json");
+  is_dir.push_back(dir_->string());
+  expect_input_error(missing_dir, "the directory '/nonexistent-shardmm' does not exist");
+  expect_input_error(is_dir, "it is a directory");
+}
+
+}  // namespace
+}  // namespace shardmm

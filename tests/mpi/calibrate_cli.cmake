@@ -1,0 +1,68 @@
+# ctest driver: `shardmm calibrate --backend mpi` and `run --backend mpi --trace` as
+# multi-process jobs. Passes when rank 0 alone prints and writes the profile, the profile
+# holds the four collectives' fits on the job's group size, `run` then predicts on it by
+# default, and the trace has every rank's every step in the right lane.
+# Variables: MPIEXEC, SHARDMM, WORK (a scratch directory).
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(ENV{SHARDMM_PROFILE} ${WORK}/calibrated.json)
+set(mpirun ${MPIEXEC} --allow-run-as-root --oversubscribe)
+
+execute_process(
+  COMMAND ${mpirun} -n 2 ${SHARDMM} calibrate --backend mpi --quick --json
+  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status TIMEOUT 300)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "shardmm calibrate under mpirun exited ${status}\n${err}")
+endif()
+string(REGEX MATCHALL "\"profile_path\"" docs "${out}")
+list(LENGTH docs ndocs)
+if(NOT ndocs EQUAL 1)
+  message(FATAL_ERROR "expected rank 0 alone to print, got ${ndocs} documents:\n${out}")
+endif()
+file(READ ${WORK}/calibrated.json profile)
+string(JSON backend GET "${profile}" calibration backend)
+string(JSON mesh GET "${profile}" calibration mesh)
+string(JSON nfits LENGTH "${profile}" calibration collectives)
+if(NOT backend STREQUAL "mpi" OR NOT mesh STREQUAL "X=2" OR NOT nfits EQUAL 4)
+  message(FATAL_ERROR "expected 4 fits on X=2 from the mpi backend, got ${nfits} on ${mesh} from ${backend}")
+endif()
+foreach(i RANGE 3)
+  string(JSON n GET "${profile}" calibration collectives ${i} group_size)
+  if(NOT n EQUAL 2)
+    message(FATAL_ERROR "fit ${i} is for group size ${n}, not 2")
+  endif()
+endforeach()
+
+execute_process(
+  COMMAND ${mpirun} -n 4 ${SHARDMM} run "A[I, J_X] @ B[J_X, K] -> C[I_X, K]" --mesh X=4 --dims I=37,J=64,K=9
+          --backend mpi --repeat 2 --json --trace ${WORK}/trace.json
+  OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status TIMEOUT 120)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "shardmm run --trace under mpirun exited ${status}\n${err}")
+endif()
+string(JSON hardware GET "${out}" hardware)
+if(NOT hardware STREQUAL "calibrated-mpi")
+  message(FATAL_ERROR "run predicted on ${hardware}, not the calibrated profile")
+endif()
+string(JSON executed GET "${out}" executed)
+string(JSON nsteps LENGTH "${out}" candidates ${executed} steps)
+file(READ ${WORK}/trace.json trace)
+string(JSON nevents LENGTH "${trace}" traceEvents)
+math(EXPR last "${nevents} - 1")
+set(spans 0)
+foreach(i RANGE ${last})
+  string(JSON ph GET "${trace}" traceEvents ${i} ph)
+  if(ph STREQUAL "X")
+    math(EXPR spans "${spans} + 1")
+    string(JSON op GET "${trace}" traceEvents ${i} args op)
+    string(JSON tid GET "${trace}" traceEvents ${i} tid)
+    if(op STREQUAL "einsum" AND NOT tid EQUAL 0 OR NOT op STREQUAL "einsum" AND NOT tid EQUAL 1)
+      message(FATAL_ERROR "event ${i} (${op}) is in lane ${tid}")
+    endif()
+  endif()
+endforeach()
+math(EXPR expected "4 * ${nsteps}")
+if(NOT spans EQUAL expected)
+  message(FATAL_ERROR "expected ${expected} spans (4 ranks x ${nsteps} steps), got ${spans}")
+endif()
+message(STATUS "calibrate and run --trace under mpirun: ${nfits} fits, ${spans} spans")

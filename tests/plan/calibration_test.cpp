@@ -1,0 +1,361 @@
+// Calibrated profiles in the cost model: the alpha-beta fit against exact synthetic data,
+// the fits and GEMM rates replacing the formulas exactly where they apply (and nowhere
+// else), the profile's JSON both ways, every way its "calibration" object can be wrong,
+// and where the calibrated profile lives (docs/calibration.md).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "shardmm/core/error.h"
+#include "input_error.h"
+#include "shardmm/plan/cost.h"
+
+namespace shardmm {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+
+using testing::input_error;
+
+// ---- the fit ----
+
+std::vector<double> sweep() {
+  std::vector<double> sizes;
+  for (double s = 4096; s <= 32 << 20; s *= 2) sizes.push_back(s);
+  return sizes;
+}
+
+TEST(FitAlphaBeta, RecoversAlphaAndBetaExactlyFromALine) {
+  const double alpha = 7.5e-6, beta = 1.0 / 3.2e9;
+  const std::vector<double> x = sweep();
+  std::vector<double> t;
+  for (double b : x) t.push_back(alpha + beta * b);
+  const AlphaBetaFit fit = fit_alpha_beta(x, t);
+  EXPECT_NEAR(fit.alpha_s, alpha, alpha * 1e-9);
+  EXPECT_NEAR(fit.beta_s_per_byte, beta, beta * 1e-9);
+  EXPECT_LT(fit.max_rel_residual, 1e-9);
+  EXPECT_LT(fit.rms_rel_residual, 1e-9);
+}
+
+TEST(FitAlphaBeta, ResidualsAreRelativeToTheMeasuredTime) {
+  // Two points on t = 1 + x and one 10% above it: the weighted fit keeps the line near
+  // the two, and the worst residual is the third point's.
+  const std::vector<double> x = {1, 2, 3};
+  const std::vector<double> t = {2, 3, 4.4};
+  const AlphaBetaFit fit = fit_alpha_beta(x, t);
+  double worst = 0, sum_sq = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double rel = std::abs(fit.alpha_s + fit.beta_s_per_byte * x[i] - t[i]) / t[i];
+    worst = std::max(worst, rel);
+    sum_sq += rel * rel;
+  }
+  EXPECT_DOUBLE_EQ(fit.max_rel_residual, worst);
+  EXPECT_DOUBLE_EQ(fit.rms_rel_residual, std::sqrt(sum_sq / 3));
+  EXPECT_GT(fit.max_rel_residual, 0.01);
+  // The weighted normal equations by hand (w = 1/t^2).
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double w = 1 / (t[i] * t[i]);
+    sw += w, sx += w * x[i], sy += w * t[i], sxx += w * x[i] * x[i], sxy += w * x[i] * t[i];
+  }
+  const double beta = (sw * sxy - sx * sy) / (sw * sxx - sx * sx);
+  EXPECT_NEAR(fit.beta_s_per_byte, beta, 1e-12);
+  EXPECT_NEAR(fit.alpha_s, (sy - beta * sx) / sw, 1e-12);
+}
+
+TEST(FitAlphaBeta, NegativeInterceptIsRefittedThroughTheOrigin) {
+  // The line through (1, 0.1) and (2, 2) has alpha = -1.8; through the origin with weights
+  // 1/t^2: beta = sum w x t / sum w x^2 = (100*0.1 + 0.25*4) / (100 + 0.25*4) = 11 / 101.
+  const AlphaBetaFit fit = fit_alpha_beta({1, 2}, {0.1, 2});
+  EXPECT_EQ(fit.alpha_s, 0);
+  EXPECT_NEAR(fit.beta_s_per_byte, 11.0 / 101.0, 1e-15);
+}
+
+TEST(FitAlphaBeta, RejectsWhatCannotBeFitted) {
+  EXPECT_THROW(fit_alpha_beta({1024, 1024}, {1e-6, 2e-6}), std::invalid_argument);
+  EXPECT_THROW(fit_alpha_beta({1024}, {1e-6}), std::invalid_argument);
+  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6}), std::invalid_argument);
+  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6, 0}), std::invalid_argument);
+  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6, NAN}), std::invalid_argument);
+}
+
+TEST(FitAlphaBetaSegments, OneLineStaysOneSegment) {
+  const std::vector<double> x = sweep();
+  std::vector<double> t;
+  for (double b : x) t.push_back(3e-6 + b / 5e9);
+  const std::vector<AlphaBetaSegment> segments = fit_alpha_beta_segments(x, t);
+  ASSERT_EQ(segments.size(), 1u);
+  EXPECT_EQ(segments[0].min_bytes, x.front());
+  EXPECT_EQ(segments[0].max_bytes, x.back());
+  EXPECT_NEAR(segments[0].fit.alpha_s, 3e-6, 3e-15);
+  EXPECT_NEAR(segments[0].fit.beta_s_per_byte, 1 / 5e9, 1e-22);
+}
+
+TEST(FitAlphaBetaSegments, ACacheKneeGivesTwoExactLines) {
+  // In cache up to 1 MiB (10 us + 20 GB/s), out of it from 2 MiB (50 us + 2 GB/s).
+  const std::vector<double> x = sweep();
+  std::vector<double> t;
+  for (double b : x) t.push_back(b <= (1 << 20) ? 1e-5 + b / 2e10 : 5e-5 + b / 2e9);
+  const std::vector<AlphaBetaSegment> segments = fit_alpha_beta_segments(x, t);
+  ASSERT_EQ(segments.size(), 2u);
+  EXPECT_EQ(segments[0].max_bytes, 1 << 20);
+  EXPECT_EQ(segments[1].min_bytes, 2 << 20);
+  EXPECT_NEAR(segments[0].fit.alpha_s, 1e-5, 1e-14);
+  EXPECT_NEAR(segments[0].fit.beta_s_per_byte, 1 / 2e10, 1e-22);
+  EXPECT_NEAR(segments[1].fit.alpha_s, 5e-5, 1e-13);
+  EXPECT_NEAR(segments[1].fit.beta_s_per_byte, 1 / 2e9, 1e-21);
+  for (const AlphaBetaSegment& s : segments) EXPECT_LT(s.fit.max_rel_residual, 1e-9);
+}
+
+TEST(FitAlphaBetaSegments, NeedsAscendingDistinctSizes) {
+  EXPECT_THROW(fit_alpha_beta_segments({2, 1, 3}, {1, 1, 1}), std::invalid_argument);
+  EXPECT_THROW(fit_alpha_beta_segments({1, 1, 3}, {1, 1, 1}), std::invalid_argument);
+}
+
+// ---- the cost model on a calibrated profile ----
+
+HardwareProfile calibrated() {
+  HardwareProfile p;
+  p.name = "calibrated-threads";
+  p.peak_flops = {{DType::f32, 8e9}, {DType::f64, 4e9}};
+  p.hbm_bandwidth = 1e10;
+  p.link_bandwidth = 5e9;
+  p.hop_latency_s = 4e-6;
+  p.topology = "switch";
+  Calibration c;
+  c.backend = "threads";
+  c.mesh = "X=2,Y=2";
+  c.host = "test";
+  c.measured_at = "2026-01-01T00:00:00Z";
+  c.copy_bandwidth = 1e10;
+  c.add_bandwidth = 1.5e10;
+  c.collectives = {{OpKind::all_gather, 2, 5e-6, 1 / 4e9, 4096, 1 << 25, 0.05},
+                   {OpKind::all_reduce, 4, 2e-5, 1 / 2e9, 4096, 1 << 25, 0.1}};
+  // f32: 2e9 FLOP/s at intensity 4, 8e9 at 64 (a decade and a bit apart).
+  c.gemm = {{DType::f32, "skinny", 256, 8, 256, 4, 2e9}, {DType::f32, "square", 1024, 1024, 1024, 64, 8e9}};
+  p.calibration = c;
+  return p;
+}
+
+TEST(CalibratedCost, CollectiveFitReplacesTheFormulaForItsOpAndGroupSize) {
+  const HardwareProfile hw = calibrated();
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  const std::int64_t bytes = 3 << 20;
+  EXPECT_DOUBLE_EQ(collective_time(hw, mesh, OpKind::all_gather, {0}, bytes), 5e-6 + bytes / 4e9);
+  EXPECT_DOUBLE_EQ(collective_time(hw, mesh, OpKind::all_gather, {1}, bytes), 5e-6 + bytes / 4e9);
+  EXPECT_DOUBLE_EQ(collective_time(hw, mesh, OpKind::all_reduce, {0, 1}, bytes), 2e-5 + bytes / 2e9);
+  // Nothing to move costs nothing, fit or not.
+  EXPECT_EQ(collective_time(hw, mesh, OpKind::all_gather, {0}, 0), 0);
+}
+
+TEST(CalibratedCost, EachSizeTakesTheFitOfItsRange) {
+  HardwareProfile hw = calibrated();
+  // all_gather on 2 ranks: 5 us + 4 GB/s from 4 KiB, and a second range from 1 MiB.
+  hw.calibration->collectives[0].max_bytes = 512 << 10;
+  hw.calibration->collectives.push_back({OpKind::all_gather, 2, 4e-5, 1 / 1e9, 1 << 20, 1 << 25, 0.02});
+  const Mesh mesh = Mesh::parse("X=2");
+  const auto t = [&](std::int64_t bytes) { return collective_time(hw, mesh, OpKind::all_gather, {0}, bytes); };
+  EXPECT_DOUBLE_EQ(t(1024), 5e-6 + 1024 / 4e9);                // below every range: the lowest
+  EXPECT_DOUBLE_EQ(t(512 << 10), 5e-6 + (512 << 10) / 4e9);    // in the first
+  EXPECT_DOUBLE_EQ(t(768 << 10), 5e-6 + (768 << 10) / 4e9);    // between: the range below
+  EXPECT_DOUBLE_EQ(t(1 << 20), 4e-5 + (1 << 20) / 1e9);        // in the second
+  EXPECT_DOUBLE_EQ(t(std::int64_t{1} << 30), 4e-5 + (std::int64_t{1} << 30) / 1e9);  // beyond: the last
+}
+
+TEST(CalibratedCost, WithoutAFitTheFormulasOfTheProfileApply) {
+  HardwareProfile hw = calibrated();
+  HardwareProfile analytic = hw;
+  analytic.calibration.reset();
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  const std::int64_t bytes = 3 << 20;
+  // reduce_scatter has no fit; all_gather has none on 4 ranks, all_reduce none on 2.
+  for (const auto& [op, group] : std::vector<std::pair<OpKind, AxisList>>{
+           {OpKind::reduce_scatter, {0}}, {OpKind::all_gather, {0, 1}}, {OpKind::all_reduce, {1}}}) {
+    EXPECT_DOUBLE_EQ(collective_time(hw, mesh, op, group, bytes), collective_time(analytic, mesh, op, group, bytes));
+  }
+  // Switch formula by hand: AllGather on 4 ranks = max(3 steps x 4 us, V 3/4 / L).
+  EXPECT_DOUBLE_EQ(collective_time(hw, mesh, OpKind::all_gather, {0, 1}, bytes),
+                   std::max(3 * 4e-6, bytes * 0.75 / 5e9));
+}
+
+TEST(CalibratedCost, EinsumTakesTheMeasuredRateAtItsIntensity) {
+  const HardwareProfile hw = calibrated();
+  // Intensity 16 is halfway between 4 and 64 in log: the rate halfway, 5e9.
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 1.6e9, 100000000), 1.6e9 / 5e9);
+  // At and beyond the ends the end rates (above the memory bound here).
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 6.4e10, 1000000000), 6.4e10 / 8e9);
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 6.4e11, 1000000000), 6.4e11 / 8e9);
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 4e8, 100000000), 4e8 / 2e9);
+  // Below the memory bound the roofline's memory term still wins.
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 1e8, 1000000000), 1000000000 / 1e10);
+  // f64 has no measured rate here: its peak.
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f64, 4e9, 1000), 1.0);
+}
+
+TEST(CalibratedCost, AnalyticProfilesAreUnchanged) {
+  const HardwareProfile v5e = builtin_profile("tpu-v5e");
+  EXPECT_FALSE(v5e.calibration.has_value());
+  // The book's pop quiz figure (cost_test.cpp has the derivation).
+  EXPECT_NEAR(collective_time(v5e, Mesh::parse("X=8,Y=4"), OpKind::all_gather, {1}, 33554432), 33554432 / 9e10, 1e-12);
+  EXPECT_DOUBLE_EQ(einsum_time(v5e, DType::bf16, 1.97e14, 1), 1.0);
+}
+
+// ---- JSON ----
+
+TEST(CalibratedProfileJson, RoundTripsEveryField) {
+  const HardwareProfile p = calibrated();
+  const HardwareProfile q = parse_profile_json(profile_to_json(p), "p.json");
+  EXPECT_EQ(q.name, p.name);
+  EXPECT_EQ(q.peak_flops, p.peak_flops);
+  EXPECT_EQ(q.hbm_bandwidth, p.hbm_bandwidth);
+  EXPECT_EQ(q.link_bandwidth, p.link_bandwidth);
+  EXPECT_EQ(q.hop_latency_s, p.hop_latency_s);
+  EXPECT_EQ(q.topology, p.topology);
+  ASSERT_TRUE(q.calibration.has_value());
+  const Calibration& a = *p.calibration;
+  const Calibration& b = *q.calibration;
+  EXPECT_EQ(b.backend, a.backend);
+  EXPECT_EQ(b.mesh, a.mesh);
+  EXPECT_EQ(b.host, a.host);
+  EXPECT_EQ(b.measured_at, a.measured_at);
+  EXPECT_EQ(b.copy_bandwidth, a.copy_bandwidth);
+  EXPECT_EQ(b.add_bandwidth, a.add_bandwidth);
+  ASSERT_EQ(b.collectives.size(), a.collectives.size());
+  for (std::size_t i = 0; i < a.collectives.size(); ++i) {
+    EXPECT_EQ(b.collectives[i].op, a.collectives[i].op);
+    EXPECT_EQ(b.collectives[i].group_size, a.collectives[i].group_size);
+    EXPECT_EQ(b.collectives[i].alpha_s, a.collectives[i].alpha_s);
+    EXPECT_EQ(b.collectives[i].beta_s_per_byte, a.collectives[i].beta_s_per_byte);
+    EXPECT_EQ(b.collectives[i].min_bytes, a.collectives[i].min_bytes);
+    EXPECT_EQ(b.collectives[i].max_bytes, a.collectives[i].max_bytes);
+    EXPECT_EQ(b.collectives[i].max_rel_residual, a.collectives[i].max_rel_residual);
+  }
+  ASSERT_EQ(b.gemm.size(), a.gemm.size());
+  for (std::size_t i = 0; i < a.gemm.size(); ++i) {
+    EXPECT_EQ(b.gemm[i].dtype, a.gemm[i].dtype);
+    EXPECT_EQ(b.gemm[i].shape, a.gemm[i].shape);
+    EXPECT_EQ(b.gemm[i].m, a.gemm[i].m);
+    EXPECT_EQ(b.gemm[i].n, a.gemm[i].n);
+    EXPECT_EQ(b.gemm[i].k, a.gemm[i].k);
+    EXPECT_EQ(b.gemm[i].intensity, a.gemm[i].intensity);
+    EXPECT_EQ(b.gemm[i].flops_per_s, a.gemm[i].flops_per_s);
+  }
+  // An analytic profile writes no calibration and reads back without one.
+  EXPECT_FALSE(parse_profile_json(profile_to_json(builtin_profile("h100")), "h.json").calibration.has_value());
+}
+
+struct BadCalibration {
+  const char* name;
+  std::function<void(json&)> edit;
+  const char* message;
+};
+
+TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
+  const std::vector<BadCalibration> cases = {
+      {"not an object", [](json& d) { d["calibration"] = 3; }, "key 'calibration' must be an object, got number"},
+      {"unknown key", [](json& d) { d["calibration"]["speed"] = 1; }, "unknown key 'calibration.speed'; expected backend"},
+      {"missing key", [](json& d) { d["calibration"].erase("gemm"); }, "missing key 'calibration.gemm'"},
+      {"collectives not array", [](json& d) { d["calibration"]["collectives"] = json::object(); },
+       "key 'calibration.collectives' must be an array, got object"},
+      {"unknown op", [](json& d) { d["calibration"]["collectives"][0]["op"] = "broadcast"; },
+       "key 'calibration.collectives[0].op' must be all_gather, reduce_scatter, all_reduce or all_to_all, got "
+       "'broadcast'"},
+      {"group of one", [](json& d) { d["calibration"]["collectives"][1]["group_size"] = 1; },
+       "key 'calibration.collectives[1].group_size' must be a whole number >= 2, got 1"},
+      {"fractional group", [](json& d) { d["calibration"]["collectives"][0]["group_size"] = 2.5; },
+       "key 'calibration.collectives[0].group_size' must be a whole number >= 2, got 2.5"},
+      {"negative alpha", [](json& d) { d["calibration"]["collectives"][0]["alpha_s"] = -1e-6; },
+       "key 'calibration.collectives[0].alpha_s' must be a non-negative finite number, got -1e-06"},
+      {"negative beta", [](json& d) { d["calibration"]["collectives"][0]["beta_s_per_byte"] = -1e-9; },
+       "key 'calibration.collectives[0].beta_s_per_byte' must be a non-negative finite number, got -1e-09"},
+      {"sizes reversed", [](json& d) { d["calibration"]["collectives"][0]["max_bytes"] = 1; },
+       "key 'calibration.collectives[0].max_bytes' must be a whole number >= 4096, got 1"},
+      {"overlapping fits",
+       [](json& d) {
+         d["calibration"]["collectives"][1] = d["calibration"]["collectives"][0];
+         d["calibration"]["collectives"][1]["min_bytes"] = 1 << 20;
+       },
+       "calibration.collectives[1] overlaps another all_gather fit on group size 2 (4096..33554432 bytes); the fits "
+       "of one collective and group size cover disjoint size ranges"},
+      {"bad dtype", [](json& d) { d["calibration"]["gemm"][0]["dtype"] = "fp32"; },
+       "key 'calibration.gemm[0].dtype' must be one of bf16, f16, f32, f64, got 'fp32'"},
+      {"zero rate", [](json& d) { d["calibration"]["gemm"][1]["flops_per_s"] = 0; },
+       "key 'calibration.gemm[1].flops_per_s' must be a positive finite number (FLOP/s), got 0"},
+      {"bandwidth string", [](json& d) { d["calibration"]["copy_bandwidth"] = "fast"; },
+       "key 'calibration.copy_bandwidth' must be a number, got string"},
+  };
+  const json good = json::parse(profile_to_json(calibrated()));
+  for (const BadCalibration& c : cases) {
+    SCOPED_TRACE(c.name);
+    json doc = good;
+    c.edit(doc);
+    const std::string message = input_error([&] { parse_profile_json(doc.dump(), "p.json"); });
+    EXPECT_EQ(message.rfind("p.json: ", 0), 0u) << message;
+    EXPECT_THAT(message, HasSubstr(c.message));
+  }
+}
+
+// ---- where the calibrated profile lives ----
+
+class CalibratedPath : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* var : {"SHARDMM_PROFILE", "XDG_CONFIG_HOME", "HOME"}) {
+      const char* v = std::getenv(var);
+      saved_.emplace_back(var, v ? std::optional<std::string>(v) : std::nullopt);
+    }
+  }
+  void TearDown() override {
+    for (const auto& [var, value] : saved_) {
+      if (value) setenv(var.c_str(), value->c_str(), 1);
+      else unsetenv(var.c_str());
+    }
+  }
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+TEST_F(CalibratedPath, EnvironmentDecidesInOrder) {
+  setenv("HOME", "/home/u", 1);
+  unsetenv("XDG_CONFIG_HOME");
+  unsetenv("SHARDMM_PROFILE");
+  EXPECT_EQ(calibrated_profile_path(), "/home/u/.config/shardmm/calibrated.json");
+  setenv("XDG_CONFIG_HOME", "/cfg", 1);
+  EXPECT_EQ(calibrated_profile_path(), "/cfg/shardmm/calibrated.json");
+  setenv("SHARDMM_PROFILE", "/x/p.json", 1);
+  EXPECT_EQ(calibrated_profile_path(), "/x/p.json");
+  setenv("SHARDMM_PROFILE", "", 1);  // empty counts as unset
+  EXPECT_EQ(calibrated_profile_path(), "/cfg/shardmm/calibrated.json");
+  unsetenv("XDG_CONFIG_HOME");
+  unsetenv("HOME");
+  unsetenv("SHARDMM_PROFILE");
+  EXPECT_EQ(calibrated_profile_path(), "");
+}
+
+TEST_F(CalibratedPath, LoadProfileReadsItByName) {
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / ("shardmm-calibration-test-" + std::to_string(getpid()) + ".json");
+  setenv("SHARDMM_PROFILE", file.c_str(), 1);
+  EXPECT_THAT(input_error([] { load_profile("calibrated"); }),
+              HasSubstr("no calibrated hardware profile at " + file.string() + "; run 'shardmm calibrate' first"));
+  std::ofstream(file) << profile_to_json(calibrated());
+  const HardwareProfile p = load_profile("calibrated");
+  EXPECT_EQ(p.name, "calibrated-threads");
+  ASSERT_TRUE(p.calibration.has_value());
+  EXPECT_EQ(p.calibration->collectives.size(), 2u);
+  std::ofstream(file) << "{";
+  EXPECT_THAT(input_error([] { load_profile("calibrated"); }), HasSubstr(file.string() + ": malformed JSON"));
+  std::filesystem::remove(file);
+}
+
+}  // namespace
+}  // namespace shardmm
