@@ -77,30 +77,32 @@ def model_rows(docs):
     return lines
 
 
+def markdown_table(caption, header, rows):
+    return [caption, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def both(ours_ok, theirs_ok):
+    return "both" if ours_ok and theirs_ok else "NO"
+
+
 def scalapack_table(doc):
-    lines = [f"`{doc['expression']}`, mesh {doc['mesh']} (BLACS grid {doc['grid'][0]}x{doc['grid'][1]}), f64, "
-             f"median of {doc['repeat']}",
-             "",
-             "| N | our plan | pdgemm GFLOP/s | ours GFLOP/s | ours / pdgemm | verified |",
-             "|---|---|---|---|---|---|"]
-    for p in doc["points"]:
-        ok = "both" if p["ours_verified"] and p["pdgemm_verified"] else "NO"
-        lines.append(f"| {p['n']} | {p['plan']} | {gflops(p['pdgemm_flop_rate'])} | {gflops(p['ours_flop_rate'])} | "
-                     f"{p['ours_over_pdgemm']:.3f} | {ok} |")
-    return lines
+    caption = (f"`{doc['expression']}`, mesh {doc['mesh']} (BLACS grid {doc['grid'][0]}x{doc['grid'][1]}), f64, "
+               f"median of {doc['repeat']}")
+    rows = [[p["n"], p["plan"], gflops(p["pdgemm_flop_rate"]), gflops(p["ours_flop_rate"]),
+             f"{p['ours_over_pdgemm']:.3f}", both(p["ours_verified"], p["pdgemm_verified"])] for p in doc["points"]]
+    return markdown_table(caption, ["N", "our plan", "pdgemm GFLOP/s", "ours GFLOP/s", "ours / pdgemm", "verified"],
+                          rows)
 
 
 def torch_table(doc):
-    lines = [f"`{doc['expression']}`, {doc['ranks']} processes, {doc['dtype']}, PyTorch {doc['torch_version']} gloo "
-             f"({doc['torch_plan']}), median of {doc['repeat']}",
-             "",
-             "| N | torch GFLOP/s | shardmm GFLOP/s | shardmm / torch | same plan | verified |",
-             "|---|---|---|---|---|---|"]
-    for p in doc["points"]:
-        ok = "both" if p["shardmm_verified"] and p["torch_verified"] else "NO"
-        lines.append(f"| {p['n']} | {gflops(p['torch_flop_rate'])} | {gflops(p['shardmm_flop_rate'])} | "
-                     f"{p['ours_over_torch']:.3f} | {'yes' if p['same_plan'] else 'no'} | {ok} |")
-    return lines
+    caption = (f"`{doc['expression']}`, {doc['ranks']} processes, {doc['dtype']}, PyTorch {doc['torch_version']} "
+               f"gloo ({doc['torch_plan']}), median of {doc['repeat']}")
+    rows = [[p["n"], gflops(p["torch_flop_rate"]), gflops(p["shardmm_flop_rate"]), f"{p['ours_over_torch']:.3f}",
+             "yes" if p["same_plan"] else "no", both(p["shardmm_verified"], p["torch_verified"])]
+            for p in doc["points"]]
+    return markdown_table(caption, ["N", "torch GFLOP/s", "shardmm GFLOP/s", "shardmm / torch", "same plan",
+                                    "verified"], rows)
 
 
 def crossover_data(doc, out_dir):
