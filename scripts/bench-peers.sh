@@ -10,7 +10,8 @@
 # CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
 # (128,256,512,1024,2048,4096), SKIP ("": any of gemm choice scalapack torch plots).
 # Needs the build's shardmm and bench/scalapack_bench (libscalapack-openmpi-dev), mpirun;
-# PyTorch (python3-torch) and gnuplot are used when present, else that part says it is skipped.
+# The plots need gnuplot-nox, which this script installs through scripts/setup.sh (CI does not
+# need it); PyTorch (python3-torch, large) is used when present, else that part says it is skipped.
 # Each step records `uptime` next to its JSON (STEP.load): the load is part of every figure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,9 @@ CROSSOVER_SIZES=${CROSSOVER_SIZES:-128,256,512,1024,2048,4096}
 SKIP=${SKIP:-}
 SHARDMM=$BUILD/src/shardmm
 mkdir -p "$OUT" "$PLOTS"
+if [[ " $SKIP " != *" plots "* ]]; then
+  scripts/setup.sh gnuplot-nox
+fi
 
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
