@@ -2,6 +2,7 @@
 // shardmm bench matmul EXPR --mesh X=2 [--sizes 512,1024] [--dims I=64] [--backend] [--dtype] [--hw] [--all] [--json]
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <ostream>
@@ -361,7 +362,7 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
               "\n\nEvery dimension without a --dims entry takes each --sizes value in turn. The reference is\n"
               "C[m,n] = A[m,k] @ B[k,n] with m = A's free and batch dimensions, n = B's free ones, k = the contracted\n"
               "ones: the same FLOPs, as one OpenBLAS GEMM with min(ranks, cores) threads (under mpirun, on rank 0\n"
-              "while the other ranks wait). Every run is verified; exit status 3 when one is wrong.\n"
+              "while the other ranks sleep). Every run is verified; exit status 3 when one is wrong.\n"
               "The defaults here are --dtype f32 and --hw h100 (the planner's profile: it picks the plan).\n\n"
               "Examples:\n"
               "  shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes 1024,2048\n"

@@ -49,16 +49,25 @@ double gemm_time(std::int64_t m, std::int64_t n, std::int64_t k, int threads, in
 }
 
 double reference_time(const MatmulBenchOptions& o, const MatmulBenchPoint& p, int threads) {
-  const auto time = [&] {
-    return o.dtype == DType::f32 ? gemm_time<float>(p.gemm_m, p.gemm_n, p.gemm_k, threads, o.warmup, o.repeat)
-                                 : gemm_time<double>(p.gemm_m, p.gemm_n, p.gemm_k, threads, o.warmup, o.repeat);
+  const auto time = [&](int warmup, int repeat) {
+    return o.dtype == DType::f32 ? gemm_time<float>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat)
+                                 : gemm_time<double>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat);
   };
-  if (o.backend == "threads") return time();
-  // Under mpirun: rank 0 alone computes; the others wait for it so that the cores are its.
+  if (o.backend == "threads") return time(o.warmup, o.repeat);
+  // Under mpirun rank 0 alone computes. A rank waiting in an MPI call polls and would take
+  // cycles from the GEMM's threads, so the others sleep instead, for as long as rank 0 says
+  // the GEMMs will take (from one timed GEMM, with a margin), and only then wait for it.
   double t = 0;
+  AxisList everyone;
+  for (int a = 0; a < o.mesh.rank(); ++a) everyone.push_back(a);
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
-    comm.barrier();
-    if (comm.rank() == 0) t = time();
+    double expected_s = comm.rank() == 0 ? time(0, 1) * (o.warmup + o.repeat) : 0;
+    comm.all_reduce(&expected_s, 1, DType::f64, everyone);  // the others add zeros: a broadcast
+    if (comm.rank() == 0) {
+      t = time(o.warmup, o.repeat);
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(1.25 * expected_s + 0.01));
+    }
     comm.barrier();
   });
   return t;

@@ -14,7 +14,7 @@
 // A[m,k] @ B[k,n] where m is the product of A's free and batch dimensions, n of B's free
 // ones and k of the contracted ones, so its FLOPs equal the contraction's. The GEMM runs
 // with min(ranks, cores) OpenBLAS threads: the cores the ranks share. Under mpirun it
-// runs on rank 0 while the others wait in a barrier.
+// runs on rank 0 while the others sleep (an MPI wait would poll and take the GEMM's cores).
 #pragma once
 
 #include <cstdint>
