@@ -107,7 +107,7 @@ if wanted plots; then
   if [[ -f $OUT/crossover.dat ]]; then
     cat >"$OUT/crossover.plot" <<PLOT
 load '$OUT/crossover.gp'
-set terminal svg size 900,520 dynamic font 'sans,11'
+set terminal svg size 900,520 dynamic noenhanced font 'sans,11'
 set output '$PLOTS/crossover.svg'
 set title 'A[I_X, J] @ B[J, K_X] -> C[I, K_X], $CROSSOVER_DIMS, X = 2 (threads): measured time per strategy'
 set logscale xy
@@ -135,7 +135,7 @@ PLOT
       plot+="${plot:+, }'$f' using 1:2 with linespoints title 'shardmm mpi, grid $grid', '$f' using 1:3 with linespoints dt 2 title 'pdgemm, grid $grid'"
     done
     cat >"$OUT/scalapack.plot" <<PLOT
-set terminal svg size 800,500 dynamic font 'sans,11'
+set terminal svg size 800,500 dynamic noenhanced font 'sans,11'
 set output '$PLOTS/scalapack.svg'
 set title 'f64 distributed matmul, same ranks, layout and BLAS (1 thread per rank)'
 set logscale x 2
