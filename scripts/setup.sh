@@ -9,6 +9,7 @@ packages=(
   libopenblas-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
+  libscalapack-openmpi-dev
   "$@"
 )
 

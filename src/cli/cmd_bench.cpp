@@ -1,14 +1,18 @@
 // shardmm bench collectives --mesh X=4 [--axes X] [--backend threads|mpi] [--sizes 1KiB:64MiB] [--dtype f32] [--check] [--json]
+// shardmm bench matmul EXPR --mesh X=2 [--sizes 512,1024] [--dims I=64] [--backend] [--dtype] [--hw] [--all] [--json]
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <ostream>
 
 #include "cli/commands.h"
+#include "cli/execution.h"
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/collective_bench.h"
 #include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/matmul_bench.h"
 #include "shardmm/runtime/runner.h"
 
 namespace shardmm::cli {
@@ -80,9 +84,8 @@ AxisList parse_axes(const std::string& text, const Mesh& mesh) {
   return axes;
 }
 
-}  // namespace
-
-Command add_bench_command(CLI::App& root) {
+// `bench collectives`: its flags on `app`, and what it does.
+std::function<int(std::ostream&)> add_collectives(CLI::App& bench) {
   struct Flags {
     std::string mesh, axes, backend = "threads", sizes = "1KiB:64MiB";
     std::optional<std::string> dtype;  // unset: f32
@@ -91,9 +94,7 @@ Command add_bench_command(CLI::App& root) {
     bool check = false;
   };
   auto flags = std::make_shared<Flags>();
-  CLI::App* bench = root.add_subcommand("bench", "measure this machine: collectives (nccl-tests style)");
-  bench->require_subcommand(1);
-  CLI::App* app = bench->add_subcommand(
+  CLI::App* app = bench.add_subcommand(
       "collectives", "time all_gather, reduce_scatter, all_reduce and all_to_all over a mesh axis group, with "
                      "memcpy and y += x references measured in the same run");
   add_mesh_flag(*app, flags->mesh);
@@ -118,8 +119,7 @@ Command add_bench_command(CLI::App& root) {
       "  shardmm bench collectives --mesh X=2 --sizes 1MiB:64MiB\n"
       "  mpirun -n 4 shardmm bench collectives --mesh X=4 --backend mpi --sizes 16MiB --json\n\n" +
       std::string(kDocsHint));
-  // `bench` is the command; `collectives` is its one subcommand for now.
-  return {bench, [flags](std::ostream& out) {
+  return [flags](std::ostream& out) {
             CollectiveBenchOptions o;
             o.backend = flags->backend;
             o.mesh = parse_mesh(flags->mesh);
@@ -194,7 +194,227 @@ Command add_bench_command(CLI::App& root) {
             t.print(out);
             out << "  (all_gather and all_to_all are compared with memcpy, reduce_scatter and all_reduce with y += x)\n";
             return 0;
-          }};
+          };
+}
+
+// "512,1024,2048": the size every dimension without a --dims entry takes, one point each.
+std::vector<std::int64_t> parse_dimension_sizes(const std::string& text) {
+  std::vector<std::int64_t> sizes;
+  for (std::size_t at = 0; at <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string piece = text.substr(at, comma - at);
+    std::size_t used = 0;
+    long long value = 0;
+    try {
+      value = std::stoll(piece, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (piece.empty() || used != piece.size() || value < 1) {
+      throw InputError("bad --sizes '" + text + "': '" + piece +
+                       "' is not a positive whole number; write dimension sizes separated by commas, e.g. "
+                       "--sizes 512,1024,2048");
+    }
+    sizes.push_back(value);
+    at = comma + 1;
+  }
+  return sizes;
+}
+
+double flop_rate(double flops, double seconds) { return seconds > 0 ? flops / seconds : 0; }
+
+// The fastest measured run of a point, and whether the planner's choice is within 5% of it.
+const MatmulBenchRun& fastest_run(const MatmulBenchPoint& p) {
+  return *std::min_element(p.runs.begin(), p.runs.end(), [](const MatmulBenchRun& x, const MatmulBenchRun& y) {
+    return x.measured_time_s < y.measured_time_s;
+  });
+}
+const MatmulBenchRun& chosen_run(const MatmulBenchPoint& p) {
+  return *std::find_if(p.runs.begin(), p.runs.end(), [&](const MatmulBenchRun& r) { return r.candidate == p.chosen; });
+}
+constexpr double kChoiceSlack = 1.05;
+bool choice_within_slack(const MatmulBenchPoint& p) {
+  return chosen_run(p).measured_time_s <= kChoiceSlack * fastest_run(p).measured_time_s;
+}
+
+Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, const MatmulBenchReport& r) {
+  Json doc;
+  doc["expression"] = expr;
+  doc["mesh"] = mesh_json(o.mesh);
+  doc["backend"] = o.backend;
+  doc["dtype"] = to_string(o.dtype);
+  doc["hw"] = o.hw.name;
+  doc["ranks"] = r.ranks;
+  doc["gemm_threads"] = r.gemm_threads;
+  doc["warmup"] = o.warmup;
+  doc["repeat"] = o.repeat;
+  doc["all_candidates"] = o.all;
+  doc["points"] = Json::array();
+  int within = 0;
+  for (const MatmulBenchPoint& p : r.points) {
+    Json point;
+    point["dims"] = dims_json(p.sizes);
+    point["flops"] = p.flops;
+    point["gemm"] = {{"m", p.gemm_m},
+                     {"n", p.gemm_n},
+                     {"k", p.gemm_k},
+                     {"time_s", p.gemm_time_s},
+                     {"flop_rate", flop_rate(p.flops, p.gemm_time_s)}};
+    point["chosen"] = p.chosen;
+    point["runs"] = Json::array();
+    for (const MatmulBenchRun& run : p.runs) {
+      point["runs"].push_back({{"candidate", run.candidate},
+                               {"description", run.description},
+                               {"chosen", run.candidate == p.chosen},
+                               {"predicted_time_s", run.predicted_time_s},
+                               {"predicted_comm_s", run.predicted_comm_s},
+                               {"predicted_compute_s", run.predicted_compute_s},
+                               {"measured_time_s", run.measured_time_s},
+                               {"measured_over_predicted", run.measured_time_s / run.predicted_time_s},
+                               {"flop_rate", flop_rate(p.flops, run.measured_time_s)},
+                               {"vs_gemm", p.gemm_time_s / run.measured_time_s},
+                               {"verified", run.verified},
+                               {"max_rel_error", run.max_rel_error}});
+    }
+    if (o.all) {
+      point["fastest"] = fastest_run(p).candidate;
+      point["chosen_within_5pct"] = choice_within_slack(p);
+      within += choice_within_slack(p) ? 1 : 0;
+    }
+    doc["points"].push_back(point);
+  }
+  if (o.all) doc["choice"] = {{"points", r.points.size()}, {"chosen_within_5pct", within}};
+  return doc;
+}
+
+void print_matmul_bench(std::ostream& out, const MatmulBenchOptions& o, const std::string& expr,
+                        const MatmulBenchReport& r) {
+  out << expr << " on mesh " << o.mesh.to_string() << ", " << o.backend << " backend, " << to_string(o.dtype)
+      << ", median of " << o.repeat << " (after " << o.warmup << " warm-up); predictions on " << o.hw.name << "\n";
+  out << "reference: one OpenBLAS GEMM of the same FLOPs with " << r.gemm_threads << " thread"
+      << (r.gemm_threads == 1 ? "" : "s") << " (the cores the " << r.ranks << " ranks share)\n";
+  Table t({"dims", "#", "plan", "predicted", "measured", "meas/pred", "rate", "GEMM rate", "vs GEMM", "comm/compute",
+           "verified"});
+  int within = 0;
+  for (const MatmulBenchPoint& p : r.points) {
+    for (const MatmulBenchRun& run : p.runs) {
+      const bool chosen = run.candidate == p.chosen;
+      const std::string mark = !o.all ? "" : chosen && &run == &fastest_run(p) ? " (chosen, fastest)"
+                                             : chosen                          ? " (chosen)"
+                                             : &run == &fastest_run(p)         ? " (fastest)"
+                                                                               : "";
+      const double ratio = run.predicted_compute_s > 0 ? run.predicted_comm_s / run.predicted_compute_s : 0;
+      t.add({format_sizes(p.sizes), std::to_string(run.candidate + 1), run.description + mark,
+             format_time(run.predicted_time_s), format_time(run.measured_time_s),
+             format_sig3(run.measured_time_s / run.predicted_time_s) + "x",
+             format_flop_rate(flop_rate(p.flops, run.measured_time_s)), format_flop_rate(flop_rate(p.flops, p.gemm_time_s)),
+             format_sig3(p.gemm_time_s / run.measured_time_s), format_sig3(ratio), run.verified ? "yes" : "NO"});
+    }
+    if (o.all) within += choice_within_slack(p) ? 1 : 0;
+  }
+  for (std::size_t c : {1, 3, 4, 5, 6, 7, 8, 9}) t.right_align(c);
+  t.print(out);
+  out << "  (vs GEMM = GEMM time / measured time, 1 = as fast as the one GEMM; comm/compute is the model's)\n";
+  if (o.all) {
+    out << "chosen plan within 5% of the fastest measured candidate at " << within << " of " << r.points.size()
+        << " points\n";
+  }
+}
+
+// `bench matmul`: its flags on `app`, and what it does.
+std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
+  struct Flags {
+    std::string expr, sizes = "512,1024,2048,4096";
+    PlanningFlags common;
+    ExecutionFlags exec;
+    bool all = false;
+  };
+  auto flags = std::make_shared<Flags>();
+  // Execution computes in f32 or f64; the predictions need a profile with those peaks.
+  flags->common.dtype = "f32";
+  flags->common.hw = "h100";
+  flags->exec.repeat = 7;
+  flags->exec.check = false;
+  CLI::App* app = bench.add_subcommand(
+      "matmul", "run a sharded contraction's plan (or every candidate) against one OpenBLAS GEMM of the same FLOPs "
+                "on the same cores, measured in the same run; verified against the dense reference");
+  app->add_option("EXPR", flags->expr, "the contraction, e.g. 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]'")->required();
+  add_mesh_flag(*app, flags->common.mesh);
+  app->add_option("--sizes", flags->sizes,
+                  "the size every dimension not in --dims takes, one point each, e.g. --sizes 512,1024,2048 "
+                  "(default 512,1024,2048,4096)");
+  add_dims_flag(*app, flags->common.dims, false);
+  add_dtype_flag(*app, flags->common.dtype);
+  add_hw_flag(*app, flags->common.hw);
+  app->add_option("--backend", flags->exec.backend,
+                  "threads (default) or mpi (under mpirun -n <devices>), e.g. --backend mpi");
+  app->add_option("--repeat", flags->exec.repeat, "timed runs of each plan and of the GEMM; medians are reported, "
+                                                  "e.g. --repeat 9 (default 7)");
+  app->add_option("--warmup", flags->exec.warmup, "untimed runs before them, e.g. --warmup 2 (default 1)");
+  app->add_flag("--all", flags->all,
+                "run every candidate plan, not only the chosen one, and count how often the chosen one is within "
+                "5% of the fastest, e.g. --all");
+  app->add_flag("--check", flags->exec.check,
+                "run with the mpi backend's agreement check on, as `run` has it (off here, to time the plan alone), "
+                "e.g. --check");
+  add_json_flag(*app, flags->common.json);
+  app->footer(std::string(kNotationHint) +
+              "\n\nEvery dimension without a --dims entry takes each --sizes value in turn. The reference is\n"
+              "C[m,n] = A[m,k] @ B[k,n] with m = A's free and batch dimensions, n = B's free ones, k = the contracted\n"
+              "ones: the same FLOPs, as one OpenBLAS GEMM with min(ranks, cores) threads (under mpirun, on rank 0\n"
+              "while the other ranks sleep). Every run is verified; exit status 3 when one is wrong.\n"
+              "The defaults here are --dtype f32 and --hw h100 (the planner's profile: it picks the plan).\n\n"
+              "Examples:\n"
+              "  shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes 1024,2048\n"
+              "  shardmm bench matmul 'A[I_X, J] @ B[J, K_X]' --mesh X=2 --dims I=256,J=256 --sizes 64,1024,4096 "
+              "--all --json\n"
+              "  mpirun -n 2 shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --backend mpi "
+              "--dtype f64\n\n" +
+              kDocsHint);
+  return [flags](std::ostream& out) {
+    const Planning p = make_planning(flags->common);
+    MatmulBenchOptions o;
+    o.backend = flags->exec.backend;
+    o.mesh = p.mesh;
+    o.contraction = parse_contraction(flags->expr, p.mesh);
+    o.fixed = p.sizes;
+    o.sizes = parse_dimension_sizes(flags->sizes);
+    o.dtype = p.options.dtype;
+    o.hw = p.options.hw;
+    o.all = flags->all;
+    o.warmup = flags->exec.warmup;
+    o.repeat = flags->exec.repeat;
+    o.check = flags->exec.check;
+    check_execution(flags->exec, p);
+    check_dims_used(o.fixed, {&o.contraction.a, &o.contraction.b});
+    o.progress = [](const std::string& what) { std::cerr << "shardmm: bench " << what << "\n"; };
+    const MatmulBenchReport r = bench_matmul(o);
+    bool verified = true;
+    for (const MatmulBenchPoint& point : r.points) {
+      for (const MatmulBenchRun& run : point.runs) verified = verified && run.verified;
+    }
+    const int status = verified ? 0 : 3;
+    if (!r.is_root) return status;
+    if (flags->common.json) {
+      out << matmul_bench_json(o, format_contraction(o.contraction, o.mesh), r).dump(2) << "\n";
+    } else {
+      print_matmul_bench(out, o, format_contraction(o.contraction, o.mesh), r);
+    }
+    if (!verified) std::cerr << "shardmm: error: a run does not match the dense reference (see 'verified')\n";
+    return status;
+  };
+}
+
+}  // namespace
+
+Command add_bench_command(CLI::App& root) {
+  CLI::App* bench = root.add_subcommand("bench", "measure this machine: collectives (nccl-tests style), sharded "
+                                                 "matmuls against one GEMM");
+  bench->require_subcommand(1);
+  const auto run_collectives = add_collectives(*bench);
+  CLI::App* collectives = bench->get_subcommand("collectives");
+  const auto run_matmul = add_matmul(*bench);
+  return {bench, [=](std::ostream& out) { return collectives->parsed() ? run_collectives(out) : run_matmul(out); }};
 }
 
 }  // namespace shardmm::cli

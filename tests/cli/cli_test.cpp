@@ -706,5 +706,82 @@ TEST(CliBench, CollectivesTableAndJson) {
   expect_input_error({"bench"}, "'shardmm bench' needs a subcommand: collectives");
 }
 
+// bench matmul: every candidate's figures are the planner's, the FLOPs and the reference
+// GEMM's shape are the closed forms, and the ratios are what the times make them.
+TEST(CliBench, MatmulAllCandidatesJson) {
+  const std::string expr = "A[I_X, J] @ B[J_X, K] -> C[I_X, K]";
+  const Result r = run({"bench", "matmul", expr, "--mesh", "X=2", "--dims", "K=24", "--sizes", "16,40", "--all",
+                        "--repeat", "3", "--dtype", "f64", "--hw", "h100", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(r.out);
+  EXPECT_EQ(doc["ranks"], 2);
+  EXPECT_EQ(doc["dtype"], "f64");
+  EXPECT_EQ(doc["repeat"], 3);
+  ASSERT_EQ(doc["points"].size(), 2u);
+  const Mesh mesh = Mesh::parse("X=2");
+  const Contraction c = parse_contraction(expr, mesh);
+  int within = 0;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const json& p = doc["points"][i];
+    const std::int64_t n = i == 0 ? 16 : 40;
+    EXPECT_EQ(p["dims"], json({{"I", n}, {"J", n}, {"K", 24}}));
+    EXPECT_DOUBLE_EQ(p["flops"].get<double>(), 2.0 * n * n * 24);
+    EXPECT_EQ(p["gemm"]["m"], n);  // I: A's free dimension
+    EXPECT_EQ(p["gemm"]["n"], 24);  // K: B's free dimension
+    EXPECT_EQ(p["gemm"]["k"], n);  // J: contracted
+    const MatmulPlanning planning =
+        plan_matmul(mesh, c, {{"I", n}, {"J", n}, {"K", 24}}, PlanOptions{DType::f64, builtin_profile("h100")});
+    EXPECT_EQ(p["chosen"], planning.chosen);
+    ASSERT_EQ(p["runs"].size(), planning.candidates.size());
+    double fastest = 1e300;
+    int fastest_index = -1;
+    for (std::size_t k = 0; k < planning.candidates.size(); ++k) {
+      const json& run = p["runs"][k];
+      const Plan& plan = planning.candidates[k];
+      EXPECT_EQ(run["candidate"], k);
+      EXPECT_EQ(run["description"], plan.description);
+      EXPECT_EQ(run["chosen"], static_cast<int>(k) == planning.chosen);
+      EXPECT_DOUBLE_EQ(run["predicted_time_s"].get<double>(), plan.total_time_s);
+      EXPECT_DOUBLE_EQ(run["predicted_comm_s"].get<double>(), plan.comm_time_s);
+      EXPECT_TRUE(run["verified"].get<bool>());
+      const double t = run["measured_time_s"];
+      ASSERT_GT(t, 0);
+      EXPECT_NEAR(run["vs_gemm"].get<double>(), p["gemm"]["time_s"].get<double>() / t, 1e-9 * run["vs_gemm"].get<double>());
+      EXPECT_NEAR(run["flop_rate"].get<double>(), p["flops"].get<double>() / t, 1e-9 * run["flop_rate"].get<double>());
+      EXPECT_NEAR(run["measured_over_predicted"].get<double>(), t / plan.total_time_s,
+                  1e-9 * run["measured_over_predicted"].get<double>());
+      if (t < fastest) fastest = t, fastest_index = static_cast<int>(k);
+    }
+    EXPECT_EQ(p["fastest"], fastest_index);
+    const double chosen_time = p["runs"][planning.chosen]["measured_time_s"];
+    EXPECT_EQ(p["chosen_within_5pct"], chosen_time <= 1.05 * fastest);
+    within += chosen_time <= 1.05 * fastest;
+  }
+  EXPECT_EQ(doc["choice"], json({{"points", 2}, {"chosen_within_5pct", within}}));
+}
+
+TEST(CliBench, MatmulChosenPlanText) {
+  // A batch dimension goes into the reference GEMM's m: B=3 x I=8 rows.
+  const Result r = run({"bench", "matmul", "A[B_X, I, J] @ W[B_X, J, K] -> C[B_X, I, K]", "--mesh", "X=2", "--dims",
+                        "B=3,I=8", "--sizes", "20", "--repeat", "1", "--warmup", "0", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(r.out);
+  ASSERT_EQ(doc["points"].size(), 1u);
+  const json& p = doc["points"][0];
+  EXPECT_EQ(p["gemm"], json({{"m", 24}, {"n", 20}, {"k", 20}, {"time_s", p["gemm"]["time_s"]},
+                             {"flop_rate", p["gemm"]["flop_rate"]}}));
+  ASSERT_EQ(p["runs"].size(), 1u);  // the chosen plan alone
+  EXPECT_EQ(p["runs"][0]["candidate"], p["chosen"]);
+  EXPECT_FALSE(doc.contains("choice"));
+  const Result text = run({"bench", "matmul", "A[I_X, J] @ B[J, K]", "--mesh", "X=2", "--sizes", "8,16", "--all",
+                           "--repeat", "1"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("reference: one OpenBLAS GEMM of the same FLOPs with"));
+  EXPECT_THAT(text.out, HasSubstr("(chosen"));
+  EXPECT_THAT(text.out, HasSubstr("chosen plan within 5% of the fastest measured candidate at"));
+  EXPECT_THAT(text.out, Not(HasSubstr("NO")));
+  EXPECT_THAT(text.err, HasSubstr("shardmm: bench N=8: one GEMM"));  // progress goes to stderr
+}
+
 }  // namespace
 }  // namespace shardmm

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# shardmm against its peers, side by side (docs/benchmarks.md, "Peers"): every table is a ratio
+# against a reference measured in the same run, medians of REPEAT, one BLAS thread per rank.
+#
+#   scripts/bench-peers.sh                     # everything, into build/peers and docs/plots
+#   PROFILE=calibrated.json scripts/bench-peers.sh    # the same suite on another profile
+#
+# Environment (defaults): BUILD (build), OUT (BUILD/peers), PLOTS (docs/plots), PROFILE
+# (profiles/example-cpu.json: plans and predictions), SIZES (512,1024,2048,4096), REPEAT (7),
+# CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
+# (128,256,512,1024,2048,4096), SKIP ("": any of gemm choice scalapack torch plots).
+# Needs the build's shardmm and bench/scalapack_bench (libscalapack-openmpi-dev), mpirun;
+# The plots need gnuplot-nox, which this script installs through scripts/setup.sh (CI does not
+# need it); PyTorch (python3-torch, large) is used when present, else that part says it is skipped.
+# Each step records `uptime` next to its JSON (STEP.load): the load is part of every figure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD=${BUILD:-build}
+OUT=${OUT:-$BUILD/peers}
+PLOTS=${PLOTS:-docs/plots}
+PROFILE=${PROFILE:-profiles/example-cpu.json}
+SIZES=${SIZES:-512,1024,2048,4096}
+REPEAT=${REPEAT:-7}
+CHOICE_SIZES=${CHOICE_SIZES:-256,512,1024,2048}
+CROSSOVER_DIMS=${CROSSOVER_DIMS:-I=1024,J=1024}
+CROSSOVER_SIZES=${CROSSOVER_SIZES:-128,256,512,1024,2048,4096}
+SKIP=${SKIP:-}
+SHARDMM=$BUILD/src/shardmm
+mkdir -p "$OUT" "$PLOTS"
+if [[ " $SKIP " != *" plots "* ]]; then
+  scripts/setup.sh gnuplot-nox
+fi
+
+export OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+
+wanted() { [[ " $SKIP " != *" $1 "* ]]; }
+# step NAME COMMAND...: runs COMMAND with stdout to OUT/NAME.json, the load before it to NAME.load.
+step() {
+  local name=$1
+  shift
+  uptime >"$OUT/$name.load"
+  echo "bench-peers: $name: $*" >&2
+  echo "$*" >"$OUT/$name.cmd"
+  "$@" >"$OUT/$name.json"
+}
+
+if wanted gemm; then
+  # 1. The chosen plan vs one OpenBLAS GEMM of the same FLOPs on the same cores.
+  gather='A[I_X, J] @ B[J_X, K] -> C[I_X, K]'
+  step gemm_threads_X2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --sizes "$SIZES" --repeat "$REPEAT" \
+    --hw "$PROFILE" --json
+  step gemm_mpi_X2 "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --backend mpi --sizes "$SIZES" \
+    --repeat "$REPEAT" --hw "$PROFILE" --json
+fi
+
+if wanted choice; then
+  # 4 and 5. Every candidate of a fixed suite: how often the choice is within 5% of the fastest,
+  # and predicted / measured per strategy on PROFILE.
+  step choice_gather "$SHARDMM" bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
+    --all --repeat "$REPEAT" --hw "$PROFILE" --json
+  step choice_reduce "$SHARDMM" bench matmul 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
+    --all --repeat "$REPEAT" --hw "$PROFILE" --json
+  step choice_2d "$SHARDMM" bench matmul 'A[I_X, J_Y] @ B[J_X, K_Y] -> C[I_X, K_Y]' --mesh X=2,Y=2 \
+    --sizes "$CHOICE_SIZES" --all --repeat "$REPEAT" --hw "$PROFILE" --json
+  # Gathering A (I x J) or B (J x K): the cheaper one changes where K passes I.
+  step choice_crossover "$SHARDMM" bench matmul 'A[I_X, J] @ B[J, K_X] -> C[I, K_X]' --mesh X=2 \
+    --dims "$CROSSOVER_DIMS" --sizes "$CROSSOVER_SIZES" --all --repeat "$REPEAT" --hw "$PROFILE" --json
+fi
+
+if wanted scalapack; then
+  # 2. ScaLAPACK pdgemm on the same ranks, layout and BLAS, f64.
+  for grid in 2x1 2x2; do
+    ranks=$((${grid%x*} * ${grid#*x}))
+    step "scalapack_$grid" "${MPIRUN[@]}" -n "$ranks" "$BUILD/bench/scalapack_bench" --grid "$grid" --sizes "$SIZES" \
+      --repeat "$REPEAT" --hw "$PROFILE" --json
+  done
+fi
+
+if wanted torch; then
+  # 3. PyTorch gloo with the same plan and collective. Debian's python3-torch is in /usr/bin/python3.
+  python=""
+  for candidate in python3 /usr/bin/python3; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c 'import torch.distributed' 2>/dev/null; then
+      python=$candidate
+      break
+    fi
+  done
+  if [[ -z $python ]]; then
+    echo "bench-peers: torch: skipped: no python3 here imports torch (apt-get install python3-torch)" >&2
+    rm -f "$OUT/torch.json"
+  else
+    step torch "$python" bench/torch_matmul_bench.py --shardmm "$SHARDMM" --ranks 2 --sizes "$SIZES" \
+      --repeat "$REPEAT" --hw "$PROFILE" --json
+  fi
+fi
+
+python3 scripts/peers_report.py "$OUT" >/dev/null
+echo "bench-peers: tables in $OUT/tables.md" >&2
+
+if wanted plots; then
+  if ! command -v gnuplot >/dev/null; then
+    echo "bench-peers: plots: skipped: gnuplot is not installed (apt-get install gnuplot-nox)" >&2
+    exit 0
+  fi
+  if [[ -f $OUT/crossover.dat ]]; then
+    cat >"$OUT/crossover.plot" <<PLOT
+load '$OUT/crossover.gp'
+set terminal svg size 900,520 dynamic noenhanced font 'sans,11'
+set output '$PLOTS/crossover.svg'
+set title 'A[I_X, J] @ B[J, K_X] -> C[I, K_X], $CROSSOVER_DIMS, X = 2 (threads): measured time per strategy'
+set logscale xy
+set xlabel swept
+set ylabel 'seconds (median)'
+set key top left font 'sans,9'
+set grid
+do for [k = 1:crossings] {
+  set arrow k from value('crossing'.k), graph 0 to value('crossing'.k), graph 1 nohead dashtype 2 linecolor 'black'
+}
+if (crossings > 0) {
+  set label 1 'predicted crossover' at value('crossing1'), graph 0.5 offset 0.5,0
+}
+plot for [k = 1:plans] '$OUT/crossover.dat' using 1:(column(k + 1)) with linespoints title value('plan'.k)
+PLOT
+    gnuplot "$OUT/crossover.plot"
+  fi
+  scalapack_plots=()
+  for f in "$OUT"/scalapack_*.dat; do [[ -f $f ]] && scalapack_plots+=("$f"); done
+  if ((${#scalapack_plots[@]})); then
+    plot=""
+    for f in "${scalapack_plots[@]}"; do
+      grid=$(basename "$f" .dat)
+      grid=${grid#scalapack_}
+      plot+="${plot:+, }'$f' using 1:2 with linespoints title 'shardmm mpi, grid $grid', '$f' using 1:3 with linespoints dt 2 title 'pdgemm, grid $grid'"
+    done
+    cat >"$OUT/scalapack.plot" <<PLOT
+set terminal svg size 800,500 dynamic noenhanced font 'sans,11'
+set output '$PLOTS/scalapack.svg'
+set title 'f64 distributed matmul, same ranks, layout and BLAS (1 thread per rank)'
+set logscale x 2
+set xlabel 'N'
+set ylabel 'GFLOP/s (median)'
+set key bottom right
+set grid
+plot $plot
+PLOT
+    gnuplot "$OUT/scalapack.plot"
+  fi
+  echo "bench-peers: plots in $PLOTS" >&2
+fi

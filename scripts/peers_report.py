@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Tables and plot data from the JSON that scripts/bench-peers.sh collects (stdlib only).
+
+    scripts/peers_report.py DIR     # reads DIR/*.json, writes DIR/tables.md and DIR/*.dat
+
+Each table is a ratio against a reference measured in the same run (docs/benchmarks.md).
+"""
+import glob
+import json
+import math
+import os
+import sys
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def gflops(rate):
+    return f"{rate / 1e9:.2f}"
+
+
+def dims_text(dims):
+    return ", ".join(f"{k}={v}" for k, v in dims.items())
+
+
+def gemm_table(doc):
+    """Item 1: the chosen plan against one GEMM of the same FLOPs."""
+    lines = [f"`{doc['expression']}`, mesh {dims_text(doc['mesh'])}, {doc['backend']} backend, {doc['dtype']}, "
+             f"GEMM with {doc['gemm_threads']} threads, median of {doc['repeat']}, predictions on {doc['hw']}",
+             "",
+             "| dims | plan | GEMM GFLOP/s | ours GFLOP/s | ours / GEMM | model comm/compute | verified |",
+             "|---|---|---|---|---|---|---|"]
+    for p in doc["points"]:
+        r = p["runs"][0]
+        ratio = r["predicted_comm_s"] / r["predicted_compute_s"] if r["predicted_compute_s"] else 0
+        lines.append(f"| {dims_text(p['dims'])} | {r['description']} | {gflops(p['gemm']['flop_rate'])} | "
+                     f"{gflops(r['flop_rate'])} | {r['vs_gemm']:.3f} | {ratio:.3f} | "
+                     f"{'yes' if r['verified'] else 'NO'} |")
+    return lines
+
+
+def choice_rows(docs):
+    """Item 4: per point, the chosen plan's time over the fastest measured candidate."""
+    lines = ["| expression | mesh | dims | candidates | chosen | fastest | chosen / fastest | within 5% |",
+             "|---|---|---|---|---|---|---|---|"]
+    within = total = 0
+    for doc in docs:
+        for p in doc["points"]:
+            runs = {r["candidate"]: r for r in p["runs"]}
+            chosen, fastest = runs[p["chosen"]], runs[p["fastest"]]
+            ratio = chosen["measured_time_s"] / fastest["measured_time_s"]
+            total += 1
+            within += p["chosen_within_5pct"]
+            lines.append(f"| `{doc['expression']}` | {dims_text(doc['mesh'])} | {dims_text(p['dims'])} | "
+                         f"{len(p['runs'])} | {p['chosen'] + 1} | {p['fastest'] + 1} | {ratio:.3f} | "
+                         f"{'yes' if p['chosen_within_5pct'] else 'no'} |")
+    lines += ["", f"Chosen plan within 5% of the fastest measured candidate: **{within} of {total}** points "
+                  f"({100 * within / max(total, 1):.0f}%)."]
+    return lines
+
+
+def model_rows(docs):
+    """Item 5: predicted / measured per strategy, the median over the suite's points."""
+    by_plan = {}
+    for doc in docs:
+        for p in doc["points"]:
+            for r in p["runs"]:
+                key = (doc["expression"], r["description"])
+                by_plan.setdefault(key, []).append(r["predicted_time_s"] / r["measured_time_s"])
+    lines = ["| expression | strategy | points | predicted / measured (median) | range |", "|---|---|---|---|---|"]
+    for (expr, plan), ratios in sorted(by_plan.items()):
+        ratios.sort()
+        lines.append(f"| `{expr}` | {plan} | {len(ratios)} | {ratios[len(ratios) // 2]:.3g} | "
+                     f"{ratios[0]:.3g} .. {ratios[-1]:.3g} |")
+    return lines
+
+
+def markdown_table(caption, header, rows):
+    return [caption, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+
+
+def both(ours_ok, theirs_ok):
+    return "both" if ours_ok and theirs_ok else "NO"
+
+
+def scalapack_table(doc):
+    caption = (f"`{doc['expression']}`, mesh {doc['mesh']} (BLACS grid {doc['grid'][0]}x{doc['grid'][1]}), f64, "
+               f"median of {doc['repeat']}")
+    rows = [[p["n"], p["plan"], gflops(p["pdgemm_flop_rate"]), gflops(p["ours_flop_rate"]),
+             f"{p['ours_over_pdgemm']:.3f}", both(p["ours_verified"], p["pdgemm_verified"])] for p in doc["points"]]
+    return markdown_table(caption, ["N", "our plan", "pdgemm GFLOP/s", "ours GFLOP/s", "ours / pdgemm", "verified"],
+                          rows)
+
+
+def torch_table(doc):
+    caption = (f"`{doc['expression']}`, {doc['ranks']} processes, {doc['dtype']}, PyTorch {doc['torch_version']} "
+               f"gloo ({doc['torch_plan']}), median of {doc['repeat']}")
+    rows = [[p["n"], gflops(p["torch_flop_rate"]), gflops(p["shardmm_flop_rate"]), f"{p['ours_over_torch']:.3f}",
+             "yes" if p["same_plan"] else "no", both(p["shardmm_verified"], p["torch_verified"])]
+            for p in doc["points"]]
+    return markdown_table(caption, ["N", "torch GFLOP/s", "shardmm GFLOP/s", "shardmm / torch", "same plan",
+                                    "verified"], rows)
+
+
+def crossover_data(doc, out_dir):
+    """Plot 1's data: measured time per strategy against the swept size, and the size where the
+    predicted cheapest strategy changes (log-linear interpolation between the sweep's points)."""
+    swept = [d for d in doc["points"][0]["dims"] if len({p["dims"][d] for p in doc["points"]}) > 1][0]
+    # Candidates come cheapest first, so their order changes along the sweep: match them by name.
+    plans = sorted(r["description"] for r in doc["points"][0]["runs"])
+    with open(os.path.join(out_dir, "crossover.dat"), "w") as f:
+        f.write(f"# {swept}, then measured seconds per strategy, then predicted: " + "; ".join(plans) + "\n")
+        for p in doc["points"]:
+            runs = {r["description"]: r for r in p["runs"]}
+            measured = [runs[name]["measured_time_s"] for name in plans]
+            predicted = [runs[name]["predicted_time_s"] for name in plans]
+            f.write(" ".join(str(v) for v in [p["dims"][swept]] + measured + predicted) + "\n")
+    crossings = []
+    best = [min(p["runs"], key=lambda r: r["predicted_time_s"])["description"] for p in doc["points"]]
+    for i in range(1, len(best)):
+        if best[i] == best[i - 1]:
+            continue
+        p0, p1 = doc["points"][i - 1], doc["points"][i]
+        gap = []
+        for p in (p0, p1):
+            t = {r["description"]: r["predicted_time_s"] for r in p["runs"]}
+            gap.append(math.log(t[best[i - 1]]) - math.log(t[best[i]]))
+        x0, x1 = math.log(p0["dims"][swept]), math.log(p1["dims"][swept])
+        frac = -gap[0] / (gap[1] - gap[0]) if gap[1] != gap[0] else 0.5
+        crossings.append((math.exp(x0 + frac * (x1 - x0)), best[i - 1], best[i]))
+    with open(os.path.join(out_dir, "crossover.gp"), "w") as f:
+        f.write(f'swept = "{swept}"\nplans = {len(plans)}\n')
+        for k, name in enumerate(plans):
+            f.write(f'plan{k + 1} = "{name}"\n')
+        f.write("crossings = %d\n" % len(crossings))
+        for k, (x, _, _) in enumerate(crossings):
+            f.write(f"crossing{k + 1} = {x}\n")
+    return swept, crossings
+
+
+def gflops_data(scalapack_docs, out_dir):
+    """Plot 2's data: GFLOP/s against N, ours and pdgemm, per grid."""
+    for doc in scalapack_docs:
+        name = f"scalapack_{doc['grid'][0]}x{doc['grid'][1]}.dat"
+        with open(os.path.join(out_dir, name), "w") as f:
+            f.write("# N ours_GFLOPs pdgemm_GFLOPs\n")
+            for p in doc["points"]:
+                f.write(f"{p['n']} {p['ours_flop_rate'] / 1e9} {p['pdgemm_flop_rate'] / 1e9}\n")
+
+
+def load_note(out_dir, stem):
+    """The `uptime` bench-peers.sh recorded before the step, and its command."""
+    note = []
+    for ext, label in (("cmd", "command"), ("load", "uptime before it")):
+        path = os.path.join(out_dir, f"{stem}.{ext}")
+        if os.path.exists(path):
+            with open(path) as f:
+                note.append(f"{label}: `{f.read().strip()}`")
+    return ["", "; ".join(note)] if note else []
+
+
+def main(out_dir):
+    get = lambda name: load(os.path.join(out_dir, name)) if os.path.exists(os.path.join(out_dir, name)) else None
+    lines = []
+    for name in sorted(glob.glob(os.path.join(out_dir, "gemm_*.json"))):
+        stem = os.path.basename(name)[:-5]
+        lines += ["### " + stem, ""] + gemm_table(load(name)) + load_note(out_dir, stem) + [""]
+    choice = [load(n) for n in sorted(glob.glob(os.path.join(out_dir, "choice_*.json")))]
+    if choice:
+        notes = []
+        for n in sorted(glob.glob(os.path.join(out_dir, "choice_*.json"))):
+            notes += load_note(out_dir, os.path.basename(n)[:-5])
+        lines += ["### Plan choice", ""] + choice_rows(choice) + notes + [""]
+        lines += ["### Cost model: predicted / measured", ""] + model_rows(choice) + [""]
+        crossover = get("choice_crossover.json")
+        if crossover:
+            swept, crossings = crossover_data(crossover, out_dir)
+            for x, before, after in crossings:
+                lines.append(f"Predicted crossover at {swept} = {x:.0f}: {before} -> {after}")
+            lines.append("")
+    scalapack = [load(n) for n in sorted(glob.glob(os.path.join(out_dir, "scalapack_*.json")))]
+    for doc in scalapack:
+        grid = f"{doc['grid'][0]}x{doc['grid'][1]}"
+        lines += [f"### ScaLAPACK pdgemm, grid {grid}", ""] + scalapack_table(doc) + load_note(out_dir, "scalapack_" + grid)
+        lines += [""]
+    gflops_data(scalapack, out_dir)
+    torch = get("torch.json")
+    if torch:
+        lines += ["### PyTorch", ""] + torch_table(torch) + load_note(out_dir, "torch") + [""]
+    with open(os.path.join(out_dir, "tables.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: scripts/peers_report.py DIR")
+    main(sys.argv[1])

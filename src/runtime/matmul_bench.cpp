@@ -1,0 +1,150 @@
+#include "shardmm/runtime/matmul_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "shardmm/core/error.h"
+#include "shardmm/plan/planner.h"
+#include "shardmm/runtime/blas.h"
+#include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/runner.h"
+
+namespace shardmm {
+
+namespace {
+
+std::string join_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Median time of one `threads`-thread GEMM C[m,n] = A[m,k] @ B[k,n] after `warmup` runs.
+template <class T>
+double gemm_time(std::int64_t m, std::int64_t n, std::int64_t k, int threads, int warmup, int repeat) {
+  // Values in [-1, 1): no denormals or infinities that would time differently.
+  const auto fill = [](std::vector<T>& v, int salt) {
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(static_cast<double>((i * 7919 + salt) % 2001) / 1000.0 - 1.0);
+  };
+  std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)), c(static_cast<std::size_t>(m * n));
+  fill(a, 1);
+  fill(b, 2);
+  const int saved = blas::threads();
+  blas::set_threads(threads);
+  std::vector<double> times;
+  for (int r = 0; r < warmup + repeat; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    blas::gemm(false, false, m, n, k, T(1), a.data(), k, b.data(), n, T(0), c.data(), n);
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r >= warmup) times.push_back(t);
+  }
+  blas::set_threads(saved);
+  return median(times);
+}
+
+double reference_time(const MatmulBenchOptions& o, const MatmulBenchPoint& p, int threads) {
+  const auto time = [&](int warmup, int repeat) {
+    return o.dtype == DType::f32 ? gemm_time<float>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat)
+                                 : gemm_time<double>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat);
+  };
+  if (o.backend == "threads") return time(o.warmup, o.repeat);
+  // Under mpirun rank 0 alone computes. A rank waiting in an MPI call polls and would take
+  // cycles from the GEMM's threads, so the others sleep instead, for as long as rank 0 says
+  // the GEMMs will take (from one timed GEMM, with a margin), and only then wait for it.
+  double t = 0;
+  AxisList everyone;
+  for (int a = 0; a < o.mesh.rank(); ++a) everyone.push_back(a);
+  run_backend(o.backend, o.mesh, [&](Communicator& comm) {
+    double expected_s = comm.rank() == 0 ? time(0, 1) * (o.warmup + o.repeat) : 0;
+    comm.all_reduce(&expected_s, 1, DType::f64, everyone);  // the others add zeros: a broadcast
+    if (comm.rank() == 0) {
+      t = time(o.warmup, o.repeat);
+    } else {
+      std::this_thread::sleep_for(std::chrono::duration<double>(1.25 * expected_s + 0.01));
+    }
+    comm.barrier();
+  });
+  return t;
+}
+
+}  // namespace
+
+MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
+  if (o.dtype != DType::f32 && o.dtype != DType::f64) {
+    throw InputError(std::string("cannot bench in ") + to_string(o.dtype) + ": execution computes in f32 or f64");
+  }
+  if (o.repeat < 1) throw InputError("repeat " + std::to_string(o.repeat) + ": at least one timed run is needed");
+  if (o.warmup < 0) throw InputError("warmup " + std::to_string(o.warmup) + ": must be 0 or more");
+  if (o.sizes.empty()) throw InputError("no sizes to bench: give at least one");
+  const std::vector<std::string> dims = o.contraction.all_dims();
+  if (std::all_of(dims.begin(), dims.end(), [&](const std::string& d) { return o.fixed.count(d) > 0; })) {
+    throw InputError("every dimension (" + join_names(dims) +
+                     ") already has a fixed size, so the swept sizes would set none; leave at least one out of the "
+                     "fixed sizes (--dims)");
+  }
+
+  MatmulBenchReport report;
+  report.is_root = process_rank(o.backend) == 0;
+  report.ranks = static_cast<int>(o.mesh.device_count());
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  report.gemm_threads = std::min(report.ranks, cores);
+  const PlanOptions plan_options{o.dtype, o.hw, std::nullopt};
+
+  for (const std::int64_t n : o.sizes) {
+    if (n < 1) throw InputError("size " + std::to_string(n) + ": every size must be at least 1");
+    MatmulBenchPoint p;
+    p.sizes = o.fixed;
+    for (const std::string& d : dims) p.sizes.emplace(d, n);
+    p.gemm_m = p.gemm_n = p.gemm_k = 1;
+    p.flops = 2;
+    for (const std::string& d : dims) {
+      const std::int64_t size = p.sizes.at(d);
+      p.flops *= static_cast<double>(size);
+      const DimRole role = o.contraction.role(d);
+      (role == DimRole::contracted ? p.gemm_k : role == DimRole::free_b ? p.gemm_n : p.gemm_m) *= size;
+    }
+    const MatmulPlanning planning = plan_matmul(o.mesh, o.contraction, p.sizes, plan_options);
+    p.chosen = planning.chosen;
+    const std::string label = "N=" + std::to_string(n);
+    const auto note = [&](const std::string& what) {
+      if (report.is_root && o.progress) o.progress(label + ": " + what);
+    };
+    note("one GEMM of the same size (" + std::to_string(report.gemm_threads) + " threads)");
+    p.gemm_time_s = reference_time(o, p, report.gemm_threads);
+
+    std::vector<int> order;
+    if (o.all) {
+      for (std::size_t i = 0; i < planning.candidates.size(); ++i) order.push_back(static_cast<int>(i));
+    } else if (planning.chosen >= 0) {
+      order.push_back(planning.chosen);
+    }
+    for (const int index : order) {
+      const Plan& plan = planning.candidates[static_cast<std::size_t>(index)];
+      note("candidate " + std::to_string(index + 1) + " of " + std::to_string(planning.candidates.size()) + ", " +
+           plan.description);
+      RunRequest req;
+      req.backend = o.backend;
+      req.mesh = o.mesh;
+      req.plan = plan;
+      req.sizes = p.sizes;
+      req.dtype = o.dtype;
+      req.contraction = &o.contraction;
+      req.warmup = o.warmup;
+      req.repeat = o.repeat;
+      req.check = o.check;
+      const RunReport r = run_plan(req);
+      p.runs.push_back({index, plan.description, plan.total_time_s, plan.comm_time_s, plan.compute_time_s,
+                        r.measured_time_s, r.verification.verified, r.verification.max_rel_error});
+    }
+    report.points.push_back(std::move(p));
+  }
+  return report;
+}
+
+}  // namespace shardmm
