@@ -38,7 +38,8 @@ void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool require
 }
 
 void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype) {
-  add_optional(app, "--dtype", dtype, "element type: bf16 (default), f16, f32 or f64, e.g. --dtype f32");
+  add_optional(app, "--dtype", dtype, "element type: bf16, f16, f32 or f64, e.g. --dtype f32 (default: f32 where data is computed or the "
+                                      "profile is calibrated, else bf16)");
 }
 
 void add_hw_flag(CLI::App& app, std::optional<std::string>& hw) {

@@ -11,7 +11,10 @@
 
 namespace shardmm {
 
-int trace_lane(OpKind op) { return is_collective(op) ? kCommunicationLane : kComputeLane; }
+std::vector<int> trace_lanes(OpKind op) {
+  if (is_collective_matmul(op)) return {kComputeLane, kCommunicationLane};
+  return {is_collective(op) ? kCommunicationLane : kComputeLane};
+}
 
 std::vector<ChromeTraceEvent> run_trace_events(const Plan& plan, const Mesh& mesh, const RunReport& report) {
   std::vector<ChromeTraceEvent> events;
@@ -19,24 +22,25 @@ std::vector<ChromeTraceEvent> run_trace_events(const Plan& plan, const Mesh& mes
     const std::vector<StepSpan>& spans = report.timeline[rank];
     for (std::size_t i = 0; i < spans.size() && i < plan.steps.size(); ++i) {
       const Step& s = plan.steps[i];
-      const int lane = trace_lane(s.op);
-      ChromeTraceEvent e;
-      e.name = std::string(to_string(s.op)) + " " + s.tensor;
-      e.category = lane == kCommunicationLane ? "communication" : "compute";
-      e.pid = static_cast<int>(rank);
-      e.tid = lane;
-      e.start_s = spans[i].start_s;
-      e.duration_s = spans[i].end_s - spans[i].start_s;
-      e.args = {{"step", static_cast<std::int64_t>(i + 1)},
-                {"op", std::string(to_string(s.op))},
-                {"tensor", s.tensor},
-                {"axes", s.axes.empty() ? std::string("-") : mesh.axis_names(s.axes)},
-                {"bytes_sent", s.bytes_sent},
-                {"bytes_received", s.bytes_received},
-                {"flops", s.flops},
-                {"predicted_time_s", s.time_s},
-                {"measured_time_s", e.duration_s}};
-      events.push_back(std::move(e));
+      for (const int lane : trace_lanes(s.op)) {
+        ChromeTraceEvent e;
+        e.name = std::string(to_string(s.op)) + " " + s.tensor;
+        e.category = lane == kCommunicationLane ? "communication" : "compute";
+        e.pid = static_cast<int>(rank);
+        e.tid = lane;
+        e.start_s = spans[i].start_s;
+        e.duration_s = spans[i].end_s - spans[i].start_s;
+        e.args = {{"step", static_cast<std::int64_t>(i + 1)},
+                  {"op", std::string(to_string(s.op))},
+                  {"tensor", s.tensor},
+                  {"axes", s.axes.empty() ? std::string("-") : mesh.axis_names(s.axes)},
+                  {"bytes_sent", s.bytes_sent},
+                  {"bytes_received", s.bytes_received},
+                  {"flops", s.flops},
+                  {"predicted_time_s", s.time_s},
+                  {"measured_time_s", e.duration_s}};
+        events.push_back(std::move(e));
+      }
     }
   }
   return events;

@@ -65,7 +65,19 @@ TEST(RunTimeline, EveryRankHasEveryStepInOrder) {
   }
 }
 
-TEST(ChromeTrace, OneEventPerStepPerRankInItsLane) {
+TEST(ChromeTrace, LanesOfEachStepKind) {
+  EXPECT_EQ(trace_lanes(OpKind::einsum), std::vector<int>{kComputeLane});
+  EXPECT_EQ(trace_lanes(OpKind::slice), std::vector<int>{kComputeLane});
+  EXPECT_EQ(trace_lanes(OpKind::to_partial), std::vector<int>{kComputeLane});
+  for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
+    EXPECT_EQ(trace_lanes(op), std::vector<int>{kCommunicationLane}) << to_string(op);
+  }
+  for (OpKind op : {OpKind::all_gather_einsum, OpKind::einsum_reduce_scatter}) {
+    EXPECT_EQ(trace_lanes(op), (std::vector<int>{kComputeLane, kCommunicationLane})) << to_string(op);
+  }
+}
+
+TEST(ChromeTrace, OneEventPerStepPerRankInItsLanes) {
   const Traced t = traced_run(2);
   bool has_collective = false, has_einsum = false;
   for (const Step& s : t.plan.steps) (is_collective(s.op) ? has_collective : has_einsum) = true;
@@ -91,12 +103,18 @@ TEST(ChromeTrace, OneEventPerStepPerRankInItsLane) {
     EXPECT_EQ((lane_names[{rank, kComputeLane}]), "compute");
     EXPECT_EQ((lane_names[{rank, kCommunicationLane}]), "communication");
     const std::vector<json>& spans = spans_by_rank[rank];
-    ASSERT_EQ(spans.size(), t.plan.steps.size());
-    for (std::size_t i = 0; i < spans.size(); ++i) {
+    // One span per step and lane, in step order (a collective matmul has one in each lane).
+    std::vector<std::pair<std::size_t, int>> expected;
+    for (std::size_t i = 0; i < t.plan.steps.size(); ++i) {
+      for (int lane : trace_lanes(t.plan.steps[i].op)) expected.emplace_back(i, lane);
+    }
+    ASSERT_EQ(spans.size(), expected.size());
+    for (std::size_t k = 0; k < spans.size(); ++k) {
+      const auto [i, lane] = expected[k];
       const Step& s = t.plan.steps[i];
-      const json& e = spans[i];
-      EXPECT_EQ(e["tid"], is_collective(s.op) ? kCommunicationLane : kComputeLane);
-      EXPECT_EQ(e["cat"], is_collective(s.op) ? "communication" : "compute");
+      const json& e = spans[k];
+      EXPECT_EQ(e["tid"], lane);
+      EXPECT_EQ(e["cat"], lane == kCommunicationLane ? "communication" : "compute");
       EXPECT_EQ(e["name"], std::string(to_string(s.op)) + " " + s.tensor);
       EXPECT_EQ(e["args"]["step"], i + 1);
       EXPECT_EQ(e["args"]["op"], to_string(s.op));

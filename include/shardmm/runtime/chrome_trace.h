@@ -37,10 +37,12 @@ struct ChromeTraceEvent {
   std::vector<std::pair<std::string, TraceArg>> args;  // shown when the span is selected
 };
 
-// The lane a step runs in.
-int trace_lane(OpKind op);
+// The lanes a step runs in: a collective's is communication, local work's is compute, and a
+// collective matmul (all_gather_einsum, einsum_reduce_scatter) is in both at once: its ring
+// moves the next chunk while it multiplies this one.
+std::vector<int> trace_lanes(OpKind op);
 
-// One event per step per rank of the run's median repeat (RunReport::timeline), args:
+// One event per step, rank and lane of the run's median repeat (RunReport::timeline), args:
 // step (1-based), op, tensor, axes, bytes_sent, bytes_received, flops,
 // predicted_time_s (the plan's) and measured_time_s (this rank's span).
 std::vector<ChromeTraceEvent> run_trace_events(const Plan& plan, const Mesh& mesh, const RunReport& report);
