@@ -19,7 +19,11 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
   -DSHARDMM_BUILD_FUZZERS=ON -DSHARDMM_WITH_MPI=OFF -DSHARDMM_BUILD_TESTS=OFF -DSHARDMM_BUILD_BENCHMARKS=OFF \
   >/dev/null
 echo "fuzz: building fuzz_parse and fuzz_cli" >&2
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_parse fuzz_cli >/dev/null
+if ! cmake --build build-fuzz -j"$(nproc)" --target fuzz_parse fuzz_cli >build-fuzz/build.log 2>&1; then
+  echo "fuzz: the build failed; the end of build-fuzz/build.log:" >&2
+  tail -30 build-fuzz/build.log >&2
+  exit 1
+fi
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

@@ -170,8 +170,10 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
                                    seg.fit.max_rel_residual});
       }
       for (std::size_t i = 0; i < bytes.size(); ++i) {
+        // A named copy: clang before 16 cannot capture a structured binding (`bytes`).
+        const auto size = bytes[i];
         const auto& seg = *std::find_if(segments.rbegin(), segments.rend(),
-                                        [&](const AlphaBetaSegment& s) { return s.min_bytes <= bytes[i]; });
+                                        [size](const AlphaBetaSegment& s) { return s.min_bytes <= size; });
         result.samples.push_back({op, n, static_cast<std::int64_t>(bytes[i]), seconds[i], envelope[i],
                                   seg.fit.alpha_s + seg.fit.beta_s_per_byte * bytes[i]});
       }
