@@ -333,11 +333,13 @@ class MatmulPlanner {
       }
     }
     if (einsum_at + 1 < steps.size()) {
+      // Only a reduce_scatter has a dimension to look at (an all_reduce's `dim` is -1).
       const Step& scatter = steps[einsum_at + 1];
-      const std::string& letter = scatter.to.dims[static_cast<std::size_t>(scatter.dim)].name;
-      if (scatter.op == OpKind::reduce_scatter && mesh_.group_size(scatter.axes) >= 2 &&
-          (free_in(letter, 0) || free_in(letter, 1))) {
-        add(einsum_at + 1, detail::fuse_einsum_reduce_scatter(einsum, scatter, sizes_, coster_));
+      if (scatter.op == OpKind::reduce_scatter && mesh_.group_size(scatter.axes) >= 2) {
+        const std::string& letter = scatter.to.dims[static_cast<std::size_t>(scatter.dim)].name;
+        if (free_in(letter, 0) || free_in(letter, 1)) {
+          add(einsum_at + 1, detail::fuse_einsum_reduce_scatter(einsum, scatter, sizes_, coster_));
+        }
       }
     }
   }
