@@ -261,7 +261,8 @@ class MatmulPlanner {
     if (!seen_.insert(signature).second) return;
 
     // Peak: the caller's inputs stay allocated; an intermediate lives until its consumer ran.
-    const std::int64_t inputs = coster_.max_bytes(c_.a, a_shape_) + coster_.max_bytes(c_.b, b_shape_);
+    // Saturating: sizes that fit 64 bits each can overflow in sum; the memory limit refuses those.
+    const std::int64_t inputs = saturating_add(coster_.max_bytes(c_.a, a_shape_), coster_.max_bytes(c_.b, b_shape_));
     std::int64_t peak = inputs;
     std::int64_t a_live = 0, b_live = 0;
     const auto run = [&](const std::vector<Step>& steps, const std::vector<std::int64_t>& shape, std::int64_t held,
@@ -271,7 +272,7 @@ class MatmulPlanner {
         s.operand = operand;
         coster_.cost(s, shape);
         const std::int64_t out = coster_.max_bytes(s.to, shape);
-        peak = std::max(peak, inputs + held + current + out);
+        peak = std::max(peak, saturating_add(saturating_add(inputs, held), saturating_add(current, out)));
         current = out;
         plan.steps.push_back(s);
       }
@@ -281,7 +282,7 @@ class MatmulPlanner {
     b_live = run(b_steps, b_shape_, a_live, 0, 1);
     coster_.cost_einsum(einsum, sizes_);
     const std::int64_t local_bytes = coster_.max_bytes(local, c_shape_);
-    peak = std::max(peak, inputs + a_live + b_live + local_bytes);
+    peak = std::max(peak, saturating_add(saturating_add(inputs, a_live), saturating_add(b_live, local_bytes)));
     plan.steps.push_back(einsum);
     run(c_steps, c_shape_, 0, local_bytes, 2);
     plan.peak_bytes_per_device = peak;

@@ -192,7 +192,9 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
     Step& s = plan.steps[i];
     s.tensor = from.tensor;
     coster.cost(s, shape);
-    const std::int64_t live = source + (i > 0 ? coster.max_bytes(s.from, shape) : 0) + coster.max_bytes(s.to, shape);
+    // Saturating (core/error.h): each block fits 64 bits, their sum may not; the limit refuses it.
+    const std::int64_t live = saturating_add(
+        source, saturating_add(i > 0 ? coster.max_bytes(s.from, shape) : 0, coster.max_bytes(s.to, shape)));
     plan.peak_bytes_per_device = std::max(plan.peak_bytes_per_device, live);
   }
   plan.description = plan.steps.empty() ? "nothing to do: the layouts are equal" : "";

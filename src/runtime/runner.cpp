@@ -50,20 +50,18 @@ std::vector<double> timing_message(const std::vector<std::vector<double>>& durat
   return msg;
 }
 
-// Byte counts saturate: a run that would need more than 2^63 bytes is refused all the same.
-constexpr std::int64_t kMaxBytes = std::numeric_limits<std::int64_t>::max();
-std::int64_t sat_add(std::int64_t a, std::int64_t b) { return a > kMaxBytes - b ? kMaxBytes : a + b; }
-std::int64_t sat_mul(std::int64_t a, std::int64_t b) { return b != 0 && a > kMaxBytes / b ? kMaxBytes : a * b; }
+// Byte counts saturate (core/error.h): a run that would need more than 2^63 bytes is refused
+// all the same.
 
 std::int64_t elements_of(const Shape& shape) {
   std::int64_t n = 1;
-  for (std::int64_t e : shape) n = sat_mul(n, e);
+  for (std::int64_t e : shape) n = saturating_mul(n, e);
   return n;
 }
 
 // As Buffer allocates: whole 64-byte lines, at least one.
 std::int64_t buffer_bytes(std::int64_t elements, DType dtype) {
-  return sat_add(std::max<std::int64_t>(sat_mul(elements, dtype_bytes(dtype)), 1), 63) / 64 * 64;
+  return saturating_add(std::max<std::int64_t>(saturating_mul(elements, dtype_bytes(dtype)), 1), 63) / 64 * 64;
 }
 
 std::int64_t block_bytes(const Mesh& mesh, const Spec& spec, const DimSizes& sizes, DType dtype, std::int64_t device) {
@@ -113,7 +111,7 @@ std::optional<std::int64_t> file_number(const char* path) {
 // The run needs more than the request's limit or the machine's memory: refuse, with the
 // figures, before anything is allocated.
 void check_memory(const RunRequest& req, const MemoryNeed& need) {
-  const std::int64_t device0 = sat_add(need.device_bytes, need.verify_bytes);
+  const std::int64_t device0 = saturating_add(need.device_bytes, need.verify_bytes);
   const std::string verifying =
       need.verify_bytes ? " + " + format_bytes(need.verify_bytes) + " to verify on device 0" : std::string();
   if (req.mem_limit_bytes && device0 > *req.mem_limit_bytes) {
@@ -158,9 +156,9 @@ MemoryNeed memory_need(const RunRequest& req) {
   const Mesh& mesh = req.mesh;
   const Spec& a_spec = matmul ? req.contraction->a : *req.reshard_from;
   MemoryNeed need;
-  need.device_bytes = sat_add(block_bytes(mesh, a_spec, req.sizes, req.dtype, 0),
+  need.device_bytes = saturating_add(block_bytes(mesh, a_spec, req.sizes, req.dtype, 0),
                               Executor::bytes_needed(mesh, req.plan, req.sizes, req.dtype, 0));
-  if (matmul) need.device_bytes = sat_add(need.device_bytes, block_bytes(mesh, req.contraction->b, req.sizes, req.dtype, 0));
+  if (matmul) need.device_bytes = saturating_add(need.device_bytes, block_bytes(mesh, req.contraction->b, req.sizes, req.dtype, 0));
   if (req.backend != "threads") {
     // The mpi backend's reductions receive the other members' chunks into a workspace
     // (mpi_backend.cpp, reduce_scatter; all_reduce is one): about the input block.
@@ -170,17 +168,17 @@ MemoryNeed memory_need(const RunRequest& req) {
         workspace = std::max(workspace, block_bytes(mesh, s.from, req.sizes, req.dtype, 0));
       }
     }
-    need.device_bytes = sat_add(need.device_bytes, workspace);
+    need.device_bytes = saturating_add(need.device_bytes, workspace);
   }
   if (req.verify) {
     // Every device sends device 0 a copy of its result block (verify.h), which device 0
     // keeps, with the dense reference in f64.
     const Spec& out = req.plan.output;
-    need.device_bytes = sat_add(need.device_bytes, block_bytes(mesh, out, req.sizes, req.dtype, 0));
+    need.device_bytes = saturating_add(need.device_bytes, block_bytes(mesh, out, req.sizes, req.dtype, 0));
     for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
-      need.verify_bytes = sat_add(need.verify_bytes, block_bytes(mesh, out, req.sizes, req.dtype, d));
+      need.verify_bytes = saturating_add(need.verify_bytes, block_bytes(mesh, out, req.sizes, req.dtype, d));
     }
-    const auto dense = [&](const Spec& s) { return sat_mul(elements_of(global_shape(s, req.sizes)), 8); };
+    const auto dense = [&](const Spec& s) { return saturating_mul(elements_of(global_shape(s, req.sizes)), 8); };
     if (matmul) {
       // The inputs, the expected and the assembled result, and the reference einsum's workspace.
       const Contraction& c = *req.contraction;
@@ -189,16 +187,16 @@ MemoryNeed memory_need(const RunRequest& req) {
       for (const DimSpec& d : c.b.dims) layout.b.push_back(d.name);
       layout.c = c.out_dims;
       const std::map<std::string, std::int64_t> extents(req.sizes.begin(), req.sizes.end());
-      need.verify_bytes = sat_add(need.verify_bytes, sat_add(dense(c.a), dense(c.b)));
-      need.verify_bytes = sat_add(need.verify_bytes, sat_mul(dense(out), 2));
+      need.verify_bytes = saturating_add(need.verify_bytes, saturating_add(dense(c.a), dense(c.b)));
+      need.verify_bytes = saturating_add(need.verify_bytes, saturating_mul(dense(out), 2));
       need.verify_bytes =
-          sat_add(need.verify_bytes, LocalEinsum::workspace_bytes_for(std::move(layout), extents, DType::f64));
+          saturating_add(need.verify_bytes, LocalEinsum::workspace_bytes_for(std::move(layout), extents, DType::f64));
     } else {
-      need.verify_bytes = sat_add(need.verify_bytes, sat_mul(dense(out), 2));  // assembled and expected
+      need.verify_bytes = saturating_add(need.verify_bytes, saturating_mul(dense(out), 2));  // assembled and expected
     }
   }
   need.devices_sharing = req.backend == "threads" ? mesh.device_count() : ranks_on_node();
-  need.total_bytes = sat_add(sat_mul(need.device_bytes, need.devices_sharing), need.verify_bytes);
+  need.total_bytes = saturating_add(saturating_mul(need.device_bytes, need.devices_sharing), need.verify_bytes);
   return need;
 }
 
@@ -209,11 +207,11 @@ std::int64_t available_memory() {
   std::int64_t kib = 0;
   while (meminfo >> key >> kib && std::getline(meminfo, rest)) {
     if (key == "MemAvailable:") {
-      available = sat_mul(kib, 1024);
+      available = saturating_mul(kib, 1024);
       break;
     }
   }
-  if (available < 0) available = sat_mul(sysconf(_SC_AVPHYS_PAGES), sysconf(_SC_PAGESIZE));
+  if (available < 0) available = saturating_mul(sysconf(_SC_AVPHYS_PAGES), sysconf(_SC_PAGESIZE));
   // A container's memory limit (cgroup v2, else v1), which MemAvailable does not see.
   for (const char* limit : {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
     if (const auto bytes = file_number(limit)) available = std::min(available, *bytes);

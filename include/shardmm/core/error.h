@@ -9,6 +9,9 @@
 // the library is a bug or a resource problem.
 #pragma once
 
+#include <cstdint>
+#include <limits>
+
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -36,5 +39,16 @@ class InputError : public std::runtime_error {
 // `what` names the quantity in the error message.
 long long checked_mul(long long a, long long b, std::string_view what);
 long long checked_add(long long a, long long b, std::string_view what);
+
+// Saturating arithmetic on non-negative byte counts, for estimates compared against a limit
+// (peak memory): past 2^63 - 1 they stay there, and the limit refuses them all the same.
+inline std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  constexpr std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  return a > max - b ? max : a + b;
+}
+inline std::int64_t saturating_mul(std::int64_t a, std::int64_t b) {
+  constexpr std::int64_t max = std::numeric_limits<std::int64_t>::max();
+  return b != 0 && a > max / b ? max : a * b;
+}
 
 }  // namespace shardmm
