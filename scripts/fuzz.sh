@@ -7,6 +7,12 @@
 # leak, sanitizer report, input slower than 10 s or using more than 2 GiB. What a target
 # finds is saved under build-fuzz/artifacts/ (reproduce: build-fuzz/fuzz/fuzz_<target> FILE);
 # inputs that grew coverage go to build-fuzz/corpus/<target>/, not into the checked-in corpus.
+#
+# Environment: FUZZ_SEED (default 1) fixes libFuzzer's random seed, and FUZZ_RUNS=N stops
+# each target after N inputs (or SECONDS, whichever comes first). CI sets both and starts
+# from the checked-in corpus alone (FUZZ_FRESH=1 empties build-fuzz/corpus/ first): CI runs
+# then try nearly the same inputs (libFuzzer's coverage feedback is not exactly repeatable),
+# and new ground is broken by running this script by hand (without FUZZ_RUNS, or another seed).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -28,6 +34,10 @@ fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 failed=()
+seed=${FUZZ_SEED:-1}
+runs=()
+[[ -n "${FUZZ_RUNS:-}" ]] && runs=(-runs="$FUZZ_RUNS")
+[[ "${FUZZ_FRESH:-0}" == 1 ]] && rm -rf build-fuzz/corpus
 for target in parse cli; do
   work=build-fuzz/corpus/$target
   mkdir -p "$work" build-fuzz/artifacts
@@ -35,7 +45,7 @@ for target in parse cli; do
   echo "fuzz: fuzz_$target for ${seconds}s (log: $log)" >&2
   # New inputs go to the first corpus directory (the work copy); the checked-in one seeds it.
   if build-fuzz/fuzz/fuzz_$target "$work" "fuzz/corpus/$target" -dict="fuzz/$target.dict" \
-      -max_total_time="$seconds" -max_len=512 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      -seed="$seed" "${runs[@]}" -max_total_time="$seconds" -max_len=512 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
       -artifact_prefix="build-fuzz/artifacts/$target-" </dev/null >"$log" 2>&1; then
     { grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true; } | sed "s/^/fuzz: fuzz_$target /" >&2
   else
@@ -49,4 +59,4 @@ if ((${#failed[@]})); then
   echo "fuzz: failed: ${failed[*]} (inputs under build-fuzz/artifacts/)" >&2
   exit 1
 fi
-echo "fuzz: no findings in ${seconds}s per target" >&2
+echo "fuzz: no findings (${FUZZ_RUNS:-unbounded} inputs or ${seconds}s per target, seed $seed)" >&2
