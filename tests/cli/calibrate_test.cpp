@@ -16,7 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "cli/cli.h"
+#include "cli_in_process.h"
+#include <utility>
 #include "shardmm/plan/cost.h"
 #include "shardmm/runtime/calibrate.h"
 
@@ -27,23 +28,9 @@ using json = nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
+using Result = testing::CliResult;
 
-Result shardmm_cli(std::vector<std::string> args) {
-  args.insert(args.begin(), "shardmm");
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::ostringstream out, err;
-  Result r;
-  r.status = cli::run_cli(static_cast<int>(args.size()), argv.data(), out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
-}
+Result shardmm_cli(std::vector<std::string> args) { return testing::run_cli_in_process(std::move(args)); }
 
 json json_of(const Result& r) {
   EXPECT_EQ(r.status, 0) << r.err;

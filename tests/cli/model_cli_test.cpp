@@ -9,7 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "cli/cli.h"
+#include "cli_in_process.h"
+#include <utility>
 
 namespace shardmm {
 namespace {
@@ -18,21 +19,11 @@ using json = nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
+using Result = testing::CliResult;
 
 Result model(std::vector<std::string> args) {
-  args.insert(args.begin(), {"shardmm", "model"});
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  std::ostringstream out, err;
-  Result r;
-  r.status = cli::run_cli(static_cast<int>(argv.size()), argv.data(), out, err);
-  r.out = out.str();
-  r.err = err.str();
-  return r;
+  args.insert(args.begin(), "model");
+  return testing::run_cli_in_process(std::move(args));
 }
 
 // The arguments of `layer --strategy strategy` followed by `rest`.
