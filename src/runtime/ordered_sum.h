@@ -100,25 +100,26 @@ struct StreamStore256 {
 };
 
 template <class T>
-[[gnu::target("avx2"), gnu::flatten]] void sum_avx2(const void* const* sources, std::size_t n, std::int64_t count, void* out) {
+[[gnu::target("avx2"), gnu::flatten]] void sum_avx2(const void* const* sources, std::size_t n, std::int64_t count,
+                                                    void* out) {
   sum_blocks<T, PlainStore<T>>(sources, n, count, out);
 }
 template <class T>
 [[gnu::target("avx512f"), gnu::flatten]] void sum_avx512(const void* const* sources, std::size_t n, std::int64_t count,
-                                           void* out) {
+                                                         void* out) {
   sum_blocks<T, PlainStore<T>>(sources, n, count, out);
 }
 // Non-temporal stores are weakly ordered: the fence makes them visible before the caller's
 // synchronization tells the peers that the output is ready.
 template <class T>
 [[gnu::target("avx2"), gnu::flatten]] void sum_avx2_streamed(const void* const* sources, std::size_t n, std::int64_t count,
-                                               void* out) {
+                                                             void* out) {
   sum_blocks<T, StreamStore256<T>>(sources, n, count, out);
   _mm_sfence();
 }
 template <class T>
 [[gnu::target("avx512f"), gnu::flatten]] void sum_avx512_streamed(const void* const* sources, std::size_t n, std::int64_t count,
-                                                    void* out) {
+                                                                  void* out) {
   sum_blocks<T, StreamStore512<T>>(sources, n, count, out);
   _mm_sfence();
 }

@@ -14,10 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_in_process.h"
-#include <utility>
 #include "shardmm/plan/cost.h"
 #include "shardmm/runtime/calibrate.h"
 

@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli_in_process.h"
-#include <utility>
 
 namespace shardmm {
 namespace {
