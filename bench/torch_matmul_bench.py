@@ -2,7 +2,7 @@
 """PyTorch (torch.distributed, gloo on 127.0.0.1) against shardmm's mpi backend, one run.
 
     bench/torch_matmul_bench.py --shardmm build/src/shardmm [--ranks 2] [--sizes 512,1024]
-                                [--repeat 7] [--warmup 1] [--dtype f32] [--hw h100] [--json]
+                                [--repeat 7] [--warmup 1] [--rounds 3] [--dtype f32] [--hw h100] [--json]
 
 Both sides compute A[I_X, J] @ B[J_X, K] -> C[I_X, K] on X = --ranks processes, every dimension
 N, each process with one BLAS thread: each rank starts with its row block of A and of B and ends
@@ -10,8 +10,10 @@ with its row block of C. shardmm runs the planner's chosen plan under mpirun (`s
 matmul --backend mpi --json`); PyTorch runs the plan shardmm chose, "all_gather B over X, then
 local einsum", with the same collective: dist.all_gather of the B blocks straight into the rows
 of one preallocated B (no copy after it), then torch.matmul into the C block. Each side is timed
-barrier to barrier after --warmup untimed runs; the medians of --repeat are compared:
-ours/torch = torch time / shardmm time (>= 1: shardmm is not slower).
+barrier to barrier after --warmup untimed runs. The two sides alternate for --rounds rounds
+(shardmm, torch, shardmm, ...), so a change in the machine's load falls on both: per round the
+medians of --repeat give ours/torch = torch time / shardmm time (>= 1: shardmm is not slower);
+the median of the rounds' ratios is reported, with each side's median time over the rounds.
 
 PyTorch's result is verified on every rank against an f64 reference built independently from
 the same seeds: ||C x - A (B x)|| for a random x (Freivalds' check, O(N^2)), against a bound of
@@ -39,6 +41,7 @@ def parse_args():
     p.add_argument("--sizes", default="512,1024,2048,4096")
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--dtype", choices=["f32", "f64"], default="f32")
     p.add_argument("--hw", default="h100", help="shardmm's planning profile")
     p.add_argument("--json", action="store_true")
@@ -47,8 +50,8 @@ def parse_args():
         a.sizes = [int(s) for s in a.sizes.split(",")]
     except ValueError:
         p.error(f"bad --sizes '{a.sizes}': write whole numbers separated by commas, e.g. 512,1024")
-    if a.ranks < 1 or a.repeat < 1 or a.warmup < 0 or any(n < 1 or n % a.ranks for n in a.sizes):
-        p.error("--ranks and --repeat >= 1, --warmup >= 0, every size a positive multiple of --ranks")
+    if a.ranks < 1 or a.repeat < 1 or a.rounds < 1 or a.warmup < 0 or any(n < 1 or n % a.ranks for n in a.sizes):
+        p.error("--ranks, --repeat and --rounds >= 1, --warmup >= 0, every size a positive multiple of --ranks")
     return a
 
 
@@ -123,7 +126,7 @@ def run_torch(args):
 def run_shardmm(args):
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMPI_MCA_btl="self,vader", OMPI_MCA_pml="ob1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none")
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-n", str(args.ranks), args.shardmm, "bench", "matmul",
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-n", str(args.ranks), args.shardmm, "bench", "matmul",
            EXPR, "--mesh", f"X={args.ranks}", "--backend", "mpi", "--sizes", ",".join(map(str, args.sizes)),
            "--repeat", str(args.repeat), "--warmup", str(args.warmup), "--dtype", args.dtype, "--hw", args.hw, "--json"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -145,24 +148,32 @@ def main():
     if not dist.is_available() or not dist.is_gloo_available():
         print("torch_matmul_bench: skipped: this PyTorch has no torch.distributed with gloo", file=sys.stderr)
         return SKIPPED
-    ours = run_shardmm(args)
-    theirs = run_torch(args)
+    rounds = []
+    for r in range(args.rounds):
+        print(f"torch_matmul_bench: round {r + 1} of {args.rounds}: shardmm, then torch", file=sys.stderr)
+        rounds.append((run_shardmm(args), run_torch(args)))
     rows = []
-    for point, t in zip(ours["points"], theirs):
-        run = point["runs"][0]
-        flops = point["flops"]
-        rows.append({"n": t["n"], "shardmm_plan": run["description"], "same_plan": run["description"] == TORCH_PLAN,
-                     "shardmm_time_s": run["measured_time_s"], "torch_time_s": t["time_s"],
-                     "shardmm_flop_rate": flops / run["measured_time_s"], "torch_flop_rate": flops / t["time_s"],
-                     "ours_over_torch": t["time_s"] / run["measured_time_s"],
-                     "shardmm_verified": run["verified"], "torch_verified": t["verified"],
-                     "torch_relative_error": t["relative_error"]})
+    for i, n in enumerate(args.sizes):
+        ours = [o["points"][i]["runs"][0] for o, _ in rounds]
+        theirs = [t[i] for _, t in rounds]
+        flops = rounds[0][0]["points"][i]["flops"]
+        ours_s = statistics.median(o["measured_time_s"] for o in ours)
+        torch_s = statistics.median(t["time_s"] for t in theirs)
+        ratios = [t["time_s"] / o["measured_time_s"] for o, t in zip(ours, theirs)]
+        rows.append({"n": n, "shardmm_plan": ours[0]["description"], "same_plan": ours[0]["description"] == TORCH_PLAN,
+                     "shardmm_time_s": ours_s, "torch_time_s": torch_s,
+                     "shardmm_flop_rate": flops / ours_s, "torch_flop_rate": flops / torch_s,
+                     "ours_over_torch": statistics.median(ratios), "ours_over_torch_per_round": ratios,
+                     "shardmm_verified": all(o["verified"] for o in ours),
+                     "torch_verified": all(t["verified"] for t in theirs),
+                     "torch_relative_error": max(t["relative_error"] for t in theirs)})
     if args.json:
         print(json.dumps({"expression": EXPR, "ranks": args.ranks, "dtype": args.dtype, "repeat": args.repeat,
-                          "warmup": args.warmup, "torch_version": torch.__version__, "torch_plan": TORCH_PLAN,
+                          "warmup": args.warmup, "rounds": args.rounds, "torch_version": torch.__version__, "torch_plan": TORCH_PLAN,
                           "points": rows}, indent=2))
     else:
-        print(f"{EXPR} on {args.ranks} processes, {args.dtype}, 1 BLAS thread per rank, median of {args.repeat}; "
+        print(f"{EXPR} on {args.ranks} processes, {args.dtype}, 1 BLAS thread per rank, median of {args.repeat}, "
+              f"{args.rounds} alternating rounds; "
               f"shardmm mpi backend vs PyTorch {torch.__version__} gloo ({TORCH_PLAN})")
         print(f"{'N':>6} {'shardmm (s)':>12} {'torch (s)':>12} {'shardmm GF/s':>13} {'torch GF/s':>11} "
               f"{'ours/torch':>11} {'verified':>9}  shardmm plan")

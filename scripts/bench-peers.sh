@@ -3,10 +3,14 @@
 # against a reference measured in the same run, medians of REPEAT, one BLAS thread per rank.
 #
 #   scripts/bench-peers.sh                     # everything, into build/peers and docs/plots
-#   PROFILE=calibrated.json scripts/bench-peers.sh    # the same suite on another profile
+#   PROFILE=profiles/example-cpu.json scripts/bench-peers.sh    # the same suite on a fixed profile
 #
 # Environment (defaults): BUILD (build), OUT (BUILD/peers), PLOTS (docs/plots), PROFILE
-# (profiles/example-cpu.json: plans and predictions), SIZES (512,1024,2048,4096), REPEAT (7),
+# (calibrate: before the suite, `shardmm calibrate` on each mesh and backend the suite runs,
+# each step planned and predicted with the profile of its own mesh and backend, since a rank's
+# GEMM rate depends on how many ranks share the cores; or a profile file used by every step),
+# SIZES (512,1024,2048,4096), REPEAT (7), ROUNDS (3: the candidates of the plan-choice suite,
+# and shardmm and PyTorch, alternate this many times),
 # CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
 # (128,256,512,1024,2048,4096), SKIP ("": any of gemm choice scalapack torch plots).
 # Needs the build's shardmm and bench/scalapack_bench (libscalapack-openmpi-dev), mpirun;
@@ -19,12 +23,13 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 OUT=${OUT:-$BUILD/peers}
 PLOTS=${PLOTS:-docs/plots}
-PROFILE=${PROFILE:-profiles/example-cpu.json}
+PROFILE=${PROFILE:-calibrate}
 SIZES=${SIZES:-512,1024,2048,4096}
 REPEAT=${REPEAT:-7}
 CHOICE_SIZES=${CHOICE_SIZES:-256,512,1024,2048}
 CROSSOVER_DIMS=${CROSSOVER_DIMS:-I=1024,J=1024}
 CROSSOVER_SIZES=${CROSSOVER_SIZES:-128,256,512,1024,2048,4096}
+ROUNDS=${ROUNDS:-3}
 SKIP=${SKIP:-}
 SHARDMM=$BUILD/src/shardmm
 mkdir -p "$OUT" "$PLOTS"
@@ -33,9 +38,26 @@ if [[ " $SKIP " != *" plots "* ]]; then
 fi
 
 export OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_btl_vader_single_copy_mechanism=none
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe)
+# --bind-to none: Open MPI binds each of 2 ranks to one core, which would give the one-GEMM
+# reference's 2 threads on rank 0 a single core (shardmm bench matmul refuses that).
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 
 wanted() { [[ " $SKIP " != *" $1 "* ]]; }
+# profile MESH BACKEND: the profile for steps on that mesh and backend (calibrated once, on first use).
+profile() {
+  [[ $PROFILE != calibrate ]] && { echo "$PROFILE"; return; }
+  local file="$OUT/profile-$2-${1//[=,]/}.json" ranks=1 size
+  if [[ ! -f $file ]]; then
+    for size in $(tr ',' ' ' <<<"${1//[A-Z]=/}"); do ranks=$((ranks * size)); done
+    echo "bench-peers: calibrating $2 on $1 into $file" >&2
+    if [[ $2 == mpi ]]; then
+      "${MPIRUN[@]}" -n "$ranks" "$SHARDMM" calibrate --backend mpi --mesh "$1" --out "$file" >"$file.txt"
+    else
+      "$SHARDMM" calibrate --mesh "$1" --out "$file" >"$file.txt"
+    fi
+  fi
+  echo "$file"
+}
 # step NAME COMMAND...: runs COMMAND with stdout to OUT/NAME.json, the load before it to NAME.load.
 step() {
   local name=$1
@@ -50,31 +72,33 @@ if wanted gemm; then
   # 1. The chosen plan vs one OpenBLAS GEMM of the same FLOPs on the same cores.
   gather='A[I_X, J] @ B[J_X, K] -> C[I_X, K]'
   step gemm_threads_X2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --sizes "$SIZES" --repeat "$REPEAT" \
-    --hw "$PROFILE" --json
+    --hw "$(profile X=2 threads)" --json
   step gemm_mpi_X2 "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --backend mpi --sizes "$SIZES" \
-    --repeat "$REPEAT" --hw "$PROFILE" --json
+    --repeat "$REPEAT" --hw "$(profile X=2 mpi)" --json
 fi
 
 if wanted choice; then
   # 4 and 5. Every candidate of a fixed suite: how often the choice is within 5% of the fastest,
   # and predicted / measured per strategy on PROFILE.
   step choice_gather "$SHARDMM" bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
-    --all --repeat "$REPEAT" --hw "$PROFILE" --json
+    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads)" --json
   step choice_reduce "$SHARDMM" bench matmul 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
-    --all --repeat "$REPEAT" --hw "$PROFILE" --json
+    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads)" --json
   step choice_2d "$SHARDMM" bench matmul 'A[I_X, J_Y] @ B[J_X, K_Y] -> C[I_X, K_Y]' --mesh X=2,Y=2 \
-    --sizes "$CHOICE_SIZES" --all --repeat "$REPEAT" --hw "$PROFILE" --json
+    --sizes "$CHOICE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2,Y=2 threads)" --json
   # Gathering A (I x J) or B (J x K): the cheaper one changes where K passes I.
   step choice_crossover "$SHARDMM" bench matmul 'A[I_X, J] @ B[J, K_X] -> C[I, K_X]' --mesh X=2 \
-    --dims "$CROSSOVER_DIMS" --sizes "$CROSSOVER_SIZES" --all --repeat "$REPEAT" --hw "$PROFILE" --json
+    --dims "$CROSSOVER_DIMS" --sizes "$CROSSOVER_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads)" --json
 fi
 
 if wanted scalapack; then
   # 2. ScaLAPACK pdgemm on the same ranks, layout and BLAS, f64.
   for grid in 2x1 2x2; do
     ranks=$((${grid%x*} * ${grid#*x}))
+    mesh=X=${grid%x*}
+    [[ ${grid#*x} == 1 ]] || mesh+=",Y=${grid#*x}"
     step "scalapack_$grid" "${MPIRUN[@]}" -n "$ranks" "$BUILD/bench/scalapack_bench" --grid "$grid" --sizes "$SIZES" \
-      --repeat "$REPEAT" --hw "$PROFILE" --json
+      --repeat "$REPEAT" --hw "$(profile "$mesh" mpi)" --json
   done
 fi
 
@@ -92,7 +116,7 @@ if wanted torch; then
     rm -f "$OUT/torch.json"
   else
     step torch "$python" bench/torch_matmul_bench.py --shardmm "$SHARDMM" --ranks 2 --sizes "$SIZES" \
-      --repeat "$REPEAT" --hw "$PROFILE" --json
+      --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 mpi)" --json
   fi
 fi
 

@@ -248,6 +248,7 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
   doc["gemm_threads"] = r.gemm_threads;
   doc["warmup"] = o.warmup;
   doc["repeat"] = o.repeat;
+  doc["rounds"] = o.rounds;
   doc["all_candidates"] = o.all;
   doc["points"] = Json::array();
   int within = 0;
@@ -327,12 +328,13 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
     std::string expr, sizes = "512,1024,2048,4096";
     PlanningFlags common;
     ExecutionFlags exec;
+    int rounds = 1;
     bool all = false;
   };
   auto flags = std::make_shared<Flags>();
   // Execution computes in f32 or f64; the predictions need a profile with those peaks.
   flags->common.dtype = "f32";
-  flags->common.hw = "h100";
+  flags->common.fallback_hw = "h100";
   flags->exec.repeat = 7;
   flags->exec.check = false;
   CLI::App* app = bench.add_subcommand(
@@ -351,6 +353,10 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
   app->add_option("--repeat", flags->exec.repeat, "timed runs of each plan and of the GEMM; medians are reported, "
                                                   "e.g. --repeat 9 (default 7)");
   app->add_option("--warmup", flags->exec.warmup, "untimed runs before them, e.g. --warmup 2 (default 1)");
+  app->add_option("--rounds", flags->rounds,
+                  "with --all: run the candidates in turn this many times, --repeat runs each per round, and report "
+                  "the median of all of a candidate's runs: a change in the machine's load then falls on every "
+                  "candidate alike, e.g. --rounds 3 (default 1)");
   app->add_flag("--all", flags->all,
                 "run every candidate plan, not only the chosen one, and count how often the chosen one is within "
                 "5% of the fastest, e.g. --all");
@@ -363,7 +369,8 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
               "C[m,n] = A[m,k] @ B[k,n] with m = A's free and batch dimensions, n = B's free ones, k = the contracted\n"
               "ones: the same FLOPs, as one OpenBLAS GEMM with min(ranks, cores) threads (under mpirun, on rank 0\n"
               "while the other ranks sleep). Every run is verified; exit status 3 when one is wrong.\n"
-              "The defaults here are --dtype f32 and --hw h100 (the planner's profile: it picks the plan).\n\n"
+              "The defaults here are --dtype f32 and --hw calibrated when 'shardmm calibrate' has written a profile, else\n"
+              "h100 (the planner's profile: it picks the plan and predicts).\n\n"
               "Examples:\n"
               "  shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes 1024,2048\n"
               "  shardmm bench matmul 'A[I_X, J] @ B[J, K_X]' --mesh X=2 --dims I=256,J=256 --sizes 64,1024,4096 "
@@ -384,6 +391,8 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
     o.all = flags->all;
     o.warmup = flags->exec.warmup;
     o.repeat = flags->exec.repeat;
+    o.rounds = flags->rounds;
+    if (o.rounds < 1) throw InputError("--rounds " + std::to_string(o.rounds) + ": at least one round is needed");
     o.check = flags->exec.check;
     check_execution(flags->exec, p);
     check_dims_used(o.fixed, {&o.contraction.a, &o.contraction.b});

@@ -272,7 +272,7 @@ Command add_model_command(CLI::App& root) {
   auto flags = std::make_shared<ModelFlags>();
   // A run computes in f32 or f64; predictions need a profile with those peaks.
   flags->common.dtype = "f32";
-  flags->common.hw = "h100";
+  flags->common.fallback_hw = "h100";
   CLI::App* app = root.add_subcommand(
       "model", "one training step of a parallel layer: predicted collectives, bytes, memory and time; --run executes "
                "and verifies it");
@@ -312,7 +312,7 @@ Command add_model_command(CLI::App& root) {
       "Layers take: mlp B,T,D,F; attention B,T,D,H (H divides D); block B,T,D,F,H; moe B,T,D,F,E[,K].\n"
       "Combinations: dp+tp, dp+sp (mlp, attention, block). Uneven shards are legal.\n"
       "Without --run every figure comes from the symbolic autodiff tape of the same program the run executes.\n"
-      "Exit status: 0 (verified, with --run), 2 bad input, 3 wrong result. Defaults: --dtype f32 --hw h100.\n\n"
+      "Exit status: 0 (verified, with --run), 2 bad input, 3 wrong result. Defaults: --dtype f32, --hw calibrated when 'shardmm calibrate' has written a profile, else h100.\n\n"
       "Examples:\n"
       "  shardmm model mlp --strategy tp --mesh X=8 --dims B=8,T=2048,D=4096,F=16384\n"
       "  shardmm model block --strategy sp --mesh X=4 --dims B=8,T=1024,D=4096,F=16384,H=32 --causal\n"

@@ -1,9 +1,12 @@
 #include "shardmm/runtime/executor.h"
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <optional>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "shardmm/core/error.h"
@@ -82,6 +85,9 @@ std::pair<EinsumLayout, std::map<std::string, std::int64_t>> einsum_shape(const 
 // The ring tags of the collective matmuls, one per direction round the ring; apart from the
 // runner's (0x71e) and gather_global's (0x5e7f), and within any MPI's tag range (>= 32767).
 constexpr int kRingTags[2] = {0x7a10, 0x7a11};
+// How often a ring's transfers are tested while a chunk is multiplied, where they move only
+// inside the communicator's calls (mpi). Each test wakes a thread on a core the GEMM uses.
+constexpr std::chrono::microseconds kPollInterval{50};
 
 // `spec` without the trailing `group` axes of dimension `dim` (an all_gather's result).
 Spec gathered(Spec spec, int dim, const AxisList& group) {
@@ -394,17 +400,52 @@ struct Executor::Impl {
     }
   }
 
-  // One chunk's product: the chunked operand's chunk `x` times the other operand, into `c`.
+  // One chunk's product: the chunked operand's chunk `x` times the other operand, into `c`,
+  // while the transfers `in_flight` move.
   template <class T>
   void multiply_chunk(StepState& st, std::size_t m, const T* x, const DistTensor& a, const DistTensor& b, T* c,
-                      TraceEvent& ev) {
+                      const std::vector<Request*>& in_flight, TraceEvent& ev) {
     LocalEinsum& e = *st.chunk_einsum.at(st.ring->pieces[m].extent);
-    if (st.ring->operand == 0) {
-      e.run(x, b.data(), c);
-    } else {
-      e.run(a.data(), x, c);
-    }
+    while_moving(in_flight, [&] {
+      if (st.ring->operand == 0) {
+        e.run(x, b.data(), c);
+      } else {
+        e.run(a.data(), x, c);
+      }
+    });
     ev.flops += e.flops();
+  }
+
+  // Runs `compute` while the requests in flight move: where they move only inside the
+  // communicator's calls (mpi), a helper thread calls test() on them every kPollInterval
+  // until they are done or `compute` returns. This thread makes no call meanwhile.
+  template <class F>
+  void while_moving(const std::vector<Request*>& in_flight, F&& compute) {
+    const bool any = std::any_of(in_flight.begin(), in_flight.end(), [](Request* r) { return *r != nullptr; });
+    if (!any || !comm.wants_progress_thread()) {
+      compute();
+      return;
+    }
+    std::atomic<bool> computing{true};
+    std::thread poller([&] {
+      while (computing.load(std::memory_order_acquire)) {
+        bool all_done = true;
+        for (Request* r : in_flight) {
+          if (*r && !(*r)->test()) all_done = false;
+        }
+        if (all_done) return;
+        std::this_thread::sleep_for(kPollInterval);
+      }
+    });
+    struct Join {
+      std::atomic<bool>& computing;
+      std::thread& poller;
+      ~Join() {
+        computing.store(false, std::memory_order_release);
+        poller.join();
+      }
+    } join{computing, poller};
+    compute();
   }
 
   // Waits for every request in `pending` and clears it.
@@ -437,19 +478,22 @@ struct Executor::Impl {
     };
     T* out = st.out.buffer().as<T>();
     const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
+    std::vector<Request> pending;
+    std::vector<Request*> in_flight;
     const auto multiply = [&](std::size_t m) {
+      in_flight.clear();
+      for (Request& r : pending) in_flight.push_back(&r);
       const Range& rows = g.pieces[m];
       if (st.product.elements() == 0) {
-        multiply_chunk<T>(st, m, chunk(m), a, b, out + rows.offset * out_across, ev);
+        multiply_chunk<T>(st, m, chunk(m), a, b, out + rows.offset * out_across, in_flight, ev);
         return;
       }
       T* staged = st.product.as<T>();
-      multiply_chunk<T>(st, m, chunk(m), a, b, staged, ev);
+      multiply_chunk<T>(st, m, chunk(m), a, b, staged, in_flight, ev);
       const Shape piece = with_extent(g.out_local, g.out_dim, rows.extent);
       copy_box(staged, piece, zeros(piece.size()), out, g.out_local, at_dim(piece.size(), g.out_dim, rows.offset),
                piece);
     };
-    std::vector<Request> pending;
     for (std::int64_t s = 0; s <= from_left; ++s) {
       if (s + 1 <= from_left) {
         const std::size_t in = member(me_g - s - 1), fwd = member(me_g - s);
@@ -515,7 +559,7 @@ struct Executor::Impl {
         sending[s % 2].reset();
       }
       T* sum = last ? st.out.buffer().as<T>() : st.partial[s % 2].as<T>();
-      multiply_chunk<T>(st, m, chunk(m), a, b, sum, ev);
+      multiply_chunk<T>(st, m, chunk(m), a, b, sum, {&receiving[(s + 1) % 2], &sending[(s + 1) % 2]}, ev);
       if (s > 0) {
         receiving[s % 2]->wait();
         receiving[s % 2].reset();

@@ -13,10 +13,12 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -401,6 +403,33 @@ TEST(MpiNonblocking, ManyInFlightWaitedInAnyOrder) {
     comm.recv(got.data(), 77, partner, 10);
     s->wait();
     EXPECT_EQ(got, message(partner, 77, 9));
+  });
+}
+
+// The collective matmul rings call test() from a helper thread while the rank's own thread
+// computes (Executor: wants_progress_thread()): a 4 MiB message, far past the eager limit,
+// completes from test() calls on another thread alone while both ranks' threads sleep.
+TEST(MpiNonblocking, TestFromAHelperThreadMovesALargeMessage) {
+  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
+    EXPECT_TRUE(comm.wants_progress_thread());
+    const std::int64_t partner = comm.rank() ^ 1, bytes = 4 << 20;
+    const std::vector<char> out = message(comm.rank(), bytes, 5);
+    std::vector<char> in(static_cast<std::size_t>(bytes), char(-1));
+    Request r = comm.irecv(in.data(), bytes, partner, 5);
+    Request s = comm.isend(out.data(), bytes, partner, 5);
+    bool completed = false;
+    std::thread helper([&] {
+      const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!completed && std::chrono::steady_clock::now() < give_up) {
+        completed = r->test() & s->test();
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    });
+    helper.join();
+    EXPECT_TRUE(completed) << "rank " << comm.rank();
+    r->wait();
+    s->wait();
+    EXPECT_EQ(in, message(partner, bytes, 5)) << "rank " << comm.rank();
   });
 }
 

@@ -79,6 +79,12 @@ class Communicator {
   // meet a blocking one.
   virtual Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
   virtual Request irecv(void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
+  // Whether a rank that computes while its requests are in flight should have a helper
+  // thread call test() on them: true where requests move only inside the communicator's
+  // calls (mpi: Open MPI's shared-memory transport moves a message past its eager limit only
+  // then) and test() may be called from another thread while the rank's own thread makes
+  // no call (MPI initialized with at least MPI_THREAD_SERIALIZED).
+  virtual bool wants_progress_thread() const { return false; }
 
   virtual void barrier() = 0;
 };

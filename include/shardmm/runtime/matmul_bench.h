@@ -38,6 +38,8 @@ struct MatmulBenchOptions {
   bool all = false;                  // run every candidate, not only the chosen one
   int warmup = 1;
   int repeat = 7;                    // the times are medians of `repeat` runs
+  int rounds = 1;                    // the candidates run in turn, `repeat` runs each per round;
+                                     // a candidate's time is the median of all its runs
   bool check = false;                // BackendOptions::check: off, to time the plan alone
   // Called on the root process before each measurement ("N=1024: candidate 2 of 4").
   std::function<void(const std::string&)> progress;
@@ -71,7 +73,7 @@ struct MatmulBenchReport {
 };
 
 // Throws InputError for a contraction that leaves no dimension to size, an empty size
-// list, a dtype other than f32/f64, repeat < 1 or warmup < 0.
+// list, a dtype other than f32/f64, repeat < 1, rounds < 1 or warmup < 0.
 MatmulBenchReport bench_matmul(const MatmulBenchOptions& options);
 
 }  // namespace shardmm

@@ -318,6 +318,12 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
+  bool wants_progress_thread() const override {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    return level >= MPI_THREAD_SERIALIZED;  // less when the application initialized MPI so
+  }
+
   Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_message(bytes, peer, tag, "isend to");
     auto r = std::make_unique<MpiRequest>(*this, bytes, peer, tag, true);
