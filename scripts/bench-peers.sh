@@ -9,8 +9,8 @@
 # (calibrate: before the suite, `shardmm calibrate` on each mesh and backend the suite runs,
 # each step planned and predicted with the profile of its own mesh and backend, since a rank's
 # GEMM rate depends on how many ranks share the cores; or a profile file used by every step),
-# SIZES (512,1024,2048,4096), REPEAT (7), ROUNDS (3: the candidates of the plan-choice suite,
-# and shardmm and PyTorch, alternate this many times),
+# SIZES (512,1024,2048,4096), REPEAT (7), ROUNDS (3: the reference GEMM and the plans, and
+# shardmm and PyTorch, alternate this many times),
 # CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
 # (128,256,512,1024,2048,4096), SKIP ("": any of gemm choice scalapack torch plots).
 # Needs the build's shardmm and bench/scalapack_bench (libscalapack-openmpi-dev), mpirun;
@@ -72,9 +72,9 @@ if wanted gemm; then
   # 1. The chosen plan vs one OpenBLAS GEMM of the same FLOPs on the same cores.
   gather='A[I_X, J] @ B[J_X, K] -> C[I_X, K]'
   step gemm_threads_X2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --sizes "$SIZES" --repeat "$REPEAT" \
-    --hw "$(profile X=2 threads)" --json
+    --rounds "$ROUNDS" --hw "$(profile X=2 threads)" --json
   step gemm_mpi_X2 "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --backend mpi --sizes "$SIZES" \
-    --repeat "$REPEAT" --hw "$(profile X=2 mpi)" --json
+    --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 mpi)" --json
 fi
 
 if wanted choice; then
@@ -98,7 +98,7 @@ if wanted scalapack; then
     mesh=X=${grid%x*}
     [[ ${grid#*x} == 1 ]] || mesh+=",Y=${grid#*x}"
     step "scalapack_$grid" "${MPIRUN[@]}" -n "$ranks" "$BUILD/bench/scalapack_bench" --grid "$grid" --sizes "$SIZES" \
-      --repeat "$REPEAT" --hw "$(profile "$mesh" mpi)" --json
+      --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile "$mesh" mpi)" --json
   done
 fi
 

@@ -354,9 +354,9 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
                                                   "e.g. --repeat 9 (default 7)");
   app->add_option("--warmup", flags->exec.warmup, "untimed runs before them, e.g. --warmup 2 (default 1)");
   app->add_option("--rounds", flags->rounds,
-                  "with --all: run the candidates in turn this many times, --repeat runs each per round, and report "
-                  "the median of all of a candidate's runs: a change in the machine's load then falls on every "
-                  "candidate alike, e.g. --rounds 3 (default 1)");
+                  "run the reference GEMM and the plans in turn this many times, --repeat runs each per round, and "
+                  "report the median of all of each one's runs: a change in the machine's load then falls on all "
+                  "of them alike, e.g. --rounds 3 (default 1)");
   app->add_flag("--all", flags->all,
                 "run every candidate plan, not only the chosen one, and count how often the chosen one is within "
                 "5% of the fastest, e.g. --all");

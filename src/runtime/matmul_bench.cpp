@@ -27,9 +27,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Median time of one `threads`-thread GEMM C[m,n] = A[m,k] @ B[k,n] after `warmup` runs.
+// The times of `repeat` `threads`-thread GEMMs C[m,n] = A[m,k] @ B[k,n] after `warmup` runs.
 template <class T>
-double gemm_time(std::int64_t m, std::int64_t n, std::int64_t k, int threads, int warmup, int repeat) {
+std::vector<double> gemm_times(std::int64_t m, std::int64_t n, std::int64_t k, int threads, int warmup, int repeat) {
   // Values in [-1, 1): no denormals or infinities that would time differently.
   const auto fill = [](std::vector<T>& v, int salt) {
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(static_cast<double>((i * 7919 + salt) % 2001) / 1000.0 - 1.0);
@@ -47,23 +47,24 @@ double gemm_time(std::int64_t m, std::int64_t n, std::int64_t k, int threads, in
     if (r >= warmup) times.push_back(t);
   }
   blas::set_threads(saved);
-  return median(times);
+  return times;
 }
 
-double reference_time(const MatmulBenchOptions& o, const MatmulBenchPoint& p, int threads) {
+// The reference's times (under mpirun: on rank 0; the other processes get none).
+std::vector<double> reference_times(const MatmulBenchOptions& o, const MatmulBenchPoint& p, int threads) {
   const auto time = [&](int warmup, int repeat) {
-    return o.dtype == DType::f32 ? gemm_time<float>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat)
-                                 : gemm_time<double>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat);
+    return o.dtype == DType::f32 ? gemm_times<float>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat)
+                                 : gemm_times<double>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat);
   };
   if (o.backend == "threads") return time(o.warmup, o.repeat);
   // Under mpirun rank 0 alone computes. A rank waiting in an MPI call polls and would take
   // cycles from the GEMM's threads, so the others sleep instead, for as long as rank 0 says
   // the GEMMs will take (from one timed GEMM, with a margin), and only then wait for it.
-  double t = 0;
+  std::vector<double> t;
   AxisList everyone;
   for (int a = 0; a < o.mesh.rank(); ++a) everyone.push_back(a);
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
-    double expected_s = comm.rank() == 0 ? time(0, 1) * (o.warmup + o.repeat) : 0;
+    double expected_s = comm.rank() == 0 ? time(0, 1).front() * (o.warmup + o.repeat) : 0;
     comm.all_reduce(&expected_s, 1, DType::f64, everyone);  // the others add zeros: a broadcast
     if (comm.rank() == 0) {
       t = time(o.warmup, o.repeat);
@@ -129,23 +130,26 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
     const auto note = [&](const std::string& what) {
       if (report.is_root && o.progress) o.progress(label + ": " + what);
     };
-    note("one GEMM of the same size (" + std::to_string(report.gemm_threads) + " threads)");
-    p.gemm_time_s = reference_time(o, p, report.gemm_threads);
-
     std::vector<int> order;
     if (o.all) {
       for (std::size_t i = 0; i < planning.candidates.size(); ++i) order.push_back(static_cast<int>(i));
     } else if (planning.chosen >= 0) {
       order.push_back(planning.chosen);
     }
-    // Round 0 verifies each candidate; later rounds only time it again.
+    // Each round runs the reference, then every candidate; round 0 verifies each candidate,
+    // later rounds only time it again. Times are medians of all of a side's runs.
+    std::vector<double> reference;
     std::vector<std::vector<double>> times(order.size());
     for (int round = 0; round < o.rounds; ++round) {
+      const std::string of_rounds =
+          o.rounds > 1 ? ", round " + std::to_string(round + 1) + " of " + std::to_string(o.rounds) : "";
+      note("one GEMM of the same size (" + std::to_string(report.gemm_threads) + " threads)" + of_rounds);
+      const std::vector<double> r = reference_times(o, p, report.gemm_threads);
+      reference.insert(reference.end(), r.begin(), r.end());
       for (std::size_t i = 0; i < order.size(); ++i) {
         const Plan& plan = planning.candidates[static_cast<std::size_t>(order[i])];
         note("candidate " + std::to_string(order[i] + 1) + " of " + std::to_string(planning.candidates.size()) +
-             (o.rounds > 1 ? ", round " + std::to_string(round + 1) + " of " + std::to_string(o.rounds) : "") +
-             ", " + plan.description);
+             of_rounds + ", " + plan.description);
         RunRequest req;
         req.backend = o.backend;
         req.mesh = o.mesh;
@@ -165,8 +169,10 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
         }
       }
     }
+    // Empty off the root under mpirun.
+    if (!reference.empty()) p.gemm_time_s = median(reference);
     for (std::size_t i = 0; i < order.size(); ++i) {
-      if (!times[i].empty()) p.runs[i].measured_time_s = median(times[i]);  // empty off the root under mpirun
+      if (!times[i].empty()) p.runs[i].measured_time_s = median(times[i]);
     }
     report.points.push_back(std::move(p));
   }

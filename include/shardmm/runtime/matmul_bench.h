@@ -38,8 +38,8 @@ struct MatmulBenchOptions {
   bool all = false;                  // run every candidate, not only the chosen one
   int warmup = 1;
   int repeat = 7;                    // the times are medians of `repeat` runs
-  int rounds = 1;                    // the candidates run in turn, `repeat` runs each per round;
-                                     // a candidate's time is the median of all its runs
+  int rounds = 1;                    // the reference GEMM and the candidates run in turn, `repeat`
+                                     // runs each per round; each time is the median of all its runs
   bool check = false;                // BackendOptions::check: off, to time the plan alone
   // Called on the root process before each measurement ("N=1024: candidate 2 of 4").
   std::function<void(const std::string&)> progress;
@@ -60,7 +60,7 @@ struct MatmulBenchPoint {
   DimSizes sizes;
   double flops = 0;                  // 2 x the product of every dimension's size
   std::int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
-  double gemm_time_s = 0;            // the reference, median of `repeat`
+  double gemm_time_s = 0;            // the reference, median of `repeat` x `rounds`
   int chosen = -1;                   // the planner's choice (candidate index)
   std::vector<MatmulBenchRun> runs;  // the chosen plan, or every candidate in order
 };
