@@ -73,6 +73,11 @@ void print_calibration(std::ostream& out, const CalibrationResult& r, const std:
   gemm.right_align(3);
   gemm.right_align(4);
   gemm.print(out);
+  out << "  (the mean of two passes, before and after the collectives; they differed by up to "
+      << format_sig3(100 * r.gemm_drift) << "%"
+      << (r.gemm_drift > 0.1 ? ": this machine's speed is not steady, and predictions carry that much uncertainty"
+                             : "")
+      << ")\n";
   out << "\nMemory, per rank: memcpy " << format_bandwidth(c.copy_bandwidth) << ", y += x "
       << format_bandwidth(c.add_bandwidth) << " (bytes read + written)\n";
   out << "\nCollectives: time = alpha + beta x bytes (least squares, relative error; docs/calibration.md)\n";
@@ -144,6 +149,7 @@ Command add_calibrate_command(CLI::App& root) {
             Json doc;
             doc["profile_path"] = path.string();
             doc["profile"] = Json::parse(text);
+            doc["gemm_drift"] = r.gemm_drift;
             doc["samples"] = Json::array();
             for (const CollectiveSample& s : r.samples) {
               doc["samples"].push_back({{"op", to_string(s.op)},

@@ -190,8 +190,22 @@ Ring ring_of(const Mesh& mesh, const AxisList& group, std::int64_t size, const A
   return {mesh.group_size(group), whole == 0 ? 0.0 : static_cast<double>(chunk) / static_cast<double>(whole)};
 }
 
-Step fused(OpKind op, const Step& collective, const Step& einsum, const Ring& ring, const std::vector<int>& chunks,
-           std::int64_t hop_bytes, const StepCoster& coster) {
+// One chunk's einsum: its share of the FLOPs, over the whole other operand and its share of
+// the chunked operand and of C (`x` and `c` in the einsum's own view: gathered operand,
+// unscattered C). Costed at its own arithmetic intensity: on a calibrated profile a narrow
+// chunk runs at a lower GEMM rate than the whole einsum, which can undo what the overlap saves.
+double chunk_einsum_time(const Step& einsum, const Spec& x, const Spec& other, const Spec& c, double share,
+                         const DimSizes& sizes, const StepCoster& coster) {
+  const auto bytes = [&](const Spec& spec) {
+    return static_cast<double>(coster.max_bytes(spec, global_shape(spec, sizes)));
+  };
+  const double chunk_bytes = bytes(other) + share * (bytes(x) + bytes(c));
+  return einsum_time(coster.options().hw, coster.options().dtype, einsum.flops * share,
+                     static_cast<std::int64_t>(chunk_bytes));
+}
+
+Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_compute_s,
+           const std::vector<int>& chunks, std::int64_t hop_bytes, const StepCoster& coster) {
   Step s = einsum;
   s.op = op;
   s.axes = collective.axes;
@@ -201,7 +215,7 @@ Step fused(OpKind op, const Step& collective, const Step& einsum, const Ring& ri
   const double hop = ring_hop_time(coster.options().hw, hop_bytes);
   s.comm_time_s = hop * static_cast<double>(chunks.size() - 1);  // the hops of one step move at once
   s.compute_time_s = einsum.time_s;
-  s.time_s = overlapped_ring_time(chunks, einsum.time_s * ring.chunk_share, hop);
+  s.time_s = overlapped_ring_time(chunks, chunk_compute_s, hop);
   return s;
 }
 
@@ -212,13 +226,16 @@ Step fuse_all_gather_einsum(const Step& gather, const Step& einsum, int operand,
   const DimSpec& d = gather.from.dims[static_cast<std::size_t>(gather.dim)];
   const Ring ring = ring_of(coster.mesh(), gather.axes, sizes.at(d.name),
                             gather.to.dims[static_cast<std::size_t>(gather.dim)].axes, d.axes);
+  const double chunk_s = chunk_einsum_time(einsum, operand == 0 ? einsum.from : einsum.from_b,
+                                           operand == 0 ? einsum.from_b : einsum.from, einsum.to, ring.chunk_share,
+                                           sizes, coster);
   Step s = einsum;
   (operand == 0 ? s.from : s.from_b) = gather.from;
   s.dim = gather.dim;
   s.ring_operand = operand;
   s.bidirectional = bidirectional;
   const std::int64_t shard = coster.max_bytes(gather.from, global_shape(gather.from, sizes));
-  return fused(OpKind::all_gather_einsum, gather, s, ring, ring_chunks(ring.members, bidirectional), shard, coster);
+  return fused(OpKind::all_gather_einsum, gather, s, chunk_s, ring_chunks(ring.members, bidirectional), shard, coster);
 }
 
 Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, const DimSizes& sizes,
@@ -226,11 +243,15 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, const D
   const DimSpec& d = scatter.to.dims[static_cast<std::size_t>(scatter.dim)];
   const Ring ring = ring_of(coster.mesh(), scatter.axes, sizes.at(d.name),
                             scatter.from.dims[static_cast<std::size_t>(scatter.dim)].axes, d.axes);
+  // The chunked operand is the one that holds the scattered letter (it is free in it).
+  const bool in_a = einsum.from.find_dim(d.name) >= 0;
+  const double chunk_s = chunk_einsum_time(einsum, in_a ? einsum.from : einsum.from_b, in_a ? einsum.from_b : einsum.from,
+                                           einsum.to, ring.chunk_share, sizes, coster);
   Step s = einsum;
   s.to = scatter.to;
   s.dim = scatter.dim;
   const std::int64_t block = coster.max_bytes(scatter.to, global_shape(scatter.to, sizes));
-  return fused(OpKind::einsum_reduce_scatter, scatter, s, ring, ring_chunks(ring.members, false), block, coster);
+  return fused(OpKind::einsum_reduce_scatter, scatter, s, chunk_s, ring_chunks(ring.members, false), block, coster);
 }
 
 void total_up(Plan& plan, const PlanOptions& options) {

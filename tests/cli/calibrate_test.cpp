@@ -106,6 +106,11 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   EXPECT_EQ(p.calibration->backend, "threads");
   EXPECT_EQ(p.calibration->mesh, "X=2");
   EXPECT_EQ(p.topology, "switch");
+  // Two GEMM passes, whose rates differ by a fraction of their mean (< 2, as both are > 0).
+  ASSERT_TRUE(doc["gemm_drift"].is_number());
+  EXPECT_GE(doc["gemm_drift"].get<double>(), 0.0);
+  EXPECT_LT(doc["gemm_drift"].get<double>(), 2.0);
+  for (const GemmRate& g : p.calibration->gemm) EXPECT_GT(g.flops_per_s, 0) << g.shape;
 
   // Four collectives on the one group size, one size range each (a --quick sweep has too
   // few sizes for two); every sample lies on its fit as the file says.

@@ -328,7 +328,8 @@ Unfused unfuse(const Step& s) {
 
 // A collective matmul step: the pair it fuses is legal, its bytes are the collective's and
 // its FLOPs the einsum's, and its ring and overlapped time follow docs/cost-model.md
-// ("Collective matmul"), recomputed here from the shard geometry.
+// ("Collective matmul"), recomputed here from the shard geometry (each chunk's einsum at its
+// own roofline).
 void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m, const DimSizes& sizes,
                              const PlanOptions& opt) {
   const Unfused u = unfuse(s);
@@ -382,7 +383,18 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
     chunk_extent = std::max(chunk_extent, shard_range(m, size, chunk_axes, d).extent);
     whole_extent = std::max(whole_extent, shard_range(m, size, whole_axes, d).extent);
   }
-  const double chunk = whole_extent == 0 ? 0 : einsum.time_s * static_cast<double>(chunk_extent) / static_cast<double>(whole_extent);
+  // At the chunk's own roofline: its share of the FLOPs over the whole other operand and its
+  // share of the chunked operand and of C, each at its largest local block.
+  const double share = whole_extent == 0 ? 0 : static_cast<double>(chunk_extent) / static_cast<double>(whole_extent);
+  const auto largest_bytes = [&](const Spec& spec) {
+    std::int64_t most = 0;
+    for (std::int64_t d = 0; d < m.device_count(); ++d) most = std::max(most, local_elements(m, spec, shape_of(spec, sizes), d));
+    return static_cast<double>(most * dtype_bytes(opt.dtype));
+  };
+  const bool chunks_a = gathers ? s.ring_operand == 0 : u.einsum.from.find_dim(letter) >= 0;
+  const double chunk_bytes = largest_bytes(chunks_a ? u.einsum.from_b : u.einsum.from) +
+                             share * (largest_bytes(chunks_a ? u.einsum.from : u.einsum.from_b) + largest_bytes(u.einsum.to));
+  const double chunk = einsum_time(opt.hw, opt.dtype, einsum.flops * share, static_cast<std::int64_t>(chunk_bytes));
   double time = 0;
   for (std::size_t i = 0; i + 1 < chunks.size(); ++i) time += std::max(hop, chunks[i] * chunk);
   time += chunks.back() * chunk;

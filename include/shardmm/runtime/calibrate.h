@@ -47,6 +47,10 @@ struct CalibrationResult {
   bool is_root = true;     // under mpirun only world rank 0 holds the figures
   HardwareProfile profile; // calibration set, and the analytic fields derived from it
   std::vector<CollectiveSample> samples;
+  // The GEMMs are measured before and after the collectives and the profile holds the mean
+  // of the two rates; this is the largest |first - second| / mean over the shapes: how much
+  // the machine's speed moved during the calibration (a shared VM's can move by tens of %).
+  double gemm_drift = 0;
 };
 
 // The sizes a sweep measures (bytes per rank, cost.h's convention).
