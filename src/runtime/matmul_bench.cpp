@@ -146,6 +146,10 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
       note("one GEMM of the same size (" + std::to_string(report.gemm_threads) + " threads)" + of_rounds);
       const std::vector<double> r = reference_times(o, p, report.gemm_threads);
       reference.insert(reference.end(), r.begin(), r.end());
+      // OpenBLAS's worker threads busy-wait for a while after a parallel GEMM before they
+      // sleep (THREAD_TIMEOUT, 2^28 cycles by default: ~0.1 s): the plan run next would
+      // share the cores with them (it measured up to 1.7x slower at N = 512).
+      if (report.gemm_threads > 1) std::this_thread::sleep_for(std::chrono::milliseconds(250));
       for (std::size_t i = 0; i < order.size(); ++i) {
         const Plan& plan = planning.candidates[static_cast<std::size_t>(order[i])];
         note("candidate " + std::to_string(order[i] + 1) + " of " + std::to_string(planning.candidates.size()) +
