@@ -129,7 +129,8 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
   }
   for (std::size_t c = 4; c <= 8; ++c) steps.right_align(c);
   steps.print(out);
-  out << "  (per step: the slowest rank's time, median over repeats; predicted on " << p.options.hw.name
+  out << "  (per step: the slowest rank's time, a collective's from its last rank's arrival, median over repeats; "
+         "predicted on " << p.options.hw.name
       << ", see --hw)\n";
   out << "  total     measured " << format_time(r.measured_time_s) << " (barrier to barrier); predicted "
       << format_time(plan.total_time_s) << " serialized"

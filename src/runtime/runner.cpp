@@ -50,6 +50,23 @@ std::vector<double> timing_message(const std::vector<std::vector<double>>& durat
   return msg;
 }
 
+}  // namespace
+
+double step_time_s(OpKind op, const std::vector<double>& starts, const std::vector<double>& durations) {
+  if (starts.size() != durations.size() || starts.empty()) {
+    throw InputError("step_time_s: one start and one duration per rank, and at least one rank");
+  }
+  double slowest = 0, last_arrival = starts.front(), last_end = 0;
+  for (std::size_t i = 0; i < starts.size(); ++i) {
+    slowest = std::max(slowest, durations[i]);
+    last_arrival = std::max(last_arrival, starts[i]);
+    last_end = std::max(last_end, starts[i] + durations[i]);
+  }
+  return is_collective(op) ? last_end - last_arrival : slowest;
+}
+
+namespace {
+
 // Byte counts saturate (core/error.h): a run that would need more than 2^63 bytes is refused
 // all the same.
 
@@ -322,10 +339,15 @@ RunReport run_plan(const RunRequest& req) {
       m.axes = trace[s].axes;
       m.tensor = trace[s].tensor;
       std::vector<double> per_repeat;
+      const std::size_t starts_at = static_cast<std::size_t>(req.repeat) * nsteps;
       for (int r = 0; r < req.repeat; ++r) {
-        double slowest = 0;
-        for (const auto& msg : all) slowest = std::max(slowest, msg[static_cast<std::size_t>(r) * nsteps + s]);
-        per_repeat.push_back(slowest);
+        const std::size_t at = static_cast<std::size_t>(r) * nsteps + s;
+        std::vector<double> begun, took;
+        for (const auto& msg : all) {
+          begun.push_back(msg[starts_at + at]);
+          took.push_back(msg[at]);
+        }
+        per_repeat.push_back(step_time_s(m.op, begun, took));
       }
       m.measured_time_s = median(per_repeat);
       const std::size_t bytes_at = 2 * static_cast<std::size_t>(req.repeat) * nsteps + 2 * s;

@@ -57,8 +57,14 @@ struct StepMeasurement {
   std::string tensor;
   std::int64_t bytes_sent = 0;      // the most any rank sent
   std::int64_t bytes_received = 0;  // the most any rank received
-  double measured_time_s = 0;       // median over repeats of the slowest rank's time
+  double measured_time_s = 0;       // median over repeats of step_time_s
 };
+
+// One step's time in one repeat, from every rank's start (from its start of the repeat) and
+// duration: the slowest rank's span; for a collective, from its last member's arrival to
+// its last member's completion, since it cannot complete before everyone has arrived: what
+// an early rank spends waiting is the imbalance of the steps before, not the collective's.
+double step_time_s(OpKind op, const std::vector<double>& starts, const std::vector<double>& durations);
 
 // One step on one rank: seconds from that rank's start of the repeat (every rank starts a
 // repeat on leaving the same barrier, so the ranks' spans line up).
