@@ -9,7 +9,7 @@
 # (calibrate: before the suite, `shardmm calibrate` on each mesh and backend the suite runs,
 # each step planned and predicted with the profile of its own mesh and backend, since a rank's
 # GEMM rate depends on how many ranks share the cores; or a profile file used by every step),
-# SIZES (512,1024,2048,4096), REPEAT (7), ROUNDS (3: the reference GEMM and the plans, and
+# CALIBRATE_FLAGS ("": e.g. --quick, passed to each calibrate), SIZES (512,1024,2048,4096), REPEAT (7), ROUNDS (3: the reference GEMM and the plans, and
 # shardmm and PyTorch, alternate this many times),
 # CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
 # (128,256,512,1024,2048,4096), SKIP ("": any of gemm choice scalapack torch plots).
@@ -43,7 +43,9 @@ export OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 
 wanted() { [[ " $SKIP " != *" $1 "* ]]; }
-# profile MESH BACKEND: the profile for steps on that mesh and backend (calibrated once, on first use).
+# profile MESH BACKEND: the profile for steps on that mesh and backend (calibrated on first use in
+# this run; an earlier run's profiles are removed first, as the machine may have changed since).
+[[ $PROFILE == calibrate ]] && rm -f "$OUT"/profile-*.json "$OUT"/profile-*.json.txt
 profile() {
   [[ $PROFILE != calibrate ]] && { echo "$PROFILE"; return; }
   local file="$OUT/profile-$2-${1//[=,]/}.json" ranks=1 size
@@ -51,9 +53,9 @@ profile() {
     for size in $(tr ',' ' ' <<<"${1//[A-Z]=/}"); do ranks=$((ranks * size)); done
     echo "bench-peers: calibrating $2 on $1 into $file" >&2
     if [[ $2 == mpi ]]; then
-      "${MPIRUN[@]}" -n "$ranks" "$SHARDMM" calibrate --backend mpi --mesh "$1" --out "$file" >"$file.txt"
+      "${MPIRUN[@]}" -n "$ranks" "$SHARDMM" calibrate ${CALIBRATE_FLAGS:-} --backend mpi --mesh "$1" --out "$file" >"$file.txt"
     else
-      "$SHARDMM" calibrate --mesh "$1" --out "$file" >"$file.txt"
+      "$SHARDMM" calibrate ${CALIBRATE_FLAGS:-} --mesh "$1" --out "$file" >"$file.txt"
     fi
   fi
   echo "$file"
