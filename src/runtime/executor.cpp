@@ -418,11 +418,12 @@ struct Executor::Impl {
 
   // Runs `compute` while the requests in flight move: where they move only inside the
   // communicator's calls (mpi), a helper thread calls test() on them every kPollInterval
-  // until they are done or `compute` returns. This thread makes no call meanwhile.
+  // until they are done or `compute` returns. This thread makes no call meanwhile. No
+  // thread when they have already completed (small messages go eagerly).
   template <class F>
   void while_moving(const std::vector<Request*>& in_flight, F&& compute) {
-    const bool any = std::any_of(in_flight.begin(), in_flight.end(), [](Request* r) { return *r != nullptr; });
-    if (!any || !comm.wants_progress_thread()) {
+    if (!comm.wants_progress_thread() ||
+        std::none_of(in_flight.begin(), in_flight.end(), [](Request* r) { return *r && !(*r)->test(); })) {
       compute();
       return;
     }
