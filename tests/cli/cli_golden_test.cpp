@@ -7,11 +7,10 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "cli/cli.h"
+#include "cli_in_process.h"
 #include "shardmm/runtime/runner.h"
 
 namespace shardmm {
@@ -101,24 +100,11 @@ std::vector<Case> load_cases() {
   return cases;
 }
 
-struct Result {
-  int status = -1;
-  std::string out, err;
-};
-
-Result run_in_tests_dir(const std::vector<std::string>& args) {
+// The command run from the tests directory, where the golden lines' file arguments lie.
+testing::CliResult run_in_tests_dir(const std::vector<std::string>& args) {
   const std::filesystem::path cwd = std::filesystem::current_path();
   std::filesystem::current_path(SHARDMM_TESTS_DIR);
-  std::vector<std::string> copy{"shardmm"};
-  copy.insert(copy.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : copy) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::ostringstream out, err;
-  Result r;
-  r.status = cli::run_cli(static_cast<int>(copy.size()), argv.data(), out, err);
-  r.out = out.str();
-  r.err = err.str();
+  testing::CliResult r = testing::run_cli_in_process(args);
   std::filesystem::current_path(cwd);
   return r;
 }
@@ -140,7 +126,7 @@ TEST(CliGolden, EveryBadCommandLineExitsTwoWithItsExactMessage) {
     std::string shown;
     for (const std::string& a : c.args) shown += (shown.empty() ? "" : "\t") + (a.empty() ? "\"\"" : escape(a));
     SCOPED_TRACE("golden/cli_errors.txt:" + std::to_string(c.line) + ": " + shown);
-    const Result r = run_in_tests_dir(c.args);
+    const testing::CliResult r = run_in_tests_dir(c.args);
     EXPECT_EQ(r.status, 2);
     EXPECT_EQ(r.out, "");
     EXPECT_EQ(r.err, c.expected_err) << "the line as it would read now:\n" << shown << " => " << escape(r.err);
