@@ -417,26 +417,23 @@ struct Executor::Impl {
   }
 
   // Runs `compute` while the requests in flight move: where they move only inside the
-  // communicator's calls (mpi), a helper thread calls test() on them every kPollInterval
-  // until they are done or `compute` returns. This thread makes no call meanwhile. No
-  // thread when they have already completed (small messages go eagerly).
+  // communicator's calls (mpi), they are tested once here, which starts them, and then by a
+  // helper thread every kPollInterval until they are done or `compute` returns. This thread
+  // makes no call meanwhile. No thread when they have already completed (eager messages).
   template <class F>
   void while_moving(const std::vector<Request*>& in_flight, F&& compute) {
-    if (!comm.wants_progress_thread() ||
-        std::none_of(in_flight.begin(), in_flight.end(), [](Request* r) { return *r && !(*r)->test(); })) {
+    // One test() drives every transfer (MPI progresses them all), so stopping at the first
+    // unfinished request is enough.
+    const auto moving = [&] {
+      return std::any_of(in_flight.begin(), in_flight.end(), [](Request* r) { return *r && !(*r)->test(); });
+    };
+    if (!comm.wants_progress_thread() || !moving()) {
       compute();
       return;
     }
     std::atomic<bool> computing{true};
     std::thread poller([&] {
-      while (computing.load(std::memory_order_acquire)) {
-        bool all_done = true;
-        for (Request* r : in_flight) {
-          if (*r && !(*r)->test()) all_done = false;
-        }
-        if (all_done) return;
-        std::this_thread::sleep_for(kPollInterval);
-      }
+      while (computing.load(std::memory_order_acquire) && moving()) std::this_thread::sleep_for(kPollInterval);
     });
     struct Join {
       std::atomic<bool>& computing;
@@ -506,7 +503,6 @@ struct Executor::Impl {
         pending.push_back(comm.irecv(chunk(in), chunk_bytes(in), next, kRingTags[1]));
         pending.push_back(comm.isend(chunk(fwd), chunk_bytes(fwd), prev, kRingTags[1]));
       }
-      for (Request& r : pending) r->test();  // mpi: start the transfers before the GEMM
       if (s == 0) {
         multiply(g.me);
       } else {
@@ -552,7 +548,6 @@ struct Executor::Impl {
         const std::size_t bound = member(me_g - s - 2);
         receiving[(s + 1) % 2] = comm.irecv(st.incoming[(s + 1) % 2].as<T>(),
                                             g.pieces[bound].extent * out_across * eb, prev, kRingTags[0]);
-        receiving[(s + 1) % 2]->test();
       }
       const bool last = s == n - 1;
       if (!last && sending[s % 2]) {  // the buffer's previous running sum must have left
