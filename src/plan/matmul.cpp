@@ -323,13 +323,7 @@ class MatmulPlanner {
       const Step& gather = steps[end - 1];
       if (gather.op != OpKind::all_gather || mesh_.group_size(gather.axes) < 2) continue;
       if (!free_in(gather.from.dims[static_cast<std::size_t>(gather.dim)].name, operand)) continue;
-      for (bool both_ways : {false, true}) {
-        // Both ways round needs a ring of direct links that carry both directions at once
-        // (behind a switch the two transfers share one port), and a third member.
-        if (both_ways && (!options_.hw.bidirectional || options_.hw.topology != "torus" ||
-                          mesh_.group_size(gather.axes) < 3)) {
-          continue;
-        }
+      for (bool both_ways : ring_ways(gather.axes)) {
         add(end - 1, detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_));
       }
     }
@@ -339,10 +333,22 @@ class MatmulPlanner {
       if (scatter.op == OpKind::reduce_scatter && mesh_.group_size(scatter.axes) >= 2) {
         const std::string& letter = scatter.to.dims[static_cast<std::size_t>(scatter.dim)].name;
         if (free_in(letter, 0) || free_in(letter, 1)) {
-          add(einsum_at + 1, detail::fuse_einsum_reduce_scatter(einsum, scatter, sizes_, coster_));
+          for (bool both_ways : ring_ways(scatter.axes)) {
+            add(einsum_at + 1, detail::fuse_einsum_reduce_scatter(einsum, scatter, both_ways, sizes_, coster_));
+          }
         }
       }
     }
+  }
+
+  // The ways round a ring over `group`: one way, and both ways where that can help, which
+  // needs a ring of direct links that carry both directions at once (behind a switch the two
+  // transfers share one port) and a third member.
+  std::vector<bool> ring_ways(const AxisList& group) const {
+    if (options_.hw.bidirectional && options_.hw.topology == "torus" && mesh_.group_size(group) >= 3) {
+      return {false, true};
+    }
+    return {false};
   }
 
   std::string describe(const Plan& plan) const {
@@ -357,7 +363,7 @@ class MatmulPlanner {
                std::to_string(s.ring_steps) + " steps)";
       } else if (s.op == OpKind::einsum_reduce_scatter) {
         out += "local einsum overlapped with reduce_scatter " + s.tensor + " over " + mesh_.axis_names(s.axes) +
-               " (ring of " + std::to_string(s.ring_steps) + " steps)";
+               " (" + (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) + " steps)";
       } else {
         out += std::string(to_string(s.op)) + " " + s.tensor;
         if (!s.axes.empty()) out += " over " + mesh_.axis_names(s.axes);

@@ -30,6 +30,56 @@ bool is_collective_matmul(OpKind op) {
   return op == OpKind::all_gather_einsum || op == OpKind::einsum_reduce_scatter;
 }
 
+namespace {
+
+std::int64_t elements(const std::vector<std::int64_t>& shape, std::size_t from, std::size_t to) {
+  std::int64_t n = 1;
+  for (std::size_t i = from; i < to; ++i) n *= shape[i];
+  return n;
+}
+
+}  // namespace
+
+Staging staging_of(const Step& step, const std::vector<std::int64_t>& in_local,
+                   const std::vector<std::int64_t>& out_local) {
+  const auto in_place = [&](const std::vector<std::int64_t>& s) {
+    return elements(s, 0, static_cast<std::size_t>(step.dim)) == 1;
+  };
+  Staging st;
+  switch (step.op) {
+    case OpKind::all_gather:
+      if (!in_place(out_local)) st.recv = elements(out_local, 0, out_local.size());
+      break;
+    case OpKind::reduce_scatter:
+      if (!in_place(in_local)) st.send = elements(in_local, 0, in_local.size());
+      break;
+    case OpKind::all_to_all:
+      st.send = elements(in_local, 0, in_local.size());
+      st.recv = elements(out_local, 0, out_local.size());
+      break;
+    default:
+      break;
+  }
+  return st;
+}
+
+std::int64_t local_copy_elements(const Step& step, const std::vector<std::int64_t>& in_local,
+                                 const std::vector<std::int64_t>& out_local) {
+  const Staging st = staging_of(step, in_local, out_local);
+  const std::int64_t staged = st.send.value_or(0) + st.recv.value_or(0);
+  const std::int64_t in = elements(in_local, 0, in_local.size());
+  switch (step.op) {
+    case OpKind::all_gather:  // the own piece into the output (or into the staging buffer)
+    case OpKind::all_reduce:  // the input into the output, which is then reduced in place
+      return in + staged;
+    case OpKind::reduce_scatter:
+    case OpKind::all_to_all:
+      return staged;
+    default:
+      return 0;
+  }
+}
+
 const char* to_string(DType dtype) {
   switch (dtype) {
     case DType::bf16: return "bf16";

@@ -139,6 +139,13 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     case OpKind::all_gather_einsum:  // fuse_*
     case OpKind::einsum_reduce_scatter: break;
   }
+  // A calibrated profile describes this executor on this machine, whose time for a collective
+  // also holds the copies it makes around it; device 0 holds the largest blocks.
+  if (options_.hw.calibration && is_collective(step.op)) {
+    const std::int64_t copied = local_copy_elements(step, local_shape(mesh_, step.from, shape, 0),
+                                                    local_shape(mesh_, step.to, shape, 0));
+    c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
+  }
   memo_[key] = c;
   step.bytes_sent = c.sent;
   step.bytes_received = c.received;
@@ -238,7 +245,7 @@ Step fuse_all_gather_einsum(const Step& gather, const Step& einsum, int operand,
   return fused(OpKind::all_gather_einsum, gather, s, chunk_s, ring_chunks(ring.members, bidirectional), shard, coster);
 }
 
-Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, const DimSizes& sizes,
+Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bidirectional, const DimSizes& sizes,
                                 const StepCoster& coster) {
   const DimSpec& d = scatter.to.dims[static_cast<std::size_t>(scatter.dim)];
   const Ring ring = ring_of(coster.mesh(), scatter.axes, sizes.at(d.name),
@@ -250,8 +257,13 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, const D
   Step s = einsum;
   s.to = scatter.to;
   s.dim = scatter.dim;
+  s.bidirectional = bidirectional;
   const std::int64_t block = coster.max_bytes(scatter.to, global_shape(scatter.to, sizes));
-  return fused(OpKind::einsum_reduce_scatter, scatter, s, chunk_s, ring_chunks(ring.members, false), block, coster);
+  // The all_gather ring's transpose: its steps in reverse order, the single chunk (the own
+  // block) last, as the partial sums converge on their owners.
+  std::vector<int> chunks = ring_chunks(ring.members, bidirectional);
+  std::reverse(chunks.begin(), chunks.end());
+  return fused(OpKind::einsum_reduce_scatter, scatter, s, chunk_s, chunks, block, coster);
 }
 
 void total_up(Plan& plan, const PlanOptions& options) {

@@ -49,8 +49,8 @@ class StepCoster {
 Step fuse_all_gather_einsum(const Step& gather, const Step& einsum, int operand, bool bidirectional,
                             const DimSizes& sizes, const StepCoster& coster);
 // The collective matmul that fuses `einsum` (costed) into the costed reduce_scatter of its
-// result that follows it.
-Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, const DimSizes& sizes,
+// result that follows it; the partial sums travel one way round the ring or both.
+Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bidirectional, const DimSizes& sizes,
                                 const StepCoster& coster);
 
 // Totals of a plan's steps (times, and `fits_memory` against the options' limit; the

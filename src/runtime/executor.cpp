@@ -38,34 +38,6 @@ Shape at_dim(std::size_t rank, int dim, std::int64_t offset) {
   return s;
 }
 
-// The staging copies a collective needs on one device, in elements; absent where it
-// works on the blocks in place. A gather into (or a scatter from) a block is in place
-// when the dimensions before the step's dimension have extent 1: each member's piece is
-// then one contiguous run.
-struct Staging {
-  std::optional<std::int64_t> send, recv;
-};
-
-Staging staging(const Step& step, const Shape& in_local, const Shape& out_local) {
-  const auto in_place = [&](const Shape& s) { return product(s, 0, static_cast<std::size_t>(step.dim)) == 1; };
-  Staging st;
-  switch (step.op) {
-    case OpKind::all_gather:
-      if (!in_place(out_local)) st.recv = product(out_local, 0, out_local.size());
-      break;
-    case OpKind::reduce_scatter:
-      if (!in_place(in_local)) st.send = product(in_local, 0, in_local.size());
-      break;
-    case OpKind::all_to_all:
-      st.send = product(in_local, 0, in_local.size());
-      st.recv = product(out_local, 0, out_local.size());
-      break;
-    default:
-      break;
-  }
-  return st;
-}
-
 // An einsum step's operand orders and this device's extents, for LocalEinsum.
 std::pair<EinsumLayout, std::map<std::string, std::int64_t>> einsum_shape(const Mesh& mesh, const Step& step,
                                                                           const DimSizes& sizes, std::int64_t device) {
@@ -191,7 +163,7 @@ struct StepState {
   std::unique_ptr<LocalEinsum> einsum;
   // Collective matmuls: the ring, its buffers, and the einsum of one chunk by D's extent.
   std::unique_ptr<RingGeometry> ring;
-  Buffer chunks, product, partial[2], incoming[2];
+  Buffer chunks, product, partial[2][2], incoming[2][2];  // by way round the ring and step parity
   std::map<std::int64_t, std::unique_ptr<LocalEinsum>> chunk_einsum;
 };
 
@@ -227,7 +199,7 @@ struct Executor::Impl {
     st.out = DistTensor(mesh, me, step.to, shape_of(step.to), dtype);
     const Shape in_local = local_shape(mesh, step.from, shape_of(step.from), me);
     const Shape& out_local = st.out.local_shape();
-    const Staging stage = staging(step, in_local, out_local);
+    const Staging stage = staging_of(step, in_local, out_local);
     if (stage.send) st.send = Buffer(*stage.send, dtype);
     if (stage.recv) st.recv = Buffer(*stage.recv, dtype);
     st.direct = !stage.send && !stage.recv;
@@ -294,9 +266,11 @@ struct Executor::Impl {
         if (step.op == OpKind::all_gather_einsum) {
           if (g.product_elements > 0) st.product = Buffer(g.product_elements, dtype);
         } else {
-          for (int i = 0; i < 2; ++i) {
-            st.partial[i] = Buffer(g.product_elements, dtype);
-            st.incoming[i] = Buffer(g.product_elements, dtype);
+          for (int w = 0; w < (step.bidirectional ? 2 : 1); ++w) {
+            for (int i = 0; i < 2; ++i) {
+              st.partial[w][i] = Buffer(g.product_elements, dtype);
+              st.incoming[w][i] = Buffer(g.product_elements, dtype);
+            }
           }
         }
         for (std::size_t m = 0; m < g.members.size(); ++m) {
@@ -395,7 +369,7 @@ struct Executor::Impl {
         all_gather_einsum<T>(step, st, in, *in_b, ev);
         break;
       case OpKind::einsum_reduce_scatter:
-        einsum_reduce_scatter<T>(st, in, *in_b, ev);
+        einsum_reduce_scatter<T>(step, st, in, *in_b, ev);
         break;
     }
   }
@@ -514,16 +488,25 @@ struct Executor::Impl {
     ev.bytes_sent = ev.bytes_received = (g.chunk_elements - x.elements()) * eb;
   }
 
-  // The ring of plan/step.h's einsum_reduce_scatter. At step s this rank computes the
-  // partial block of member b = me - s - 1, adds the running sum of b's block that arrived
-  // from the previous member, and passes it on; at step n-1, b = me and the sum is done:
-  // block b is summed as ((x[b+1] + x[b+2]) + ...) + x[b], ring order from b's successor.
+  // The ring of plan/step.h's einsum_reduce_scatter, all_gather_einsum's transpose. Block b's
+  // partial sums travel towards its owner b: one way round from b+1, which starts the sum,
+  // through b+2, ... (leftwards); both ways round also from b-L, ... , b-1 (rightwards), with
+  // L = floor(n/2) steps from the left and R = floor((n-1)/2) from the right, both arriving
+  // for the last step. Here "way 0" sends to the next member and "way 1" to the previous
+  // one; one way round uses way 0 alone with L = n-1. At step s < L this rank computes its
+  // partial of block me + (L - s) (way 0) and, from step L - R on, of block me - (L - s)
+  // (way 1), adds the running sum of that block which arrived during step s-1, and passes it
+  // on. At step L it computes its own block and adds what arrived: ((way 0's sum) + x[b]) +
+  // way 1's sum, each way's sum in the order its members added to it.
   template <class T>
-  void einsum_reduce_scatter(StepState& st, const DistTensor& a, const DistTensor& b, TraceEvent& ev) {
+  void einsum_reduce_scatter(const Step& step, StepState& st, const DistTensor& a, const DistTensor& b,
+                             TraceEvent& ev) {
     const RingGeometry& g = *st.ring;
     const DistTensor& x = g.operand == 0 ? a : b;
     const auto n = static_cast<std::int64_t>(g.members.size());
     const auto me_g = static_cast<std::int64_t>(g.me);
+    const std::int64_t last = step.bidirectional ? n / 2 : n - 1;
+    const std::int64_t from_right = step.bidirectional ? (n - 1) / 2 : 0;
     const std::int64_t next = g.members[static_cast<std::size_t>((me_g + 1) % n)];
     const std::int64_t prev = g.members[static_cast<std::size_t>((me_g + n - 1) % n)];
     const std::int64_t eb = dtype_bytes(dtype);
@@ -541,32 +524,58 @@ struct Executor::Impl {
     const auto chunk = [&](std::size_t m) {
       return st.chunks.elements() > 0 ? st.chunks.as<T>() + g.chunk_at[m] : src + g.pieces[m].offset * x_across;
     };
-    Request receiving[2], sending[2];  // by step parity, like the buffers they use
-    for (std::int64_t s = 0; s < n; ++s) {
-      const std::size_t m = member(me_g - s - 1);
-      if (s + 1 < n) {  // the running sum for the next step, from prev
-        const std::size_t bound = member(me_g - s - 2);
-        receiving[(s + 1) % 2] = comm.irecv(st.incoming[(s + 1) % 2].as<T>(),
-                                            g.pieces[bound].extent * out_across * eb, prev, kRingTags[0]);
-      }
-      const bool last = s == n - 1;
-      if (!last && sending[s % 2]) {  // the buffer's previous running sum must have left
-        sending[s % 2]->wait();
-        sending[s % 2].reset();
-      }
-      T* sum = last ? st.out.buffer().as<T>() : st.partial[s % 2].as<T>();
-      multiply_chunk<T>(st, m, chunk(m), a, b, sum, {&receiving[(s + 1) % 2], &sending[(s + 1) % 2]}, ev);
-      if (s > 0) {
-        receiving[s % 2]->wait();
-        receiving[s % 2].reset();
-        const T* running = st.incoming[s % 2].as<T>();
-        const std::int64_t count = g.pieces[m].extent * out_across;
-        for (std::int64_t i = 0; i < count; ++i) sum[i] = running[i] + sum[i];
-      }
-      if (!last) sending[s % 2] = comm.isend(sum, g.pieces[m].extent * out_across * eb, next, kRingTags[0]);
+    const int ways = step.bidirectional ? 2 : 1;
+    const std::int64_t to[2] = {next, prev}, from[2] = {prev, next};
+    const std::int64_t first[2] = {0, last - from_right};  // the step at which each way starts a sum
+    // The block a way carries at step s (its own block at the last step).
+    const auto block = [&](int w, std::int64_t s) { return member(w == 0 ? me_g + last - s : me_g - last + s); };
+    const auto block_bytes = [&](std::size_t m) { return g.pieces[m].extent * out_across * eb; };
+    // By way and step parity, like the buffers they use.
+    Request receiving[2][2], sending[2][2];
+    std::vector<Request*> in_flight;
+    for (int w = 0; w < ways; ++w) {
+      for (int p = 0; p < 2; ++p) in_flight.insert(in_flight.end(), {&receiving[w][p], &sending[w][p]});
     }
-    for (Request& r : sending) {
-      if (r) r->wait();
+    const auto add_arrived = [&](int w, std::int64_t s, T* sum, std::int64_t count) {
+      Request& r = receiving[w][s % 2];
+      r->wait();
+      r.reset();
+      const T* running = st.incoming[w][s % 2].template as<T>();
+      for (std::int64_t i = 0; i < count; ++i) sum[i] = running[i] + sum[i];
+    };
+    for (std::int64_t s = 0; s <= last; ++s) {
+      for (int w = 0; w < ways; ++w) {  // the running sums for the next step
+        if (s + 1 <= last && s + 1 > first[w]) {
+          receiving[w][(s + 1) % 2] = comm.irecv(st.incoming[w][(s + 1) % 2].as<T>(), block_bytes(block(w, s + 1)),
+                                                 from[w], kRingTags[w]);
+        }
+      }
+      if (s == last) {
+        T* out = st.out.buffer().as<T>();
+        multiply_chunk<T>(st, g.me, chunk(g.me), a, b, out, in_flight, ev);
+        const std::int64_t count = g.pieces[g.me].extent * out_across;
+        for (int w = 0; w < ways; ++w) {
+          if (last > first[w]) add_arrived(w, s, out, count);
+        }
+        break;
+      }
+      for (int w = 0; w < ways; ++w) {
+        if (s < first[w]) continue;
+        if (sending[w][s % 2]) {  // the buffer's previous running sum must have left
+          sending[w][s % 2]->wait();
+          sending[w][s % 2].reset();
+        }
+        const std::size_t m = block(w, s);
+        T* sum = st.partial[w][s % 2].as<T>();
+        multiply_chunk<T>(st, m, chunk(m), a, b, sum, in_flight, ev);
+        if (s > first[w]) add_arrived(w, s, sum, g.pieces[m].extent * out_across);
+        sending[w][s % 2] = comm.isend(sum, block_bytes(m), to[w], kRingTags[w]);
+      }
+    }
+    for (auto& way : sending) {
+      for (Request& r : way) {
+        if (r) r->wait();
+      }
     }
     const std::int64_t whole = product(g.out_local, 0, g.out_local.size());
     ev.bytes_sent = ev.bytes_received = (whole - st.out.elements()) * eb;
@@ -639,7 +648,7 @@ std::int64_t Executor::bytes_needed(const Mesh& mesh, const Plan& plan, const Di
     const Shape in_local = local_shape(mesh, step.from, global_shape(step.from, sizes), device);
     const Shape out_local = local_shape(mesh, step.to, global_shape(step.to, sizes), device);
     add(buffer(product(out_local, 0, out_local.size())));
-    const Staging stage = staging(step, in_local, out_local);
+    const Staging stage = staging_of(step, in_local, out_local);
     if (stage.send) add(buffer(*stage.send));
     if (stage.recv) add(buffer(*stage.recv));
     if (step.op == OpKind::einsum) {
@@ -650,7 +659,8 @@ std::int64_t Executor::bytes_needed(const Mesh& mesh, const Plan& plan, const Di
       const RingGeometry g = ring_geometry(mesh, step, sizes, device);
       if (g.chunk_elements > 0) add(buffer(g.chunk_elements));
       if (step.op == OpKind::einsum_reduce_scatter) {
-        for (int i = 0; i < 4; ++i) add(buffer(g.product_elements));  // two running sums, two arriving
+        const int buffers = 4 * (step.bidirectional ? 2 : 1);  // per way: two running sums, two arriving
+        for (int i = 0; i < buffers; ++i) add(buffer(g.product_elements));
       } else if (g.product_elements > 0) {
         add(buffer(g.product_elements));
       }

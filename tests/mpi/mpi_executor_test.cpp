@@ -81,7 +81,8 @@ TEST(MpiExecutorTest, RandomContractionsMatchThreadsBitForBit) {
 }
 
 // The collective matmul rings (isend/irecv between chunk GEMMs) on the mpi backend: every
-// fused candidate, on a torus profile so that groups of 4 also go both ways round.
+// fused candidate, on a torus profile so that groups of 4 also go both ways round (gathering
+// and scattering).
 TEST(MpiExecutorTest, CollectiveMatmulsMatchThreadsBitForBit) {
   PlanOptions torus = options(DType::f32);
   torus.hw = builtin_profile("tpu-v5e");
@@ -105,6 +106,7 @@ TEST(MpiExecutorTest, CollectiveMatmulsMatchThreadsBitForBit) {
   EXPECT_GE(rings["all_gather_einsum"], 10);
   EXPECT_GE(rings["all_gather_einsum both ways"], 3);
   EXPECT_GE(rings["einsum_reduce_scatter"], 5);
+  EXPECT_GE(rings["einsum_reduce_scatter both ways"], 3);
 }
 
 TEST(MpiExecutorTest, ReshardsOnTwoByTwo) {

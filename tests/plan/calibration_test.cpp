@@ -17,7 +17,9 @@
 
 #include "shardmm/core/error.h"
 #include "input_error.h"
+#include "shardmm/core/geometry.h"
 #include "shardmm/plan/cost.h"
+#include "shardmm/plan/planner.h"
 
 namespace shardmm {
 namespace {
@@ -200,6 +202,48 @@ TEST(CalibratedCost, EinsumTakesTheMeasuredRateAtItsIntensity) {
   EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 1e8, 1000000000), 1000000000 / 1e10);
   // f64 has no measured rate here: its peak.
   EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f64, 4e9, 1000), 1.0);
+}
+
+// On a calibrated profile a collective step also costs the copies the executor makes around
+// it, at the measured copy bandwidth (2 bytes of traffic per byte copied); mesh X=2, f32.
+TEST(CalibratedCost, CollectivesAddTheExecutorsCopies) {
+  PlanOptions opt;
+  opt.dtype = DType::f32;
+  opt.hw = calibrated();
+  HardwareProfile analytic = opt.hw;
+  analytic.calibration.reset();
+  const Mesh mesh = Mesh::parse("X=2");
+  const std::vector<std::int64_t> shape = {64, 32};  // I, J
+  const auto one_step = [&](const char* from, const char* to, const HardwareProfile& hw) {
+    PlanOptions o = opt;
+    o.hw = hw;
+    const Plan p = plan_reshard(mesh, parse_spec(from, mesh), parse_spec(to, mesh), shape, o);
+    EXPECT_EQ(p.steps.size(), 1u) << from << " -> " << to;
+    return p.steps.at(0);
+  };
+  const auto copies = [&](std::int64_t elements) { return 2.0 * elements * 4 / 1e10; };
+  struct Case {
+    const char* from;
+    const char* to;
+    std::int64_t copied;  // elements, worked out by hand from the executor
+  };
+  for (const Case& c : std::vector<Case>{
+           {"A[I_X, J]", "A[I, J]", 32 * 32},            // own piece only: I leads, gathered in place
+           {"A[I, J_X]", "A[I, J]", 64 * 16 + 64 * 32},  // own piece into staging, staging into A
+           {"A[I, J]{U_X}", "A[I_X, J]", 0},             // I leads: scattered from A in place
+           {"A[I, J]{U_X}", "A[I, J_X]", 64 * 32},       // packed into staging
+           {"A[I, J]{U_X}", "A[I, J]", 64 * 32},         // input into output, reduced there
+           {"A[I_X, J]", "A[I, J_X]", 32 * 32 + 64 * 16},  // packed and unpacked
+       }) {
+    const Step s = one_step(c.from, c.to, opt.hw);
+    // The collective's array: all_gather's output, the others' input (as cost.h has it).
+    const std::int64_t bytes = 4 * max_local_elements(mesh, s.op == OpKind::all_gather ? s.to : s.from, shape);
+    EXPECT_DOUBLE_EQ(s.time_s, collective_time(opt.hw, mesh, s.op, s.axes, bytes) + copies(c.copied))
+        << c.from << " -> " << c.to << " (" << to_string(s.op) << ")";
+    // Analytic profiles model the collective alone.
+    EXPECT_DOUBLE_EQ(one_step(c.from, c.to, analytic).time_s, collective_time(analytic, mesh, s.op, s.axes, bytes))
+        << c.from << " -> " << c.to;
+  }
 }
 
 TEST(CalibratedCost, AnalyticProfilesAreUnchanged) {

@@ -348,7 +348,6 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
   } else {
     EXPECT_EQ(s.ring_operand, -1);
     EXPECT_TRUE(c.role(letter) == DimRole::free_a || c.role(letter) == DimRole::free_b) << letter;
-    EXPECT_FALSE(s.bidirectional) << "einsum_reduce_scatter goes one way round";
   }
   if (s.bidirectional) {
     EXPECT_TRUE(opt.hw.bidirectional && opt.hw.topology == "torus" && n >= 3)
@@ -360,13 +359,15 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
   EXPECT_EQ(s.bytes_received, collective.received);
   EXPECT_EQ(s.flops, einsum.flops);
   EXPECT_DOUBLE_EQ(s.compute_time_s, einsum.time_s);
-  // The ring: n steps of one chunk one way round; both ways round, the own chunk, then two
-  // a step (one from either side), the last step one when n is even.
+  // The ring: n steps of one chunk one way round. Both ways round, gathering: the own chunk,
+  // then two a step (one from either side), the last step one when n is even; scattering,
+  // the same steps in reverse order (the own block last).
   std::vector<int> chunks(static_cast<std::size_t>(n), 1);
   if (s.bidirectional) {
     chunks.assign(static_cast<std::size_t>(1 + n / 2), 2);
     chunks.front() = 1;
     if (n % 2 == 0) chunks.back() = 1;
+    if (!gathers) std::reverse(chunks.begin(), chunks.end());
   }
   ASSERT_EQ(s.ring_steps, static_cast<int>(chunks.size()));
   // A hop moves the largest shard (all_gather_einsum) or output block (einsum_reduce_scatter).
@@ -740,8 +741,8 @@ TEST(PlannerProperty, CheckerCatchesTamperedPlans) {
     EXPECT_TRUE(check_fused([](Step& s) { s.ring_steps += 1; }, "ring_steps"));
     EXPECT_TRUE(check_fused([](Step& s) { s.axes = {}; }, "a ring of one"));
   }
-  // The ring operand must be the one whose layout the gather changes; a reduce-scatter ring
-  // goes one way round.
+  // The ring operand must be the one whose layout the gather changes; a ring goes both ways
+  // round only over direct links that carry both directions (not behind h100's switch).
   EXPECT_TRUE(failures_of(
                   [&] {
                     Plan p = fused_candidate(gathered, OpKind::all_gather_einsum);
@@ -754,9 +755,11 @@ TEST(PlannerProperty, CheckerCatchesTamperedPlans) {
                   [&] {
                     Plan p = fused_candidate(scattered, OpKind::einsum_reduce_scatter);
                     for (Step& s : p.steps) s.bidirectional = is_collective_matmul(s.op);
-                    check_plan(p, scattered, ring_mesh, sizes, opt);
+                    PlanOptions behind_switch = opt;
+                    behind_switch.hw = builtin_profile("h100");
+                    check_plan(p, scattered, ring_mesh, sizes, behind_switch);
                   },
-                  "one way round")
+                  "both ways round on")
                   .second);
   // Gathering an axis that is not the minor-most is illegal; the minor-most one is fine.
   Step gather;

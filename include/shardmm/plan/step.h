@@ -25,11 +25,14 @@
 //                             A @ B -> C[.., D_{P G}, ..] where the einsum alone gives
 //                             C[.., D_P, ..]{U_G}: each ring step computes the partial block
 //                             bound for one member, adds the running sum that arrived from
-//                             the previous member and passes it on. D is free in one input.
+//                             the previous member and passes it on (both ways round: one block
+//                             bound each way, the sums converging on their owner from both
+//                             sides). D is free in one input.
 // Planning never touches a communicator.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,11 +82,32 @@ struct Step {
   double time_s = 0;                // predicted (collective matmuls: overlapped, see docs/cost-model.md)
   // Collective matmuls only.
   int ring_operand = -1;            // all_gather_einsum: the gathered operand (0: from, 1: from_b)
-  bool bidirectional = false;       // all_gather_einsum: shards travel both ways round the ring
+  bool bidirectional = false;       // shards (all_gather_einsum) or partial sums (einsum_reduce_scatter)
+                                    // travel both ways round the ring
   int ring_steps = 0;               // steps of the ring; each multiplies one or two chunks
   double comm_time_s = 0;           // the ring's transfers alone, predicted
   double compute_time_s = 0;        // the einsum alone, predicted
 };
+
+// The staging buffers the executor uses around a collective step on a device whose blocks
+// have extents `in_local` (before) and `out_local` (after), in elements; absent where the
+// collective works on the blocks in place. A gather into (or a scatter from) a block is in
+// place when the dimensions before the step's dimension have extent 1: each member's piece
+// is then one contiguous run. all_to_all always packs and unpacks.
+struct Staging {
+  std::optional<std::int64_t> send, recv;
+};
+Staging staging_of(const Step& step, const std::vector<std::int64_t>& in_local,
+                   const std::vector<std::int64_t>& out_local);
+
+// Elements the executor copies within one device's memory for a collective step, besides
+// what the collective itself moves as calibration measures it (all_gather and all_reduce in
+// place, reduce_scatter and all_to_all between contiguous buffers): packing into and
+// unpacking from staging, and the input's copy into the output where the collective cannot
+// work on its input in place (all_gather's own piece, all_reduce's whole block). 0 for the
+// steps that are not collectives.
+std::int64_t local_copy_elements(const Step& step, const std::vector<std::int64_t>& in_local,
+                                 const std::vector<std::int64_t>& out_local);
 
 struct Plan {
   std::string description;   // e.g. "all_gather A over X, then local einsum"
