@@ -7,6 +7,7 @@
 #include <iostream>
 #include <map>
 #include <ostream>
+#include <sstream>
 
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/chrome_trace.h"
@@ -20,6 +21,10 @@ void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
                  "under mpirun -n <devices>), e.g. --backend mpi");
   app.add_option("--repeat", flags.repeat, "timed runs; the report gives medians, e.g. --repeat 10 (default 5)");
   app.add_option("--warmup", flags.warmup, "untimed runs before them, e.g. --warmup 2 (default 1)");
+  app.add_option("--warmup-time", flags.warmup_time_s,
+                 "then more untimed runs until the warm-up has taken this many seconds, as some machines' clocks and "
+                 "memory speed ramp up over the first tenths of a second; 0 for exactly --warmup runs, e.g. "
+                 "--warmup-time 0.5 (default 0.2)");
   app.add_option("--candidate", flags.candidate,
                  "run this candidate (1-based, as 'plan --all' numbers them) instead of the chosen one, e.g. "
                  "--candidate 2");
@@ -42,6 +47,11 @@ void check_execution(const ExecutionFlags& flags, const Planning& p) {
   }
   if (flags.repeat < 1) throw InputError("--repeat " + std::to_string(flags.repeat) + ": at least one timed run is needed");
   if (flags.warmup < 0) throw InputError("--warmup " + std::to_string(flags.warmup) + ": must be 0 or more");
+  if (!(flags.warmup_time_s >= 0 && flags.warmup_time_s <= 60)) {
+    std::ostringstream given;
+    given << flags.warmup_time_s;
+    throw InputError("--warmup-time " + given.str() + ": must be 0 to 60 seconds");
+  }
   if (!flags.trace.empty()) {
     const std::filesystem::path path(flags.trace);
     const std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
@@ -77,6 +87,7 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   req.reshard_from = reshard_from;
   req.repeat = flags.repeat;
   req.warmup = flags.warmup;
+  req.warmup_min_s = flags.warmup_time_s;
   req.mem_limit_bytes = p.options.mem_limit_bytes;  // run_plan checks the run's memory against it
   req.check = flags.check;
   const bool tty = isatty(2);
@@ -116,7 +127,8 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
                      const RunReport& r) {
   const Mesh& mesh = p.mesh;
   out << "\nRun: " << r.ranks << " ranks on the " << flags.backend << " backend, " << to_string(p.options.dtype)
-      << ", median of " << flags.repeat << " (after " << flags.warmup << " warm-up)\n";
+      << ", median of " << flags.repeat << " (after " << r.warmup_runs << " warm-up run" << (r.warmup_runs == 1 ? "" : "s")
+      << (flags.warmup_time_s > 0 ? ", at least " + format_time(flags.warmup_time_s) : std::string()) << ")\n";
   out << "  plan      " << plan.description << "\n";
   Table steps({"#", "op", "axes", "tensor", "sent", "received", "predicted", "measured", "measured/predicted"});
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
@@ -188,6 +200,8 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
   doc["ranks"] = r.ranks;
   doc["repeat"] = flags.repeat;
   doc["warmup"] = flags.warmup;
+  doc["warmup_time_s"] = flags.warmup_time_s;
+  doc["warmup_runs"] = r.warmup_runs;
   doc["verified"] = r.verification.verified;
   doc["max_abs_error"] = r.verification.max_abs_error;
   doc["max_rel_error"] = r.verification.max_rel_error;

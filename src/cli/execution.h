@@ -14,12 +14,13 @@ struct ExecutionFlags {
   std::string backend = "threads";
   int repeat = 5;
   int warmup = 1;
+  double warmup_time_s = 0.2;  // RunRequest::warmup_min_s
   int candidate = 0;  // 1-based index into the candidates as printed; 0 = the chosen one
   bool check = true;  // BackendOptions::check; --no-check turns it off
   std::string trace;  // --trace FILE: a Chrome trace of the run; empty: none
 };
 
-// --backend, --repeat, --warmup, --candidate, --no-check, --trace.
+// --backend, --repeat, --warmup, --warmup-time, --candidate, --no-check, --trace.
 void add_execution_flags(CLI::App& app, ExecutionFlags& flags);
 
 // Checks the backend name, the dtype (runs compute in f32 or f64) and the --trace path

@@ -24,6 +24,22 @@ namespace shardmm {
 namespace {
 
 constexpr int kTimingTag = 0x71e;
+// Bounds of the timed warm-up (RunRequest::warmup_min_s): a minute at most, and at most
+// this many runs of a plan however short it is.
+constexpr double kMaxWarmupSeconds = 60;
+constexpr int kMaxWarmupRuns = 100000;
+
+std::string format_seconds(double s) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", s);
+  return text;
+}
+
+AxisList whole_mesh(const Mesh& mesh) {
+  AxisList all;
+  for (int a = 0; a < mesh.rank(); ++a) all.push_back(a);
+  return all;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -251,6 +267,10 @@ RunReport run_plan(const RunRequest& req) {
     throw InputError("--repeat must be at least 1 and --warmup at least 0 (got " + std::to_string(req.repeat) + " and " +
                      std::to_string(req.warmup) + ")");
   }
+  if (!(req.warmup_min_s >= 0 && req.warmup_min_s <= kMaxWarmupSeconds)) {
+    throw InputError("--warmup-time " + format_seconds(req.warmup_min_s) + ": must be 0 to " +
+                     format_seconds(kMaxWarmupSeconds) + " seconds");
+  }
   const MemoryNeed need = memory_need(req);
   check_memory(req, need);
   const Mesh& mesh = req.mesh;
@@ -272,8 +292,21 @@ RunReport run_plan(const RunRequest& req) {
       if (me == 0 && req.progress) req.progress(what);
     };
     Executor exec(comm, req.plan, req.sizes, req.dtype);
-    for (int i = 0; i < req.warmup; ++i) {
-      note("warm-up " + std::to_string(i + 1) + " of " + std::to_string(req.warmup));
+    comm.barrier();
+    const auto warmup_start = std::chrono::steady_clock::now();
+    int warmups = 0;
+    for (; warmups < req.warmup; ++warmups) {
+      note("warm-up " + std::to_string(warmups + 1) + " of " + std::to_string(req.warmup));
+      exec.run(a, matmul ? &b : nullptr);
+    }
+    // Then until the warm-up has taken warmup_min_s. Every rank must make the same runs, so
+    // after each they agree on going on from their mean time spent (one 8-byte all_reduce).
+    const AxisList everyone = whole_mesh(mesh);
+    while (req.warmup_min_s > 0 && warmups < kMaxWarmupRuns) {
+      double spent = seconds_since(warmup_start);
+      comm.all_reduce(&spent, 1, DType::f64, everyone);
+      if (spent / static_cast<double>(mesh.device_count()) >= req.warmup_min_s) break;
+      note("warm-up " + std::to_string(++warmups) + " (until " + format_seconds(req.warmup_min_s) + " s)");
       exec.run(a, matmul ? &b : nullptr);
     }
 
@@ -331,6 +364,7 @@ RunReport run_plan(const RunRequest& req) {
     report.verification = v;
     report.verified_run = req.verify;
     report.repeat_times_s = repeat_times;
+    report.warmup_runs = warmups;
     report.measured_time_s = median(repeat_times);
     const std::vector<TraceEvent>& trace = exec.trace();
     for (std::size_t s = 0; s < nsteps; ++s) {

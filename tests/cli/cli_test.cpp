@@ -670,6 +670,8 @@ TEST(CliRun, BadExecutionInputs) {
   expect_input_error(with({"--dtype", "bf16"}), "execution computes in f32 or f64");
   expect_input_error(with({"--repeat", "0"}), "at least one timed run");
   expect_input_error(with({"--warmup", "-1"}), "must be 0 or more");
+  expect_input_error(with({"--warmup-time", "-0.5"}), "--warmup-time -0.5: must be 0 to 60 seconds");
+  expect_input_error(with({"--warmup-time", "61"}), "must be 0 to 60 seconds");
   expect_input_error(with({"--candidate", "99"}), "numbered 1 to");
   expect_input_error(with({"--repeat", "x"}), "--repeat");
   expect_input_error({"reshard", "A[I, J_X]", "A[I_X, J]", "--mesh", "X=2", "--dims", "I=4,J=4", "--run"},

@@ -39,6 +39,9 @@ struct RunRequest {
   const Contraction* contraction = nullptr;  // a matmul plan's expression
   const Spec* reshard_from = nullptr;        // or a reshard plan's source layout
   int warmup = 1;                            // untimed runs first (page faults, caches)
+  // Then more untimed runs until the warm-up has taken this long: some machines' clocks and
+  // memory speed ramp up over the first tenths of a second of work (docs/calibration.md).
+  double warmup_min_s = 0;
   int repeat = 5;                            // timed runs
   bool verify = true;
   bool check = true;                         // BackendOptions::check (communicator.h)
@@ -78,6 +81,7 @@ struct RunReport {
   int ranks = 0;
   double measured_time_s = 0;       // median over repeats, barrier to barrier
   std::vector<double> repeat_times_s;
+  int warmup_runs = 0;              // untimed runs made: `warmup`, or more for warmup_min_s
   std::vector<StepMeasurement> steps;
   // Every rank's steps in one repeat, the one whose time is the median: timeline[rank][step]
   // (write_run_trace, chrome_trace.h, draws it).
