@@ -158,7 +158,7 @@ struct StepState {
   std::vector<Range> pieces;         // per member: its range along the step's dimension(s)
   std::vector<Range> recv_pieces;    // all_to_all: the members' ranges along the source dim
   Range mine;                        // slice: my range relative to my block
-  bool direct = false;               // the collective can work on the buffers in place
+  bool packs = false, unpacks = false;  // through the staging buffers (else in place)
   bool keeps = false;                // to_partial: this device keeps the value
   std::unique_ptr<LocalEinsum> einsum;
   // Collective matmuls: the ring, its buffers, and the einsum of one chunk by D's extent.
@@ -202,7 +202,8 @@ struct Executor::Impl {
     const Staging stage = staging_of(step, in_local, out_local);
     if (stage.send) st.send = Buffer(*stage.send, dtype);
     if (stage.recv) st.recv = Buffer(*stage.recv, dtype);
-    st.direct = !stage.send && !stage.recv;
+    st.packs = stage.send.has_value();
+    st.unpacks = stage.recv.has_value();
     const std::vector<std::int64_t> members =
         step.axes.empty() ? std::vector<std::int64_t>{me} : mesh.group_members(me, step.axes);
     switch (step.op) {
@@ -294,9 +295,9 @@ struct Executor::Impl {
     const std::int64_t g = mesh.group_size(step.axes);
     switch (step.op) {
       case OpKind::all_gather: {
-        T* recv = st.direct ? out : st.recv.as<T>();
+        T* recv = st.unpacks ? st.recv.as<T>() : out;
         comm.all_gather(src, recv, st.counts, dtype, step.axes);
-        if (!st.direct) {
+        if (st.unpacks) {
           std::int64_t at = 0, offset = 0;
           for (std::size_t m = 0; m < st.pieces.size(); ++m) {
             const Shape chunk = with_extent(out_local, step.dim, st.pieces[m].extent);
@@ -310,7 +311,7 @@ struct Executor::Impl {
       }
       case OpKind::reduce_scatter: {
         const T* send = src;
-        if (!st.direct) {
+        if (st.packs) {
           T* staging = st.send.as<T>();
           std::int64_t at = 0;
           for (std::size_t m = 0; m < st.pieces.size(); ++m) {
@@ -331,20 +332,28 @@ struct Executor::Impl {
         break;
       }
       case OpKind::all_to_all: {
-        T* send = st.send.as<T>();
-        T* recv = st.recv.as<T>();
-        std::int64_t at = 0;
-        for (std::size_t m = 0; m < st.pieces.size(); ++m) {
-          const Shape chunk = with_extent(in_local, step.dst_dim, st.pieces[m].extent);
-          copy_box(src, in_local, at_dim(rank, step.dst_dim, st.pieces[m].offset), send + at, chunk, zeros(rank), chunk);
-          at += st.counts[m];
+        const T* send = src;
+        if (st.packs) {
+          T* staging = st.send.as<T>();
+          std::int64_t at = 0;
+          for (std::size_t m = 0; m < st.pieces.size(); ++m) {
+            const Shape chunk = with_extent(in_local, step.dst_dim, st.pieces[m].extent);
+            copy_box(src, in_local, at_dim(rank, step.dst_dim, st.pieces[m].offset), staging + at, chunk, zeros(rank),
+                     chunk);
+            at += st.counts[m];
+          }
+          send = staging;
         }
+        T* recv = st.unpacks ? st.recv.as<T>() : out;
         comm.all_to_all(send, st.counts, recv, st.recv_counts, dtype, step.axes);
-        at = 0;
-        for (std::size_t m = 0; m < st.recv_pieces.size(); ++m) {
-          const Shape chunk = with_extent(out_local, step.dim, st.recv_pieces[m].extent);
-          copy_box(recv + at, chunk, zeros(rank), out, out_local, at_dim(rank, step.dim, st.recv_pieces[m].offset), chunk);
-          at += st.recv_counts[m];
+        if (st.unpacks) {
+          std::int64_t at = 0;
+          for (std::size_t m = 0; m < st.recv_pieces.size(); ++m) {
+            const Shape chunk = with_extent(out_local, step.dim, st.recv_pieces[m].extent);
+            copy_box(recv + at, chunk, zeros(rank), out, out_local, at_dim(rank, step.dim, st.recv_pieces[m].offset),
+                     chunk);
+            at += st.recv_counts[m];
+          }
         }
         const std::int64_t kept = st.counts[static_cast<std::size_t>(mesh.group_rank(me, step.axes))];
         ev.bytes_sent = (in.elements() - kept) * eb;

@@ -233,7 +233,8 @@ TEST(CalibratedCost, CollectivesAddTheExecutorsCopies) {
            {"A[I, J]{U_X}", "A[I_X, J]", 0},             // I leads: scattered from A in place
            {"A[I, J]{U_X}", "A[I, J_X]", 64 * 32},       // packed into staging
            {"A[I, J]{U_X}", "A[I, J]", 64 * 32},         // input into output, reduced there
-           {"A[I_X, J]", "A[I, J_X]", 32 * 32 + 64 * 16},  // packed and unpacked
+           {"A[I_X, J]", "A[I, J_X]", 32 * 32},  // J's pieces packed; I's received in place
+           {"A[I, J_X]", "A[I_X, J]", 32 * 32},  // I's pieces sent in place; J's unpacked
        }) {
     const Step s = one_step(c.from, c.to, opt.hw);
     // The collective's array: all_gather's output, the others' input (as cost.h has it).

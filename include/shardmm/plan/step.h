@@ -93,7 +93,8 @@ struct Step {
 // have extents `in_local` (before) and `out_local` (after), in elements; absent where the
 // collective works on the blocks in place. A gather into (or a scatter from) a block is in
 // place when the dimensions before the step's dimension have extent 1: each member's piece
-// is then one contiguous run. all_to_all always packs and unpacks.
+// is then one contiguous run. all_to_all sends in place by that rule on its destination
+// dimension and receives in place by it on its source dimension.
 struct Staging {
   std::optional<std::int64_t> send, recv;
 };
