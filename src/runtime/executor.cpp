@@ -38,6 +38,27 @@ Shape at_dim(std::size_t rank, int dim, std::int64_t offset) {
   return s;
 }
 
+// Lays the pieces of dimension `dim` of a block (ranges relative to it) one after another
+// in `staging`, in member order, as a collective sends them.
+template <class T>
+void pack(const T* block, const Shape& shape, int dim, const std::vector<Range>& pieces, T* staging) {
+  for (const Range& piece : pieces) {
+    const Shape chunk = with_extent(shape, dim, piece.extent);
+    copy_box(block, shape, at_dim(shape.size(), dim, piece.offset), staging, chunk, zeros(shape.size()), chunk);
+    staging += product(chunk, 0, chunk.size());
+  }
+}
+
+// The inverse of pack: the pieces that arrived one after another into their places.
+template <class T>
+void unpack(const T* staging, T* block, const Shape& shape, int dim, const std::vector<Range>& pieces) {
+  for (const Range& piece : pieces) {
+    const Shape chunk = with_extent(shape, dim, piece.extent);
+    copy_box(staging, chunk, zeros(shape.size()), block, shape, at_dim(shape.size(), dim, piece.offset), chunk);
+    staging += product(chunk, 0, chunk.size());
+  }
+}
+
 // An einsum step's operand orders and this device's extents, for LocalEinsum.
 std::pair<EinsumLayout, std::map<std::string, std::int64_t>> einsum_shape(const Mesh& mesh, const Step& step,
                                                                           const DimSizes& sizes, std::int64_t device) {
@@ -155,7 +176,7 @@ struct StepState {
   DistTensor out;
   Buffer send, recv;                 // staging, when the data is not contiguous in place
   Counts counts, recv_counts;        // per group member, in elements
-  std::vector<Range> pieces;         // per member: its range along the step's dimension(s)
+  std::vector<Range> pieces;         // per member: its range along the step's dimension(s), relative to my block
   std::vector<Range> recv_pieces;    // all_to_all: the members' ranges along the source dim
   Range mine;                        // slice: my range relative to my block
   bool packs = false, unpacks = false;  // through the staging buffers (else in place)
@@ -209,9 +230,12 @@ struct Executor::Impl {
     switch (step.op) {
       case OpKind::all_gather: {
         const std::int64_t inner = elements_across(out_local, step.dim);
+        const Range block = range(step.to, step.dim, me);
         for (std::int64_t m : members) {
-          st.pieces.push_back(range(step.from, step.dim, m));
-          st.counts.push_back(st.pieces.back().extent * inner);
+          Range r = range(step.from, step.dim, m);
+          r.offset -= block.offset;
+          st.pieces.push_back(r);
+          st.counts.push_back(r.extent * inner);
         }
         break;
       }
@@ -297,31 +321,13 @@ struct Executor::Impl {
       case OpKind::all_gather: {
         T* recv = st.unpacks ? st.recv.as<T>() : out;
         comm.all_gather(src, recv, st.counts, dtype, step.axes);
-        if (st.unpacks) {
-          std::int64_t at = 0, offset = 0;
-          for (std::size_t m = 0; m < st.pieces.size(); ++m) {
-            const Shape chunk = with_extent(out_local, step.dim, st.pieces[m].extent);
-            copy_box(recv + at, chunk, zeros(rank), out, out_local, at_dim(rank, step.dim, offset), chunk);
-            at += st.counts[m];
-            offset += st.pieces[m].extent;
-          }
-        }
+        if (st.unpacks) unpack(recv, out, out_local, step.dim, st.pieces);
         ev.bytes_sent = ev.bytes_received = (st.out.elements() - in.elements()) * eb;
         break;
       }
       case OpKind::reduce_scatter: {
-        const T* send = src;
-        if (st.packs) {
-          T* staging = st.send.as<T>();
-          std::int64_t at = 0;
-          for (std::size_t m = 0; m < st.pieces.size(); ++m) {
-            const Shape chunk = with_extent(in_local, step.dim, st.pieces[m].extent);
-            copy_box(src, in_local, at_dim(rank, step.dim, st.pieces[m].offset), staging + at, chunk, zeros(rank), chunk);
-            at += st.counts[m];
-          }
-          send = staging;
-        }
-        comm.reduce_scatter(send, out, st.counts, dtype, step.axes);
+        if (st.packs) pack(src, in_local, step.dim, st.pieces, st.send.as<T>());
+        comm.reduce_scatter(st.packs ? st.send.as<T>() : src, out, st.counts, dtype, step.axes);
         ev.bytes_sent = ev.bytes_received = (in.elements() - st.out.elements()) * eb;
         break;
       }
@@ -332,29 +338,10 @@ struct Executor::Impl {
         break;
       }
       case OpKind::all_to_all: {
-        const T* send = src;
-        if (st.packs) {
-          T* staging = st.send.as<T>();
-          std::int64_t at = 0;
-          for (std::size_t m = 0; m < st.pieces.size(); ++m) {
-            const Shape chunk = with_extent(in_local, step.dst_dim, st.pieces[m].extent);
-            copy_box(src, in_local, at_dim(rank, step.dst_dim, st.pieces[m].offset), staging + at, chunk, zeros(rank),
-                     chunk);
-            at += st.counts[m];
-          }
-          send = staging;
-        }
+        if (st.packs) pack(src, in_local, step.dst_dim, st.pieces, st.send.as<T>());
         T* recv = st.unpacks ? st.recv.as<T>() : out;
-        comm.all_to_all(send, st.counts, recv, st.recv_counts, dtype, step.axes);
-        if (st.unpacks) {
-          std::int64_t at = 0;
-          for (std::size_t m = 0; m < st.recv_pieces.size(); ++m) {
-            const Shape chunk = with_extent(out_local, step.dim, st.recv_pieces[m].extent);
-            copy_box(recv + at, chunk, zeros(rank), out, out_local, at_dim(rank, step.dim, st.recv_pieces[m].offset),
-                     chunk);
-            at += st.recv_counts[m];
-          }
-        }
+        comm.all_to_all(st.packs ? st.send.as<T>() : src, st.counts, recv, st.recv_counts, dtype, step.axes);
+        if (st.unpacks) unpack(recv, out, out_local, step.dim, st.recv_pieces);
         const std::int64_t kept = st.counts[static_cast<std::size_t>(mesh.group_rank(me, step.axes))];
         ev.bytes_sent = (in.elements() - kept) * eb;
         ev.bytes_received = (st.out.elements() - kept) * eb;
