@@ -1,19 +1,23 @@
-// How much of the weight gather a collective matmul hides (docs/collective-matmul.md).
+// How much of the communication a collective matmul hides (docs/collective-matmul.md).
 //
-//   build/bench/collective_matmul_bench [--backend threads] [--ranks 2] [--rows 32,128,512,2048]
-//                                       [--inner 1024] [--repeat 7] [--rounds 3] [--dtype f32]
+//   build/bench/collective_matmul_bench [--kind gather|scatter] [--backend threads] [--ranks 2]
+//                                       [--rows 32,128,512,2048] [--inner 1024] [--contracted N]
+//                                       [--repeat 7] [--rounds 3] [--dtype f32]
 //   mpirun -n 2 build/bench/collective_matmul_bench --backend mpi
 //
-// FSDP on mesh X=ranks: A[I_X, J] @ B[J, K_X] -> C[I_X, K], J = K = --inner, I = each --rows.
+// On mesh X=ranks, K = --inner, J = --contracted (default --inner), I = each --rows:
+//   gather   FSDP, A[I_X, J] @ B[J, K_X] -> C[I_X, K]: the weight B is gathered
+//   scatter  Megatron's row-parallel layer with a sequence-sharded output,
+//            A[I, J_X] @ B[J_X, K] -> C[I_X, K]: the partial sums of C are reduce-scattered
 // Four runs, all in this process, medians over --rounds rounds of --repeat timed runs each
 // (the rounds interleave the four, so load that drifts hits them alike):
-//   overlapped  the all_gather_einsum plan (B's shards travel round the ring between GEMMs)
-//   serialized  all_gather B, then the einsum (the plan the ring replaces)
-//   compute     the einsum alone, B already gathered: A[I_X, J] @ B[J, K] -> C[I_X, K]
-//   comm        the all_gather of B alone (a reshard B[J, K_X] -> B[J, K])
+//   overlapped  the collective matmul plan (all_gather_einsum / einsum_reduce_scatter)
+//   serialized  the collective, then the einsum, or the einsum, then the collective
+//   compute     the einsum alone (B already gathered / C left as partial sums)
+//   comm        the collective alone (a reshard of B or of the partial sums of C)
 // and the OSU overlap fraction max(0, 1 - (overlapped - compute) / comm): 1 when the
-// gather is fully hidden behind the compute, 0 when it is not hidden at all. Noise can put
-// the overlapped run below the compute alone; the fraction is then shown as 100%.
+// collective is fully hidden behind the compute, 0 when it is not hidden at all. Noise can
+// put the overlapped run below the compute alone; the fraction is then shown as 100%.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -27,11 +31,6 @@
 namespace {
 
 using namespace shardmm;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::vector<std::int64_t> parse_list(const std::string& text) {
   std::vector<std::int64_t> out;
@@ -57,48 +56,63 @@ const Plan& candidate(const MatmulPlanning& p, const std::vector<OpKind>& ops) {
 
 int main(int argc, char** argv) {
   int ranks = 2, repeat = 7, rounds = 3;
-  std::int64_t inner = 1024;
-  std::string rows_text = "32,128,512,2048", dtype_text = "f32", backend = "threads";
+  std::int64_t inner = 1024, contracted = 0;
+  std::string rows_text = "32,128,512,2048", dtype_text = "f32", backend = "threads", kind = "gather";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--ranks") ranks = std::atoi(argv[i + 1]);
     else if (flag == "--rows") rows_text = argv[i + 1];
     else if (flag == "--inner") inner = std::atoll(argv[i + 1]);
+    else if (flag == "--contracted") contracted = std::atoll(argv[i + 1]);
     else if (flag == "--repeat") repeat = std::atoi(argv[i + 1]);
     else if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
     else if (flag == "--dtype") dtype_text = argv[i + 1];
     else if (flag == "--backend") backend = argv[i + 1];
+    else if (flag == "--kind") kind = argv[i + 1];
     else {
       std::fprintf(stderr,
-                   "unknown flag %s; flags: --backend threads|mpi --ranks N --rows a,b,c --inner N --repeat N "
-                   "--rounds N --dtype f32|f64\n",
+                   "unknown flag %s; flags: --kind gather|scatter --backend threads|mpi --ranks N --rows a,b,c "
+                   "--inner N --contracted N --repeat N --rounds N --dtype f32|f64\n",
                    argv[i]);
       return 2;
     }
   }
   try {
     const DType dtype = parse_dtype(dtype_text);
-    if (ranks < 2 || repeat < 1 || rounds < 1 || inner < 1) {
-      throw InputError("--ranks must be at least 2, --repeat, --rounds and --inner at least 1");
+    if (contracted == 0) contracted = inner;
+    if (ranks < 2 || repeat < 1 || rounds < 1 || inner < 1 || contracted < 1) {
+      throw InputError("--ranks must be at least 2, --repeat, --rounds, --inner and --contracted at least 1");
     }
+    if (kind != "gather" && kind != "scatter") throw InputError("--kind " + kind + ": gather or scatter");
+    const bool gather = kind == "gather";
     const bool root = process_rank(backend) == 0;
     const Mesh mesh = Mesh::parse("X=" + std::to_string(ranks));
-    const Contraction fsdp = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I_X, K]", mesh);
-    const Contraction gathered = parse_contraction("A[I_X, J] @ B[J, K] -> C[I_X, K]", mesh);
+    // The sharded contraction, the same one with the collective done beforehand (gather) or
+    // left undone (scatter), and the collective alone as a reshard.
+    const Contraction fused = parse_contraction(
+        gather ? "A[I_X, J] @ B[J, K_X] -> C[I_X, K]" : "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", mesh);
+    const Contraction local = parse_contraction(
+        gather ? "A[I_X, J] @ B[J, K] -> C[I_X, K]" : "A[I, J_X] @ B[J_X, K] -> C[I, K]{U_X}", mesh);
+    const Spec comm_from = gather ? fused.b : *local.out, comm_to = gather ? local.b : *fused.out;
+    const OpKind ring = gather ? OpKind::all_gather_einsum : OpKind::einsum_reduce_scatter;
+    const std::vector<OpKind> serial =
+        gather ? std::vector<OpKind>{OpKind::all_gather, OpKind::einsum} : std::vector<OpKind>{OpKind::einsum, OpKind::reduce_scatter};
     PlanOptions opt;
     opt.dtype = dtype;
     opt.hw = builtin_profile("h100");
     if (root) {
-      std::printf("FSDP A[I_X, J] @ B[J, K_X] -> C[I_X, K], J = K = %lld, %d ranks on %s, %s; medians of %d x %d runs\n",
-                  static_cast<long long>(inner), ranks, backend.c_str(), to_string(dtype), rounds, repeat);
+      std::printf("%s %s, J = %lld, K = %lld, %d ranks on %s, %s; medians of %d x %d runs\n",
+                  gather ? "FSDP" : "row-parallel", format_contraction(fused, mesh).c_str(),
+                  static_cast<long long>(contracted), static_cast<long long>(inner), ranks, backend.c_str(),
+                  to_string(dtype), rounds, repeat);
       std::printf("%7s %12s %12s %12s %12s %9s %9s %8s %9s\n", "I", "overlap (s)", "serial (s)", "compute (s)",
                   "comm (s)", "hidden", "ser/ovl", "comp/comm", "verified");
     }
+    bool all_verified = true;
     for (std::int64_t rows : parse_list(rows_text)) {
-      const DimSizes sizes = {{"I", rows}, {"J", inner}, {"K", inner}};
-      const MatmulPlanning p = plan_matmul(mesh, fsdp, sizes, opt);
-      const MatmulPlanning q = plan_matmul(mesh, gathered, sizes, opt);
-      const Spec b_from = fsdp.b, b_to = gathered.b;
+      const DimSizes sizes = {{"I", rows}, {"J", contracted}, {"K", inner}};
+      const MatmulPlanning p = plan_matmul(mesh, fused, sizes, opt);
+      const MatmulPlanning q = plan_matmul(mesh, local, sizes, opt);
       RunRequest base;
       base.backend = backend;
       base.mesh = mesh;
@@ -107,14 +121,14 @@ int main(int argc, char** argv) {
       base.repeat = repeat;
       base.check = false;  // the check mode's extra messages are not what is measured
       RunRequest overlapped = base, serialized = base, compute = base, comm = base;
-      overlapped.plan = candidate(p, {OpKind::all_gather_einsum});
-      overlapped.contraction = &fsdp;
-      serialized.plan = candidate(p, {OpKind::all_gather, OpKind::einsum});
-      serialized.contraction = &fsdp;
+      overlapped.plan = candidate(p, {ring});
+      overlapped.contraction = &fused;
+      serialized.plan = candidate(p, serial);
+      serialized.contraction = &fused;
       compute.plan = candidate(q, {OpKind::einsum});
-      compute.contraction = &gathered;
-      comm.plan = plan_reshard(mesh, b_from, b_to, {inner, inner}, opt);
-      comm.reshard_from = &b_from;
+      compute.contraction = &local;
+      comm.plan = plan_reshard(mesh, comm_from, comm_to, {gather ? contracted : rows, inner}, opt);
+      comm.reshard_from = &comm_from;
       std::vector<double> t[4];
       bool verified = true;
       for (int round = 0; round < rounds; ++round) {
@@ -127,12 +141,17 @@ int main(int argc, char** argv) {
           ++k;
         }
       }
+      all_verified = all_verified && verified;
       if (!root) continue;
       const double ovl = median(t[0]), ser = median(t[1]), cmp = median(t[2]), com = median(t[3]);
       const double hidden = std::clamp(1 - (ovl - cmp) / com, 0.0, 1.0);
       std::printf("%7lld %12.6f %12.6f %12.6f %12.6f %8.0f%% %9.3f %8.2f %9s\n", static_cast<long long>(rows), ovl, ser,
                   cmp, com, 100 * hidden, ser / ovl, cmp / com, verified ? "yes" : "NO");
       std::fflush(stdout);
+    }
+    if (!all_verified) {
+      std::fprintf(stderr, "collective_matmul_bench: a plan's result did not match the dense reference\n");
+      return 3;
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "collective_matmul_bench: %s\n", e.what());

@@ -41,12 +41,14 @@
 
 #include "shardmm/core/mesh.h"
 #include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/runner.h"
 
 namespace {
 
 using shardmm::Communicator;
 using shardmm::Counts;
 using shardmm::DType;
+using shardmm::median;
 
 struct Options {
   std::vector<std::int64_t> sizes = {1 << 20, 4 << 20, 16 << 20, 64 << 20};
@@ -121,12 +123,6 @@ std::string format_size(std::int64_t bytes) {
   if (bytes % (1 << 20) == 0) return std::to_string(bytes >> 20) + " MiB";
   if (bytes % (1 << 10) == 0) return std::to_string(bytes >> 10) + " KiB";
   return std::to_string(bytes) + " B";
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : (v[h - 1] + v[h]) / 2;
 }
 
 // One row: a backend call and the MPI call that moves the same bytes.

@@ -74,11 +74,6 @@ struct Side {
   double max_rel_error = 0;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 std::vector<std::int64_t> parse_list(const std::string& text) {
   std::vector<std::int64_t> out;
   for (std::size_t at = 0; at <= text.size();) {

@@ -24,11 +24,6 @@ namespace {
 
 using namespace shardmm;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 template <class T>
 double single_gemm_time(std::int64_t n, int threads, int repeat) {
   std::vector<T> a(static_cast<std::size_t>(n * n), T(0.5)), b(a), c(a);

@@ -9,16 +9,12 @@
 #include <vector>
 
 #include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/runner.h"
 
 namespace shardmm::detail {
 
 inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-inline double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 // Every rank measures the same barrier-to-barrier span, so the root's figure stands for
@@ -52,7 +48,7 @@ struct BenchTimer {
       comm.barrier();
       times.push_back((now_s() - t0) / calls);
     }
-    return median_of(times);
+    return median(times);
   }
 };
 

@@ -22,11 +22,6 @@ std::string join_names(const std::vector<std::string>& names) {
   return out;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // The times of `repeat` `threads`-thread GEMMs C[m,n] = A[m,k] @ B[k,n] after `warmup` runs.
 template <class T>
 std::vector<double> gemm_times(std::int64_t m, std::int64_t n, std::int64_t k, int threads, int warmup, int repeat) {

@@ -1,4 +1,5 @@
-// How run_plan turns every rank's step spans into one step time (runner.h, step_time_s).
+// How run_plan turns every rank's step spans into one step time (runner.h, step_time_s), and
+// the median the reports take over repeats.
 #include <gtest/gtest.h>
 
 #include "shardmm/core/error.h"
@@ -29,6 +30,14 @@ TEST(StepTime, OtherStepsTakeTheSlowestRank) {
 TEST(StepTime, NeedsOneStartAndDurationPerRank) {
   EXPECT_THROW(step_time_s(OpKind::einsum, {}, {}), InputError);
   EXPECT_THROW(step_time_s(OpKind::all_reduce, {1.0}, {1.0, 2.0}), InputError);
+}
+
+// The one median every report and benchmark quotes.
+TEST(Median, MiddleValueOrTheMeanOfTheTwoMiddleOnes) {
+  EXPECT_EQ(median({3, 1, 2}), 2);
+  EXPECT_EQ(median({4, 1, 3, 2}), 2.5);
+  EXPECT_EQ(median({5}), 5);
+  EXPECT_EQ(median({}), 0);
 }
 
 }  // namespace

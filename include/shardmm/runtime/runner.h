@@ -30,6 +30,10 @@
 
 namespace shardmm {
 
+// The median every report and benchmark quotes: the middle value, or the mean of the two
+// middle values of an even count; 0 for no values.
+double median(std::vector<double> values);
+
 struct RunRequest {
   std::string backend = "threads";
   Mesh mesh;
