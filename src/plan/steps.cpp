@@ -263,7 +263,14 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bi
   // block) last, as the partial sums converge on their owners.
   std::vector<int> chunks = ring_chunks(ring.members, bidirectional);
   std::reverse(chunks.begin(), chunks.end());
-  return fused(OpKind::einsum_reduce_scatter, scatter, s, chunk_s, chunks, block, coster);
+  Step ring_step = fused(OpKind::einsum_reduce_scatter, scatter, s, chunk_s, chunks, block, coster);
+  // On a calibrated profile (this executor on this machine) the rank itself adds each of the
+  // n - 1 running sums that arrive to its own partial block, between its GEMMs: y += x reads
+  // two blocks and writes one. (The one-shot reduce_scatter's fit already holds its sums.)
+  if (const auto& calibration = coster.options().hw.calibration) {
+    ring_step.time_s += static_cast<double>(ring.members - 1) * 3 * static_cast<double>(block) / calibration->add_bandwidth;
+  }
+  return ring_step;
 }
 
 void total_up(Plan& plan, const PlanOptions& options) {

@@ -247,6 +247,27 @@ TEST(CalibratedCost, CollectivesAddTheExecutorsCopies) {
   }
 }
 
+// The reduce-scatter ring's rank adds the n - 1 running sums that arrive into its partial
+// block itself: on a calibrated profile that costs (n - 1) x 3 block bytes at the measured
+// y += x bandwidth, on top of the overlapped ring. Isolated by halving that bandwidth.
+TEST(CalibratedCost, TheReduceScatterRingPaysForItsAdditions) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I_X, K]", mesh);
+  const auto ring_time = [&](double add_bandwidth) {
+    PlanOptions opt;
+    opt.dtype = DType::f32;
+    opt.hw = calibrated();
+    opt.hw.calibration->add_bandwidth = add_bandwidth;
+    for (const Plan& p : plan_matmul(mesh, c, parse_dims("I=64,J=32,K=16"), opt).candidates) {
+      if (p.steps.size() == 1 && p.steps[0].op == OpKind::einsum_reduce_scatter) return p.steps[0].time_s;
+    }
+    ADD_FAILURE() << "no einsum_reduce_scatter candidate";
+    return 0.0;
+  };
+  const double block = 16 * 16 * 4;  // C[I_X, K]: 16 rows of 16 f32
+  EXPECT_NEAR(ring_time(1e9) - ring_time(2e9), 3 * 3 * block / 2e9, 1e-15);
+}
+
 TEST(CalibratedCost, AnalyticProfilesAreUnchanged) {
   const HardwareProfile v5e = builtin_profile("tpu-v5e");
   EXPECT_FALSE(v5e.calibration.has_value());
