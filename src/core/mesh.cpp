@@ -110,6 +110,12 @@ std::int64_t Mesh::device(const std::vector<std::int64_t>& c) const {
   return d;
 }
 
+AxisList Mesh::all_axes() const {
+  AxisList all(axes_.size());
+  for (std::size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
+  return all;
+}
+
 std::int64_t Mesh::group_size(const AxisList& axes) const {
   std::int64_t n = 1;
   for (int a : axes) n *= size(a);

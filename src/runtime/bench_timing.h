@@ -35,9 +35,7 @@ struct BenchTimer {
       comm.barrier();
       const double once = now_s() - t0;
       double n = comm.rank() == 0 ? std::clamp(0.02 / std::max(once, 1e-9), 1.0, 1000.0) : 0.0;
-      AxisList all;
-      for (int a = 0; a < comm.mesh().rank(); ++a) all.push_back(a);
-      comm.all_reduce(&n, 1, DType::f64, all);
+      comm.all_reduce(&n, 1, DType::f64, comm.mesh().all_axes());
       calls = static_cast<int>(n);
     }
     std::vector<double> times;

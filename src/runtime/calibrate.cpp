@@ -73,9 +73,7 @@ std::vector<GemmRate> measure_gemm(const CalibrateOptions& o, int trials) {
 std::map<int, AxisList> groups_by_size(const Mesh& mesh) {
   std::vector<AxisList> groups;
   for (int a = 0; a < mesh.rank(); ++a) groups.push_back({a});
-  AxisList all;
-  for (int a = 0; a < mesh.rank(); ++a) all.push_back(a);
-  groups.push_back(all);
+  groups.push_back(mesh.all_axes());
   std::map<int, AxisList> out;
   for (const AxisList& g : groups) {
     const auto n = static_cast<int>(mesh.group_size(g));

@@ -35,11 +35,6 @@ std::string format_seconds(double s) {
   return text;
 }
 
-AxisList whole_mesh(const Mesh& mesh) {
-  AxisList all;
-  for (int a = 0; a < mesh.rank(); ++a) all.push_back(a);
-  return all;
-}
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -301,7 +296,7 @@ RunReport run_plan(const RunRequest& req) {
     }
     // Then until the warm-up has taken warmup_min_s. Every rank must make the same runs, so
     // after each they agree on going on from their mean time spent (one 8-byte all_reduce).
-    const AxisList everyone = whole_mesh(mesh);
+    const AxisList everyone = mesh.all_axes();
     while (req.warmup_min_s > 0 && warmups < kMaxWarmupRuns) {
       double spent = seconds_since(warmup_start);
       comm.all_reduce(&spent, 1, DType::f64, everyone);

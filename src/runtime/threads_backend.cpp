@@ -427,8 +427,7 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    AxisList all(static_cast<std::size_t>(mesh().rank()));
-    for (std::size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
+    const AxisList all = mesh().all_axes();
     const Group& g = group(all);
     if (g.size() > 1) arrive(g, {{CollectiveOp::barrier, all, DType::f32, {}, {}}, nullptr, nullptr});
   }

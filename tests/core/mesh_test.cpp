@@ -59,6 +59,14 @@ TEST(Mesh, DeviceIdsAreRowMajorFirstAxisMajor) {
   EXPECT_EQ(three.device({1, 0, 2}), 14);  // 1*12 + 0*4 + 2
 }
 
+// The whole mesh as one group: every axis, major to minor, spanning every device.
+TEST(Mesh, AllAxesSpanTheWholeMesh) {
+  const Mesh three = Mesh::parse("a=2,b=3,c=4");
+  EXPECT_EQ(three.all_axes(), (AxisList{0, 1, 2}));
+  EXPECT_EQ(three.group_size(three.all_axes()), 24);
+  EXPECT_EQ(Mesh::parse("X=1").all_axes(), (AxisList{0}));
+}
+
 TEST(Mesh, GroupsAlongAxes) {
   const Mesh m = Mesh::parse("X=4,Y=2");
   // Device 5 = (2, 1).

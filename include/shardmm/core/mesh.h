@@ -52,6 +52,8 @@ class Mesh {
   std::vector<std::int64_t> coords(std::int64_t device) const;
   std::int64_t device(const std::vector<std::int64_t>& coords) const;
 
+  // Every axis, major to minor: the group of the whole mesh.
+  AxisList all_axes() const;
   // Product of the sizes of `axes` (1 for none).
   std::int64_t group_size(const AxisList& axes) const;
   // Index of `device` within the group spanned by `axes` (mixed radix, first axis major).

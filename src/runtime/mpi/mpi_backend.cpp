@@ -349,8 +349,7 @@ class MpiCommunicator final : public Communicator {
 
   void barrier() override {
     if (check_) {
-      AxisList all(static_cast<std::size_t>(mesh_.rank()));
-      for (std::size_t a = 0; a < all.size(); ++a) all[a] = static_cast<int>(a);
+      const AxisList all = mesh_.all_axes();
       agree(group(all), {CollectiveOp::barrier, all, DType::f32, {}, {}});
     }
     check(MPI_Barrier(world_), "MPI_Barrier");
