@@ -40,22 +40,23 @@ std::int64_t elements(const std::vector<std::int64_t>& shape, std::size_t from, 
 
 }  // namespace
 
+bool contiguous_along(const std::vector<std::int64_t>& block, int dim) {
+  return elements(block, 0, static_cast<std::size_t>(dim)) == 1;
+}
+
 Staging staging_of(const Step& step, const std::vector<std::int64_t>& in_local,
                    const std::vector<std::int64_t>& out_local) {
-  const auto in_place = [&](const std::vector<std::int64_t>& s, int dim) {
-    return elements(s, 0, static_cast<std::size_t>(dim)) == 1;
-  };
   Staging st;
   switch (step.op) {
     case OpKind::all_gather:
-      if (!in_place(out_local, step.dim)) st.recv = elements(out_local, 0, out_local.size());
+      if (!contiguous_along(out_local, step.dim)) st.recv = elements(out_local, 0, out_local.size());
       break;
     case OpKind::reduce_scatter:
-      if (!in_place(in_local, step.dim)) st.send = elements(in_local, 0, in_local.size());
+      if (!contiguous_along(in_local, step.dim)) st.send = elements(in_local, 0, in_local.size());
       break;
     case OpKind::all_to_all:  // sends pieces of dst_dim, receives pieces of dim
-      if (!in_place(in_local, step.dst_dim)) st.send = elements(in_local, 0, in_local.size());
-      if (!in_place(out_local, step.dim)) st.recv = elements(out_local, 0, out_local.size());
+      if (!contiguous_along(in_local, step.dst_dim)) st.send = elements(in_local, 0, in_local.size());
+      if (!contiguous_along(out_local, step.dim)) st.recv = elements(out_local, 0, out_local.size());
       break;
     default:
       break;

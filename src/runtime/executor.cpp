@@ -114,10 +114,6 @@ struct RingGeometry {
   }
 };
 
-// Whether the dimensions before `dim` have extent 1, so that a range of `dim` is one
-// contiguous run.
-bool leading(const Shape& s, int dim) { return product(s, 0, static_cast<std::size_t>(dim)) == 1; }
-
 RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& sizes, std::int64_t device) {
   RingGeometry g;
   g.members = mesh.group_members(device, step.axes);
@@ -160,9 +156,9 @@ RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& s
   const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
   if (step.op == OpKind::all_gather_einsum) {
     g.chunk_elements = at;
-    if (!leading(g.out_local, g.out_dim)) g.product_elements = largest * out_across;
+    if (!contiguous_along(g.out_local, g.out_dim)) g.product_elements = largest * out_across;
   } else {
-    if (!leading(g.operand_local, g.operand_dim)) g.chunk_elements = at;
+    if (!contiguous_along(g.operand_local, g.operand_dim)) g.chunk_elements = at;
     g.product_elements = largest * out_across;
   }
   std::tie(g.layout, g.extents) = einsum_shape(mesh, einsum, sizes, device);

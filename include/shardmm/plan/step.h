@@ -89,12 +89,16 @@ struct Step {
   double compute_time_s = 0;        // the einsum alone, predicted
 };
 
+// Whether every range of dimension `dim` of a block with extents `block` is one contiguous
+// run (row-major): the dimensions before `dim` have extent 1.
+bool contiguous_along(const std::vector<std::int64_t>& block, int dim);
+
 // The staging buffers the executor uses around a collective step on a device whose blocks
 // have extents `in_local` (before) and `out_local` (after), in elements; absent where the
 // collective works on the blocks in place. A gather into (or a scatter from) a block is in
-// place when the dimensions before the step's dimension have extent 1: each member's piece
-// is then one contiguous run. all_to_all sends in place by that rule on its destination
-// dimension and receives in place by it on its source dimension.
+// place when it is contiguous_along the step's dimension: each member's piece is then one
+// run. all_to_all sends in place by that rule on its destination dimension and receives in
+// place by it on its source dimension.
 struct Staging {
   std::optional<std::int64_t> send, recv;
 };
