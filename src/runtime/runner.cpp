@@ -35,6 +35,17 @@ std::string format_seconds(double s) {
   return text;
 }
 
+}  // namespace
+
+void check_warmup_time(double seconds) {
+  if (!(seconds >= 0 && seconds <= kMaxWarmupSeconds)) {
+    throw InputError("--warmup-time " + format_seconds(seconds) + ": must be 0 to " + format_seconds(kMaxWarmupSeconds) +
+                     " seconds");
+  }
+}
+
+namespace {
+
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -262,10 +273,7 @@ RunReport run_plan(const RunRequest& req) {
     throw InputError("--repeat must be at least 1 and --warmup at least 0 (got " + std::to_string(req.repeat) + " and " +
                      std::to_string(req.warmup) + ")");
   }
-  if (!(req.warmup_min_s >= 0 && req.warmup_min_s <= kMaxWarmupSeconds)) {
-    throw InputError("--warmup-time " + format_seconds(req.warmup_min_s) + ": must be 0 to " +
-                     format_seconds(kMaxWarmupSeconds) + " seconds");
-  }
+  check_warmup_time(req.warmup_min_s);
   const MemoryNeed need = memory_need(req);
   check_memory(req, need);
   const Mesh& mesh = req.mesh;

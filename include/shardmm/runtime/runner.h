@@ -45,6 +45,7 @@ struct RunRequest {
   int warmup = 1;                            // untimed runs first (page faults, caches)
   // Then more untimed runs until the warm-up has taken this long: some machines' clocks and
   // memory speed ramp up over the first tenths of a second of work (docs/calibration.md).
+  // 0 to a minute (check_warmup_time).
   double warmup_min_s = 0;
   int repeat = 5;                            // timed runs
   bool verify = true;
@@ -66,6 +67,9 @@ struct StepMeasurement {
   std::int64_t bytes_received = 0;  // the most any rank received
   double measured_time_s = 0;       // median over repeats of step_time_s
 };
+
+// Throws InputError naming --warmup-time unless `seconds` is 0 to 60 (RunRequest::warmup_min_s).
+void check_warmup_time(double seconds);
 
 // One step's time in one repeat, from every rank's start (from its start of the repeat) and
 // duration: the slowest rank's span; for a collective, from its last member's arrival to
