@@ -38,6 +38,13 @@ using Clock = std::chrono::steady_clock;
 constexpr int kCreateGroupTag = 1;
 constexpr int kPieceTag = 2;
 constexpr int kCheckTag = 3;
+constexpr int kGatherTag = 4;  // all_reduce's second half, apart from its first
+
+// all_reduce's segment, per member chunk: small enough that a segment's arrived copies and
+// its sum are still in cache when it is summed and sent back out. Three paired runs on 2 ranks
+// of the dev VM, MPI_Allreduce / ours at 1, 4, 16 MiB: 256 KiB 0.93-0.98, 1.02-1.03,
+// 0.96-1.03; 512 KiB 0.98-1.01, 1.02, 1.04-1.10; 128 KiB lower, one whole segment lower.
+constexpr std::int64_t kAllReduceSegmentBytes = std::int64_t{512} << 10;
 
 // Our communicators use MPI_ERRORS_RETURN, so every failing call lands here and becomes an
 // exception naming the call, instead of MPI's default abort without context.
@@ -231,15 +238,7 @@ class MpiCommunicator final : public Communicator {
     }
     Group& g = group(axes);
     agree(g, {CollectiveOp::all_reduce, axes, dtype, {count}, {}});
-    joined(g);
-    // Reduce-scatter an even split (the first count % n members take one extra element), then
-    // gather the reduced pieces back in place: each element is summed once, in member order.
-    Counts split(static_cast<std::size_t>(g.size), count / g.size);
-    for (std::int64_t m = 0; m < count % g.size; ++m) ++split[static_cast<std::size_t>(m)];
-    const std::int64_t offset = displacements(split)[static_cast<std::size_t>(g.me)];
-    char* mine = static_cast<char*>(data) + offset * dtype_bytes(dtype);
-    scatter_sum(g, data, mine, split, dtype);
-    gather(g, mine, data, split, dtype, true);
+    segmented_all_reduce(joined(g), static_cast<char*>(data), count, dtype);
   }
 
   void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
@@ -686,18 +685,15 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // The data of all_gather, once the members agree (all_reduce's second half too, `direct`:
-  // point to point like its first half; on 2 ranks that was as fast as MPI_Allgatherv in place
-  // at 1-64 MiB and 4-6% faster at 16 MiB).
-  void gather(const Group& g, const void* send, void* recv, const Counts& counts, DType dtype, bool direct = false) {
+  // The data of all_gather, once the members agree.
+  void gather(const Group& g, const void* send, void* recv, const Counts& counts, DType dtype) {
     const MPI_Datatype type = mpi_type(dtype);
     const std::vector<std::int64_t> displs = displacements(counts);
     const std::size_t esz = static_cast<std::size_t>(dtype_bytes(dtype));
     char* out = static_cast<char*>(recv);
     const char* mine = static_cast<const char*>(send);
-    // all_reduce gathers in place: its own block already sits in `recv`.
     const bool in_place = mine == out + displs[g.me] * esz;
-    if (!direct && fits_one_call(counts, displs)) {
+    if (fits_one_call(counts, displs)) {
       check(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, static_cast<int>(counts[g.me]), type, recv,
                            as_ints(counts).data(), as_ints(displs).data(), type, g.comm),
             "MPI_Allgatherv");
@@ -711,7 +707,7 @@ class MpiCommunicator final : public Communicator {
   }
 
 
-  // The data of reduce_scatter, once the members agree (all_reduce's first half too).
+  // The data of reduce_scatter, once the members agree.
   void scatter_sum(const Group& g, const void* send, void* recv, const Counts& counts, DType dtype) {
     const MPI_Datatype type = mpi_type(dtype);
     // The other members' chunks [me] land side by side in the workspace (this rank's own
@@ -742,6 +738,114 @@ class MpiCommunicator final : public Communicator {
   }
 
 
+  // all_reduce once the members agree: a reduce-scatter of an even split (the first
+  // count % n members take one extra element), then a gather of the sums back in place, in
+  // segments. Every segment's messages are posted at once; this rank sums segment k of its
+  // chunk as soon as the other members' copies of it are in, and sends the sum straight back
+  // out, while the later segments are still arriving: the copies and the sum are summed and
+  // sent while still in cache, where whole halves one after the other went through memory
+  // twice more. Each element is summed once, in member order, as on the threads backend.
+  void segmented_all_reduce(const Group& g, char* data, std::int64_t count, DType dtype) {
+    const MPI_Datatype type = mpi_type(dtype);
+    const std::size_t esz = static_cast<std::size_t>(dtype_bytes(dtype));
+    const auto n = static_cast<std::size_t>(g.size);
+    Counts split(n, count / g.size);
+    for (std::int64_t m = 0; m < count % g.size; ++m) ++split[static_cast<std::size_t>(m)];
+    const std::vector<std::int64_t> chunk_at = displacements(split);
+    const std::int64_t mine = split[g.me];
+    const std::int64_t segment = std::clamp<std::int64_t>(
+        kAllReduceSegmentBytes / static_cast<std::int64_t>(esz), 1, count_limit.load());
+    // At least one (empty) segment, so that a member passing another count is a mismatch, not a hang.
+    const std::int64_t segments = std::max<std::int64_t>(1, (split[0] + segment - 1) / segment);
+    const auto begin = [&](std::size_t m, std::int64_t k) { return std::min(k * segment, split[m]); };
+    const auto size = [&](std::size_t m, std::int64_t k) { return static_cast<int>(begin(m, k + 1) - begin(m, k)); };
+    const auto at = [&](std::size_t m, std::int64_t k) { return data + (chunk_at[m] + begin(m, k)) * esz; };
+    // Member m's copy of this rank's chunk (m != me), side by side in member order.
+    char* copies = workspace(checked_mul(checked_mul(g.size - 1, mine, "all_reduce's buffer"),
+                                         static_cast<long long>(esz), "all_reduce's buffer"));
+    const auto copy_at = [&](std::size_t m, std::int64_t k) {
+      return copies + (static_cast<std::int64_t>(m < g.me ? m : m - 1) * mine + begin(g.me, k)) * esz;
+    };
+    const std::size_t others = n - 1;
+    const auto per_segment = static_cast<std::size_t>(segments) * others;
+    // By segment, then member: the copies arriving, this rank's copies of the others' chunks
+    // leaving, the sums arriving, this rank's sums leaving.
+    std::vector<MPI_Request> copies_in(per_segment), copies_out(per_segment), sums_in(per_segment),
+        sums_out(per_segment);
+    std::vector<std::size_t> from(others);
+    std::vector<int> expected_copy(others), expected_sum(others);
+    for (std::size_t m = 0, i = 0; m < n; ++m) {
+      if (m != g.me) from[i++] = m;
+    }
+    for (std::int64_t k = 0; k < segments; ++k) {
+      for (std::size_t i = 0; i < others; ++i) {
+        const std::size_t m = from[i];
+        check(MPI_Irecv(copy_at(m, k), size(g.me, k), type, static_cast<int>(m), kPieceTag, g.comm,
+                        &copies_in[k * others + i]),
+              "MPI_Irecv");
+      }
+    }
+    for (std::int64_t k = 0; k < segments; ++k) {
+      for (std::size_t i = 0; i < others; ++i) {
+        const std::size_t m = from[i];
+        check(MPI_Isend(at(m, k), size(m, k), type, static_cast<int>(m), kPieceTag, g.comm,
+                        &copies_out[k * others + i]),
+              "MPI_Isend");
+      }
+    }
+    const std::string op = op_label("all_reduce", dtype);
+    std::vector<const void*> sources(n);
+    for (std::int64_t k = 0; k < segments; ++k) {
+      const std::size_t first = static_cast<std::size_t>(k) * others;
+      std::fill(expected_copy.begin(), expected_copy.end(), size(g.me, k));
+      wait_checked(&copies_in[first], others, from, expected_copy, type, g, op);
+      // The sums arriving overwrite what this rank sent of the same segment.
+      check(MPI_Waitall(static_cast<int>(others), &copies_out[first], MPI_STATUSES_IGNORE), "MPI_Waitall");
+      for (std::size_t i = 0; i < others; ++i) {
+        const std::size_t m = from[i];
+        check(MPI_Irecv(at(m, k), size(m, k), type, static_cast<int>(m), kGatherTag, g.comm, &sums_in[first + i]),
+              "MPI_Irecv");
+      }
+      for (std::size_t m = 0; m < n; ++m) sources[m] = m == g.me ? at(g.me, k) : copy_at(m, k);
+      detail::sum_in_order(dtype, sources, size(g.me, k), at(g.me, k));
+      for (std::size_t i = 0; i < others; ++i) {
+        check(MPI_Isend(at(g.me, k), size(g.me, k), type, static_cast<int>(from[i]), kGatherTag, g.comm,
+                        &sums_out[first + i]),
+              "MPI_Isend");
+      }
+    }
+    for (std::int64_t k = 0; k < segments; ++k) {
+      for (std::size_t i = 0; i < others; ++i) expected_sum[i] = size(from[i], k);
+      wait_checked(&sums_in[static_cast<std::size_t>(k) * others], others, from, expected_sum, type, g, op);
+    }
+    check(MPI_Waitall(static_cast<int>(per_segment), sums_out.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+
+  // Waits for `count` receives, receive i from member from[i] of `expected[i]` elements. One
+  // truncated, or short of that, means its sender passed another count than this rank.
+  void wait_checked(MPI_Request* receives, std::size_t count, const std::vector<std::size_t>& from,
+                    const std::vector<int>& expected, MPI_Datatype type, const Group& g, const std::string& op) {
+    std::vector<MPI_Status> statuses(count);
+    const int rc = MPI_Waitall(static_cast<int>(count), receives, statuses.data());
+    const auto mismatch = [&](std::size_t i) {
+      return CollectiveMismatch("collective mismatch in " + op + ": rank " + std::to_string(rank_) +
+                                " expects a message of " + std::to_string(expected[i]) + " elements from rank " +
+                                std::to_string(g.members[from[i]]) + ", which sent another count");
+    };
+    if (error_class(rc) == MPI_ERR_IN_STATUS) {
+      for (std::size_t i = 0; i < count; ++i) {
+        if (error_class(statuses[i].MPI_ERROR) == MPI_ERR_TRUNCATE) throw mismatch(i);
+        if (statuses[i].MPI_ERROR != MPI_ERR_PENDING) check(statuses[i].MPI_ERROR, "MPI_Waitall");
+      }
+    }
+    check(rc, "MPI_Waitall");
+    for (std::size_t i = 0; i < count; ++i) {
+      int got = 0;
+      check(MPI_Get_count(&statuses[i], type, &got), "MPI_Get_count");
+      if (got != expected[i]) throw mismatch(i);
+    }
+  }
+
   // One Transfer per member from concatenated chunks (counts and offsets in elements).
   static std::vector<Transfer> chunk_transfers(const char* send, const Counts& send_counts,
                                                const std::vector<std::int64_t>& sdispls, char* recv,
@@ -762,52 +866,32 @@ class MpiCommunicator final : public Communicator {
   void exchange_point_to_point(const Group& g, const std::vector<Transfer>& transfers, MPI_Datatype type,
                                std::size_t esz, const std::string& op) {
     const Transfer& self = transfers[g.me];  // send_count == recv_count, checked by the callers
-    std::vector<MPI_Request> requests;
-    std::vector<std::size_t> from;  // the member each receive is from (receives are posted first)
+    std::vector<MPI_Request> receives, sends;
+    std::vector<std::size_t> from;  // the member each receive is from
+    std::vector<int> expected;      // and its count
     for (std::size_t m = 0; m < transfers.size(); ++m) {
       if (m == g.me) continue;
       for_each_piece(transfers[m].recv_count, [&](std::int64_t at, int size) {
         check(MPI_Irecv(transfers[m].recv + static_cast<std::size_t>(at) * esz, size, type, static_cast<int>(m),
-                        kPieceTag, g.comm, &requests.emplace_back()),
+                        kPieceTag, g.comm, &receives.emplace_back()),
               "MPI_Irecv");
         from.push_back(m);
+        expected.push_back(size);
       });
     }
     for (std::size_t m = 0; m < transfers.size(); ++m) {
       if (m == g.me) continue;
       for_each_piece(transfers[m].send_count, [&](std::int64_t at, int size) {
         check(MPI_Isend(transfers[m].send + static_cast<std::size_t>(at) * esz, size, type, static_cast<int>(m),
-                        kPieceTag, g.comm, &requests.emplace_back()),
+                        kPieceTag, g.comm, &sends.emplace_back()),
               "MPI_Isend");
       });
     }
     if (self.send != self.recv && self.send_count > 0) {
       std::memcpy(self.recv, self.send, static_cast<std::size_t>(self.send_count) * esz);
     }
-    std::vector<MPI_Status> statuses(requests.size());
-    const int rc = MPI_Waitall(static_cast<int>(requests.size()), requests.data(), statuses.data());
-    // A receive truncated, or short of what it posted, means the sender passed another count.
-    auto mismatch = [&](std::size_t m) {
-      return CollectiveMismatch("collective mismatch in " + op + ": rank " + std::to_string(rank_) +
-                                " expects " + std::to_string(transfers[m].recv_count) + " elements from rank " +
-                                std::to_string(g.members[m]) + ", which sent another number");
-    };
-    if (error_class(rc) == MPI_ERR_IN_STATUS) {
-      for (std::size_t i = 0; i < statuses.size(); ++i) {
-        if (i < from.size() && error_class(statuses[i].MPI_ERROR) == MPI_ERR_TRUNCATE) throw mismatch(from[i]);
-        if (statuses[i].MPI_ERROR != MPI_ERR_PENDING) check(statuses[i].MPI_ERROR, "MPI_Waitall");
-      }
-    }
-    check(rc, "MPI_Waitall");
-    std::vector<std::int64_t> received(transfers.size(), 0);
-    for (std::size_t i = 0; i < from.size(); ++i) {
-      int got = 0;
-      check(MPI_Get_count(&statuses[i], type, &got), "MPI_Get_count");
-      received[from[i]] += got;
-    }
-    for (std::size_t m = 0; m < transfers.size(); ++m) {
-      if (m != g.me && received[m] != transfers[m].recv_count) throw mismatch(m);
-    }
+    wait_checked(receives.data(), receives.size(), from, expected, type, g, op);
+    check(MPI_Waitall(static_cast<int>(sends.size()), sends.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
 
   void check_message(std::int64_t bytes, std::int64_t peer, int tag, const char* op) const {
