@@ -11,6 +11,7 @@
 
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/kernels.h"
+#include "ordered_sum.h"
 
 namespace shardmm {
 
@@ -532,8 +533,8 @@ struct Executor::Impl {
       Request& r = receiving[w][s % 2];
       r->wait();
       r.reset();
-      const T* running = st.incoming[w][s % 2].template as<T>();
-      for (std::int64_t i = 0; i < count; ++i) sum[i] = running[i] + sum[i];
+      // running + sum, the order the serialized reduce_scatter adds in, vectorized
+      detail::sum_in_order(dtype, {st.incoming[w][s % 2].template as<T>(), sum}, count, sum);
     };
     for (std::int64_t s = 0; s <= last; ++s) {
       for (int w = 0; w < ways; ++w) {  // the running sums for the next step
