@@ -529,18 +529,19 @@ struct Executor::Impl {
     for (int w = 0; w < ways; ++w) {
       for (int p = 0; p < 2; ++p) in_flight.insert(in_flight.end(), {&receiving[w][p], &sending[w][p]});
     }
+    // running + sum, the order the serialized reduce_scatter adds in. The running sum is read
+    // where it lies (threads: in the sender's buffer, lent), then let go.
     const auto add_arrived = [&](int w, std::int64_t s, T* sum, std::int64_t count) {
       Request& r = receiving[w][s % 2];
       r->wait();
+      detail::sum_in_order(dtype, {r->received(), sum}, count, sum);
       r.reset();
-      // running + sum, the order the serialized reduce_scatter adds in, vectorized
-      detail::sum_in_order(dtype, {st.incoming[w][s % 2].template as<T>(), sum}, count, sum);
     };
     for (std::int64_t s = 0; s <= last; ++s) {
       for (int w = 0; w < ways; ++w) {  // the running sums for the next step
         if (s + 1 <= last && s + 1 > first[w]) {
-          receiving[w][(s + 1) % 2] = comm.irecv(st.incoming[w][(s + 1) % 2].as<T>(), block_bytes(block(w, s + 1)),
-                                                 from[w], kRingTags[w]);
+          receiving[w][(s + 1) % 2] = comm.irecv_lent(st.incoming[w][(s + 1) % 2].as<T>(),
+                                                      block_bytes(block(w, s + 1)), from[w], kRingTags[w]);
         }
       }
       if (s == last) {

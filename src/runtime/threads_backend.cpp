@@ -78,8 +78,11 @@ struct Slot {
 // and queues it in the receiver's Inbox; the other side matches it. Guarded by the
 // receiver's inbox mutex.
 struct Transfer {
-  enum class State { posted, queued, copying, done, cancelled };
+  // lent: the receiver reads the sender's buffer in place (irecv_lent met an isend); it sets
+  // done when it drops its request, which completes the send.
+  enum class State { posted, queued, copying, lent, done, cancelled };
   State state = State::posted;
+  bool lend = false;  // the receive takes a lent buffer
   const std::byte* src = nullptr;
   std::int64_t src_bytes = -1;  // -1 until a send is posted
   std::byte* dst = nullptr;
@@ -393,7 +396,9 @@ class ThreadsCommunicator final : public Communicator {
     if (!matched) t = std::make_shared<Transfer>();
     t->src = bytes_of(data);
     t->src_bytes = bytes;
-    if (matched) {
+    if (matched && t->lend) {
+      lend(in, *t);
+    } else if (matched) {
       in.queue_copy(t);
     } else {
       in.sends[{rank_, tag}].push_back(t);
@@ -402,6 +407,21 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   Request irecv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    return receive(data, bytes, peer, tag, false);
+  }
+
+  Request irecv_lent(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    return receive(data, bytes, peer, tag, true);
+  }
+
+  void barrier() override {
+    const AxisList all = mesh().all_axes();
+    const Group& g = group(all);
+    if (g.size() > 1) arrive(g, {{CollectiveOp::barrier, all, DType::f32, {}, {}}, nullptr, nullptr});
+  }
+
+ private:
+  Request receive(void* data, std::int64_t bytes, std::int64_t peer, int tag, bool lend_ok) {
     check_peer("recv from", peer, bytes);
     if (world_.aborted()) throw Aborted();
     Inbox& in = world_.inbox(rank_);
@@ -411,8 +431,11 @@ class ThreadsCommunicator final : public Communicator {
     if (!matched) t = std::make_shared<Transfer>();
     t->dst = bytes_of(data);
     t->dst_bytes = bytes;
+    t->lend = lend_ok;
     if (!matched) {
       in.receives[{peer, tag}].push_back(t);
+    } else if (lend_ok && !t->is_eager) {
+      lend(in, *t);
     } else if (t->is_eager) {
       // Only this rank holds the message now: copy it here, without the lock.
       t->state = Transfer::State::copying;
@@ -426,20 +449,24 @@ class ThreadsCommunicator final : public Communicator {
     return std::make_unique<ThreadsRequest>(*this, in, t, peer, tag, false);
   }
 
-  void barrier() override {
-    const AxisList all = mesh().all_axes();
-    const Group& g = group(all);
-    if (g.size() > 1) arrive(g, {{CollectiveOp::barrier, all, DType::f32, {}, {}}, nullptr, nullptr});
+  // A nonblocking send has met a receive that takes a lent buffer: nothing to copy. Messages
+  // of different sizes are done at once, for wait() to report. Call with the inbox's lock.
+  static void lend(Inbox& in, Transfer& t) {
+    t.state = t.src_bytes == t.dst_bytes ? Transfer::State::lent : Transfer::State::done;
+    in.cv.notify_all();
   }
 
- private:
   class ThreadsRequest final : public P2PRequest {
    public:
     ThreadsRequest(ThreadsCommunicator& comm, Inbox& inbox, TransferPtr transfer, std::int64_t peer, int tag,
                    bool sending)
         : comm_(comm), inbox_(inbox), transfer_(std::move(transfer)), peer_(peer), tag_(tag), sending_(sending) {}
     ~ThreadsRequest() override {
-      if (!waited_) comm_.cancel(*this);
+      if (!waited_) {
+        comm_.cancel(*this);
+      } else if (!sending_) {
+        comm_.give_back(*this);
+      }
     }
     void wait() override {
       waited_ = true;  // whatever wait() raises, the transfer is settled or cancelled by then
@@ -447,7 +474,11 @@ class ThreadsCommunicator final : public Communicator {
     }
     bool test() override {
       std::lock_guard lock(inbox_.mutex);
-      return transfer_->state == Transfer::State::done;
+      return comm_.arrived(*this);
+    }
+    const void* received() const override {
+      std::lock_guard lock(inbox_.mutex);
+      return transfer_->state == Transfer::State::lent ? transfer_->src : transfer_->dst;
     }
 
    private:
@@ -476,7 +507,7 @@ class ThreadsCommunicator final : public Communicator {
     const std::string peer = "rank " + std::to_string(r.peer_);
     std::unique_lock lock(in.mutex);
     const auto deadline = world_.deadline();
-    while (t.state != Transfer::State::done) {
+    while (!arrived(r)) {
       if (world_.aborted()) {
         lock.unlock();
         cancel(r);
@@ -519,6 +550,21 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   // Takes an unmatched transfer out of its queue. Call without the inbox's lock.
+  // Whether a request's transfer has finished for its side: a lent buffer is there for the
+  // receiver; the send is done when the receiver gives it back. Call with the inbox's lock.
+  static bool arrived(const ThreadsRequest& r) {
+    const Transfer::State state = r.transfer_->state;
+    return state == Transfer::State::done || (state == Transfer::State::lent && !r.sending_);
+  }
+
+  // A receive's request is dropped after wait(): a lent buffer goes back, completing the send.
+  static void give_back(ThreadsRequest& r) noexcept {
+    std::lock_guard lock(r.inbox_.mutex);
+    if (r.transfer_->state != Transfer::State::lent) return;
+    r.transfer_->state = Transfer::State::done;
+    r.inbox_.cv.notify_all();
+  }
+
   void remove_unmatched(const ThreadsRequest& r) {
     Inbox& in = r.inbox_;
     std::lock_guard lock(in.mutex);
@@ -542,6 +588,15 @@ class ThreadsCommunicator final : public Communicator {
       }
       case Transfer::State::queued: t.state = Transfer::State::cancelled; break;
       case Transfer::State::copying: in.cv.wait(lock, [&] { return t.state == Transfer::State::done; }); break;
+      // A receiver unwinding gives a lent buffer back; a sender unwinding waits until the
+      // receiver has (as it would for a copy), so that nobody reads the buffer once it is gone.
+      case Transfer::State::lent:
+        if (r.sending_) {
+          in.cv.wait(lock, [&] { return t.state == Transfer::State::done; });
+        } else {
+          t.state = Transfer::State::done;
+        }
+        break;
       case Transfer::State::done:
       case Transfer::State::cancelled: break;
     }

@@ -403,6 +403,13 @@ TEST(MpiNonblocking, ManyInFlightWaitedInAnyOrder) {
     comm.recv(got.data(), 77, partner, 10);
     s->wait();
     EXPECT_EQ(got, message(partner, 77, 9));
+    // Processes share no memory: a lent receive lands in its own buffer.
+    std::fill(got.begin(), got.end(), char(-1));
+    Request lent = comm.irecv_lent(got.data(), 77, partner, 11);
+    comm.isend(m.data(), 77, partner, 11)->wait();
+    lent->wait();
+    EXPECT_EQ(lent->received(), static_cast<const void*>(got.data()));
+    EXPECT_EQ(got, message(partner, 77, 9));
   });
 }
 

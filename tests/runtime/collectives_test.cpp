@@ -595,6 +595,82 @@ TEST(ThreadsNonblocking, SizesMustAgree) {
             "p2p mismatch: rank 0 called isend(4 bytes to rank 1, tag 0) but rank 1 posted a receive of 8 bytes");
 }
 
+// irecv_lent: an isend's buffer is read in place, and the send completes only when the
+// receiver drops its request; a blocking send is copied, as for irecv.
+TEST(ThreadsNonblocking, ALentReceiveReadsTheSendersBufferUntilItIsDropped) {
+  for (const bool receive_first : {true, false}) {
+    SCOPED_TRACE(receive_first ? "receive posted first" : "send posted first");
+    Gate posted, read, tested;
+    std::atomic<bool> send_done_early{false};
+    std::vector<double> mine(64);
+    run(Mesh::parse("X=2"), [&](Communicator& comm) {
+      if (comm.rank() == 0) {
+        for (int k = 0; k < 64; ++k) mine[static_cast<std::size_t>(k)] = testing::tagged<double>(0, k);
+        if (receive_first) posted.wait();
+        Request out = comm.isend(mine.data(), 512, 1, 3);
+        if (!receive_first) posted.open();
+        read.wait();
+        send_done_early = out->test();
+        tested.open();
+        out->wait();  // returns once rank 1 lets go
+        comm.send(mine.data(), 512, 1, 4);
+        return;
+      }
+      std::vector<double> own(64, -1.0);
+      if (!receive_first) posted.wait();
+      Request in = comm.irecv_lent(own.data(), 512, 0, 3);
+      if (receive_first) posted.open();
+      in->wait();
+      EXPECT_TRUE(in->test());
+      EXPECT_EQ(in->received(), static_cast<const void*>(mine.data())) << "not lent";
+      EXPECT_EQ(own[0], -1.0) << "copied although lent";
+      read.open();
+      tested.wait();
+      in.reset();
+      Request copied = comm.irecv_lent(own.data(), 512, 0, 4);
+      copied->wait();
+      EXPECT_EQ(copied->received(), static_cast<const void*>(own.data()));
+      for (int k = 0; k < 64; ++k) ASSERT_EQ(own[static_cast<std::size_t>(k)], testing::tagged<double>(0, k));
+    });
+    EXPECT_FALSE(send_done_early) << "the send completed while its buffer was lent";
+  }
+}
+
+// A lent receive dropped unwaited, or of the wrong size, leaves nobody waiting forever.
+TEST(ThreadsNonblocking, LentReceivesFailAndUnwindLikeOthers) {
+  run(Mesh::parse("X=2"), [](Communicator& comm) {
+    double x = 1;
+    if (comm.rank() == 0) {
+      comm.barrier();
+      comm.isend(&x, 8, 1, 0)->wait();  // completes when rank 1 drops its request unwaited
+    } else {
+      Request r = comm.irecv_lent(&x, 8, 0, 0);
+      comm.barrier();
+      while (!r->test()) std::this_thread::yield();
+    }
+  });
+  Gate failed;  // the sender waits for the receiver's error, so that it is the one reported
+  EXPECT_EQ(message_of<CollectiveMismatch>([&] {
+              run(Mesh::parse("X=2"), [&](Communicator& comm) {
+                double x = 0;
+                if (comm.rank() == 0) {
+                  comm.barrier();
+                  Request r = comm.isend(&x, 4, 1, 0);
+                  return failed.wait();
+                }
+                Request r = comm.irecv_lent(&x, 8, 0, 0);
+                comm.barrier();
+                try {
+                  r->wait();
+                } catch (...) {
+                  failed.open();
+                  throw;
+                }
+              });
+            }),
+            "p2p mismatch: rank 1 called recv(8 bytes from rank 0, tag 0) but rank 0 sent 4 bytes");
+}
+
 TEST(Backends, ThreadsIsAlwaysThereAndRunsEveryDevice) {
   const std::vector<std::string> backends = available_backends();
   ASSERT_FALSE(backends.empty());

@@ -42,6 +42,10 @@ class P2PRequest {
   // Lets the transfer advance where the backend moves data only inside its calls (mpi:
   // MPI_Test); true once it has completed (wait() must still be called).
   virtual bool test() = 0;
+  // After a receive's wait(): where its bytes are. The receive's own buffer, or for
+  // Communicator::irecv_lent the sender's where the backend lent it (until the request is
+  // destroyed).
+  virtual const void* received() const = 0;
 };
 using Request = std::unique_ptr<P2PRequest>;
 
@@ -79,6 +83,15 @@ class Communicator {
   // meet a blocking one.
   virtual Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
   virtual Request irecv(void* data, std::int64_t bytes, std::int64_t peer, int tag) = 0;
+  // A receive that is read, not kept: like irecv, but where the ranks share memory the
+  // backend may lend the sender's buffer instead of copying the message into `data` (threads:
+  // when the send is nonblocking). Read it through received() after wait(); it stays valid,
+  // and the lending isend stays incomplete, until the request is destroyed, so drop the
+  // request as soon as the read is done. Saves a copy of the message where both ranks are
+  // busy computing (the reduce-scatter ring adds a neighbour's running sum straight from it).
+  virtual Request irecv_lent(void* data, std::int64_t bytes, std::int64_t peer, int tag) {
+    return irecv(data, bytes, peer, tag);
+  }
   // Whether a rank that computes while its requests are in flight should have a helper
   // thread call test() on them: true where requests move only inside the communicator's
   // calls (mpi: Open MPI's shared-memory transport moves a message past its eager limit only

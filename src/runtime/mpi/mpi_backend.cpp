@@ -338,6 +338,7 @@ class MpiCommunicator final : public Communicator {
     check_message(bytes, peer, tag, "recv from");
     auto r = std::make_unique<MpiRequest>(*this, bytes, peer, tag, false);
     char* out = static_cast<char*>(data);
+    r->buffer = out;
     for_each_piece(bytes, [&](std::int64_t offset, int size) {
       r->sizes.push_back(size);
       check(MPI_Irecv(out + offset, size, MPI_BYTE, static_cast<int>(peer), tag, world_, &r->requests.emplace_back()),
@@ -384,8 +385,11 @@ class MpiCommunicator final : public Communicator {
       return done_;
     }
 
+    const void* received() const override { return buffer; }
+
     std::vector<MPI_Request> requests;
     std::vector<int> sizes;  // receives: the bytes each piece expects
+    const void* buffer = nullptr;  // a receive's
 
    private:
     friend class MpiCommunicator;
