@@ -13,6 +13,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -27,6 +28,7 @@
 #include "runtime/collectives_testing.h"
 #include "runtime/mpi/mpi_backend.h"
 #include "shardmm/core/error.h"
+#include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/errors.h"
 
@@ -418,7 +420,6 @@ TEST(MpiNonblocking, ManyInFlightWaitedInAnyOrder) {
 // completes from test() calls on another thread alone while both ranks' threads sleep.
 TEST(MpiNonblocking, TestFromAHelperThreadMovesALargeMessage) {
   run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
-    EXPECT_TRUE(comm.wants_progress_thread());
     const std::int64_t partner = comm.rank() ^ 1, bytes = 4 << 20;
     const std::vector<char> out = message(comm.rank(), bytes, 5);
     std::vector<char> in(static_cast<std::size_t>(bytes), char(-1));
@@ -438,6 +439,34 @@ TEST(MpiNonblocking, TestFromAHelperThreadMovesALargeMessage) {
     s->wait();
     EXPECT_EQ(in, message(partner, bytes, 5)) << "rank " << comm.rank();
   });
+}
+
+// The rings get a helper thread only where it has a core of its own: 4 ranks of one BLAS
+// thread each on this node leave none unless it has more than 4 cores.
+// SHARDMM_PROGRESS_THREAD decides instead; anything but 0 or 1 is an input error.
+TEST(MpiNonblocking, AHelperThreadOnlyWhereACoreIsFree) {
+  const auto wanted = [] {
+    bool wants = false;
+    run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) { wants = comm.wants_progress_thread(); });
+    return wants;
+  };
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int ranks_here = local ? std::atoi(local) : 4;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  EXPECT_EQ(wanted(), ranks_here * blas::threads() < cores);
+  setenv("SHARDMM_PROGRESS_THREAD", "1", 1);
+  EXPECT_TRUE(wanted());
+  setenv("SHARDMM_PROGRESS_THREAD", "0", 1);
+  EXPECT_FALSE(wanted());
+  setenv("SHARDMM_PROGRESS_THREAD", "yes", 1);
+  try {
+    wanted();
+    ADD_FAILURE() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "SHARDMM_PROGRESS_THREAD='yes': it is 1 (a helper thread moves the rings' messages), 0 "
+                           "(none) or unset (one where a core is free for it)");
+  }
+  unsetenv("SHARDMM_PROGRESS_THREAD");
 }
 
 // ---- errors ----

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "shardmm/core/error.h"
+#include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/errors.h"
 
 namespace shardmm::detail {
@@ -69,21 +70,48 @@ int error_class(int rc) {
   std::abort();  // MPI_Abort does not return; this keeps the compiler and a broken MPI honest
 }
 
+int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
+
+// The ranks of this job on this node. Collective over MPI_COMM_WORLD the first time, so called
+// where every rank is (run_mpi).
+int ranks_on_node() {
+  static const int ranks = [] {
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int size = 1;
+    MPI_Comm_size(node, &size);
+    MPI_Comm_free(&node);
+    return size;
+  }();
+  return ranks;
+}
+
 // Whether this node runs more ranks than it has cores. A rank polling for its peers then gives
 // up its core each time it finds nothing, as MPI's own waits do when oversubscribed (Open MPI's
 // mpi_yield_when_idle); otherwise it spins: a yield on a busy machine can hand the core to
 // another program for milliseconds, which made each checked 1 MiB collective ~10 ms slower.
-// Collective over MPI_COMM_WORLD the first time, so called where every rank is (run_mpi).
-bool node_oversubscribed() {
-  static const bool oversubscribed = [] {
-    MPI_Comm node = MPI_COMM_NULL;
-    check(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
-    int ranks = 1;
-    MPI_Comm_size(node, &ranks);
-    MPI_Comm_free(&node);
-    return ranks > static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }();
-  return oversubscribed;
+bool node_oversubscribed() { return ranks_on_node() > cores(); }
+
+// Whether the rings should have a helper thread call test() while they compute (Communicator::
+// wants_progress_thread). Only where it gets a core of its own: the node's ranks times their
+// BLAS threads leave one free. On busy cores the messages it moves cost the GEMMs as much as
+// it saves: 2 ranks of one BLAS thread on the 2-core VM ran both mpi rings 3-12% faster
+// without it (10 of 10 paired measurements, collective-matmul.md). SHARDMM_PROGRESS_THREAD=1
+// or 0 decides instead. Needs MPI_THREAD_SERIALIZED: test() then comes from another thread.
+bool progress_thread_wanted() {
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  if (level < MPI_THREAD_SERIALIZED) return false;
+  if (const char* v = std::getenv("SHARDMM_PROGRESS_THREAD")) {
+    const std::string value = v;
+    if (value != "0" && value != "1") {
+      throw InputError("SHARDMM_PROGRESS_THREAD='" + value +
+                       "': it is 1 (a helper thread moves the rings' messages), 0 (none) or unset (one where "
+                       "a core is free for it)");
+    }
+    return value == "1";
+  }
+  return ranks_on_node() * blas::threads() < cores();
 }
 
 // Bodies running in this process: run_mpi counts them.
@@ -182,7 +210,8 @@ void check_counts(const Counts& counts, std::int64_t group_size, const char* op)
 class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `world` and `checks`, this run's duplicates of MPI_COMM_WORLD.
-  MpiCommunicator(const Mesh& mesh, int rank, MPI_Comm world, MPI_Comm checks, const MpiOptions& options)
+  MpiCommunicator(const Mesh& mesh, int rank, MPI_Comm world, MPI_Comm checks, const MpiOptions& options,
+                  bool progress_thread)
       : mesh_(mesh),
         rank_(rank),
         world_(world),
@@ -193,7 +222,8 @@ class MpiCommunicator final : public Communicator {
             std::chrono::duration<double>(std::min(options.watchdog_s, 3.2e9)))),
         watchdog_text_(seconds(options.watchdog_s)),
         inbox_(static_cast<std::size_t>(mesh.device_count())),
-        yield_(node_oversubscribed()) {
+        yield_(node_oversubscribed()),
+        progress_thread_(progress_thread) {
     int flag = 0;
     int* tag_ub = nullptr;
     check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag), "MPI_Comm_get_attr");
@@ -317,11 +347,7 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  bool wants_progress_thread() const override {
-    int level = MPI_THREAD_SINGLE;
-    MPI_Query_thread(&level);
-    return level >= MPI_THREAD_SERIALIZED;  // less when the application initialized MPI so
-  }
+  bool wants_progress_thread() const override { return progress_thread_; }
 
   Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_message(bytes, peer, tag, "isend to");
@@ -955,6 +981,7 @@ class MpiCommunicator final : public Communicator {
   std::string watchdog_text_;
   std::vector<std::deque<Note>> inbox_;  // notes received, by sender
   bool yield_;                           // when polling finds nothing
+  bool progress_thread_;
   int tag_ub_ = 32767;
   std::map<AxisList, Group> groups_;
   std::vector<Outgoing> outgoing_;
@@ -1013,13 +1040,14 @@ void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, c
     throw InputError("the mesh " + mesh.to_string() + " has " + count_of(mesh.device_count(), "device", "devices") +
                      " but " + started + "; run with mpirun -n " + std::to_string(mesh.device_count()));
   }
+  const bool progress_thread = progress_thread_wanted();
   MPI_Comm world = MPI_COMM_NULL;
   MPI_Comm checks = MPI_COMM_NULL;
   check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
   check(MPI_Comm_dup(MPI_COMM_WORLD, &checks), "MPI_Comm_dup");
   check(MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check(MPI_Comm_set_errhandler(checks, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  MpiCommunicator comm(mesh, rank, world, checks, options);
+  MpiCommunicator comm(mesh, rank, world, checks, options, progress_thread);
   // Errors found above (the world size) are raised by every rank alike, so they propagate and
   // the CLI exits 2 on each rank, cleanly. An exception from `body` is different: this rank
   // cannot know whether the others raised it too or are blocked in a collective waiting for
