@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <thread>
@@ -419,10 +420,39 @@ struct Executor::Impl {
     pending.clear();
   }
 
+  // A shard the gather ring received: the receive (lent on threads) and the send that passes
+  // it on, if it goes further than this rank.
+  struct HeldShard {
+    Request arrival;
+    Request forward;
+    std::int64_t hops_left = 0;  // after this rank, on its way
+    // The forward first: dropped unwaited it waits for the next member to let go; then the
+    // receive, which lets go at once.
+    void let_go() {
+      forward.reset();
+      arrival.reset();
+    }
+  };
+  // The order a ring lets go of its shards in: those nearest the end of their way first.
+  static std::vector<std::size_t> nearest_the_end_first(const std::vector<HeldShard>& held) {
+    std::vector<std::size_t> order(held.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t l, std::size_t r) { return held[l].hops_left < held[r].hops_left; });
+    return order;
+  }
+
   // The ring of plan/step.h's all_gather_einsum. Shards travel one way (prev -> me -> next),
   // or both ways when bidirectional: ceil((n-1)/2) arrive from the left, floor((n-1)/2)
   // from the right. Step s multiplies what arrived during step s-1 (step 0: my own shard)
   // while the next shards are in flight, and forwards what it holds.
+  //
+  // Shards are received lent (Communicator::irecv_lent): on threads every member multiplies
+  // and forwards the owner's own buffer, and nothing is copied. A lent shard stays lent until
+  // the members after this one on its way have let go of it too, so the ring ends by letting
+  // go of its shards nearest the end of their way first: a shard that goes no further is let
+  // go at once, one that goes one more hop once the next member has let go of it, and so on;
+  // no member ever waits for one that waits for it.
   template <class T>
   void all_gather_einsum(const Step& step, StepState& st, const DistTensor& a, const DistTensor& b, TraceEvent& ev) {
     const RingGeometry& g = *st.ring;
@@ -435,49 +465,74 @@ struct Executor::Impl {
     const std::int64_t prev = g.members[static_cast<std::size_t>((me_g + n - 1) % n)];
     const std::int64_t eb = dtype_bytes(dtype);
     const auto member = [&](std::int64_t k) { return static_cast<std::size_t>(((k % n) + n) % n); };
-    const auto chunk = [&](std::size_t m) -> T* {
-      return m == g.me ? const_cast<T*>(x.buffer().template as<T>()) : st.chunks.as<T>() + g.chunk_at[m];
-    };
     const auto chunk_bytes = [&](std::size_t m) {
       return g.pieces[m].extent * elements_across(g.operand_local, g.operand_dim) * eb;
     };
+    // Where each shard lies once it has arrived: the sender's buffer where lent, else this
+    // rank's chunk buffer.
+    std::vector<const T*> at(g.members.size(), nullptr);
+    at[g.me] = x.buffer().template as<T>();
+    std::vector<HeldShard> held(g.members.size());
+    std::vector<Request> own;  // my shard, to each neighbour it leaves for
+    // Lets go in the same order when an exception unwinds the ring.
+    struct LetGo {
+      std::vector<HeldShard>& held;
+      std::vector<Request>& own;
+      ~LetGo() {
+        for (std::size_t m : nearest_the_end_first(held)) held[m].let_go();
+        own.clear();
+      }
+    } let_go{held, own};
+    std::vector<std::size_t> arriving;
     T* out = st.out.buffer().as<T>();
     const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
-    std::vector<Request> pending;
     std::vector<Request*> in_flight;
     const auto multiply = [&](std::size_t m) {
       in_flight.clear();
-      for (Request& r : pending) in_flight.push_back(&r);
+      for (std::size_t k : arriving) in_flight.push_back(&held[k].arrival);
       const Range& rows = g.pieces[m];
       if (st.product.elements() == 0) {
-        multiply_chunk<T>(st, m, chunk(m), a, b, out + rows.offset * out_across, in_flight, ev);
+        multiply_chunk<T>(st, m, at[m], a, b, out + rows.offset * out_across, in_flight, ev);
         return;
       }
       T* staged = st.product.as<T>();
-      multiply_chunk<T>(st, m, chunk(m), a, b, staged, in_flight, ev);
+      multiply_chunk<T>(st, m, at[m], a, b, staged, in_flight, ev);
       const Shape piece = with_extent(g.out_local, g.out_dim, rows.extent);
       copy_box(staged, piece, zeros(piece.size()), out, g.out_local, at_dim(piece.size(), g.out_dim, rows.offset),
                piece);
     };
+    // Way 0 receives from prev and sends to next, way 1 the other way round; a shard `hop`
+    // members from its owner goes `last - hop` further.
+    const auto pass = [&](std::size_t in, std::size_t fwd, std::int64_t from, std::int64_t to, int tag,
+                          std::int64_t hops_left_after) {
+      held[in].arrival = comm.irecv_lent(st.chunks.as<T>() + g.chunk_at[in], chunk_bytes(in), from, tag);
+      held[in].hops_left = hops_left_after;
+      arriving.push_back(in);
+      Request sent = comm.isend(at[fwd], chunk_bytes(fwd), to, tag);
+      (fwd == g.me ? own.emplace_back() : held[fwd].forward) = std::move(sent);
+    };
     for (std::int64_t s = 0; s <= from_left; ++s) {
-      if (s + 1 <= from_left) {
-        const std::size_t in = member(me_g - s - 1), fwd = member(me_g - s);
-        pending.push_back(comm.irecv(chunk(in), chunk_bytes(in), prev, kRingTags[0]));
-        pending.push_back(comm.isend(chunk(fwd), chunk_bytes(fwd), next, kRingTags[0]));
-      }
-      if (s + 1 <= from_right) {
-        const std::size_t in = member(me_g + s + 1), fwd = member(me_g + s);
-        pending.push_back(comm.irecv(chunk(in), chunk_bytes(in), next, kRingTags[1]));
-        pending.push_back(comm.isend(chunk(fwd), chunk_bytes(fwd), prev, kRingTags[1]));
-      }
+      arriving.clear();
+      if (s + 1 <= from_left) pass(member(me_g - s - 1), member(me_g - s), prev, next, kRingTags[0], from_left - s - 1);
+      if (s + 1 <= from_right) pass(member(me_g + s + 1), member(me_g + s), next, prev, kRingTags[1], from_right - s - 1);
       if (s == 0) {
         multiply(g.me);
       } else {
         multiply(member(me_g - s));
         if (s <= from_right) multiply(member(me_g + s));
       }
-      wait_all(pending);
+      for (std::size_t k : arriving) {
+        held[k].arrival->wait();
+        at[k] = static_cast<const T*>(held[k].arrival->received());
+      }
     }
+    // Every forward and my own shard waited for (each completes once the next member lets go),
+    // in the order LetGo then lets go in.
+    for (std::size_t m : nearest_the_end_first(held)) {
+      if (held[m].forward) held[m].forward->wait();
+      held[m].let_go();
+    }
+    for (Request& r : own) r->wait();
     ev.bytes_sent = ev.bytes_received = (g.chunk_elements - x.elements()) * eb;
   }
 
@@ -523,8 +578,10 @@ struct Executor::Impl {
     // The block a way carries at step s (its own block at the last step).
     const auto block = [&](int w, std::int64_t s) { return member(w == 0 ? me_g + last - s : me_g - last + s); };
     const auto block_bytes = [&](std::size_t m) { return g.pieces[m].extent * out_across * eb; };
-    // By way and step parity, like the buffers they use.
-    Request receiving[2][2], sending[2][2];
+    // By way and step parity, like the buffers they use. Declared in this order so that an
+    // exception unwinding the ring lets go of the running sums it holds (lent, on threads)
+    // before it waits for the next member to let go of the ones it sent.
+    Request sending[2][2], receiving[2][2];
     std::vector<Request*> in_flight;
     for (int w = 0; w < ways; ++w) {
       for (int p = 0; p < 2; ++p) in_flight.insert(in_flight.end(), {&receiving[w][p], &sending[w][p]});

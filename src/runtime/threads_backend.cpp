@@ -181,6 +181,16 @@ class World {
     wake_all();
   }
   bool aborted() const { return aborted_; }
+  // `rank` unwinds past a send whose buffer a peer reads in place (Communicator::irecv_lent):
+  // it must wait for the peer to let go, and the peer may be waiting for a message from it
+  // that will not come. Releases everyone now, before the rank's error is recorded (when it
+  // leaves its body); if it never is (the rank caught it), run_threads reports this.
+  void abandon(std::int64_t rank) {
+    abandoned_by_.store(rank);
+    aborted_ = true;
+    wake_all();
+  }
+  std::int64_t abandoned_by() const { return abandoned_by_.load(); }
   std::exception_ptr first_error() {
     std::lock_guard lock(error_mutex_);
     return first_error_;
@@ -218,6 +228,7 @@ class World {
   std::mutex error_mutex_;
   std::exception_ptr first_error_;
   std::atomic<bool> aborted_{false};
+  std::atomic<std::int64_t> abandoned_by_{-1};
 };
 
 void copy_bytes(std::byte* dst, const std::byte* src, std::int64_t bytes) {
@@ -592,6 +603,11 @@ class ThreadsCommunicator final : public Communicator {
       // receiver has (as it would for a copy), so that nobody reads the buffer once it is gone.
       case Transfer::State::lent:
         if (r.sending_) {
+          if (std::uncaught_exceptions() > 0) {
+            lock.unlock();
+            world_.abandon(rank_);
+            lock.lock();
+          }
           in.cv.wait(lock, [&] { return t.state == Transfer::State::done; });
         } else {
           t.state = Transfer::State::done;
@@ -797,6 +813,11 @@ void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& bod
   }
   for (std::thread& t : threads) t.join();
   if (std::exception_ptr error = world.first_error()) std::rethrow_exception(error);
+  if (const std::int64_t rank = world.abandoned_by(); rank >= 0) {
+    throw CollectiveMismatch("p2p mismatch: rank " + std::to_string(rank) +
+                             " dropped a send a peer was reading in place while an exception unwound it, and "
+                             "caught the exception; its peers were stopped");
+  }
 }
 
 }  // namespace detail

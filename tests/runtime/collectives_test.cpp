@@ -671,6 +671,41 @@ TEST(ThreadsNonblocking, LentReceivesFailAndUnwindLikeOthers) {
             "p2p mismatch: rank 1 called recv(8 bytes from rank 0, tag 0) but rank 0 sent 4 bytes");
 }
 
+// A rank that throws while its buffer is lent must wait for the reader to let go, and the
+// reader may be waiting for a message it will never send: the thrower releases everyone at
+// once (well inside the watchdog) and its own error is the one reported. If it catches the
+// error and carries on, the run still fails: its peers were stopped.
+TEST(ThreadsNonblocking, ARankUnwindingPastALentBufferReleasesItsPeers) {
+  for (const bool caught : {false, true}) {
+    SCOPED_TRACE(caught ? "caught" : "thrown");
+    const auto start = std::chrono::steady_clock::now();
+    Gate lent_out;
+    const std::string message = message_of<std::exception>([&] {
+      run(Mesh::parse("X=2"), [&](Communicator& comm) {
+        double x = 1, y = 0;
+        if (comm.rank() == 1) {
+          Request lent = comm.irecv_lent(&y, 8, 0, 0);
+          lent->wait();
+          lent_out.open();
+          comm.recv(&y, 8, 0, 1);  // never sent: only rank 0's release ends this
+          return;
+        }
+        try {
+          Request out = comm.isend(&x, 8, 1, 0);
+          lent_out.wait();
+          throw std::runtime_error("rank 0 failed mid-ring");
+        } catch (const std::runtime_error&) {
+          if (!caught) throw;
+        }
+      }, 60);
+    });
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << "waited for the watchdog";
+    EXPECT_EQ(message, caught ? "p2p mismatch: rank 0 dropped a send a peer was reading in place while an exception "
+                                "unwound it, and caught the exception; its peers were stopped"
+                              : "rank 0 failed mid-ring");
+  }
+}
+
 TEST(Backends, ThreadsIsAlwaysThereAndRunsEveryDevice) {
   const std::vector<std::string> backends = available_backends();
   ASSERT_FALSE(backends.empty());
