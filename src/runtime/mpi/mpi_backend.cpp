@@ -828,9 +828,9 @@ class MpiCommunicator final : public Communicator {
     for (std::int64_t k = 0; k < segments; ++k) {
       const std::size_t first = static_cast<std::size_t>(k) * others;
       std::fill(expected_copy.begin(), expected_copy.end(), size(g.me, k));
-      wait_checked(&copies_in[first], others, from, expected_copy, type, g, op);
+      wait_checked(copies_in.data() + first, others, from, expected_copy, type, g, op);
       // The sums arriving overwrite what this rank sent of the same segment.
-      check(MPI_Waitall(static_cast<int>(others), &copies_out[first], MPI_STATUSES_IGNORE), "MPI_Waitall");
+      check(MPI_Waitall(static_cast<int>(others), copies_out.data() + first, MPI_STATUSES_IGNORE), "MPI_Waitall");
       for (std::size_t i = 0; i < others; ++i) {
         const std::size_t m = from[i];
         check(MPI_Irecv(at(m, k), size(m, k), type, static_cast<int>(m), kGatherTag, g.comm, &sums_in[first + i]),
@@ -846,7 +846,7 @@ class MpiCommunicator final : public Communicator {
     }
     for (std::int64_t k = 0; k < segments; ++k) {
       for (std::size_t i = 0; i < others; ++i) expected_sum[i] = size(from[i], k);
-      wait_checked(&sums_in[static_cast<std::size_t>(k) * others], others, from, expected_sum, type, g, op);
+      wait_checked(sums_in.data() + static_cast<std::size_t>(k) * others, others, from, expected_sum, type, g, op);
     }
     check(MPI_Waitall(static_cast<int>(per_segment), sums_out.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
   }
