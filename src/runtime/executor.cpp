@@ -414,12 +414,6 @@ struct Executor::Impl {
     compute();
   }
 
-  // Waits for every request in `pending` and clears it.
-  static void wait_all(std::vector<Request>& pending) {
-    for (Request& r : pending) r->wait();
-    pending.clear();
-  }
-
   // A shard the gather ring received: the receive (lent on threads) and the send that passes
   // it on, if it goes further than this rank.
   struct HeldShard {

@@ -445,8 +445,6 @@ class ThreadsCommunicator final : public Communicator {
     t->lend = lend_ok;
     if (!matched) {
       in.receives[{peer, tag}].push_back(t);
-    } else if (lend_ok && !t->is_eager) {
-      lend(in, *t);
     } else if (t->is_eager) {
       // Only this rank holds the message now: copy it here, without the lock.
       t->state = Transfer::State::copying;
@@ -454,6 +452,8 @@ class ThreadsCommunicator final : public Communicator {
       if (bytes > 0 && bytes == t->src_bytes) std::memcpy(t->dst, t->src, static_cast<std::size_t>(bytes));
       lock.lock();
       t->state = Transfer::State::done;
+    } else if (lend_ok) {
+      lend(in, *t);
     } else {
       in.queue_copy(t);
     }
@@ -560,7 +560,6 @@ class ThreadsCommunicator final : public Communicator {
     }
   }
 
-  // Takes an unmatched transfer out of its queue. Call without the inbox's lock.
   // Whether a request's transfer has finished for its side: a lent buffer is there for the
   // receiver; the send is done when the receiver gives it back. Call with the inbox's lock.
   static bool arrived(const ThreadsRequest& r) {
@@ -576,6 +575,7 @@ class ThreadsCommunicator final : public Communicator {
     r.inbox_.cv.notify_all();
   }
 
+  // Takes an unmatched transfer out of its queue. Call without the inbox's lock.
   void remove_unmatched(const ThreadsRequest& r) {
     Inbox& in = r.inbox_;
     std::lock_guard lock(in.mutex);

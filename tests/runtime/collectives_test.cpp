@@ -66,6 +66,18 @@ class Gate {
   bool open_ = false;
 };
 
+// Runs `f`; if it throws, opens `gate` first (releasing the peer that waits on it), then
+// rethrows, so that the error `f` raised is the one the run reports.
+template <typename F>
+void opening_if_it_throws(Gate& gate, F&& f) {
+  try {
+    f();
+  } catch (...) {
+    gate.open();
+    throw;
+  }
+}
+
 struct Topology {
   std::string mesh;
   AxisList axes;
@@ -584,12 +596,7 @@ TEST(ThreadsNonblocking, SizesMustAgree) {
                   Request r = comm.irecv(&x, 8, 0, 0);
                   return failed.wait();
                 }
-                try {
-                  comm.isend(&x, 4, 1, 0)->wait();
-                } catch (...) {
-                  failed.open();
-                  throw;
-                }
+                opening_if_it_throws(failed, [&] { comm.isend(&x, 4, 1, 0)->wait(); });
               });
             }),
             "p2p mismatch: rank 0 called isend(4 bytes to rank 1, tag 0) but rank 1 posted a receive of 8 bytes");
@@ -660,12 +667,7 @@ TEST(ThreadsNonblocking, LentReceivesFailAndUnwindLikeOthers) {
                 }
                 Request r = comm.irecv_lent(&x, 8, 0, 0);
                 comm.barrier();
-                try {
-                  r->wait();
-                } catch (...) {
-                  failed.open();
-                  throw;
-                }
+                opening_if_it_throws(failed, [&] { r->wait(); });
               });
             }),
             "p2p mismatch: rank 1 called recv(8 bytes from rank 0, tag 0) but rank 0 sent 4 bytes");
@@ -680,7 +682,7 @@ TEST(ThreadsNonblocking, ARankUnwindingPastALentBufferReleasesItsPeers) {
     SCOPED_TRACE(caught ? "caught" : "thrown");
     const auto start = std::chrono::steady_clock::now();
     Gate lent_out;
-    const std::string message = message_of<std::exception>([&] {
+    const std::string message = message_of<std::runtime_error>([&] {
       run(Mesh::parse("X=2"), [&](Communicator& comm) {
         double x = 1, y = 0;
         if (comm.rank() == 1) {
