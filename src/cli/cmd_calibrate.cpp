@@ -90,6 +90,16 @@ void print_calibration(std::ostream& out, const CalibrationResult& r, const std:
   }
   for (std::size_t col : {1, 2, 3, 5}) fits.right_align(col);
   fits.print(out);
+  out << "\nCollective matmul rings vs their serialized twins (medians; docs/calibration.md, 'Ring overlap')\n";
+  Table rings({"ring", "contraction", "dims", "ring", "serialized", "ratio", "model: hidden..exposed", "overlap"});
+  for (const RingOverlapSample& s : r.rings) {
+    rings.add({to_string(s.ring), s.expression, format_sizes(s.sizes), format_time(s.ring_s), format_time(s.serialized_s),
+               format_sig3(s.ring_s / s.serialized_s), format_sig3(s.predicted_hidden) + " .. " + format_sig3(s.predicted_exposed),
+               format_sig3(100 * s.overlap) + "%"});
+  }
+  for (std::size_t col : {3, 4, 5, 6, 7}) rings.right_align(col);
+  rings.print(out);
+  out << "  (overlap: the share of a ring's transfers the model hides behind its GEMMs, fitted to the measured ratio)\n";
   out << "  (one run on this machine as it is now; a busy machine shifts every figure: calibrate again when it "
          "changes)\n";
 }
@@ -158,6 +168,17 @@ Command add_calibrate_command(CLI::App& root) {
                                         {"measured_s", s.measured_s},
                                         {"fit_input_s", s.fit_input_s},
                                         {"fitted_s", s.fitted_s}});
+            }
+            doc["rings"] = Json::array();
+            for (const RingOverlapSample& s : r.rings) {
+              doc["rings"].push_back({{"op", to_string(s.ring)},
+                                      {"expression", s.expression},
+                                      {"dims", s.sizes},
+                                      {"ring_s", s.ring_s},
+                                      {"serialized_s", s.serialized_s},
+                                      {"predicted_hidden", s.predicted_hidden},
+                                      {"predicted_exposed", s.predicted_exposed},
+                                      {"overlap", s.overlap}});
             }
             out << doc.dump(2) << "\n";
             return 0;

@@ -289,14 +289,20 @@ std::string string_value(const json& v, const std::string& key, const std::strin
 
 // --- the "calibration" object (docs/calibration.md, "Profile") ---
 
-// A sub-object of the calibration: every key known, every required key present. `where`
-// is its dotted path ("calibration.collectives[0]").
+// A sub-object of the calibration: every key known (`keys`, or `optional` ones that
+// profiles written by older versions lack), every one of `keys` present. `where` is its
+// dotted path ("calibration.collectives[0]").
 void check_object(const json& object, const std::string& where, const std::vector<std::string>& keys,
-                  const std::string& origin) {
+                  const std::string& origin, const std::vector<std::string>& optional = {}) {
   if (!object.is_object()) wrong_type(origin, where, "an object", object);
   for (const auto& item : object.items()) {
-    if (std::find(keys.begin(), keys.end(), item.key()) == keys.end()) {
-      throw InputError(origin + ": unknown key '" + where + "." + item.key() + "'; expected " + join_names(keys));
+    const auto known = [&](const std::vector<std::string>& names) {
+      return std::find(names.begin(), names.end(), item.key()) != names.end();
+    };
+    if (!known(keys) && !known(optional)) {
+      std::vector<std::string> all = keys;
+      all.insert(all.end(), optional.begin(), optional.end());
+      throw InputError(origin + ": unknown key '" + where + "." + item.key() + "'; expected " + join_names(all));
     }
   }
   for (const std::string& key : keys) {
@@ -339,7 +345,7 @@ constexpr OpKind kCollectives[] = {OpKind::all_gather, OpKind::reduce_scatter, O
 Calibration parse_calibration(const json& doc, const std::string& origin) {
   check_object(doc, "calibration",
                {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"},
-               origin);
+               origin, {"gather_ring_overlap", "scatter_ring_overlap"});
   Calibration c;
   c.backend = string_value(doc.at("backend"), "calibration.backend", origin);
   c.mesh = string_value(doc.at("mesh"), "calibration.mesh", origin);
@@ -347,6 +353,15 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
   c.measured_at = string_value(doc.at("measured_at"), "calibration.measured_at", origin);
   c.copy_bandwidth = positive_value(doc, "calibration", "copy_bandwidth", "bytes/s", origin);
   c.add_bandwidth = positive_value(doc, "calibration", "add_bandwidth", "bytes/s", origin);
+  for (auto [key, field] : {std::pair{"gather_ring_overlap", &c.gather_ring_overlap},
+                            std::pair{"scatter_ring_overlap", &c.scatter_ring_overlap}}) {
+    if (!doc.contains(key)) continue;
+    *field = non_negative_value(doc, "calibration", key, origin);
+    if (*field > 1) {
+      throw InputError(origin + ": key 'calibration." + key + "' is a share of the ring's transfers, 0 to 1, got " +
+                       show_number(*field));
+    }
+  }
   const json& fits = doc.at("collectives");
   if (!fits.is_array()) wrong_type(origin, "calibration.collectives", "an array", fits);
   for (std::size_t i = 0; i < fits.size(); ++i) {
@@ -428,6 +443,7 @@ json calibration_json(const Calibration& c) {
   return {{"backend", c.backend},          {"mesh", c.mesh},
           {"host", c.host},                {"measured_at", c.measured_at},
           {"copy_bandwidth", c.copy_bandwidth}, {"add_bandwidth", c.add_bandwidth},
+          {"gather_ring_overlap", c.gather_ring_overlap}, {"scatter_ring_overlap", c.scatter_ring_overlap},
           {"collectives", fits},           {"gemm", rates}};
 }
 
@@ -721,10 +737,13 @@ std::vector<int> ring_chunks(std::int64_t members, bool bidirectional) {
   return chunks;
 }
 
-double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s) {
+double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s, double overlap) {
   if (chunks.empty()) throw std::invalid_argument("overlapped_ring_time: a ring has at least one step");
+  if (!(overlap >= 0 && overlap <= 1)) throw std::invalid_argument("overlapped_ring_time: overlap is 0..1");
   double total = 0;
-  for (std::size_t s = 0; s + 1 < chunks.size(); ++s) total += std::max(hop_s, chunks[s] * chunk_compute_s);
+  for (std::size_t s = 0; s + 1 < chunks.size(); ++s) {
+    total += std::max(overlap * hop_s, chunks[s] * chunk_compute_s) + (1 - overlap) * hop_s;
+  }
   return total + chunks.back() * chunk_compute_s;
 }
 

@@ -13,6 +13,7 @@
 
 #include "runtime/bench_timing.h"
 #include "shardmm/core/error.h"
+#include "shardmm/plan/planner.h"
 #include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/collective_bench.h"
 #include "shardmm/runtime/communicator.h"
@@ -94,6 +95,170 @@ std::string utc_now() {
 std::string host_name() {
   std::array<char, 256> buf{};
   return gethostname(buf.data(), buf.size() - 1) == 0 ? std::string(buf.data()) : std::string("unknown");
+}
+
+// The analytic fields, so that a group size or dtype the calibration lacks still gets a
+// figure: switch topology (ranks share memory), link and latency from the AllGather fit
+// of the largest group.
+void build_profile(const CalibrateOptions& o, Calibration cal, HardwareProfile& p) {
+  p.name = "calibrated-" + o.backend;
+  p.description = "Measured by 'shardmm calibrate" + std::string(o.quick ? " --quick" : "") + "' on " + cal.host +
+                  ", " + o.backend + " backend, mesh " + cal.mesh + ", at " + cal.measured_at +
+                  ": collectives by alpha-beta fit per group size, GEMM rates by shape, collective matmul rings' overlap (docs/calibration.md)";
+  for (const GemmRate& g : cal.gemm) p.peak_flops[g.dtype] = std::max(p.peak_flops[g.dtype], g.flops_per_s);
+  p.hbm_bandwidth = cal.copy_bandwidth;
+  const CollectiveFit* widest = nullptr;
+  for (const CollectiveFit& f : cal.collectives) {
+    // The widest group's fit of the largest sizes: the bandwidth bulk transfers get.
+    if (f.op == OpKind::all_gather &&
+        (!widest || f.group_size > widest->group_size ||
+         (f.group_size == widest->group_size && f.min_bytes > widest->min_bytes))) {
+      widest = &f;
+    }
+  }
+  const double n = widest->group_size;
+  p.link_bandwidth = (n - 1) / n / widest->beta_s_per_byte;
+  p.hop_latency_s = widest->alpha_s / (n - 1);
+  p.bidirectional = true;
+  p.topology = "switch";
+  p.calibration = std::move(cal);
+}
+
+// --- the collective matmul rings' overlap (docs/calibration.md, "Ring overlap") ---
+
+// A ring and its serialized twin on one mesh axis: FSDP's gathered weight, and the
+// row-parallel layer's reduce-scattered output. `grown` scales the GEMMs, not the transfer.
+struct RingProbe {
+  OpKind ring;
+  std::vector<OpKind> serialized;
+  std::string expression;
+  std::string grown;
+};
+
+std::vector<RingProbe> ring_probes(const std::string& x) {
+  return {{OpKind::all_gather_einsum, {OpKind::all_gather, OpKind::einsum},
+           "A[I_" + x + ", J] @ B[J, K_" + x + "] -> C[I_" + x + ", K]", "I"},
+          {OpKind::einsum_reduce_scatter, {OpKind::einsum, OpKind::reduce_scatter},
+           "A[I, J_" + x + "] @ B[J_" + x + ", K] -> C[I_" + x + ", K]", "J"}};
+}
+
+// The cheapest candidate whose steps are `ops`; for a ring, the one going `bidirectional`
+// ways round where that is given.
+const Plan& candidate_with(const MatmulPlanning& p, const std::vector<OpKind>& ops,
+                           std::optional<bool> bidirectional = std::nullopt) {
+  for (const Plan& plan : p.candidates) {
+    const bool same = std::equal(plan.steps.begin(), plan.steps.end(), ops.begin(), ops.end(),
+                                 [](const Step& s, OpKind op) { return s.op == op; });
+    if (same && (!bidirectional || plan.steps.front().bidirectional == *bidirectional)) return plan;
+  }
+  throw std::logic_error("calibrate: the planner offered no candidate with the probe's steps");
+}
+
+// The grown dimension's size, a power of two, at which the serialized plan's GEMMs take at
+// least twice its transfer on `hw`: a ring could then hide all of the transfer, so what the
+// measured ratio shows is how much of it the backend does hide.
+DimSizes probe_sizes(const Mesh& mesh, const Contraction& c, const RingProbe& probe, std::int64_t base,
+                     const PlanOptions& opt) {
+  DimSizes sizes = {{"I", base}, {"J", base}, {"K", base}};
+  // From base / 8: narrower chunks are rank-few updates, not the GEMMs rings are built for.
+  for (std::int64_t grown = std::max(base / 8, 2 * mesh.device_count()); grown <= (std::int64_t{1} << 16); grown *= 2) {
+    sizes[probe.grown] = grown;
+    const Plan& serial = candidate_with(plan_matmul(mesh, c, sizes, opt), probe.serialized);
+    if (serial.compute_time_s >= 2 * serial.comm_time_s) break;
+  }
+  return sizes;
+}
+
+// Every process gets rank 0's `values` (under mpirun only it has the profile).
+std::vector<double> from_root(const CalibrateOptions& o, const std::vector<double>& values) {
+  std::vector<double> out;
+  std::mutex lock;
+  run_backend(o.backend, o.mesh, [&](Communicator& comm) {
+    std::vector<double> v = comm.rank() == 0 ? values : std::vector<double>(values.size(), 0.0);
+    comm.all_reduce(v.data(), static_cast<std::int64_t>(v.size()), DType::f64, comm.mesh().all_axes());  // + zeros
+    std::lock_guard hold(lock);
+    out = std::move(v);
+  });
+  return out;
+}
+
+// The overlap in [0, 1] at which the model's ring / serialized ratio equals `measured_ratio`
+// (the ring's predicted time falls as the overlap grows); 0 or 1 beyond the model's range.
+double fit_overlap(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const RingProbe& probe,
+                   bool bidirectional, PlanOptions opt, double measured_ratio, RingOverlapSample& sample) {
+  double& overlap = probe.ring == OpKind::all_gather_einsum ? opt.hw.calibration->gather_ring_overlap
+                                                            : opt.hw.calibration->scatter_ring_overlap;
+  const auto ratio = [&](double share) {
+    overlap = share;
+    const MatmulPlanning p = plan_matmul(mesh, c, sizes, opt);
+    return candidate_with(p, {probe.ring}, bidirectional).total_time_s / candidate_with(p, probe.serialized).total_time_s;
+  };
+  sample.predicted_hidden = ratio(1);
+  sample.predicted_exposed = ratio(0);
+  if (measured_ratio <= sample.predicted_hidden) return 1;
+  if (measured_ratio >= sample.predicted_exposed) return 0;
+  double lo = 0, hi = 1;
+  for (int i = 0; i < 30; ++i) (ratio((lo + hi) / 2) > measured_ratio ? lo : hi) = (lo + hi) / 2;
+  return (lo + hi) / 2;
+}
+
+// Runs both rings and their serialized twins (interleaved rounds, so drifting load hits them
+// alike) and sets the profile's overlaps on the root process.
+void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResult& result) {
+  int widest = 0;
+  for (int a = 1; a < o.mesh.rank(); ++a) widest = o.mesh.size(a) > o.mesh.size(widest) ? a : widest;
+  const std::int64_t base = o.quick ? 512 : 1024;
+  PlanOptions calibrated;
+  calibrated.dtype = DType::f32;
+  if (result.is_root) calibrated.hw = result.profile;
+  for (const RingProbe& probe : ring_probes(o.mesh.axis_names({widest}))) {
+    const Contraction c = parse_contraction(probe.expression, o.mesh);
+    DimSizes sizes = {{"I", base}, {"J", base}, {"K", base}};
+    const double grown = from_root(
+        o, {result.is_root ? static_cast<double>(probe_sizes(o.mesh, c, probe, base, calibrated).at(probe.grown)) : 0})[0];
+    sizes[probe.grown] = static_cast<std::int64_t>(grown);
+    if (o.progress) o.progress(std::string("collective matmul ") + to_string(probe.ring) + " " + probe.expression);
+    // Every process runs the same plans: planned alike on an analytic profile, and only
+    // their steps matter to the run.
+    PlanOptions analytic;
+    analytic.dtype = DType::f32;
+    analytic.hw = builtin_profile("h100");
+    const MatmulPlanning p = plan_matmul(o.mesh, c, sizes, analytic);
+    RunRequest ring, serialized;
+    ring.backend = o.backend;
+    ring.mesh = o.mesh;
+    ring.sizes = sizes;
+    ring.contraction = &c;
+    ring.check = false;  // the check mode's extra messages are not what is measured
+    serialized = ring;
+    ring.plan = candidate_with(p, {probe.ring});
+    serialized.plan = candidate_with(p, probe.serialized);
+    std::vector<double> ring_times, serialized_times;
+    for (int round = 0; round < rounds; ++round) {
+      for (auto [request, times] : {std::pair{&ring, &ring_times}, std::pair{&serialized, &serialized_times}}) {
+        request->verify = round == 0;
+        const RunReport r = run_plan(*request);
+        if (!r.verification.verified) {
+          throw std::runtime_error("calibrate: the " + request->plan.description +
+                                   " plan's result did not match the dense reference");
+        }
+        times->insert(times->end(), r.repeat_times_s.begin(), r.repeat_times_s.end());
+      }
+    }
+    if (!result.is_root) continue;
+    RingOverlapSample sample;
+    sample.ring = probe.ring;
+    sample.expression = format_contraction(c, o.mesh);
+    sample.sizes = sizes;
+    sample.ring_s = median(ring_times);
+    sample.serialized_s = median(serialized_times);
+    sample.overlap = fit_overlap(o.mesh, c, sizes, probe, ring.plan.steps.front().bidirectional, calibrated,
+                                 sample.ring_s / sample.serialized_s, sample);
+    Calibration& cal = *result.profile.calibration;
+    (probe.ring == OpKind::all_gather_einsum ? cal.gather_ring_overlap : cal.scatter_ring_overlap) = sample.overlap;
+    calibrated.hw = result.profile;
+    result.rings.push_back(std::move(sample));
+  }
 }
 
 }  // namespace
@@ -186,33 +351,8 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
     cal.gemm[i].flops_per_s = (first + second) / 2;
     result.gemm_drift = std::max(result.gemm_drift, std::abs(first - second) / cal.gemm[i].flops_per_s);
   }
-  if (!result.is_root) return result;
-
-  // The analytic fields, so that a group size or dtype the calibration lacks still gets a
-  // figure: switch topology (ranks share memory), link and latency from the AllGather fit
-  // of the largest group.
-  HardwareProfile& p = result.profile;
-  p.name = "calibrated-" + o.backend;
-  p.description = "Measured by 'shardmm calibrate" + std::string(o.quick ? " --quick" : "") + "' on " + cal.host +
-                  ", " + o.backend + " backend, mesh " + cal.mesh + ", at " + cal.measured_at +
-                  ": collectives by alpha-beta fit per group size, GEMM rates by shape (docs/calibration.md)";
-  for (const GemmRate& g : cal.gemm) p.peak_flops[g.dtype] = std::max(p.peak_flops[g.dtype], g.flops_per_s);
-  p.hbm_bandwidth = cal.copy_bandwidth;
-  const CollectiveFit* widest = nullptr;
-  for (const CollectiveFit& f : cal.collectives) {
-    // The widest group's fit of the largest sizes: the bandwidth bulk transfers get.
-    if (f.op == OpKind::all_gather &&
-        (!widest || f.group_size > widest->group_size ||
-         (f.group_size == widest->group_size && f.min_bytes > widest->min_bytes))) {
-      widest = &f;
-    }
-  }
-  const double n = widest->group_size;
-  p.link_bandwidth = (n - 1) / n / widest->beta_s_per_byte;
-  p.hop_latency_s = widest->alpha_s / (n - 1);
-  p.bidirectional = true;
-  p.topology = "switch";
-  p.calibration = std::move(cal);
+  if (result.is_root) build_profile(o, std::move(cal), result.profile);
+  measure_ring_overlap(o, trials, result);
   return result;
 }
 

@@ -19,6 +19,7 @@
 
 #include "cli_in_process.h"
 #include "shardmm/plan/cost.h"
+#include "shardmm/plan/planner.h"
 #include "shardmm/runtime/calibrate.h"
 
 namespace shardmm {
@@ -165,12 +166,65 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   EXPECT_EQ(p.peak_flops, fastest);
 }
 
+// Both collective matmul rings ran against their serialized twins, at sizes where the twin's
+// GEMMs take at least twice its transfer, and the overlap written to the profile is the one
+// at which the model predicts the ratio measured (or an end of 0..1 where the ratio lies
+// beyond the model's range).
+TEST_F(Calibrated, FitsEachRingsOverlapToTheMeasuredRatio) {
+  const json doc = json::parse(calibration_->out);
+  const HardwareProfile p = profile();
+  const Mesh mesh = Mesh::parse("X=2");
+  ASSERT_EQ(doc["rings"].size(), 2u);
+  for (const json& ring : doc["rings"]) {
+    SCOPED_TRACE(ring.dump());
+    const OpKind op = ring["op"] == "all_gather_einsum" ? OpKind::all_gather_einsum : OpKind::einsum_reduce_scatter;
+    EXPECT_EQ(ring["op"], to_string(op));
+    const double overlap = ring["overlap"].get<double>();
+    EXPECT_EQ(overlap, op == OpKind::all_gather_einsum ? p.calibration->gather_ring_overlap
+                                                       : p.calibration->scatter_ring_overlap);
+    ASSERT_GE(overlap, 0.0);
+    ASSERT_LE(overlap, 1.0);
+    const double measured = ring["ring_s"].get<double>() / ring["serialized_s"].get<double>();
+    ASSERT_GT(ring["serialized_s"].get<double>(), 0);
+    EXPECT_LT(ring["predicted_hidden"].get<double>(), ring["predicted_exposed"].get<double>());
+
+    const Contraction c = parse_contraction(ring["expression"].get<std::string>(), mesh);
+    DimSizes sizes;
+    for (const auto& [dim, size] : ring["dims"].items()) sizes[dim] = size.get<std::int64_t>();
+    PlanOptions opt;
+    opt.dtype = DType::f32;
+    opt.hw = p;
+    const MatmulPlanning planning = plan_matmul(mesh, c, sizes, opt);
+    const Plan* ring_plan = nullptr;
+    const Plan* serialized = nullptr;
+    for (const Plan& plan : planning.candidates) {
+      if (plan.steps.size() == 1 && plan.steps[0].op == op) ring_plan = &plan;
+      if (plan.steps.size() == 2 && (plan.steps[0].op == OpKind::all_gather || plan.steps[1].op == OpKind::reduce_scatter)) {
+        serialized = &plan;
+      }
+    }
+    ASSERT_TRUE(ring_plan && serialized);
+    EXPECT_GE(serialized->compute_time_s, 2 * serialized->comm_time_s);
+    const double predicted = ring_plan->total_time_s / serialized->total_time_s;
+    if (overlap == 0) {
+      EXPECT_GE(measured, ring["predicted_exposed"].get<double>());
+      EXPECT_NEAR(predicted, ring["predicted_exposed"].get<double>(), 1e-12);
+    } else if (overlap == 1) {
+      EXPECT_LE(measured, ring["predicted_hidden"].get<double>());
+      EXPECT_NEAR(predicted, ring["predicted_hidden"].get<double>(), 1e-12);
+    } else {
+      EXPECT_NEAR(predicted, measured, 1e-6 * measured);
+    }
+  }
+}
+
 TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
   const std::filesystem::path other = *dir_ / "other.json";
   const Result r = shardmm_cli({"calibrate", "--quick", "--mesh", "X=2", "--out", other.string()});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("calibrated-threads written to " + other.string()));
   EXPECT_THAT(r.out, HasSubstr("all_reduce"));
+  EXPECT_THAT(r.out, HasSubstr("einsum_reduce_scatter"));
   EXPECT_TRUE(parse_profile_json(slurp(other), other.string()).calibration.has_value());
 }
 

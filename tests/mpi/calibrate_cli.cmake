@@ -1,6 +1,6 @@
 # ctest driver: `shardmm calibrate --backend mpi` and `run --backend mpi --trace` as
 # multi-process jobs. Passes when rank 0 alone prints and writes the profile, the profile
-# holds the four collectives' fits on the job's group size, `run` then predicts on it by
+# holds the four collectives' fits on the job's group size and both rings' overlaps, `run` then predicts on it by
 # default, and the trace has every rank's every step in the right lane.
 # Variables: MPIEXEC, SHARDMM, WORK (a scratch directory).
 cmake_policy(SET CMP0057 NEW)  # if(... IN_LIST ...)
@@ -26,6 +26,18 @@ string(JSON mesh GET "${profile}" calibration mesh)
 string(JSON nfits LENGTH "${profile}" calibration collectives)
 if(NOT backend STREQUAL "mpi" OR NOT mesh STREQUAL "X=2" OR NOT nfits EQUAL 4)
   message(FATAL_ERROR "expected 4 fits on X=2 from the mpi backend, got ${nfits} on ${mesh} from ${backend}")
+endif()
+# Both rings ran on every process (a rank that skipped one would hang the job) and their
+# overlaps are shares.
+foreach(key gather_ring_overlap scatter_ring_overlap)
+  string(JSON share GET "${profile}" calibration ${key})
+  if(share LESS 0 OR share GREATER 1)
+    message(FATAL_ERROR "calibration.${key} is ${share}, not a share 0..1")
+  endif()
+endforeach()
+string(JSON nrings LENGTH "${out}" rings)
+if(NOT nrings EQUAL 2)
+  message(FATAL_ERROR "expected both rings measured, got ${nrings}:\n${out}")
 endif()
 foreach(i RANGE 3)
   string(JSON n GET "${profile}" calibration collectives ${i} group_size)

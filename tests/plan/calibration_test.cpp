@@ -268,6 +268,37 @@ TEST(CalibratedCost, TheReduceScatterRingPaysForItsAdditions) {
   EXPECT_NEAR(ring_time(1e9) - ring_time(2e9), 3 * 3 * block / 2e9, 1e-15);
 }
 
+// Each ring takes its own op's overlap: with none hidden its time grows by its n - 1 hops
+// (the GEMMs here outlast a hop, so with all hidden the hops cost nothing), and the other
+// ring's overlap leaves it alone.
+TEST(CalibratedCost, EachRingHidesTheShareOfItsHopsItsOverlapSays) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const auto ring_time = [&](const char* expression, OpKind op, double gather_overlap, double scatter_overlap) {
+    PlanOptions opt;
+    opt.dtype = DType::f32;
+    opt.hw = calibrated();
+    opt.hw.calibration->gather_ring_overlap = gather_overlap;
+    opt.hw.calibration->scatter_ring_overlap = scatter_overlap;
+    const Contraction c = parse_contraction(expression, mesh);
+    for (const Plan& p : plan_matmul(mesh, c, parse_dims("I=1024,J=1024,K=16"), opt).candidates) {
+      if (p.steps.size() == 1 && p.steps[0].op == op && !p.steps[0].bidirectional) return p.steps[0].time_s;
+    }
+    ADD_FAILURE() << "no one-way " << to_string(op) << " candidate";
+    return 0.0;
+  };
+  const char* fsdp = "A[I_X, J] @ B[J, K_X] -> C[I_X, K]";     // B's shards travel: 1024 x 4 f32 each
+  const char* row_parallel = "A[I, J_X] @ B[J_X, K] -> C[I_X, K]";  // C's partial blocks: 256 x 16 f32
+  const HardwareProfile hw = calibrated();
+  EXPECT_NEAR(ring_time(fsdp, OpKind::all_gather_einsum, 0, 1) - ring_time(fsdp, OpKind::all_gather_einsum, 1, 1),
+              3 * ring_hop_time(hw, 1024 * 4 * 4), 1e-15);
+  EXPECT_EQ(ring_time(fsdp, OpKind::all_gather_einsum, 1, 0), ring_time(fsdp, OpKind::all_gather_einsum, 1, 1));
+  EXPECT_NEAR(ring_time(row_parallel, OpKind::einsum_reduce_scatter, 1, 0) -
+                  ring_time(row_parallel, OpKind::einsum_reduce_scatter, 1, 1),
+              3 * ring_hop_time(hw, 256 * 16 * 4), 1e-15);
+  EXPECT_EQ(ring_time(row_parallel, OpKind::einsum_reduce_scatter, 0, 1),
+            ring_time(row_parallel, OpKind::einsum_reduce_scatter, 1, 1));
+}
+
 TEST(CalibratedCost, AnalyticProfilesAreUnchanged) {
   const HardwareProfile v5e = builtin_profile("tpu-v5e");
   EXPECT_FALSE(v5e.calibration.has_value());
@@ -279,7 +310,9 @@ TEST(CalibratedCost, AnalyticProfilesAreUnchanged) {
 // ---- JSON ----
 
 TEST(CalibratedProfileJson, RoundTripsEveryField) {
-  const HardwareProfile p = calibrated();
+  HardwareProfile p = calibrated();
+  p.calibration->gather_ring_overlap = 0.25;
+  p.calibration->scatter_ring_overlap = 0.75;
   const HardwareProfile q = parse_profile_json(profile_to_json(p), "p.json");
   EXPECT_EQ(q.name, p.name);
   EXPECT_EQ(q.peak_flops, p.peak_flops);
@@ -296,6 +329,8 @@ TEST(CalibratedProfileJson, RoundTripsEveryField) {
   EXPECT_EQ(b.measured_at, a.measured_at);
   EXPECT_EQ(b.copy_bandwidth, a.copy_bandwidth);
   EXPECT_EQ(b.add_bandwidth, a.add_bandwidth);
+  EXPECT_EQ(b.gather_ring_overlap, 0.25);
+  EXPECT_EQ(b.scatter_ring_overlap, 0.75);
   ASSERT_EQ(b.collectives.size(), a.collectives.size());
   for (std::size_t i = 0; i < a.collectives.size(); ++i) {
     EXPECT_EQ(b.collectives[i].op, a.collectives[i].op);
@@ -359,6 +394,12 @@ TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
        "key 'calibration.gemm[1].flops_per_s' must be a positive finite number (FLOP/s), got 0"},
       {"bandwidth string", [](json& d) { d["calibration"]["copy_bandwidth"] = "fast"; },
        "key 'calibration.copy_bandwidth' must be a number, got string"},
+      {"overlap above one", [](json& d) { d["calibration"]["gather_ring_overlap"] = 1.5; },
+       "key 'calibration.gather_ring_overlap' is a share of the ring's transfers, 0 to 1, got 1.5"},
+      {"negative overlap", [](json& d) { d["calibration"]["scatter_ring_overlap"] = -0.1; },
+       "key 'calibration.scatter_ring_overlap' must be a non-negative finite number, got -0.1"},
+      {"unknown key lists the optional ones", [](json& d) { d["calibration"]["overlap"] = 1; },
+       "gemm, gather_ring_overlap, scatter_ring_overlap"},
   };
   const json good = json::parse(profile_to_json(calibrated()));
   for (const BadCalibration& c : cases) {
@@ -369,6 +410,17 @@ TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
     EXPECT_EQ(message.rfind("p.json: ", 0), 0u) << message;
     EXPECT_THAT(message, HasSubstr(c.message));
   }
+}
+
+// A profile written before the rings' overlap was measured reads as hiding every hop, as
+// the model then assumed.
+TEST(CalibratedProfileJson, AProfileWithoutRingOverlapsHidesEveryHop) {
+  json doc = json::parse(profile_to_json(calibrated()));
+  doc["calibration"].erase("gather_ring_overlap");
+  doc["calibration"].erase("scatter_ring_overlap");
+  const HardwareProfile p = parse_profile_json(doc.dump(), "old.json");
+  EXPECT_EQ(p.calibration->gather_ring_overlap, 1.0);
+  EXPECT_EQ(p.calibration->scatter_ring_overlap, 1.0);
 }
 
 // ---- where the calibrated profile lives ----

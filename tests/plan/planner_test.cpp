@@ -265,6 +265,12 @@ TEST(CollectiveMatmul, RingChunksAndTime) {
   // Comm-bound: the hops, plus the last chunk, which nothing overlaps.
   EXPECT_DOUBLE_EQ(overlapped_ring_time({1, 1, 1, 1}, 1.0, 3.0), 10.0);
   EXPECT_DOUBLE_EQ(overlapped_ring_time({1, 2, 1}, 1.0, 1.5), 1.5 + 2.0 + 1.0);
+  // A share of each hop moves only after the step's GEMMs (a backend that moves data
+  // inside its calls): none of it hidden is compute + every hop.
+  EXPECT_DOUBLE_EQ(overlapped_ring_time({1, 1, 1, 1}, 2.0, 1.0, 0), 4 * 2.0 + 3 * 1.0);
+  EXPECT_DOUBLE_EQ(overlapped_ring_time({1, 1, 1, 1}, 2.0, 1.0, 0.5), 3 * (2.0 + 0.5) + 2.0);
+  EXPECT_DOUBLE_EQ(overlapped_ring_time({1, 1}, 1.0, 3.0, 0.5), 1.5 + 1.5 + 1.0);
+  EXPECT_THROW(overlapped_ring_time({1, 1}, 1.0, 3.0, 1.5), std::invalid_argument);
 }
 
 // The serialized candidate whose steps are exactly `ops`.

@@ -59,6 +59,13 @@ struct Calibration {
   std::string measured_at;          // UTC, ISO 8601
   double copy_bandwidth = 0;        // memcpy: bytes read + written per second, per rank
   double add_bandwidth = 0;         // y += x: bytes read + written per second, per rank
+  // The share of a collective matmul ring's hops that moves while the rank multiplies (0..1),
+  // fitted so that the model's ring / serialized ratio is the one measured on this backend
+  // (docs/calibration.md, "Ring overlap"): threads lends its buffers and hides nearly all,
+  // mpi without a helper thread copies inside its calls and hides little. 1 where a profile
+  // predates the measurement.
+  double gather_ring_overlap = 1;   // all_gather_einsum
+  double scatter_ring_overlap = 1;  // einsum_reduce_scatter
   std::vector<CollectiveFit> collectives;
   std::vector<GemmRate> gemm;
 };
@@ -145,8 +152,11 @@ double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes);
 // own shard first and then the two that arrived from either side ({1, 2, .., 2[, 1]}).
 std::vector<int> ring_chunks(std::int64_t members, bool bidirectional);
 // A ring whose step s multiplies chunks[s] chunks of `chunk_compute_s` each while the next
-// hop (`hop_s`) is in flight, nothing being in flight during the last step:
-//   sum over s < last of max(hop_s, chunks[s] * chunk_compute_s) + chunks[last] * chunk_compute_s.
-double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s);
+// hop (`hop_s`) is in flight, nothing being in flight during the last step; the share
+// `overlap` (0..1) of each hop moves during the GEMMs, the rest after them:
+//   sum over s < last of max(overlap * hop_s, chunks[s] * chunk_compute_s) + (1 - overlap) * hop_s
+//   + chunks[last] * chunk_compute_s.
+double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s,
+                            double overlap = 1);
 
 }  // namespace shardmm

@@ -11,7 +11,10 @@
 //     (square, cache-sized) and "skinny" (a matrix times a few columns);
 //   - memory bandwidth, memcpy and y += x (the collective benchmark's references);
 //   - per group size (each mesh axis alone and all axes together) every collective over a
-//     size sweep, fitted to time = alpha + beta * bytes (fit_alpha_beta, plan/cost.h).
+//     size sweep, fitted to time = alpha + beta * bytes (fit_alpha_beta, plan/cost.h);
+//   - last, with the profile built from the above, both collective matmul rings against
+//     their serialized twins on the mesh's widest axis, and the share of a ring's hops that
+//     the model may hide behind its GEMMs so that it predicts the ratio measured.
 // docs/calibration.md gives the sizes, the fit and what the figures mean.
 #pragma once
 
@@ -20,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "shardmm/core/spec.h"
 #include "shardmm/core/mesh.h"
 #include "shardmm/plan/cost.h"
 
@@ -43,10 +47,23 @@ struct CollectiveSample {
   double fitted_s = 0;     // alpha + beta * bytes
 };
 
+// One collective matmul ring against its serialized twin (Calibration::*_ring_overlap).
+struct RingOverlapSample {
+  OpKind ring = OpKind::all_gather_einsum;
+  std::string expression;        // the contraction, canonical form
+  DimSizes sizes;                // chosen so the serialized plan's GEMMs take ~2x its transfer
+  double ring_s = 0;             // measured, median over every timed run
+  double serialized_s = 0;       // likewise
+  double predicted_hidden = 0;   // the model's ring / serialized with every hop hidden
+  double predicted_exposed = 0;  // ... and with none hidden
+  double overlap = 1;            // the share whose prediction is ring_s / serialized_s
+};
+
 struct CalibrationResult {
   bool is_root = true;     // under mpirun only world rank 0 holds the figures
   HardwareProfile profile; // calibration set, and the analytic fields derived from it
   std::vector<CollectiveSample> samples;
+  std::vector<RingOverlapSample> rings;
   // The GEMMs are measured before and after the collectives and the profile holds the mean
   // of the two rates; this is the largest |first - second| / mean over the shapes: how much
   // the machine's speed moved during the calibration (a shared VM's can move by tens of %).
