@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -86,8 +87,16 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   req.mem_limit_bytes = p.options.mem_limit_bytes;  // run_plan checks the run's memory against it
   req.check = flags.check;
   const bool tty = isatty(2);
-  req.progress = [tty](const std::string& what) {
-    // A live line on a terminal; one line per step in a log.
+  // A live line on a terminal, redrawn at most 10 times a second; in a log a line a second,
+  // and the first of each phase (a run of short repeats must not write thousands of lines).
+  const auto interval = std::chrono::milliseconds(tty ? 100 : 1000);
+  req.progress = [tty, interval, phase = std::string(), last = std::chrono::steady_clock::time_point()](
+                     const std::string& what) mutable {
+    const std::string this_phase = what.substr(0, what.find(' '));
+    const auto now = std::chrono::steady_clock::now();
+    if (this_phase == phase && now - last < interval) return;
+    phase = this_phase;
+    last = now;
     std::cerr << (tty ? "\r\033[K" : "") << "shardmm: " << what << (tty ? "" : "\n") << std::flush;
   };
   RunReport r = run_plan(req);

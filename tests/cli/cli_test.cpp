@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -631,6 +632,24 @@ TEST(CliRun, VerifiesAndReportsTheTrace) {
     EXPECT_EQ(doc["trace"][op]["count"], c.first) << op;
     EXPECT_EQ(doc["trace"][op]["bytes"], c.second) << op;
   }
+}
+
+// Progress in a log (stderr is not a terminal here): the first line of each phase, then at
+// most one a second. A tiny run warms up for 0.2 s, thousands of runs, in one line.
+TEST(CliRun, ProgressInALogIsALineAPhaseNotARunAtATime) {
+  const Result r = run({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=4,J=4,K=4",
+                        "--repeat", "20", "--warmup-time", "0.2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  int warmups = 0, repeats = 0;
+  std::istringstream lines(r.err);
+  for (std::string line; std::getline(lines, line);) {
+    warmups += line.rfind("shardmm: warm-up", 0) == 0;
+    repeats += line.rfind("shardmm: repeat", 0) == 0;
+  }
+  EXPECT_EQ(warmups, 1) << r.err;
+  EXPECT_EQ(repeats, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("shardmm: repeat 1 of 20"));
+  EXPECT_THAT(r.err, HasSubstr("shardmm: verifying"));
 }
 
 TEST(CliRun, EveryCandidateRunsAndTheTextNamesTheVerdict) {
