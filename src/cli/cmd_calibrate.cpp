@@ -116,7 +116,8 @@ Command add_calibrate_command(CLI::App& root) {
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* app = root.add_subcommand(
-      "calibrate", "measure this machine (GEMM rates, memory bandwidth, each collective's latency and per-byte cost) "
+      "calibrate", "measure this machine (GEMM rates, memory bandwidth, each collective's latency and per-byte cost, "
+                   "how much of a collective matmul ring's transfers the backend hides) "
                    "and write the hardware profile that plan and run then use");
   app->add_option("--backend", flags->backend,
                   "the backend to measure the collectives of: threads (default) or mpi (under mpirun -n <devices>), "
