@@ -3,7 +3,7 @@
 // MPI; this program says what that costs (target: MPI/ours >= 0.95 at >= 1 MiB).
 //
 //   mpirun -n 2 build/bench/mpi_collectives_bench [--sizes 1MiB,4MiB,16MiB,64MiB] [--repeat 21]
-//          [--calls N] [--check] [--json]
+//          [--calls N] [--check] [--json] [--only MPI_Allreduce,...]
 //
 // Sizes follow nccl-tests: the bytes of the whole f32 array per rank. all_gather: the gathered
 // output (each rank contributes size/n); reduce_scatter: the input (each rank keeps size/n,
@@ -18,7 +18,9 @@
 // same on every rank); rank 0's figures are printed. "ours" and "MPI" are the medians of
 // --repeat timings per call; MPI/ours is the median of the ratios of adjacent timings, so
 // >= 1 means the backend is not slower. The backend runs unchecked (BackendOptions::check off,
-// as benchmarks run it); --check adds its per-collective agreement message to ours.
+// as benchmarks run it); --check adds its per-collective agreement message to ours. --only
+// keeps the rows of the MPI calls named: scripts/bench-mpi-algorithms.sh runs each one once
+// per algorithm Open MPI's tuned component has for it, to compare against the best of them.
 
 // The C API only: Open MPI's and MPICH's deprecated C++ bindings stay out.
 #define OMPI_SKIP_MPICXX 1
@@ -56,7 +58,11 @@ struct Options {
   int calls = 0;  // per timing; 0 calibrates
   bool check = false;
   bool json = false;
+  std::vector<std::string> only;  // MPI calls whose rows run; empty: all
 };
+
+constexpr const char* kMpiCalls[] = {"MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Reduce_scatter",
+                                     "MPI_Allreduce", "MPI_Alltoall"};
 
 // "1MiB", "64 KiB", "4M", "1048576": bytes, binary units as nccl-tests reads them.
 std::int64_t parse_size(const std::string& text) {
@@ -111,8 +117,21 @@ Options parse_options(int argc, char** argv) {
       o.check = true;
     } else if (arg == "--json") {
       o.json = true;
+    } else if (arg == "--only") {
+      const std::string list = value();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        const std::string call = list.substr(at, comma - at);
+        if (std::find(std::begin(kMpiCalls), std::end(kMpiCalls), call) == std::end(kMpiCalls)) {
+          throw std::invalid_argument("--only: '" + call + "' is not one of MPI_Allgather, MPI_Reduce_scatter_block, "
+                                      "MPI_Reduce_scatter, MPI_Allreduce, MPI_Alltoall");
+        }
+        o.only.push_back(call);
+        at = comma + 1;
+      }
     } else {
-      throw std::invalid_argument("unknown option '" + arg + "'; options: --sizes LIST, --repeat N, --calls N, --check, --json");
+      throw std::invalid_argument("unknown option '" + arg + "'; options: --sizes LIST, --repeat N, --calls N, --check, "
+                                  "--json, --only MPI_CALLS");
     }
   }
   return o;
@@ -237,6 +256,7 @@ void run(Communicator& comm, int ranks, const Options& o) {
          [&] { MPI_Alltoall(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }},
     };
     for (const Pair& p : pairs) {
+      if (!o.only.empty() && std::find(o.only.begin(), o.only.end(), p.mpi_call) == o.only.end()) continue;
       const Row row = measure(p, bytes, o);
       if (root) print_row(row, ranks, o);
     }
