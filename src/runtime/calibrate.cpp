@@ -104,7 +104,8 @@ void build_profile(const CalibrateOptions& o, Calibration cal, HardwareProfile& 
   p.name = "calibrated-" + o.backend;
   p.description = "Measured by 'shardmm calibrate" + std::string(o.quick ? " --quick" : "") + "' on " + cal.host +
                   ", " + o.backend + " backend, mesh " + cal.mesh + ", at " + cal.measured_at +
-                  ": collectives by alpha-beta fit per group size, GEMM rates by shape, collective matmul rings' overlap (docs/calibration.md)";
+                  ": collectives by alpha-beta fit per group size, GEMM rates by shape, collective matmul rings' "
+                  "overlap (docs/calibration.md)";
   for (const GemmRate& g : cal.gemm) p.peak_flops[g.dtype] = std::max(p.peak_flops[g.dtype], g.flops_per_s);
   p.hbm_bandwidth = cal.copy_bandwidth;
   const CollectiveFit* widest = nullptr;
@@ -182,24 +183,28 @@ std::vector<double> from_root(const CalibrateOptions& o, const std::vector<doubl
   return out;
 }
 
-// The overlap in [0, 1] at which the model's ring / serialized ratio equals `measured_ratio`
-// (the ring's predicted time falls as the overlap grows); 0 or 1 beyond the model's range.
-double fit_overlap(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const RingProbe& probe,
-                   bool bidirectional, PlanOptions opt, double measured_ratio, RingOverlapSample& sample) {
+// sample.overlap: the share in [0, 1] at which the model's ring / serialized ratio equals the
+// measured one (the ring's predicted time falls as the share grows); 0 or 1 beyond the
+// model's range, which goes to sample.predicted_*.
+void fit_overlap(const Mesh& mesh, const Contraction& c, const RingProbe& probe, bool bidirectional, PlanOptions opt,
+                 RingOverlapSample& sample) {
   double& overlap = probe.ring == OpKind::all_gather_einsum ? opt.hw.calibration->gather_ring_overlap
                                                             : opt.hw.calibration->scatter_ring_overlap;
   const auto ratio = [&](double share) {
     overlap = share;
-    const MatmulPlanning p = plan_matmul(mesh, c, sizes, opt);
+    const MatmulPlanning p = plan_matmul(mesh, c, sample.sizes, opt);
     return candidate_with(p, {probe.ring}, bidirectional).total_time_s / candidate_with(p, probe.serialized).total_time_s;
   };
+  const double measured = sample.ring_s / sample.serialized_s;
   sample.predicted_hidden = ratio(1);
   sample.predicted_exposed = ratio(0);
-  if (measured_ratio <= sample.predicted_hidden) return 1;
-  if (measured_ratio >= sample.predicted_exposed) return 0;
+  if (measured <= sample.predicted_hidden || measured >= sample.predicted_exposed) {
+    sample.overlap = measured <= sample.predicted_hidden ? 1 : 0;
+    return;
+  }
   double lo = 0, hi = 1;
-  for (int i = 0; i < 30; ++i) (ratio((lo + hi) / 2) > measured_ratio ? lo : hi) = (lo + hi) / 2;
-  return (lo + hi) / 2;
+  for (int i = 0; i < 30; ++i) (ratio((lo + hi) / 2) > measured ? lo : hi) = (lo + hi) / 2;
+  sample.overlap = (lo + hi) / 2;
 }
 
 // Runs both rings and their serialized twins (interleaved rounds, so drifting load hits them
@@ -252,8 +257,7 @@ void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResu
     sample.sizes = sizes;
     sample.ring_s = median(ring_times);
     sample.serialized_s = median(serialized_times);
-    sample.overlap = fit_overlap(o.mesh, c, sizes, probe, ring.plan.steps.front().bidirectional, calibrated,
-                                 sample.ring_s / sample.serialized_s, sample);
+    fit_overlap(o.mesh, c, probe, ring.plan.steps.front().bidirectional, calibrated, sample);
     Calibration& cal = *result.profile.calibration;
     (probe.ring == OpKind::all_gather_einsum ? cal.gather_ring_overlap : cal.scatter_ring_overlap) = sample.overlap;
     calibrated.hw = result.profile;
