@@ -164,7 +164,8 @@ DimSizes probe_sizes(const Mesh& mesh, const Contraction& c, const RingProbe& pr
   // From base / 8: narrower chunks are rank-few updates, not the GEMMs rings are built for.
   for (std::int64_t grown = std::max(base / 8, 2 * mesh.device_count()); grown <= (std::int64_t{1} << 16); grown *= 2) {
     sizes[probe.grown] = grown;
-    const Plan& serial = candidate_with(plan_matmul(mesh, c, sizes, opt), probe.serialized);
+    const MatmulPlanning planning = plan_matmul(mesh, c, sizes, opt);  // outlives the reference into it
+    const Plan& serial = candidate_with(planning, probe.serialized);
     if (serial.compute_time_s >= 2 * serial.comm_time_s) break;
   }
   return sizes;
@@ -222,7 +223,7 @@ void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResu
     const double grown = from_root(
         o, {result.is_root ? static_cast<double>(probe_sizes(o.mesh, c, probe, base, calibrated).at(probe.grown)) : 0})[0];
     sizes[probe.grown] = static_cast<std::int64_t>(grown);
-    if (o.progress) o.progress(std::string("collective matmul ") + to_string(probe.ring) + " " + probe.expression);
+    if (result.is_root && o.progress) o.progress(std::string("collective matmul ") + to_string(probe.ring) + " " + probe.expression);
     // Every process runs the same plans: planned alike on an analytic profile, and only
     // their steps matter to the run.
     PlanOptions analytic;
