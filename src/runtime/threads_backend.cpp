@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
 #include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/errors.h"
 
@@ -251,11 +252,6 @@ Counts offsets(const Counts& counts, std::int64_t element_size) {
   return out;
 }
 
-// Start of part `k` of `count` elements split `parts` ways, the first count % parts one larger.
-std::int64_t split_start(std::int64_t count, std::int64_t parts, std::int64_t k) {
-  return k * (count / parts) + std::min(k, count % parts);
-}
-
 const std::byte* bytes_of(const void* p) { return static_cast<const std::byte*>(p); }
 std::byte* bytes_of(void* p) { return static_cast<std::byte*>(p); }
 
@@ -321,9 +317,9 @@ class ThreadsCommunicator final : public Communicator {
     if (g.size() == 1) return;
     arrive(g, {{CollectiveOp::all_reduce, axes, dtype, {count}, {}}, data, data});
     const auto n = static_cast<std::int64_t>(g.size());
-    auto chunk = [&](std::size_t m) {
-      const std::int64_t lo = split_start(count, n, static_cast<std::int64_t>(m));
-      return std::pair{lo * eb, split_start(count, n, static_cast<std::int64_t>(m) + 1) - lo};
+    auto chunk = [&](std::size_t m) {  // split as numpy.array_split, as the mpi backend does
+      const Range part = split_range(count, n, static_cast<std::int64_t>(m));
+      return std::pair{part.offset * eb, part.extent};
     };
     const auto [mine, my_count] = chunk(g.me);
     std::vector<const void*> sources;

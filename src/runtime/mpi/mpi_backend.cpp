@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
 #include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/errors.h"
 
@@ -779,8 +780,8 @@ class MpiCommunicator final : public Communicator {
     const MPI_Datatype type = mpi_type(dtype);
     const std::size_t esz = static_cast<std::size_t>(dtype_bytes(dtype));
     const auto n = static_cast<std::size_t>(g.size);
-    Counts split(n, count / g.size);
-    for (std::int64_t m = 0; m < count % g.size; ++m) ++split[static_cast<std::size_t>(m)];
+    Counts split(n);
+    for (std::size_t m = 0; m < n; ++m) split[m] = split_range(count, g.size, static_cast<std::int64_t>(m)).extent;
     const std::vector<std::int64_t> chunk_at = displacements(split);
     const std::int64_t mine = split[g.me];
     const std::int64_t segment = std::clamp<std::int64_t>(
