@@ -223,9 +223,7 @@ Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_c
   s.comm_time_s = hop * static_cast<double>(chunks.size() - 1);  // the hops of one step move at once
   s.compute_time_s = einsum.time_s;
   const auto& calibration = coster.options().hw.calibration;
-  const double overlap = !calibration ? 1
-                         : op == OpKind::all_gather_einsum ? calibration->gather_ring_overlap
-                                                           : calibration->scatter_ring_overlap;
+  const double overlap = calibration ? calibration->ring_overlap(op) : 1;
   s.time_s = overlapped_ring_time(chunks, chunk_compute_s, hop, overlap);
   return s;
 }

@@ -189,8 +189,7 @@ std::vector<double> from_root(const CalibrateOptions& o, const std::vector<doubl
 // model's range, which goes to sample.predicted_*.
 void fit_overlap(const Mesh& mesh, const Contraction& c, const RingProbe& probe, bool bidirectional, PlanOptions opt,
                  RingOverlapSample& sample) {
-  double& overlap = probe.ring == OpKind::all_gather_einsum ? opt.hw.calibration->gather_ring_overlap
-                                                            : opt.hw.calibration->scatter_ring_overlap;
+  double& overlap = opt.hw.calibration->ring_overlap(probe.ring);
   const auto ratio = [&](double share) {
     overlap = share;
     const MatmulPlanning p = plan_matmul(mesh, c, sample.sizes, opt);
@@ -259,8 +258,7 @@ void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResu
     sample.ring_s = median(ring_times);
     sample.serialized_s = median(serialized_times);
     fit_overlap(o.mesh, c, probe, ring.plan.steps.front().bidirectional, calibrated, sample);
-    Calibration& cal = *result.profile.calibration;
-    (probe.ring == OpKind::all_gather_einsum ? cal.gather_ring_overlap : cal.scatter_ring_overlap) = sample.overlap;
+    result.profile.calibration->ring_overlap(probe.ring) = sample.overlap;
     calibrated.hw = result.profile;
     result.rings.push_back(std::move(sample));
   }

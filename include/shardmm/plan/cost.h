@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "shardmm/core/mesh.h"
@@ -68,6 +69,12 @@ struct Calibration {
   double scatter_ring_overlap = 1;  // einsum_reduce_scatter
   std::vector<CollectiveFit> collectives;
   std::vector<GemmRate> gemm;
+
+  // The overlap share of `ring` (all_gather_einsum or einsum_reduce_scatter).
+  const double& ring_overlap(OpKind ring) const {
+    return ring == OpKind::all_gather_einsum ? gather_ring_overlap : scatter_ring_overlap;
+  }
+  double& ring_overlap(OpKind ring) { return const_cast<double&>(std::as_const(*this).ring_overlap(ring)); }
 };
 
 struct HardwareProfile {
