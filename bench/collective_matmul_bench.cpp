@@ -42,13 +42,8 @@ std::vector<std::int64_t> parse_list(const std::string& text) {
   return out;
 }
 
-// The candidate whose steps are exactly `ops`.
 const Plan& candidate(const MatmulPlanning& p, const std::vector<OpKind>& ops) {
-  for (const Plan& plan : p.candidates) {
-    std::vector<OpKind> have;
-    for (const Step& s : plan.steps) have.push_back(s.op);
-    if (have == ops) return plan;
-  }
+  if (const Plan* plan = find_candidate(p, ops)) return *plan;
   throw std::runtime_error("no candidate with the expected steps");
 }
 

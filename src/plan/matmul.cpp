@@ -400,4 +400,16 @@ MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSize
   return result;
 }
 
+const Plan* find_candidate(const MatmulPlanning& planning, const std::vector<OpKind>& ops,
+                           std::optional<bool> bidirectional) {
+  for (const Plan& plan : planning.candidates) {
+    const bool same = std::equal(plan.steps.begin(), plan.steps.end(), ops.begin(), ops.end(),
+                                 [](const Step& s, OpKind op) { return s.op == op; });
+    if (same && (!bidirectional || (!plan.steps.empty() && plan.steps.front().bidirectional == *bidirectional))) {
+      return &plan;
+    }
+  }
+  return nullptr;
+}
+
 }  // namespace shardmm

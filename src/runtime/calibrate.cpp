@@ -143,15 +143,10 @@ std::vector<RingProbe> ring_probes(const std::string& x) {
            "A[I, J_" + x + "] @ B[J_" + x + ", K] -> C[I_" + x + ", K]", "J"}};
 }
 
-// The cheapest candidate whose steps are `ops`; for a ring, the one going `bidirectional`
-// ways round where that is given.
+// find_candidate, which the probes' fixed contractions always have.
 const Plan& candidate_with(const MatmulPlanning& p, const std::vector<OpKind>& ops,
                            std::optional<bool> bidirectional = std::nullopt) {
-  for (const Plan& plan : p.candidates) {
-    const bool same = std::equal(plan.steps.begin(), plan.steps.end(), ops.begin(), ops.end(),
-                                 [](const Step& s, OpKind op) { return s.op == op; });
-    if (same && (!bidirectional || plan.steps.front().bidirectional == *bidirectional)) return plan;
-  }
+  if (const Plan* plan = find_candidate(p, ops, bidirectional)) return *plan;
   throw std::logic_error("calibrate: the planner offered no candidate with the probe's steps");
 }
 

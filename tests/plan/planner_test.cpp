@@ -343,6 +343,32 @@ TEST(CollectiveMatmul, BothWaysRoundHalvesTheHopsOnATorus) {
   EXPECT_LT(both_ways->total_time_s, one_way->total_time_s);
 }
 
+// find_candidate matches a plan's whole step sequence, cheapest first, and the ring's
+// direction where asked.
+TEST(FindCandidate, MatchesTheWholeSequenceAndTheDirection) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I, K_X]", mesh);
+  PlanOptions o{DType::bf16, builtin_profile("tpu-v5e")};
+  const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=8192,K=16"), o);
+  const Plan* ring = find_candidate(p, {OpKind::all_gather_einsum});
+  ASSERT_NE(ring, nullptr);
+  const Plan* first_ring = nullptr;
+  for (const Plan& plan : p.candidates) {
+    if (!first_ring && plan.steps.size() == 1 && plan.steps[0].op == OpKind::all_gather_einsum) first_ring = &plan;
+  }
+  EXPECT_EQ(ring, first_ring);
+  EXPECT_EQ(find_candidate(p, {OpKind::all_gather_einsum}, false), candidate_with(p, OpKind::all_gather_einsum, false));
+  EXPECT_EQ(find_candidate(p, {OpKind::all_gather_einsum}, true), candidate_with(p, OpKind::all_gather_einsum, true));
+  ASSERT_NE(find_candidate(p, {OpKind::all_gather_einsum}, true), nullptr);
+  const Plan* gathered = find_candidate(p, {OpKind::all_gather, OpKind::einsum});
+  ASSERT_NE(gathered, nullptr);
+  ASSERT_EQ(gathered->steps.size(), 2u);
+  EXPECT_EQ(gathered->steps[0].op, OpKind::all_gather);
+  // A prefix or a sequence no candidate has is not a match.
+  EXPECT_EQ(find_candidate(p, {OpKind::all_gather}), nullptr);
+  EXPECT_EQ(find_candidate(p, {OpKind::all_to_all, OpKind::all_to_all, OpKind::all_to_all}), nullptr);
+}
+
 // Case 3 with a sharded output: the einsum's partial sums reduce_scattered round a ring.
 TEST(CollectiveMatmul, EinsumReduceScatterReplacesTheScatter) {
   const Mesh mesh = Mesh::parse("X=4");

@@ -53,6 +53,12 @@ struct MatmulPlanning {
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& contraction, const DimSizes& sizes,
                            const PlanOptions& options);
 
+// The cheapest candidate whose steps are exactly `ops`, in order, and where `bidirectional`
+// is given, whose first step goes that many ways round; nullptr when the planner offered none.
+// For measuring one strategy against another (calibrate's ring probes, the benchmarks).
+const Plan* find_candidate(const MatmulPlanning& planning, const std::vector<OpKind>& ops,
+                           std::optional<bool> bidirectional = std::nullopt);
+
 // Validates that `from` and `to` describe the same tensor (same dimension names in the
 // same order); throws InputError naming the difference.
 void check_same_tensor(const Spec& from, const Spec& to, const Mesh& mesh);
