@@ -150,31 +150,30 @@ const Plan& candidate_with(const MatmulPlanning& p, const std::vector<OpKind>& o
   throw std::logic_error("calibrate: the planner offered no candidate with the probe's steps");
 }
 
-// The grown dimension's size, a power of two, at which the serialized plan's GEMMs take at
-// least twice its transfer on `hw`: a ring could then hide all of the transfer, so what the
-// measured ratio shows is how much of it the backend does hide.
-DimSizes probe_sizes(const Mesh& mesh, const Contraction& c, const RingProbe& probe, std::int64_t base,
-                     const PlanOptions& opt) {
-  DimSizes sizes = {{"I", base}, {"J", base}, {"K", base}};
+// Sets the grown dimension of `sizes` to the power of two at which the serialized plan's
+// GEMMs take at least twice its transfer on `opt`'s profile: a ring could then hide all of
+// the transfer, so what the measured ratio shows is how much of it the backend does hide.
+void grow_until_compute_bound(const Mesh& mesh, const Contraction& c, const RingProbe& probe, const PlanOptions& opt,
+                              DimSizes& sizes) {
   // From base / 8: narrower chunks are rank-few updates, not the GEMMs rings are built for.
+  const std::int64_t base = sizes.at(probe.grown);
   for (std::int64_t grown = std::max(base / 8, 2 * mesh.device_count()); grown <= (std::int64_t{1} << 16); grown *= 2) {
     sizes[probe.grown] = grown;
     const MatmulPlanning planning = plan_matmul(mesh, c, sizes, opt);  // outlives the reference into it
     const Plan& serial = candidate_with(planning, probe.serialized);
     if (serial.compute_time_s >= 2 * serial.comm_time_s) break;
   }
-  return sizes;
 }
 
-// Every process gets rank 0's `values` (under mpirun only it has the profile).
-std::vector<double> from_root(const CalibrateOptions& o, const std::vector<double>& values) {
-  std::vector<double> out;
-  std::mutex lock;
+// Every process gets rank 0's `value` (under mpirun only it has the profile).
+double from_root(const CalibrateOptions& o, double value) {
+  double out = 0;
+  std::mutex lock;  // the threads backend's ranks share `out`; under mpirun each process has its own
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
-    std::vector<double> v = comm.rank() == 0 ? values : std::vector<double>(values.size(), 0.0);
-    comm.all_reduce(v.data(), static_cast<std::int64_t>(v.size()), DType::f64, comm.mesh().all_axes());  // + zeros
+    double v = comm.rank() == 0 ? value : 0.0;
+    comm.all_reduce(&v, 1, DType::f64, comm.mesh().all_axes());  // the others add zeros
     std::lock_guard hold(lock);
-    out = std::move(v);
+    out = v;
   });
   return out;
 }
@@ -211,18 +210,19 @@ void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResu
   PlanOptions calibrated;
   calibrated.dtype = DType::f32;
   if (result.is_root) calibrated.hw = result.profile;
+  // Every process runs the same plans: planned alike on an analytic profile, and only their
+  // steps matter to the run.
+  PlanOptions analytic;
+  analytic.dtype = DType::f32;
+  analytic.hw = builtin_profile("h100");
   for (const RingProbe& probe : ring_probes(o.mesh.axis_names({widest}))) {
     const Contraction c = parse_contraction(probe.expression, o.mesh);
     DimSizes sizes = {{"I", base}, {"J", base}, {"K", base}};
-    const double grown = from_root(
-        o, {result.is_root ? static_cast<double>(probe_sizes(o.mesh, c, probe, base, calibrated).at(probe.grown)) : 0})[0];
-    sizes[probe.grown] = static_cast<std::int64_t>(grown);
-    if (result.is_root && o.progress) o.progress(std::string("collective matmul ") + to_string(probe.ring) + " " + probe.expression);
-    // Every process runs the same plans: planned alike on an analytic profile, and only
-    // their steps matter to the run.
-    PlanOptions analytic;
-    analytic.dtype = DType::f32;
-    analytic.hw = builtin_profile("h100");
+    if (result.is_root) grow_until_compute_bound(o.mesh, c, probe, calibrated, sizes);
+    sizes[probe.grown] = static_cast<std::int64_t>(from_root(o, static_cast<double>(sizes[probe.grown])));
+    if (result.is_root && o.progress) {
+      o.progress(std::string("collective matmul ") + to_string(probe.ring) + " " + probe.expression);
+    }
     const MatmulPlanning p = plan_matmul(o.mesh, c, sizes, analytic);
     RunRequest ring, serialized;
     ring.backend = o.backend;
@@ -254,7 +254,6 @@ void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResu
     sample.serialized_s = median(serialized_times);
     fit_overlap(o.mesh, c, probe, ring.plan.steps.front().bidirectional, calibrated, sample);
     result.profile.calibration->ring_overlap(probe.ring) = sample.overlap;
-    calibrated.hw = result.profile;
     result.rings.push_back(std::move(sample));
   }
 }
