@@ -64,6 +64,17 @@ struct Options {
 constexpr const char* kMpiCalls[] = {"MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Reduce_scatter",
                                      "MPI_Allreduce", "MPI_Alltoall"};
 
+// "a,b,,c" -> {"a", "b", "", "c"}: the items of a comma-separated flag value.
+std::vector<std::string> split_list(const std::string& list) {
+  std::vector<std::string> items;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    items.push_back(list.substr(at, comma - at));
+    at = comma + 1;
+  }
+  return items;
+}
+
 // "1MiB", "64 KiB", "4M", "1048576": bytes, binary units as nccl-tests reads them.
 std::int64_t parse_size(const std::string& text) {
   char* end = nullptr;
@@ -103,12 +114,7 @@ Options parse_options(int argc, char** argv) {
     };
     if (arg == "--sizes") {
       o.sizes.clear();
-      const std::string list = value();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        o.sizes.push_back(parse_size(list.substr(at, comma - at)));
-        at = comma + 1;
-      }
+      for (const std::string& size : split_list(value())) o.sizes.push_back(parse_size(size));
     } else if (arg == "--repeat") {
       o.repeat = parse_count(arg, value(), 1);
     } else if (arg == "--calls") {
@@ -118,16 +124,12 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--json") {
       o.json = true;
     } else if (arg == "--only") {
-      const std::string list = value();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        const std::string call = list.substr(at, comma - at);
+      for (const std::string& call : split_list(value())) {
         if (std::find(std::begin(kMpiCalls), std::end(kMpiCalls), call) == std::end(kMpiCalls)) {
           throw std::invalid_argument("--only: '" + call + "' is not one of MPI_Allgather, MPI_Reduce_scatter_block, "
                                       "MPI_Reduce_scatter, MPI_Allreduce, MPI_Alltoall");
         }
         o.only.push_back(call);
-        at = comma + 1;
       }
     } else {
       throw std::invalid_argument("unknown option '" + arg + "'; options: --sizes LIST, --repeat N, --calls N, --check, "
