@@ -48,6 +48,10 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
              ": reduces and keeps the result sharded";
     case OpKind::all_reduce:
       return "sums the partial sums over " + g + "; every device gets the whole sum (= reduce_scatter + all_gather)";
+    case OpKind::exchange:
+      return "each device sends every member of " + g + " the part of its block that the member's new block "
+             "covers, in one collective: each receives only what it lacks (a permutation of the blocks, not a "
+             "gather)";
     case OpKind::to_partial:
       return "turns the replicated value into a partial sum over " + g +
              " (coordinate 0 keeps it, the others hold zeros): local";

@@ -1,6 +1,7 @@
 #include "shardmm/core/geometry.h"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "shardmm/core/error.h"
 
@@ -62,6 +63,18 @@ std::int64_t overlap_elements(const std::vector<Range>& a, const std::vector<Ran
     n *= hi - lo;
   }
   return n;
+}
+
+std::vector<Range> intersect_boxes(const std::vector<Range>& a, const std::vector<Range>& within) {
+  if (a.size() != within.size()) throw std::invalid_argument("intersect_boxes: the boxes differ in rank");
+  std::vector<Range> box;
+  box.reserve(a.size());
+  for (std::size_t d = 0; d < a.size(); ++d) {
+    const std::int64_t lo = std::max(a[d].offset, within[d].offset), hi = std::min(a[d].end(), within[d].end());
+    if (hi <= lo) return std::vector<Range>(a.size(), Range{});
+    box.push_back({lo - within[d].offset, hi - lo});
+  }
+  return box;
 }
 
 }  // namespace shardmm

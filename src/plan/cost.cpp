@@ -678,8 +678,10 @@ HardwareProfile load_profile(std::string_view name_or_path) {
 
 double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
                        std::int64_t array_bytes) {
-  if (!is_collective(op)) {
-    throw std::invalid_argument(std::string("collective_time: ") + to_string(op) + " is not a collective");
+  if (!is_collective(op) || op == OpKind::exchange) {
+    throw std::invalid_argument(std::string("collective_time: ") + to_string(op) +
+                                " is not one of the four collectives (an exchange is costed by its traffic, "
+                                "StepCoster)");
   }
   if (array_bytes < 0) throw std::invalid_argument("collective_time: negative array_bytes");
   std::vector<double> sizes;  // the group's axes that have links to use

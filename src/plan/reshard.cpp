@@ -181,29 +181,56 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
     elements = checked_mul(elements, n, "the element count of " + (from.tensor.empty() ? std::string("the tensor") : from.tensor));
   }
   detail::StepCoster coster(mesh, options);
-  Plan plan;
-  plan.steps = detail::reshard_steps(mesh, from, to);
-  plan.output = to;
-  plan.output.tensor = from.tensor;
-  // The source stays allocated (it is the caller's); each step's input is freed after it.
-  const std::int64_t source = coster.max_bytes(from, shape);
-  plan.peak_bytes_per_device = source;
-  for (std::size_t i = 0; i < plan.steps.size(); ++i) {
-    Step& s = plan.steps[i];
-    s.tensor = from.tensor;
-    coster.cost(s, shape);
-    // Saturating (core/error.h): each block fits 64 bits, their sum may not; the limit refuses it.
-    const std::int64_t live = saturating_add(
-        source, saturating_add(i > 0 ? coster.max_bytes(s.from, shape) : 0, coster.max_bytes(s.to, shape)));
-    plan.peak_bytes_per_device = std::max(plan.peak_bytes_per_device, live);
+  const auto costed = [&](std::vector<Step> steps) {
+    Plan plan;
+    plan.steps = std::move(steps);
+    plan.output = to;
+    plan.output.tensor = from.tensor;
+    // The source stays allocated (it is the caller's); each step's input is freed after it.
+    const std::int64_t source = coster.max_bytes(from, shape);
+    plan.peak_bytes_per_device = source;
+    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
+      Step& s = plan.steps[i];
+      s.tensor = from.tensor;
+      coster.cost(s, shape);
+      // Saturating (core/error.h): each block fits 64 bits, their sum may not; the limit refuses it.
+      const std::int64_t live = saturating_add(
+          source, saturating_add(i > 0 ? coster.max_bytes(s.from, shape) : 0, coster.max_bytes(s.to, shape)));
+      plan.peak_bytes_per_device = std::max(plan.peak_bytes_per_device, live);
+    }
+    plan.description = plan.steps.empty() ? "nothing to do: the layouts are equal" : "";
+    for (const Step& s : plan.steps) {
+      if (!plan.description.empty()) plan.description += ", then ";
+      plan.description += std::string(to_string(s.op)) + (s.axes.empty() ? "" : " over " + mesh.axis_names(s.axes));
+    }
+    detail::total_up(plan, options);
+    return plan;
+  };
+  Plan chain = costed(detail::reshard_steps(mesh, from, to));
+  // The chain moves one axis run at a time; where it communicates and no sum is pending, one
+  // exchange may move less (a permutation of the devices' blocks instead of a gather) or hold
+  // less (no gathered array). It wins where it fits and the chain does not, or where it is no
+  // worse in bytes moved, time and peak memory and moves or holds less. (Where it only times
+  // lower, as an all_gather or all_to_all done as an exchange can, that is the model's
+  // formulas differing, and the chain's steps are the seeds' collectives.)
+  const auto moved = [](const Plan& p) {
+    std::int64_t bytes = 0;
+    for (const Step& s : p.steps) bytes = saturating_add(bytes, std::max(s.bytes_sent, s.bytes_received));
+    return bytes;
+  };
+  const bool communicates = moved(chain) > 0;
+  if (communicates && from.unreduced == to.unreduced) {
+    Plan exchange = costed({detail::make_exchange(from, to)});
+    const bool fits_better = exchange.fits_memory && !chain.fits_memory;
+    const bool no_worse = exchange.fits_memory == chain.fits_memory && moved(exchange) <= moved(chain) &&
+                          exchange.total_time_s <= chain.total_time_s &&
+                          exchange.peak_bytes_per_device <= chain.peak_bytes_per_device;
+    const bool better =
+        moved(exchange) < moved(chain) || exchange.peak_bytes_per_device < chain.peak_bytes_per_device;
+    const bool faster = no_worse && better;
+    if (fits_better || faster) return exchange;
   }
-  plan.description = plan.steps.empty() ? "nothing to do: the layouts are equal" : "";
-  for (const Step& s : plan.steps) {
-    if (!plan.description.empty()) plan.description += ", then ";
-    plan.description += std::string(to_string(s.op)) + (s.axes.empty() ? "" : " over " + mesh.axis_names(s.axes));
-  }
-  detail::total_up(plan, options);
-  return plan;
+  return chain;
 }
 
 }  // namespace shardmm

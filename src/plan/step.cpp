@@ -1,5 +1,7 @@
 #include "shardmm/plan/step.h"
 
+#include <stdexcept>
+
 #include "shardmm/core/error.h"
 
 namespace shardmm {
@@ -15,13 +17,14 @@ const char* to_string(OpKind op) {
     case OpKind::einsum: return "einsum";
     case OpKind::all_gather_einsum: return "all_gather_einsum";
     case OpKind::einsum_reduce_scatter: return "einsum_reduce_scatter";
+    case OpKind::exchange: return "exchange";
   }
   return "?";
 }
 
 bool is_collective(OpKind op) {
   return op == OpKind::all_gather || op == OpKind::reduce_scatter || op == OpKind::all_reduce ||
-         op == OpKind::all_to_all;
+         op == OpKind::all_to_all || op == OpKind::exchange;
 }
 
 bool multiplies(OpKind op) { return op == OpKind::einsum || is_collective_matmul(op); }
@@ -76,6 +79,8 @@ std::int64_t local_copy_elements(const Step& step, const std::vector<std::int64_
     case OpKind::reduce_scatter:
     case OpKind::all_to_all:
       return staged;
+    case OpKind::exchange:  // its pieces are boxes: StepCoster::cost_exchange counts them
+      throw std::logic_error("local_copy_elements: an exchange's copies depend on its pieces, not its blocks");
     default:
       return 0;
   }

@@ -48,8 +48,33 @@ Step make_step(OpKind op, const Spec& from, AxisList axes, int dim, int dst_dim)
     case OpKind::einsum:
     case OpKind::all_gather_einsum:  // built by fusing costed steps (fuse_*), not here
     case OpKind::einsum_reduce_scatter:
+    case OpKind::exchange:  // make_exchange
       break;
   }
+  return s;
+}
+
+Step make_exchange(const Spec& from, const Spec& to) {
+  if (from.unreduced != to.unreduced) {
+    throw std::logic_error("make_exchange: an exchange keeps the pending sums; they differ");
+  }
+  Step s;
+  s.op = OpKind::exchange;
+  s.tensor = from.tensor;
+  s.from = from;
+  s.to = to;
+  s.to.tensor = from.tensor;
+  // An axis in the prefix a dimension keeps splits both layouts the same way (nested
+  // array_split), so devices that differ on it never need each other's data; an axis only
+  // `to` uses selects within what the group holds. The rest is the group.
+  for (std::size_t d = 0; d < from.dims.size(); ++d) {
+    const AxisList& have = from.dims[d].axes;
+    const AxisList& want = to.dims[d].axes;
+    std::size_t keep = 0;
+    while (keep < have.size() && keep < want.size() && have[keep] == want[keep]) ++keep;
+    s.axes.insert(s.axes.end(), have.begin() + static_cast<std::ptrdiff_t>(keep), have.end());
+  }
+  std::sort(s.axes.begin(), s.axes.end());
   return s;
 }
 
@@ -70,6 +95,14 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
   }
   const std::int64_t elem = dtype_bytes(options_.dtype);
   const std::int64_t group = mesh_.group_size(step.axes);
+  if (step.op == OpKind::exchange) {
+    memo_[key] = cost_exchange(step, shape);
+    step.bytes_sent = memo_[key].sent;
+    step.bytes_received = memo_[key].received;
+    step.flops = 0;
+    step.time_s = memo_[key].time;
+    return;
+  }
   // Local sizes factor over dimensions, and each dimension's extent depends only on the
   // coordinates of its own axes. Dimensions the step leaves alone contribute the same
   // factor before and after, largest on device 0 (array_split puts the extra elements
@@ -137,7 +170,8 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     case OpKind::to_partial: c.time = local_copy_time(options_.hw, out_max); break;
     case OpKind::einsum:  // cost_einsum
     case OpKind::all_gather_einsum:  // fuse_*
-    case OpKind::einsum_reduce_scatter: break;
+    case OpKind::einsum_reduce_scatter:
+    case OpKind::exchange: break;  // cost_exchange
   }
   // A calibrated profile describes this executor on this machine, whose time for a collective
   // also holds the copies it makes around it; device 0 holds the largest blocks.
@@ -151,6 +185,46 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
   step.bytes_received = c.received;
   step.flops = c.flops;
   step.time_s = c.time;
+}
+
+// Each device's traffic, member by member: a block that several members' new blocks cover
+// goes to each of them, so what a device sends is not its block less what it keeps.
+StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<std::int64_t>& shape) const {
+  const std::int64_t elem = dtype_bytes(options_.dtype);
+  std::vector<std::vector<Range>> from, to;
+  for (std::int64_t device = 0; device < mesh_.device_count(); ++device) {
+    from.push_back(shard_box(mesh_, step.from, shape, device));
+    to.push_back(shard_box(mesh_, step.to, shape, device));
+  }
+  std::int64_t sent = 0, received = 0, copied = 0;
+  for (std::int64_t device = 0; device < mesh_.device_count(); ++device) {
+    const auto d = static_cast<std::size_t>(device);
+    std::int64_t s = 0, r = 0;
+    for (std::int64_t m : mesh_.group_members(device, step.axes)) {
+      if (m == device) continue;
+      s = checked_add(s, overlap_elements(from[d], to[static_cast<std::size_t>(m)]), "elements sent per device");
+      r = checked_add(r, overlap_elements(from[static_cast<std::size_t>(m)], to[d]), "elements received per device");
+    }
+    sent = std::max(sent, s);
+    received = std::max(received, r);
+    // The executor packs what it sends, unpacks what it receives, and copies what it keeps
+    // from block to block.
+    copied = std::max(copied, s + r + overlap_elements(from[d], to[d]));
+  }
+  Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"), 0,
+         0};
+  // Timed as the all_to_all that moves as much per device: one of n members sends (n - 1) / n
+  // of its array.
+  const std::int64_t n = mesh_.group_size(step.axes);
+  const std::int64_t moved = std::max(c.sent, c.received);
+  if (n > 1 && moved > 0) {
+    const std::int64_t array = checked_add(checked_mul(moved, n, "an exchange's bytes"), n - 2, "an exchange's bytes");
+    c.time = collective_time(options_.hw, mesh_, OpKind::all_to_all, step.axes, array / (n - 1));  // rounded up
+  }
+  if (options_.hw.calibration) {
+    c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
+  }
+  return c;
 }
 
 void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {

@@ -16,6 +16,8 @@ namespace shardmm::detail {
 // The layout after applying `op` over `axes` to `from` (see plan/step.h for each op's
 // transition). `dim` / `dst_dim` as in Step.
 Step make_step(OpKind op, const Spec& from, AxisList axes, int dim = -1, int dst_dim = -1);
+// The exchange from `from` to `to` (plan/step.h), which must have the same pending sums.
+Step make_exchange(const Spec& from, const Spec& to);
 
 // Fills bytes, FLOPs and predicted times of steps, remembering results: candidate plans
 // share most of their steps.
@@ -38,6 +40,7 @@ class StepCoster {
     std::int64_t sent, received;
     double flops, time;
   };
+  Cost cost_exchange(const Step& step, const std::vector<std::int64_t>& shape) const;
   const Mesh& mesh_;
   const PlanOptions& options_;
   std::map<std::string, Cost> memo_;

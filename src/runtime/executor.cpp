@@ -34,6 +34,24 @@ std::int64_t elements_across(const Shape& s, int dim) { return product(with_exte
 
 Shape zeros(std::size_t rank) { return Shape(rank, 0); }
 
+Shape box_offsets(const std::vector<Range>& box) {
+  Shape s;
+  for (const Range& r : box) s.push_back(r.offset);
+  return s;
+}
+
+Shape box_extents(const std::vector<Range>& box) {
+  Shape s;
+  for (const Range& r : box) s.push_back(r.extent);
+  return s;
+}
+
+std::int64_t box_elements(const std::vector<Range>& box) {
+  std::int64_t n = 1;
+  for (const Range& r : box) n *= r.extent;
+  return n;
+}
+
 Shape at_dim(std::size_t rank, int dim, std::int64_t offset) {
   Shape s(rank, 0);
   s[static_cast<std::size_t>(dim)] = offset;
@@ -176,6 +194,7 @@ struct StepState {
   Counts counts, recv_counts;        // per group member, in elements
   std::vector<Range> pieces;         // per member: its range along the step's dimension(s), relative to my block
   std::vector<Range> recv_pieces;    // all_to_all: the members' ranges along the source dim
+  std::vector<std::vector<Range>> send_boxes, recv_boxes;  // exchange: per member, in my blocks
   Range mine;                        // slice: my range relative to my block
   bool packs = false, unpacks = false;  // through the staging buffers (else in place)
   bool keeps = false;                // to_partial: this device keeps the value
@@ -276,6 +295,33 @@ struct Executor::Impl {
       }
       case OpKind::all_reduce:
         break;
+      case OpKind::exchange: {
+        const Shape shape = shape_of(step.from);
+        const std::vector<Range> mine_before = shard_box(mesh, step.from, shape, me);
+        const std::vector<Range> mine_after = shard_box(mesh, step.to, shape, me);
+        std::int64_t sent = 0, received = 0;
+        for (std::int64_t m : members) {
+          st.send_boxes.push_back(intersect_boxes(shard_box(mesh, step.to, shape, m), mine_before));
+          st.recv_boxes.push_back(intersect_boxes(shard_box(mesh, step.from, shape, m), mine_after));
+          // What I keep goes straight from block to block, not through the collective.
+          const bool self = m == me;
+          st.counts.push_back(self ? 0 : box_elements(st.send_boxes.back()));
+          st.recv_counts.push_back(self ? 0 : box_elements(st.recv_boxes.back()));
+          sent += st.counts.back();
+          received += box_elements(st.recv_boxes.back());
+        }
+        // The members' old blocks tile what the group holds (plan/step.h), so the pieces
+        // received and kept fill the new block exactly once.
+        if (received != st.out.elements()) {
+          throw std::logic_error("exchange " + format_spec(step.from, mesh) + " -> " + format_spec(step.to, mesh) +
+                                 ": device " + std::to_string(me) + " would receive " + std::to_string(received) +
+                                 " elements for a block of " + std::to_string(st.out.elements()));
+        }
+        st.send = Buffer(sent, dtype);
+        st.recv = Buffer(std::accumulate(st.recv_counts.begin(), st.recv_counts.end(), std::int64_t{0}), dtype);
+        st.packs = st.unpacks = true;
+        break;
+      }
       case OpKind::einsum: {
         auto [layout, extents] = einsum_shape(mesh, step, sizes, me);
         st.einsum = std::make_unique<LocalEinsum>(std::move(layout), std::move(extents), dtype);
@@ -343,6 +389,32 @@ struct Executor::Impl {
         const std::int64_t kept = st.counts[static_cast<std::size_t>(mesh.group_rank(me, step.axes))];
         ev.bytes_sent = (in.elements() - kept) * eb;
         ev.bytes_received = (st.out.elements() - kept) * eb;
+        break;
+      }
+      case OpKind::exchange: {
+        // Pieces in member order; my own is copied in place.
+        const auto self = static_cast<std::size_t>(step.axes.empty() ? 0 : mesh.group_rank(me, step.axes));
+        T* send = st.send.as<T>();
+        for (std::size_t m = 0; m < st.send_boxes.size(); ++m) {
+          const Shape extent = box_extents(st.send_boxes[m]);
+          if (m == self) {
+            copy_box(src, in_local, box_offsets(st.send_boxes[m]), out, out_local, box_offsets(st.recv_boxes[m]),
+                     extent);
+            continue;
+          }
+          copy_box(src, in_local, box_offsets(st.send_boxes[m]), send, extent, zeros(rank), extent);
+          send += st.counts[m];
+        }
+        comm.all_to_all(st.send.as<T>(), st.counts, st.recv.as<T>(), st.recv_counts, dtype, step.axes);
+        const T* recv = st.recv.as<T>();
+        for (std::size_t m = 0; m < st.recv_boxes.size(); ++m) {
+          if (st.recv_counts[m] == 0) continue;
+          const Shape extent = box_extents(st.recv_boxes[m]);
+          copy_box(recv, extent, zeros(rank), out, out_local, box_offsets(st.recv_boxes[m]), extent);
+          recv += st.recv_counts[m];
+        }
+        ev.bytes_sent = std::accumulate(st.counts.begin(), st.counts.end(), std::int64_t{0}) * eb;
+        ev.bytes_received = std::accumulate(st.recv_counts.begin(), st.recv_counts.end(), std::int64_t{0}) * eb;
         break;
       }
       case OpKind::slice:

@@ -134,6 +134,24 @@ std::string illegal_transition(const Step& s, const Mesh& m) {
       want.unreduced.insert(want.unreduced.end(), s.axes.begin(), s.axes.end());
       std::sort(want.unreduced.begin(), want.unreduced.end());
       break;
+    case OpKind::exchange: {
+      // Any layout with the same pending sums, over a group that holds every axis by which
+      // `from` splits a dimension beyond the prefix that dimension keeps.
+      if (s.from.unreduced != s.to.unreduced) return "an exchange that changes the pending sums";
+      if (!std::is_sorted(s.axes.begin(), s.axes.end())) return "an exchange group out of mesh order";
+      for (std::size_t d = 0; d < s.from.dims.size(); ++d) {
+        const AxisList& have = s.from.dims[d].axes;
+        const AxisList& target = s.to.dims[d].axes;
+        bool kept = true;
+        for (std::size_t i = 0; i < have.size(); ++i) {
+          kept = kept && i < target.size() && target[i] == have[i];
+          const bool in_group = std::find(s.axes.begin(), s.axes.end(), have[i]) != s.axes.end();
+          if (kept == in_group) return "an exchange group that does not hold exactly the axes that move";
+        }
+      }
+      want = s.to;
+      break;
+    }
     case OpKind::einsum: return "";  // checked with the contraction
     case OpKind::all_gather_einsum:
     case OpKind::einsum_reduce_scatter: return "a collective matmul in a chain of layout steps";
@@ -180,6 +198,31 @@ Costs expected_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const 
   }
   const auto shape = shape_of(s.from, sizes);
   const std::int64_t group = m.group_size(s.axes);
+  if (s.op == OpKind::exchange) {
+    // Pairs of devices that agree on every axis outside the group: what the sender holds of
+    // the receiver's new block.
+    const auto same_group = [&](std::int64_t d, std::int64_t o) {
+      for (int a = 0; a < m.rank(); ++a) {
+        if (std::find(s.axes.begin(), s.axes.end(), a) == s.axes.end() && m.coord(d, a) != m.coord(o, a)) return false;
+      }
+      return true;
+    };
+    for (std::int64_t d = 0; d < m.device_count(); ++d) {
+      std::int64_t snd = 0, rcv = 0;
+      for (std::int64_t o = 0; o < m.device_count(); ++o) {
+        if (o == d || !same_group(d, o)) continue;
+        snd += overlap_elements(shard_box(m, s.from, shape, d), shard_box(m, s.to, shape, o));
+        rcv += overlap_elements(shard_box(m, s.from, shape, o), shard_box(m, s.to, shape, d));
+      }
+      want.sent = std::max(want.sent, snd * e);
+      want.received = std::max(want.received, rcv * e);
+    }
+    const std::int64_t moved = std::max(want.sent, want.received);
+    if (group > 1 && moved > 0) {
+      want.time_s = collective_time(opt.hw, m, OpKind::all_to_all, s.axes, (moved * group + group - 2) / (group - 1));
+    }
+    return want;
+  }
   std::int64_t in_max = 0, out_max = 0;
   for (std::int64_t d = 0; d < m.device_count(); ++d) {
     const std::int64_t in = local_elements(m, s.from, shape, d), out = local_elements(m, s.to, shape, d);

@@ -111,6 +111,44 @@ TEST_F(Reshard, CheapOrder) {
   EXPECT_EQ(p.steps[1].bytes_received, 8 * 3 * 4 * 4);
 }
 
+// A permutation of the blocks: the chain would gather all of I (10 rows) to keep one block;
+// one exchange sends each block to its new owner. I = 10 over 8 is 2,2,1,1,1,1,1,1 in both
+// orders; device (x, y) holds block 2x + y and needs block x + 4y.
+TEST_F(Reshard, PermutationIsOneExchange) {
+  const Plan p = plan("T[I_XY, J, K]", "T[I_YX, J, K]");
+  EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"exchange over XY"}));
+  // Device (x=0, y=1) holds block 1 (2 rows), needs block 4 (1 row): it sends 2 rows, the most.
+  EXPECT_EQ(p.steps[0].bytes_sent, 2 * 6 * 4 * 4);
+  // Device (x=1, y=0) holds block 2 (1 row) and needs block 1 (2 rows), the most received.
+  EXPECT_EQ(p.steps[0].bytes_received, 2 * 6 * 4 * 4);
+  // Source and target blocks only: no gathered copy of I.
+  EXPECT_EQ(p.peak_bytes_per_device, (2 + 2) * 6 * 4 * 4);
+  EXPECT_EQ(p.description, "exchange over XY");
+  EXPECT_EQ(format_spec(p.steps[0].to, mesh), "T[I_YX, J, K]");
+}
+
+// Moving a dimension's split from one axis to another: devices that differ on X (which only
+// the target uses) never need each other's data, so the group is Y alone. I = 10: Y blocks of
+// 5 rows, X blocks of 3,3,2,2; device (x=3, y=0) holds rows 0-4 and needs 8-9, from (3, 1).
+TEST_F(Reshard, ExchangeGroupHoldsOnlyTheAxesThatMove) {
+  const Plan p = plan("T[I_Y, J, K]", "T[I_X, J, K]");
+  EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"exchange over Y"}));
+  EXPECT_EQ(p.steps[0].bytes_received, 3 * 6 * 4 * 4);  // device (x=0, y=1): holds rows 5-9, needs 0-2
+  EXPECT_EQ(p.peak_bytes_per_device, (5 + 3) * 6 * 4 * 4);  // no gathered copy of I (10 rows)
+  // A kept prefix stays out of the group: X splits I the same way in both.
+  EXPECT_EQ(ops(plan("T[I_XY, J, K]", "T[I_X, J_Y, K]"), mesh),
+            (std::vector<std::string>{"all_to_all over Y dim 0->1"}));
+}
+
+// Where the exchange would move the same bytes with the same memory (one all_to_all, one
+// all_gather), the chain keeps the seeds' collectives; pending sums are never exchanged.
+TEST_F(Reshard, ExchangeOnlyWhereItMovesOrHoldsLess) {
+  EXPECT_EQ(ops(plan("T[I_X, J, K]", "T[I, J_X, K]"), mesh), (std::vector<std::string>{"all_to_all over X dim 0->1"}));
+  EXPECT_EQ(ops(plan("T[I_X, J, K]", "T[I, J, K]"), mesh), (std::vector<std::string>{"all_gather over X dim 0"}));
+  EXPECT_EQ(ops(plan("T[I_X, J, K]{U_Y}", "T[I_Y, J_X, K]"), mesh),
+            (std::vector<std::string>{"all_to_all over X dim 0->1", "reduce_scatter over Y dim 0"}));
+}
+
 TEST_F(Reshard, Errors) {
   EXPECT_THROW(check_same_tensor(parse_spec("T[I, J]", mesh), parse_spec("T[J, I]", mesh), mesh), InputError);
   EXPECT_THROW(plan("T[I, J, K]", "T[I, J]"), InputError);

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "dense_reference.h"
+#include "plan/steps.h"
 #include "random_cases.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/communicator.h"
@@ -270,7 +271,7 @@ std::vector<Spec> all_specs(const Mesh& mesh) {
 
 void check_all_reshards(const Mesh& mesh, const DimSizes& sizes, DType dtype, int stride) {
   const std::vector<Spec> specs = all_specs(mesh);
-  int pair = 0;
+  int pair = 0, exchanges = 0;
   for (const Spec& from : specs) {
     for (const Spec& to : specs) {
       if (pair++ % stride != 0) continue;
@@ -282,8 +283,24 @@ void check_all_reshards(const Mesh& mesh, const DimSizes& sizes, DType dtype, in
       const RunResult r = run_plan(mesh, plan, sizes, dtype, from, nullptr);
       ASSERT_EQ(r.global, dense_tensor(mesh, from, shape, 1)) << context;
       expect_trace_matches(plan, r, context);
+      // The same move as one exchange, whether or not the planner would choose it: every
+      // geometry of its pieces runs, and its trace shows the bytes the planner costs.
+      if (from.unreduced != to.unreduced) continue;
+      Plan exchange;
+      exchange.steps = {detail::make_exchange(from, to)};
+      exchange.output = to;
+      const PlanOptions o = options(dtype);
+      detail::StepCoster(mesh, o).cost(exchange.steps[0], shape);
+      const std::string exchanged = mesh.to_string() + " " + format_spec(from, mesh) + " -> " +
+                                    format_spec(to, mesh) + " [exchange over " + mesh.axis_names(exchange.steps[0].axes) +
+                                    "]";
+      const RunResult x = run_plan(mesh, exchange, sizes, dtype, from, nullptr);
+      ASSERT_EQ(x.global, dense_tensor(mesh, from, shape, 1)) << exchanged;
+      expect_trace_matches(exchange, x, exchanged);
+      ++exchanges;
     }
   }
+  EXPECT_GT(exchanges, 0);
 }
 
 TEST(ExecutorTest, EveryReshardPairOnTwoAxes) {

@@ -52,5 +52,8 @@ std::int64_t max_local_elements(const Mesh& mesh, const Spec& spec,
 
 // Elements of the intersection of two boxes (0 if disjoint).
 std::int64_t overlap_elements(const std::vector<Range>& a, const std::vector<Range>& b);
+// The intersection of two boxes of the same rank, with offsets relative to `within`'s
+// (where it lies in `within`); every extent 0 if they are disjoint.
+std::vector<Range> intersect_boxes(const std::vector<Range>& a, const std::vector<Range>& within);
 
 }  // namespace shardmm

@@ -140,8 +140,9 @@ struct AlphaBetaSegment {
 std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>& bytes,
                                                       const std::vector<double>& seconds);
 
-// A calibrated profile with a fit for `op` on the group's size uses it (the fit for the
-// size range of `array_bytes`); otherwise the formulas of docs/cost-model.md.
+// One of the four collectives (an exchange is timed from its traffic, as the all_to_all that
+// moves as much). A calibrated profile with a fit for `op` on the group's size uses it (the
+// fit for the size range of `array_bytes`); otherwise the formulas of docs/cost-model.md.
 double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op,
                        const AxisList& group, std::int64_t array_bytes);
 // Roofline: max(flops / peak, bytes / HBM bandwidth). A calibrated profile with GEMM

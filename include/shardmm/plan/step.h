@@ -11,6 +11,15 @@
 //   all_reduce(G)             [..]{U_G}          -> [..]
 //   to_partial(G)             [..]               -> [..]{U_G}         local: coordinate 0 of G
 //                                                                      keeps the value, others 0
+//   exchange(G)               [any layout]{U_S}  -> [any layout]{U_S} G: the axes sharding `from`
+//                             beyond the prefix each dimension keeps. Every device sends each
+//                             member of its group the part of its block that the member's new
+//                             block covers (MPI_Alltoallv; XLA's collective-permute when each
+//                             block has one destination), so it receives its new block less
+//                             what it already held, in one collective. The reshard planner
+//                             offers it beside its chain of the moves above, for layouts
+//                             that chain serves poorly: A[I_XY] -> A[I_YX] (a permutation,
+//                             where the chain gathers the whole of I), A[I_X] -> A[I_Y].
 //   einsum                    local contraction of the two operands' shards
 // Collective matmuls (the seeds' "collective matmul"; XLA's windowed einsum): a collective
 // and the einsum fused into a ring, so that while one chunk is multiplied the next is in
@@ -51,9 +60,10 @@ enum class OpKind {
   einsum,
   all_gather_einsum,
   einsum_reduce_scatter,
+  exchange,
 };
 const char* to_string(OpKind op);
-// The four collectives alone (not the collective matmuls, which also compute).
+// The collectives alone: the four and exchange (not the collective matmuls, which also compute).
 bool is_collective(OpKind op);
 // einsum and the collective matmuls: steps that multiply A and B into C.
 bool multiplies(OpKind op);
@@ -98,7 +108,8 @@ bool contiguous_along(const std::vector<std::int64_t>& block, int dim);
 // collective works on the blocks in place. A gather into (or a scatter from) a block is in
 // place when it is contiguous_along the step's dimension: each member's piece is then one
 // run. all_to_all sends in place by that rule on its destination dimension and receives in
-// place by it on its source dimension.
+// place by it on its source dimension. exchange always stages (its pieces are boxes, one per
+// member, and a block may go to several members): the executor sizes those buffers itself.
 struct Staging {
   std::optional<std::int64_t> send, recv;
 };
@@ -110,7 +121,7 @@ Staging staging_of(const Step& step, const std::vector<std::int64_t>& in_local,
 // place, reduce_scatter and all_to_all between contiguous buffers): packing into and
 // unpacking from staging, and the input's copy into the output where the collective cannot
 // work on its input in place (all_gather's own piece, all_reduce's whole block). 0 for the
-// steps that are not collectives.
+// steps that are not collectives; an exchange's copies depend on its pieces (logic_error).
 std::int64_t local_copy_elements(const Step& step, const std::vector<std::int64_t>& in_local,
                                  const std::vector<std::int64_t>& out_local);
 
