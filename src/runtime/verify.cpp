@@ -101,6 +101,20 @@ std::vector<double> dense_logical(const Mesh& mesh, const Spec& spec, const Shap
   return out;
 }
 
+namespace {
+
+// The largest sum of the magnitudes of an element's partial sums (its magnitude when it has
+// none): the scale of the rounding in any sum the partials enter. (Rounding is symmetric in
+// sign, so the magnitudes of the rounded values are themselves rounded values.)
+double largest_partial_magnitude(const Mesh& mesh, const Spec& spec, const Shape& shape, DType dtype,
+                                 const DistTensor::Generator& value) {
+  const auto magnitude = [&](const Index& i, std::int64_t r) { return std::fabs(round_to(dtype, value(i, r))); };
+  const std::vector<double> sums = dense_logical(mesh, spec, shape, dtype, magnitude);
+  return sums.empty() ? 0.0 : *std::max_element(sums.begin(), sums.end());
+}
+
+}  // namespace
+
 Verification verify_contraction(Communicator& comm, const Contraction& c, const DimSizes& sizes, DType dtype,
                                 const DistTensor& result, const DistTensor::Generator& a_values,
                                 const DistTensor::Generator& b_values) {
@@ -128,9 +142,10 @@ Verification verify_contraction(Communicator& comm, const Contraction& c, const 
       LocalEinsum(layout, extents, DType::f64).run(a.data(), b.data(), want.data());
       std::int64_t terms = mesh.group_size(c.a.unreduced) * mesh.group_size(c.b.unreduced);
       for (const std::string& j : c.contracted()) terms *= sizes.at(j);
-      double max_a = 0, max_b = 0;
-      for (double x : a) max_a = std::max(max_a, std::fabs(x));
-      for (double x : b) max_b = std::max(max_b, std::fabs(x));
+      // The rounding scales with what the ranks add up: an operand's partial sums, not their
+      // total, which may nearly cancel.
+      const double max_a = largest_partial_magnitude(mesh, c.a, a_shape, dtype, a_values);
+      const double max_b = largest_partial_magnitude(mesh, c.b, b_shape, dtype, b_values);
       const double tolerance = 2.0 * static_cast<double>(terms) * eps(dtype) * max_a * max_b;
       v = compare(got, want, tolerance, eps(dtype));
     } catch (const std::runtime_error& e) {

@@ -60,6 +60,20 @@ TEST(VerifyTest, AcceptsCorrectResultsOnEveryRank) {
   }
 }
 
+// An operand of partial sums that nearly cancel: its total is tiny, the partials are not, and
+// the rounding of their sum scales with the partials. (X=4, I=2: the tolerance taken from the
+// totals was 1.6e-17 in f64 against a correct result's 2.4e-17 error.)
+TEST(VerifyTest, ToleranceScalesWithThePartialSumsNotTheirTotal) {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    for (const char* sizes : {"I=2,J=1,K=1", "I=8,J=1,K=1"}) {
+      Outcome o;
+      run_and_verify("A[I, J] @ B[J, K]{U_X} -> C[I_X, K]", "X=4", sizes, dtype, false, o);
+      EXPECT_EQ(o.verified, 4) << sizes << " " << to_string(dtype);
+      EXPECT_LE(o.max_abs, o.tolerance);
+    }
+  }
+}
+
 TEST(VerifyTest, RejectsACorruptedShardOnEveryRank) {
   Outcome o;
   run_and_verify("A[I_X, J] @ B[J, K_Y] -> C[I_X, K_Y]", "X=2,Y=2", "I=6,J=5,K=4", DType::f64, true, o);
