@@ -106,19 +106,32 @@ void check_positive(double v, const std::string& where, const std::string& key, 
   }
 }
 
+// A rate (FLOP/s, bytes/s) divides work into a time: below 1 per second the times it gives
+// run past any clock (5e-324 bytes/s makes every transfer infinite).
+void check_rate(double v, const std::string& where, const std::string& key, const char* unit) {
+  if (!std::isfinite(v) || v < 1) {
+    throw InputError(where + ": key '" + key + "' must be a finite rate of at least 1 " + unit + ", got " +
+                     show_number(v));
+  }
+}
+
 void validate(const HardwareProfile& p, const std::string& where) {
   if (p.name.empty()) throw InputError(where + ": key 'name' must be a non-empty string");
+  if (std::any_of(p.name.begin(), p.name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    throw InputError(where + ": key 'name' must be one line of printable text (it heads reports), without control "
+                     "characters such as a newline");
+  }
   if (p.peak_flops.empty()) {
     throw InputError(where + ": key 'peak_flops' must give at least one dtype (bf16, f16, f32, f64)");
   }
   for (const auto& [dtype, flops] : p.peak_flops) {
-    check_positive(flops, where, std::string("peak_flops.") + to_string(dtype), "FLOP/s");
+    check_rate(flops, where, std::string("peak_flops.") + to_string(dtype), "FLOP/s");
   }
-  check_positive(p.hbm_bandwidth, where, "hbm_bandwidth", "bytes/s");
-  check_positive(p.link_bandwidth, where, "link_bandwidth", "bytes/s");
-  if (!std::isfinite(p.hop_latency_s) || p.hop_latency_s < 0) {
-    throw InputError(where + ": key 'hop_latency_s' must be a non-negative finite number (seconds), got " +
-                     show_number(p.hop_latency_s));
+  check_rate(p.hbm_bandwidth, where, "hbm_bandwidth", "bytes/s");
+  check_rate(p.link_bandwidth, where, "link_bandwidth", "bytes/s");
+  if (!std::isfinite(p.hop_latency_s) || p.hop_latency_s < 0 || p.hop_latency_s > 1) {
+    throw InputError(where + ": key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes "
+                     "microseconds), got " + show_number(p.hop_latency_s));
   }
   if (p.topology != "torus" && p.topology != "switch") {
     throw InputError(where + ": key 'topology' must be 'torus' or 'switch', got '" + p.topology + "'");
@@ -319,6 +332,13 @@ double positive_value(const json& object, const std::string& where, const std::s
   return v;
 }
 
+double rate_value(const json& object, const std::string& where, const std::string& key, const char* unit,
+                  const std::string& origin) {
+  const double v = number_value(object.at(key), where + "." + key, origin);
+  check_rate(v, origin, where + "." + key, unit);
+  return v;
+}
+
 double non_negative_value(const json& object, const std::string& where, const std::string& key,
                           const std::string& origin) {
   const double v = number_value(object.at(key), where + "." + key, origin);
@@ -348,11 +368,15 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
                origin, {"gather_ring_overlap", "scatter_ring_overlap"});
   Calibration c;
   c.backend = string_value(doc.at("backend"), "calibration.backend", origin);
+  if (c.backend != "threads" && c.backend != "mpi") {
+    throw InputError(origin + ": key 'calibration.backend' names the backend measured, threads or mpi, got '" +
+                     c.backend + "'");
+  }
   c.mesh = string_value(doc.at("mesh"), "calibration.mesh", origin);
   c.host = string_value(doc.at("host"), "calibration.host", origin);
   c.measured_at = string_value(doc.at("measured_at"), "calibration.measured_at", origin);
-  c.copy_bandwidth = positive_value(doc, "calibration", "copy_bandwidth", "bytes/s", origin);
-  c.add_bandwidth = positive_value(doc, "calibration", "add_bandwidth", "bytes/s", origin);
+  c.copy_bandwidth = rate_value(doc, "calibration", "copy_bandwidth", "bytes/s", origin);
+  c.add_bandwidth = rate_value(doc, "calibration", "add_bandwidth", "bytes/s", origin);
   for (auto [key, field] : {std::pair{"gather_ring_overlap", &c.gather_ring_overlap},
                             std::pair{"scatter_ring_overlap", &c.scatter_ring_overlap}}) {
     if (!doc.contains(key)) continue;
@@ -413,7 +437,7 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
     g.n = whole_value(rates[i], where, "n", 1, origin);
     g.k = whole_value(rates[i], where, "k", 1, origin);
     g.intensity = positive_value(rates[i], where, "intensity", "FLOP/byte", origin);
-    g.flops_per_s = positive_value(rates[i], where, "flops_per_s", "FLOP/s", origin);
+    g.flops_per_s = rate_value(rates[i], where, "flops_per_s", "FLOP/s", origin);
     c.gemm.push_back(g);
   }
   return c;

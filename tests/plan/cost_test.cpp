@@ -295,7 +295,7 @@ TEST(CollectiveTime, HandBuiltProfileIsValidated) {
   HardwareProfile p = ring_profile(0, true, 1e-6);
   p.name = "mine";
   EXPECT_EQ(input_error([&] { time_on(p, "X=4", OpKind::all_gather, {0}, 8); }),
-            "hardware profile 'mine': key 'link_bandwidth' must be a positive finite number (bytes/s), got 0");
+            "hardware profile 'mine': key 'link_bandwidth' must be a finite rate of at least 1 bytes/s, got 0");
   p.link_bandwidth = 1e9;
   p.topology = "mesh";
   EXPECT_EQ(input_error([&] { time_on(p, "X=4", OpKind::all_gather, {0}, 8); }),
@@ -430,19 +430,26 @@ INSTANTIATE_TEST_SUITE_P(
         BadProfile{"peak_not_number", [](json& d) { d["peak_flops"]["bf16"] = "fast"; },
                    "key 'peak_flops.bf16' must be a number, got string"},
         BadProfile{"peak_zero", [](json& d) { d["peak_flops"]["bf16"] = 0; },
-                   "key 'peak_flops.bf16' must be a positive finite number (FLOP/s), got 0"},
+                   "key 'peak_flops.bf16' must be a finite rate of at least 1 FLOP/s, got 0"},
         BadProfile{"hbm_not_number", [](json& d) { d["hbm_bandwidth"] = "8.1e11"; },
                    "key 'hbm_bandwidth' must be a number, got string"},
         BadProfile{"hbm_negative", [](json& d) { d["hbm_bandwidth"] = -8.1e11; },
-                   "key 'hbm_bandwidth' must be a positive finite number (bytes/s), got -8.1e+11"},
+                   "key 'hbm_bandwidth' must be a finite rate of at least 1 bytes/s, got -8.1e+11"},
         BadProfile{"link_zero", [](json& d) { d["link_bandwidth"] = 0; },
-                   "key 'link_bandwidth' must be a positive finite number (bytes/s), got 0"},
+                   "key 'link_bandwidth' must be a finite rate of at least 1 bytes/s, got 0"},
         BadProfile{"link_null", [](json& d) { d["link_bandwidth"] = nullptr; },
                    "key 'link_bandwidth' must be a number, got null"},
         BadProfile{"bidirectional_not_bool", [](json& d) { d["bidirectional"] = "yes"; },
                    "key 'bidirectional' must be true or false, got string"},
+        BadProfile{"link_subnormal", [](json& d) { d["link_bandwidth"] = 5e-324; },
+                   "key 'link_bandwidth' must be a finite rate of at least 1 bytes/s, got 4.94066e-324"},
+        BadProfile{"latency_huge", [](json& d) { d["hop_latency_s"] = 1e300; },
+                   "key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes microseconds), got 1e+300"},
+        BadProfile{"name_two_lines", [](json& d) { d["name"] = "a\nb"; },
+                   "key 'name' must be one line of printable text (it heads reports), without control characters "
+                   "such as a newline"},
         BadProfile{"latency_negative", [](json& d) { d["hop_latency_s"] = -1e-6; },
-                   "key 'hop_latency_s' must be a non-negative finite number (seconds), got -1e-06"},
+                   "key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes microseconds), got -1e-06"},
         BadProfile{"topology_not_string", [](json& d) { d["topology"] = 3; },
                    "key 'topology' must be a string, got number"},
         BadProfile{"topology_unknown", [](json& d) { d["topology"] = "ring"; },
