@@ -190,6 +190,10 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
     try {
       const int status = c.run(buffer);
       out << buffer.str() << std::flush;
+      if (!out) {
+        return input_error(err, "cannot write the output: standard output refused it (a full disk or a closed "
+                                "file); nothing else went wrong");
+      }
       return status;
     } catch (const InputError& e) {
       return input_error(err, e.headline(), e.context());

@@ -7,8 +7,9 @@
 // Exit codes:
 //   0  success
 //   1  internal error (a bug): one line on `err`
-//   2  bad input (InputError, unknown command or flag, missing argument): one line
-//      "shardmm: error: <headline>" on `err`, then the caret lines when the error has them
+//   2  bad input (InputError, unknown command or flag, missing argument), or `out` refusing
+//      the output: one line "shardmm: error: <headline>" on `err`, then the caret lines when
+//      the error has them
 //   3  `run` or `reshard --run` computed a wrong result
 // A command's output reaches `out` only when it succeeds. The progress lines of `run`,
 // `reshard --run` and `bench` go straight to std::cerr, as they happen.

@@ -289,8 +289,8 @@ Command add_model_command(CLI::App& root) {
   app->add_flag("--causal", flags->causal, "attention sees only earlier positions (attention, block), e.g. --causal");
   app->add_option("--activation", flags->activation, "the MLP's activation: relu, gelu (default) or silu, e.g. --activation relu");
   app->add_option("--capacity-factor", flags->capacity_factor,
-                  "moe: tokens an expert takes per sequence, as a multiple of its even share T*K/E (default 1.25), "
-                  "e.g. --capacity-factor 2");
+                  "moe: tokens an expert takes per sequence, as a multiple of its even share T*K/E (default 1.25; "
+                  "at most T, as no expert sees a token twice), e.g. --capacity-factor 2");
   app->add_flag("--run", flags->run, "also execute the step on real ranks, measure it and verify it against the "
                                      "dense single-device step, e.g. --run");
   app->add_option("--backend", flags->backend,

@@ -30,12 +30,14 @@ Command add_reshard_command(CLI::App& root) {
               "  shardmm reshard 'A[I, J_X]' 'A[I_X, J]' --mesh X=4 --dims I=8192,J=4096\n"
               "  shardmm reshard 'C[I, K]{U_X}' 'C[I, K_X]' --mesh X=4 --dims I=8192,K=16384 --dtype f32 --show\n\n" +
               kDocsHint);
-  return {app, [flags](std::ostream& out) {
+  return {app, [flags, app](std::ostream& out) {
+            require_run(*app, flags->run);
             const Planning p = make_planning(flags->common);
             const Spec from = parse_spec(flags->from, p.mesh);
             const Spec to = parse_spec(flags->to, p.mesh);
             if (flags->run) check_execution(flags->exec, p);
             const Reshard r = plan_reshard_specs(p, from, to);
+            if (flags->run) pick_candidate(flags->exec, 1, 0);  // a reshard has one plan: --candidate 1 at most
             RunReport run;
             if (flags->run) {
               run = execute(flags->exec, p, r.plan, nullptr, &r.from);

@@ -26,8 +26,8 @@ void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
                  "memory speed ramp up over the first tenths of a second; 0 for exactly --warmup runs, e.g. "
                  "--warmup-time 0.5 (default 0.2)");
   app.add_option("--candidate", flags.candidate,
-                 "run this candidate (1-based, as 'plan --all' numbers them) instead of the chosen one, e.g. "
-                 "--candidate 2");
+                 "run this candidate instead of the chosen one: 1-based, as 'plan --all' (or 'reshard') numbers "
+                 "them on the same --hw and --dtype, e.g. --candidate 2");
   app.add_flag_callback(
       "--no-check", [&flags] { flags.check = false; },
       "on the mpi backend, skip comparing the ranks' calls before each collective (one small message per "
@@ -39,6 +39,23 @@ void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
                  "run.json; under mpirun rank 0 writes the whole job's");
 }
 
+namespace {
+
+constexpr const char* kExecutionFlags[] = {"--backend", "--repeat",    "--warmup", "--warmup-time",
+                                           "--candidate", "--no-check", "--trace"};
+
+}  // namespace
+
+void require_run(const CLI::App& app, bool run) {
+  if (run) return;
+  for (const char* name : kExecutionFlags) {
+    if (app.get_option(name)->count() > 0) {
+      throw InputError(std::string(name) + " applies to a run, and " + app.get_name() +
+                       " only plans unless --run is given: add --run (with --dtype f32 or f64) or drop " + name);
+    }
+  }
+}
+
 void check_execution(const ExecutionFlags& flags, const Planning& p) {
   check_backend(flags.backend, p.mesh);
   if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
@@ -48,27 +65,32 @@ void check_execution(const ExecutionFlags& flags, const Planning& p) {
   if (flags.repeat < 1) throw InputError("--repeat " + std::to_string(flags.repeat) + ": at least one timed run is needed");
   if (flags.warmup < 0) throw InputError("--warmup " + std::to_string(flags.warmup) + ": must be 0 or more");
   check_warmup_time(flags.warmup_time_s);
-  if (!flags.trace.empty()) {
-    const std::filesystem::path path(flags.trace);
+  if (flags.trace) {
+    if (flags.trace->empty()) throw InputError("--trace '': give the trace file's name, e.g. --trace run.json");
+    const std::filesystem::path path(*flags.trace);
     const std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
     std::error_code ec;
     if (std::filesystem::is_directory(path, ec)) {
-      throw InputError("--trace '" + flags.trace + "': it is a directory; give a file name, e.g. --trace run.json");
+      throw InputError("--trace '" + *flags.trace + "': it is a directory; give a file name, e.g. --trace run.json");
     }
     if (!std::filesystem::is_directory(dir, ec)) {
-      throw InputError("--trace '" + flags.trace + "': the directory '" + dir.string() +
+      throw InputError("--trace '" + *flags.trace + "': the directory '" + dir.string() +
                        "' does not exist; the trace file goes into an existing directory");
     }
   }
 }
 
 std::size_t pick_candidate(const ExecutionFlags& flags, std::size_t count, int chosen) {
-  if (flags.candidate == 0) return static_cast<std::size_t>(chosen);
-  if (flags.candidate < 1 || static_cast<std::size_t>(flags.candidate) > count) {
-    throw InputError("--candidate " + std::to_string(flags.candidate) + ": there are " + std::to_string(count) +
-                     " candidates, numbered 1 to " + std::to_string(count));
+  if (!flags.candidate) return static_cast<std::size_t>(chosen);
+  const int k = *flags.candidate;
+  if (k < 1 || static_cast<std::size_t>(k) > count) {
+    const std::string numbered = count == 1 ? std::string("is 1 candidate (number 1)")
+                                            : "are " + std::to_string(count) + " candidates (numbered 1 to " +
+                                                  std::to_string(count) + ")";
+    throw InputError("--candidate " + std::to_string(k) + ": there " + numbered +
+                     " on this --hw and --dtype; 'plan --all' lists them when given the same two");
   }
-  return static_cast<std::size_t>(flags.candidate - 1);
+  return static_cast<std::size_t>(k - 1);
 }
 
 RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& plan, const Contraction* contraction,
@@ -101,7 +123,7 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   };
   RunReport r = run_plan(req);
   if (tty && r.is_root) std::cerr << "\r\033[K" << std::flush;
-  if (r.is_root && !flags.trace.empty()) write_chrome_trace_file(flags.trace, run_trace_events(plan, p.mesh, r));
+  if (r.is_root && flags.trace) write_chrome_trace_file(*flags.trace, run_trace_events(plan, p.mesh, r));
   return r;
 }
 
@@ -153,8 +175,8 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
       << (plan.total_time_s > 0 ? "; measured/predicted " + format_sig3(r.measured_time_s / plan.total_time_s) + "x"
                                 : std::string())
       << "\n";
-  if (!flags.trace.empty()) {
-    out << "  trace     " << flags.trace << ": " << r.timeline.size() << " ranks x " << r.steps.size()
+  if (flags.trace) {
+    out << "  trace     " << *flags.trace << ": " << r.timeline.size() << " ranks x " << r.steps.size()
         << " steps of repeat " << r.timeline_repeat + 1
         << " (the median); open it in ui.perfetto.dev or chrome://tracing\n";
   }
@@ -225,7 +247,7 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
     trace[op] = entry;
   }
   doc["trace"] = trace;
-  doc["trace_file"] = flags.trace.empty() ? Json(nullptr) : Json(flags.trace);
+  doc["trace_file"] = flags.trace ? Json(*flags.trace) : Json(nullptr);
 }
 
 int execution_status(const RunReport& r) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <optional>
 #include <string>
 
 #include "cli/common.h"
@@ -15,13 +16,17 @@ struct ExecutionFlags {
   int repeat = 5;
   int warmup = 1;
   double warmup_time_s = 0.2;  // RunRequest::warmup_min_s
-  int candidate = 0;  // 1-based index into the candidates as printed; 0 = the chosen one
+  std::optional<int> candidate;  // 1-based index into the candidates as printed; none: the chosen one
   bool check = true;  // BackendOptions::check; --no-check turns it off
-  std::string trace;  // --trace FILE: a Chrome trace of the run; empty: none
+  std::optional<std::string> trace;  // --trace FILE: a Chrome trace of the run
 };
 
 // --backend, --repeat, --warmup, --warmup-time, --candidate, --no-check, --trace.
 void add_execution_flags(CLI::App& app, ExecutionFlags& flags);
+
+// Where a command executes only with --run (`run` false): InputError when an execution flag
+// was given without it, instead of ignoring it.
+void require_run(const CLI::App& app, bool run);
 
 // Checks the backend name, the dtype (runs compute in f32 or f64) and the --trace path
 // before anything runs, so that every MPI rank rejects bad input alike.

@@ -341,8 +341,10 @@ double activate_grad(Activation a, double x) {
 
 std::int64_t moe_capacity(const MoeConfig& config, std::int64_t tokens, std::int64_t experts) {
   if (experts < 1) throw InputError("an MoE layer needs at least one expert (E >= 1)");
-  return static_cast<std::int64_t>(
-      std::ceil(config.capacity_factor * static_cast<double>(tokens * config.top_k) / static_cast<double>(experts)));
+  // In double: a large factor must cap at `tokens`, not overflow on the way.
+  const double share = std::ceil(config.capacity_factor * static_cast<double>(tokens) *
+                                 static_cast<double>(config.top_k) / static_cast<double>(experts));
+  return share >= static_cast<double>(tokens) ? tokens : static_cast<std::int64_t>(share);
 }
 
 DenseStep mlp_step(const MlpConfig& config, const Params& params, const DenseTensor& x, const DenseTensor& dy,

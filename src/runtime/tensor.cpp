@@ -19,7 +19,8 @@ Buffer::Buffer(std::int64_t elements, DType dtype) : elements_(elements), dtype_
   data_.reset(std::aligned_alloc(64, static_cast<std::size_t>(rounded)));
   if (!data_) {
     throw InputError("cannot allocate " + std::to_string(bytes) +
-                     " bytes for one buffer on this device; use smaller --dims or more devices");
+                     " bytes for one buffer on this device: not that much memory is free; ask for smaller sizes "
+                     "(--dims, --sizes) or more devices");
   }
 }
 

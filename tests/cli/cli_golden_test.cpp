@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,20 @@ testing::CliResult run_in_tests_dir(const std::vector<std::string>& args) {
   testing::CliResult r = testing::run_cli_in_process(args);
   std::filesystem::current_path(cwd);
   return r;
+}
+
+// A refused write (a full disk: > /dev/full) is an error, not success with nothing written.
+TEST(CliOutput, AStdoutThatRefusesTheOutputExitsTwo) {
+  std::vector<std::string> args = {"shardmm", "plan", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2",
+                                   "--dims", "I=8,J=4,K=2"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  std::ostringstream out, err;
+  out.setstate(std::ios::badbit);
+  EXPECT_EQ(cli::run_cli(static_cast<int>(argv.size()), argv.data(), out, err), 2);
+  EXPECT_EQ(err.str(),
+            "shardmm: error: cannot write the output: standard output refused it (a full disk or a closed file); "
+            "nothing else went wrong\n");
 }
 
 TEST(CliGolden, TheFileHoldsAtLeastFiftyDistinctBadCommandLines) {

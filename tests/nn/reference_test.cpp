@@ -172,6 +172,15 @@ TEST(ReferenceTest, MoeWithOneExpertIsItsMlpScaledByAGateOfOne) {
   for (double g : b.grads.at("W_router").values) EXPECT_EQ(g, 0.0);  // softmax over one expert is constant
 }
 
+// No expert sees a token twice: capacity stops at the sequence's T tokens, however large the
+// factor (1e19 * T * k overflowed 64 bits before).
+TEST(ReferenceTest, MoeCapacityIsAtMostTheSequence) {
+  EXPECT_EQ(moe_capacity(MoeConfig{2, 1e19, {}}, 4, 2), 4);
+  EXPECT_EQ(moe_capacity(MoeConfig{1, 1e300, {}}, 7, 3), 7);
+  EXPECT_EQ(moe_capacity(MoeConfig{2, 1.0, {}}, 4, 2), 4);  // exactly T: the cap changes nothing
+  EXPECT_EQ(moe_capacity(MoeConfig{1, 1.25, {}}, 8, 4), 3);
+}
+
 TEST(ReferenceTest, MoeCapacityDropsLaterChoicesFirst) {
   // Four tokens, two experts, k = 2, capacity ceil(0.5 * 4 * 2 / 2) = 2: every expert
   // fills up with first choices before any second choice is queued.

@@ -24,8 +24,9 @@
 //              probability (not renormalized); expert e is an MLP (W_in [E, D, F],
 //              W_out [E, F, D]); Y[t] = sum over kept choices of gate * expert(X[t]).
 //              Capacity is per sequence (GShard's groups are the B sequences): each
-//              sequence may send C = ceil(capacity_factor * T * k / E) tokens to each
-//              expert. Within a sequence choices are queued choice-rank first (every
+//              sequence may send C = min(T, ceil(capacity_factor * T * k / E)) tokens to
+//              each expert (no expert sees a token twice, so more than T would stay empty).
+//              Within a sequence choices are queued choice-rank first (every
 //              token's 1st choice, in position order, then the 2nd choices, ...) and a
 //              choice that finds its expert full is dropped (it contributes nothing).
 #pragma once
