@@ -53,6 +53,10 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
              "covers, in one collective: each receives only what it lacks (a permutation of the blocks, not a "
              "gather)";
     case OpKind::to_partial:
+      if (s.dim >= 0) {
+        return "pads each device's " + g + "-block of " + d + " with zeros to the whole of it: a partial sum over " +
+               g + " whose total is the gathered " + d + ", local (no all_gather)";
+      }
       return "turns the replicated value into a partial sum over " + g +
              " (coordinate 0 keeps it, the others hold zeros): local";
     case OpKind::all_gather_einsum: {

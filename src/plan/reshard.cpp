@@ -98,14 +98,30 @@ class ReshardStepper {
     return false;
   }
 
+  // Sums the target leaves pending over axes nobody uses: coordinate 0 keeps the value. Over
+  // the minor-most axes of a dimension: each device pads its block with zeros, so the sum over
+  // them is the whole dimension, with no gather.
   bool to_partial(const Spec& s, std::vector<Step>& out) const {
     AxisList axes;
     for (int a : to_.unreduced) {
       if (!s.uses(a)) axes.push_back(a);
     }
-    if (axes.empty()) return false;
-    out.push_back(make_step(OpKind::to_partial, s, axes));
-    return true;
+    if (!axes.empty()) {
+      out.push_back(make_step(OpKind::to_partial, s, axes));
+      return true;
+    }
+    const auto wanted_pending = [&](int a) { return to_.is_unreduced(a) && !s.is_unreduced(a); };
+    for (std::size_t d = 0; d < s.dims.size(); ++d) {
+      const AxisList& have = s.dims[d].axes;
+      std::size_t from = have.size();
+      while (from > 0 && wanted_pending(have[from - 1])) --from;
+      if (from < have.size()) {
+        out.push_back(make_step(OpKind::to_partial, s, AxisList(have.begin() + static_cast<std::ptrdiff_t>(from), have.end()),
+                                static_cast<int>(d)));
+        return true;
+      }
+    }
+    return false;
   }
 
   // Pending sums that no dimension of the target wants as a sharding.

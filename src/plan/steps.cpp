@@ -42,6 +42,7 @@ Step make_step(OpKind op, const Spec& from, AxisList axes, int dim, int dst_dim)
       remove_unreduced();
       break;
     case OpKind::to_partial:
+      if (dim >= 0) to_axes.resize(to_axes.size() - s.axes.size());  // padded: the axes leave the dimension
       s.to.unreduced.insert(s.to.unreduced.end(), s.axes.begin(), s.axes.end());
       std::sort(s.to.unreduced.begin(), s.to.unreduced.end());
       break;

@@ -290,7 +290,12 @@ struct Executor::Impl {
         break;
       }
       case OpKind::to_partial: {
-        st.keeps = mesh.group_rank(me, step.axes) == 0;
+        if (step.dim >= 0) {  // padded: my piece at its place in the block it pads to
+          st.mine = range(step.from, step.dim, me);
+          st.mine.offset -= range(step.to, step.dim, me).offset;
+        } else {
+          st.keeps = mesh.group_rank(me, step.axes) == 0;
+        }
         break;
       }
       case OpKind::all_reduce:
@@ -425,6 +430,7 @@ struct Executor::Impl {
           std::memcpy(out, src, static_cast<std::size_t>(in.buffer().bytes()));
         } else {
           std::memset(out, 0, static_cast<std::size_t>(st.out.buffer().bytes()));
+          if (step.dim >= 0) copy_box(src, in_local, zeros(rank), out, out_local, at_dim(rank, step.dim, st.mine.offset), in_local);
         }
         break;
       case OpKind::einsum:

@@ -128,8 +128,18 @@ std::string illegal_transition(const Step& s, const Mesh& m) {
       want.unreduced = minus(want.unreduced, s.axes);
       break;
     case OpKind::to_partial:
-      for (int a : s.axes) {
-        if (s.from.uses(a)) return "to_partial over an axis already in use";
+      if (s.dim >= 0) {  // padded: the axes leave the end of the dimension they shard
+        if (!dim_ok(s.dim)) return "bad dim";
+        AxisList& have = want.dims[static_cast<std::size_t>(s.dim)].axes;
+        if (have.size() < s.axes.size() ||
+            !std::equal(s.axes.begin(), s.axes.end(), have.end() - static_cast<std::ptrdiff_t>(s.axes.size()))) {
+          return "a padding to_partial of axes that are not a suffix of the dimension's";
+        }
+        have.resize(have.size() - s.axes.size());
+      } else {
+        for (int a : s.axes) {
+          if (s.from.uses(a)) return "to_partial over an axis already in use";
+        }
       }
       want.unreduced.insert(want.unreduced.end(), s.axes.begin(), s.axes.end());
       std::sort(want.unreduced.begin(), want.unreduced.end());

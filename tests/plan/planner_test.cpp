@@ -86,6 +86,13 @@ TEST_F(Reshard, Reductions) {
   const Plan partial = plan("T[I, J, K]", "T[I, J, K]{U_X}");
   EXPECT_EQ(ops(partial, mesh), (std::vector<std::string>{"to_partial over X"}));
   EXPECT_EQ(partial.comm_time_s, 0);
+  // A sharded dimension becomes a partial sum by padding each block with zeros: no gather.
+  const Plan padded = plan("T[I_XY, J, K]", "T[I_X, J, K]{U_Y}");
+  EXPECT_EQ(ops(padded, mesh), (std::vector<std::string>{"to_partial over Y dim 0"}));
+  EXPECT_EQ(padded.comm_time_s, 0);
+  EXPECT_EQ(format_spec(padded.steps[0].to, mesh), "T[I_X, J, K]{U_Y}");
+  EXPECT_EQ(ops(plan("T[I_X, J_Y, K]", "T[I, J_Y, K]{U_X}"), mesh),
+            (std::vector<std::string>{"to_partial over X dim 0"}));
   const Plan both = plan("T[I, J, K]{U_XY}", "T[I, J, K_XY]");
   EXPECT_EQ(ops(both, mesh), (std::vector<std::string>{"reduce_scatter over XY dim 2"}));
   // Reduce-scattering onto a dimension already sharded appends the axis (minor-most).

@@ -11,6 +11,9 @@
 //   all_reduce(G)             [..]{U_G}          -> [..]
 //   to_partial(G)             [..]               -> [..]{U_G}         local: coordinate 0 of G
 //                                                                      keeps the value, others 0
+//   to_partial(G, dim d)      [.., D_{P G}, ..]  -> [.., D_P, ..]{U_G} local: each device pads its
+//                                                                      block with zeros (G a suffix
+//                                                                      of d's axes; no gather)
 //   exchange(G)               [any layout]{U_S}  -> [any layout]{U_S} G: the axes sharding `from`
 //                             beyond the prefix each dimension keeps. Every device sends each
 //                             member of its group the part of its block that the member's new
@@ -78,7 +81,8 @@ DType parse_dtype(std::string_view text);  // throws InputError
 struct Step {
   OpKind op = OpKind::einsum;
   AxisList axes;             // the collective's group (empty for einsum)
-  int dim = -1;              // dimension index in `from` (gather, slice, reduce_scatter, all_to_all source);
+  int dim = -1;              // dimension index in `from` (gather, slice, reduce_scatter, all_to_all source,
+                             // a padding to_partial);
                              // all_gather_einsum: in the gathered operand; einsum_reduce_scatter: in `to`
   int dst_dim = -1;          // all_to_all destination dimension index
   std::string tensor;        // the tensor this step produces or transforms
