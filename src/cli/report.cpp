@@ -1,6 +1,7 @@
 #include "cli/report.h"
 
 #include <algorithm>
+#include <limits>
 #include <ostream>
 
 #include "cli/layout.h"
@@ -139,7 +140,10 @@ void print_totals(std::ostream& out, const Plan& plan, const Mesh& mesh, const P
     out << format_time(plan.total_time_s) << " with the collective matmul's ring overlap; ";
   }
   out << format_time(plan.overlapped_time_s) << " with perfect overlap\n";
-  out << "  memory    peak " << format_bytes(static_cast<double>(plan.peak_bytes_per_device)) << " per device";
+  // The planner saturates a peak that overflows 64 bits (core/error.h's saturating_add).
+  const bool beyond = plan.peak_bytes_per_device == std::numeric_limits<std::int64_t>::max();
+  out << "  memory    peak " << (beyond ? "over " : "") << format_bytes(static_cast<double>(plan.peak_bytes_per_device))
+      << " per device" << (beyond ? " (more bytes than a 64-bit count holds)" : "");
   if (options.mem_limit_bytes) {
     out << (plan.fits_memory ? ", within" : ", OVER") << " the limit of "
         << format_bytes(static_cast<double>(*options.mem_limit_bytes));

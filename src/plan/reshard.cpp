@@ -223,29 +223,46 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
     return plan;
   };
   Plan chain = costed(detail::reshard_steps(mesh, from, to));
-  // The chain moves one axis run at a time; where it communicates and no sum is pending, one
-  // exchange may move less (a permutation of the devices' blocks instead of a gather) or hold
-  // less (no gathered array). It wins where it fits and the chain does not, or where it is no
-  // worse in bytes moved, time and peak memory and moves or holds less. (Where it only times
-  // lower, as an all_gather or all_to_all done as an exchange can, that is the model's
-  // formulas differing, and the chain's steps are the seeds' collectives.)
+  // The chain moves one axis run at a time. Where it communicates and resolves no pending sum,
+  // one exchange may move less (a permutation of the devices' blocks instead of a gather) or
+  // hold less (no gathered array): straight to `to`, or, where `to` adds pending sums over
+  // axes that `from` shards with, to `to` with those axes kept at the end of the dimension
+  // they shard, which padding to_partials then turn into the sums (no gather at all). It wins
+  // where it fits and the chain does not, or where it is no worse in bytes moved, time and
+  // peak memory and moves or holds less. (Where it only times lower, as an all_gather or
+  // all_to_all done as an exchange can, that is the model's formulas differing, and the
+  // chain's steps are the seeds' collectives.)
   const auto moved = [](const Plan& p) {
     std::int64_t bytes = 0;
     for (const Step& s : p.steps) bytes = saturating_add(bytes, std::max(s.bytes_sent, s.bytes_received));
     return bytes;
   };
-  const bool communicates = moved(chain) > 0;
-  if (communicates && from.unreduced == to.unreduced) {
-    Plan exchange = costed({detail::make_exchange(from, to)});
-    const bool fits_better = exchange.fits_memory && !chain.fits_memory;
-    const bool no_worse = exchange.fits_memory == chain.fits_memory && moved(exchange) <= moved(chain) &&
-                          exchange.total_time_s <= chain.total_time_s &&
-                          exchange.peak_bytes_per_device <= chain.peak_bytes_per_device;
-    const bool better =
-        moved(exchange) < moved(chain) || exchange.peak_bytes_per_device < chain.peak_bytes_per_device;
-    const bool faster = no_worse && better;
-    if (fits_better || faster) return exchange;
+  const bool resolves_sums = std::any_of(from.unreduced.begin(), from.unreduced.end(),
+                                         [&](int a) { return !to.is_unreduced(a); });
+  if (moved(chain) == 0 || resolves_sums) return chain;
+  Spec via = to;
+  via.tensor = from.tensor;
+  via.unreduced = from.unreduced;
+  for (std::size_t d = 0; d < from.dims.size(); ++d) {
+    for (int a : from.dims[d].axes) {
+      if (to.is_unreduced(a) && !from.is_unreduced(a)) via.dims[d].axes.push_back(a);
+    }
   }
+  std::vector<Step> steps;
+  if (!(via == from)) steps.push_back(detail::make_exchange(from, via));
+  for (Step& s : detail::reshard_steps(mesh, via, to)) steps.push_back(std::move(s));
+  Plan exchange;
+  try {
+    exchange = costed(std::move(steps));
+  } catch (const InputError&) {
+    return chain;  // its byte counts overflow 64 bits where the chain's do not: not an option
+  }
+  const bool fits_better = exchange.fits_memory && !chain.fits_memory;
+  const bool no_worse = exchange.fits_memory == chain.fits_memory && moved(exchange) <= moved(chain) &&
+                        exchange.total_time_s <= chain.total_time_s &&
+                        exchange.peak_bytes_per_device <= chain.peak_bytes_per_device;
+  const bool better = moved(exchange) < moved(chain) || exchange.peak_bytes_per_device < chain.peak_bytes_per_device;
+  if (fits_better || (no_worse && better)) return exchange;
   return chain;
 }
 

@@ -147,6 +147,25 @@ TEST_F(Reshard, ExchangeGroupHoldsOnlyTheAxesThatMove) {
             (std::vector<std::string>{"all_to_all over Y dim 0->1"}));
 }
 
+// A pending sum the target adds over an axis that shards the source: exchange to a layout
+// that keeps that axis at the end of its dimension, then pad (to_partial) instead of
+// gathering: the chain gathered all of I first.
+TEST_F(Reshard, ExchangeThenPadForTheSumsTheTargetAdds) {
+  const Plan p = plan("T[I_XY, J, K]", "T[I_Y, J, K]{U_X}");
+  EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"exchange over XY", "to_partial over X dim 0"}));
+  EXPECT_EQ(format_spec(p.steps[0].to, mesh), "T[I_YX, J, K]");
+  EXPECT_EQ(p.steps[1].bytes_sent, 0);
+}
+
+// An exchange whose byte counts overflow 64 bits where the chain's fit is not offered: the
+// plan is the chain's, not an error. (2^60 rows over X=4: the exchange's array is 4/3 of
+// what a device sends, 3 x 2^58 rows of 4 bytes.)
+TEST_F(Reshard, AnExchangeThatOverflowsIsNoOption) {
+  const Plan p = plan_reshard(mesh, parse_spec("T[I_X, J, K]", mesh), parse_spec("T[I, J, K]", mesh),
+                              {std::int64_t{1} << 60, 1, 1}, f32_v5e());
+  EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"all_gather over X dim 0"}));
+}
+
 // Where the exchange would move the same bytes with the same memory (one all_to_all, one
 // all_gather), the chain keeps the seeds' collectives; pending sums are never exchanged.
 TEST_F(Reshard, ExchangeOnlyWhereItMovesOrHoldsLess) {
