@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -237,6 +238,23 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
     for (const Step& s : p.steps) bytes = saturating_add(bytes, std::max(s.bytes_sent, s.bytes_received));
     return bytes;
   };
+  // Whether `alternative` replaces `plan` (the rule above); one whose byte counts overflow 64
+  // bits where the plan's fit is no option.
+  const auto replaces = [&](std::vector<Step> alternative, const Plan& plan) -> std::optional<Plan> {
+    Plan other;
+    try {
+      other = costed(std::move(alternative));
+    } catch (const InputError&) {
+      return std::nullopt;
+    }
+    const bool fits_better = other.fits_memory && !plan.fits_memory;
+    const bool no_worse = other.fits_memory == plan.fits_memory && moved(other) <= moved(plan) &&
+                          other.total_time_s <= plan.total_time_s &&
+                          other.peak_bytes_per_device <= plan.peak_bytes_per_device;
+    const bool better = moved(other) < moved(plan) || other.peak_bytes_per_device < plan.peak_bytes_per_device;
+    if (fits_better || (no_worse && better)) return other;
+    return std::nullopt;
+  };
   const bool resolves_sums = std::any_of(from.unreduced.begin(), from.unreduced.end(),
                                          [&](int a) { return !to.is_unreduced(a); });
   if (moved(chain) == 0 || resolves_sums) return chain;
@@ -248,21 +266,13 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
       if (to.is_unreduced(a) && !from.is_unreduced(a)) via.dims[d].axes.push_back(a);
     }
   }
-  std::vector<Step> steps;
-  if (!(via == from)) steps.push_back(detail::make_exchange(from, via));
-  for (Step& s : detail::reshard_steps(mesh, via, to)) steps.push_back(std::move(s));
-  Plan exchange;
-  try {
-    exchange = costed(std::move(steps));
-  } catch (const InputError&) {
-    return chain;  // its byte counts overflow 64 bits where the chain's do not: not an option
+  // To `via`: the seeds' moves, unless one exchange does better there too.
+  std::vector<Step> steps = detail::reshard_steps(mesh, from, via);
+  if (!steps.empty()) {
+    if (const auto exchange = replaces({detail::make_exchange(from, via)}, costed(steps))) steps = exchange->steps;
   }
-  const bool fits_better = exchange.fits_memory && !chain.fits_memory;
-  const bool no_worse = exchange.fits_memory == chain.fits_memory && moved(exchange) <= moved(chain) &&
-                        exchange.total_time_s <= chain.total_time_s &&
-                        exchange.peak_bytes_per_device <= chain.peak_bytes_per_device;
-  const bool better = moved(exchange) < moved(chain) || exchange.peak_bytes_per_device < chain.peak_bytes_per_device;
-  if (fits_better || (no_worse && better)) return exchange;
+  for (Step& s : detail::reshard_steps(mesh, via, to)) steps.push_back(std::move(s));
+  if (auto other = replaces(std::move(steps), chain)) return std::move(*other);
   return chain;
 }
 

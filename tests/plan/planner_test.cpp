@@ -155,6 +155,9 @@ TEST_F(Reshard, ExchangeThenPadForTheSumsTheTargetAdds) {
   EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"exchange over XY", "to_partial over X dim 0"}));
   EXPECT_EQ(format_spec(p.steps[0].to, mesh), "T[I_YX, J, K]");
   EXPECT_EQ(p.steps[1].bytes_sent, 0);
+  // Where the way there is one of the seeds' moves (a gather of Y), it stays that move.
+  EXPECT_EQ(ops(plan("T[I_XY, J, K]", "T[I, J, K]{U_X}"), mesh),
+            (std::vector<std::string>{"all_gather over Y dim 0", "to_partial over X dim 0"}));
 }
 
 // An exchange whose byte counts overflow 64 bits where the chain's fit is not offered: the
