@@ -24,12 +24,6 @@ bool is_prefix(const AxisList& p, const AxisList& of) {
   return p.size() <= of.size() && std::equal(p.begin(), p.end(), of.begin());
 }
 
-std::size_t common_prefix(const AxisList& a, const AxisList& b) {
-  std::size_t n = 0;
-  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
-  return n;
-}
-
 // One greedy move towards `to`, or none. Moves are tried cheapest first.
 class ReshardStepper {
  public:

@@ -55,6 +55,12 @@ Step make_step(OpKind op, const Spec& from, AxisList axes, int dim, int dst_dim)
   return s;
 }
 
+std::size_t common_prefix(const AxisList& a, const AxisList& b) {
+  std::size_t n = 0;
+  while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+  return n;
+}
+
 Step make_exchange(const Spec& from, const Spec& to) {
   if (from.unreduced != to.unreduced) {
     throw std::logic_error("make_exchange: an exchange keeps the pending sums; they differ");
@@ -70,9 +76,7 @@ Step make_exchange(const Spec& from, const Spec& to) {
   // `to` uses selects within what the group holds. The rest is the group.
   for (std::size_t d = 0; d < from.dims.size(); ++d) {
     const AxisList& have = from.dims[d].axes;
-    const AxisList& want = to.dims[d].axes;
-    std::size_t keep = 0;
-    while (keep < have.size() && keep < want.size() && have[keep] == want[keep]) ++keep;
+    const std::size_t keep = common_prefix(have, to.dims[d].axes);
     s.axes.insert(s.axes.end(), have.begin() + static_cast<std::ptrdiff_t>(keep), have.end());
   }
   std::sort(s.axes.begin(), s.axes.end());
@@ -87,23 +91,16 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
   std::string key = std::string(to_string(step.op)) + "|" + format_spec(step.from, mesh_) + "|" +
                     format_spec(step.to, mesh_) + "|" + mesh_.axis_names(step.axes) + "|";
   for (std::int64_t n : shape) key += std::to_string(n) + ",";
-  if (auto it = memo_.find(key); it != memo_.end()) {
-    step.bytes_sent = it->second.sent;
-    step.bytes_received = it->second.received;
-    step.flops = it->second.flops;
-    step.time_s = it->second.time;
-    return;
-  }
+  const auto fill = [&step](const Cost& c) {
+    step.bytes_sent = c.sent;
+    step.bytes_received = c.received;
+    step.flops = c.flops;
+    step.time_s = c.time;
+  };
+  if (auto it = memo_.find(key); it != memo_.end()) return fill(it->second);
+  if (step.op == OpKind::exchange) return fill(memo_[key] = cost_exchange(step, shape));
   const std::int64_t elem = dtype_bytes(options_.dtype);
   const std::int64_t group = mesh_.group_size(step.axes);
-  if (step.op == OpKind::exchange) {
-    memo_[key] = cost_exchange(step, shape);
-    step.bytes_sent = memo_[key].sent;
-    step.bytes_received = memo_[key].received;
-    step.flops = 0;
-    step.time_s = memo_[key].time;
-    return;
-  }
   // Local sizes factor over dimensions, and each dimension's extent depends only on the
   // coordinates of its own axes. Dimensions the step leaves alone contribute the same
   // factor before and after, largest on device 0 (array_split puts the extra elements
@@ -181,11 +178,7 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
                                                     local_shape(mesh_, step.to, shape, 0));
     c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
   }
-  memo_[key] = c;
-  step.bytes_sent = c.sent;
-  step.bytes_received = c.received;
-  step.flops = c.flops;
-  step.time_s = c.time;
+  fill(memo_[key] = c);
 }
 
 // Each device's traffic, member by member: a block that several members' new blocks cover

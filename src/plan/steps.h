@@ -16,6 +16,8 @@ namespace shardmm::detail {
 // The layout after applying `op` over `axes` to `from` (see plan/step.h for each op's
 // transition). `dim` / `dst_dim` as in Step.
 Step make_step(OpKind op, const Spec& from, AxisList axes, int dim = -1, int dst_dim = -1);
+// How many leading axes two axis lists share.
+std::size_t common_prefix(const AxisList& a, const AxisList& b);
 // The exchange from `from` to `to` (plan/step.h), which must have the same pending sums.
 Step make_exchange(const Spec& from, const Spec& to);
 

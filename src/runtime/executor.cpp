@@ -418,8 +418,8 @@ struct Executor::Impl {
           copy_box(recv, extent, zeros(rank), out, out_local, box_offsets(st.recv_boxes[m]), extent);
           recv += st.recv_counts[m];
         }
-        ev.bytes_sent = std::accumulate(st.counts.begin(), st.counts.end(), std::int64_t{0}) * eb;
-        ev.bytes_received = std::accumulate(st.recv_counts.begin(), st.recv_counts.end(), std::int64_t{0}) * eb;
+        ev.bytes_sent = st.send.elements() * eb;  // the staging holds every piece sent or received
+        ev.bytes_received = st.recv.elements() * eb;
         break;
       }
       case OpKind::slice:
