@@ -75,7 +75,8 @@ struct Role {
 class MatmulPlanner {
  public:
   MatmulPlanner(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options)
-      : mesh_(mesh), c_(c), sizes_(sizes), options_(options), coster_(mesh, options) {
+      : mesh_(mesh), c_(c), sizes_(sizes), options_(options), unlimited_(options), coster_(mesh, options) {
+    unlimited_.mem_limit_bytes.reset();
     a_shape_ = global_shape(c.a, sizes);
     b_shape_ = global_shape(c.b, sizes);
     Spec out_dims_only;
@@ -241,16 +242,43 @@ class MatmulPlanner {
     for (const Spec& t : targets) add_plan(a, b, local, t);
   }
 
+  // One candidate per way of resharding A, B and the result: the chain of the seeds' moves
+  // (whose last all_gather or first reduce_scatter a ring can fuse with the einsum), and,
+  // where plan_reshard takes an exchange instead, that too. Asked without the memory limit,
+  // so that the limit picks among the candidates but does not change them.
   void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target) {
+    for (const std::vector<Step>& a_steps : reshard_options(c_.a, a, a_shape_)) {
+      for (const std::vector<Step>& b_steps : reshard_options(c_.b, b, b_shape_)) {
+        for (const std::vector<Step>& c_steps : reshard_options(local, target, c_shape_)) {
+          add_plan(a, b, local, target, a_steps, b_steps, c_steps);
+        }
+      }
+    }
+  }
+
+  // Remembered: the role combinations share most of their reshards.
+  const std::vector<std::vector<Step>>& reshard_options(const Spec& from, const Spec& to,
+                                                        const std::vector<std::int64_t>& shape) {
+    auto [it, added] = reshards_.try_emplace(format_spec(from, mesh_) + ">" + format_spec(to, mesh_));
+    if (!added) return it->second;
+    std::vector<std::vector<Step>>& options = it->second;
+    options.push_back(detail::reshard_steps(mesh_, from, to));
+    if (options[0].empty()) return options;
+    std::vector<Step> planned = plan_reshard(mesh_, from, to, shape, unlimited_).steps;
+    if (std::any_of(planned.begin(), planned.end(), [](const Step& s) { return s.op == OpKind::exchange; })) {
+      options.push_back(std::move(planned));
+    }
+    return options;
+  }
+
+  void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target, const std::vector<Step>& a_steps,
+                const std::vector<Step>& b_steps, const std::vector<Step>& c_steps) {
     Plan plan;
-    const std::vector<Step> a_steps = detail::reshard_steps(mesh_, c_.a, a);
-    const std::vector<Step> b_steps = detail::reshard_steps(mesh_, c_.b, b);
     Step einsum = detail::make_step(OpKind::einsum, a, {});
     einsum.tensor = c_.out_tensor;
     einsum.operand = 2;
     einsum.from_b = b;
     einsum.to = local;
-    const std::vector<Step> c_steps = detail::reshard_steps(mesh_, local, target);
 
     std::string signature;
     for (const auto* steps : {&a_steps, &b_steps, &c_steps}) {
@@ -376,10 +404,12 @@ class MatmulPlanner {
   const Contraction& c_;
   const DimSizes& sizes_;
   const PlanOptions& options_;
+  PlanOptions unlimited_;
   detail::StepCoster coster_;
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
   std::vector<Plan> plans_;
   std::set<std::string> seen_;
+  std::map<std::string, std::vector<std::vector<Step>>> reshards_;
 };
 
 }  // namespace

@@ -209,20 +209,18 @@ Costs expected_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const 
   const auto shape = shape_of(s.from, sizes);
   const std::int64_t group = m.group_size(s.axes);
   if (s.op == OpKind::exchange) {
-    // Pairs of devices that agree on every axis outside the group: what the sender holds of
-    // the receiver's new block.
-    const auto same_group = [&](std::int64_t d, std::int64_t o) {
-      for (int a = 0; a < m.rank(); ++a) {
-        if (std::find(s.axes.begin(), s.axes.end(), a) == s.axes.end() && m.coord(d, a) != m.coord(o, a)) return false;
-      }
-      return true;
-    };
+    // Pairs of devices in one group: what the sender holds of the receiver's new block.
+    std::vector<std::vector<Range>> held, wanted;
+    for (std::int64_t d = 0; d < m.device_count(); ++d) {
+      held.push_back(shard_box(m, s.from, shape, d));
+      wanted.push_back(shard_box(m, s.to, shape, d));
+    }
     for (std::int64_t d = 0; d < m.device_count(); ++d) {
       std::int64_t snd = 0, rcv = 0;
-      for (std::int64_t o = 0; o < m.device_count(); ++o) {
-        if (o == d || !same_group(d, o)) continue;
-        snd += overlap_elements(shard_box(m, s.from, shape, d), shard_box(m, s.to, shape, o));
-        rcv += overlap_elements(shard_box(m, s.from, shape, o), shard_box(m, s.to, shape, d));
+      for (std::int64_t o : m.group_members(d, s.axes)) {
+        if (o == d) continue;
+        snd += overlap_elements(held[static_cast<std::size_t>(d)], wanted[static_cast<std::size_t>(o)]);
+        rcv += overlap_elements(held[static_cast<std::size_t>(o)], wanted[static_cast<std::size_t>(d)]);
       }
       want.sent = std::max(want.sent, snd * e);
       want.received = std::max(want.received, rcv * e);
@@ -694,7 +692,8 @@ TEST(PlannerProperty, RandomContractionsOnSmallMeshes) {
   }
   // The sample exercised every kind of step.
   for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all, OpKind::slice,
-                    OpKind::to_partial, OpKind::einsum, OpKind::all_gather_einsum, OpKind::einsum_reduce_scatter}) {
+                    OpKind::to_partial, OpKind::exchange, OpKind::einsum, OpKind::all_gather_einsum,
+                    OpKind::einsum_reduce_scatter}) {
     EXPECT_GT(op_counts()[op], 20) << to_string(op);
   }
 }

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <set>
 #include <stdexcept>
@@ -267,6 +268,28 @@ TEST(Matmul, MemoryLimitPicksASlowerPlan) {
   EXPECT_EQ(tight.chosen, 1);
   EXPECT_FALSE(tight.candidates[0].fits_memory);
   EXPECT_TRUE(tight.candidates[1].fits_memory);
+}
+
+// The result's reshard is planned as plan_reshard plans it: C[I_X, K_Y] -> C[I_Y, K_X] is a
+// permutation of 512 x 512 f32 blocks (1 MiB), which the off-diagonal devices swap in one
+// exchange; the chain (gather over X, all_to_all over Y, slice) stays a candidate, moving 2 MiB.
+TEST(Matmul, ResultPermutationIsOneExchange) {
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_Y] -> C[I_Y, K_X]", mesh);
+  const PlanOptions opt{DType::f32, builtin_profile("h100"), std::nullopt};
+  const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=1024,J=4096,K=1024"), opt);
+  ASSERT_EQ(p.chosen, 0);
+  const Plan& chosen = p.candidates[0];
+  EXPECT_EQ(chosen.description, "local einsum, then exchange C over XY");
+  ASSERT_EQ(chosen.steps.size(), 2u);
+  EXPECT_EQ(chosen.steps[1].bytes_sent, 1 << 20);
+  EXPECT_EQ(chosen.steps[1].bytes_received, 1 << 20);
+  const auto chain = std::find_if(p.candidates.begin(), p.candidates.end(), [](const Plan& x) {
+    return x.description == "local einsum, then all_gather C over X, then all_to_all C over Y, then slice C over X";
+  });
+  ASSERT_NE(chain, p.candidates.end());
+  EXPECT_EQ(chain->steps[1].bytes_received + chain->steps[2].bytes_received, 2 << 20);
+  EXPECT_LT(chosen.total_time_s, chain->total_time_s);
 }
 
 TEST(Matmul, Errors) {

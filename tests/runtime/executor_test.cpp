@@ -208,6 +208,7 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
   const int cases = case_count(1000);
   std::int64_t plans_run = 0;
   std::map<std::string, int> rings_run;  // collective matmuls, by kind and way round
+  int exchanges_run = 0;                 // operand or result reshards done as one exchange
   for (int i = 0; i < cases; ++i) {
     const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(i);
     testing::Rng rng(seed);
@@ -233,6 +234,7 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
       ++plans_run;
       for (const Step& s : plan.steps) {
         if (is_collective_matmul(s.op)) ++rings_run[std::string(to_string(s.op)) + (s.bidirectional ? " both ways" : "")];
+        exchanges_run += s.op == OpKind::exchange;
       }
     }
   }
@@ -242,7 +244,9 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
                              "einsum_reduce_scatter both ways"}) {
       EXPECT_GE(rings_run[kind], 20) << kind;
     }
+    EXPECT_GE(exchanges_run, 20);
   }
+  RecordProperty("exchanges_run", exchanges_run);
 }
 
 // Every legal spec of a 2-D tensor on `mesh` (each axis: unused, unreduced, or sharding
