@@ -29,6 +29,10 @@ std::string axes_or_dash(const Mesh& mesh, const AxisList& axes) { return axes.e
 std::string explain_step(const Step& s, const Mesh& mesh) {
   const std::string g = mesh.axis_names(s.axes);
   const std::string d = dim_at(s.from, s.dim);
+  if (!multiplies(s.op) && !s.axes.empty() && mesh.group_size(s.axes) == 1) {
+    return g + (s.axes.size() > 1 ? " span" : " spans") + " one device, so nothing moves or changes: " +
+           format_spec(s.from, mesh) + " and " + format_spec(s.to, mesh) + " are the same data, renamed";
+  }
   switch (s.op) {
     case OpKind::einsum: {
       std::string text = "each device multiplies its blocks of " + s.from.tensor + " and " + s.from_b.tensor;

@@ -512,6 +512,16 @@ TEST(CliReshard, AllToAll) {
   EXPECT_THAT(text.out, HasSubstr("µs"));
 }
 
+// A step over axes of one device moves nothing, and the explanation says so instead of
+// describing a gather.
+TEST(CliReshard, OneDeviceAxisOnlyRenames) {
+  const Result text = run({"reshard", "A[I_X, J_Y]", "A[I, J_Y]", "--mesh", "X=1,Y=2", "--dims", "I=64,J=64"});
+  EXPECT_EQ(text.status, 0);
+  EXPECT_THAT(text.out, HasSubstr("X spans one device, so nothing moves or changes: A[I_X, J_Y] and A[I, J_Y]"));
+  EXPECT_THAT(text.out, HasSubstr("same data, renamed"));
+  EXPECT_THAT(text.out, Not(HasSubstr("onto every device")));
+}
+
 // ---------------------------------------------------------------- demo
 
 TEST(CliDemo, ExplainsTheFourCases) {
