@@ -251,7 +251,9 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
   };
   const bool resolves_sums = std::any_of(from.unreduced.begin(), from.unreduced.end(),
                                          [&](int a) { return !to.is_unreduced(a); });
-  if (moved(chain) == 0 || resolves_sums) return chain;
+  // A chain of one step is one of the seeds' collectives (a gather or an all_to_all where it
+  // communicates), whose bytes and memory an exchange can only equal.
+  if (chain.steps.size() < 2 || moved(chain) == 0 || resolves_sums) return chain;
   Spec via = to;
   via.tensor = from.tensor;
   via.unreduced = from.unreduced;

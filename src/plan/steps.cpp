@@ -1,6 +1,7 @@
 #include "plan/steps.h"
 
 #include <algorithm>
+#include <unordered_map>
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -183,27 +184,98 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
 
 // Each device's traffic, member by member: a block that several members' new blocks cover
 // goes to each of them, so what a device sends is not its block less what it keeps.
+namespace {
+
+// What a device's block under `own` shares with the blocks under `members` of the members of
+// its group (itself included), and with its own block under `members`. A box overlap is the
+// product of its dimensions' overlaps, and a member's range in dimension k depends only on its
+// coordinates on the group axes that split k under `members` (elsewhere it has the device's):
+// the sum over members is the product over dimensions of the sums over those coordinates,
+// times the size of the group axes that split nothing under `members`. Each dimension's sum
+// depends on the device's coordinates on that dimension's axes only, so it is remembered by
+// them: costing walks every device once, not every pair.
+class GroupOverlap {
+ public:
+  GroupOverlap(const Mesh& mesh, const Spec& own, const Spec& members, const std::vector<std::int64_t>& shape,
+               const AxisList& group)
+      : mesh_(mesh), own_(own), members_(members), shape_(shape), dims_(shape.size()) {
+    AxisList splitting_none = group;
+    for (std::size_t k = 0; k < shape.size(); ++k) {
+      Dim& dim = dims_[k];
+      dim.keyed_by = own.dims[k].axes;
+      for (int a : members.dims[k].axes) {
+        if (std::find(dim.keyed_by.begin(), dim.keyed_by.end(), a) == dim.keyed_by.end()) dim.keyed_by.push_back(a);
+        if (std::find(group.begin(), group.end(), a) == group.end()) continue;
+        dim.varying.push_back(a);
+        splitting_none.erase(std::find(splitting_none.begin(), splitting_none.end(), a));
+      }
+    }
+    for (int a : splitting_none) multiplier_ = checked_mul(multiplier_, mesh.axis(a).size, kWhat);
+  }
+
+  // {with the group's blocks, with its own block under `members`} for `device`.
+  std::pair<std::int64_t, std::int64_t> of(std::int64_t device) {
+    std::int64_t with_group = multiplier_, with_itself = 1;
+    for (std::size_t k = 0; k < dims_.size(); ++k) {
+      const auto [sum, self] = dim_overlap(k, device);
+      with_group = checked_mul(with_group, sum, kWhat);
+      with_itself *= self;  // a sub-box of the device's block: fits
+    }
+    return {with_group, with_itself};
+  }
+
+ private:
+  static constexpr const char* kWhat = "elements an exchange moves per device";
+  struct Dim {
+    AxisList keyed_by;  // the axes that split this dimension under either spec
+    AxisList varying;   // the group axes that split it under `members`
+    std::unordered_map<std::int64_t, std::pair<std::int64_t, std::int64_t>> memo;
+  };
+
+  static std::int64_t overlap(const Range& a, const Range& b) {
+    return std::max<std::int64_t>(0, std::min(a.end(), b.end()) - std::max(a.offset, b.offset));
+  }
+
+  std::pair<std::int64_t, std::int64_t> dim_overlap(std::size_t k, std::int64_t device) {
+    Dim& dim = dims_[k];
+    std::int64_t key = 0;
+    for (int a : dim.keyed_by) key += mesh_.coord(device, a) * mesh_.stride(a);
+    const auto [it, added] = dim.memo.try_emplace(key);
+    if (!added) return it->second;
+    const AxisList& split = members_.dims[k].axes;
+    const Range mine = shard_range(mesh_, shape_[k], own_.dims[k].axes, device);
+    std::int64_t sum = 0;
+    for (std::int64_t m : mesh_.group_members(device, dim.varying)) {
+      sum = checked_add(sum, overlap(mine, shard_range(mesh_, shape_[k], split, m)), kWhat);
+    }
+    return it->second = {sum, overlap(mine, shard_range(mesh_, shape_[k], split, device))};
+  }
+
+  const Mesh& mesh_;
+  const Spec& own_;
+  const Spec& members_;
+  const std::vector<std::int64_t>& shape_;
+  std::vector<Dim> dims_;
+  std::int64_t multiplier_ = 1;
+};
+
+}  // namespace
+
 StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<std::int64_t>& shape) const {
   const std::int64_t elem = dtype_bytes(options_.dtype);
-  std::vector<std::vector<Range>> from, to;
-  for (std::int64_t device = 0; device < mesh_.device_count(); ++device) {
-    from.push_back(shard_box(mesh_, step.from, shape, device));
-    to.push_back(shard_box(mesh_, step.to, shape, device));
-  }
+  GroupOverlap sends(mesh_, step.from, step.to, shape, step.axes), receives(mesh_, step.to, step.from, shape, step.axes);
   std::int64_t sent = 0, received = 0, copied = 0;
   for (std::int64_t device = 0; device < mesh_.device_count(); ++device) {
-    const auto d = static_cast<std::size_t>(device);
-    std::int64_t s = 0, r = 0;
-    for (std::int64_t m : mesh_.group_members(device, step.axes)) {
-      if (m == device) continue;
-      s = checked_add(s, overlap_elements(from[d], to[static_cast<std::size_t>(m)]), "elements sent per device");
-      r = checked_add(r, overlap_elements(from[static_cast<std::size_t>(m)], to[d]), "elements received per device");
-    }
+    // What the device keeps is in both sums; it neither sends nor receives it.
+    const auto [held_by_group, kept] = sends.of(device);
+    const std::int64_t s = held_by_group - kept;
+    const std::int64_t r = receives.of(device).first - kept;
     sent = std::max(sent, s);
     received = std::max(received, r);
     // The executor packs what it sends, unpacks what it receives, and copies what it keeps
     // from block to block.
-    copied = std::max(copied, s + r + overlap_elements(from[d], to[d]));
+    copied = std::max<std::int64_t>(
+        copied, checked_add(checked_add(s, r, "elements an exchange copies"), kept, "elements an exchange copies"));
   }
   Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"), 0,
          0};
