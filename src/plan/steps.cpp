@@ -182,8 +182,6 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
   fill(memo_[key] = c);
 }
 
-// Each device's traffic, member by member: a block that several members' new blocks cover
-// goes to each of them, so what a device sends is not its block less what it keeps.
 namespace {
 
 // What a device's block under `own` shares with the blocks under `members` of the members of
@@ -261,14 +259,16 @@ class GroupOverlap {
 
 }  // namespace
 
+// Each device's traffic, member by member: a block that several members' new blocks cover
+// goes to each of them, so what a device sends is not its block less what it keeps.
 StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<std::int64_t>& shape) const {
   const std::int64_t elem = dtype_bytes(options_.dtype);
   GroupOverlap sends(mesh_, step.from, step.to, shape, step.axes), receives(mesh_, step.to, step.from, shape, step.axes);
   std::int64_t sent = 0, received = 0, copied = 0;
   for (std::int64_t device = 0; device < mesh_.device_count(); ++device) {
     // What the device keeps is in both sums; it neither sends nor receives it.
-    const auto [held_by_group, kept] = sends.of(device);
-    const std::int64_t s = held_by_group - kept;
+    const auto [wanted_by_group, kept] = sends.of(device);
+    const std::int64_t s = wanted_by_group - kept;
     const std::int64_t r = receives.of(device).first - kept;
     sent = std::max(sent, s);
     received = std::max(received, r);
