@@ -55,8 +55,8 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
       return "sums the partial sums over " + g + "; every device gets the whole sum (= reduce_scatter + all_gather)";
     case OpKind::exchange:
       return "each device sends every member of " + g + " the part of its block that the member's new block "
-             "covers, in one collective: each receives only what it lacks (a permutation of the blocks, not a "
-             "gather)";
+             "covers, in one collective: each receives only what its new block lacks, with no gathered copy in "
+             "between";
     case OpKind::to_partial:
       if (s.dim >= 0) {
         return "pads each device's " + g + "-block of " + d + " with zeros to the whole of it: a partial sum over " +

@@ -395,6 +395,8 @@ class MatmulPlanner {
       } else {
         out += std::string(to_string(s.op)) + " " + s.tensor;
         if (!s.axes.empty()) out += " over " + mesh_.axis_names(s.axes);
+        // The other steps' layouts follow from the op and its axes; an exchange's does not.
+        if (s.op == OpKind::exchange) out += " to " + format_spec(s.to, mesh_);
       }
     }
     return out;

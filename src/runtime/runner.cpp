@@ -299,7 +299,8 @@ RunReport run_plan(const RunRequest& req) {
     const auto warmup_start = std::chrono::steady_clock::now();
     int warmups = 0;
     for (; warmups < req.warmup; ++warmups) {
-      note("warm-up " + std::to_string(warmups + 1) + " of " + std::to_string(req.warmup));
+      note("warm-up " + std::to_string(warmups + 1) + " of " + std::to_string(req.warmup) +
+           (req.warmup_min_s > 0 ? ", then more until " + format_seconds(req.warmup_min_s) + " s" : ""));
       exec.run(a, matmul ? &b : nullptr);
     }
     // Then until the warm-up has taken warmup_min_s. Every rank must make the same runs, so

@@ -659,6 +659,8 @@ TEST(CliRun, ProgressInALogIsALineAPhaseNotARunAtATime) {
   EXPECT_EQ(warmups, 1) << r.err;
   EXPECT_EQ(repeats, 1) << r.err;
   EXPECT_THAT(r.err, HasSubstr("shardmm: repeat 1 of 20"));
+  // The one warm-up line says the timed warm-up follows (it may run thousands of times).
+  EXPECT_THAT(r.err, HasSubstr("shardmm: warm-up 1 of 1, then more until 0.2 s"));
   EXPECT_THAT(r.err, HasSubstr("shardmm: verifying"));
 }
 

@@ -280,7 +280,7 @@ TEST(Matmul, ResultPermutationIsOneExchange) {
   const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=1024,J=4096,K=1024"), opt);
   ASSERT_EQ(p.chosen, 0);
   const Plan& chosen = p.candidates[0];
-  EXPECT_EQ(chosen.description, "local einsum, then exchange C over XY");
+  EXPECT_EQ(chosen.description, "local einsum, then exchange C over XY to C[I_Y, K_X]");
   ASSERT_EQ(chosen.steps.size(), 2u);
   EXPECT_EQ(chosen.steps[1].bytes_sent, 1 << 20);
   EXPECT_EQ(chosen.steps[1].bytes_received, 1 << 20);
