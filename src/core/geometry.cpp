@@ -55,12 +55,16 @@ std::int64_t max_local_elements(const Mesh& mesh, const Spec& spec, const std::v
   return n;
 }
 
+std::int64_t overlap_extent(const Range& a, const Range& b) {
+  return std::max<std::int64_t>(0, std::min(a.end(), b.end()) - std::max(a.offset, b.offset));
+}
+
 std::int64_t overlap_elements(const std::vector<Range>& a, const std::vector<Range>& b) {
   std::int64_t n = 1;
   for (std::size_t d = 0; d < a.size(); ++d) {
-    const std::int64_t lo = std::max(a[d].offset, b[d].offset), hi = std::min(a[d].end(), b[d].end());
-    if (hi <= lo) return 0;
-    n *= hi - lo;
+    const std::int64_t extent = overlap_extent(a[d], b[d]);
+    if (extent == 0) return 0;
+    n *= extent;
   }
   return n;
 }

@@ -135,7 +135,7 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
       const Range after = shard_range(mesh_, shape[d], step.to.dims[d].axes, device);
       in *= before.extent;
       out *= after.extent;
-      kept *= std::max<std::int64_t>(0, std::min(before.end(), after.end()) - std::max(before.offset, after.offset));
+      kept *= overlap_extent(before, after);
     }
     in_max = std::max(in_max, in);
     out_max = std::max(out_max, out);
@@ -230,10 +230,6 @@ class GroupOverlap {
     std::unordered_map<std::int64_t, std::pair<std::int64_t, std::int64_t>> memo;
   };
 
-  static std::int64_t overlap(const Range& a, const Range& b) {
-    return std::max<std::int64_t>(0, std::min(a.end(), b.end()) - std::max(a.offset, b.offset));
-  }
-
   std::pair<std::int64_t, std::int64_t> dim_overlap(std::size_t k, std::int64_t device) {
     Dim& dim = dims_[k];
     std::int64_t key = 0;
@@ -244,9 +240,9 @@ class GroupOverlap {
     const Range mine = shard_range(mesh_, shape_[k], own_.dims[k].axes, device);
     std::int64_t sum = 0;
     for (std::int64_t m : mesh_.group_members(device, dim.varying)) {
-      sum = checked_add(sum, overlap(mine, shard_range(mesh_, shape_[k], split, m)), kWhat);
+      sum = checked_add(sum, overlap_extent(mine, shard_range(mesh_, shape_[k], split, m)), kWhat);
     }
-    return it->second = {sum, overlap(mine, shard_range(mesh_, shape_[k], split, device))};
+    return it->second = {sum, overlap_extent(mine, shard_range(mesh_, shape_[k], split, device))};
   }
 
   const Mesh& mesh_;

@@ -107,6 +107,11 @@ TEST(Geometry, OverlapElements) {
   EXPECT_EQ(overlap_elements({{0, 4}}, {{4, 4}}), 0);
   EXPECT_EQ(overlap_elements({{0, 4}, {0, 0}}, {{0, 4}, {0, 4}}), 0);
   EXPECT_EQ(overlap_elements({}, {}), 1);  // a scalar
+  EXPECT_EQ(overlap_extent({0, 4}, {2, 4}), 2);
+  EXPECT_EQ(overlap_extent({2, 4}, {0, 4}), 2);
+  EXPECT_EQ(overlap_extent({0, 4}, {4, 4}), 0);  // touching
+  EXPECT_EQ(overlap_extent({0, 4}, {9, 1}), 0);  // apart
+  EXPECT_EQ(overlap_extent({1, 2}, {0, 8}), 2);  // within
 }
 
 // For random specs and shapes (including dimensions smaller than their axis products):

@@ -50,6 +50,8 @@ std::int64_t local_elements(const Mesh& mesh, const Spec& spec,
 std::int64_t max_local_elements(const Mesh& mesh, const Spec& spec,
                                 const std::vector<std::int64_t>& shape);
 
+// Elements of the intersection of two ranges (0 if disjoint).
+std::int64_t overlap_extent(const Range& a, const Range& b);
 // Elements of the intersection of two boxes (0 if disjoint).
 std::int64_t overlap_elements(const std::vector<Range>& a, const std::vector<Range>& b);
 // The intersection of two boxes of the same rank, with offsets relative to `within`'s
