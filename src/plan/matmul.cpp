@@ -262,12 +262,12 @@ class MatmulPlanner {
     auto [it, added] = reshards_.try_emplace(format_spec(from, mesh_) + ">" + format_spec(to, mesh_));
     if (!added) return it->second;
     std::vector<std::vector<Step>>& options = it->second;
-    options.push_back(detail::reshard_steps(mesh_, from, to));
-    if (options[0].empty()) return options;
+    // plan_reshard's steps are the chain itself unless it took an exchange.
     std::vector<Step> planned = plan_reshard(mesh_, from, to, shape, unlimited_).steps;
     if (std::any_of(planned.begin(), planned.end(), [](const Step& s) { return s.op == OpKind::exchange; })) {
-      options.push_back(std::move(planned));
+      options.push_back(detail::reshard_steps(mesh_, from, to));
     }
+    options.push_back(std::move(planned));
     return options;
   }
 
