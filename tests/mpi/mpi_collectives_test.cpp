@@ -127,6 +127,51 @@ TEST(MpiPieces, LargeCollectivesMatchClosedFormWhenSplit) {
   });
 }
 
+// Groups on one node exchange through a shared window in rounds of at most a partition per
+// peer (shared_exchange.h); a 64-byte partition makes every size but one element take several,
+// and the window's two banks each be written again many times in one collective. (Not the
+// large size: thousands of rounds of ranks time-sliced on two cores took 9 s.)
+TEST(MpiShared, CollectivesMatchClosedFormInManySmallRounds) {
+  const std::int64_t previous = detail::set_mpi_shared_part(64);
+  const std::int64_t before = detail::mpi_shared_exchanges();
+  for (const Group& group : kGroups) {
+    run_backend("mpi", Mesh::parse(group.mesh), [&](Communicator& comm) {
+      for (Size size : {Size::zero, Size::one, Size::small, Size::uneven}) {
+        EXPECT_TRUE(testing::check_collectives<float>(comm, group.axes, size)) << group.name;
+        EXPECT_TRUE(testing::check_collectives<double>(comm, group.axes, size)) << group.name;
+      }
+    });
+  }
+  detail::set_mpi_shared_part(previous);
+  // Every group of more than one rank is on this node; SHARDMM_MPI_SHARED_MEMORY=0 (the
+  // point-to-point run of this program) keeps all of them off the windows.
+  const char* shared = std::getenv("SHARDMM_MPI_SHARED_MEMORY");
+  if (shared != nullptr && std::string(shared) == "0") {
+    EXPECT_EQ(detail::mpi_shared_exchanges(), before);
+  } else {
+    EXPECT_GT(detail::mpi_shared_exchanges(), before + 100);
+  }
+}
+
+// Anything but 0 or 1 in SHARDMM_MPI_SHARED_MEMORY is an input error.
+TEST(MpiShared, TheSwitchTakesZeroOrOne) {
+  const char* was = std::getenv("SHARDMM_MPI_SHARED_MEMORY");
+  const std::string saved = was ? was : "";
+  setenv("SHARDMM_MPI_SHARED_MEMORY", "yes", 1);
+  try {
+    run_backend("mpi", Mesh::parse("X=4"), [](Communicator&) {});
+    ADD_FAILURE() << "no InputError";
+  } catch (const InputError& e) {
+    EXPECT_STREQ(e.what(), "SHARDMM_MPI_SHARED_MEMORY='yes': it is 1 (groups on one node exchange through shared "
+                           "memory), 0 (MPI messages only) or unset (1)");
+  }
+  if (was) {
+    setenv("SHARDMM_MPI_SHARED_MEMORY", saved.c_str(), 1);
+  } else {
+    unsetenv("SHARDMM_MPI_SHARED_MEMORY");
+  }
+}
+
 // ---- bitwise agreement with the threads backend ----
 
 enum class Op { all_gather, reduce_scatter, all_reduce, all_to_all };

@@ -1,6 +1,7 @@
 #include "runtime/mpi/mpi_backend.h"
 
 #include "runtime/fingerprint.h"
+#include "runtime/mpi/shared_exchange.h"
 #include "runtime/ordered_sum.h"
 
 // The C API only: Open MPI's and MPICH's deprecated C++ bindings stay out.
@@ -18,6 +19,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -33,6 +35,8 @@ namespace shardmm::detail {
 namespace {
 
 std::atomic<std::int64_t> count_limit{INT_MAX};
+std::atomic<std::int64_t> shared_part_limit{0};  // 0: kSharedBankBytes over the peers
+std::atomic<std::int64_t> shared_exchanges{0};
 
 using Clock = std::chrono::steady_clock;
 
@@ -47,6 +51,10 @@ constexpr int kGatherTag = 4;  // all_reduce's second half, apart from its first
 // of the dev VM, MPI_Allreduce / ours at 1, 4, 16 MiB: 256 KiB 0.93-0.98, 1.02-1.03,
 // 0.96-1.03; 512 KiB 0.98-1.01, 1.02, 1.04-1.10; 128 KiB lower, one whole segment lower.
 constexpr std::int64_t kAllReduceSegmentBytes = std::int64_t{512} << 10;
+
+// A member's bank in a group's shared window (shared_exchange.h), split between its peers: a
+// round moves up to this much from each member, and a member's segment holds two banks.
+constexpr std::int64_t kSharedBankBytes = std::int64_t{1} << 20;
 
 // Our communicators use MPI_ERRORS_RETURN, so every failing call lands here and becomes an
 // exception naming the call, instead of MPI's default abort without context.
@@ -93,6 +101,16 @@ int ranks_on_node() {
 // another program for milliseconds, which made each checked 1 MiB collective ~10 ms slower.
 bool node_oversubscribed() { return ranks_on_node() > cores(); }
 
+// A 0/1 switch from the environment, nullopt when unset. Anything else is an InputError naming
+// the variable and `meanings` (what 1, 0 and unset do).
+std::optional<bool> env_switch(const char* name, const char* meanings) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return std::nullopt;
+  const std::string value = v;
+  if (value != "0" && value != "1") throw InputError(std::string(name) + "='" + value + "': it is " + meanings);
+  return value == "1";
+}
+
 // Whether the rings should have a helper thread call test() while they compute (Communicator::
 // wants_progress_thread). Only where it gets a core of its own: the node's ranks times their
 // BLAS threads leave one free. On busy cores the messages it moves cost the GEMMs as much as
@@ -103,16 +121,19 @@ bool progress_thread_wanted() {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_SERIALIZED) return false;
-  if (const char* v = std::getenv("SHARDMM_PROGRESS_THREAD")) {
-    const std::string value = v;
-    if (value != "0" && value != "1") {
-      throw InputError("SHARDMM_PROGRESS_THREAD='" + value +
-                       "': it is 1 (a helper thread moves the rings' messages), 0 (none) or unset (one where "
-                       "a core is free for it)");
-    }
-    return value == "1";
-  }
-  return ranks_on_node() * blas::threads() < cores();
+  const std::optional<bool> wanted = env_switch(
+      "SHARDMM_PROGRESS_THREAD", "1 (a helper thread moves the rings' messages), 0 (none) or unset (one where a "
+                                 "core is free for it)");
+  return wanted.value_or(ranks_on_node() * blas::threads() < cores());
+}
+
+// Whether groups whose members share a node exchange through a shared window (shared_exchange.h)
+// rather than MPI messages. SHARDMM_MPI_SHARED_MEMORY=0 turns it off, to compare or to test the
+// point-to-point path on one node.
+bool shared_memory_wanted() {
+  return env_switch("SHARDMM_MPI_SHARED_MEMORY",
+                    "1 (groups on one node exchange through shared memory), 0 (MPI messages only) or unset (1)")
+      .value_or(true);
 }
 
 // Bodies running in this process: run_mpi counts them.
@@ -212,7 +233,7 @@ class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `world` and `checks`, this run's duplicates of MPI_COMM_WORLD.
   MpiCommunicator(const Mesh& mesh, int rank, MPI_Comm world, MPI_Comm checks, const MpiOptions& options,
-                  bool progress_thread)
+                  bool progress_thread, bool shared_memory)
       : mesh_(mesh),
         rank_(rank),
         world_(world),
@@ -224,14 +245,20 @@ class MpiCommunicator final : public Communicator {
         watchdog_text_(seconds(options.watchdog_s)),
         inbox_(static_cast<std::size_t>(mesh.device_count())),
         yield_(node_oversubscribed()),
-        progress_thread_(progress_thread) {
+        progress_thread_(progress_thread),
+        shared_memory_(shared_memory) {
     int flag = 0;
     int* tag_ub = nullptr;
     check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag), "MPI_Comm_get_attr");
     tag_ub_ = flag ? *tag_ub : 32767;  // 32767 is the least the standard allows
   }
   ~MpiCommunicator() override {
+    // Collective over each group: every rank frees its groups in the same (axes) order, and a
+    // group over the same axes is the same group on each of its members, so none waits in a
+    // cycle.
     for (auto& [axes, g] : groups_) {
+      g.shared.reset();
+      if (g.window != MPI_WIN_NULL) MPI_Win_free(&g.window);
       if (g.comm != MPI_COMM_NULL) MPI_Comm_free(&g.comm);
     }
     MPI_Comm_free(&checks_);
@@ -269,7 +296,11 @@ class MpiCommunicator final : public Communicator {
     }
     Group& g = group(axes);
     agree(g, {CollectiveOp::all_reduce, axes, dtype, {count}, {}});
-    segmented_all_reduce(joined(g), static_cast<char*>(data), count, dtype);
+    if (joined(g).shared) {
+      shared_all_reduce(g, static_cast<char*>(data), count, dtype);
+    } else {
+      segmented_all_reduce(g, static_cast<char*>(data), count, dtype);
+    }
   }
 
   void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
@@ -292,7 +323,7 @@ class MpiCommunicator final : public Communicator {
     const std::vector<Transfer> transfers =
         chunk_transfers(static_cast<const char*>(send), send_counts, displacements(send_counts),
                         static_cast<char*>(recv), recv_counts, displacements(recv_counts), esz);
-    exchange_point_to_point(joined(g), transfers, type, esz, op_label("all_to_all", dtype));
+    exchange(joined(g), transfers, type, esz, op_label("all_to_all", dtype));
   }
 
   // Buffered, like the threads backend's mailboxes: the data is copied and sent in the
@@ -514,6 +545,9 @@ class MpiCommunicator final : public Communicator {
     std::vector<int> members;  // device ids, by group rank
     std::vector<std::int64_t> sorted;  // the same, ascending, as fingerprint.h takes them
     std::string label;                 // "over X of device 0", for messages
+    // Where all members share a node (and shared memory is on): their window and its exchange.
+    MPI_Win window = MPI_WIN_NULL;
+    std::unique_ptr<SharedExchange> shared;
   };
   // A fingerprint from a peer, or its notice that it returned from the body.
   struct Note {
@@ -568,7 +602,41 @@ class MpiCommunicator final : public Communicator {
     if (sub != MPI_GROUP_NULL) MPI_Group_free(&sub);
     check(rc, "MPI_Comm_create_group");
     check(MPI_Comm_set_errhandler(g.comm, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
+    if (shared_memory_ && g.size > 1) share_window(g);
     return g;
+  }
+
+  // Gives the group a shared window when all its members are on this node: collective over
+  // the group, like the communicator before it.
+  void share_window(Group& g) {
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(g.comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int on_node = 0;
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_free(&node);
+    if (on_node != g.size) return;
+    const auto n = static_cast<std::size_t>(g.size);
+    const std::int64_t limit = shared_part_limit.load();
+    std::size_t part = static_cast<std::size_t>(limit > 0 ? limit : kSharedBankBytes / (g.size - 1));
+    part = std::max<std::size_t>(SharedExchange::kLine, part / SharedExchange::kLine * SharedExchange::kLine);
+    MPI_Info info = MPI_INFO_NULL;
+    check(MPI_Info_create(&info), "MPI_Info_create");
+    // Each segment on its owner's pages (its NUMA node), not one block where rank 0 put it.
+    MPI_Info_set(info, "alloc_shared_noncontig", "true");
+    char* mine = nullptr;
+    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(SharedExchange::segment_bytes(n, part)), 1, info,
+                                           g.comm, &mine, &g.window);
+    MPI_Info_free(&info);
+    check(rc, "MPI_Win_allocate_shared");
+    SharedExchange::clear(mine, n);
+    std::vector<char*> segments(n);
+    for (std::size_t m = 0; m < n; ++m) {
+      MPI_Aint bytes = 0;
+      int unit = 0;
+      check(MPI_Win_shared_query(g.window, static_cast<int>(m), &bytes, &unit, &segments[m]), "MPI_Win_shared_query");
+    }
+    check(MPI_Barrier(g.comm), "MPI_Barrier");  // every segment is cleared before anyone writes
+    g.shared = std::make_unique<SharedExchange>(std::move(segments), g.me, part);
   }
 
   // Check mode: before any data moves, the members of `g` tell each other what they are
@@ -724,7 +792,7 @@ class MpiCommunicator final : public Communicator {
     char* out = static_cast<char*>(recv);
     const char* mine = static_cast<const char*>(send);
     const bool in_place = mine == out + displs[g.me] * esz;
-    if (fits_one_call(counts, displs)) {
+    if (!g.shared && fits_one_call(counts, displs)) {
       check(MPI_Allgatherv(in_place ? MPI_IN_PLACE : send, static_cast<int>(counts[g.me]), type, recv,
                            as_ints(counts).data(), as_ints(displs).data(), type, g.comm),
             "MPI_Allgatherv");
@@ -734,7 +802,7 @@ class MpiCommunicator final : public Communicator {
     for (std::size_t m = 0; m < counts.size(); ++m) {
       transfers[m] = {mine, counts[g.me], out + displs[m] * esz, counts[m]};
     }
-    exchange_point_to_point(g, transfers, type, esz, op_label("all_gather", dtype));
+    exchange(g, transfers, type, esz, op_label("all_gather", dtype));
   }
 
 
@@ -760,7 +828,7 @@ class MpiCommunicator final : public Communicator {
                                          static_cast<long long>(esz), "reduce_scatter's buffer"));
     const std::vector<Transfer> transfers =
         chunk_transfers(in, send_counts, send_displs, chunks, recv_counts, recv_displs, esz);
-    exchange_point_to_point(g, transfers, type, esz, op_label("reduce_scatter", dtype));
+    exchange(g, transfers, type, esz, op_label("reduce_scatter", dtype));
     std::vector<const void*> sources(counts.size());
     for (std::size_t m = 0; m < counts.size(); ++m) {
       sources[m] = m == g.me ? in + send_displs[m] * esz : chunks + recv_displs[m] * esz;
@@ -850,6 +918,58 @@ class MpiCommunicator final : public Communicator {
       wait_checked(sums_in.data() + static_cast<std::size_t>(k) * others, others, from, expected_sum, type, g, op);
     }
     check(MPI_Waitall(static_cast<int>(per_segment), sums_out.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+  }
+
+  // all_reduce through the group's shared window: a reduce_scatter of an even split (as
+  // segmented_all_reduce splits it) into this rank's chunk, in place, then a gather of the sums
+  // in place. The exchanges move pieces through cache-sized rounds already.
+  void shared_all_reduce(const Group& g, char* data, std::int64_t count, DType dtype) {
+    const std::size_t esz = static_cast<std::size_t>(dtype_bytes(dtype));
+    Counts split(static_cast<std::size_t>(g.size));
+    for (std::size_t m = 0; m < split.size(); ++m) {
+      split[m] = split_range(count, g.size, static_cast<std::int64_t>(m)).extent;
+    }
+    char* mine = data + displacements(split)[g.me] * esz;
+    scatter_sum(g, data, mine, split, dtype);
+    gather(g, mine, data, split, dtype);
+  }
+
+  // The data of an exchange: through the group's shared window where it has one, else as MPI
+  // messages.
+  void exchange(const Group& g, const std::vector<Transfer>& transfers, MPI_Datatype type, std::size_t esz,
+                const std::string& op) {
+    if (!g.shared) {
+      exchange_point_to_point(g, transfers, type, esz, op);
+      return;
+    }
+    std::vector<SharedExchange::Share> shares(transfers.size());
+    for (std::size_t m = 0; m < transfers.size(); ++m) {
+      const Transfer& t = transfers[m];
+      shares[m] = {t.send, t.send_count * static_cast<std::int64_t>(esz), t.recv,
+                   t.recv_count * static_cast<std::int64_t>(esz)};
+    }
+    ++shared_exchanges;
+    const Clock::time_point deadline = Clock::now() + watchdog_;
+    g.shared->exchange(shares, [&] {
+      if (check_) {
+        receive_checks();
+        if (Clock::now() > deadline) {
+          abort_job(rank_, ("collective timeout in group " + g.label + ": rank " + std::to_string(rank_) +
+                            " waited " + watchdog_text_ + " for the data of " + op + " after every member had called it" +
+                            watchdog_hint(watchdog_text_)).c_str());
+        }
+      } else {
+        // A peer may wait in MPI for a message of this rank's (a buffered send) that only moves
+        // when this rank enters MPI.
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, world_, &flag, MPI_STATUS_IGNORE);
+      }
+      if (yield_) std::this_thread::yield();
+    }, [&](std::size_t m) {
+      throw CollectiveMismatch("collective mismatch in " + op + ": rank " + std::to_string(rank_) +
+                               " expects a message of " + std::to_string(transfers[m].recv_count) +
+                               " elements from rank " + std::to_string(g.members[m]) + ", which sent another count");
+    });
   }
 
   // Waits for `count` receives, receive i from member from[i] of `expected[i]` elements. One
@@ -983,6 +1103,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<std::deque<Note>> inbox_;  // notes received, by sender
   bool yield_;                           // when polling finds nothing
   bool progress_thread_;
+  bool shared_memory_;
   int tag_ub_ = 32767;
   std::map<AxisList, Group> groups_;
   std::vector<Outgoing> outgoing_;
@@ -1029,6 +1150,10 @@ std::int64_t set_mpi_count_limit(std::int64_t limit) {
   return count_limit.exchange(limit);
 }
 
+std::int64_t set_mpi_shared_part(std::int64_t bytes) { return shared_part_limit.exchange(bytes); }
+
+std::int64_t mpi_shared_exchanges() { return shared_exchanges.load(); }
+
 void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, const MpiOptions& options) {
   ensure_initialized();
   int size = 0;
@@ -1042,13 +1167,14 @@ void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, c
                      " but " + started + "; run with mpirun -n " + std::to_string(mesh.device_count()));
   }
   const bool progress_thread = progress_thread_wanted();
+  const bool shared_memory = shared_memory_wanted();
   MPI_Comm world = MPI_COMM_NULL;
   MPI_Comm checks = MPI_COMM_NULL;
   check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
   check(MPI_Comm_dup(MPI_COMM_WORLD, &checks), "MPI_Comm_dup");
   check(MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check(MPI_Comm_set_errhandler(checks, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  MpiCommunicator comm(mesh, rank, world, checks, options, progress_thread);
+  MpiCommunicator comm(mesh, rank, world, checks, options, progress_thread, shared_memory);
   // Errors found above (the world size) are raised by every rank alike, so they propagate and
   // the CLI exits 2 on each rank, cleanly. An exception from `body` is different: this rank
   // cannot know whether the others raised it too or are blocked in a collective waiting for

@@ -35,4 +35,12 @@ int mpi_world_rank();
 // that path without gigabyte buffers. Returns the previous limit.
 std::int64_t set_mpi_count_limit(std::int64_t limit);
 
+// The bytes a member moves to each peer per round of a shared-memory exchange, for groups
+// joined from now on; 0 (the default) splits 1 MiB between the peers. Tests lower it to run
+// many rounds with small arrays. Returns the previous value.
+std::int64_t set_mpi_shared_part(std::int64_t bytes);
+// Exchanges this process has made through a group's shared window so far: tests tell by it
+// which path a collective took.
+std::int64_t mpi_shared_exchanges();
+
 }  // namespace shardmm::detail

@@ -1,0 +1,182 @@
+// An exchange between the members of a group through memory they all map (an MPI-3 shared
+// window when they share a node), without MPI messages: each member copies what it sends into
+// its own segment, and each reads what it is sent straight out of the sender's segment. Point
+// to point, a message between two ranks on one node goes through Open MPI's shared-memory
+// transport in 4-32 KiB fragments, each matched, copied in and copied out; here a round moves
+// up to a partition (hundreds of KiB) per pair with one flag each way.
+//
+// Free of MPI so that it can be tested with threads over plain memory.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace shardmm::detail {
+
+// One member's segment, 64-byte lines:
+//   line 0            published: rounds this member has written, ever (1, 2, 3, ...)
+//   lines 1..n        consumed[r]: the last of this member's rounds member r has read
+//   bank 0, bank 1    round s is in bank s % 2: a header line per peer (bytes, flags), then a
+//                     partition of `part` bytes per peer, in ring order from this member
+// A writer reuses a bank once every reader has consumed the round before in it, so one bank
+// is written while the other is read.
+class SharedExchange {
+ public:
+  // One peer's share, in bytes: what this member sends it and what it expects from it.
+  struct Share {
+    const char* send = nullptr;
+    std::int64_t send_bytes = 0;
+    char* recv = nullptr;
+    std::int64_t recv_bytes = 0;
+  };
+
+  static constexpr std::size_t kLine = 64;
+
+  static std::size_t segment_bytes(std::size_t members, std::size_t part) {
+    return (1 + members) * kLine + 2 * bank_bytes(members, part);
+  }
+
+  // `segments[m]`: member m's segment as this process maps it; each member zeroes its own
+  // (clear) and all have done so before the first exchange.
+  SharedExchange(std::vector<char*> segments, std::size_t me, std::size_t part)
+      : segments_(std::move(segments)),
+        n_(segments_.size()),
+        me_(me),
+        part_(part),
+        seen_(n_, 0),
+        sent_(n_, 0),
+        got_(n_, 0),
+        piece_done_(n_, 0),
+        reader_done_(n_, 0) {}
+
+  static void clear(char* segment, std::size_t members) { std::memset(segment, 0, (1 + members) * kLine); }
+
+  // Moves shares[m] to and from every member m (shares[me] is copied locally). `idle()` is called
+  // whenever a pass over the peers moved nothing; `mismatch(m)` must throw: member m's total
+  // differs from shares[m].recv_bytes.
+  template <class Idle, class Mismatch>
+  void exchange(const std::vector<Share>& shares, Idle&& idle, Mismatch&& mismatch) {
+    const Share& self = shares[me_];
+    if (self.send != self.recv && self.send_bytes > 0) {
+      std::memcpy(self.recv, self.send, static_cast<std::size_t>(self.send_bytes));
+    }
+    std::fill(sent_.begin(), sent_.end(), 0);
+    std::fill(got_.begin(), got_.end(), 0);
+    std::fill(piece_done_.begin(), piece_done_.end(), 0);
+    std::fill(reader_done_.begin(), reader_done_.end(), 0);
+    reader_done_[me_] = 1;
+    std::size_t readers_left = n_ - 1;
+    bool writer_done = n_ == 1;
+    while (!writer_done || readers_left > 0) {
+      bool moved = false;
+      if (!writer_done && try_write(shares, writer_done)) moved = true;
+      for (std::size_t m = 0; m < n_; ++m) {
+        while (!reader_done_[m] && try_read(m, shares[m], mismatch)) {
+          moved = true;
+          if (reader_done_[m]) --readers_left;
+        }
+      }
+      if (!moved) idle();
+    }
+  }
+
+ private:
+  // An entry's flags: this piece ends the writer's share for this reader; this round ends the
+  // writer's part of the exchange.
+  static constexpr std::int64_t kLastPiece = 1;
+  static constexpr std::int64_t kLastRound = 2;
+
+  static std::size_t header_bytes(std::size_t members) {
+    return ((members - 1) * 2 * sizeof(std::int64_t) + kLine - 1) / kLine * kLine;
+  }
+  static std::size_t bank_bytes(std::size_t members, std::size_t part) {
+    return header_bytes(members) + (members - 1) * part;
+  }
+  static std::atomic_ref<std::int64_t> word(char* at) {
+    return std::atomic_ref<std::int64_t>(*reinterpret_cast<std::int64_t*>(at));
+  }
+  std::atomic_ref<std::int64_t> published(std::size_t m) const { return word(segments_[m]); }
+  std::atomic_ref<std::int64_t> consumed(std::size_t writer, std::size_t reader) const {
+    return word(segments_[writer] + (1 + reader) * kLine);
+  }
+  char* bank(std::size_t m, std::int64_t round) const {
+    return segments_[m] + (1 + n_) * kLine + static_cast<std::size_t>(round % 2) * bank_bytes(n_, part_);
+  }
+  // Where `writer` keeps its piece for `reader`: (bytes, flags) and the partition.
+  std::int64_t* entry(char* bank, std::size_t writer, std::size_t reader) const {
+    return reinterpret_cast<std::int64_t*>(bank) + 2 * slot(writer, reader);
+  }
+  char* partition(char* bank, std::size_t writer, std::size_t reader) const {
+    return bank + header_bytes(n_) + slot(writer, reader) * part_;
+  }
+  std::size_t slot(std::size_t writer, std::size_t reader) const { return (reader + n_ - writer) % n_ - 1; }
+
+  // Writes this member's next round if its bank is free: up to a partition of what is left
+  // for each peer. The round that leaves nothing to send is marked the last.
+  bool try_write(const std::vector<Share>& shares, bool& writer_done) {
+    const std::int64_t round = published(me_).load(std::memory_order_relaxed) + 1;
+    for (std::size_t r = 0; r < n_; ++r) {
+      if (r != me_ && consumed(me_, r).load(std::memory_order_acquire) < round - 2) return false;
+    }
+    char* b = bank(me_, round);
+    bool last = true;
+    for (std::size_t r = 0; r < n_; ++r) {
+      if (r == me_) continue;
+      const std::int64_t bytes = std::min<std::int64_t>(static_cast<std::int64_t>(part_), shares[r].send_bytes - sent_[r]);
+      if (bytes > 0) std::memcpy(partition(b, me_, r), shares[r].send + sent_[r], static_cast<std::size_t>(bytes));
+      sent_[r] += bytes;
+      std::int64_t* e = entry(b, me_, r);
+      e[0] = bytes;
+      e[1] = sent_[r] == shares[r].send_bytes ? kLastPiece : 0;
+      last = last && e[1] == kLastPiece;
+    }
+    if (last) {
+      for (std::size_t r = 0; r < n_; ++r) {
+        if (r != me_) entry(b, me_, r)[1] |= kLastRound;
+      }
+    }
+    published(me_).store(round, std::memory_order_release);
+    writer_done = last;
+    return true;
+  }
+
+  // Reads writer m's next round if it is out; a round past this member's last piece is only
+  // acknowledged, so that the next exchange starts at the writer's next round.
+  template <class Mismatch>
+  bool try_read(std::size_t m, const Share& share, Mismatch& mismatch) {
+    const std::int64_t round = seen_[m] + 1;
+    if (published(m).load(std::memory_order_acquire) < round) return false;
+    char* b = bank(m, round);
+    const std::int64_t* e = entry(b, m, me_);
+    if (!piece_done_[m]) {
+      const std::int64_t bytes = e[0];
+      if (got_[m] + bytes > share.recv_bytes) mismatch(m);
+      if (bytes > 0) std::memcpy(share.recv + got_[m], partition(b, m, me_), static_cast<std::size_t>(bytes));
+      got_[m] += bytes;
+      if (e[1] & kLastPiece) {
+        if (got_[m] != share.recv_bytes) mismatch(m);
+        piece_done_[m] = 1;
+      }
+    }
+    if (e[1] & kLastRound) {
+      if (!piece_done_[m]) mismatch(m);
+      reader_done_[m] = 1;
+    }
+    seen_[m] = round;
+    consumed(m, me_).store(round, std::memory_order_release);
+    return true;
+  }
+
+  std::vector<char*> segments_;
+  std::size_t n_, me_, part_;
+  std::vector<std::int64_t> seen_;  // by writer: the last of its rounds this member has read
+  // This exchange's progress, by peer.
+  std::vector<std::int64_t> sent_, got_;
+  std::vector<char> piece_done_, reader_done_;
+};
+
+}  // namespace shardmm::detail

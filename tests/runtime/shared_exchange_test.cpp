@@ -1,0 +1,126 @@
+// The mpi backend's shared-memory exchange (src/runtime/mpi/shared_exchange.h), run by threads
+// over plain memory: every byte arrives where it is expected, over many rounds and many
+// exchanges in a row, and a sender that sends another count than its reader expects is caught.
+#include "runtime/mpi/shared_exchange.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace shardmm::detail {
+namespace {
+
+struct Aborted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// `bytes[e][w][r]`: what w sends r in exchange e. Member w's bytes for r are a pattern of (e, w,
+// r, index), so a piece landing in another place or exchange shows.
+using Plan = std::vector<std::vector<std::vector<std::int64_t>>>;
+
+char pattern(std::size_t e, std::size_t w, std::size_t r, std::int64_t i) {
+  return static_cast<char>((e * 131 + w * 31 + r * 7 + static_cast<std::size_t>(i) * 13) & 0xff);
+}
+
+// Runs the plan on n threads. A reader that catches a mismatch records it and makes every other
+// member give up at its next idle pass. Returns the mismatches seen, as "reader<-writer".
+std::vector<std::string> run(const Plan& plan, std::size_t n, std::size_t part, const Plan* expected = nullptr) {
+  std::vector<std::vector<char>> memory(n, std::vector<char>(SharedExchange::segment_bytes(n, part) + 64));
+  std::vector<char*> segments;
+  for (auto& m : memory) {
+    char* aligned = m.data() + (64 - reinterpret_cast<std::uintptr_t>(m.data()) % 64) % 64;
+    SharedExchange::clear(aligned, n);
+    segments.push_back(aligned);
+  }
+  std::atomic<bool> abort{false};
+  std::vector<std::string> mismatches(n);
+  std::vector<std::thread> members;
+  for (std::size_t me = 0; me < n; ++me) {
+    members.emplace_back([&, me] {
+      SharedExchange ex(segments, me, part);
+      try {
+        for (std::size_t e = 0; e < plan.size(); ++e) {
+          const Plan& recv_plan = expected ? *expected : plan;
+          std::vector<std::vector<char>> send(n), recv(n);
+          std::vector<SharedExchange::Share> shares(n);
+          for (std::size_t p = 0; p < n; ++p) {
+            const std::int64_t out = plan[e][me][p];
+            for (std::int64_t i = 0; i < out; ++i) send[p].push_back(pattern(e, me, p, i));
+            recv[p].assign(static_cast<std::size_t>(recv_plan[e][p][me]), 0);
+            shares[p] = {send[p].data(), out, recv[p].data(), recv_plan[e][p][me]};
+          }
+          ex.exchange(shares, [&] {
+            if (abort) throw Aborted("peer gave up");
+            std::this_thread::yield();
+          }, [&](std::size_t from) {
+            mismatches[me] = std::to_string(me) + "<-" + std::to_string(from);
+            abort = true;
+            throw Aborted("mismatch");
+          });
+          for (std::size_t p = 0; p < n; ++p) {
+            const std::int64_t in = recv_plan[e][p][me];
+            for (std::int64_t i = 0; i < in; ++i) {
+              ASSERT_EQ(recv[p][static_cast<std::size_t>(i)], pattern(e, p, me, i))
+                  << "exchange " << e << ", member " << me << " from " << p << ", byte " << i;
+            }
+          }
+        }
+      } catch (const Aborted&) {
+      }
+    });
+  }
+  for (auto& t : members) t.join();
+  std::vector<std::string> seen;
+  for (auto& m : mismatches) {
+    if (!m.empty()) seen.push_back(m);
+  }
+  return seen;
+}
+
+Plan random_plan(std::mt19937& rng, std::size_t n, std::size_t exchanges, std::int64_t most) {
+  std::uniform_int_distribution<std::int64_t> bytes(0, most);
+  std::bernoulli_distribution empty(0.2);
+  Plan plan(exchanges, std::vector<std::vector<std::int64_t>>(n, std::vector<std::int64_t>(n)));
+  for (auto& e : plan) {
+    for (auto& w : e) {
+      for (auto& b : w) b = empty(rng) ? 0 : bytes(rng);
+    }
+  }
+  return plan;
+}
+
+TEST(SharedExchange, RandomSharesArriveOverManyRounds) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::size_t n = 1 + trial % 6;
+    const std::size_t part = std::size_t{64} << (trial % 4);  // 64 B to 512 B: many rounds each
+    const Plan plan = random_plan(rng, n, 8, 3000);
+    EXPECT_TRUE(run(plan, n, part).empty()) << "trial " << trial;
+  }
+}
+
+TEST(SharedExchange, EmptyExchangesStillMeet) {
+  const std::size_t n = 4;
+  Plan plan(5, std::vector<std::vector<std::int64_t>>(n, std::vector<std::int64_t>(n, 0)));
+  plan[2][1][3] = 1000;  // one exchange between empty ones, one pair only
+  EXPECT_TRUE(run(plan, n, 128).empty());
+}
+
+TEST(SharedExchange, ShortAndLongSendsAreMismatches) {
+  const std::size_t n = 3;
+  Plan plan(1, std::vector<std::vector<std::int64_t>>(n, std::vector<std::int64_t>(n, 500)));
+  for (std::int64_t sent : {499, 501, 0, 5000}) {
+    Plan sends = plan;
+    sends[0][2][1] = sent;  // member 2 sends member 1 another count than 1 expects
+    EXPECT_EQ(run(sends, n, 128, &plan), std::vector<std::string>{"1<-2"}) << sent << " bytes sent";
+  }
+}
+
+}  // namespace
+}  // namespace shardmm::detail
