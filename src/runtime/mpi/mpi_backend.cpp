@@ -632,7 +632,15 @@ class MpiCommunicator final : public Communicator {
     const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(SharedExchange::segment_bytes(n, part)), 1, info,
                                            g.comm, &mine, &g.window);
     MPI_Info_free(&info);
-    check(rc, "MPI_Win_allocate_shared");
+    // Where the window could not be had (no shared-memory support, /dev/shm full) on any
+    // member, all keep to messages: the group must agree on its path.
+    int had = rc == MPI_SUCCESS ? 1 : 0;
+    check(MPI_Allreduce(MPI_IN_PLACE, &had, 1, MPI_INT, MPI_MIN, g.comm), "MPI_Allreduce");
+    if (!had) {
+      if (rc == MPI_SUCCESS) MPI_Win_free(&g.window);
+      g.window = MPI_WIN_NULL;
+      return;
+    }
     SharedExchange::clear(mine, n);
     std::vector<char*> segments(n);
     for (std::size_t m = 0; m < n; ++m) {
