@@ -5,9 +5,11 @@
 # and once per algorithm it offers for the call (coll_tuned_use_dynamic_rules=1 and
 # coll_tuned_<collective>_algorithm=N, read by MPI_Init), and prints, per call and size, the
 # paired ratio MPI/ours of every run and the least of them: >= 1 means ours is not slower
-# than any of Open MPI's algorithms at that size. The forced algorithm is MPI's side's alone:
-# our all_gather calls MPI_Allgatherv (a parameter of its own, left to Open MPI's rules), the
-# other three are point to point.
+# than any of Open MPI's algorithms at that size. Open MPI's own shared-memory collectives run
+# too: its sm component (coll_sm_priority=100: barrier, bcast, reduce and allreduce through a
+# shared segment; the other calls stay tuned's) and han (coll_han_priority=100, hierarchical,
+# sm within a node). The forced algorithm is MPI's side's alone: on one node ours go through
+# the group's shared window (shared_exchange.h).
 #
 #   scripts/bench-mpi-algorithms.sh              # 2 ranks, 1, 4, 16, 64 MiB, into build/mpi-algorithms
 #
@@ -58,6 +60,12 @@ for call in $CALLS; do
   echo "bench-mpi-algorithms: $call, Open MPI's own choice" >&2
   "${MPIRUN[@]}" "$BENCH" --sizes "$SIZES" --repeat "$REPEAT" --only "$call" --json |
     sed -n 's/^{\(.*\)}$/{"algorithm":"default",\1}/p' >>"$OUT/$name.jsonl"
+  for component in sm han; do
+    echo "bench-mpi-algorithms: $call, Open MPI's $component component" >&2
+    env "OMPI_MCA_coll_${component}_priority=100" \
+      "${MPIRUN[@]}" "$BENCH" --sizes "$SIZES" --repeat "$REPEAT" --only "$call" --json |
+      sed -n 's/^{\(.*\)}$/{"algorithm":"coll '"$component"'",\1}/p' >>"$OUT/$name.jsonl"
+  done
   for algorithm in $(algorithms "$name"); do
     echo "bench-mpi-algorithms: $call, algorithm $algorithm" >&2
     env OMPI_MCA_coll_tuned_use_dynamic_rules=1 "OMPI_MCA_coll_tuned_${name}_algorithm=${algorithm%%:*}" \

@@ -9,11 +9,13 @@
 //                  so it cannot complete before a receive is posted)
 //   end-watchdog   rank 1 sleeps; rank 0 returns and waits for it at the end of the run
 //   mismatch       rank 0 calls all_gather, rank 1 all_reduce: both report, the job ends
+//   unchecked-mismatch  check off: rank 0 expects 2 elements from rank 1 in all_to_all, rank 1
+//                  sends 1; the data itself tells rank 0 (the shared window on one node)
 //   throw          rank 1 throws while rank 0 waits in all_reduce
 //   exit           rank 1 calls std::exit(1) while rank 0 waits in all_reduce
 //   abort          rank 1 calls std::abort() likewise
 //
-// The last three run with the check off, so that no watchdog can be what ends them. The
+// It and the last three run with the check off, so that no watchdog can be what ends them. The
 // sleep outlasts the driver's bound: if the job does not end it, the test fails.
 #include <algorithm>
 #include <chrono>
@@ -29,10 +31,11 @@
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const std::vector<std::string> modes = {"watchdog", "recv-watchdog", "irecv-watchdog", "isend-watchdog",
-                                          "end-watchdog", "mismatch", "throw", "exit", "abort"};
+                                          "end-watchdog", "mismatch", "unchecked-mismatch", "throw", "exit",
+                                          "abort"};
   if (std::find(modes.begin(), modes.end(), mode) == modes.end()) {
     std::cerr << "usage: mpirun -n 2 " << argv[0] << " watchdog|recv-watchdog|irecv-watchdog|isend-watchdog|end-watchdog|"
-                 "mismatch|throw|exit|abort\n";
+                 "mismatch|unchecked-mismatch|throw|exit|abort\n";
     return 64;
   }
   shardmm::BackendOptions options;
@@ -40,6 +43,11 @@ int main(int argc, char** argv) {
   try {
     shardmm::run_backend("mpi", shardmm::Mesh::parse("X=2"), [&](shardmm::Communicator& comm) {
       float x[2] = {1, 1};
+      if (mode == "unchecked-mismatch") {
+        float out[3] = {};
+        const shardmm::Counts expected = comm.rank() == 0 ? shardmm::Counts{1, 2} : shardmm::Counts{1, 1};
+        return comm.all_to_all(x, {1, 1}, out, expected, shardmm::DType::f32, {0});
+      }
       if (comm.rank() == 1) {
         if (mode == "throw") throw std::runtime_error("rank 1 failed on purpose");
         if (mode == "exit") std::exit(1);

@@ -18,6 +18,8 @@ elseif(MODE STREQUAL "end-watchdog")
 elseif(MODE STREQUAL "mismatch")
   # Both ranks find it; whichever aborts first prints.
   set(expect "collective mismatch in group over X of device 0: rank 0 called all_gather(f32, counts [1, 1]), rank 1 called all_reduce(f32, 2 elements)")
+elseif(MODE STREQUAL "unchecked-mismatch")
+  set(expect "shardmm: rank 0: collective mismatch in all_to_all" "rank 0 expects a message of 2 elements from rank 1, which sent another count")
 elseif(MODE STREQUAL "throw")
   set(expect "shardmm: rank 1: rank 1 failed on purpose")
 elseif(MODE STREQUAL "exit")
