@@ -193,6 +193,14 @@ MPI_Datatype mpi_type(DType dtype) {
 }
 
 // Offsets of the concatenated chunks, in elements.
+// `count` elements split over `members` as shards are (split_range: the first count % members
+// take one extra).
+Counts even_split(std::int64_t count, std::int64_t members) {
+  Counts split(static_cast<std::size_t>(members));
+  for (std::size_t m = 0; m < split.size(); ++m) split[m] = split_range(count, members, static_cast<std::int64_t>(m)).extent;
+  return split;
+}
+
 std::vector<std::int64_t> displacements(const Counts& counts) {
   std::vector<std::int64_t> displs(counts.size());
   std::int64_t at = 0;
@@ -861,8 +869,7 @@ class MpiCommunicator final : public Communicator {
     const MPI_Datatype type = mpi_type(dtype);
     const std::size_t esz = static_cast<std::size_t>(dtype_bytes(dtype));
     const auto n = static_cast<std::size_t>(g.size);
-    Counts split(n);
-    for (std::size_t m = 0; m < n; ++m) split[m] = split_range(count, g.size, static_cast<std::int64_t>(m)).extent;
+    const Counts split = even_split(count, g.size);
     const std::vector<std::int64_t> chunk_at = displacements(split);
     const std::int64_t mine = split[g.me];
     const std::int64_t segment = std::clamp<std::int64_t>(
@@ -938,10 +945,7 @@ class MpiCommunicator final : public Communicator {
   // in place. The exchanges move pieces through cache-sized rounds already.
   void shared_all_reduce(const Group& g, char* data, std::int64_t count, DType dtype) {
     const std::size_t esz = static_cast<std::size_t>(dtype_bytes(dtype));
-    Counts split(static_cast<std::size_t>(g.size));
-    for (std::size_t m = 0; m < split.size(); ++m) {
-      split[m] = split_range(count, g.size, static_cast<std::int64_t>(m)).extent;
-    }
+    const Counts split = even_split(count, g.size);
     char* mine = data + displacements(split)[g.me] * esz;
     scatter_sum(g, data, mine, split, dtype);
     gather(g, mine, data, split, dtype);
@@ -983,11 +987,14 @@ class MpiCommunicator final : public Communicator {
         }
       }
       if (yield_) std::this_thread::yield();
-    }, [&](std::size_t m) {
-      throw CollectiveMismatch("collective mismatch in " + op + ": rank " + std::to_string(rank_) +
-                               " expects a message of " + std::to_string(transfers[m].recv_count) +
-                               " elements from rank " + std::to_string(g.members[m]) + ", which sent another count");
-    });
+    }, [&](std::size_t m) { throw count_mismatch(op, transfers[m].recv_count, g.members[m]); });
+  }
+
+  // A member `from` (device id) sent another count than the `expected` elements this rank takes.
+  CollectiveMismatch count_mismatch(const std::string& op, std::int64_t expected, int from) const {
+    return CollectiveMismatch("collective mismatch in " + op + ": rank " + std::to_string(rank_) +
+                              " expects a message of " + std::to_string(expected) + " elements from rank " +
+                              std::to_string(from) + ", which sent another count");
   }
 
   // Waits for `count` receives, receive i from member from[i] of `expected[i]` elements. One
@@ -996,11 +1003,7 @@ class MpiCommunicator final : public Communicator {
                     const std::vector<int>& expected, MPI_Datatype type, const Group& g, const std::string& op) {
     std::vector<MPI_Status> statuses(count);
     const int rc = MPI_Waitall(static_cast<int>(count), receives, statuses.data());
-    const auto mismatch = [&](std::size_t i) {
-      return CollectiveMismatch("collective mismatch in " + op + ": rank " + std::to_string(rank_) +
-                                " expects a message of " + std::to_string(expected[i]) + " elements from rank " +
-                                std::to_string(g.members[from[i]]) + ", which sent another count");
-    };
+    const auto mismatch = [&](std::size_t i) { return count_mismatch(op, expected[i], g.members[from[i]]); };
     if (error_class(rc) == MPI_ERR_IN_STATUS) {
       for (std::size_t i = 0; i < count; ++i) {
         if (error_class(statuses[i].MPI_ERROR) == MPI_ERR_TRUNCATE) throw mismatch(i);
