@@ -31,11 +31,19 @@
 #include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/errors.h"
+#include "shardmm/runtime/tensor.h"
 
 namespace shardmm {
 namespace {
 
 using testing::Size;
+
+// SHARDMM_MPI_SHARED_MEMORY=0 (the point-to-point run of this program) keeps every group and
+// message off shared memory; unset, every rank of these tests is on this node.
+bool shared_memory_on() {
+  const char* shared = std::getenv("SHARDMM_MPI_SHARED_MEMORY");
+  return shared == nullptr || std::string(shared) != "0";
+}
 
 
 struct Group {
@@ -145,12 +153,81 @@ TEST(MpiShared, CollectivesMatchClosedFormInManySmallRounds) {
   detail::set_mpi_shared_part(previous);
   // Every group of more than one rank is on this node; SHARDMM_MPI_SHARED_MEMORY=0 (the
   // point-to-point run of this program) keeps all of them off the windows.
-  const char* shared = std::getenv("SHARDMM_MPI_SHARED_MEMORY");
-  if (shared != nullptr && std::string(shared) == "0") {
+  if (!shared_memory_on()) {
     EXPECT_EQ(detail::mpi_shared_exchanges(), before);
   } else {
     EXPECT_GT(detail::mpi_shared_exchanges(), before + 100);
   }
+}
+
+// On one node a send from a Buffer is lent in place. The ring below forwards each rank's shard
+// n-1 hops, as the all_gather_einsum ring does (each member forwarding what it was lent), and
+// lets go nearest the end first: every member reads every shard where its owner wrote it, and
+// nothing is copied. A send from other memory (a vector) is copied once, into a bounce block.
+std::vector<char> message(std::int64_t from, std::int64_t bytes, int tag);  // below, with the point-to-point tests
+
+TEST(MpiShared, RingsLendBuffersInPlace) {
+  const std::int64_t lent_before = detail::mpi_shared_sends(true);
+  const std::int64_t copied_before = detail::mpi_shared_sends(false);
+  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
+    const std::int64_t n = 4, me = comm.rank(), next = (me + 1) % n, prev = (me + n - 1) % n;
+    constexpr std::int64_t kElements = 1 << 16;  // 256 KiB: shareable
+    constexpr std::int64_t kBytes = kElements * 4;
+    Buffer mine(kElements, DType::f32);
+    for (std::int64_t i = 0; i < kElements; ++i) mine.as<float>()[i] = static_cast<float>(me * kElements + i);
+    // Where each hop's copy would land, apart: a copy is forwarded while the next one arrives.
+    std::vector<std::vector<float>> landing(n, std::vector<float>(kElements, -1.0f));
+    const void* at = mine.data();
+    std::vector<Request> received, forwarded;  // forwarded[k]: what arrived at hop k (0: mine)
+    for (std::int64_t hop = 1; hop < n; ++hop) {
+      std::vector<float>& land = landing[static_cast<std::size_t>(hop)];
+      Request r = comm.irecv_lent(land.data(), kBytes, prev, 7);
+      forwarded.push_back(comm.isend(at, kBytes, next, 7));
+      r->wait();
+      at = r->received();
+      const std::int64_t owner = (me - hop + n) % n;
+      const float* got = static_cast<const float*>(at);
+      std::int64_t wrong = 0;
+      for (std::int64_t i = 0; i < kElements; ++i) wrong += got[i] != static_cast<float>(owner * kElements + i);
+      EXPECT_EQ(wrong, 0) << "rank " << me << ", hop " << hop;
+      EXPECT_EQ(at == land.data(), !shared_memory_on()) << "rank " << me << ", hop " << hop;
+      received.push_back(std::move(r));
+    }
+    for (std::int64_t hop = n - 1; hop >= 1; --hop) {
+      if (hop < n - 1) forwarded[static_cast<std::size_t>(hop)]->wait();
+      received[static_cast<std::size_t>(hop - 1)].reset();
+    }
+    forwarded[0]->wait();
+    const std::vector<char> out = message(me, 100, 3);
+    std::vector<char> in(100);
+    comm.send(out.data(), 100, next, 8);
+    comm.recv(in.data(), 100, prev, 8);
+    EXPECT_EQ(in, message(prev, 100, 3));
+  });
+  if (shared_memory_on()) {
+    EXPECT_EQ(detail::mpi_shared_sends(true) - lent_before, 3);
+    EXPECT_EQ(detail::mpi_shared_sends(false) - copied_before, 1);
+  } else {
+    EXPECT_EQ(detail::mpi_shared_sends(true), lent_before);
+    EXPECT_EQ(detail::mpi_shared_sends(false), copied_before);
+  }
+}
+
+// A blocking send is complete once copied, but a rank whose run ends before the receiver has
+// read the copy must keep it until then: rank 0 returns at once, rank 1 receives later.
+// Unchecked: a checked run's end already waits for every rank to return.
+TEST(MpiShared, ACopiedSendOutlivesItsSendersRun) {
+  BackendOptions unchecked;
+  unchecked.check = false;
+  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
+    if (comm.rank() == 0) comm.send(message(0, 1000, 5).data(), 1000, 1, 5);
+    if (comm.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      std::vector<char> in(1000);
+      comm.recv(in.data(), 1000, 0, 5);
+      EXPECT_EQ(in, message(0, 1000, 5));
+    }
+  }, unchecked);
 }
 
 // Anything but 0 or 1 in SHARDMM_MPI_SHARED_MEMORY is an input error.
@@ -162,7 +239,7 @@ TEST(MpiShared, TheSwitchTakesZeroOrOne) {
     run_backend("mpi", Mesh::parse("X=4"), [](Communicator&) {});
     ADD_FAILURE() << "no InputError";
   } catch (const InputError& e) {
-    EXPECT_STREQ(e.what(), "SHARDMM_MPI_SHARED_MEMORY='yes': it is 1 (groups on one node exchange through shared "
+    EXPECT_STREQ(e.what(), "SHARDMM_MPI_SHARED_MEMORY='yes': it is 1 (ranks on one node exchange through shared "
                            "memory), 0 (MPI messages only) or unset (1)");
   }
   if (was) {
@@ -450,13 +527,15 @@ TEST(MpiNonblocking, ManyInFlightWaitedInAnyOrder) {
     comm.recv(got.data(), 77, partner, 10);
     s->wait();
     EXPECT_EQ(got, message(partner, 77, 9));
-    // Processes share no memory: a lent receive lands in its own buffer.
+    // A lent receive is read where received() says: on one node the sender's bounce block (its
+    // vector is not shareable memory, so the send copied it once), else its own buffer.
     std::fill(got.begin(), got.end(), char(-1));
     Request lent = comm.irecv_lent(got.data(), 77, partner, 11);
     comm.isend(m.data(), 77, partner, 11)->wait();
     lent->wait();
-    EXPECT_EQ(lent->received(), static_cast<const void*>(got.data()));
-    EXPECT_EQ(got, message(partner, 77, 9));
+    const char* at = static_cast<const char*>(lent->received());
+    EXPECT_EQ(std::vector<char>(at, at + 77), message(partner, 77, 9));
+    EXPECT_EQ(at == got.data(), !shared_memory_on());
   });
 }
 
@@ -498,9 +577,11 @@ TEST(MpiNonblocking, AHelperThreadOnlyWhereACoreIsFree) {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const int ranks_here = local ? std::atoi(local) : 4;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  EXPECT_EQ(wanted(), ranks_here * blas::threads() < cores);
+  // Messages through shared memory (all ranks on this node) move without MPI: never a helper.
+  const bool messages = !shared_memory_on();
+  EXPECT_EQ(wanted(), messages && ranks_here * blas::threads() < cores);
   setenv("SHARDMM_PROGRESS_THREAD", "1", 1);
-  EXPECT_TRUE(wanted());
+  EXPECT_EQ(wanted(), messages);
   setenv("SHARDMM_PROGRESS_THREAD", "0", 1);
   EXPECT_FALSE(wanted());
   setenv("SHARDMM_PROGRESS_THREAD", "yes", 1);

@@ -5,8 +5,8 @@
 //   watchdog       rank 1 sleeps; rank 0 waits in all_reduce until the watchdog ends the job
 //   recv-watchdog  rank 1 sleeps; rank 0 waits in recv
 //   irecv-watchdog rank 1 sleeps; rank 0 waits for an irecv
-//   isend-watchdog rank 1 sleeps; rank 0 waits for an isend of 1 MiB (past the eager limit,
-//                  so it cannot complete before a receive is posted)
+//   isend-watchdog rank 1 sleeps; rank 0 waits for an isend of a 1 MiB Buffer (lent through
+//                  shared memory, or past the eager limit: it cannot complete before a receive)
 //   end-watchdog   rank 1 sleeps; rank 0 returns and waits for it at the end of the run
 //   mismatch       rank 0 calls all_gather, rank 1 all_reduce: both report, the job ends
 //   unchecked-mismatch  check off: rank 0 expects 2 elements from rank 1 in all_to_all, rank 1
@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/tensor.h"
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
@@ -59,7 +60,9 @@ int main(int argc, char** argv) {
       if (mode == "recv-watchdog") return comm.recv(x, sizeof x, 1, 3);
       if (mode == "irecv-watchdog") return comm.irecv(x, sizeof x, 1, 3)->wait();
       if (mode == "isend-watchdog") {
-        const std::vector<char> big(1 << 20);
+        // A Buffer: lent in place where the ranks share a node, a message past the eager limit
+        // otherwise; either way the send completes only once a receive takes it.
+        const shardmm::Buffer big(1 << 18, shardmm::DType::f32);
         return comm.isend(big.data(), 1 << 20, 1, 3)->wait();
       }
       if (mode == "end-watchdog") return;

@@ -1,13 +1,16 @@
 #include "runtime/mpi/mpi_backend.h"
 
 #include "runtime/fingerprint.h"
+#include "runtime/mpi/shareable_memory.h"
 #include "runtime/mpi/shared_exchange.h"
+#include "runtime/mpi/shared_messages.h"
 #include "runtime/ordered_sum.h"
 
 // The C API only: Open MPI's and MPICH's deprecated C++ bindings stay out.
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +40,8 @@ namespace {
 std::atomic<std::int64_t> count_limit{INT_MAX};
 std::atomic<std::int64_t> shared_part_limit{0};  // 0: kSharedBankBytes over the peers
 std::atomic<std::int64_t> shared_exchanges{0};
+std::atomic<std::int64_t> shared_lent_sends{0};
+std::atomic<std::int64_t> shared_copied_sends{0};
 
 using Clock = std::chrono::steady_clock;
 
@@ -60,6 +65,16 @@ constexpr std::int64_t kAllReduceSegmentBytes = std::int64_t{512} << 10;
 constexpr std::int64_t kSharedBankBytes = std::int64_t{1} << 20;
 // A shared-memory exchange enters MPI (progress, the watchdog) once per this many idle passes.
 constexpr std::int64_t kSharedProgressEvery = 1024;
+
+// A spinning wait's pause: on x86 it keeps the spin from starving a sibling hardware thread
+// (a vCPU may be one) and from flooding the memory system with loads.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 // Our communicators use MPI_ERRORS_RETURN, so every failing call lands here and becomes an
 // exception naming the call, instead of MPI's default abort without context.
@@ -122,6 +137,7 @@ std::optional<bool> env_switch(const char* name, const char* meanings) {
 // it saves: 2 ranks of one BLAS thread on the 2-core VM ran both mpi rings 3-12% faster
 // without it (10 of 10 paired measurements, collective-matmul.md). SHARDMM_PROGRESS_THREAD=1
 // or 0 decides instead. Needs MPI_THREAD_SERIALIZED: test() then comes from another thread.
+// Never where messages go through shared memory (share_messages): nothing waits for MPI there.
 bool progress_thread_wanted() {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
@@ -132,12 +148,13 @@ bool progress_thread_wanted() {
   return wanted.value_or(ranks_on_node() * blas::threads() < cores());
 }
 
-// Whether groups whose members share a node exchange through a shared window (shared_exchange.h)
-// rather than MPI messages. SHARDMM_MPI_SHARED_MEMORY=0 turns it off, to compare or to test the
-// point-to-point path on one node.
+// Whether groups whose members share a node exchange through a shared window (shared_exchange.h),
+// and ranks all on one node send point to point through shared memory (shared_messages.h),
+// rather than by MPI messages. SHARDMM_MPI_SHARED_MEMORY=0 turns both off, to compare or to test
+// the message path on one node.
 bool shared_memory_wanted() {
   return env_switch("SHARDMM_MPI_SHARED_MEMORY",
-                    "1 (groups on one node exchange through shared memory), 0 (MPI messages only) or unset (1)")
+                    "1 (ranks on one node exchange through shared memory), 0 (MPI messages only) or unset (1)")
       .value_or(true);
 }
 
@@ -264,6 +281,7 @@ class MpiCommunicator final : public Communicator {
     int* tag_ub = nullptr;
     check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag), "MPI_Comm_get_attr");
     tag_ub_ = flag ? *tag_ub : 32767;  // 32767 is the least the standard allows
+    if (shared_memory_ && mesh.device_count() > 1) share_messages();
   }
   ~MpiCommunicator() override {
     // Collective over each group: every rank frees its groups in the same (axes) order, and a
@@ -273,6 +291,12 @@ class MpiCommunicator final : public Communicator {
       g.shared.reset();
       if (g.window != MPI_WIN_NULL) MPI_Win_free(&g.window);
       if (g.comm != MPI_COMM_NULL) MPI_Comm_free(&g.comm);
+    }
+    if (messages_) {
+      set_buffers_shareable(false);
+      messages_.reset();
+      peer_mailboxes_.clear();
+      free_shareable(own_mailbox_);
     }
     MPI_Comm_free(&checks_);
     MPI_Comm_free(&world_);
@@ -343,6 +367,10 @@ class MpiCommunicator final : public Communicator {
   // background, so a ring where every rank sends before it receives cannot deadlock.
   void send(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_message(bytes, peer, tag, "send to");
+    if (messages_) {
+      shared_send(data, bytes, peer, tag, false);
+      return;
+    }
     reap_sends();
     Outgoing& o = outgoing_.emplace_back();
     o.data = std::make_unique_for_overwrite<char[]>(static_cast<std::size_t>(bytes));
@@ -356,13 +384,12 @@ class MpiCommunicator final : public Communicator {
 
   void recv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_message(bytes, peer, tag, "recv from");
+    if (messages_) {
+      shared_receive(data, bytes, peer, tag, false)->wait();
+      return;
+    }
     char* out = static_cast<char*>(data);
-    auto mismatch = [&] {
-      return CollectiveMismatch("p2p mismatch: rank " + std::to_string(rank_) + " called recv(" +
-                                std::to_string(bytes) + " bytes from rank " + std::to_string(peer) + ", tag " +
-                                std::to_string(tag) + ") but rank " + std::to_string(peer) +
-                                " sent a message of another size");
-    };
+    auto mismatch = [&] { return p2p_mismatch(p2p_call(false, bytes, peer, tag), peer); };
     const Clock::time_point deadline = Clock::now() + watchdog_;
     for_each_piece(bytes, [&](std::int64_t offset, int size) {
       MPI_Status status;
@@ -392,10 +419,12 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  bool wants_progress_thread() const override { return progress_thread_; }
+  // Messages through shared memory move without MPI: no helper thread needed.
+  bool wants_progress_thread() const override { return progress_thread_ && !messages_; }
 
   Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_message(bytes, peer, tag, "isend to");
+    if (messages_) return shared_send(data, bytes, peer, tag, true);
     auto r = std::make_unique<MpiRequest>(*this, bytes, peer, tag, true);
     const char* in = static_cast<const char*>(data);
     for_each_piece(bytes, [&](std::int64_t offset, int size) {
@@ -407,6 +436,7 @@ class MpiCommunicator final : public Communicator {
 
   Request irecv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_message(bytes, peer, tag, "recv from");
+    if (messages_) return shared_receive(data, bytes, peer, tag, false);
     auto r = std::make_unique<MpiRequest>(*this, bytes, peer, tag, false);
     char* out = static_cast<char*>(data);
     r->buffer = out;
@@ -416,6 +446,14 @@ class MpiCommunicator final : public Communicator {
             "MPI_Irecv");
     });
     return r;
+  }
+
+  // Through shared memory the sender's buffer is lent where it lies in shareable memory
+  // (shared_messages.h); otherwise as irecv.
+  Request irecv_lent(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    if (!messages_) return irecv(data, bytes, peer, tag);
+    check_message(bytes, peer, tag, "recv from");
+    return shared_receive(data, bytes, peer, tag, true);
   }
 
   void barrier() override {
@@ -479,27 +517,19 @@ class MpiCommunicator final : public Communicator {
   };
 
   void complete(MpiRequest& r) {
-    const std::string call = std::string(r.sending_ ? "isend(" : "recv(") + std::to_string(r.bytes_) + " bytes " +
-                             (r.sending_ ? "to" : "from") + " rank " + std::to_string(r.peer_) + ", tag " +
-                             std::to_string(r.tag_) + ")";
+    const std::string call = p2p_call(r.sending_, r.bytes_, r.peer_, r.tag_);
     MPI_Status* statuses = r.statuses();
     int rc = MPI_SUCCESS;
     if (r.done_) {
       rc = r.rc_;
     } else if (check_) {
       // Polled, so that a peer that never matches ends the job instead of hanging it.
-      poll_until(Clock::now() + watchdog_, [&] { return r.test(); }, [&] {
-        return "p2p timeout: rank " + std::to_string(rank_) + " waited " + watchdog_text_ + " in " + call + "; " +
-               (r.sending_ ? "no receive was posted" : "nothing arrived") + watchdog_hint(watchdog_text_);
-      });
+      poll_until(Clock::now() + watchdog_, [&] { return r.test(); }, [&] { return p2p_timeout(r.sending_, call); });
       rc = r.rc_;
     } else {
       rc = MPI_Waitall(static_cast<int>(r.requests.size()), r.requests.data(), statuses);
     }
-    const auto mismatch = [&] {
-      return CollectiveMismatch("p2p mismatch: rank " + std::to_string(rank_) + " called " + call + " but rank " +
-                                std::to_string(r.peer_) + " sent a message of another size");
-    };
+    const auto mismatch = [&] { return p2p_mismatch(call, r.peer_); };
     if (error_class(rc) == MPI_ERR_IN_STATUS) {
       for (std::size_t i = 0; i < r.requests.size(); ++i) {
         if (error_class(statuses[i].MPI_ERROR) == MPI_ERR_TRUNCATE) throw mismatch();
@@ -512,6 +542,106 @@ class MpiCommunicator final : public Communicator {
       int got = 0;
       check(MPI_Get_count(&statuses[i], MPI_BYTE, &got), "MPI_Get_count");
       if (got != r.sizes[i]) throw mismatch();
+    }
+  }
+
+  // How a point-to-point call is named in errors: "recv(8 bytes from rank 1, tag 3)".
+  static std::string p2p_call(bool sending, std::int64_t bytes, std::int64_t peer, int tag) {
+    return std::string(sending ? "isend(" : "recv(") + std::to_string(bytes) + " bytes " + (sending ? "to" : "from") +
+           " rank " + std::to_string(peer) + ", tag " + std::to_string(tag) + ")";
+  }
+  CollectiveMismatch p2p_mismatch(const std::string& call, std::int64_t peer) const {
+    return CollectiveMismatch("p2p mismatch: rank " + std::to_string(rank_) + " called " + call + " but rank " +
+                              std::to_string(peer) + " sent a message of another size");
+  }
+  std::string p2p_timeout(bool sending, const std::string& call) const {
+    return "p2p timeout: rank " + std::to_string(rank_) + " waited " + watchdog_text_ + " in " + call + "; " +
+           (sending ? "no receive was posted" : "nothing arrived") + watchdog_hint(watchdog_text_);
+  }
+
+  // A send or receive through shared memory (shared_messages.h). A send that lent its data is
+  // complete once its receiver is done with it; a receive once it is matched (and copied in,
+  // unless lent).
+  class SharedRequest final : public P2PRequest {
+   public:
+    SharedRequest(MpiCommunicator& comm, std::int64_t bytes, std::int64_t peer, int tag,
+                  std::optional<SharedMessages::Ticket> ticket, std::shared_ptr<SharedMessages::Receive> receive)
+        : comm_(comm), bytes_(bytes), peer_(peer), tag_(tag), ticket_(ticket), receive_(std::move(receive)) {}
+    // A receive lets go of what it was lent, or is withdrawn. A send whose receiver may still
+    // read its data in place waits, unless an exception is unwinding the body: the job then
+    // ends (run_mpi) before the buffer could be reused.
+    ~SharedRequest() override {
+      if (receive_) {
+        comm_.messages_->release(*receive_);
+      } else if (std::uncaught_exceptions() == 0) {
+        try {
+          wait();
+        } catch (const std::exception& e) {
+          abort_job(static_cast<int>(comm_.rank_), e.what());
+        }
+      }
+    }
+    void wait() override {
+      const std::string call = p2p_call(!receive_, bytes_, peer_, tag_);
+      comm_.wait_shared([&] { return test(); }, [&] { return comm_.p2p_timeout(!receive_, call); });
+      if (receive_ && receive_->mismatched) throw comm_.p2p_mismatch(call, peer_);
+    }
+    bool test() override {
+      comm_.messages_->progress();
+      return receive_ ? receive_->arrived : !ticket_ || comm_.messages_->acknowledged(*ticket_);
+    }
+    const void* received() const override { return receive_ ? receive_->at : nullptr; }
+
+   private:
+    MpiCommunicator& comm_;
+    std::int64_t bytes_, peer_;
+    int tag_;
+    std::optional<SharedMessages::Ticket> ticket_;
+    std::shared_ptr<SharedMessages::Receive> receive_;
+  };
+
+  Request shared_send(const void* data, std::int64_t bytes, std::int64_t peer, int tag, bool lend) {
+    std::int64_t passes = 0;
+    const Clock::time_point deadline = Clock::now() + watchdog_;
+    const std::string call = p2p_call(true, bytes, peer, tag);
+    const auto ticket = messages_->send(data, static_cast<std::uint64_t>(bytes), static_cast<int>(peer), tag, lend,
+                                        [&] { idle_pass(passes, deadline, [&] { return p2p_timeout(true, call); }); });
+    ++(ticket ? shared_lent_sends : shared_copied_sends);
+    return std::make_unique<SharedRequest>(*this, bytes, peer, tag, ticket, nullptr);
+  }
+  Request shared_receive(void* data, std::int64_t bytes, std::int64_t peer, int tag, bool lent) {
+    return std::make_unique<SharedRequest>(
+        *this, bytes, peer, tag, std::nullopt,
+        messages_->receive(data, static_cast<std::uint64_t>(bytes), static_cast<int>(peer), tag, lent));
+  }
+
+  // Spins until `done()`, a pass of idle_pass whenever it is not.
+  template <class Done, class Timeout>
+  void wait_shared(Done&& done, Timeout&& timeout) {
+    std::int64_t passes = 0;
+    const Clock::time_point deadline = Clock::now() + watchdog_;
+    while (!done()) idle_pass(passes, deadline, timeout);
+  }
+
+  // One idle pass of a wait on shared memory. Now and then only it enters MPI: that cost a pass
+  // up to ~50 us at times, and shared memory moves without it. It is there for a peer that
+  // waits in MPI for a buffered send of this rank's, which moves only when this rank enters
+  // MPI, and in check mode for the notes and the watchdog.
+  template <class Timeout>
+  void idle_pass(std::int64_t& passes, Clock::time_point deadline, Timeout&& timeout) {
+    if (++passes % kSharedProgressEvery == 0) {
+      if (check_) {
+        receive_checks();
+        if (Clock::now() > deadline) abort_job(rank_, timeout().c_str());
+      } else {
+        int flag = 0;
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, world_, &flag, MPI_STATUS_IGNORE);
+      }
+    }
+    if (yield_) {
+      std::this_thread::yield();
+    } else {
+      cpu_relax();
     }
   }
 
@@ -548,6 +678,13 @@ class MpiCommunicator final : public Communicator {
             "MPI_Waitall");
     }
     outgoing_.clear();
+    // A copied send's block goes when its receiver has read it, not with this communicator.
+    if (messages_) {
+      wait_shared([&] { return messages_->sends_read(); }, [&] {
+        return "p2p timeout at the end of the run: rank " + std::to_string(rank_) + " waited " + watchdog_text_ +
+               " for its peers to receive what it sent; a receive was never posted" + watchdog_hint(watchdog_text_);
+      });
+    }
   }
 
  private:
@@ -658,6 +795,60 @@ class MpiCommunicator final : public Communicator {
     }
     check(MPI_Barrier(g.comm), "MPI_Barrier");  // every segment is cleared before anyone writes
     g.shared = std::make_unique<SharedExchange>(std::move(segments), g.me, part);
+  }
+
+  // Point-to-point through shared memory (shared_messages.h) when every rank is on this node:
+  // each makes a mailbox, they swap where to find them, and each maps the others'. If any rank
+  // cannot, all keep to MPI messages. From then on Buffers of this process are shareable, so
+  // that the rings lend them. Collective over the world, from the constructor.
+  void share_messages() {
+    MPI_Comm node = MPI_COMM_NULL;
+    check(MPI_Comm_split_type(world_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), "MPI_Comm_split_type");
+    int on_node = 0;
+    MPI_Comm_size(node, &on_node);
+    MPI_Comm_free(&node);
+    const auto n = static_cast<std::size_t>(mesh_.device_count());
+    if (static_cast<std::size_t>(on_node) != n) return;  // the same answer on every rank
+    const std::size_t bytes = SharedMessages::mailbox_bytes(n);
+    char* mine = static_cast<char*>(allocate_shareable(bytes));
+    std::int64_t card[3] = {getpid(), -1, 0};  // pid, mailbox fd, serial
+    if (mine) {
+      std::memset(mine, 0, bytes);
+      const BlockName name = find_shareable(mine, bytes)->block;
+      card[1] = name.fd;
+      card[2] = static_cast<std::int64_t>(name.serial);
+    }
+    std::vector<std::int64_t> cards(3 * n);
+    check(MPI_Allgather(card, 3, MPI_INT64_T, cards.data(), 3, MPI_INT64_T, world_), "MPI_Allgather");
+    std::vector<MappedBlock> mapped(n);
+    std::vector<char*> boxes(n);
+    std::vector<pid_t> pids(n);
+    int had = mine ? 1 : 0;
+    for (std::size_t r = 0; r < n; ++r) {
+      pids[r] = static_cast<pid_t>(cards[3 * r]);
+      if (static_cast<int>(r) == rank_) {
+        boxes[r] = mine;
+      } else if (cards[3 * r + 1] < 0) {
+        had = 0;
+      } else {
+        try {
+          mapped[r] = MappedBlock(pids[r], {static_cast<std::int32_t>(cards[3 * r + 1]),
+                                            static_cast<std::uint64_t>(cards[3 * r + 2])}, true);
+          boxes[r] = mapped[r].data();
+        } catch (const std::runtime_error&) {  // no access to the peer's descriptors, say
+          had = 0;
+        }
+      }
+    }
+    check(MPI_Allreduce(MPI_IN_PLACE, &had, 1, MPI_INT, MPI_MIN, world_), "MPI_Allreduce");
+    if (!had) {
+      if (mine) free_shareable(mine);
+      return;
+    }
+    own_mailbox_ = mine;
+    peer_mailboxes_ = std::move(mapped);
+    messages_ = std::make_unique<SharedMessages>(rank_, std::move(boxes), std::move(pids));
+    set_buffers_shareable(true);
   }
 
   // Check mode: before any data moves, the members of `g` tell each other what they are
@@ -967,26 +1158,13 @@ class MpiCommunicator final : public Communicator {
     }
     ++shared_exchanges;
     const Clock::time_point deadline = Clock::now() + watchdog_;
-    std::int64_t idle_passes = 0;
+    std::int64_t passes = 0;
     g.shared->exchange(shares, [&] {
-      // Now and then only: entering MPI's progress engine cost a pass up to ~50 us at times, and
-      // the pieces move without it. It is there for a peer that waits in MPI for a buffered send
-      // of this rank's, which moves only when this rank enters MPI, and for the watchdog.
-      if (++idle_passes % kSharedProgressEvery == 0) {
-        if (check_) {
-          receive_checks();
-          if (Clock::now() > deadline) {
-            abort_job(rank_, ("collective timeout in group " + g.label + ": rank " + std::to_string(rank_) +
-                              " waited " + watchdog_text_ + " for the data of " + op +
-                              " after every member had called it" + watchdog_hint(watchdog_text_))
-                                 .c_str());
-          }
-        } else {
-          int flag = 0;
-          MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, world_, &flag, MPI_STATUS_IGNORE);
-        }
-      }
-      if (yield_) std::this_thread::yield();
+      idle_pass(passes, deadline, [&] {
+        return "collective timeout in group " + g.label + ": rank " + std::to_string(rank_) + " waited " +
+               watchdog_text_ + " for the data of " + op + " after every member had called it" +
+               watchdog_hint(watchdog_text_);
+      });
     }, [&](std::size_t m) { throw count_mismatch(op, transfers[m].recv_count, g.members[m]); });
   }
 
@@ -1130,6 +1308,10 @@ class MpiCommunicator final : public Communicator {
   std::vector<Outgoing> outgoing_;
   std::unique_ptr<char[]> workspace_;
   std::int64_t workspace_bytes_ = 0;
+  // Point-to-point through shared memory, where every rank is on this node (share_messages).
+  char* own_mailbox_ = nullptr;
+  std::vector<MappedBlock> peer_mailboxes_;
+  std::unique_ptr<SharedMessages> messages_;
 };
 
 const char* env_value(std::initializer_list<const char*> names) {
@@ -1174,6 +1356,7 @@ std::int64_t set_mpi_count_limit(std::int64_t limit) {
 std::int64_t set_mpi_shared_part(std::int64_t bytes) { return shared_part_limit.exchange(bytes); }
 
 std::int64_t mpi_shared_exchanges() { return shared_exchanges.load(); }
+std::int64_t mpi_shared_sends(bool lent) { return (lent ? shared_lent_sends : shared_copied_sends).load(); }
 
 void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, const MpiOptions& options) {
   ensure_initialized();
