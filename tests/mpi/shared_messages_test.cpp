@@ -7,6 +7,8 @@
 #include "runtime/mpi/shared_messages.h"
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -271,6 +273,28 @@ TEST(SharedMessages, ACopyStaysUntilItIsRead) {
   spin(ranks[1], [&] { return r->arrived; });
   EXPECT_EQ(into[999], 'z');
   EXPECT_TRUE(ranks[0].sends_read());
+}
+
+// Blocks hold a descriptor each: past half of the process's limit allocate_shareable says no
+// (the caller takes heap memory), and the program can still open files.
+TEST(SharedMessages, BlocksLeaveHalfTheDescriptorsFree) {
+  rlimit was{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &was), 0);
+  rlimit low = was;
+  low.rlim_cur = 64;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 64; ++i) {
+    void* b = allocate_shareable(1 << 16);
+    if (!b) break;
+    blocks.push_back(b);
+  }
+  EXPECT_EQ(blocks.size(), 32u);
+  const int fd = open("/dev/null", O_RDONLY);
+  EXPECT_GE(fd, 0);
+  if (fd >= 0) close(fd);
+  for (void* b : blocks) EXPECT_TRUE(free_shareable(b));
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &was), 0);
 }
 
 // A receive of another size than the message sent is flagged (and the message consumed), and

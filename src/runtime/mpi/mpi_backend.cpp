@@ -10,6 +10,7 @@
 #define OMPI_SKIP_MPICXX 1
 #define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -799,7 +800,8 @@ class MpiCommunicator final : public Communicator {
 
   // Point-to-point through shared memory (shared_messages.h) when every rank is on this node:
   // each makes a mailbox, they swap where to find them, and each maps the others'. If any rank
-  // cannot, all keep to MPI messages. From then on Buffers of this process are shareable, so
+  // cannot (no memfd, /proc closed to it, ranks in different pid namespaces), all keep to MPI
+  // messages. From then on Buffers of this process are shareable, so
   // that the rings lend them. Collective over the world, from the constructor.
   void share_messages() {
     MPI_Comm node = MPI_COMM_NULL;
@@ -811,29 +813,34 @@ class MpiCommunicator final : public Communicator {
     if (static_cast<std::size_t>(on_node) != n) return;  // the same answer on every rank
     const std::size_t bytes = SharedMessages::mailbox_bytes(n);
     char* mine = static_cast<char*>(allocate_shareable(bytes));
-    std::int64_t card[3] = {getpid(), -1, 0};  // pid, mailbox fd, serial
+    // pid, mailbox fd and serial, and the pid namespace: a peer's pid means the same process
+    // here only within one namespace.
+    constexpr int kCard = 4;
+    struct stat ns {};
+    std::int64_t card[kCard] = {getpid(), -1, 0,
+                                stat("/proc/self/ns/pid", &ns) == 0 ? static_cast<std::int64_t>(ns.st_ino) : -1};
     if (mine) {
       std::memset(mine, 0, bytes);
       const BlockName name = find_shareable(mine, bytes)->block;
       card[1] = name.fd;
       card[2] = static_cast<std::int64_t>(name.serial);
     }
-    std::vector<std::int64_t> cards(3 * n);
-    check(MPI_Allgather(card, 3, MPI_INT64_T, cards.data(), 3, MPI_INT64_T, world_), "MPI_Allgather");
+    std::vector<std::int64_t> cards(kCard * n);
+    check(MPI_Allgather(card, kCard, MPI_INT64_T, cards.data(), kCard, MPI_INT64_T, world_), "MPI_Allgather");
     std::vector<MappedBlock> mapped(n);
     std::vector<char*> boxes(n);
     std::vector<pid_t> pids(n);
-    int had = mine ? 1 : 0;
+    int had = mine && card[3] >= 0 ? 1 : 0;
     for (std::size_t r = 0; r < n; ++r) {
-      pids[r] = static_cast<pid_t>(cards[3 * r]);
+      const std::int64_t* c = &cards[kCard * r];
+      pids[r] = static_cast<pid_t>(c[0]);
       if (static_cast<int>(r) == rank_) {
         boxes[r] = mine;
-      } else if (cards[3 * r + 1] < 0) {
+      } else if (c[1] < 0 || c[3] != card[3] || !had) {
         had = 0;
       } else {
         try {
-          mapped[r] = MappedBlock(pids[r], {static_cast<std::int32_t>(cards[3 * r + 1]),
-                                            static_cast<std::uint64_t>(cards[3 * r + 2])}, true);
+          mapped[r] = MappedBlock(pids[r], {static_cast<std::int32_t>(c[1]), static_cast<std::uint64_t>(c[2])}, true);
           boxes[r] = mapped[r].data();
         } catch (const std::runtime_error&) {  // no access to the peer's descriptors, say
           had = 0;

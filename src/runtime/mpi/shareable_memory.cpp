@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -42,11 +44,21 @@ std::atomic<bool> shareable{false};
 std::atomic<std::size_t> live_blocks{0};  // lets free_shareable skip the lock for heap memory
 std::mutex registry_mutex;
 std::map<std::uintptr_t, Block> registry;  // by data address
-std::uint64_t next_serial = 1;             // under registry_mutex
+// Serials start at a random point so that a block can only be mistaken for another process's
+// (a peer that, in another pid namespace, opened the wrong /proc/<pid>) by a 1 in 2^64 chance.
+std::uint64_t next_serial = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();  // under registry_mutex
 std::deque<Block> idle;                    // freed blocks kept for reuse, oldest first; under registry_mutex
 std::size_t idle_bytes = 0;                // their data bytes; under registry_mutex
 constexpr std::size_t kIdleBlocks = 32;
 constexpr std::size_t kIdleBytes = std::size_t{256} << 20;
+
+// Each block holds a descriptor while it lives: at most half of this process's limit go to
+// blocks, so that MPI and the program keep the rest (a Buffer beyond it comes from the heap).
+std::size_t descriptor_budget() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 4096;
+  return static_cast<std::size_t>(limit.rlim_cur / 2);
+}
 
 std::size_t page_rounded(std::size_t bytes) {
   const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
@@ -58,6 +70,14 @@ std::size_t page_rounded(std::size_t bytes) {
 std::size_t size_class(std::size_t bytes) {
   const std::size_t step = std::max<std::size_t>(std::bit_floor(bytes) / 4, 64);
   return (bytes + step - 1) / step * step;
+}
+
+// Takes the oldest kept block out of `idle`. Caller holds registry_mutex.
+Block take_oldest_idle() {
+  const Block b = idle.front();
+  idle_bytes -= b.bytes;
+  idle.pop_front();
+  return b;
 }
 
 void release(const Block& b) {
@@ -91,6 +111,7 @@ bool buffers_shareable() { return shareable.load(); }
 
 void* allocate_shareable(std::size_t bytes) {
   const std::size_t capacity = size_class(std::max<std::size_t>(bytes, 1));
+  std::vector<Block> released;  // kept blocks of other sizes, let go to stay within the budget
   {
     std::lock_guard lock(registry_mutex);
     const auto it = std::find_if(idle.begin(), idle.end(), [&](const Block& b) { return b.bytes == capacity; });
@@ -103,7 +124,11 @@ void* allocate_shareable(std::size_t bytes) {
       live_blocks.fetch_add(1);
       return data;
     }
+    const std::size_t budget = descriptor_budget();
+    while (registry.size() + idle.size() >= budget && !idle.empty()) released.push_back(take_oldest_idle());
+    if (registry.size() >= budget) return nullptr;
   }
+  for (const Block& b : released) release(b);
   const std::size_t mapped = page_rounded(kHeaderBytes + capacity);
   const int fd = memfd_create("shardmm", MFD_CLOEXEC);
   if (fd < 0) return nullptr;
@@ -140,9 +165,7 @@ bool free_shareable(void* data) {
     registry.erase(it);
     live_blocks.fetch_sub(1);
     while (!idle.empty() && (idle.size() > kIdleBlocks || idle_bytes > kIdleBytes || !shareable.load())) {
-      released.push_back(idle.front());
-      idle_bytes -= idle.front().bytes;
-      idle.pop_front();
+      released.push_back(take_oldest_idle());
     }
   }
   for (const Block& b : released) release(b);

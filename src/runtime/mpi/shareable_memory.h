@@ -40,7 +40,8 @@ void set_buffers_shareable(bool on);
 bool buffers_shareable();
 
 // A fresh block of `bytes` data bytes (64-byte aligned), or nullptr where none can be had (no
-// memfd, out of descriptors): the caller falls back to the heap.
+// memfd, or blocks would hold half of this process's descriptor limit): the caller falls back
+// to the heap.
 void* allocate_shareable(std::size_t bytes);
 // Frees `data` if it is a block from allocate_shareable; false (and nothing done) otherwise.
 // While Buffers are shareable, a few freed blocks are kept, under their names, for the next
