@@ -297,6 +297,39 @@ TEST(SharedMessages, BlocksLeaveHalfTheDescriptorsFree) {
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &was), 0);
 }
 
+// Peers' blocks stay mapped for the next message only up to a limit, the least recently used
+// going first, and never one that a lent receive still reads.
+TEST(SharedMessages, UnreadMappingsAreKeptUpToALimit) {
+  constexpr std::size_t bytes = 1 << 16;
+  std::vector<char> mailboxes(2 * SharedMessages::mailbox_bytes(2) + 64, 0);
+  char* base = mailboxes.data() + (64 - reinterpret_cast<std::uintptr_t>(mailboxes.data()) % 64) % 64;
+  const std::vector<char*> boxes = {base, base + SharedMessages::mailbox_bytes(2)};
+  const std::vector<pid_t> pids(2, getpid());
+  SharedMessages sender(0, boxes, pids), receiver(1, boxes, pids, 2 * bytes);
+  std::vector<std::unique_ptr<Block>> blocks;
+  std::vector<std::shared_ptr<SharedMessages::Receive>> held;
+  std::vector<char> landing(bytes);
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(std::make_unique<Block>(bytes));
+    std::memset(blocks.back()->data, 'a' + i, bytes);
+    sender.send(blocks.back()->data, bytes, 1, 0, true, idle);
+    held.push_back(receiver.receive(landing.data(), bytes, 0, 0, true));
+    spin(receiver, [&] { return held.back()->arrived; });
+    EXPECT_EQ(held.back()->at[bytes - 1], 'a' + i);
+  }
+  // Four blocks read at once: all stay mapped, over the limit.
+  EXPECT_EQ(receiver.mapped_bytes(), 4 * bytes);
+  for (auto& r : held) receiver.release(*r);
+  EXPECT_EQ(receiver.mapped_bytes(), 2 * bytes);
+  // The two kept are the last used: a message from the last block reads it without a new mapping.
+  sender.send(blocks[3]->data, bytes, 1, 0, true, idle);
+  auto again = receiver.receive(landing.data(), bytes, 0, 0, true);
+  spin(receiver, [&] { return again->arrived; });
+  EXPECT_EQ(again->at, held[3]->at);
+  receiver.release(*again);
+  EXPECT_TRUE(sender.sends_read());
+}
+
 // A receive of another size than the message sent is flagged (and the message consumed), and
 // the next message of the pair still arrives.
 TEST(SharedMessages, AReceiveOfTheWrongSizeIsCaught) {

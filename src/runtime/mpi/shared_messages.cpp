@@ -26,14 +26,16 @@ constexpr std::uint64_t kMinBounceBytes = kShareableMinBytes;
 
 std::size_t SharedMessages::mailbox_bytes(std::size_t ranks) { return ranks * queue_bytes(); }
 
-SharedMessages::SharedMessages(int me, std::vector<char*> mailboxes, std::vector<pid_t> pids)
+SharedMessages::SharedMessages(int me, std::vector<char*> mailboxes, std::vector<pid_t> pids,
+                               std::uint64_t kept_mapping_bytes)
     : me_(me),
       mailboxes_(std::move(mailboxes)),
       pids_(std::move(pids)),
       sent_(mailboxes_.size(), 0),
       seen_(mailboxes_.size(), 0),
       posts_(mailboxes_.size()),
-      waiting_(mailboxes_.size()) {}
+      waiting_(mailboxes_.size()),
+      kept_mapping_bytes_(kept_mapping_bytes) {}
 
 // Copies not yet read are left only by a run that failed (a run that ends waits for
 // sends_read()); a receiver that has mapped one keeps it alive.
@@ -120,6 +122,11 @@ void SharedMessages::release(Receive& r) {
   if (r.released) return;
   r.released = true;
   if (r.arrived && !r.mismatched) acknowledge(r.peer, r.seq);
+  if (r.mapping) {
+    --r.mapping->readers;
+    r.mapping = nullptr;
+    trim_mappings();
+  }
 }
 
 bool SharedMessages::progress() {
@@ -161,7 +168,12 @@ bool SharedMessages::progress() {
         r.released = true;
         acknowledge(sender, p.seq);
       } else {
-        r.at = p.bytes > 0 ? locate(p) : r.into;
+        PeerMapping* mapping = nullptr;
+        r.at = p.bytes > 0 ? locate(p, mapping) : r.into;
+        if (r.lent && mapping) {
+          ++mapping->readers;
+          r.mapping = mapping;
+        }
         if (!r.lent) {
           if (p.bytes > 0) std::memcpy(r.into, r.at, p.bytes);
           r.at = r.into;
@@ -172,13 +184,15 @@ bool SharedMessages::progress() {
       it = waiting.erase(it);
     }
   }
+  trim_mappings();
   return moved;
 }
 
 std::optional<std::pair<int, BlockPlace>> SharedMessages::place_of(const void* data, std::uint64_t bytes) const {
   if (auto own = find_shareable(data, bytes)) return std::make_pair(me_, *own);
   const char* p = static_cast<const char*>(data);
-  for (const auto& [key, block] : mapped_) {
+  for (const auto& [key, m] : mapped_) {
+    const MappedBlock& block = m.block;
     if (p >= block.data() && p + bytes <= block.data() + block.bytes()) {
       return std::make_pair(key.first, BlockPlace{block.name(), static_cast<std::uint64_t>(p - block.data())});
     }
@@ -186,20 +200,25 @@ std::optional<std::pair<int, BlockPlace>> SharedMessages::place_of(const void* d
   return std::nullopt;
 }
 
-const char* SharedMessages::locate(const Post& p) {
+const char* SharedMessages::locate(const Post& p, PeerMapping*& mapping) {
   const char* data = nullptr;
   std::uint64_t size = 0;
   if (p.owner == me_) {  // a message of this rank's own memory, forwarded back to it
     data = shareable_data(p.block);
     size = p.offset + p.bytes;  // the registry checked the block when it was lent
   } else if (p.owner >= 0 && static_cast<std::size_t>(p.owner) < pids_.size()) {
-    MappedBlock& m = mapped_[{p.owner, p.block.fd}];
-    // A descriptor the owner has since reused names another block: map the new one.
-    if (!m.data() || m.name().serial != p.block.serial) {
-      m = MappedBlock(pids_[static_cast<std::size_t>(p.owner)], p.block, false);
+    PeerMapping& m = mapped_[{p.owner, p.block.fd}];
+    // A descriptor the owner has since reused names another block: map the new one. (No lent
+    // receive reads the old one: its sender, not yet acknowledged, would still hold it.)
+    if (!m.block.data() || m.block.name().serial != p.block.serial) {
+      mapped_bytes_ -= m.block.bytes();
+      m.block = MappedBlock(pids_[static_cast<std::size_t>(p.owner)], p.block, false);
+      mapped_bytes_ += m.block.bytes();
     }
-    data = m.data();
-    size = m.bytes();
+    m.last_use = ++uses_;
+    mapping = &m;
+    data = m.block.data();
+    size = m.block.bytes();
   }
   if (!data || p.offset + p.bytes > size) {
     throw std::runtime_error("rank " + std::to_string(me_) + " was sent a message from block " +
@@ -207,6 +226,20 @@ const char* SharedMessages::locate(const Post& p) {
                              " that it cannot find");
   }
   return data + p.offset;
+}
+
+void SharedMessages::trim_mappings() {
+  while (mapped_bytes_ > kept_mapping_bytes_) {
+    auto oldest = mapped_.end();
+    for (auto it = mapped_.begin(); it != mapped_.end(); ++it) {
+      if (it->second.readers == 0 && (oldest == mapped_.end() || it->second.last_use < oldest->second.last_use)) {
+        oldest = it;
+      }
+    }
+    if (oldest == mapped_.end()) return;  // all read by lent receives
+    mapped_bytes_ -= oldest->second.block.bytes();
+    mapped_.erase(oldest);
+  }
 }
 
 char* SharedMessages::bounce(std::uint64_t bytes) {

@@ -34,6 +34,13 @@
 
 namespace shardmm::detail {
 
+// A peer's block mapped here, with the lent receives that read it.
+struct PeerMapping {
+  MappedBlock block;
+  int readers = 0;
+  std::uint64_t last_use = 0;
+};
+
 class SharedMessages {
  public:
   static constexpr std::size_t kSlots = 256;  // posts a sender may have unacknowledged per receiver
@@ -60,11 +67,18 @@ class SharedMessages {
     friend class SharedMessages;
     std::uint64_t seq = 0;    // the matched post's
     bool released = false;
+    PeerMapping* mapping = nullptr;  // the peer's block a lent receive reads, held until released
   };
+
+  // Peers' blocks that no lent receive reads stay mapped (the next message from one needs no
+  // new mapping) up to this many bytes; beyond it the least recently used are unmapped, so
+  // that blocks their owners have freed do not stay alive here.
+  static constexpr std::uint64_t kKeptMappingBytes = std::uint64_t{256} << 20;
 
   // `mailboxes[r]`: rank r's mailbox as this process maps it (this rank's own included), each
   // zeroed by its owner before any rank posts; `pids[r]`: rank r's process.
-  SharedMessages(int me, std::vector<char*> mailboxes, std::vector<pid_t> pids);
+  SharedMessages(int me, std::vector<char*> mailboxes, std::vector<pid_t> pids,
+                 std::uint64_t kept_mapping_bytes = kKeptMappingBytes);
   ~SharedMessages();
   SharedMessages(const SharedMessages&) = delete;
   SharedMessages& operator=(const SharedMessages&) = delete;
@@ -88,6 +102,8 @@ class SharedMessages {
   // moved.
   bool progress();
 
+  // Bytes of peers' blocks mapped here, read by a lent receive or kept.
+  std::uint64_t mapped_bytes() const { return mapped_bytes_; }
   std::int64_t lent_sends() const { return lent_sends_; }
   std::int64_t copied_sends() const { return copied_sends_; }
 
@@ -105,7 +121,8 @@ class SharedMessages {
   std::uint64_t* slot(int receiver, int sender, std::uint64_t seq) const;
   std::uint64_t* ack(int receiver, int sender, std::uint64_t seq) const;
   std::optional<std::pair<int, BlockPlace>> place_of(const void* data, std::uint64_t bytes) const;
-  const char* locate(const Post& p);
+  const char* locate(const Post& p, PeerMapping*& mapping);
+  void trim_mappings();
   char* bounce(std::uint64_t bytes);
   void acknowledge(int sender, std::uint64_t seq);
   bool reap_bounces();
@@ -115,10 +132,13 @@ class SharedMessages {
   std::vector<pid_t> pids_;
   std::vector<std::uint64_t> sent_;  // by receiver: the last seq posted to it
   std::vector<std::uint64_t> seen_;  // by sender: the last of its seqs read here
-  std::vector<std::deque<Post>> posts_;                       // by sender: read, not yet matched
-  std::vector<std::deque<std::shared_ptr<Receive>>> waiting_; // by sender: receives not yet matched
-  std::map<std::pair<int, int>, MappedBlock> mapped_;         // peers' blocks, by (owner, fd)
-  std::vector<std::pair<Ticket, char*>> bounced_;             // copies the receivers still read
+  std::vector<std::deque<Post>> posts_;                        // by sender: read, not yet matched
+  std::vector<std::deque<std::shared_ptr<Receive>>> waiting_;  // by sender: receives not yet matched
+  std::map<std::pair<int, int>, PeerMapping> mapped_;          // peers' blocks, by (owner, fd)
+  std::uint64_t kept_mapping_bytes_;
+  std::uint64_t mapped_bytes_ = 0;
+  std::uint64_t uses_ = 0;                         // a clock for least recently used
+  std::vector<std::pair<Ticket, char*>> bounced_;  // copies the receivers still read
   std::int64_t lent_sends_ = 0, copied_sends_ = 0;
 };
 
