@@ -38,14 +38,6 @@ namespace {
 
 using testing::Size;
 
-// SHARDMM_MPI_SHARED_MEMORY=0 (the point-to-point run of this program) keeps every group and
-// message off shared memory; unset, every rank of these tests is on this node.
-bool shared_memory_on() {
-  const char* shared = std::getenv("SHARDMM_MPI_SHARED_MEMORY");
-  return shared == nullptr || std::string(shared) != "0";
-}
-
-
 struct Group {
   const char* mesh;
   AxisList axes;

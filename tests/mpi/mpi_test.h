@@ -4,7 +4,18 @@
 // its peers waiting in the next collective.
 #pragma once
 
+#include <cstdlib>
+#include <string>
+
 namespace shardmm {
 // This process's rank, set by main before the tests run.
 extern int world_rank;
+
+// Whether the job runs on the shared-memory paths: SHARDMM_MPI_SHARED_MEMORY=0 (the
+// point-to-point run of the collectives test) keeps every group and message off them; unset,
+// every rank of these tests is on this node.
+inline bool shared_memory_on() {
+  const char* shared = std::getenv("SHARDMM_MPI_SHARED_MEMORY");
+  return shared == nullptr || std::string(shared) != "0";
+}
 }  // namespace shardmm
