@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <random>
@@ -28,22 +29,31 @@ char pattern(std::size_t e, std::size_t w, std::size_t r, std::int64_t i) {
   return static_cast<char>((e * 131 + w * 31 + r * 7 + static_cast<std::size_t>(i) * 13) & 0xff);
 }
 
+// n members' segments in plain memory, 64-byte aligned and cleared.
+struct Segments {
+  Segments(std::size_t n, std::size_t part) : memory(n, std::vector<char>(SharedExchange::segment_bytes(n, part) + 64)) {
+    for (auto& m : memory) {
+      char* aligned = m.data() + (64 - reinterpret_cast<std::uintptr_t>(m.data()) % 64) % 64;
+      SharedExchange::clear(aligned, n);
+      at.push_back(aligned);
+    }
+  }
+  std::vector<std::vector<char>> memory;
+  std::vector<char*> at;
+};
+
 // Runs the plan on n threads. A reader that catches a mismatch records it and makes every other
 // member give up at its next idle pass. Returns the mismatches seen, as "reader<-writer".
-std::vector<std::string> run(const Plan& plan, std::size_t n, std::size_t part, const Plan* expected = nullptr) {
-  std::vector<std::vector<char>> memory(n, std::vector<char>(SharedExchange::segment_bytes(n, part) + 64));
-  std::vector<char*> segments;
-  for (auto& m : memory) {
-    char* aligned = m.data() + (64 - reinterpret_cast<std::uintptr_t>(m.data()) % 64) % 64;
-    SharedExchange::clear(aligned, n);
-    segments.push_back(aligned);
-  }
+std::vector<std::string> run(const Plan& plan, std::size_t n, std::size_t part, const Plan* expected = nullptr,
+                             ExchangeCopy copy = ExchangeCopy::learn) {
+  Segments memory(n, part);
+  const std::vector<char*>& segments = memory.at;
   std::atomic<bool> abort{false};
   std::vector<std::string> mismatches(n);
   std::vector<std::thread> members;
   for (std::size_t me = 0; me < n; ++me) {
     members.emplace_back([&, me] {
-      SharedExchange ex(segments, me, part);
+      SharedExchange ex(segments, me, part, copy);
       try {
         for (std::size_t e = 0; e < plan.size(); ++e) {
           const Plan& recv_plan = expected ? *expected : plan;
@@ -102,6 +112,63 @@ TEST(SharedExchange, RandomSharesArriveOverManyRounds) {
     const std::size_t part = std::size_t{64} << (trial % 4);  // 64 B to 512 B: many rounds each
     const Plan plan = random_plan(rng, n, 8, 3000);
     EXPECT_TRUE(run(plan, n, part).empty()) << "trial " << trial;
+  }
+}
+
+// The same with every writer copying by streaming stores, and by memcpy.
+TEST(SharedExchange, RandomSharesArriveWithEitherCopy) {
+  std::mt19937 rng(8);
+  for (const ExchangeCopy copy : {ExchangeCopy::streaming, ExchangeCopy::cached}) {
+    for (int trial = 0; trial < 24; ++trial) {
+      const std::size_t n = 2 + trial % 4;
+      const std::size_t part = std::size_t{64} << (trial % 4);
+      const Plan plan = random_plan(rng, n, 6, 3000);
+      EXPECT_TRUE(run(plan, n, part, nullptr, copy).empty()) << "trial " << trial;
+    }
+  }
+}
+
+// streaming_copy copies exactly, from and to any alignment, any length.
+TEST(SharedExchange, StreamingCopyIsACopy) {
+  std::mt19937 rng(9);
+  std::vector<char> from(5000), to(5100);
+  for (auto& c : from) c = static_cast<char>(rng());
+  for (int trial = 0; trial < 300; ++trial) {
+    const std::size_t in = rng() % 64, out = rng() % 64, bytes = rng() % 4000;
+    std::fill(to.begin(), to.end(), 0x5a);
+    streaming_copy(to.data() + out, from.data() + in, bytes);
+    EXPECT_TRUE(std::equal(from.begin() + in, from.begin() + in + bytes, to.begin() + out)) << trial;
+    EXPECT_TRUE(std::all_of(to.begin(), to.begin() + out, [](char c) { return c == 0x5a; })) << trial;
+    EXPECT_TRUE(std::all_of(to.begin() + out + bytes, to.end(), [](char c) { return c == 0x5a; })) << trial;
+  }
+}
+
+// Learning: small exchanges copy with memcpy; the first two large ones try memcpy, then
+// streaming stores, and the later ones take the faster (timed) or, now and then, the other.
+TEST(SharedExchange, LearningTriesBothCopiesOnLargeExchanges) {
+  const std::size_t n = 2, part = 1 << 16;
+  Segments memory(n, part);
+  const std::vector<char*>& segments = memory.at;
+  std::vector<std::vector<bool>> chose(n);
+  std::vector<std::thread> members;
+  for (std::size_t me = 0; me < n; ++me) {
+    members.emplace_back([&, me] {
+      SharedExchange ex(segments, me, part);
+      for (const std::int64_t bytes : {1000, 200000, 200000, 200000}) {  // sent and received: 2x
+        std::vector<char> send(static_cast<std::size_t>(bytes), static_cast<char>(me)), recv(send.size());
+        std::vector<SharedExchange::Share> shares(n);
+        shares[1 - me] = {send.data(), bytes, recv.data(), bytes};
+        ex.exchange(shares, [] { std::this_thread::yield(); }, [](std::size_t) { throw std::logic_error("mismatch"); });
+        EXPECT_EQ(recv.back(), static_cast<char>(1 - me));
+        chose[me].push_back(ex.streaming());
+      }
+    });
+  }
+  for (auto& t : members) t.join();
+  for (std::size_t me = 0; me < n; ++me) {
+    EXPECT_FALSE(chose[me][0]);  // 2000 bytes
+    EXPECT_FALSE(chose[me][1]);
+    EXPECT_TRUE(chose[me][2]);
   }
 }
 

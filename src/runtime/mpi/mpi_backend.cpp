@@ -159,6 +159,18 @@ bool shared_memory_wanted() {
       .value_or(true);
 }
 
+// How the shared window's writers copy into their segments (shared_exchange.h):
+// SHARDMM_MPI_STREAMING_COPY=1 always with streaming stores, 0 always with memcpy, unset
+// whichever has been faster in this run's recent large exchanges.
+ExchangeCopy exchange_copy_wanted() {
+  const std::optional<bool> wanted = env_switch(
+      "SHARDMM_MPI_STREAMING_COPY",
+      "1 (the shared window's writers copy with streaming stores), 0 (with memcpy) or unset (whichever has been "
+      "faster in the run's large exchanges)");
+  if (!wanted) return ExchangeCopy::learn;
+  return *wanted ? ExchangeCopy::streaming : ExchangeCopy::cached;
+}
+
 // Bodies running in this process: run_mpi counts them.
 std::atomic<int> running_bodies{0};
 
@@ -264,7 +276,7 @@ class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `world` and `checks`, this run's duplicates of MPI_COMM_WORLD.
   MpiCommunicator(const Mesh& mesh, int rank, MPI_Comm world, MPI_Comm checks, const MpiOptions& options,
-                  bool progress_thread, bool shared_memory)
+                  bool progress_thread, bool shared_memory, ExchangeCopy exchange_copy)
       : mesh_(mesh),
         rank_(rank),
         world_(world),
@@ -277,7 +289,8 @@ class MpiCommunicator final : public Communicator {
         inbox_(static_cast<std::size_t>(mesh.device_count())),
         yield_(node_oversubscribed()),
         progress_thread_(progress_thread),
-        shared_memory_(shared_memory) {
+        shared_memory_(shared_memory),
+        exchange_copy_(exchange_copy) {
     int flag = 0;
     int* tag_ub = nullptr;
     check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag), "MPI_Comm_get_attr");
@@ -795,7 +808,7 @@ class MpiCommunicator final : public Communicator {
       check(MPI_Win_shared_query(g.window, static_cast<int>(m), &bytes, &unit, &segments[m]), "MPI_Win_shared_query");
     }
     check(MPI_Barrier(g.comm), "MPI_Barrier");  // every segment is cleared before anyone writes
-    g.shared = std::make_unique<SharedExchange>(std::move(segments), g.me, part);
+    g.shared = std::make_unique<SharedExchange>(std::move(segments), g.me, part, exchange_copy_);
   }
 
   // Point-to-point through shared memory (shared_messages.h) when every rank is on this node:
@@ -1310,6 +1323,7 @@ class MpiCommunicator final : public Communicator {
   bool yield_;                           // when polling finds nothing
   bool progress_thread_;
   bool shared_memory_;
+  ExchangeCopy exchange_copy_;
   int tag_ub_ = 32767;
   std::map<AxisList, Group> groups_;
   std::vector<Outgoing> outgoing_;
@@ -1379,13 +1393,14 @@ void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, c
   }
   const bool progress_thread = progress_thread_wanted();
   const bool shared_memory = shared_memory_wanted();
+  const ExchangeCopy exchange_copy = exchange_copy_wanted();
   MPI_Comm world = MPI_COMM_NULL;
   MPI_Comm checks = MPI_COMM_NULL;
   check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
   check(MPI_Comm_dup(MPI_COMM_WORLD, &checks), "MPI_Comm_dup");
   check(MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check(MPI_Comm_set_errhandler(checks, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  MpiCommunicator comm(mesh, rank, world, checks, options, progress_thread, shared_memory);
+  MpiCommunicator comm(mesh, rank, world, checks, options, progress_thread, shared_memory, exchange_copy);
   // Errors found above (the world size) are raised by every rank alike, so they propagate and
   // the CLI exits 2 on each rank, cleanly. An exception from `body` is different: this rank
   // cannot know whether the others raised it too or are blocked in a collective waiting for

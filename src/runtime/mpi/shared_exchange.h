@@ -10,12 +10,48 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace shardmm::detail {
+
+// A copy with non-temporal stores: the bytes go to memory rather than into this core's cache,
+// so a reader on a core that shares no cache with this one reads them from memory instead of
+// pulling them out of this core's cache line by line. On the 2-vCPU VM of docs/benchmarks.md,
+// whose vCPUs the host moves between sharing a last-level cache and not, a 512 KiB handover
+// took 45-51 us this way in either state, against 63-83 us (shared cache) or ~300 us (not)
+// with memcpy; with a cache shared closely, memcpy can be twice as fast. Hence learned.
+inline void streaming_copy(char* to, const char* from, std::size_t bytes) {
+#if defined(__SSE2__)
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(to) % 16) % 16);
+  std::memcpy(to, from, head);
+  std::size_t i = head;
+  for (; i + 64 <= bytes; i += 64) {
+    const auto* in = reinterpret_cast<const __m128i*>(from + i);
+    auto* out = reinterpret_cast<__m128i*>(to + i);
+    const __m128i a = _mm_loadu_si128(in), b = _mm_loadu_si128(in + 1), c = _mm_loadu_si128(in + 2),
+                  d = _mm_loadu_si128(in + 3);
+    _mm_stream_si128(out, a);
+    _mm_stream_si128(out + 1, b);
+    _mm_stream_si128(out + 2, c);
+    _mm_stream_si128(out + 3, d);
+  }
+  std::memcpy(to + i, from + i, bytes - i);
+  _mm_sfence();  // before the round is published: a release store does not order streaming stores
+#else
+  std::memcpy(to, from, bytes);
+#endif
+}
+
+// How a writer copies into its segment: memcpy (cached), streaming_copy, or whichever of the
+// two has made this member's recent large exchanges faster (learn).
+enum class ExchangeCopy { learn, cached, streaming };
 
 // One member's segment, 64-byte lines:
 //   line 0            published: rounds this member has written, ever (1, 2, 3, ...)
@@ -42,11 +78,13 @@ class SharedExchange {
 
   // `segments[m]`: member m's segment as this process maps it; each member zeroes its own
   // (clear) and all have done so before the first exchange.
-  SharedExchange(std::vector<char*> segments, std::size_t me, std::size_t part)
+  SharedExchange(std::vector<char*> segments, std::size_t me, std::size_t part,
+                 ExchangeCopy copy = ExchangeCopy::learn)
       : segments_(std::move(segments)),
         n_(segments_.size()),
         me_(me),
         part_(part),
+        copy_(copy),
         seen_(n_, 0),
         sent_(n_, 0),
         got_(n_, 0),
@@ -64,6 +102,12 @@ class SharedExchange {
     if (self.send != self.recv && self.send_bytes > 0) {
       std::memcpy(self.recv, self.send, static_cast<std::size_t>(self.send_bytes));
     }
+    std::int64_t bytes = 0;
+    for (std::size_t m = 0; m < n_; ++m) {
+      if (m != me_) bytes += shares[m].send_bytes + shares[m].recv_bytes;
+    }
+    streaming_ = choose_streaming(bytes);
+    copy_seconds_ = 0;
     std::fill(sent_.begin(), sent_.end(), 0);
     std::fill(got_.begin(), got_.end(), 0);
     std::fill(piece_done_.begin(), piece_done_.end(), 0);
@@ -82,9 +126,40 @@ class SharedExchange {
       }
       if (!moved) idle();
     }
+    if (copy_ == ExchangeCopy::learn && bytes >= kLearnBytes) {
+      const double per_byte = copy_seconds_ / static_cast<double>(bytes);
+      double& cost = cost_[streaming_ ? 1 : 0];
+      cost = cost > 0 ? 0.75 * cost + 0.25 * per_byte : per_byte;
+    }
   }
 
+  // Whether this member's exchanges use streaming_copy now (the last exchange's choice).
+  bool streaming() const { return streaming_; }
+
  private:
+  using Clock = std::chrono::steady_clock;
+  // Exchanges that move fewer bytes (sent and received, this member) copy with memcpy: their
+  // pieces stay in cache either way, and their times say little about a large copy's.
+  static constexpr std::int64_t kLearnBytes = std::int64_t{256} << 10;
+  // One large exchange in this many tries the copy that is not the faster, so that a change
+  // of the machine's state (docs/benchmarks.md) is noticed.
+  static constexpr std::uint64_t kExploreEvery = 8;
+
+  static double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  }
+
+  // The members of a group make the same exchanges, so they try the two copies in step, and
+  // the time this member spends copying (its writes, and its reads of what the others wrote
+  // the same way) is what the choice weighs; waits for a peer are not counted.
+  bool choose_streaming(std::int64_t bytes) {
+    if (copy_ != ExchangeCopy::learn) return copy_ == ExchangeCopy::streaming;
+    if (bytes < kLearnBytes) return false;
+    if (cost_[0] == 0 || cost_[1] == 0) return cost_[0] != 0;  // each tried once first
+    const bool faster = cost_[1] < cost_[0];
+    return ++large_exchanges_ % kExploreEvery == 0 ? !faster : faster;
+  }
+
   // An entry's flags: this piece ends the writer's share for this reader; this round ends the
   // writer's part of the exchange.
   static constexpr std::int64_t kLastPiece = 1;
@@ -127,7 +202,17 @@ class SharedExchange {
     for (std::size_t r = 0; r < n_; ++r) {
       if (r == me_) continue;
       const std::int64_t bytes = std::min<std::int64_t>(static_cast<std::int64_t>(part_), shares[r].send_bytes - sent_[r]);
-      if (bytes > 0) std::memcpy(partition(b, me_, r), shares[r].send + sent_[r], static_cast<std::size_t>(bytes));
+      if (bytes > 0) {
+        const Clock::time_point start = Clock::now();
+        char* to = partition(b, me_, r);
+        const char* from = shares[r].send + sent_[r];
+        if (streaming_) {
+          streaming_copy(to, from, static_cast<std::size_t>(bytes));
+        } else {
+          std::memcpy(to, from, static_cast<std::size_t>(bytes));
+        }
+        copy_seconds_ += seconds_since(start);
+      }
       sent_[r] += bytes;
       std::int64_t* e = entry(b, me_, r);
       e[0] = bytes;
@@ -155,7 +240,11 @@ class SharedExchange {
     if (!piece_done_[m]) {
       const std::int64_t bytes = e[0];
       if (got_[m] + bytes > share.recv_bytes) mismatch(m);
-      if (bytes > 0) std::memcpy(share.recv + got_[m], partition(b, m, me_), static_cast<std::size_t>(bytes));
+      if (bytes > 0) {
+        const Clock::time_point start = Clock::now();
+        std::memcpy(share.recv + got_[m], partition(b, m, me_), static_cast<std::size_t>(bytes));
+        copy_seconds_ += seconds_since(start);
+      }
       got_[m] += bytes;
       if (e[1] & kLastPiece) {
         if (got_[m] != share.recv_bytes) mismatch(m);
@@ -173,6 +262,11 @@ class SharedExchange {
 
   std::vector<char*> segments_;
   std::size_t n_, me_, part_;
+  ExchangeCopy copy_;
+  bool streaming_ = false;
+  double copy_seconds_ = 0;   // this exchange's, so far
+  double cost_[2] = {0, 0};  // copy seconds per byte of large exchanges, EWMA: cached, streaming
+  std::uint64_t large_exchanges_ = 0;
   std::vector<std::int64_t> seen_;  // by writer: the last of its rounds this member has read
   // This exchange's progress, by peer.
   std::vector<std::int64_t> sent_, got_;
