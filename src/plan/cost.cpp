@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <optional>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -662,19 +663,40 @@ std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>&
   const auto squares = [&](const AlphaBetaSegment& s, std::size_t points) {
     return s.fit.rms_rel_residual * s.fit.rms_rel_residual * static_cast<double>(points);
   };
-  std::vector<AlphaBetaSegment> best = {fit_range(0, bytes.size())};
-  double best_squares = squares(best[0], bytes.size());
-  const double one_line = best_squares;
-  if (best[0].fit.rms_rel_residual < kOneLineIsExact) return best;
-  for (std::size_t split = kMinSegmentPoints; split + kMinSegmentPoints <= bytes.size(); ++split) {
-    const AlphaBetaSegment low = fit_range(0, split), high = fit_range(split, bytes.size());
-    const double total = squares(low, split) + squares(high, bytes.size() - split);
-    if (total < best_squares && total < one_line / 2) {
-      best = {low, high};
-      best_squares = total;
-    }
+  // The best split into `ranges` ranges (cut points ascending, each range kMinSegmentPoints
+  // sizes or more), and its sum of squares; nothing when the sweep is too short for it.
+  const auto best_split = [&](std::size_t ranges) {
+    std::optional<std::pair<std::vector<AlphaBetaSegment>, double>> best;
+    std::vector<std::size_t> cuts(ranges + 1, 0);
+    cuts.back() = bytes.size();
+    const auto search = [&](auto&& self, std::size_t k) -> void {
+      if (k == ranges) {
+        std::vector<AlphaBetaSegment> lines;
+        double total = 0;
+        for (std::size_t r = 0; r < ranges; ++r) {
+          lines.push_back(fit_range(cuts[r], cuts[r + 1]));
+          total += squares(lines.back(), cuts[r + 1] - cuts[r]);
+        }
+        if (!best || total < best->second) best.emplace(std::move(lines), total);
+        return;
+      }
+      for (std::size_t cut = cuts[k - 1] + kMinSegmentPoints;
+           cut + (ranges - k) * kMinSegmentPoints <= bytes.size(); ++cut) {
+        cuts[k] = cut;
+        self(self, k + 1);
+      }
+    };
+    search(search, 1);
+    return best;
+  };
+  // More ranges only where they at least halve the squares of the best with fewer.
+  auto best = best_split(1);
+  for (std::size_t ranges = 2; ranges <= kMaxSegments; ++ranges) {
+    if (std::sqrt(best->second / static_cast<double>(bytes.size())) < kOneLineIsExact) break;
+    auto more = best_split(ranges);
+    if (more && more->second < best->second / 2) best = std::move(more);
   }
-  return best;
+  return best->first;
 }
 
 HardwareProfile load_profile(std::string_view name_or_path) {

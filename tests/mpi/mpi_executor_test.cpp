@@ -154,7 +154,9 @@ TEST(MpiExecutorTest, RingsOfLentShardsMatchThreadsBitForBit) {
     }
   }
   EXPECT_GE(rings, 6);
-  if (shared_memory_on()) EXPECT_GT(detail::mpi_shared_sends(true), lent_before);
+  if (shared_memory_on()) {
+    EXPECT_GT(detail::mpi_shared_sends(true), lent_before);
+  }
 }
 
 TEST(MpiExecutorTest, ReshardsOnTwoByTwo) {

@@ -119,6 +119,22 @@ TEST(FitAlphaBetaSegments, ACacheKneeGivesTwoExactLines) {
   for (const AlphaBetaSegment& s : segments) EXPECT_LT(s.fit.max_rel_residual, 1e-9);
 }
 
+TEST(FitAlphaBetaSegments, TwoKneesGiveThreeExactLines) {
+  // A private cache up to 128 KiB, a shared one up to 4 MiB, memory beyond.
+  const std::vector<double> x = sweep();
+  std::vector<double> t;
+  for (double b : x) t.push_back(b <= (128 << 10) ? 1e-6 + b / 4e10 : b <= (4 << 20) ? 5e-6 + b / 3e10 : 2e-5 + b / 1e10);
+  const std::vector<AlphaBetaSegment> segments = fit_alpha_beta_segments(x, t);
+  ASSERT_EQ(segments.size(), 3u);
+  EXPECT_EQ(segments[0].max_bytes, 128 << 10);
+  EXPECT_EQ(segments[1].min_bytes, 256 << 10);
+  EXPECT_EQ(segments[1].max_bytes, 4 << 20);
+  EXPECT_EQ(segments[2].min_bytes, 8 << 20);
+  EXPECT_NEAR(segments[1].fit.beta_s_per_byte, 1 / 3e10, 1e-22);
+  EXPECT_NEAR(segments[2].fit.beta_s_per_byte, 1 / 1e10, 1e-21);
+  for (const AlphaBetaSegment& s : segments) EXPECT_LT(s.fit.max_rel_residual, 1e-9);
+}
+
 TEST(FitAlphaBetaSegments, NeedsAscendingDistinctSizes) {
   EXPECT_THROW(fit_alpha_beta_segments({2, 1, 3}, {1, 1, 1}), std::invalid_argument);
   EXPECT_THROW(fit_alpha_beta_segments({1, 1, 3}, {1, 1, 1}), std::invalid_argument);

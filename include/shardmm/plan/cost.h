@@ -125,12 +125,15 @@ struct AlphaBetaFit {
 };
 AlphaBetaFit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds);
 
-// The sweep as one line, or as two lines split between two sizes when that at least
-// halves the sum of squared relative residuals (the best such split; each line fitted on
-// kMinSegmentPoints sizes or more). Caches make small messages cheaper per byte than large
-// ones, which one line cannot follow. One line within kOneLineIsExact (rms relative
-// residual) is kept: timers resolve no better. Sizes must be distinct and ascending.
+// The sweep as one line, or split into up to kMaxSegments lines between sizes: more lines
+// are taken when they at least halve the sum of squared relative residuals of the best fit
+// with fewer (the best split for each count; each line fitted on kMinSegmentPoints sizes or
+// more). Caches make small messages cheaper per byte than large ones, in steps
+// (a private cache, the shared one, memory), which one line cannot follow. A fit within
+// kOneLineIsExact (rms relative residual) is kept: timers resolve no better. Sizes must be
+// distinct and ascending.
 inline constexpr std::size_t kMinSegmentPoints = 3;
+inline constexpr std::size_t kMaxSegments = 3;
 inline constexpr double kOneLineIsExact = 1e-3;
 struct AlphaBetaSegment {
   double min_bytes = 0;  // the first and last size the line was fitted on
