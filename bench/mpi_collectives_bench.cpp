@@ -3,7 +3,7 @@
 // MPI; this program says what that costs (target: MPI/ours >= 0.95 at >= 1 MiB).
 //
 //   mpirun -n 2 build/bench/mpi_collectives_bench [--sizes 1MiB,4MiB,16MiB,64MiB] [--repeat 21]
-//          [--calls N] [--check] [--json] [--only MPI_Allreduce,...]
+//          [--calls N] [--check] [--json] [--heap] [--fresh] [--only MPI_Allreduce,...]
 //
 // Sizes follow nccl-tests: the bytes of the whole f32 array per rank. all_gather: the gathered
 // output (each rank contributes size/n); reduce_scatter: the input (each rank keeps size/n,
@@ -18,7 +18,12 @@
 // same on every rank); rank 0's figures are printed. "ours" and "MPI" are the medians of
 // --repeat timings per call; MPI/ours is the median of the ratios of adjacent timings, so
 // >= 1 means the backend is not slower. The backend runs unchecked (BackendOptions::check off,
-// as benchmarks run it); --check adds its per-collective agreement message to ours. --only
+// as benchmarks run it); --check adds its per-collective agreement message to ours.
+// --heap keeps the arrays in std::vectors instead of Buffers (the executor's memory, which the
+// backend lends to a peer on the same machine: see exchange in mpi_backend.cpp). --fresh
+// rewrites the send array before every call, ours and MPI's alike, as a matmul producing it
+// would, and subtracts the rewrites' own time, timed alone in the same repeat: without it a
+// peer may still hold the unchanged input in its cache from the call before. --only
 // keeps the rows of the MPI calls named: scripts/bench-mpi-algorithms.sh runs each one once
 // per algorithm Open MPI's tuned component has for it, to compare against the best of them.
 
@@ -44,6 +49,7 @@
 #include "shardmm/core/mesh.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/runner.h"
+#include "shardmm/runtime/tensor.h"
 
 namespace {
 
@@ -58,6 +64,8 @@ struct Options {
   int calls = 0;  // per timing; 0 calibrates
   bool check = false;
   bool json = false;
+  bool heap = false;   // arrays in std::vectors rather than Buffers
+  bool fresh = false;  // each call's send array rewritten first, that time subtracted
   std::vector<std::string> only;  // MPI calls whose rows run; empty: all
 };
 
@@ -123,6 +131,10 @@ Options parse_options(int argc, char** argv) {
       o.check = true;
     } else if (arg == "--json") {
       o.json = true;
+    } else if (arg == "--heap") {
+      o.heap = true;
+    } else if (arg == "--fresh") {
+      o.fresh = true;
     } else if (arg == "--only") {
       for (const std::string& call : split_list(value())) {
         if (std::find(std::begin(kMpiCalls), std::end(kMpiCalls), call) == std::end(kMpiCalls)) {
@@ -133,7 +145,7 @@ Options parse_options(int argc, char** argv) {
       }
     } else {
       throw std::invalid_argument("unknown option '" + arg + "'; options: --sizes LIST, --repeat N, --calls N, --check, "
-                                  "--json, --only MPI_CALLS");
+                                  "--json, --heap, --fresh, --only MPI_CALLS");
     }
   }
   return o;
@@ -146,12 +158,14 @@ std::string format_size(std::int64_t bytes) {
   return std::to_string(bytes) + " B";
 }
 
-// One row: a backend call and the MPI call that moves the same bytes.
+// One row: a backend call and the MPI call that moves the same bytes; with --fresh, what
+// rewrites the send array before each of them (empty where the call rewrites its own).
 struct Pair {
   const char* op;
   const char* mpi_call;
   std::function<void()> ours;
   std::function<void()> theirs;
+  std::function<void()> rewrite;
 };
 
 struct Row {
@@ -172,7 +186,15 @@ double timing(const std::function<void()>& op, int calls) {
   return (MPI_Wtime() - t0) / calls;
 }
 
-Row measure(const Pair& p, std::int64_t bytes, const Options& o) {
+Row measure(const Pair& pair, std::int64_t bytes, const Options& o) {
+  const auto fresh = [&](const std::function<void()>& call) -> std::function<void()> {
+    if (!pair.rewrite) return call;
+    return [&pair, &call] {
+      pair.rewrite();
+      call();
+    };
+  };
+  const Pair p{pair.op, pair.mpi_call, fresh(pair.ours), fresh(pair.theirs), pair.rewrite};
   // First calls pay for what later ones reuse (the backend's group communicator and
   // workspace, MPI's buffers, page faults): not timed.
   p.ours();
@@ -195,6 +217,11 @@ Row measure(const Pair& p, std::int64_t bytes, const Options& o) {
       b = timing(p.theirs, calls);
       a = timing(p.ours, calls);
     }
+    if (p.rewrite) {  // what the rewrites took alone, in the same stretch of time
+      const double w = timing(p.rewrite, calls);
+      a -= w;
+      b -= w;
+    }
     ours.push_back(a);
     theirs.push_back(b);
     ratios.push_back(b / a);
@@ -215,6 +242,21 @@ void print_row(const Row& r, int ranks, const Options& o) {
   std::fflush(stdout);
 }
 
+// An f32 array in a Buffer, as the executor keeps tensors (on one machine the backend lends
+// those to its peers in place), or with `heap` in a std::vector, which it cannot lend.
+class Array {
+ public:
+  Array(std::int64_t count, float value, bool heap)
+      : vector_(heap ? static_cast<std::size_t>(count) : 0, value), buffer_(heap ? 0 : count, DType::f32) {
+    if (!heap) std::fill_n(buffer_.as<float>(), count, value);
+  }
+  float* data() { return vector_.empty() ? buffer_.as<float>() : vector_.data(); }
+
+ private:
+  std::vector<float> vector_;
+  shardmm::Buffer buffer_;
+};
+
 void run(Communicator& comm, int ranks, const Options& o) {
   const shardmm::AxisList x = {0};
   const bool root = comm.rank() == 0;
@@ -233,29 +275,33 @@ void run(Communicator& comm, int ranks, const Options& o) {
     const int c = static_cast<int>(count);
     const Counts blocks(static_cast<std::size_t>(ranks), block);
     const std::vector<int> int_blocks(static_cast<std::size_t>(ranks), b);
-    std::vector<float> send(static_cast<std::size_t>(count), 1.0f);
-    std::vector<float> recv(static_cast<std::size_t>(count), 0.0f);
-    // all_reduce sums in place, doubling the values each call; they reach +inf, and adding
-    // infinities is as fast as adding anything else (no denormals arise on the way up).
-    std::vector<float> data(static_cast<std::size_t>(count), 1.0f);
+    // all_reduce sums `data` in place, doubling the values each call; they reach +inf, and
+    // adding infinities is as fast as adding anything else (no denormals arise on the way up).
+    Array send(count, 1.0f, o.heap), recv(count, 0.0f, o.heap), data(count, 1.0f, o.heap);
     float* const in = send.data();
     float* const out = recv.data();
+    // What a producer (a matmul) does to the send array: every line written, so that no
+    // peer's cache still holds a copy from the call before. all_reduce writes its own.
+    const auto rewrite = [&](std::int64_t elements) -> std::function<void()> {
+      if (!o.fresh) return {};
+      return [in, elements] { std::fill_n(in, elements, 1.0f); };
+    };
     const Pair pairs[] = {
         {"all_gather", "MPI_Allgather",
          [&] { comm.all_gather(in, out, blocks, DType::f32, x); },
-         [&] { MPI_Allgather(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }},
+         [&] { MPI_Allgather(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }, rewrite(block)},
         {"reduce_scatter", "MPI_Reduce_scatter_block",
          [&] { comm.reduce_scatter(in, out, blocks, DType::f32, x); },
-         [&] { MPI_Reduce_scatter_block(in, out, b, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
+         [&] { MPI_Reduce_scatter_block(in, out, b, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, rewrite(count)},
         {"reduce_scatter", "MPI_Reduce_scatter",
          [&] { comm.reduce_scatter(in, out, blocks, DType::f32, x); },
-         [&] { MPI_Reduce_scatter(in, out, int_blocks.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
+         [&] { MPI_Reduce_scatter(in, out, int_blocks.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, rewrite(count)},
         {"all_reduce", "MPI_Allreduce",
          [&] { comm.all_reduce(data.data(), count, DType::f32, x); },
-         [&] { MPI_Allreduce(MPI_IN_PLACE, data.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }},
+         [&] { MPI_Allreduce(MPI_IN_PLACE, data.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, {}},
         {"all_to_all", "MPI_Alltoall",
          [&] { comm.all_to_all(in, blocks, out, blocks, DType::f32, x); },
-         [&] { MPI_Alltoall(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }},
+         [&] { MPI_Alltoall(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }, rewrite(count)},
     };
     for (const Pair& p : pairs) {
       if (!o.only.empty() && std::find(o.only.begin(), o.only.end(), p.mpi_call) == o.only.end()) continue;

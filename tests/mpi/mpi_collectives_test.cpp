@@ -152,6 +152,37 @@ TEST(MpiShared, CollectivesMatchClosedFormInManySmallRounds) {
   }
 }
 
+// On one node a collective's large pieces that lie in Buffers are lent: the shared window
+// carries only their sizes, and each receiver reads (or, in a reduce_scatter, sums) them where
+// their senders keep them. The large size sends every piece that way; the mixed counts send
+// one member's pieces lent, the others' through the window, and one member's nothing.
+TEST(MpiShared, CollectivesReadLargePiecesOfBuffersInPlace) {
+  using testing::BufferAllocator;
+  const std::int64_t before = detail::mpi_lent_pieces();
+  for (const Group& group : kGroups) {
+    run_backend("mpi", Mesh::parse(group.mesh), [&](Communicator& comm) {
+      EXPECT_TRUE((testing::check_collectives<float, BufferAllocator<float>>(comm, group.axes, Size::large)))
+          << group.name;
+      EXPECT_TRUE((testing::check_collectives<double, BufferAllocator<double>>(comm, group.axes, Size::large)))
+          << group.name;
+      if (comm.mesh().group_size(group.axes) == 4) {
+        const Counts mixed = {0, 300000, 7, 9000};
+        for (bool in_place : {false, true}) {
+          EXPECT_TRUE((testing::check_all_gather<float, BufferAllocator<float>>(comm, group.axes, mixed, in_place)))
+              << group.name;
+        }
+        EXPECT_TRUE((testing::check_reduce_scatter<double, BufferAllocator<double>>(comm, group.axes, mixed)))
+            << group.name;
+      }
+    });
+  }
+  if (shared_memory_on()) {
+    EXPECT_GT(detail::mpi_lent_pieces(), before);
+  } else {
+    EXPECT_EQ(detail::mpi_lent_pieces(), before);
+  }
+}
+
 // On one node a send from a Buffer is lent in place. The ring below forwards each rank's shard
 // n-1 hops, as the all_gather_einsum ring does (each member forwarding what it was lent), and
 // lets go nearest the end first: every member reads every shard where its owner wrote it, and

@@ -11,6 +11,8 @@
 //   mismatch       rank 0 calls all_gather, rank 1 all_reduce: both report, the job ends
 //   unchecked-mismatch  check off: rank 0 expects 2 elements from rank 1 in all_to_all, rank 1
 //                  sends 1; the data itself tells rank 0 (the shared window on one node)
+//   unchecked-lent-mismatch  the same with 300000 elements from a Buffer against 300001: rank 1's
+//                  piece is lent, and the size the window carries for it tells rank 0
 //   throw          rank 1 throws while rank 0 waits in all_reduce
 //   exit           rank 1 calls std::exit(1) while rank 0 waits in all_reduce
 //   abort          rank 1 calls std::abort() likewise
@@ -32,11 +34,11 @@
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const std::vector<std::string> modes = {"watchdog", "recv-watchdog", "irecv-watchdog", "isend-watchdog",
-                                          "end-watchdog", "mismatch", "unchecked-mismatch", "throw", "exit",
-                                          "abort"};
+                                          "end-watchdog", "mismatch", "unchecked-mismatch",
+                                          "unchecked-lent-mismatch", "throw", "exit", "abort"};
   if (std::find(modes.begin(), modes.end(), mode) == modes.end()) {
     std::cerr << "usage: mpirun -n 2 " << argv[0] << " watchdog|recv-watchdog|irecv-watchdog|isend-watchdog|end-watchdog|"
-                 "mismatch|unchecked-mismatch|throw|exit|abort\n";
+                 "mismatch|unchecked-mismatch|unchecked-lent-mismatch|throw|exit|abort\n";
     return 64;
   }
   shardmm::BackendOptions options;
@@ -48,6 +50,13 @@ int main(int argc, char** argv) {
         float out[3] = {};
         const shardmm::Counts expected = comm.rank() == 0 ? shardmm::Counts{1, 2} : shardmm::Counts{1, 1};
         return comm.all_to_all(x, {1, 1}, out, expected, shardmm::DType::f32, {0});
+      }
+      if (mode == "unchecked-lent-mismatch") {
+        const std::int64_t n = 300000;
+        const shardmm::Buffer in(2 * n, shardmm::DType::f32);
+        shardmm::Buffer out(2 * n + 1, shardmm::DType::f32);
+        const shardmm::Counts expected = comm.rank() == 0 ? shardmm::Counts{n, n + 1} : shardmm::Counts{n, n};
+        return comm.all_to_all(in.data(), {n, n}, out.data(), expected, shardmm::DType::f32, {0});
       }
       if (comm.rank() == 1) {
         if (mode == "throw") throw std::runtime_error("rank 1 failed on purpose");

@@ -17,11 +17,14 @@
 #include <cstring>
 #include <iomanip>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/tensor.h"
 
 namespace shardmm::testing {
 
@@ -135,9 +138,9 @@ inline Counts prefix(const Counts& counts) {
 }
 
 // The first position where `got` differs from `expected` (bitwise), described.
-template <typename T>
-::testing::AssertionResult compare(const Communicator& comm, const char* what, const std::vector<T>& got,
-                                   const std::vector<T>& expected) {
+template <typename T, class GotAlloc, class ExpectedAlloc>
+::testing::AssertionResult compare(const Communicator& comm, const char* what, const std::vector<T, GotAlloc>& got,
+                                   const std::vector<T, ExpectedAlloc>& expected) {
   if (got.size() != expected.size()) {
     return ::testing::AssertionFailure() << "rank " << comm.rank() << " " << what << ": size " << got.size()
                                          << ", expected " << expected.size();
@@ -154,66 +157,103 @@ template <typename T>
 
 }  // namespace detail
 
+// Arrays in shardmm::Buffers, the memory the executor keeps tensors in (on one machine the mpi
+// backend lends large Buffers to a peer in place instead of copying them): the checks' Alloc.
+template <typename T>
+struct BufferAllocator {
+  using value_type = T;
+  BufferAllocator() = default;
+  template <typename U>
+  BufferAllocator(const BufferAllocator<U>&) {}
+  T* allocate(std::size_t n) {
+    Buffer b(static_cast<std::int64_t>(n), dtype_of<T>());
+    T* p = b.as<T>();
+    const std::lock_guard lock(mutex());
+    buffers().emplace(p, std::move(b));
+    return p;
+  }
+  void deallocate(T* p, std::size_t) {
+    const std::lock_guard lock(mutex());
+    buffers().erase(p);
+  }
+  template <typename U>
+  bool operator==(const BufferAllocator<U>&) const { return true; }
+
+ private:
+  // Ranks may be threads of one process: shared, behind a lock.
+  static std::mutex& mutex() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<const void*, Buffer>& buffers() {
+    static std::map<const void*, Buffer> b;
+    return b;
+  }
+};
+
 // all_gather of counts[m] tagged elements per member; in place (send inside recv at this
 // rank's offset) when `in_place`.
-template <typename T>
+template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_all_gather(Communicator& comm, const AxisList& axes, const Counts& counts,
                                             bool in_place = false) {
+  using Array = std::vector<T, Alloc>;
   const Mesh& mesh = comm.mesh();
   const std::vector<std::int64_t> members = mesh.group_members(comm.rank(), axes);
   const auto me = static_cast<std::size_t>(mesh.group_rank(comm.rank(), axes));
   const Counts off = detail::prefix(counts);
-  std::vector<T> send(static_cast<std::size_t>(counts[me]));
+  Array send(static_cast<std::size_t>(counts[me]));
   for (std::int64_t k = 0; k < counts[me]; ++k) send[static_cast<std::size_t>(k)] = tagged<T>(comm.rank(), k);
   std::vector<T> expected(static_cast<std::size_t>(off.back()));
   for (std::size_t m = 0; m < members.size(); ++m) {
     for (std::int64_t k = 0; k < counts[m]; ++k) expected[static_cast<std::size_t>(off[m] + k)] = tagged<T>(members[m], k);
   }
-  std::vector<T> recv(expected.size(), T(-1));
+  Array recv(expected.size(), T(-1));
   const T* src = send.data();
   if (in_place) {
     std::copy(send.begin(), send.end(), recv.begin() + off[me]);
     src = recv.data() + off[me];
   }
-  const std::vector<T> sent = send;
+  const Array sent = send;
   comm.all_gather(src, recv.data(), counts, dtype_of<T>(), axes);
   if (auto r = detail::compare(comm, "all_gather recv", recv, expected); !r) return r;
   return detail::compare(comm, "all_gather send (must be unchanged)", send, sent);
 }
 
-template <typename T>
+template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_all_gather(Communicator& comm, const AxisList& axes, Size size,
                                             bool in_place = false) {
-  return check_all_gather<T>(comm, axes, member_counts(size, comm.mesh().group_size(axes)), in_place);
+  return check_all_gather<T, Alloc>(comm, axes, member_counts(size, comm.mesh().group_size(axes)), in_place);
 }
 
 // reduce_scatter of a send buffer whose element k is spread(rank, k).
-template <typename T>
+template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_reduce_scatter(Communicator& comm, const AxisList& axes, const Counts& counts) {
+  using Array = std::vector<T, Alloc>;
   const Mesh& mesh = comm.mesh();
   const std::vector<std::int64_t> members = mesh.group_members(comm.rank(), axes);
   const auto me = static_cast<std::size_t>(mesh.group_rank(comm.rank(), axes));
   const Counts off = detail::prefix(counts);
-  std::vector<T> send(static_cast<std::size_t>(off.back()));
+  Array send(static_cast<std::size_t>(off.back()));
   for (std::size_t k = 0; k < send.size(); ++k) send[k] = spread<T>(comm.rank(), static_cast<std::int64_t>(k));
   std::vector<T> expected(static_cast<std::size_t>(counts[me]));
   for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = ordered_sum<T>(members, off[me] + static_cast<std::int64_t>(i));
-  std::vector<T> recv(expected.size(), T(-1));
-  const std::vector<T> sent = send;
+  Array recv(expected.size(), T(-1));
+  const Array sent = send;
   comm.reduce_scatter(send.data(), recv.data(), counts, dtype_of<T>(), axes);
   if (auto r = detail::compare(comm, "reduce_scatter recv", recv, expected); !r) return r;
   return detail::compare(comm, "reduce_scatter send (must be unchanged)", send, sent);
 }
 
-template <typename T>
+template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_reduce_scatter(Communicator& comm, const AxisList& axes, Size size) {
-  return check_reduce_scatter<T>(comm, axes, member_counts(size, comm.mesh().group_size(axes)));
+  return check_reduce_scatter<T, Alloc>(comm, axes, member_counts(size, comm.mesh().group_size(axes)));
 }
 
-template <typename T>
+template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_all_reduce(Communicator& comm, const AxisList& axes, std::int64_t count) {
   const std::vector<std::int64_t> members = comm.mesh().group_members(comm.rank(), axes);
-  std::vector<T> data(static_cast<std::size_t>(count)), expected(data.size());
+  std::vector<T, Alloc> data(static_cast<std::size_t>(count));
+  std::vector<T> expected(data.size());
   for (std::size_t k = 0; k < data.size(); ++k) {
     data[k] = spread<T>(comm.rank(), static_cast<std::int64_t>(k));
     expected[k] = ordered_sum<T>(members, static_cast<std::int64_t>(k));
@@ -222,15 +262,16 @@ template <typename T>
   return detail::compare(comm, "all_reduce data", data, expected);
 }
 
-template <typename T>
+template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_all_reduce(Communicator& comm, const AxisList& axes, Size size) {
-  return check_all_reduce<T>(comm, axes, total_count(size, comm.mesh().group_size(axes)));
+  return check_all_reduce<T, Alloc>(comm, axes, total_count(size, comm.mesh().group_size(axes)));
 }
 
 // all_to_all where member `from` sends pair_count(size, n, from, to) tagged elements to
 // member `to`: element k of a sender's whole send buffer is tagged(sender, k).
-template <typename T>
+template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_all_to_all(Communicator& comm, const AxisList& axes, Size size) {
+  using Array = std::vector<T, Alloc>;
   const Mesh& mesh = comm.mesh();
   const std::vector<std::int64_t> members = mesh.group_members(comm.rank(), axes);
   const auto n = static_cast<std::int64_t>(members.size());
@@ -241,7 +282,7 @@ template <typename T>
     recv_counts.push_back(pair_count(size, n, m, me));
   }
   const Counts send_off = detail::prefix(send_counts), recv_off = detail::prefix(recv_counts);
-  std::vector<T> send(static_cast<std::size_t>(send_off.back()));
+  Array send(static_cast<std::size_t>(send_off.back()));
   for (std::size_t k = 0; k < send.size(); ++k) send[k] = tagged<T>(comm.rank(), static_cast<std::int64_t>(k));
   std::vector<T> expected(static_cast<std::size_t>(recv_off.back()));
   for (std::int64_t m = 0; m < n; ++m) {
@@ -252,8 +293,8 @@ template <typename T>
           tagged<T>(members[static_cast<std::size_t>(m)], at + i);
     }
   }
-  std::vector<T> recv(expected.size(), T(-1));
-  const std::vector<T> sent = send;
+  Array recv(expected.size(), T(-1));
+  const Array sent = send;
   comm.all_to_all(send.data(), send_counts, recv.data(), recv_counts, dtype_of<T>(), axes);
   if (auto r = detail::compare(comm, "all_to_all recv", recv, expected); !r) return r;
   return detail::compare(comm, "all_to_all send (must be unchanged)", send, sent);
@@ -261,12 +302,12 @@ template <typename T>
 
 // All four collectives, one after another on the same group (all_gather both out of
 // place and in place). Runs every one even after a failure, so that the ranks stay in step.
-template <typename T>
+template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_collectives(Communicator& comm, const AxisList& axes, Size size) {
   const ::testing::AssertionResult results[] = {
-      check_all_gather<T>(comm, axes, size),     check_all_gather<T>(comm, axes, size, true),
-      check_reduce_scatter<T>(comm, axes, size), check_all_reduce<T>(comm, axes, size),
-      check_all_to_all<T>(comm, axes, size)};
+      check_all_gather<T, Alloc>(comm, axes, size),     check_all_gather<T, Alloc>(comm, axes, size, true),
+      check_reduce_scatter<T, Alloc>(comm, axes, size), check_all_reduce<T, Alloc>(comm, axes, size),
+      check_all_to_all<T, Alloc>(comm, axes, size)};
   for (const auto& r : results) {
     if (!r) return r;
   }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -42,10 +43,13 @@ struct Segments {
   std::vector<char*> at;
 };
 
+// Which shares a writer sends elsewhere: elsewhere(e, w, r) for w's share for r in exchange e.
+using Elsewhere = std::function<bool(std::size_t, std::size_t, std::size_t)>;
+
 // Runs the plan on n threads. A reader that catches a mismatch records it and makes every other
 // member give up at its next idle pass. Returns the mismatches seen, as "reader<-writer".
 std::vector<std::string> run(const Plan& plan, std::size_t n, std::size_t part, const Plan* expected = nullptr,
-                             ExchangeCopy copy = ExchangeCopy::learn) {
+                             ExchangeCopy copy = ExchangeCopy::learn, const Elsewhere& elsewhere = nullptr) {
   Segments memory(n, part);
   const std::vector<char*>& segments = memory.at;
   std::atomic<bool> abort{false};
@@ -63,7 +67,8 @@ std::vector<std::string> run(const Plan& plan, std::size_t n, std::size_t part, 
             const std::int64_t out = plan[e][me][p];
             for (std::int64_t i = 0; i < out; ++i) send[p].push_back(pattern(e, me, p, i));
             recv[p].assign(static_cast<std::size_t>(recv_plan[e][p][me]), 0);
-            shares[p] = {send[p].data(), out, recv[p].data(), recv_plan[e][p][me]};
+            shares[p] = {send[p].data(), out, recv[p].data(), recv_plan[e][p][me],
+                         p != me && elsewhere && elsewhere(e, me, p)};
           }
           ex.exchange(shares, [&] {
             if (abort) throw Aborted("peer gave up");
@@ -75,6 +80,12 @@ std::vector<std::string> run(const Plan& plan, std::size_t n, std::size_t part, 
           });
           for (std::size_t p = 0; p < n; ++p) {
             const std::int64_t in = recv_plan[e][p][me];
+            const bool away = p != me && elsewhere && elsewhere(e, p, me);
+            ASSERT_EQ(ex.arrives_elsewhere(p), away) << "exchange " << e << ", member " << me << " from " << p;
+            if (away) {  // only its size came: nothing was written into the receive
+              ASSERT_EQ(std::count(recv[p].begin(), recv[p].end(), 0), in) << "exchange " << e;
+              continue;
+            }
             for (std::int64_t i = 0; i < in; ++i) {
               ASSERT_EQ(recv[p][static_cast<std::size_t>(i)], pattern(e, p, me, i))
                   << "exchange " << e << ", member " << me << " from " << p << ", byte " << i;
@@ -169,6 +180,34 @@ TEST(SharedExchange, LearningTriesBothCopiesOnLargeExchanges) {
     EXPECT_FALSE(chose[me][0]);  // 2000 bytes
     EXPECT_FALSE(chose[me][1]);
     EXPECT_TRUE(chose[me][2]);
+  }
+}
+
+// Shares sent elsewhere, mixed at random with those the window carries: each reader is told
+// which came elsewhere, and gets the others whole.
+TEST(SharedExchange, SharesSentElsewhereAreToldAndTheRestArrive) {
+  std::mt19937 rng(9);
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::size_t n = 2 + trial % 4;
+    const Plan plan = random_plan(rng, n, 6, 2000);
+    const std::uint32_t salt = static_cast<std::uint32_t>(rng());
+    const Elsewhere away = [salt](std::size_t e, std::size_t w, std::size_t r) {
+      return ((e * 7 + w * 3 + r + salt) % 3) == 0;
+    };
+    EXPECT_TRUE(run(plan, n, 128, nullptr, ExchangeCopy::learn, away).empty()) << "trial " << trial;
+  }
+}
+
+// A share sent elsewhere whose size differs from what its reader expects is a mismatch too.
+TEST(SharedExchange, SharesSentElsewhereOfAnotherSizeAreMismatches) {
+  const std::size_t n = 3;
+  Plan plan(1, std::vector<std::vector<std::int64_t>>(n, std::vector<std::int64_t>(n, 500)));
+  const Elsewhere away = [](std::size_t, std::size_t w, std::size_t r) { return w == 2 && r == 1; };
+  for (std::int64_t sent : {499, 501, 0}) {
+    Plan sends = plan;
+    sends[0][2][1] = sent;
+    EXPECT_EQ(run(sends, n, 128, &plan, ExchangeCopy::learn, away), std::vector<std::string>{"1<-2"})
+        << sent << " bytes sent";
   }
 }
 

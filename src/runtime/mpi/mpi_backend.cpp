@@ -41,6 +41,7 @@ namespace {
 std::atomic<std::int64_t> count_limit{INT_MAX};
 std::atomic<std::int64_t> shared_part_limit{0};  // 0: kSharedBankBytes over the peers
 std::atomic<std::int64_t> shared_exchanges{0};
+std::atomic<std::int64_t> lent_pieces{0};
 std::atomic<std::int64_t> shared_lent_sends{0};
 std::atomic<std::int64_t> shared_copied_sends{0};
 
@@ -51,6 +52,13 @@ constexpr int kCreateGroupTag = 1;
 constexpr int kPieceTag = 2;
 constexpr int kCheckTag = 3;
 constexpr int kGatherTag = 4;  // all_reduce's second half, apart from its first
+// A collective's pieces among shared_messages' point-to-point posts: below every user tag (>= 0).
+constexpr int kLentPieceTag = -1;
+
+// A collective's piece in shareable memory is lent to its receiver (exchange) from this size;
+// a smaller one goes through the shared window, whose one flag each way is quicker than a
+// post and its acknowledgement.
+constexpr std::int64_t kLentPieceBytes = std::int64_t{256} << 10;
 
 // all_reduce's segment, per member chunk: small enough that a segment's arrived copies and
 // its sum are still in cache when it is summed and sent back out. Three paired runs on 2 ranks
@@ -1060,12 +1068,10 @@ class MpiCommunicator final : public Communicator {
                                          static_cast<long long>(esz), "reduce_scatter's buffer"));
     const std::vector<Transfer> transfers =
         chunk_transfers(in, send_counts, send_displs, chunks, recv_counts, recv_displs, esz);
-    exchange(g, transfers, type, esz, op_label("reduce_scatter", dtype));
-    std::vector<const void*> sources(counts.size());
-    for (std::size_t m = 0; m < counts.size(); ++m) {
-      sources[m] = m == g.me ? in + send_displs[m] * esz : chunks + recv_displs[m] * esz;
-    }
-    detail::sum_in_order(dtype, sources, mine, recv);
+    // Lent chunks are summed where their senders keep them.
+    exchange(g, transfers, type, esz, op_label("reduce_scatter", dtype), true, [&](const std::vector<const char*>& at) {
+      detail::sum_in_order(dtype, std::vector<const void*>(at.begin(), at.end()), mine, recv);
+    });
   }
 
 
@@ -1162,30 +1168,99 @@ class MpiCommunicator final : public Communicator {
     gather(g, mine, data, split, dtype);
   }
 
-  // The data of an exchange: through the group's shared window where it has one, else as MPI
-  // messages.
+  // An exchange whose pieces all land in the receives.
   void exchange(const Group& g, const std::vector<Transfer>& transfers, MPI_Datatype type, std::size_t esz,
                 const std::string& op) {
+    exchange(g, transfers, type, esz, op, false, [](const std::vector<const char*>&) {});
+  }
+
+  // The data of an exchange: through the group's shared window where it has one, else as MPI
+  // messages. Where every rank is on this node, a large piece whose bytes lie in shareable
+  // memory is lent instead (shared_messages.h): the window carries only its size, and its
+  // receiver reads it out of the sender's memory — one pass over the bytes, where the window
+  // takes two (into the sender's segment, out of it) and Open MPI's transport two through its
+  // fragments. The sender decides piece by piece; the receiver learns it from the window.
+  //
+  // `use(at)` is called once all has arrived, at[m] where member m's piece lies: in its
+  // receive, or, with `read_in_place`, a lent piece where its sender keeps it (valid during
+  // the call only), and this rank's own piece in its send. A member returns once every peer is
+  // done with what it lent.
+  template <class Use>
+  void exchange(const Group& g, const std::vector<Transfer>& transfers, MPI_Datatype type, std::size_t esz,
+                const std::string& op, bool read_in_place, Use&& use) {
+    const std::size_t n = transfers.size();
+    std::vector<const char*> at(n);
+    for (std::size_t m = 0; m < n; ++m) at[m] = m == g.me && read_in_place ? transfers[m].send : transfers[m].recv;
     if (!g.shared) {
       exchange_point_to_point(g, transfers, type, esz, op);
+      use(at);
       return;
     }
-    std::vector<SharedExchange::Share> shares(transfers.size());
-    for (std::size_t m = 0; m < transfers.size(); ++m) {
-      const Transfer& t = transfers[m];
-      shares[m] = {t.send, t.send_count * static_cast<std::int64_t>(esz), t.recv,
-                   t.recv_count * static_cast<std::int64_t>(esz)};
-    }
-    ++shared_exchanges;
     const Clock::time_point deadline = Clock::now() + watchdog_;
     std::int64_t passes = 0;
-    g.shared->exchange(shares, [&] {
+    const auto idle = [&] {
       idle_pass(passes, deadline, [&] {
         return "collective timeout in group " + g.label + ": rank " + std::to_string(rank_) + " waited " +
                watchdog_text_ + " for the data of " + op + " after every member had called it" +
                watchdog_hint(watchdog_text_);
       });
-    }, [&](std::size_t m) { throw count_mismatch(op, transfers[m].recv_count, g.members[m]); });
+    };
+    std::vector<SharedExchange::Share> shares(n);
+    std::vector<std::optional<SharedMessages::Ticket>> lent(n);
+    for (std::size_t m = 0; m < n; ++m) {
+      const Transfer& t = transfers[m];
+      const std::int64_t bytes = t.send_count * static_cast<std::int64_t>(esz);
+      shares[m] = {t.send, bytes, t.recv, t.recv_count * static_cast<std::int64_t>(esz),
+                   m == g.me && read_in_place};
+      if (m != g.me && messages_ && bytes >= kLentPieceBytes &&
+          messages_->lendable(t.send, static_cast<std::uint64_t>(bytes))) {
+        lent[m] = messages_->send(t.send, static_cast<std::uint64_t>(bytes), g.members[m], kLentPieceTag, true, idle);
+        shares[m].elsewhere = true;
+      }
+    }
+    ++shared_exchanges;
+    const auto mismatch = [&](std::size_t m) { throw count_mismatch(op, transfers[m].recv_count, g.members[m]); };
+    g.shared->exchange(shares, idle, mismatch);
+    std::vector<std::shared_ptr<SharedMessages::Receive>> receives(n);
+    // Lets go of the pieces read in place, also when a mismatch throws.
+    struct Release {
+      SharedMessages* messages;
+      std::vector<std::shared_ptr<SharedMessages::Receive>>& receives;
+      ~Release() {
+        for (auto& r : receives) {
+          if (r) messages->release(*r);
+        }
+      }
+    } release{messages_.get(), receives};
+    for (std::size_t m = 0; m < n; ++m) {
+      if (m == g.me || !g.shared->arrives_elsewhere(m)) continue;
+      ++lent_pieces;
+      receives[m] = messages_->receive(transfers[m].recv, static_cast<std::uint64_t>(shares[m].recv_bytes),
+                                       g.members[m], kLentPieceTag, read_in_place);
+    }
+    const auto arrived = [&] {
+      messages_->progress();
+      return std::all_of(receives.begin(), receives.end(), [](const auto& r) { return !r || r->arrived; });
+    };
+    if (messages_) {
+      while (!arrived()) idle();
+    }
+    for (std::size_t m = 0; m < n; ++m) {
+      if (!receives[m]) continue;
+      if (receives[m]->mismatched) mismatch(m);
+      at[m] = receives[m]->at;
+    }
+    use(at);
+    for (auto& r : receives) {
+      if (r) messages_->release(*r);
+    }
+    const auto read = [&] {
+      messages_->progress();
+      return std::all_of(lent.begin(), lent.end(), [&](const auto& t) { return !t || messages_->acknowledged(*t); });
+    };
+    if (messages_) {
+      while (!read()) idle();
+    }
   }
 
   // A member `from` (device id) sent another count than the `expected` elements this rank takes.
@@ -1377,6 +1452,7 @@ std::int64_t set_mpi_count_limit(std::int64_t limit) {
 std::int64_t set_mpi_shared_part(std::int64_t bytes) { return shared_part_limit.exchange(bytes); }
 
 std::int64_t mpi_shared_exchanges() { return shared_exchanges.load(); }
+std::int64_t mpi_lent_pieces() { return lent_pieces.load(); }
 std::int64_t mpi_shared_sends(bool lent) { return (lent ? shared_lent_sends : shared_copied_sends).load(); }
 
 void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, const MpiOptions& options) {

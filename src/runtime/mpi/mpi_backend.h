@@ -42,6 +42,8 @@ std::int64_t set_mpi_shared_part(std::int64_t bytes);
 // Exchanges this process has made through a group's shared window so far: tests tell by it
 // which path a collective took.
 std::int64_t mpi_shared_exchanges();
+// Pieces of collectives this process has received lent, read out of their senders' memory.
+std::int64_t mpi_lent_pieces();
 // Point-to-point sends this process has made through shared memory so far: those that lent
 // their data in place (`lent`), or those copied into a bounce block (and the empty ones).
 std::int64_t mpi_shared_sends(bool lent);

@@ -62,12 +62,15 @@ enum class ExchangeCopy { learn, cached, streaming };
 // is written while the other is read.
 class SharedExchange {
  public:
-  // One peer's share, in bytes: what this member sends it and what it expects from it.
+  // One peer's share, in bytes: what this member sends it and what it expects from it. A
+  // share sent `elsewhere` (the caller moves its bytes by other means) takes no room in the
+  // window: only its size goes through, so that its reader checks it and learns where to look.
   struct Share {
     const char* send = nullptr;
     std::int64_t send_bytes = 0;
     char* recv = nullptr;
     std::int64_t recv_bytes = 0;
+    bool elsewhere = false;
   };
 
   static constexpr std::size_t kLine = 64;
@@ -89,23 +92,27 @@ class SharedExchange {
         sent_(n_, 0),
         got_(n_, 0),
         piece_done_(n_, 0),
-        reader_done_(n_, 0) {}
+        reader_done_(n_, 0),
+        elsewhere_(n_, 0) {}
 
   static void clear(char* segment, std::size_t members) { std::memset(segment, 0, (1 + members) * kLine); }
 
-  // Moves shares[m] to and from every member m (shares[me] is copied locally). `idle()` is called
-  // whenever a pass over the peers moved nothing; `mismatch(m)` must throw: member m's total
-  // differs from shares[m].recv_bytes.
+  // Moves shares[m] to and from every member m (shares[me] is copied locally, unless sent
+  // elsewhere). `idle()` is called whenever a pass over the peers moved nothing; `mismatch(m)`
+  // must throw: member m's total differs from shares[m].recv_bytes. After it, arrives_elsewhere(m)
+  // says whether member m sent its share to this one elsewhere (its bytes are not in recv).
   template <class Idle, class Mismatch>
   void exchange(const std::vector<Share>& shares, Idle&& idle, Mismatch&& mismatch) {
     const Share& self = shares[me_];
-    if (self.send != self.recv && self.send_bytes > 0) {
+    if (!self.elsewhere && self.send != self.recv && self.send_bytes > 0) {
       std::memcpy(self.recv, self.send, static_cast<std::size_t>(self.send_bytes));
     }
-    std::int64_t bytes = 0;
+    std::int64_t bytes = 0;  // through the window
     for (std::size_t m = 0; m < n_; ++m) {
-      if (m != me_) bytes += shares[m].send_bytes + shares[m].recv_bytes;
+      if (m != me_ && !shares[m].elsewhere) bytes += shares[m].send_bytes + shares[m].recv_bytes;
     }
+    std::fill(elsewhere_.begin(), elsewhere_.end(), 0);
+    written_ = 0;
     streaming_ = choose_streaming(bytes);
     copy_seconds_ = 0;
     std::fill(sent_.begin(), sent_.end(), 0);
@@ -135,6 +142,7 @@ class SharedExchange {
 
   // Whether this member's exchanges use streaming_copy now (the last exchange's choice).
   bool streaming() const { return streaming_; }
+  bool arrives_elsewhere(std::size_t m) const { return elsewhere_[m] != 0; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -161,9 +169,10 @@ class SharedExchange {
   }
 
   // An entry's flags: this piece ends the writer's share for this reader; this round ends the
-  // writer's part of the exchange.
+  // writer's part of the exchange; the share (all of its bytes, in the entry) is sent elsewhere.
   static constexpr std::int64_t kLastPiece = 1;
   static constexpr std::int64_t kLastRound = 2;
+  static constexpr std::int64_t kElsewhere = 4;
 
   static std::size_t header_bytes(std::size_t members) {
     return ((members - 1) * 2 * sizeof(std::int64_t) + kLine - 1) / kLine * kLine;
@@ -201,6 +210,12 @@ class SharedExchange {
     bool last = true;
     for (std::size_t r = 0; r < n_; ++r) {
       if (r == me_) continue;
+      if (shares[r].elsewhere) {  // told in the first round, whole
+        std::int64_t* e = entry(b, me_, r);
+        e[0] = written_ == 0 ? shares[r].send_bytes : 0;
+        e[1] = kLastPiece | (written_ == 0 ? kElsewhere : 0);
+        continue;
+      }
       const std::int64_t bytes = std::min<std::int64_t>(static_cast<std::int64_t>(part_), shares[r].send_bytes - sent_[r]);
       if (bytes > 0) {
         const Clock::time_point start = Clock::now();
@@ -225,6 +240,7 @@ class SharedExchange {
       }
     }
     published(me_).store(round, std::memory_order_release);
+    ++written_;
     writer_done = last;
     return true;
   }
@@ -237,7 +253,12 @@ class SharedExchange {
     if (published(m).load(std::memory_order_acquire) < round) return false;
     char* b = bank(m, round);
     const std::int64_t* e = entry(b, m, me_);
-    if (!piece_done_[m]) {
+    if (!piece_done_[m] && (e[1] & kElsewhere)) {
+      if (got_[m] != 0 || e[0] != share.recv_bytes) mismatch(m);
+      elsewhere_[m] = 1;
+      got_[m] = e[0];
+      piece_done_[m] = 1;
+    } else if (!piece_done_[m]) {
       const std::int64_t bytes = e[0];
       if (got_[m] + bytes > share.recv_bytes) mismatch(m);
       if (bytes > 0) {
@@ -271,6 +292,8 @@ class SharedExchange {
   // This exchange's progress, by peer.
   std::vector<std::int64_t> sent_, got_;
   std::vector<char> piece_done_, reader_done_;
+  std::vector<char> elsewhere_;  // by writer: its share for this member came elsewhere
+  std::int64_t written_ = 0;     // rounds this member has written in this exchange
 };
 
 }  // namespace shardmm::detail

@@ -89,6 +89,9 @@ class SharedMessages {
   std::optional<Ticket> send(const void* data, std::uint64_t bytes, int peer, int tag, bool lend,
                              const std::function<void()>& idle);
   bool acknowledged(const Ticket& t) const;
+  // Whether a send of these bytes would lend them: they lie in a shareable block, this rank's
+  // or one mapped from a peer.
+  bool lendable(const void* data, std::uint64_t bytes) const { return place_of(data, bytes).has_value(); }
   // Whether every copied send has been read by its receiver (its bounce block freed): this
   // rank may go only then. Moves progress() on.
   bool sends_read();
