@@ -634,6 +634,15 @@ AlphaBetaFit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<
     fit.alpha_s = 0;
     fit.beta_s_per_byte = sxy / sxx;
   }
+  // Equal times (a flat range, as calibrate's envelope makes where a larger size ran faster)
+  // leave only rounding in beta, of either sign: a cost per byte that adds less than a
+  // billionth of the shortest time over the range is none.
+  const double most_bytes = *std::max_element(bytes.begin(), bytes.end());
+  const double least_time = *std::min_element(seconds.begin(), seconds.end());
+  if (std::abs(fit.beta_s_per_byte) * most_bytes < 1e-9 * least_time) {
+    fit.beta_s_per_byte = 0;
+    fit.alpha_s = sy / sw;
+  }
   double sum_sq = 0;
   for (std::size_t i = 0; i < bytes.size(); ++i) {
     const double rel = std::abs(fit.alpha_s + fit.beta_s_per_byte * bytes[i] - seconds[i]) / seconds[i];

@@ -91,6 +91,18 @@ TEST(FitAlphaBeta, RejectsWhatCannotBeFitted) {
   EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6, NAN}), std::invalid_argument);
 }
 
+// Equal times give no cost per byte at all, not the rounding of the normal equations (which
+// printed as 5e10 PB/s in a calibration whose 128-512 KiB reduce_scatters took the same time).
+TEST(FitAlphaBeta, EqualTimesFitNoCostPerByte) {
+  for (int i = 0; i < 200; ++i) {
+    const double t = 1e-6 * std::pow(1.037, i);  // 1 us to ~1.4 ms: many leave rounding
+    const AlphaBetaFit fit = fit_alpha_beta({131072, 262144, 524288}, {t, t, t});
+    EXPECT_EQ(fit.beta_s_per_byte, 0.0) << t;
+    EXPECT_NEAR(fit.alpha_s, t, 1e-12 * t) << t;
+    EXPECT_LT(fit.max_rel_residual, 1e-12) << t;
+  }
+}
+
 TEST(FitAlphaBetaSegments, OneLineStaysOneSegment) {
   const std::vector<double> x = sweep();
   std::vector<double> t;
