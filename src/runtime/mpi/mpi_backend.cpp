@@ -1050,7 +1050,8 @@ class MpiCommunicator final : public Communicator {
   void scatter_sum(const Group& g, const void* send, void* recv, const Counts& counts, DType dtype) {
     const MPI_Datatype type = mpi_type(dtype);
     // The other members' chunks [me] land side by side in the workspace (this rank's own
-    // stays in `send`), then all are summed in member order. A library reduction
+    // stays in `send`; a lent chunk stays where its sender keeps it), then all are summed in
+    // member order. A library reduction
     // (MPI_Reduce_scatter) would pick its own order and lose bitwise agreement with the
     // threads backend. Point to point rather than MPI_Alltoallv: the same messages, and no
     // int limit on counts or offsets.
@@ -1069,8 +1070,8 @@ class MpiCommunicator final : public Communicator {
     const std::vector<Transfer> transfers =
         chunk_transfers(in, send_counts, send_displs, chunks, recv_counts, recv_displs, esz);
     // Lent chunks are summed where their senders keep them.
-    exchange(g, transfers, type, esz, op_label("reduce_scatter", dtype), true, [&](const std::vector<const char*>& at) {
-      detail::sum_in_order(dtype, std::vector<const void*>(at.begin(), at.end()), mine, recv);
+    exchange(g, transfers, type, esz, op_label("reduce_scatter", dtype), true, [&](const std::vector<const void*>& at) {
+      detail::sum_in_order(dtype, at, mine, recv);
     });
   }
 
@@ -1171,7 +1172,7 @@ class MpiCommunicator final : public Communicator {
   // An exchange whose pieces all land in the receives.
   void exchange(const Group& g, const std::vector<Transfer>& transfers, MPI_Datatype type, std::size_t esz,
                 const std::string& op) {
-    exchange(g, transfers, type, esz, op, false, [](const std::vector<const char*>&) {});
+    exchange(g, transfers, type, esz, op, false, [](const std::vector<const void*>&) {});
   }
 
   // The data of an exchange: through the group's shared window where it has one, else as MPI
@@ -1189,8 +1190,10 @@ class MpiCommunicator final : public Communicator {
   void exchange(const Group& g, const std::vector<Transfer>& transfers, MPI_Datatype type, std::size_t esz,
                 const std::string& op, bool read_in_place, Use&& use) {
     const std::size_t n = transfers.size();
-    std::vector<const char*> at(n);
-    for (std::size_t m = 0; m < n; ++m) at[m] = m == g.me && read_in_place ? transfers[m].send : transfers[m].recv;
+    std::vector<const void*> at(n);
+    for (std::size_t m = 0; m < n; ++m) {
+      at[m] = m == g.me && read_in_place ? static_cast<const void*>(transfers[m].send) : transfers[m].recv;
+    }
     if (!g.shared) {
       exchange_point_to_point(g, transfers, type, esz, op);
       use(at);
@@ -1221,17 +1224,21 @@ class MpiCommunicator final : public Communicator {
     ++shared_exchanges;
     const auto mismatch = [&](std::size_t m) { throw count_mismatch(op, transfers[m].recv_count, g.members[m]); };
     g.shared->exchange(shares, idle, mismatch);
+    if (!messages_) {  // nothing lent: all came through the window
+      use(at);
+      return;
+    }
     std::vector<std::shared_ptr<SharedMessages::Receive>> receives(n);
     // Lets go of the pieces read in place, also when a mismatch throws.
     struct Release {
-      SharedMessages* messages;
+      SharedMessages& messages;
       std::vector<std::shared_ptr<SharedMessages::Receive>>& receives;
       ~Release() {
         for (auto& r : receives) {
-          if (r) messages->release(*r);
+          if (r) messages.release(*r);
         }
       }
-    } release{messages_.get(), receives};
+    } release{*messages_, receives};
     for (std::size_t m = 0; m < n; ++m) {
       if (m == g.me || !g.shared->arrives_elsewhere(m)) continue;
       ++lent_pieces;
@@ -1242,9 +1249,7 @@ class MpiCommunicator final : public Communicator {
       messages_->progress();
       return std::all_of(receives.begin(), receives.end(), [](const auto& r) { return !r || r->arrived; });
     };
-    if (messages_) {
-      while (!arrived()) idle();
-    }
+    while (!arrived()) idle();
     for (std::size_t m = 0; m < n; ++m) {
       if (!receives[m]) continue;
       if (receives[m]->mismatched) mismatch(m);
@@ -1258,9 +1263,7 @@ class MpiCommunicator final : public Communicator {
       messages_->progress();
       return std::all_of(lent.begin(), lent.end(), [&](const auto& t) { return !t || messages_->acknowledged(*t); });
     };
-    if (messages_) {
-      while (!read()) idle();
-    }
+    while (!read()) idle();
   }
 
   // A member `from` (device id) sent another count than the `expected` elements this rank takes.
