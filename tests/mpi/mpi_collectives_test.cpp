@@ -158,6 +158,7 @@ TEST(MpiShared, CollectivesMatchClosedFormInManySmallRounds) {
 // one member's pieces lent, the others' through the window, and one member's nothing.
 TEST(MpiShared, CollectivesReadLargePiecesOfBuffersInPlace) {
   using testing::BufferAllocator;
+  const ScopedEnv lend("SHARDMM_MPI_LEND", "1");
   const std::int64_t before = detail::mpi_lent_pieces();
   for (const Group& group : kGroups) {
     run_backend("mpi", Mesh::parse(group.mesh), [&](Communicator& comm) {
@@ -181,6 +182,42 @@ TEST(MpiShared, CollectivesReadLargePiecesOfBuffersInPlace) {
   } else {
     EXPECT_EQ(detail::mpi_lent_pieces(), before);
   }
+}
+
+// All gathers of 4 x 512 KiB of Buffers: `calls` of them on X=4, each rank's piece different
+// in each call and checked where it lands. Returns the pieces this rank read where they were lent.
+std::int64_t gathers_of_buffers(const Mesh& mesh, int calls) {
+  const std::int64_t before = detail::mpi_lent_pieces();
+  run_backend("mpi", mesh, [&](Communicator& comm) {
+    constexpr std::int64_t kPiece = 128 << 10;  // f32 elements
+    const Counts counts(4, kPiece);
+    Buffer mine(kPiece, DType::f32), all(4 * kPiece, DType::f32);
+    for (int c = 0; c < calls; ++c) {
+      const auto value = [&](std::int64_t rank, std::int64_t i) { return static_cast<float>(c * 1000 + rank * 100 + i % 97); };
+      for (std::int64_t i = 0; i < kPiece; ++i) mine.as<float>()[i] = value(comm.rank(), i);
+      comm.all_gather(mine.data(), all.data(), counts, DType::f32, {0});
+      std::int64_t wrong = 0;
+      for (std::int64_t r = 0; r < 4; ++r) {
+        for (std::int64_t i = 0; i < kPiece; ++i) wrong += all.as<float>()[r * kPiece + i] != value(r, i);
+      }
+      EXPECT_EQ(wrong, 0) << "call " << c << ", rank " << comm.rank();
+    }
+  });
+  return detail::mpi_lent_pieces() - before;
+}
+
+// SHARDMM_MPI_LEND=0: nothing is lent, everything goes through the window.
+TEST(MpiShared, LendingSwitchedOffSendsThroughTheWindow) {
+  const ScopedEnv lend("SHARDMM_MPI_LEND", "0");
+  EXPECT_EQ(gathers_of_buffers(Mesh::parse("X=4"), 4), 0);
+}
+
+// Unset, each exchange learns whether lending makes its calls follow each other sooner
+// (lend_choice.h); its first calls try both, two calls each in turn, lending first, each rank
+// for itself: of the first eight gathers four are lent, three pieces to each rank in each.
+TEST(MpiShared, LendingIsLearnedTryingBothFirst) {
+  const ScopedEnv lend("SHARDMM_MPI_LEND", nullptr);
+  EXPECT_EQ(gathers_of_buffers(Mesh::parse("X=4"), 8), shared_memory_on() ? 12 : 0);
 }
 
 // On one node a send from a Buffer is lent in place. The ring below forwards each rank's shard
@@ -253,23 +290,26 @@ TEST(MpiShared, ACopiedSendOutlivesItsSendersRun) {
   }, unchecked);
 }
 
-// Anything but 0 or 1 in SHARDMM_MPI_SHARED_MEMORY is an input error.
-TEST(MpiShared, TheSwitchTakesZeroOrOne) {
-  const char* was = std::getenv("SHARDMM_MPI_SHARED_MEMORY");
-  const std::string saved = was ? was : "";
-  setenv("SHARDMM_MPI_SHARED_MEMORY", "yes", 1);
+// The input error a run gives with `value` in the switch `name`.
+std::string switch_error(const char* name, const char* value) {
+  const ScopedEnv set(name, value);
   try {
     run_backend("mpi", Mesh::parse("X=4"), [](Communicator&) {});
-    ADD_FAILURE() << "no InputError";
   } catch (const InputError& e) {
-    EXPECT_STREQ(e.what(), "SHARDMM_MPI_SHARED_MEMORY='yes': it is 1 (ranks on one node exchange through shared "
-                           "memory), 0 (MPI messages only) or unset (1)");
+    return e.what();
   }
-  if (was) {
-    setenv("SHARDMM_MPI_SHARED_MEMORY", saved.c_str(), 1);
-  } else {
-    unsetenv("SHARDMM_MPI_SHARED_MEMORY");
-  }
+  return "no InputError";
+}
+
+// Anything but 0 or 1 in a shared-memory switch is an input error.
+TEST(MpiShared, TheSwitchesTakeZeroOrOne) {
+  EXPECT_EQ(switch_error("SHARDMM_MPI_SHARED_MEMORY", "yes"),
+            "SHARDMM_MPI_SHARED_MEMORY='yes': it is 1 (ranks on one node exchange through shared memory), 0 (MPI "
+            "messages only) or unset (1)");
+  EXPECT_EQ(switch_error("SHARDMM_MPI_LEND", "always"),
+            "SHARDMM_MPI_LEND='always': it is 1 (a collective's large pieces in Buffers are lent to their receivers), "
+            "0 (all go through the shared window) or unset (whichever has made the exchange's calls follow each "
+            "other sooner)");
 }
 
 // ---- bitwise agreement with the threads backend ----

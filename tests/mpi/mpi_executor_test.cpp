@@ -85,15 +85,6 @@ TEST(MpiExecutorTest, RandomContractionsMatchThreadsBitForBit) {
   EXPECT_GT(plans, 120);
 }
 
-// SHARDMM_PROGRESS_THREAD for a scope.
-class ProgressThread {
- public:
-  explicit ProgressThread(const char* value) { setenv("SHARDMM_PROGRESS_THREAD", value, 1); }
-  ~ProgressThread() { unsetenv("SHARDMM_PROGRESS_THREAD"); }
-  ProgressThread(const ProgressThread&) = delete;
-  ProgressThread& operator=(const ProgressThread&) = delete;
-};
-
 // The collective matmul rings (isend/irecv between chunk GEMMs) on the mpi backend: every
 // fused candidate, on a torus profile so that groups of 4 also go both ways round (gathering
 // and scattering).
@@ -107,7 +98,7 @@ TEST(MpiExecutorTest, CollectiveMatmulsMatchThreadsBitForBit) {
     const Mesh mesh = four_device_mesh(rng);
     const auto rc = testing::random_contraction(rng, mesh, 9);
     // Every other case with the helper thread that tests the transfers during the GEMMs.
-    const ProgressThread helper(i % 2 == 1 ? "1" : "0");
+    const ScopedEnv helper("SHARDMM_PROGRESS_THREAD", i % 2 == 1 ? "1" : "0");
     for (const Plan& plan : plan_matmul(mesh, rc.contraction, rc.sizes, torus).candidates) {
       const auto ring = std::find_if(plan.steps.begin(), plan.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
       if (ring == plan.steps.end()) continue;

@@ -18,4 +18,32 @@ inline bool shared_memory_on() {
   const char* shared = std::getenv("SHARDMM_MPI_SHARED_MEMORY");
   return shared == nullptr || std::string(shared) != "0";
 }
+
+// An environment variable set (or, with nullptr, unset) for a scope, and put back after it. The
+// backend reads its SHARDMM_* switches as a run starts.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name), had_(std::getenv(name) != nullptr) {
+    if (had_) was_ = std::getenv(name);
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, was_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_;
+  std::string was_;
+};
 }  // namespace shardmm

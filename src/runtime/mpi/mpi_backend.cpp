@@ -1,6 +1,7 @@
 #include "runtime/mpi/mpi_backend.h"
 
 #include "runtime/fingerprint.h"
+#include "runtime/mpi/lend_choice.h"
 #include "runtime/mpi/shareable_memory.h"
 #include "runtime/mpi/shared_exchange.h"
 #include "runtime/mpi/shared_messages.h"
@@ -157,26 +158,40 @@ bool progress_thread_wanted() {
   return wanted.value_or(ranks_on_node() * blas::threads() < cores());
 }
 
-// Whether groups whose members share a node exchange through a shared window (shared_exchange.h),
-// and ranks all on one node send point to point through shared memory (shared_messages.h),
-// rather than by MPI messages. SHARDMM_MPI_SHARED_MEMORY=0 turns both off, to compare or to test
-// the message path on one node.
-bool shared_memory_wanted() {
-  return env_switch("SHARDMM_MPI_SHARED_MEMORY",
-                    "1 (ranks on one node exchange through shared memory), 0 (MPI messages only) or unset (1)")
-      .value_or(true);
-}
+// How ranks on one node use shared memory (the environment's settings, read once per run).
+struct SharedMemorySettings {
+  // Whether groups whose members share a node exchange through a shared window
+  // (shared_exchange.h), and ranks all on one node send point to point through shared memory
+  // (shared_messages.h), rather than by MPI messages. SHARDMM_MPI_SHARED_MEMORY=0 turns both
+  // off, to compare or to test the message path on one node.
+  bool on = true;
+  // How the shared window's writers copy into their segments: SHARDMM_MPI_STREAMING_COPY=1
+  // always with streaming stores, 0 always with memcpy, unset whichever has been faster in this
+  // run's recent large exchanges.
+  ExchangeCopy copy = ExchangeCopy::learn;
+  // Whether a collective's large pieces in Buffers are lent (lend_choice.h): SHARDMM_MPI_LEND=1
+  // always, 0 never, unset whichever has made each exchange's calls follow each other sooner.
+  LendChoice::Mode lend = LendChoice::Mode::learn;
+};
 
-// How the shared window's writers copy into their segments (shared_exchange.h):
-// SHARDMM_MPI_STREAMING_COPY=1 always with streaming stores, 0 always with memcpy, unset
-// whichever has been faster in this run's recent large exchanges.
-ExchangeCopy exchange_copy_wanted() {
-  const std::optional<bool> wanted = env_switch(
-      "SHARDMM_MPI_STREAMING_COPY",
-      "1 (the shared window's writers copy with streaming stores), 0 (with memcpy) or unset (whichever has been "
-      "faster in the run's large exchanges)");
-  if (!wanted) return ExchangeCopy::learn;
-  return *wanted ? ExchangeCopy::streaming : ExchangeCopy::cached;
+SharedMemorySettings shared_memory_wanted() {
+  SharedMemorySettings s;
+  s.on = env_switch("SHARDMM_MPI_SHARED_MEMORY",
+                    "1 (ranks on one node exchange through shared memory), 0 (MPI messages only) or unset (1)")
+             .value_or(true);
+  if (const std::optional<bool> streaming = env_switch(
+          "SHARDMM_MPI_STREAMING_COPY",
+          "1 (the shared window's writers copy with streaming stores), 0 (with memcpy) or unset (whichever has "
+          "been faster in the run's large exchanges)")) {
+    s.copy = *streaming ? ExchangeCopy::streaming : ExchangeCopy::cached;
+  }
+  if (const std::optional<bool> lend = env_switch(
+          "SHARDMM_MPI_LEND",
+          "1 (a collective's large pieces in Buffers are lent to their receivers), 0 (all go through the shared "
+          "window) or unset (whichever has made the exchange's calls follow each other sooner)")) {
+    s.lend = *lend ? LendChoice::Mode::always : LendChoice::Mode::never;
+  }
+  return s;
 }
 
 // Bodies running in this process: run_mpi counts them.
@@ -284,7 +299,7 @@ class MpiCommunicator final : public Communicator {
  public:
   // Takes ownership of `world` and `checks`, this run's duplicates of MPI_COMM_WORLD.
   MpiCommunicator(const Mesh& mesh, int rank, MPI_Comm world, MPI_Comm checks, const MpiOptions& options,
-                  bool progress_thread, bool shared_memory, ExchangeCopy exchange_copy)
+                  bool progress_thread, const SharedMemorySettings& shared_memory)
       : mesh_(mesh),
         rank_(rank),
         world_(world),
@@ -297,8 +312,9 @@ class MpiCommunicator final : public Communicator {
         inbox_(static_cast<std::size_t>(mesh.device_count())),
         yield_(node_oversubscribed()),
         progress_thread_(progress_thread),
-        shared_memory_(shared_memory),
-        exchange_copy_(exchange_copy) {
+        shared_memory_(shared_memory.on),
+        exchange_copy_(shared_memory.copy),
+        lend_choice_(shared_memory.lend) {
     int flag = 0;
     int* tag_ub = nullptr;
     check(MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag), "MPI_Comm_get_attr");
@@ -1189,6 +1205,7 @@ class MpiCommunicator final : public Communicator {
   template <class Use>
   void exchange(const Group& g, const std::vector<Transfer>& transfers, MPI_Datatype type, std::size_t esz,
                 const std::string& op, bool read_in_place, Use&& use) {
+    const Clock::time_point entered = Clock::now();
     const std::size_t n = transfers.size();
     std::vector<const void*> at(n);
     for (std::size_t m = 0; m < n; ++m) {
@@ -1199,7 +1216,7 @@ class MpiCommunicator final : public Communicator {
       use(at);
       return;
     }
-    const Clock::time_point deadline = Clock::now() + watchdog_;
+    const Clock::time_point deadline = entered + watchdog_;
     std::int64_t passes = 0;
     const auto idle = [&] {
       idle_pass(passes, deadline, [&] {
@@ -1209,7 +1226,8 @@ class MpiCommunicator final : public Communicator {
       });
     };
     std::vector<SharedExchange::Share> shares(n);
-    std::vector<std::optional<SharedMessages::Ticket>> lent(n);
+    std::vector<char> lendable(n, 0);
+    std::int64_t lendable_bytes = 0;
     for (std::size_t m = 0; m < n; ++m) {
       const Transfer& t = transfers[m];
       const std::int64_t bytes = t.send_count * static_cast<std::int64_t>(esz);
@@ -1217,7 +1235,16 @@ class MpiCommunicator final : public Communicator {
                    m == g.me && read_in_place};
       if (m != g.me && messages_ && bytes >= kLentPieceBytes &&
           messages_->lendable(t.send, static_cast<std::uint64_t>(bytes))) {
-        lent[m] = messages_->send(t.send, static_cast<std::uint64_t>(bytes), g.members[m], kLentPieceTag, true, idle);
+        lendable[m] = 1;
+        lendable_bytes += bytes;
+      }
+    }
+    std::vector<std::optional<SharedMessages::Ticket>> lent(n);
+    if (lendable_bytes > 0 && lend_choice_.lend(op + " " + g.label, lendable_bytes, entered)) {
+      for (std::size_t m = 0; m < n; ++m) {
+        if (!lendable[m]) continue;
+        lent[m] = messages_->send(transfers[m].send, static_cast<std::uint64_t>(shares[m].send_bytes), g.members[m],
+                                  kLentPieceTag, true, idle);
         shares[m].elsewhere = true;
       }
     }
@@ -1402,6 +1429,7 @@ class MpiCommunicator final : public Communicator {
   bool progress_thread_;
   bool shared_memory_;
   ExchangeCopy exchange_copy_;
+  LendChoice lend_choice_;
   int tag_ub_ = 32767;
   std::map<AxisList, Group> groups_;
   std::vector<Outgoing> outgoing_;
@@ -1471,15 +1499,14 @@ void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, c
                      " but " + started + "; run with mpirun -n " + std::to_string(mesh.device_count()));
   }
   const bool progress_thread = progress_thread_wanted();
-  const bool shared_memory = shared_memory_wanted();
-  const ExchangeCopy exchange_copy = exchange_copy_wanted();
+  const SharedMemorySettings shared_memory = shared_memory_wanted();
   MPI_Comm world = MPI_COMM_NULL;
   MPI_Comm checks = MPI_COMM_NULL;
   check(MPI_Comm_dup(MPI_COMM_WORLD, &world), "MPI_Comm_dup");
   check(MPI_Comm_dup(MPI_COMM_WORLD, &checks), "MPI_Comm_dup");
   check(MPI_Comm_set_errhandler(world, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
   check(MPI_Comm_set_errhandler(checks, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
-  MpiCommunicator comm(mesh, rank, world, checks, options, progress_thread, shared_memory, exchange_copy);
+  MpiCommunicator comm(mesh, rank, world, checks, options, progress_thread, shared_memory);
   // Errors found above (the world size) are raised by every rank alike, so they propagate and
   // the CLI exits 2 on each rank, cleanly. An exception from `body` is different: this rank
   // cannot know whether the others raised it too or are blocked in a collective waiting for
