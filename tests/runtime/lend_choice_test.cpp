@@ -101,6 +101,18 @@ TEST(LendChoice, FollowsAChangeOfCosts) {
   }
 }
 
+// The whole machine slows down (every period twice as long): the choice that is not taken
+// is weighed by its new periods, not by ones kept from when the machine was faster.
+TEST(LendChoice, OldPeriodsOfTheOtherChoiceDoNotMislead) {
+  Program p;
+  double scale = 1;
+  const auto period = [&](bool lent, int) { return scale * (lent ? 1.2e-3 : 1.0e-3); };
+  p.run(1000, period);
+  scale = 2;
+  const std::vector<bool> slower = p.run(2 * static_cast<int>(LendChoice::kRun * LendChoice::kExploreAtMost), period);
+  EXPECT_LE(count(slower, true), static_cast<int>(2 * LendChoice::kRun));  // explorations only
+}
+
 // Calls interrupted by other work (every fifth period three times as long, whichever the
 // choice) do not make the slower choice look faster.
 TEST(LendChoice, LongStrayPeriodsDoNotMislead) {

@@ -64,7 +64,9 @@ class LendChoice {
   static constexpr std::size_t kFirstTries = 4;
   // Then the choice that is not the faster is taken for one run in this many, so that a change
   // (of the machine's state, or of what the program does between calls) is seen. Each time it is
-  // found slower again the interval doubles, up to kExploreAtMost runs.
+  // found slower again the interval doubles, up to kExploreAtMost runs. Each such run is weighed
+  // by its own periods against the other choice's latest, and a switch needs periods that
+  // recent: when the preferred choice slows down, the other is measured anew before it is taken.
   static constexpr std::uint64_t kExploreEvery = 8;
   static constexpr std::uint64_t kExploreAtMost = 64;
 
@@ -80,6 +82,8 @@ class LendChoice {
     Clock::time_point last;   // the start of the last call
     bool lent = false;        // the current run's choice; a call's period is the next call's start minus its own
     std::deque<double> periods[2];  // by choice: copied through the window, lent
+    bool tried = false;              // both choices have had their first tries
+    bool fresh = false;              // the choice not preferred was just measured (its periods are the latest)
     bool preferred = false;          // the faster choice, as last estimated
     std::uint64_t explore_every = kExploreEvery;
     std::uint64_t runs_to_explore = kExploreEvery;
@@ -88,24 +92,35 @@ class LendChoice {
   // The choice for the run that starts now.
   static void choose(Calls& c) {
     const std::size_t window = c.periods[0].size(), lent = c.periods[1].size();
-    if (window < kFirstTries || lent < kFirstTries) {
-      c.lent = lent <= window;  // the less tried, lending first
-      return;
+    if (!c.tried) {
+      if (window < kFirstTries || lent < kFirstTries) {
+        c.lent = lent <= window;  // the less tried, lending first
+        return;
+      }
+      c.tried = true;
+      c.fresh = true;
     }
     const auto estimate = [](const std::deque<double>& p) { return *std::min_element(p.begin(), p.end()); };
     const bool faster = estimate(c.periods[1]) <= estimate(c.periods[0]);
-    if (faster != c.preferred) {  // a change: look again soon
-      c.preferred = faster;
-      c.explore_every = kExploreEvery;
-      c.runs_to_explore = kExploreEvery;
+    if (faster != c.preferred) {
+      if (c.fresh) {  // measured just now: switch, and look again soon
+        c.preferred = faster;
+        c.explore_every = kExploreEvery;
+        c.runs_to_explore = kExploreEvery;
+      } else {  // the other choice's periods are old (the machine may have changed since): measure it anew first
+        c.runs_to_explore = 1;
+      }
     }
+    c.fresh = false;
     if (--c.runs_to_explore == 0) {
-      c.explore_every = std::min(2 * c.explore_every, kExploreAtMost);
       c.runs_to_explore = c.explore_every;
-      c.lent = !faster;
+      c.explore_every = std::min(2 * c.explore_every, kExploreAtMost);
+      c.lent = !c.preferred;
+      c.periods[c.lent ? 1 : 0].clear();  // weighed by this run's periods alone
+      c.fresh = true;
       return;
     }
-    c.lent = faster;
+    c.lent = c.preferred;
   }
 
   Mode mode_;
