@@ -46,6 +46,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_flags.h"
 #include "shardmm/core/mesh.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/runner.h"
@@ -72,17 +73,6 @@ struct Options {
 constexpr const char* kMpiCalls[] = {"MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Reduce_scatter",
                                      "MPI_Allreduce", "MPI_Alltoall"};
 
-// "a,b,,c" -> {"a", "b", "", "c"}: the items of a comma-separated flag value.
-std::vector<std::string> split_list(const std::string& list) {
-  std::vector<std::string> items;
-  for (std::size_t at = 0; at <= list.size();) {
-    const std::size_t comma = std::min(list.find(',', at), list.size());
-    items.push_back(list.substr(at, comma - at));
-    at = comma + 1;
-  }
-  return items;
-}
-
 // "1MiB", "64 KiB", "4M", "1048576": bytes, binary units as nccl-tests reads them.
 std::int64_t parse_size(const std::string& text) {
   char* end = nullptr;
@@ -102,31 +92,30 @@ std::int64_t parse_size(const std::string& text) {
   return number << shift;
 }
 
-int parse_count(const std::string& flag, const std::string& text, int least) {
-  char* end = nullptr;
-  errno = 0;
-  const long value = std::strtol(text.c_str(), &end, 10);
-  if (end == text.c_str() || *end != '\0' || errno != 0 || value < least || value > INT_MAX) {
-    throw std::invalid_argument(flag + ": '" + text + "' is not a whole number >= " + std::to_string(least));
-  }
-  return static_cast<int>(value);
-}
+constexpr const char* kUsage =
+    "usage: mpirun -n N mpi_collectives_bench [--sizes LIST] [--repeat N] [--calls N] [--check] [--json]\n"
+    "                                         [--heap] [--fresh] [--only MPI_CALLS]\n"
+    "The mpi backend's all_gather, reduce_scatter, all_reduce and all_to_all against the MPI calls that\n"
+    "move the same bytes, timed alternately in one run; MPI/ours >= 1: ours is not slower.\n"
+    "  --sizes   bytes of the whole f32 array per rank, e.g. 1MiB,4MiB,16MiB,64MiB (the default)\n"
+    "  --repeat  interleaved timings per row (21); --calls calls per timing (0: about 20 ms' worth)\n"
+    "  --check   the backend in check mode; --json a JSON line per row as well\n"
+    "  --heap    arrays in std::vectors, which the backend cannot lend (the shared window's path)\n"
+    "  --fresh   rewrite the send array before every call, ours and MPI's, and subtract that time\n"
+    "  --only    rows of these MPI calls: MPI_Allgather, MPI_Reduce_scatter_block, MPI_Reduce_scatter,\n"
+    "            MPI_Allreduce, MPI_Alltoall\n";
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-      return argv[++i];
-    };
+  shardmm::bench::FlagReader flags(argc, argv);
+  for (std::string arg; flags.next(arg);) {
     if (arg == "--sizes") {
       o.sizes.clear();
-      for (const std::string& size : split_list(value())) o.sizes.push_back(parse_size(size));
+      for (const std::string& size : shardmm::bench::split_list(flags.value())) o.sizes.push_back(parse_size(size));
     } else if (arg == "--repeat") {
-      o.repeat = parse_count(arg, value(), 1);
+      o.repeat = flags.count(1);
     } else if (arg == "--calls") {
-      o.calls = parse_count(arg, value(), 0);
+      o.calls = flags.count(0);
     } else if (arg == "--check") {
       o.check = true;
     } else if (arg == "--json") {
@@ -136,7 +125,7 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--fresh") {
       o.fresh = true;
     } else if (arg == "--only") {
-      for (const std::string& call : split_list(value())) {
+      for (const std::string& call : shardmm::bench::split_list(flags.value())) {
         if (std::find(std::begin(kMpiCalls), std::end(kMpiCalls), call) == std::end(kMpiCalls)) {
           throw std::invalid_argument("--only: '" + call + "' is not one of MPI_Allgather, MPI_Reduce_scatter_block, "
                                       "MPI_Reduce_scatter, MPI_Allreduce, MPI_Alltoall");
@@ -144,8 +133,7 @@ Options parse_options(int argc, char** argv) {
         o.only.push_back(call);
       }
     } else {
-      throw std::invalid_argument("unknown option '" + arg + "'; options: --sizes LIST, --repeat N, --calls N, --check, "
-                                  "--json, --heap, --fresh, --only MPI_CALLS");
+      flags.unknown("--sizes --repeat --calls --check --json --heap --fresh --only");
     }
   }
   return o;
@@ -340,6 +328,8 @@ int main(int argc, char** argv) {
     backend.check = o.check;
     shardmm::run_backend("mpi", shardmm::Mesh::parse("X=" + std::to_string(ranks)),
                          [&](Communicator& comm) { run(comm, ranks, o); }, backend);
+  } catch (const shardmm::bench::HelpWanted&) {
+    if (rank == 0) std::fputs(kUsage, stdout);
   } catch (const std::exception& e) {
     // Options are parsed alike on every rank, so every rank lands here; one reports.
     if (rank == 0) std::fprintf(stderr, "mpi_collectives_bench: %s\n", e.what());

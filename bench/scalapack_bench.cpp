@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_flags.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/communicator.h"
@@ -74,53 +75,42 @@ struct Side {
   double max_rel_error = 0;
 };
 
-std::vector<std::int64_t> parse_list(const std::string& text) {
-  std::vector<std::int64_t> out;
-  for (std::size_t at = 0; at <= text.size();) {
-    const std::size_t comma = std::min(text.find(',', at), text.size());
-    const std::string piece = text.substr(at, comma - at);
-    char* end = nullptr;
-    const long long v = std::strtoll(piece.c_str(), &end, 10);
-    if (piece.empty() || *end != '\0' || v < 1) {
-      throw InputError("bad --sizes '" + text + "': '" + piece + "' is not a positive whole number");
-    }
-    out.push_back(v);
-    at = comma + 1;
-  }
-  return out;
-}
+constexpr const char* kUsage =
+    "usage: OPENBLAS_NUM_THREADS=1 mpirun -n P*Q scalapack_bench [--grid PxQ] [--sizes a,b,c] [--repeat N]\n"
+    "                                  [--warmup N] [--rounds N] [--hw PROFILE] [--json]\n"
+    "Our mpi backend against ScaLAPACK's pdgemm on the same ranks: f64 A[I_X, J_Y] @ B[J_X, K_Y] on the\n"
+    "P x Q grid (--grid, default 2x1) as mesh X=P,Y=Q, at N = each of --sizes (512,1024,2048,4096), both\n"
+    "from and to the same block layout, both verified against the dense reference. Each side --warmup (1)\n"
+    "untimed then --repeat (7) timed runs, the sides taking turns for --rounds (3); ours/pdgemm is the\n"
+    "median of the rounds' ratios (>= 1: ours not slower). Our plan is chosen on --hw (a profile name or\n"
+    "file; default h100). Exit 1 when a side is wrong, 2 on bad input.\n";
 
 Options parse_options(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
+  shardmm::bench::FlagReader flags(argc, argv);
+  for (std::string flag; flags.next(flag);) {
     if (flag == "--json") {
       o.json = true;
-      continue;
-    }
-    if (i + 1 >= argc) throw InputError(flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--grid") {
-      if (std::sscanf(value.c_str(), "%dx%d", &o.grid_rows, &o.grid_columns) != 2 || o.grid_rows < 1 ||
+    } else if (flag == "--grid") {
+      const std::string value = flags.value();
+      char end = 0;
+      if (std::sscanf(value.c_str(), "%dx%d%c", &o.grid_rows, &o.grid_columns, &end) != 2 || o.grid_rows < 1 ||
           o.grid_columns < 1) {
         throw InputError("bad --grid '" + value + "': write ROWSxCOLUMNS, e.g. --grid 2x2");
       }
     } else if (flag == "--sizes") {
-      o.sizes = parse_list(value);
+      o.sizes = flags.wholes(1);
     } else if (flag == "--repeat") {
-      o.repeat = std::atoi(value.c_str());
+      o.repeat = flags.count(1);
     } else if (flag == "--rounds") {
-      o.rounds = std::atoi(value.c_str());
+      o.rounds = flags.count(1);
     } else if (flag == "--warmup") {
-      o.warmup = std::atoi(value.c_str());
+      o.warmup = flags.count(0);
     } else if (flag == "--hw") {
-      o.hw = value;
+      o.hw = flags.value();
     } else {
-      throw InputError("unknown flag " + flag + "; flags: --grid RxC --sizes a,b --repeat N --warmup N --rounds N --hw P --json");
+      flags.unknown("--grid --sizes --repeat --warmup --rounds --hw --json");
     }
-  }
-  if (o.repeat < 1 || o.rounds < 1 || o.warmup < 0) {
-    throw InputError("--repeat and --rounds must be at least 1 and --warmup at least 0");
   }
   return o;
 }
@@ -195,7 +185,7 @@ Side run_ours(const Options& o, const Mesh& mesh, const Contraction& c, const Di
   return {r.measured_time_s, r.verification.verified, r.verification.max_rel_error};
 }
 
-int bench(const Options& o, int world_rank, int world_size) {
+int compare(const Options& o, int world_rank, int world_size) {
   const int ranks = o.grid_rows * o.grid_columns;
   if (world_size != ranks) {
     throw InputError("--grid " + std::to_string(o.grid_rows) + "x" + std::to_string(o.grid_columns) + " needs " +
@@ -299,7 +289,9 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   int status = 0;
   try {
-    status = bench(parse_options(argc, argv), rank, size);
+    status = compare(parse_options(argc, argv), rank, size);
+  } catch (const shardmm::bench::HelpWanted&) {
+    if (rank == 0) std::fputs(kUsage, stdout);
   } catch (const InputError& e) {
     // Every rank sees the same flags and fails alike; rank 0 says so.
     if (rank == 0) std::fprintf(stderr, "scalapack_bench: %s\n", e.what());
