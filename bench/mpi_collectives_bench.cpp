@@ -164,6 +164,9 @@ struct Row {
   double ours_s;
   double mpi_s;
   double ratio;
+  // With --fresh, a timing left at or below zero once the rewrite's time alone was subtracted:
+  // the rewrite varied more than the call took, and the row's figures say nothing.
+  bool noisy;
 };
 
 double timing(const std::function<void()>& op, int calls) {
@@ -214,18 +217,27 @@ Row measure(const Pair& pair, std::int64_t bytes, const Options& o) {
     theirs.push_back(b);
     ratios.push_back(b / a);
   }
-  return {bytes, p.op, p.mpi_call, calls, median(ours), median(theirs), median(ratios)};
+  const bool noisy = std::any_of(ours.begin(), ours.end(), [](double t) { return t <= 0; }) ||
+                     std::any_of(theirs.begin(), theirs.end(), [](double t) { return t <= 0; });
+  return {bytes, p.op, p.mpi_call, calls, median(ours), median(theirs), median(ratios), noisy};
 }
 
 void print_row(const Row& r, int ranks, const Options& o) {
-  std::printf("%-9s %-15s %-26s %6d %10.3f %10.3f %9.3f\n", format_size(r.bytes).c_str(), r.op, r.mpi_call, r.calls,
-              r.ours_s * 1e3, r.mpi_s * 1e3, r.ratio);
+  char ratio[32];
+  std::snprintf(ratio, sizeof ratio, r.noisy ? "noisy" : "%.3f", r.ratio);
+  std::printf("%-9s %-15s %-26s %6d %10.3f %10.3f %9s\n", format_size(r.bytes).c_str(), r.op, r.mpi_call, r.calls,
+              r.ours_s * 1e3, r.mpi_s * 1e3, ratio);
+  if (r.noisy) {
+    std::printf("  (noisy: with the send array's rewrite subtracted, a timing came to <= 0; rerun with more --calls)\n");
+  }
   if (o.json) {
+    std::snprintf(ratio, sizeof ratio, r.noisy ? "null" : "%.4f", r.ratio);
     std::printf(
         "{\"bench\":\"mpi_collectives\",\"ranks\":%d,\"dtype\":\"f32\",\"check\":%s,\"bytes\":%lld,\"op\":\"%s\","
-        "\"mpi_call\":\"%s\",\"calls\":%d,\"repeat\":%d,\"ours_ms\":%.6f,\"mpi_ms\":%.6f,\"mpi_over_ours\":%.4f}\n",
+        "\"mpi_call\":\"%s\",\"calls\":%d,\"repeat\":%d,\"ours_ms\":%.6f,\"mpi_ms\":%.6f,\"mpi_over_ours\":%s,"
+        "\"noisy\":%s}\n",
         ranks, o.check ? "true" : "false", static_cast<long long>(r.bytes), r.op, r.mpi_call, r.calls, o.repeat,
-        r.ours_s * 1e3, r.mpi_s * 1e3, r.ratio);
+        r.ours_s * 1e3, r.mpi_s * 1e3, ratio, r.noisy ? "true" : "false");
   }
   std::fflush(stdout);
 }

@@ -83,7 +83,8 @@ for call in dict.fromkeys(r["mpi_call"] for r in rows):
     print(f"\n| {call} | " + " | ".join(f"{s >> 20} MiB" if s >= 1 << 20 else f"{s >> 10} KiB" for s in sizes) + " |")
     print("|---" * (len(sizes) + 1) + "|")
     runs = list(dict.fromkeys(r["algorithm"] for r in rows if r["mpi_call"] == call))
-    ratio = {(r["algorithm"], r["bytes"]): r["mpi_over_ours"] for r in rows if r["mpi_call"] == call}
+    ratio = {(r["algorithm"], r["bytes"]): r["mpi_over_ours"] for r in rows
+             if r["mpi_call"] == call and r["mpi_over_ours"] is not None}  # None: a noisy row
     for a in runs:
         print(f"| {a} | " + " | ".join(f"{ratio[(a, s)]:.3f}" if (a, s) in ratio else "-" for s in sizes) + " |")
     least = [min((ratio[(a, s)], a) for a in runs if (a, s) in ratio) for s in sizes]
