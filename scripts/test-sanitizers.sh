@@ -43,7 +43,7 @@ build() {  # build NAME FLAGS
   # Line tables (-g1) are all a report's stack needs, and -O1 is what the sanitizers'
   # documentation suggests: together they compile 2.5x faster than RelWithDebInfo's -O2 -g.
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
-    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DSHARDMM_BUILD_BENCHMARKS=OFF \
+    -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DSHARDMM_BUILD_BENCHMARKS=OFF -DSHARDMM_TEST_TIMEOUT=1800 \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" >/dev/null
   echo "sanitizers: building $dir" >&2
