@@ -186,9 +186,9 @@ TEST(MpiShared, CollectivesReadLargePiecesOfBuffersInPlace) {
 
 // All gathers of 4 x 512 KiB of Buffers: `calls` of them on X=4, each rank's piece different
 // in each call and checked where it lands. Returns the pieces this rank read where they were lent.
-std::int64_t gathers_of_buffers(const Mesh& mesh, int calls) {
+std::int64_t gathers_of_buffers(int calls) {
   const std::int64_t before = detail::mpi_lent_pieces();
-  run_backend("mpi", mesh, [&](Communicator& comm) {
+  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
     constexpr std::int64_t kPiece = 128 << 10;  // f32 elements
     const Counts counts(4, kPiece);
     Buffer mine(kPiece, DType::f32), all(4 * kPiece, DType::f32);
@@ -209,7 +209,7 @@ std::int64_t gathers_of_buffers(const Mesh& mesh, int calls) {
 // SHARDMM_MPI_LEND=0: nothing is lent, everything goes through the window.
 TEST(MpiShared, LendingSwitchedOffSendsThroughTheWindow) {
   const ScopedEnv lend("SHARDMM_MPI_LEND", "0");
-  EXPECT_EQ(gathers_of_buffers(Mesh::parse("X=4"), 4), 0);
+  EXPECT_EQ(gathers_of_buffers(4), 0);
 }
 
 // Unset, each exchange learns whether lending makes its calls follow each other sooner
@@ -217,7 +217,7 @@ TEST(MpiShared, LendingSwitchedOffSendsThroughTheWindow) {
 // for itself: of the first eight gathers four are lent, three pieces to each rank in each.
 TEST(MpiShared, LendingIsLearnedTryingBothFirst) {
   const ScopedEnv lend("SHARDMM_MPI_LEND", nullptr);
-  EXPECT_EQ(gathers_of_buffers(Mesh::parse("X=4"), 8), shared_memory_on() ? 12 : 0);
+  EXPECT_EQ(gathers_of_buffers(8), shared_memory_on() ? 12 : 0);
 }
 
 // On one node a send from a Buffer is lent in place. The ring below forwards each rank's shard
