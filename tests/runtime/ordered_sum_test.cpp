@@ -43,7 +43,7 @@ void expect_ordered_sums(DType dtype, std::int64_t count, std::size_t n_sources,
 }
 
 TEST(OrderedSumTest, EveryKernelGivesTheLeftToRightSumsBits) {
-  const std::int64_t threshold_elements = detail::streaming_threshold_bytes() / 4;
+  const std::int64_t threshold_elements = detail::l2_cache_bytes() / 4;
   // Counts below, around and far above the size where the output is streamed, with
   // outputs at every alignment a float or double can have within a 64-byte line.
   for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{63}, std::int64_t{1000},

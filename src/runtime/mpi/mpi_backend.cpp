@@ -40,7 +40,7 @@ namespace shardmm::detail {
 namespace {
 
 std::atomic<std::int64_t> count_limit{INT_MAX};
-std::atomic<std::int64_t> shared_part_limit{0};  // 0: kSharedBankBytes over the peers
+std::atomic<std::int64_t> shared_part_limit{0};  // 0: shared_bank_bytes() over the peers
 std::atomic<std::int64_t> shared_exchanges{0};
 std::atomic<std::int64_t> lent_pieces{0};
 std::atomic<std::int64_t> shared_lent_sends{0};
@@ -68,11 +68,15 @@ constexpr std::int64_t kLentPieceBytes = std::int64_t{256} << 10;
 constexpr std::int64_t kAllReduceSegmentBytes = std::int64_t{512} << 10;
 
 // A member's bank in a group's shared window (shared_exchange.h), split between its peers: a
-// round moves up to this much from each member, and a member's segment holds two banks.
-// Of 256 KiB, 512 KiB, 1 MiB and 2 MiB (2 ranks, bench/mpi_collectives_bench at 1-64 MiB, two
-// runs each), 1 MiB was even with the others to 4 MiB and ahead at 16 and 64 MiB: all_gather
-// 1.56-1.66x and 1.35-1.36x MPI_Allgather, against 1.15-1.41x and 1.19-1.23x with 512 KiB.
-constexpr std::int64_t kSharedBankBytes = std::int64_t{1} << 20;
+// round moves up to this much from each member, and a member's segment holds two banks. Half
+// the core's L2, so that a round's source and its copy in the bank fit there together and the
+// reader takes the copy from the writer's cache. Measured on 2 ranks, bench/mpi_collectives_bench
+// at 1-64 MiB: on a 2 MiB-L2 Xeon VM 1 MiB was ahead of 512 KiB at 16 and 64 MiB (all_gather
+// 1.56-1.66x MPI_Allgather, against 1.15-1.41x); on a 1 MiB-L2 EPYC VM 512 KiB was ahead of
+// 1 MiB at 4 MiB (1.27-1.29x against 1.03-1.08x, fresh inputs) and even elsewhere.
+std::int64_t shared_bank_bytes() {
+  return std::clamp<std::int64_t>(l2_cache_bytes() / 2, std::int64_t{256} << 10, std::int64_t{2} << 20);
+}
 // A shared-memory exchange enters MPI (progress, the watchdog) once per this many idle passes.
 constexpr std::int64_t kSharedProgressEvery = 1024;
 
@@ -805,14 +809,16 @@ class MpiCommunicator final : public Communicator {
     if (on_node != g.size) return;
     const auto n = static_cast<std::size_t>(g.size);
     const std::int64_t limit = shared_part_limit.load();
-    std::size_t part = static_cast<std::size_t>(limit > 0 ? limit : kSharedBankBytes / (g.size - 1));
-    part = std::max<std::size_t>(SharedExchange::kLine, part / SharedExchange::kLine * SharedExchange::kLine);
+    std::int64_t part = limit > 0 ? limit : shared_bank_bytes() / (g.size - 1);
+    part = std::max<std::int64_t>(SharedExchange::kLine, part / SharedExchange::kLine * SharedExchange::kLine);
+    // The members must agree on the layout; a core's L2 may differ between cores of one node.
+    check(MPI_Allreduce(MPI_IN_PLACE, &part, 1, MPI_INT64_T, MPI_MIN, g.comm), "MPI_Allreduce");
     MPI_Info info = MPI_INFO_NULL;
     check(MPI_Info_create(&info), "MPI_Info_create");
     // Each segment on its owner's pages (its NUMA node), not one block where rank 0 put it.
     MPI_Info_set(info, "alloc_shared_noncontig", "true");
     char* mine = nullptr;
-    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(SharedExchange::segment_bytes(n, part)), 1, info,
+    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(SharedExchange::segment_bytes(n, static_cast<std::size_t>(part))), 1, info,
                                            g.comm, &mine, &g.window);
     MPI_Info_free(&info);
     // Where the window could not be had (no shared-memory support, /dev/shm full) on any
@@ -832,7 +838,7 @@ class MpiCommunicator final : public Communicator {
       check(MPI_Win_shared_query(g.window, static_cast<int>(m), &bytes, &unit, &segments[m]), "MPI_Win_shared_query");
     }
     check(MPI_Barrier(g.comm), "MPI_Barrier");  // every segment is cleared before anyone writes
-    g.shared = std::make_unique<SharedExchange>(std::move(segments), g.me, part, exchange_copy_);
+    g.shared = std::make_unique<SharedExchange>(std::move(segments), g.me, static_cast<std::size_t>(part), exchange_copy_);
   }
 
   // Point-to-point through shared memory (shared_messages.h) when every rank is on this node:
