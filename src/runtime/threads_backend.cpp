@@ -11,6 +11,7 @@
 // what makes it safe for a rank to unwind and free its buffers after an error.
 #include "runtime/threads_backend.h"
 
+#include "runtime/cpu_relax.h"
 #include "runtime/fingerprint.h"
 #include "runtime/ordered_sum.h"
 
@@ -68,11 +69,13 @@ struct Slot {
   std::vector<Entry> entries;  // valid from arrival until the closing sync
   std::vector<char> arrived;   // in the current arrival round
   std::size_t arrivals = 0;
-  std::uint64_t generation = 0;  // completed arrival rounds
+  // Completed arrival rounds (and below, closing rounds): changed under `mutex`, read without
+  // it by a spinning waiter (acquire: it then sees the entries and verdict written before).
+  std::atomic<std::uint64_t> generation{0};
   std::string verdict;  // the last completed round's mismatch message ("" when all agreed)
   bool broken = false;  // a member gave up waiting: this round can never complete
   std::size_t syncs = 0;
-  std::uint64_t sync_generation = 0;
+  std::atomic<std::uint64_t> sync_generation{0};
 };
 
 // One point-to-point message addressed to one rank. The side that posts first creates it
@@ -151,7 +154,8 @@ class World {
         watchdog_(std::chrono::duration_cast<Clock::duration>(
             std::min(options.watchdog, std::chrono::duration<double>(3.2e9)))),
         watchdog_text_(seconds(options.watchdog.count())),
-        finished_(new std::atomic<bool>[static_cast<std::size_t>(mesh.device_count())]) {
+        finished_(new std::atomic<bool>[static_cast<std::size_t>(mesh.device_count())]),
+        spin_(mesh.device_count() <= static_cast<std::int64_t>(std::thread::hardware_concurrency())) {
     for (std::int64_t r = 0; r < mesh.device_count(); ++r) {
       finished_[static_cast<std::size_t>(r)] = false;
       inboxes_.push_back(std::make_unique<Inbox>());
@@ -160,6 +164,22 @@ class World {
 
   const Mesh& mesh() const { return mesh_; }
   Clock::time_point deadline() const { return Clock::now() + watchdog_; }
+
+  // Waits up to kSpin for `done()` (which must read atomics only) without sleeping; true if it
+  // came. A rendezvous whose last member arrives a few microseconds later is then over that
+  // much later, not after a futex wake-up (~20 us on the 2-vCPU VMs, where a sleeping vCPU must
+  // be woken by the host). Only while every rank can have a core: time-sliced ranks would spin
+  // away the time slice of the rank they wait for.
+  template <class Done>
+  bool spin_until(Done&& done) const {
+    if (!spin_) return false;
+    const Clock::time_point until = Clock::now() + kSpin;
+    for (unsigned i = 1;; ++i) {
+      if (done() || aborted_) return true;
+      cpu_relax();
+      if (i % 64 == 0 && Clock::now() > until) return false;
+    }
+  }
   const std::string& watchdog_text() const { return watchdog_text_; }
 
   Slot& slot(AxisList axis_set, const std::vector<std::int64_t>& sorted_members) {
@@ -230,6 +250,8 @@ class World {
   std::exception_ptr first_error_;
   std::atomic<bool> aborted_{false};
   std::atomic<std::int64_t> abandoned_by_{-1};
+  static constexpr std::chrono::microseconds kSpin{50};
+  const bool spin_;
 };
 
 void copy_bytes(std::byte* dst, const std::byte* src, std::int64_t bytes) {
@@ -704,8 +726,12 @@ class ThreadsCommunicator final : public Communicator {
       s.verdict = disagreement(mesh(), s.members, fps);
       s.arrivals = 0;
       std::fill(s.arrived.begin(), s.arrived.end(), 0);
-      ++s.generation;
+      s.generation.fetch_add(1, std::memory_order_release);
       s.cv.notify_all();
+    } else {
+      lock.unlock();
+      world_.spin_until([&] { return s.generation.load(std::memory_order_acquire) != round; });
+      lock.lock();
     }
     const auto deadline = world_.deadline();
     while (s.generation == round) {
@@ -752,11 +778,15 @@ class ThreadsCommunicator final : public Communicator {
     const std::uint64_t round = s.sync_generation;
     if (++s.syncs == s.members.size()) {
       s.syncs = 0;
-      ++s.sync_generation;
+      s.sync_generation.fetch_add(1, std::memory_order_release);
       s.cv.notify_all();
       return;
     }
-    s.cv.wait(lock, [&] { return s.sync_generation != round; });
+    lock.unlock();
+    const auto over = [&] { return s.sync_generation.load(std::memory_order_acquire) != round; };
+    if (world_.spin_until(over) && over()) return;
+    lock.lock();
+    s.cv.wait(lock, over);
   }
 
   World& world_;

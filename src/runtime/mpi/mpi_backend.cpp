@@ -1,5 +1,6 @@
 #include "runtime/mpi/mpi_backend.h"
 
+#include "runtime/cpu_relax.h"
 #include "runtime/fingerprint.h"
 #include "runtime/mpi/lend_choice.h"
 #include "runtime/mpi/shareable_memory.h"
@@ -79,16 +80,6 @@ std::int64_t shared_bank_bytes() {
 }
 // A shared-memory exchange enters MPI (progress, the watchdog) once per this many idle passes.
 constexpr std::int64_t kSharedProgressEvery = 1024;
-
-// A spinning wait's pause: on x86 it keeps the spin from starving a sibling hardware thread
-// (a vCPU may be one) and from flooding the memory system with loads.
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 // Our communicators use MPI_ERRORS_RETURN, so every failing call lands here and becomes an
 // exception naming the call, instead of MPI's default abort without context.
