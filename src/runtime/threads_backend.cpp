@@ -169,7 +169,8 @@ class World {
   // came. A rendezvous whose last member arrives a few microseconds later is then over that
   // much later, not after a futex wake-up (~20 us on the 2-vCPU VMs, where a sleeping vCPU must
   // be woken by the host). Only while every rank can have a core: time-sliced ranks would spin
-  // away the time slice of the rank they wait for.
+  // away the time slice of the rank they wait for. Other programs may still take the cores,
+  // so the spin yields every few pauses: a peer waiting for this core then gets it.
   template <class Done>
   bool spin_until(Done&& done) const {
     if (!spin_) return false;
@@ -177,7 +178,10 @@ class World {
     for (unsigned i = 1;; ++i) {
       if (done() || aborted_) return true;
       cpu_relax();
-      if (i % 64 == 0 && Clock::now() > until) return false;
+      if (i % 64 == 0) {
+        if (Clock::now() > until) return false;
+        std::this_thread::yield();
+      }
     }
   }
   const std::string& watchdog_text() const { return watchdog_text_; }
