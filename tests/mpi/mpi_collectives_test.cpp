@@ -152,6 +152,20 @@ TEST(MpiShared, CollectivesMatchClosedFormInManySmallRounds) {
   }
 }
 
+// Each rank sizes its partition from its own core's L2, and cores of one node may differ: the
+// group takes the least, so ranks that would each pick another size still share one layout.
+TEST(MpiShared, RanksThatWouldPickDifferentPartitionsAgreeOnOne) {
+  const std::int64_t previous = detail::set_mpi_shared_part(64 * (world_rank + 1));
+  for (const Group& group : kGroups) {
+    run_backend("mpi", Mesh::parse(group.mesh), [&](Communicator& comm) {
+      for (Size size : {Size::one, Size::small, Size::uneven}) {
+        EXPECT_TRUE(testing::check_collectives<float>(comm, group.axes, size)) << group.name;
+      }
+    });
+  }
+  detail::set_mpi_shared_part(previous);
+}
+
 // On one node a collective's large pieces that lie in Buffers are lent: the shared window
 // carries only their sizes, and each receiver reads (or, in a reduce_scatter, sums) them where
 // their senders keep them. The large size sends every piece that way; the mixed counts send
