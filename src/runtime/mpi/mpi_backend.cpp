@@ -800,16 +800,17 @@ class MpiCommunicator final : public Communicator {
     if (on_node != g.size) return;
     const auto n = static_cast<std::size_t>(g.size);
     const std::int64_t limit = shared_part_limit.load();
-    std::int64_t part = limit > 0 ? limit : shared_bank_bytes() / (g.size - 1);
-    part = std::max<std::int64_t>(SharedExchange::kLine, part / SharedExchange::kLine * SharedExchange::kLine);
+    std::int64_t wanted = limit > 0 ? limit : shared_bank_bytes() / (g.size - 1);
+    wanted = std::max<std::int64_t>(SharedExchange::kLine, wanted / SharedExchange::kLine * SharedExchange::kLine);
     // The members must agree on the layout; a core's L2 may differ between cores of one node.
-    check(MPI_Allreduce(MPI_IN_PLACE, &part, 1, MPI_INT64_T, MPI_MIN, g.comm), "MPI_Allreduce");
+    check(MPI_Allreduce(MPI_IN_PLACE, &wanted, 1, MPI_INT64_T, MPI_MIN, g.comm), "MPI_Allreduce");
+    const auto part = static_cast<std::size_t>(wanted);
     MPI_Info info = MPI_INFO_NULL;
     check(MPI_Info_create(&info), "MPI_Info_create");
     // Each segment on its owner's pages (its NUMA node), not one block where rank 0 put it.
     MPI_Info_set(info, "alloc_shared_noncontig", "true");
     char* mine = nullptr;
-    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(SharedExchange::segment_bytes(n, static_cast<std::size_t>(part))), 1, info,
+    const int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(SharedExchange::segment_bytes(n, part)), 1, info,
                                            g.comm, &mine, &g.window);
     MPI_Info_free(&info);
     // Where the window could not be had (no shared-memory support, /dev/shm full) on any
@@ -829,7 +830,7 @@ class MpiCommunicator final : public Communicator {
       check(MPI_Win_shared_query(g.window, static_cast<int>(m), &bytes, &unit, &segments[m]), "MPI_Win_shared_query");
     }
     check(MPI_Barrier(g.comm), "MPI_Barrier");  // every segment is cleared before anyone writes
-    g.shared = std::make_unique<SharedExchange>(std::move(segments), g.me, static_cast<std::size_t>(part), exchange_copy_);
+    g.shared = std::make_unique<SharedExchange>(std::move(segments), g.me, part, exchange_copy_);
   }
 
   // Point-to-point through shared memory (shared_messages.h) when every rank is on this node:
