@@ -170,7 +170,7 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
   out << "  (per step: the slowest rank's time, a collective's from its last rank's arrival, median over repeats; "
          "predicted on " << p.options.hw.name
       << ", see --hw)\n";
-  out << "  total     measured " << format_time(r.measured_time_s) << " (barrier to barrier); predicted "
+  out << "  total     measured " << format_time(r.measured_time_s) << " (first rank's start to last rank's finish); predicted "
       << format_time(plan.total_time_s) << " serialized"
       << (plan.total_time_s > 0 ? "; measured/predicted " + format_sig3(r.measured_time_s / plan.total_time_s) + "x"
                                 : std::string())

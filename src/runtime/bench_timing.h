@@ -1,6 +1,6 @@
 // Timing for the benchmarks (private): one operation run back to back by every rank of a
-// communicator, barrier to barrier, the median of several trials. Shared by the
-// collective benchmark and `calibrate`.
+// communicator, from the group's start to its finish, the median of several trials. Shared by
+// the collective benchmark, `calibrate`, run_plan's repeats and the ScaLAPACK bench.
 #pragma once
 
 #include <algorithm>
@@ -17,8 +17,39 @@ inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Every rank measures the same barrier-to-barrier span, so the root's figure stands for
-// the group. `iterations` 0 picks enough calls for ~20 ms per trial.
+// Runs `work` on every rank from a common start (a barrier) and returns the time from the
+// first rank's start to the last rank's finish, the same figure on every rank, where the ranks
+// share a clock (Communicator::clock_is_shared). Ranks that share cores do not start together:
+// one may get a core only after the others have worked for milliseconds, and its own span then
+// misses their work (a 4-rank GEMM on 2 cores measured 3.8x too fast on rank 0). Elsewhere
+// (mpi across machines, each rank on its own core) this rank's span to the closing barrier.
+// `start_lag_s`, if given, gets how long after the first rank this one started (0 without a
+// shared clock).
+inline double group_span_s(Communicator& comm, const std::function<void()>& work, double* start_lag_s = nullptr) {
+  comm.barrier();
+  const double start = now_s();
+  work();
+  const double finish = now_s();
+  if (start_lag_s) *start_lag_s = 0;
+  if (!comm.clock_is_shared()) {
+    comm.barrier();
+    return now_s() - start;
+  }
+  const auto n = static_cast<std::size_t>(comm.mesh().device_count());
+  const double mine[2] = {start, finish};
+  std::vector<double> all(2 * n);
+  comm.all_gather(mine, all.data(), Counts(n, 2), DType::f64, comm.mesh().all_axes());
+  double first = all[0], last = all[1];
+  for (std::size_t r = 1; r < n; ++r) {
+    first = std::min(first, all[2 * r]);
+    last = std::max(last, all[2 * r + 1]);
+  }
+  if (start_lag_s) *start_lag_s = start - first;
+  return last - first;
+}
+
+// Every trial is a group_span_s, so the root's figure stands for the group. `iterations` 0
+// picks enough calls for ~20 ms per trial.
 struct BenchTimer {
   Communicator& comm;
   int iterations = 0;
@@ -28,23 +59,19 @@ struct BenchTimer {
     int calls = iterations;
     if (calls <= 0) {
       // Calibrate on one call: aim at ~20 ms per trial, between 1 and 1000 calls. All ranks
-      // must agree on the count, so the root's choice is summed over the mesh (others add 0).
-      comm.barrier();
-      const double t0 = now_s();
-      op();
-      comm.barrier();
-      const double once = now_s() - t0;
+      // must agree on the count, so the root's choice is summed over the mesh (others add 0):
+      // without a shared clock each rank has its own span.
+      const double once = group_span_s(comm, op);
       double n = comm.rank() == 0 ? std::clamp(0.02 / std::max(once, 1e-9), 1.0, 1000.0) : 0.0;
       comm.all_reduce(&n, 1, DType::f64, comm.mesh().all_axes());
       calls = static_cast<int>(n);
     }
     std::vector<double> times;
     for (int t = 0; t < trials; ++t) {
-      comm.barrier();
-      const double t0 = now_s();
-      for (int i = 0; i < calls; ++i) op();
-      comm.barrier();
-      times.push_back((now_s() - t0) / calls);
+      times.push_back(group_span_s(comm, [&] {
+                        for (int i = 0; i < calls; ++i) op();
+                      }) /
+                      calls);
     }
     return median(times);
   }

@@ -15,6 +15,7 @@
 #include "shardmm/core/geometry.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/kernels.h"
+#include "runtime/bench_timing.h"
 #ifdef SHARDMM_HAVE_MPI
 #include "runtime/mpi/mpi_backend.h"
 #endif
@@ -319,16 +320,19 @@ RunReport run_plan(const RunRequest& req) {
     const DistTensor* result = nullptr;
     for (int i = 0; i < req.repeat; ++i) {
       note("repeat " + std::to_string(i + 1) + " of " + std::to_string(req.repeat));
-      comm.barrier();
-      const auto t0 = std::chrono::steady_clock::now();
-      const double repeat_start = exec.clock();  // t0 on the trace's clock
-      result = &exec.run(a, matmul ? &b : nullptr);
-      comm.barrier();
-      repeat_times.push_back(seconds_since(t0));
+      double repeat_start = 0;  // on the trace's clock
+      double lag = 0;           // after the first rank's start: steps are timed from that
+      repeat_times.push_back(detail::group_span_s(
+          comm,
+          [&] {
+            repeat_start = exec.clock();
+            result = &exec.run(a, matmul ? &b : nullptr);
+          },
+          &lag));
       std::vector<double> d, from;
       for (const TraceEvent& e : exec.trace()) {
         d.push_back(e.end_s - e.start_s);
-        from.push_back(e.start_s - repeat_start);
+        from.push_back(e.start_s - repeat_start + lag);
       }
       durations.push_back(std::move(d));
       starts.push_back(std::move(from));

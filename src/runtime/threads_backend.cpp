@@ -447,6 +447,8 @@ class ThreadsCommunicator final : public Communicator {
     return receive(data, bytes, peer, tag, true);
   }
 
+  bool clock_is_shared() const override { return true; }
+
   void barrier() override {
     const AxisList all = mesh().all_axes();
     const Group& g = group(all);

@@ -98,6 +98,11 @@ class Communicator {
   // then) and test() may be called from another thread while the rank's own thread makes
   // no call (MPI initialized with at least MPI_THREAD_SERIALIZED).
   virtual bool wants_progress_thread() const { return false; }
+  // Whether every rank reads the same steady clock (threads: one process; mpi: every process
+  // on one machine), so that times taken on different ranks compare. Benchmarks then time a
+  // span from the first rank's start to the last rank's finish: ranks that share cores start
+  // at different moments, and one rank's own start-to-finish misses what the others did first.
+  virtual bool clock_is_shared() const = 0;
 
   virtual void barrier() = 0;
 };

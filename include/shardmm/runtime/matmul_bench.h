@@ -51,7 +51,7 @@ struct MatmulBenchRun {
   double predicted_time_s = 0;       // serialized: comm + compute
   double predicted_comm_s = 0;
   double predicted_compute_s = 0;
-  double measured_time_s = 0;        // median, barrier to barrier
+  double measured_time_s = 0;        // median, first rank's start to last rank's finish
   bool verified = false;
   double max_rel_error = 0;
 };

@@ -87,7 +87,7 @@ struct StepSpan {
 struct RunReport {
   bool is_root = true;              // this process holds the gathered figures
   int ranks = 0;
-  double measured_time_s = 0;       // median over repeats, barrier to barrier
+  double measured_time_s = 0;       // median over repeats, first rank's start to last rank's finish
   std::vector<double> repeat_times_s;
   int warmup_runs = 0;              // untimed runs made: `warmup`, or more for warmup_min_s
   std::vector<StepMeasurement> steps;

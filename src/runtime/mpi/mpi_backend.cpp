@@ -455,6 +455,10 @@ class MpiCommunicator final : public Communicator {
   // Messages through shared memory move without MPI: no helper thread needed.
   bool wants_progress_thread() const override { return progress_thread_ && !messages_; }
 
+  // steady_clock is CLOCK_MONOTONIC, one clock per machine; ranks_on_node() was settled in
+  // the constructor (node_oversubscribed), where every rank took part.
+  bool clock_is_shared() const override { return ranks_on_node() == mesh_.device_count(); }
+
   Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     check_message(bytes, peer, tag, "isend to");
     if (messages_) return shared_send(data, bytes, peer, tag, true);
