@@ -158,18 +158,27 @@ inline std::int64_t l2_cache_bytes() {
   return bytes;
 }
 
-// f32 or f64 (the callers reject other dtypes first).
-inline void sum_in_order(DType dtype, const std::vector<const void*>& sources, std::int64_t count, void* out) {
+// f32 or f64 (the callers reject other dtypes first). `peers_read_out`: other cores read `out`
+// straight after (the threads backend's all_reduce gathers each member's summed chunk from its
+// buffer).
+inline void sum_in_order(DType dtype, const std::vector<const void*>& sources, std::int64_t count, void* out,
+                         bool peers_read_out = false) {
   static const SumKernels f32 = sum_kernels<float>();
   static const SumKernels f64 = sum_kernels<double>();
   const SumKernels& kernels = dtype == DType::f32 ? f32 : f64;
   bool out_is_a_source = false;
   for (const void* s : sources) out_is_a_source = out_is_a_source || s == out;
-  const std::int64_t working_set = count * dtype_bytes(dtype) * static_cast<std::int64_t>(sources.size() + 1);
+  const auto arrays = static_cast<std::int64_t>(sources.size() + (out_is_a_source ? 0 : 1));
+  const std::int64_t working_set = count * dtype_bytes(dtype) * arrays;
   // Beyond the core's L2, a sum into a separate output streams its stores: the output would
   // evict the sources anyway. Measured crossover on the dev VM (2 MiB L2 per core): plain stores
-  // win up to 0.5 MiB of output from 2 sources, streamed ones from 1 MiB.
-  const bool stream = !out_is_a_source && working_set > l2_cache_bytes();
+  // win up to 0.5 MiB of output from 2 sources, streamed ones from 1 MiB. Summed in place, the
+  // lines are this core's already and a plain store costs no extra read; but a peer that reads
+  // them next must then fetch each modified line out of this core's cache, which took longer
+  // than from memory beyond L2 (threads all_reduce, 2 ranks, 1 MiB L2: at 2 / 4 MiB 358-383 /
+  // 718-751 us plain, 241-249 / 430-524 streamed; at 1 MiB, within L2, 82-92 plain and 120
+  // streamed; a 2-vCPU AMD EPYC VM, 2026-12-01).
+  const bool stream = (!out_is_a_source || peers_read_out) && working_set > l2_cache_bytes();
   (stream ? kernels.streamed : kernels.cached)(sources.data(), sources.size(), count, out);
 }
 

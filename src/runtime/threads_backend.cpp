@@ -350,7 +350,7 @@ class ThreadsCommunicator final : public Communicator {
     const auto [mine, my_count] = chunk(g.me);
     std::vector<const void*> sources;
     for (std::size_t m = 0; m < g.size(); ++m) sources.push_back(bytes_of(g.entry(m).recv) + mine);
-    detail::sum_in_order(dtype, sources, my_count, bytes_of(data) + mine);
+    detail::sum_in_order(dtype, sources, my_count, bytes_of(data) + mine, /*peers_read_out=*/true);
     sync(g);
     for (std::size_t i = 1; i < g.size(); ++i) {
       const std::size_t m = (g.me + i) % g.size();

@@ -1,6 +1,7 @@
 // The summation all backends share (src/runtime/ordered_sum.h): every kernel it may pick
-// (cached or streamed stores, any output alignment, in place or not) gives, element by
-// element, the bits of a plain left-to-right sum in source order.
+// (cached or streamed stores, any output alignment, in place in the first or last source or
+// not, read by peers next or not) gives, element by element, the bits of a plain left-to-right
+// sum in source order.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,7 +15,7 @@ namespace {
 
 template <class T>
 void expect_ordered_sums(DType dtype, std::int64_t count, std::size_t n_sources, std::size_t out_offset,
-                         bool in_place, std::uint32_t seed) {
+                         int in_place_source, bool peers_read_out, std::uint32_t seed) {
   std::mt19937 rng(seed);
   // Values of very different magnitudes, so that any other order of additions rounds
   // differently somewhere.
@@ -33,13 +34,15 @@ void expect_ordered_sums(DType dtype, std::int64_t count, std::size_t n_sources,
   std::vector<const void*> sources;
   for (auto& source : data) sources.push_back(source.data() + out_offset);
   std::vector<T> separate(static_cast<std::size_t>(count) + out_offset + 16);
-  T* out = in_place ? data[n_sources - 1].data() + out_offset : separate.data() + out_offset;
-  detail::sum_in_order(dtype, sources, count, out);
+  const bool in_place = in_place_source >= 0;
+  T* out = in_place ? data[static_cast<std::size_t>(in_place_source)].data() + out_offset : separate.data() + out_offset;
+  detail::sum_in_order(dtype, sources, count, out, peers_read_out);
   // Bits, not values: -0.0 == 0.0 and NaN != NaN would hide a different order of additions.
   const auto bytes = static_cast<std::size_t>(count) * sizeof(T);
   ASSERT_TRUE(count == 0 || std::memcmp(out, expected.data(), bytes) == 0)
       << "count " << count << ", " << n_sources << " sources, output offset " << out_offset
-      << (in_place ? ", in place" : "");
+      << (in_place ? ", in place in source " + std::to_string(in_place_source) : std::string())
+      << (peers_read_out ? ", read by peers" : "");
 }
 
 TEST(OrderedSumTest, EveryKernelGivesTheLeftToRightSumsBits) {
@@ -50,10 +53,12 @@ TEST(OrderedSumTest, EveryKernelGivesTheLeftToRightSumsBits) {
                              threshold_elements / 3 + 7, threshold_elements + 129}) {
     for (std::size_t n : {1u, 2u, 3u, 5u}) {
       for (std::size_t offset : {0u, 1u, 3u, 7u, 15u}) {
-        for (bool in_place : {false, true}) {
-          const auto seed = static_cast<std::uint32_t>(count * 131 + n * 17 + offset * 3 + in_place);
-          expect_ordered_sums<float>(DType::f32, count, n, offset, in_place, seed);
-          expect_ordered_sums<double>(DType::f64, count, n, offset % 8, in_place, seed);
+        for (int in_place_source : {-1, 0, static_cast<int>(n) - 1}) {
+          for (bool peers_read_out : {false, true}) {
+            const auto seed = static_cast<std::uint32_t>(count * 131 + n * 17 + offset * 3 + in_place_source + 2);
+            expect_ordered_sums<float>(DType::f32, count, n, offset, in_place_source, peers_read_out, seed);
+            expect_ordered_sums<double>(DType::f64, count, n, offset % 8, in_place_source, peers_read_out, seed);
+          }
         }
       }
     }
