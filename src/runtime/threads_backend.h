@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 
 #include "shardmm/core/mesh.h"
 #include "shardmm/runtime/communicator.h"
@@ -13,6 +14,10 @@ struct ThreadsOptions {
   // How long a rank waits in a collective or recv for peers that never come before it
   // fails with CollectiveTimeout.
   std::chrono::duration<double> watchdog{300.0};
+  // Whether the ranks share cores, which changes who does a collective's copies (see
+  // threads_backend.cpp). Unset: when the mesh has more devices than the machine has hardware
+  // threads. Tests set it to run either way on any mesh.
+  std::optional<bool> shared_cores;
 };
 
 // The defaults, with the watchdog taken from SHARDMM_WATCHDOG_S (seconds) when set;

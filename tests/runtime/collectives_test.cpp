@@ -9,6 +9,7 @@
 #include <functional>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -28,10 +29,12 @@ namespace {
 using testing::Size;
 
 // A watchdog short enough that a broken rendezvous fails the test instead of hanging it,
-// long enough for 8 ranks on a loaded 2-core machine.
-void run(const Mesh& mesh, const std::function<void(Communicator&)>& body, double watchdog_s = 120) {
+// long enough for 8 ranks on a loaded 2-core machine. `shared_cores` unset: as the machine has.
+void run(const Mesh& mesh, const std::function<void(Communicator&)>& body, double watchdog_s = 120,
+         std::optional<bool> shared_cores = {}) {
   detail::ThreadsOptions options;
   options.watchdog = std::chrono::duration<double>(watchdog_s);
+  options.shared_cores = shared_cores;
   detail::run_threads(mesh, body, options);
 }
 
@@ -105,29 +108,35 @@ std::vector<Topology> topologies() {
   return out;
 }
 
-using Param = std::tuple<Topology, Size, DType>;
+// Whether the ranks share cores decides who does a collective's copies (each member its own,
+// or the last to arrive all of them); both ways run on every mesh, whatever the machine has.
+enum class Cores { own, shared };
+
+using Param = std::tuple<Topology, Size, DType, Cores>;
 
 class Collectives : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Collectives, MatchClosedForm) {
-  const auto& [topology, size, dtype] = GetParam();
+  const auto& [topology, size, dtype, cores] = GetParam();
   run(Mesh::parse(topology.mesh), [&](Communicator& comm) {
     if (dtype == DType::f32) {
       EXPECT_TRUE(testing::check_collectives<float>(comm, topology.axes, size));
     } else {
       EXPECT_TRUE(testing::check_collectives<double>(comm, topology.axes, size));
     }
-  });
+  }, 120, cores == Cores::shared);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, Collectives,
                          ::testing::Combine(::testing::ValuesIn(topologies()),
                                             ::testing::Values(Size::zero, Size::one, Size::small, Size::uneven,
                                                               Size::large),
-                                            ::testing::Values(DType::f32, DType::f64)),
+                                            ::testing::Values(DType::f32, DType::f64),
+                                            ::testing::Values(Cores::own, Cores::shared)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::get<0>(info.param).name + "_" + testing::to_string(std::get<1>(info.param)) +
-                                  "_" + to_string(std::get<2>(info.param));
+                                  "_" + to_string(std::get<2>(info.param)) +
+                                  (std::get<3>(info.param) == Cores::shared ? "_shared_cores" : "_own_cores");
                          });
 
 // The checks can only catch a wrong summation order if the data makes order matter.
@@ -165,15 +174,18 @@ TEST(Threads, EachRankHasItsOwnIdAndThread) {
 // Successive collectives on overlapping groups, in an order that differs between groups'
 // members only where the contract allows (the same sequence per group).
 TEST(Threads, SuccessiveCollectivesOnOverlappingGroupsStayApart) {
-  run(Mesh::parse("X=2,Y=2,Z=2"), [](Communicator& comm) {
-    for (int round = 0; round < 20; ++round) {
-      EXPECT_TRUE(testing::check_all_reduce<float>(comm, {0}, 7));
-      EXPECT_TRUE(testing::check_all_gather<double>(comm, {1, 2}, Size::uneven));
-      EXPECT_TRUE(testing::check_reduce_scatter<float>(comm, {2, 0}, Size::uneven));
-      EXPECT_TRUE(testing::check_all_to_all<double>(comm, {0, 1, 2}, Size::uneven));
-      comm.barrier();
-    }
-  });
+  for (bool shared_cores : {false, true}) {
+    SCOPED_TRACE(shared_cores ? "shared cores" : "own cores");
+    run(Mesh::parse("X=2,Y=2,Z=2"), [](Communicator& comm) {
+      for (int round = 0; round < 20; ++round) {
+        EXPECT_TRUE(testing::check_all_reduce<float>(comm, {0}, 7));
+        EXPECT_TRUE(testing::check_all_gather<double>(comm, {1, 2}, Size::uneven));
+        EXPECT_TRUE(testing::check_reduce_scatter<float>(comm, {2, 0}, Size::uneven));
+        EXPECT_TRUE(testing::check_all_to_all<double>(comm, {0, 1, 2}, Size::uneven));
+        comm.barrier();
+      }
+    }, 120, shared_cores);
+  }
 }
 
 // Row y=1 starts only after row y=0 has finished its collectives over X: if a group over X
