@@ -71,6 +71,16 @@ std::vector<double> reference_times(const MatmulBenchOptions& o, const MatmulBen
   return t;
 }
 
+// `value` as rank 0 has it, in every process (under mpirun; the threads backend is one).
+double from_root(const MatmulBenchOptions& o, double value) {
+  if (o.backend == "threads") return value;
+  run_backend(o.backend, o.mesh, [&](Communicator& comm) {
+    if (comm.rank() != 0) value = 0;
+    comm.all_reduce(&value, 1, DType::f64, o.mesh.all_axes());  // the others add zeros
+  });
+  return value;
+}
+
 }  // namespace
 
 MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
@@ -125,6 +135,52 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
     const auto note = [&](const std::string& what) {
       if (report.is_root && o.progress) o.progress(label + ": " + what);
     };
+    const auto run_request = [&](const Plan& plan, bool verify) {
+      RunRequest req;
+      req.backend = o.backend;
+      req.mesh = o.mesh;
+      req.plan = plan;
+      req.sizes = p.sizes;
+      req.dtype = o.dtype;
+      req.contraction = &o.contraction;
+      req.warmup = o.warmup;
+      req.repeat = o.repeat;
+      req.check = o.check;
+      req.verify = verify;
+      return req;
+    };
+    // The chosen candidate against the fastest measured one, if that is another: both again,
+    // in turn (which goes first alternates), for as many rounds, neither verified again. Every
+    // process takes the same decision: under mpirun the times are rank 0's, so it is broadcast.
+    const auto runoff = [&](const MatmulBenchPoint& point, const MatmulPlanning& planning) -> std::optional<MatmulBenchRunoff> {
+      double fastest = -1;
+      if (report.is_root) {
+        const auto best = std::min_element(point.runs.begin(), point.runs.end(), [](const MatmulBenchRun& x, const MatmulBenchRun& y) {
+          return x.measured_time_s < y.measured_time_s;
+        });
+        fastest = best->candidate;
+      }
+      fastest = from_root(o, fastest);
+      const int rival = static_cast<int>(fastest);
+      if (rival == point.chosen) return std::nullopt;
+      std::vector<double> mine, theirs;
+      for (int round = 0; round < o.rounds; ++round) {
+        for (int side = 0; side < 2; ++side) {
+          const bool chosen_side = (side == 0) == (round % 2 == 0);
+          const int c = chosen_side ? point.chosen : rival;
+          note("runoff, candidate " + std::to_string(c + 1) + ", round " + std::to_string(round + 1) + " of " +
+               std::to_string(o.rounds));
+          const RunReport r = run_plan(run_request(planning.candidates[static_cast<std::size_t>(c)], false));
+          (chosen_side ? mine : theirs).insert((chosen_side ? mine : theirs).end(), r.repeat_times_s.begin(),
+                                               r.repeat_times_s.end());
+        }
+      }
+      MatmulBenchRunoff out;
+      out.candidate = rival;
+      if (!mine.empty()) out.chosen_time_s = median(mine);
+      if (!theirs.empty()) out.candidate_time_s = median(theirs);
+      return out;
+    };
     std::vector<int> order;
     if (o.all) {
       for (std::size_t i = 0; i < planning.candidates.size(); ++i) order.push_back(static_cast<int>(i));
@@ -149,18 +205,7 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
         const Plan& plan = planning.candidates[static_cast<std::size_t>(order[i])];
         note("candidate " + std::to_string(order[i] + 1) + " of " + std::to_string(planning.candidates.size()) +
              of_rounds + ", " + plan.description);
-        RunRequest req;
-        req.backend = o.backend;
-        req.mesh = o.mesh;
-        req.plan = plan;
-        req.sizes = p.sizes;
-        req.dtype = o.dtype;
-        req.contraction = &o.contraction;
-        req.warmup = o.warmup;
-        req.repeat = o.repeat;
-        req.check = o.check;
-        req.verify = round == 0;
-        const RunReport r = run_plan(req);
+        const RunReport r = run_plan(run_request(plan, round == 0));
         times[i].insert(times[i].end(), r.repeat_times_s.begin(), r.repeat_times_s.end());
         if (round == 0) {
           p.runs.push_back({order[i], plan.description, plan.total_time_s, plan.comm_time_s, plan.compute_time_s, 0,
@@ -173,6 +218,7 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (!times[i].empty()) p.runs[i].measured_time_s = median(times[i]);
     }
+    if (o.all && planning.chosen >= 0) p.runoff = runoff(p, planning);
     report.points.push_back(std::move(p));
   }
   return report;

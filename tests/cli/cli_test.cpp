@@ -786,11 +786,55 @@ TEST(CliBench, MatmulAllCandidatesJson) {
       if (t < fastest) fastest = t, fastest_index = static_cast<int>(k);
     }
     EXPECT_EQ(p["fastest"], fastest_index);
-    const double chosen_time = p["runs"][planning.chosen]["measured_time_s"];
+    // Judged on the runoff where another candidate was fastest, on the screening runs where not.
+    double chosen_time = p["runs"][planning.chosen]["measured_time_s"];
+    ASSERT_EQ(p.contains("runoff"), fastest_index != planning.chosen);
+    if (p.contains("runoff")) {
+      EXPECT_EQ(p["runoff"]["candidate"], fastest_index);
+      chosen_time = p["runoff"]["chosen_time_s"];
+      fastest = p["runoff"]["candidate_time_s"];
+      ASSERT_GT(fastest, 0);
+    }
     EXPECT_EQ(p["chosen_within_5pct"], chosen_time <= 1.05 * fastest);
     within += chosen_time <= 1.05 * fastest;
   }
   EXPECT_EQ(doc["choice"], json({{"points", 2}, {"chosen_within_5pct", within}}));
+}
+
+// A profile that costs every collective but all_gather at a second picks gathering both operands
+// of a contraction over a long J (8 MiB each) over summing an 8 x 8 result: the runoff of the two
+// finds the chosen one far slower and the point is not within 5%.
+TEST(CliBench, MatmulRunoffJudgesAChoiceAnotherCandidateBeat) {
+  HardwareProfile hw = builtin_profile("h100");
+  hw.name = "gathers-are-free";
+  Calibration cal;
+  cal.backend = "threads";
+  cal.mesh = "X=2";
+  cal.copy_bandwidth = cal.add_bandwidth = 1e10;
+  for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
+    cal.collectives.push_back({op, 2, op == OpKind::all_gather ? 0.0 : 1.0, 0.0, 1, std::int64_t{1} << 40, 0});
+  }
+  hw.calibration = cal;
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "shardmm_cli_test_runoff.json";
+  std::ofstream(file) << profile_to_json(hw);
+  const Result r = run({"bench", "matmul", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=8,K=8",
+                        "--sizes", "131072", "--all", "--repeat", "3", "--rounds", "2", "--dtype", "f64", "--hw",
+                        file.string(), "--json"});
+  std::filesystem::remove(file);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json p = json::parse(r.out)["points"][0];
+  ASSERT_EQ(p["runs"].size(), 2u);
+  const int chosen = p["chosen"], other = 1 - chosen;
+  EXPECT_THAT(p["runs"][chosen]["description"].get<std::string>(), HasSubstr("all_gather"));
+  EXPECT_EQ(p["fastest"], other);
+  ASSERT_TRUE(p.contains("runoff"));
+  const json& runoff = p["runoff"];
+  EXPECT_EQ(runoff["candidate"], other);
+  const double mine = runoff["chosen_time_s"], theirs = runoff["candidate_time_s"];
+  EXPECT_GT(mine, 1.05 * theirs);
+  EXPECT_NEAR(runoff["chosen_over_candidate"].get<double>(), mine / theirs, 1e-9 * mine / theirs);
+  EXPECT_FALSE(p["chosen_within_5pct"].get<bool>());
+  EXPECT_THAT(r.err, HasSubstr("runoff, candidate"));  // its progress
 }
 
 TEST(CliBench, MatmulChosenPlanText) {

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,6 +57,15 @@ struct MatmulBenchRun {
   double max_rel_error = 0;
 };
 
+// With every candidate run, the chosen one against the fastest of the others, both run again in
+// turn for `rounds` more rounds. The least of many noisy times is low by chance (the more
+// candidates, the lower), so the choice is judged on this second measurement of the two alone.
+struct MatmulBenchRunoff {
+  int candidate = -1;                // the other: the fastest candidate of all the runs
+  double chosen_time_s = 0;          // medians of the runoff's runs
+  double candidate_time_s = 0;
+};
+
 struct MatmulBenchPoint {
   DimSizes sizes;
   double flops = 0;                  // 2 x the product of every dimension's size
@@ -63,6 +73,7 @@ struct MatmulBenchPoint {
   double gemm_time_s = 0;            // the reference, median of `repeat` x `rounds`
   int chosen = -1;                   // the planner's choice (candidate index)
   std::vector<MatmulBenchRun> runs;  // the chosen plan, or every candidate in order
+  std::optional<MatmulBenchRunoff> runoff;  // where every candidate ran and another was fastest
 };
 
 struct MatmulBenchReport {
