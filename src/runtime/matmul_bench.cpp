@@ -171,8 +171,8 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
           note("runoff, candidate " + std::to_string(c + 1) + ", round " + std::to_string(round + 1) + " of " +
                std::to_string(o.rounds));
           const RunReport r = run_plan(run_request(planning.candidates[static_cast<std::size_t>(c)], false));
-          (chosen_side ? mine : theirs).insert((chosen_side ? mine : theirs).end(), r.repeat_times_s.begin(),
-                                               r.repeat_times_s.end());
+          std::vector<double>& side_times = chosen_side ? mine : theirs;
+          side_times.insert(side_times.end(), r.repeat_times_s.begin(), r.repeat_times_s.end());
         }
       }
       MatmulBenchRunoff out;
