@@ -223,13 +223,8 @@ std::vector<std::int64_t> parse_dimension_sizes(const std::string& text) {
 
 double flop_rate(double flops, double seconds) { return seconds > 0 ? flops / seconds : 0; }
 
-// The fastest measured run of a point, and whether the planner's choice is within 5% of it:
-// judged on the runoff between the two where the fastest was another candidate.
-const MatmulBenchRun& fastest_run(const MatmulBenchPoint& p) {
-  return *std::min_element(p.runs.begin(), p.runs.end(), [](const MatmulBenchRun& x, const MatmulBenchRun& y) {
-    return x.measured_time_s < y.measured_time_s;
-  });
-}
+// The planner's choice among a point's runs, and whether it is within 5% of the fastest (judged
+// on the runoff between the two where the fastest was another candidate).
 const MatmulBenchRun& chosen_run(const MatmulBenchPoint& p) {
   return *std::find_if(p.runs.begin(), p.runs.end(), [&](const MatmulBenchRun& r) { return r.candidate == p.chosen; });
 }

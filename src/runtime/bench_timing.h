@@ -1,11 +1,14 @@
 // Timing for the benchmarks (private): one operation run back to back by every rank of a
 // communicator, from the group's start to its finish, the median of several trials. Shared by
-// the collective benchmark, `calibrate`, run_plan's repeats and the ScaLAPACK bench.
+// the collective benchmark, `calibrate`, run_plan's repeats and the ScaLAPACK bench; and how
+// the benchmarks share rank 0's figures, which under mpirun only it has.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <mutex>
+#include <string_view>
 #include <vector>
 
 #include "shardmm/runtime/communicator.h"
@@ -48,6 +51,25 @@ inline double group_span_s(Communicator& comm, const std::function<void()>& work
   return last - first;
 }
 
+// Rank 0's `value` on every rank: the others add zeros.
+inline double rank0_value(Communicator& comm, double value) {
+  if (comm.rank() != 0) value = 0;
+  comm.all_reduce(&value, 1, DType::f64, comm.mesh().all_axes());
+  return value;
+}
+
+// Rank 0's `value` in every process (under mpirun; with threads, the one process has it).
+inline double from_root(std::string_view backend, const Mesh& mesh, double value) {
+  double out = 0;
+  std::mutex lock;  // the threads backend's ranks share `out`; under mpirun each process has its own
+  run_backend(backend, mesh, [&](Communicator& comm) {
+    const double v = rank0_value(comm, value);
+    std::lock_guard hold(lock);
+    out = v;
+  });
+  return out;
+}
+
 // Every trial is a group_span_s, so the root's figure stands for the group. `iterations` 0
 // picks enough calls for ~20 ms per trial.
 struct BenchTimer {
@@ -62,9 +84,7 @@ struct BenchTimer {
       // must agree on the count, so the root's choice is summed over the mesh (others add 0):
       // without a shared clock each rank has its own span.
       const double once = group_span_s(comm, op);
-      double n = comm.rank() == 0 ? std::clamp(0.02 / std::max(once, 1e-9), 1.0, 1000.0) : 0.0;
-      comm.all_reduce(&n, 1, DType::f64, comm.mesh().all_axes());
-      calls = static_cast<int>(n);
+      calls = static_cast<int>(rank0_value(comm, std::clamp(0.02 / std::max(once, 1e-9), 1.0, 1000.0)));
     }
     std::vector<double> times;
     for (int t = 0; t < trials; ++t) {

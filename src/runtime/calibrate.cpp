@@ -165,19 +165,6 @@ void grow_until_compute_bound(const Mesh& mesh, const Contraction& c, const Ring
   }
 }
 
-// Every process gets rank 0's `value` (under mpirun only it has the profile).
-double from_root(const CalibrateOptions& o, double value) {
-  double out = 0;
-  std::mutex lock;  // the threads backend's ranks share `out`; under mpirun each process has its own
-  run_backend(o.backend, o.mesh, [&](Communicator& comm) {
-    double v = comm.rank() == 0 ? value : 0.0;
-    comm.all_reduce(&v, 1, DType::f64, comm.mesh().all_axes());  // the others add zeros
-    std::lock_guard hold(lock);
-    out = v;
-  });
-  return out;
-}
-
 // sample.overlap: the share in [0, 1] at which the model's ring / serialized ratio equals the
 // measured one (the ring's predicted time falls as the share grows); 0 or 1 beyond the
 // model's range, which goes to sample.predicted_*.
@@ -219,7 +206,7 @@ void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResu
     const Contraction c = parse_contraction(probe.expression, o.mesh);
     DimSizes sizes = {{"I", base}, {"J", base}, {"K", base}};
     if (result.is_root) grow_until_compute_bound(o.mesh, c, probe, calibrated, sizes);
-    sizes[probe.grown] = static_cast<std::int64_t>(from_root(o, static_cast<double>(sizes[probe.grown])));
+    sizes[probe.grown] = static_cast<std::int64_t>(detail::from_root(o.backend, o.mesh, static_cast<double>(sizes[probe.grown])));
     if (result.is_root && o.progress) {
       o.progress(std::string("collective matmul ") + to_string(probe.ring) + " " + probe.expression);
     }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <thread>
 
+#include "runtime/bench_timing.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/blas.h"
@@ -56,11 +57,8 @@ std::vector<double> reference_times(const MatmulBenchOptions& o, const MatmulBen
   // cycles from the GEMM's threads, so the others sleep instead, for as long as rank 0 says
   // the GEMMs will take (from one timed GEMM, with a margin), and only then wait for it.
   std::vector<double> t;
-  AxisList everyone;
-  for (int a = 0; a < o.mesh.rank(); ++a) everyone.push_back(a);
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
-    double expected_s = comm.rank() == 0 ? time(0, 1).front() * (o.warmup + o.repeat) : 0;
-    comm.all_reduce(&expected_s, 1, DType::f64, everyone);  // the others add zeros: a broadcast
+    const double expected_s = detail::rank0_value(comm, comm.rank() == 0 ? time(0, 1).front() * (o.warmup + o.repeat) : 0);
     if (comm.rank() == 0) {
       t = time(o.warmup, o.repeat);
     } else {
@@ -71,17 +69,13 @@ std::vector<double> reference_times(const MatmulBenchOptions& o, const MatmulBen
   return t;
 }
 
-// `value` as rank 0 has it, in every process (under mpirun; the threads backend is one).
-double from_root(const MatmulBenchOptions& o, double value) {
-  if (o.backend == "threads") return value;
-  run_backend(o.backend, o.mesh, [&](Communicator& comm) {
-    if (comm.rank() != 0) value = 0;
-    comm.all_reduce(&value, 1, DType::f64, o.mesh.all_axes());  // the others add zeros
-  });
-  return value;
-}
-
 }  // namespace
+
+const MatmulBenchRun& fastest_run(const MatmulBenchPoint& p) {
+  return *std::min_element(p.runs.begin(), p.runs.end(), [](const MatmulBenchRun& x, const MatmulBenchRun& y) {
+    return x.measured_time_s < y.measured_time_s;
+  });
+}
 
 MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
   if (o.dtype != DType::f32 && o.dtype != DType::f64) {
@@ -153,15 +147,8 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
     // in turn (which goes first alternates), for as many rounds, neither verified again. Every
     // process takes the same decision: under mpirun the times are rank 0's, so it is broadcast.
     const auto runoff = [&](const MatmulBenchPoint& point, const MatmulPlanning& planning) -> std::optional<MatmulBenchRunoff> {
-      double fastest = -1;
-      if (report.is_root) {
-        const auto best = std::min_element(point.runs.begin(), point.runs.end(), [](const MatmulBenchRun& x, const MatmulBenchRun& y) {
-          return x.measured_time_s < y.measured_time_s;
-        });
-        fastest = best->candidate;
-      }
-      fastest = from_root(o, fastest);
-      const int rival = static_cast<int>(fastest);
+      const int rival =
+          static_cast<int>(detail::from_root(o.backend, o.mesh, report.is_root ? fastest_run(point).candidate : -1));
       if (rival == point.chosen) return std::nullopt;
       std::vector<double> mine, theirs;
       for (int round = 0; round < o.rounds; ++round) {

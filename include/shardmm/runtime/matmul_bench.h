@@ -76,6 +76,9 @@ struct MatmulBenchPoint {
   std::optional<MatmulBenchRunoff> runoff;  // where every candidate ran and another was fastest
 };
 
+// The run with the least measured time (on the root process; `runs` must not be empty).
+const MatmulBenchRun& fastest_run(const MatmulBenchPoint& point);
+
 struct MatmulBenchReport {
   bool is_root = true;               // this process holds the figures (rank 0 under mpirun)
   int ranks = 0;
