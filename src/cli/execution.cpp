@@ -175,6 +175,11 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
       << (plan.total_time_s > 0 ? "; measured/predicted " + format_sig3(r.measured_time_s / plan.total_time_s) + "x"
                                 : std::string())
       << "\n";
+  if (r.ranks_on_machine > r.cores) {
+    out << "  shared    " << r.ranks_on_machine << " ranks take turns on this machine's " << r.cores
+        << " cores: a rank that a collective wakes may wait for a core while others compute, and that wait counts "
+           "in the collective's step above; the total is the figure to compare\n";
+  }
   if (flags.trace) {
     out << "  trace     " << *flags.trace << ": " << r.timeline.size() << " ranks x " << r.steps.size()
         << " steps of repeat " << r.timeline_repeat + 1
@@ -224,6 +229,8 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
   doc["executed"] = candidate;
   doc["backend"] = flags.backend;
   doc["ranks"] = r.ranks;
+  doc["ranks_on_machine"] = r.ranks_on_machine;
+  doc["cores"] = r.cores;
   doc["repeat"] = flags.repeat;
   doc["warmup"] = flags.warmup;
   doc["warmup_time_s"] = flags.warmup_time_s;

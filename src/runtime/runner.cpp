@@ -10,6 +10,7 @@
 #include <limits>
 #include <mutex>
 #include <new>
+#include <thread>
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -282,6 +283,8 @@ RunReport run_plan(const RunRequest& req) {
   const auto a_values = uniform_values(1), b_values = uniform_values(2);
   RunReport report;
   report.ranks = static_cast<int>(mesh.device_count());
+  report.ranks_on_machine = need.devices_sharing;
+  report.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::mutex root_mutex;
 
   BackendOptions backend_options;

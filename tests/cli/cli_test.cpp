@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shardmm/core/contraction.h"
@@ -641,6 +642,33 @@ TEST(CliRun, VerifiesAndReportsTheTrace) {
   for (const auto& [op, c] : expected) {
     EXPECT_EQ(doc["trace"][op]["count"], c.first) << op;
     EXPECT_EQ(doc["trace"][op]["bytes"], c.second) << op;
+  }
+}
+
+// With more ranks than the machine has cores the ranks take turns, and the report says so
+// (a collective's step time then includes a woken rank's wait for a core); with no more ranks
+// than cores it says nothing.
+TEST(CliRun, SaysWhenTheRanksTakeTurnsOnTheCores) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const auto run_on = [](int ranks, bool as_json) {
+    std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=" + std::to_string(ranks), "--dims",
+                                  "I=8,J=8,K=8", "--repeat", "1", "--warmup-time", "0"};
+    if (as_json) args.push_back("--json");
+    return run(args);
+  };
+  const Result turns = run_on(cores + 1, false), turns_json = run_on(cores + 1, true);
+  ASSERT_EQ(turns.status, 0) << turns.err;
+  ASSERT_EQ(turns_json.status, 0) << turns_json.err;
+  EXPECT_THAT(turns.out, HasSubstr("  shared    " + std::to_string(cores + 1) + " ranks take turns on this machine's " +
+                                   std::to_string(cores) + " cores"));
+  const json doc = json::parse(turns_json.out);
+  EXPECT_EQ(doc["ranks_on_machine"], cores + 1);
+  EXPECT_EQ(doc["cores"], cores);
+  if (cores >= 2) {
+    const Result own = run_on(2, false);
+    ASSERT_EQ(own.status, 0) << own.err;
+    EXPECT_THAT(own.out, HasSubstr("  total     measured"));
+    EXPECT_THAT(own.out, Not(HasSubstr("take turns")));
   }
 }
 

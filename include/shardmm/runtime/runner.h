@@ -97,6 +97,11 @@ struct RunReport {
   int timeline_repeat = 0;          // 0-based
   Verification verification;        // verified = true and zero errors when verify is off
   bool verified_run = false;        // whether verification ran
+  // The ranks on this machine (threads: every device; mpi: this node's processes) and its
+  // cores. Where ranks outnumber cores they take turns: a rank that a collective wakes may wait
+  // for a core another rank's GEMM holds, and that wait shows in the collective's step time.
+  std::int64_t ranks_on_machine = 1;
+  int cores = 1;
 };
 
 // What a run holds in memory at once, worked out from the plan alone. Device 0 is the
