@@ -13,7 +13,8 @@ of one preallocated B (no copy after it), then torch.matmul into the C block. Ea
 barrier to barrier after --warmup untimed runs. The two sides alternate for --rounds rounds
 (shardmm, torch, shardmm, ...), so a change in the machine's load falls on both: per round the
 medians of --repeat give ours/torch = torch time / shardmm time (>= 1: shardmm is not slower);
-the median of the rounds' ratios is reported, with each side's median time over the rounds.
+the median of the rounds' ratios is reported, with each side's median time over the rounds and
+how much of torch's went into dist.all_gather (rank 0's, from the barrier to its return).
 
 PyTorch's result is verified on every rank against an f64 reference built independently from
 the same seeds: ||C x - A (B x)|| for a random x (Freivalds' check, O(N^2)), against a bound of
@@ -80,15 +81,17 @@ def torch_rank(rank, args, port, results):
         gathered = torch.empty(n, n, dtype=dtype)
         blocks = list(gathered.chunk(args.ranks))  # contiguous row blocks: gloo writes into them
         c = torch.empty(rows, n, dtype=dtype)
-        times = []
+        times, gathers = [], []
         for r in range(args.warmup + args.repeat):
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_gather(blocks, b)
+            t1 = time.perf_counter()
             torch.matmul(a, gathered, out=c)
             dist.barrier()
             if r >= args.warmup:
                 times.append(time.perf_counter() - t0)
+                gathers.append(t1 - t0)
         # Freivalds' check against the f64 inputs, rounded as the ranks saw them.
         x = torch.rand(n, 1, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
         a64 = a_full[mine].to(dtype).to(torch.float64)
@@ -99,8 +102,8 @@ def torch_rank(rank, args, port, results):
         ok = error <= 4 * n * eps * bound
         verdict = torch.tensor([1 if ok else 0])
         dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
-        out.append({"n": n, "time_s": statistics.median(times), "verified": bool(verdict.item()),
-                    "relative_error": error / bound})
+        out.append({"n": n, "time_s": statistics.median(times), "all_gather_s": statistics.median(gathers),
+                    "verified": bool(verdict.item()), "relative_error": error / bound})
     if rank == 0:
         results.put(out)
     dist.destroy_process_group()
@@ -162,6 +165,7 @@ def main():
         ratios = [t["time_s"] / o["measured_time_s"] for o, t in zip(ours, theirs)]
         rows.append({"n": n, "shardmm_plan": ours[0]["description"], "same_plan": ours[0]["description"] == TORCH_PLAN,
                      "shardmm_time_s": ours_s, "torch_time_s": torch_s,
+                     "torch_all_gather_s": statistics.median(t["all_gather_s"] for t in theirs),
                      "shardmm_flop_rate": flops / ours_s, "torch_flop_rate": flops / torch_s,
                      "ours_over_torch": statistics.median(ratios), "ours_over_torch_per_round": ratios,
                      "shardmm_verified": all(o["verified"] for o in ours),
@@ -175,13 +179,15 @@ def main():
         print(f"{EXPR} on {args.ranks} processes, {args.dtype}, 1 BLAS thread per rank, median of {args.repeat}, "
               f"{args.rounds} alternating rounds; "
               f"shardmm mpi backend vs PyTorch {torch.__version__} gloo ({TORCH_PLAN})")
-        print(f"{'N':>6} {'shardmm (s)':>12} {'torch (s)':>12} {'shardmm GF/s':>13} {'torch GF/s':>11} "
-              f"{'ours/torch':>11} {'verified':>9}  shardmm plan")
+        print(f"{'N':>6} {'shardmm (s)':>12} {'torch (s)':>12} {'gloo gather':>12} {'shardmm GF/s':>13} "
+              f"{'torch GF/s':>11} {'ours/torch':>11} {'verified':>9}  shardmm plan")
         for r in rows:
             verified = "both" if r["shardmm_verified"] and r["torch_verified"] else "NO"
-            print(f"{r['n']:>6} {r['shardmm_time_s']:>12.6f} {r['torch_time_s']:>12.6f} "
+            print(f"{r['n']:>6} {r['shardmm_time_s']:>12.6f} {r['torch_time_s']:>12.6f} {r['torch_all_gather_s']:>12.6f} "
                   f"{r['shardmm_flop_rate'] / 1e9:>13.2f} {r['torch_flop_rate'] / 1e9:>11.2f} "
                   f"{r['ours_over_torch']:>11.3f} {verified:>9}  {r['shardmm_plan']}")
+        print("(gloo gather: rank 0's time in dist.all_gather, the rest of torch's time is torch.matmul and the "
+              "closing barrier)")
     wrong = [r["n"] for r in rows if not (r["shardmm_verified"] and r["torch_verified"])]
     if wrong:
         print(f"torch_matmul_bench: wrong result at N = {wrong}", file=sys.stderr)
