@@ -65,18 +65,31 @@ def choice_rows(docs):
 
 
 def model_rows(docs):
-    """Item 5: predicted / measured per strategy, the median over the suite's points."""
+    """Item 5: predicted / measured per strategy, the median over the suite's points; and the same
+    divided by each point's speed check (the machine's speed now over its calibration's), where
+    the bench ran one: what is left is the model's own error, not the machine's drift."""
     by_plan = {}
     for doc in docs:
         for p in doc["points"]:
+            speed = (p.get("speed_check") or {}).get("now_over_profile")
             for r in p["runs"]:
+                ratio = r["predicted_time_s"] / r["measured_time_s"]
                 key = (doc["expression"], r["description"])
-                by_plan.setdefault(key, []).append(r["predicted_time_s"] / r["measured_time_s"])
-    lines = ["| expression | strategy | points | predicted / measured (median) | range |", "|---|---|---|---|---|"]
-    for (expr, plan), ratios in sorted(by_plan.items()):
-        ratios.sort()
-        lines.append(f"| `{expr}` | {plan} | {len(ratios)} | {ratios[len(ratios) // 2]:.3g} | "
-                     f"{ratios[0]:.3g} .. {ratios[-1]:.3g} |")
+                raw, adjusted = by_plan.setdefault(key, ([], []))
+                raw.append(ratio)
+                if speed:
+                    adjusted.append(ratio / speed)
+    median = lambda v: sorted(v)[len(v) // 2]
+    lines = ["| expression | strategy | points | predicted / measured (median) | range | "
+             "÷ speed now / at calibration (median) |", "|---|---|---|---|---|---|"]
+    within = lambda ratios: sum(1 for v in ratios if 0.85 <= v <= 1.15)
+    for (expr, plan), (raw, adjusted) in sorted(by_plan.items()):
+        lines.append(f"| `{expr}` | {plan} | {len(raw)} | {median(raw):.3g} | {min(raw):.3g} .. {max(raw):.3g} | "
+                     f"{f'{median(adjusted):.3g}' if adjusted else '-'} |")
+    medians = [median(raw) for raw, _ in by_plan.values()]
+    adjusted = [median(a) for _, a in by_plan.values() if a]
+    lines += ["", f"Median within 0.85..1.15: **{within(medians)} of {len(medians)}** strategies"
+              + (f"; divided by the speed check, {within(adjusted)} of {len(adjusted)}" if adjusted else "") + "."]
     return lines
 
 

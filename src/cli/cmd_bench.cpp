@@ -258,6 +258,15 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
                      {"k", p.gemm_k},
                      {"time_s", p.gemm_time_s},
                      {"flop_rate", flop_rate(p.flops, p.gemm_time_s)}};
+    point["speed_check"] = nullptr;
+    if (const auto& sc = p.speed_check) {
+      point["speed_check"] = {{"m", sc->m},
+                              {"n", sc->n},
+                              {"k", sc->k},
+                              {"profile_flop_rate", sc->profile_flops_per_s},
+                              {"flop_rate", sc->flops_per_s},
+                              {"now_over_profile", sc->ratio()}};
+    }
     point["chosen"] = p.chosen;
     point["runs"] = Json::array();
     for (const MatmulBenchRun& run : p.runs) {
@@ -291,6 +300,21 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
   return doc;
 }
 
+// One line for the points' speed checks, where the profile was calibrated on this mesh and backend.
+void print_speed_checks(std::ostream& out, const MatmulBenchReport& r) {
+  std::string line;
+  const MatmulBenchSpeedCheck* any = nullptr;
+  for (const MatmulBenchPoint& p : r.points) {
+    if (!p.speed_check) continue;
+    any = &*p.speed_check;
+    line += (line.empty() ? "" : ", ") + format_sizes(p.sizes) + " " + format_sig3(p.speed_check->ratio());
+  }
+  if (!any) return;
+  out << "speed now / at calibration: " << line << "\n  (the calibration's " << any->m << "x" << any->n << "x" << any->k
+      << " GEMM again on every rank at once, against its " << format_flop_rate(any->profile_flops_per_s)
+      << " a rank then; below 1 the machine runs slower than when calibrated, and meas/pred rises by 1 / that)\n";
+}
+
 void print_matmul_bench(std::ostream& out, const MatmulBenchOptions& o, const std::string& expr,
                         const MatmulBenchReport& r) {
   out << expr << " on mesh " << o.mesh.to_string() << ", " << o.backend << " backend, " << to_string(o.dtype)
@@ -319,6 +343,7 @@ void print_matmul_bench(std::ostream& out, const MatmulBenchOptions& o, const st
   for (std::size_t c : {1, 3, 4, 5, 6, 7, 8, 9}) t.right_align(c);
   t.print(out);
   out << "  (vs GEMM = GEMM time / measured time, 1 = as fast as the one GEMM; comm/compute is the model's)\n";
+  print_speed_checks(out, r);
   if (!o.all) return;
   for (const MatmulBenchPoint& p : r.points) {
     if (!p.runoff) continue;

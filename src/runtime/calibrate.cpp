@@ -12,9 +12,9 @@
 #include <sstream>
 
 #include "runtime/bench_timing.h"
+#include "runtime/gemm_timing.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/planner.h"
-#include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/collective_bench.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/runner.h"
@@ -35,15 +35,6 @@ std::vector<GemmShape> gemm_shapes(bool quick) {
   return {{"skinny", 1024, 16, 1024}, {"small", 192, 192, 192}, {"square", 1024, 1024, 1024}};
 }
 
-template <typename T>
-double time_gemm(const detail::BenchTimer& timer, const GemmShape& s) {
-  std::vector<T> a(static_cast<std::size_t>(s.m * s.k)), b(static_cast<std::size_t>(s.k * s.n)),
-      c(static_cast<std::size_t>(s.m * s.n));
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<T>(static_cast<double>(i % 7) / 7 - 0.5);
-  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<T>(static_cast<double>(i % 5) / 5 - 0.5);
-  return timer.per_call([&] { blas::gemm(false, false, s.m, s.n, s.k, T(1), a.data(), s.k, b.data(), s.n, T(0), c.data(), s.n); });
-}
-
 std::vector<GemmRate> measure_gemm(const CalibrateOptions& o, int trials) {
   std::vector<GemmRate> rates;
   std::mutex root;
@@ -56,7 +47,7 @@ std::vector<GemmRate> measure_gemm(const CalibrateOptions& o, int trials) {
           o.progress(std::string("gemm ") + to_string(dtype) + " " + s.shape + " " + std::to_string(s.m) + "x" +
                      std::to_string(s.n) + "x" + std::to_string(s.k));
         }
-        const double t = dtype == DType::f32 ? time_gemm<float>(timer, s) : time_gemm<double>(timer, s);
+        const double t = detail::gemm_seconds(timer, dtype, s.m, s.n, s.k);
         const double flops = 2.0 * static_cast<double>(s.m) * static_cast<double>(s.n) * static_cast<double>(s.k);
         const double bytes = static_cast<double>((s.m * s.k + s.k * s.n + s.m * s.n) * dtype_bytes(dtype));
         mine.push_back({dtype, s.shape, s.m, s.n, s.k, flops / bytes, flops / t});

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "runtime/bench_timing.h"
+#include "runtime/gemm_timing.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/blas.h"
@@ -16,6 +18,9 @@
 namespace shardmm {
 
 namespace {
+
+// Trials of the speed check's GEMM per round (each ~20 ms or one call, whichever is longer).
+constexpr int kSpeedCheckTrials = 3;
 
 std::string join_names(const std::vector<std::string>& names) {
   std::string out;
@@ -69,6 +74,34 @@ std::vector<double> reference_times(const MatmulBenchOptions& o, const MatmulBen
   return t;
 }
 
+// The calibration's largest GEMM in `dtype`, where `hw` was calibrated on this backend and mesh
+// (a rank's rate depends on how many ranks share the cores, so another mesh's is no yardstick).
+std::optional<GemmRate> calibrated_yardstick(const HardwareProfile& hw, const std::string& backend, const Mesh& mesh,
+                                             DType dtype) {
+  if (!hw.calibration || hw.calibration->backend != backend || hw.calibration->mesh != mesh.to_string()) {
+    return std::nullopt;
+  }
+  std::optional<GemmRate> largest;
+  for (const GemmRate& g : hw.calibration->gemm) {
+    if (g.dtype == dtype && (!largest || g.m * g.n * g.k > largest->m * largest->n * largest->k)) largest = g;
+  }
+  return largest;
+}
+
+// The yardstick's per-rank rate now (on the root process; 0 elsewhere under mpirun).
+double yardstick_rate(const MatmulBenchOptions& o, const GemmRate& g) {
+  double rate = 0;
+  std::mutex root;
+  run_backend(o.backend, o.mesh, [&](Communicator& comm) {
+    const detail::BenchTimer timer{comm, 0, kSpeedCheckTrials};
+    const double t = detail::gemm_seconds(timer, g.dtype, g.m, g.n, g.k);
+    if (comm.rank() != 0) return;
+    std::lock_guard lock(root);
+    rate = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) / t;
+  });
+  return rate;
+}
+
 }  // namespace
 
 const MatmulBenchRun& fastest_run(const MatmulBenchPoint& p) {
@@ -109,6 +142,7 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
                      " core(s) only (mpirun binds ranks to cores by default): launch with mpirun --bind-to none");
   }
   const PlanOptions plan_options{o.dtype, o.hw, std::nullopt};
+  const std::optional<GemmRate> yardstick = calibrated_yardstick(o.hw, o.backend, o.mesh, o.dtype);
 
   for (const std::int64_t n : o.sizes) {
     if (n < 1) throw InputError("size " + std::to_string(n) + ": every size must be at least 1");
@@ -176,11 +210,16 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
     }
     // Each round runs the reference, then every candidate; round 0 verifies each candidate,
     // later rounds only time it again. Times are medians of all of a side's runs.
-    std::vector<double> reference;
+    std::vector<double> reference, speed_rates;
     std::vector<std::vector<double>> times(order.size());
     for (int round = 0; round < o.rounds; ++round) {
       const std::string of_rounds =
           o.rounds > 1 ? ", round " + std::to_string(round + 1) + " of " + std::to_string(o.rounds) : "";
+      if (yardstick) {
+        note("speed check: the calibration's " + std::to_string(yardstick->m) + "x" + std::to_string(yardstick->n) +
+             "x" + std::to_string(yardstick->k) + " GEMM on every rank" + of_rounds);
+        speed_rates.push_back(yardstick_rate(o, *yardstick));
+      }
       note("one GEMM of the same size (" + std::to_string(report.gemm_threads) + " threads)" + of_rounds);
       const std::vector<double> r = reference_times(o, p, report.gemm_threads);
       reference.insert(reference.end(), r.begin(), r.end());
@@ -202,6 +241,8 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
     }
     // Empty off the root under mpirun.
     if (!reference.empty()) p.gemm_time_s = median(reference);
+    if (yardstick) p.speed_check = MatmulBenchSpeedCheck{yardstick->m, yardstick->n, yardstick->k,
+                                                         yardstick->flops_per_s, median(speed_rates)};
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (!times[i].empty()) p.runs[i].measured_time_s = median(times[i]);
     }

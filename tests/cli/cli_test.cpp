@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -834,17 +835,25 @@ TEST(CliBench, MatmulAllCandidatesJson) {
 // finds the chosen one far slower and the point is not within 5%. (The reference GEMM's
 // m x n x k stays at OpenBLAS's single-thread limit, 2^18: ThreadSanitizer cannot see the
 // synchronization of OpenBLAS's own threads.)
-TEST(CliBench, MatmulRunoffJudgesAChoiceAnotherCandidateBeat) {
+// An h100 profile calibrated on threads X=2 whose collectives over 2 ranks cost alpha(op) plus
+// beta a byte at any size, with no GEMM rates.
+HardwareProfile calibrated_profile(const std::string& name, const std::function<double(OpKind)>& alpha, double beta) {
   HardwareProfile hw = builtin_profile("h100");
-  hw.name = "gathers-are-free";
+  hw.name = name;
   Calibration cal;
   cal.backend = "threads";
   cal.mesh = "X=2";
   cal.copy_bandwidth = cal.add_bandwidth = 1e10;
   for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
-    cal.collectives.push_back({op, 2, op == OpKind::all_gather ? 0.0 : 1.0, 0.0, 1, std::int64_t{1} << 40, 0});
+    cal.collectives.push_back({op, 2, alpha(op), beta, 1, std::int64_t{1} << 40, 0});
   }
   hw.calibration = cal;
+  return hw;
+}
+
+TEST(CliBench, MatmulRunoffJudgesAChoiceAnotherCandidateBeat) {
+  const HardwareProfile hw =
+      calibrated_profile("gathers-are-free", [](OpKind op) { return op == OpKind::all_gather ? 0.0 : 1.0; }, 0.0);
   const std::filesystem::path file = std::filesystem::temp_directory_path() / "shardmm_cli_test_runoff.json";
   std::ofstream(file) << profile_to_json(hw);
   const Result r = run({"bench", "matmul", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=1,K=1",
@@ -865,6 +874,52 @@ TEST(CliBench, MatmulRunoffJudgesAChoiceAnotherCandidateBeat) {
   EXPECT_NEAR(runoff["chosen_over_candidate"].get<double>(), mine / theirs, 1e-9 * mine / theirs);
   EXPECT_FALSE(p["chosen_within_5pct"].get<bool>());
   EXPECT_THAT(r.err, HasSubstr("runoff, candidate"));  // its progress
+}
+
+// With a profile calibrated on the same backend and mesh, each point times the calibration's
+// largest GEMM again and reports it against the profile's rate; a profile from another mesh is
+// no yardstick (a rank's rate depends on how many ranks share the cores).
+TEST(CliBench, MatmulSpeedCheckAgainstTheCalibration) {
+  HardwareProfile hw = calibrated_profile("tiny-calibration", [](OpKind) { return 1e-6; }, 1e-10);
+  // The largest of the two f64 shapes is the yardstick; the f32 one is another dtype's.
+  hw.calibration->gemm = {{DType::f64, "small", 16, 16, 16, 1.0, 2e9},
+                          {DType::f64, "square", 48, 40, 32, 5.0, 1e9},
+                          {DType::f32, "square", 64, 64, 64, 5.0, 3e9}};
+  const auto bench = [&](const std::string& mesh, bool as_json) {
+    hw.calibration->mesh = mesh;
+    const std::filesystem::path file = std::filesystem::temp_directory_path() / "shardmm_cli_test_speed.json";
+    std::ofstream(file) << profile_to_json(hw);
+    std::vector<std::string> args{"bench", "matmul", "A[I_X, J] @ B[J_X, K]", "--mesh", "X=2", "--sizes", "8,16",
+                                  "--repeat", "1", "--rounds", "2", "--dtype", "f64", "--hw", file.string()};
+    if (as_json) args.push_back("--json");
+    const Result r = run(args);
+    std::filesystem::remove(file);
+    return r;
+  };
+  const Result same = bench("X=2", true);
+  ASSERT_EQ(same.status, 0) << same.err;
+  const json doc = json::parse(same.out);
+  ASSERT_EQ(doc["points"].size(), 2u);
+  for (const json& p : doc["points"]) {
+    const json& sc = p["speed_check"];
+    ASSERT_TRUE(sc.is_object()) << p.dump();
+    EXPECT_EQ(sc["m"], 48);
+    EXPECT_EQ(sc["n"], 40);
+    EXPECT_EQ(sc["k"], 32);
+    EXPECT_EQ(sc["profile_flop_rate"], 1e9);
+    const double rate = sc["flop_rate"];
+    EXPECT_GT(rate, 0);
+    EXPECT_NEAR(sc["now_over_profile"].get<double>(), rate / 1e9, 1e-12 * rate / 1e9);
+  }
+  EXPECT_THAT(same.err, HasSubstr("speed check: the calibration's 48x40x32 GEMM on every rank, round 2 of 2"));
+  const Result text = bench("X=2", false);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("speed now / at calibration: I=8, J=8, K=8 "));
+  EXPECT_THAT(text.out, HasSubstr("the calibration's 48x40x32 GEMM again on every rank at once"));
+  const Result other = bench("X=4", true);
+  ASSERT_EQ(other.status, 0) << other.err;
+  for (const json& p : json::parse(other.out)["points"]) EXPECT_TRUE(p["speed_check"].is_null());
+  EXPECT_THAT(other.err, Not(HasSubstr("speed check")));
 }
 
 TEST(CliBench, MatmulChosenPlanText) {

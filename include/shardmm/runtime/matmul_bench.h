@@ -66,6 +66,17 @@ struct MatmulBenchRunoff {
   double candidate_time_s = 0;
 };
 
+// How fast the machine runs now against when its profile was calibrated: the calibration's
+// largest GEMM in this dtype (its "square" shape) timed again on every rank at once, as
+// `calibrate` times it, once per round just before the reference. Below 1 the machine is
+// slower than it was then, and the predictions made from the profile are that much too fast.
+struct MatmulBenchSpeedCheck {
+  std::int64_t m = 0, n = 0, k = 0;
+  double profile_flops_per_s = 0;    // the calibration's rate, per rank
+  double flops_per_s = 0;            // now, per rank: the median over the rounds
+  double ratio() const { return flops_per_s / profile_flops_per_s; }
+};
+
 struct MatmulBenchPoint {
   DimSizes sizes;
   double flops = 0;                  // 2 x the product of every dimension's size
@@ -74,6 +85,8 @@ struct MatmulBenchPoint {
   int chosen = -1;                   // the planner's choice (candidate index)
   std::vector<MatmulBenchRun> runs;  // the chosen plan, or every candidate in order
   std::optional<MatmulBenchRunoff> runoff;  // where every candidate ran and another was fastest
+  // Where the profile was calibrated on this backend and mesh with a GEMM rate in this dtype.
+  std::optional<MatmulBenchSpeedCheck> speed_check;
 };
 
 // The run with the least measured time (on the root process; `runs` must not be empty).
