@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <mutex>
 #include <thread>
 
 #include "runtime/bench_timing.h"
@@ -88,16 +87,14 @@ std::optional<GemmRate> calibrated_yardstick(const HardwareProfile& hw, const st
   return largest;
 }
 
-// The yardstick's per-rank rate now (on the root process; 0 elsewhere under mpirun).
+// The yardstick's per-rank rate now (on the root process; 0 elsewhere under mpirun). Rank 0
+// alone writes it, read after run_backend has joined the ranks.
 double yardstick_rate(const MatmulBenchOptions& o, const GemmRate& g) {
   double rate = 0;
-  std::mutex root;
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
     const detail::BenchTimer timer{comm, 0, kSpeedCheckTrials};
     const double t = detail::gemm_seconds(timer, g.dtype, g.m, g.n, g.k);
-    if (comm.rank() != 0) return;
-    std::lock_guard lock(root);
-    rate = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) / t;
+    if (comm.rank() == 0) rate = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) / t;
   });
   return rate;
 }
