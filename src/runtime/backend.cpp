@@ -4,13 +4,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/communicator.h"
 #include "runtime/fingerprint.h"
+#include "runtime/machine_cores.h"
 #include "runtime/threads_backend.h"
 #ifdef SHARDMM_HAVE_MPI
 #include "runtime/mpi/mpi_backend.h"
@@ -51,8 +51,7 @@ void run_backend(std::string_view backend, const Mesh& mesh, const std::function
     if (!std::getenv("OPENBLAS_NUM_THREADS")) {
       const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
       const auto ranks_on_node = local ? std::max(1, std::atoi(local)) : static_cast<int>(mesh.device_count());
-      blas::set_threads(blas::threads_per_rank(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
-                                               ranks_on_node));
+      blas::set_threads(blas::threads_per_rank(detail::machine_cores(), ranks_on_node));
     }
     return detail::run_mpi(mesh, body, {options.check, watchdog_s});
   }

@@ -8,6 +8,7 @@
 
 #include "runtime/bench_timing.h"
 #include "runtime/gemm_timing.h"
+#include "runtime/machine_cores.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/blas.h"
@@ -125,8 +126,7 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
   MatmulBenchReport report;
   report.is_root = process_rank(o.backend) == 0;
   report.ranks = static_cast<int>(o.mesh.device_count());
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  report.gemm_threads = std::min(report.ranks, cores);
+  report.gemm_threads = std::min(report.ranks, detail::machine_cores());
   // Under mpirun the reference GEMM runs on rank 0 with gemm_threads threads; Open MPI binds
   // each of up to 2 ranks to one core by default, which would give those threads one core
   // between them and make the reference look slow. Every rank sees its own mask, so all

@@ -10,13 +10,13 @@
 #include <limits>
 #include <mutex>
 #include <new>
-#include <thread>
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/kernels.h"
 #include "runtime/bench_timing.h"
+#include "runtime/machine_cores.h"
 #ifdef SHARDMM_HAVE_MPI
 #include "runtime/mpi/mpi_backend.h"
 #endif
@@ -284,7 +284,7 @@ RunReport run_plan(const RunRequest& req) {
   RunReport report;
   report.ranks = static_cast<int>(mesh.device_count());
   report.ranks_on_machine = need.devices_sharing;
-  report.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  report.cores = detail::machine_cores();
   std::mutex root_mutex;
 
   BackendOptions backend_options;

@@ -2,6 +2,7 @@
 
 #include "runtime/cpu_relax.h"
 #include "runtime/fingerprint.h"
+#include "runtime/machine_cores.h"
 #include "runtime/mpi/lend_choice.h"
 #include "runtime/mpi/shareable_memory.h"
 #include "runtime/mpi/shared_exchange.h"
@@ -104,8 +105,6 @@ int error_class(int rc) {
   std::abort();  // MPI_Abort does not return; this keeps the compiler and a broken MPI honest
 }
 
-int cores() { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); }
-
 // The ranks of this job on this node. Collective over MPI_COMM_WORLD the first time, so called
 // where every rank is (run_mpi).
 int ranks_on_node() {
@@ -124,7 +123,7 @@ int ranks_on_node() {
 // up its core each time it finds nothing, as MPI's own waits do when oversubscribed (Open MPI's
 // mpi_yield_when_idle); otherwise it spins: a yield on a busy machine can hand the core to
 // another program for milliseconds, which made each checked 1 MiB collective ~10 ms slower.
-bool node_oversubscribed() { return ranks_on_node() > cores(); }
+bool node_oversubscribed() { return ranks_on_node() > machine_cores(); }
 
 // A 0/1 switch from the environment, nullopt when unset. Anything else is an InputError naming
 // the variable and `meanings` (what 1, 0 and unset do).
@@ -150,7 +149,7 @@ bool progress_thread_wanted() {
   const std::optional<bool> wanted = env_switch(
       "SHARDMM_PROGRESS_THREAD", "1 (a helper thread moves the rings' messages), 0 (none) or unset (one where a "
                                  "core is free for it)");
-  return wanted.value_or(ranks_on_node() * blas::threads() < cores());
+  return wanted.value_or(ranks_on_node() * blas::threads() < machine_cores());
 }
 
 // How ranks on one node use shared memory (the environment's settings, read once per run).
