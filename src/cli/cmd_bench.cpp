@@ -260,10 +260,10 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
                      {"flop_rate", flop_rate(p.flops, p.gemm_time_s)}};
     point["speed_check"] = nullptr;
     if (const auto& sc = p.speed_check) {
-      point["speed_check"] = {{"m", sc->m},
-                              {"n", sc->n},
-                              {"k", sc->k},
-                              {"profile_flop_rate", sc->profile_flops_per_s},
+      point["speed_check"] = {{"m", sc->calibrated.m},
+                              {"n", sc->calibrated.n},
+                              {"k", sc->calibrated.k},
+                              {"profile_flop_rate", sc->calibrated.flops_per_s},
                               {"flop_rate", sc->flops_per_s},
                               {"now_over_profile", sc->ratio()}};
     }
@@ -303,15 +303,16 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
 // One line for the points' speed checks, where the profile was calibrated on this mesh and backend.
 void print_speed_checks(std::ostream& out, const MatmulBenchReport& r) {
   std::string line;
-  const MatmulBenchSpeedCheck* any = nullptr;
+  const GemmRate* calibrated = nullptr;
   for (const MatmulBenchPoint& p : r.points) {
     if (!p.speed_check) continue;
-    any = &*p.speed_check;
+    calibrated = &p.speed_check->calibrated;
     line += (line.empty() ? "" : ", ") + format_sizes(p.sizes) + " " + format_sig3(p.speed_check->ratio());
   }
-  if (!any) return;
-  out << "speed now / at calibration: " << line << "\n  (the calibration's " << any->m << "x" << any->n << "x" << any->k
-      << " GEMM again on every rank at once, against its " << format_flop_rate(any->profile_flops_per_s)
+  if (!calibrated) return;
+  out << "speed now / at calibration: " << line << "\n  (the calibration's " << calibrated->m << "x" << calibrated->n
+      << "x" << calibrated->k << " GEMM again on every rank at once, against its "
+      << format_flop_rate(calibrated->flops_per_s)
       << " a rank then; below 1 the machine runs slower than when calibrated, and meas/pred rises by 1 / that)\n";
 }
 

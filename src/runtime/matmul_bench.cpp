@@ -238,8 +238,7 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
     }
     // Empty off the root under mpirun.
     if (!reference.empty()) p.gemm_time_s = median(reference);
-    if (yardstick) p.speed_check = MatmulBenchSpeedCheck{yardstick->m, yardstick->n, yardstick->k,
-                                                         yardstick->flops_per_s, median(speed_rates)};
+    if (yardstick) p.speed_check = MatmulBenchSpeedCheck{*yardstick, median(speed_rates)};
     for (std::size_t i = 0; i < order.size(); ++i) {
       if (!times[i].empty()) p.runs[i].measured_time_s = median(times[i]);
     }

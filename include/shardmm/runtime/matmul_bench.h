@@ -71,10 +71,9 @@ struct MatmulBenchRunoff {
 // `calibrate` times it, once per round just before the reference. Below 1 the machine is
 // slower than it was then, and the predictions made from the profile are that much too fast.
 struct MatmulBenchSpeedCheck {
-  std::int64_t m = 0, n = 0, k = 0;
-  double profile_flops_per_s = 0;    // the calibration's rate, per rank
+  GemmRate calibrated;               // the shape and its rate per rank, as the profile has them
   double flops_per_s = 0;            // now, per rank: the median over the rounds
-  double ratio() const { return flops_per_s / profile_flops_per_s; }
+  double ratio() const { return flops_per_s / calibrated.flops_per_s; }
 };
 
 struct MatmulBenchPoint {
