@@ -20,6 +20,7 @@ seconds=${1:-60}
 [[ "$seconds" =~ ^[0-9]+$ && "$seconds" -ge 1 ]] || { echo "usage: scripts/fuzz.sh [SECONDS >= 1]" >&2; exit 2; }
 
 bash scripts/setup.sh clang libclang-rt-14-dev
+source scripts/compiler-cache.sh
 echo "fuzz: configuring build-fuzz/ (clang, ASan + UBSan, libFuzzer)" >&2
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DSHARDMM_BUILD_FUZZERS=ON -DSHARDMM_WITH_MPI=OFF -DSHARDMM_BUILD_TESTS=OFF -DSHARDMM_BUILD_BENCHMARKS=OFF \

@@ -18,6 +18,7 @@ case "$which" in
 esac
 
 bash scripts/setup.sh
+source scripts/compiler-cache.sh
 jobs=$(nproc)
 
 # The random suites are most of the run time, and a sanitizer slows them 3-15x: smaller
