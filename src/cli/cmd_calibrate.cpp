@@ -1,10 +1,12 @@
 // shardmm calibrate [--backend threads|mpi] [--mesh M] [--out FILE] [--quick] [--json]
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <ostream>
+#include <sstream>
 #include <thread>
 
 #include "cli/commands.h"
@@ -73,11 +75,14 @@ void print_calibration(std::ostream& out, const CalibrationResult& r, const std:
   gemm.right_align(3);
   gemm.right_align(4);
   gemm.print(out);
-  out << "  (the mean of two passes, before and after the collectives; they differed by up to "
-      << format_sig3(100 * r.gemm_drift) << "%"
-      << (r.gemm_drift > 0.1 ? ": this machine's speed is not steady, and predictions carry that much uncertainty"
-                             : "")
-      << ")\n";
+  if (r.gemm_passes == 2) {
+    out << "  (the mean of two passes, before and after the collectives; they differed by up to "
+        << format_sig3(100 * r.gemm_drift) << "%)\n";
+  } else {
+    out << "  (the median of three passes: the two before and after the collectives differed by up to "
+        << format_sig3(100 * r.gemm_drift) << "%, so a third was taken; this machine's speed is not steady,\n"
+        << "   and predictions carry that much uncertainty: bench matmul's speed check tells how fast it runs then)\n";
+  }
   out << "\nMemory, per rank: memcpy " << format_bandwidth(c.copy_bandwidth) << ", y += x "
       << format_bandwidth(c.add_bandwidth) << " (bytes read + written)\n";
   out << "\nCollectives: time = alpha + beta x bytes (least squares, relative error; docs/calibration.md)\n";
@@ -113,6 +118,7 @@ Command add_calibrate_command(CLI::App& root) {
     std::string out;
     bool quick = false;
     bool json = false;
+    double gemm_spread = CalibrateOptions{}.gemm_steady_spread;
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* app = root.add_subcommand(
@@ -132,6 +138,10 @@ Command add_calibrate_command(CLI::App& root) {
   app->add_flag("--quick", flags->quick,
                 "fewer sizes and trials and smaller GEMMs: seconds instead of about a minute, and rougher figures, "
                 "e.g. --quick");
+  app->add_option("--gemm-spread", flags->gemm_spread,
+                  "take a third GEMM pass, and keep each shape's median of three, when the passes before and after "
+                  "the collectives differ by this fraction or more (default 0.1; 0 always takes it), e.g. "
+                  "--gemm-spread 0.05");
   add_json_flag(*app, flags->json);
   app->footer(
       "Progress goes to stderr; under mpirun only rank 0 prints and writes the file.\n"
@@ -144,6 +154,13 @@ Command add_calibrate_command(CLI::App& root) {
   return {app, [flags](std::ostream& out) {
             CalibrateOptions o;
             o.backend = flags->backend;
+            if (!(flags->gemm_spread >= 0) || !std::isfinite(flags->gemm_spread)) {
+              std::ostringstream given;  // as typed: -0.5, inf, nan
+              given << flags->gemm_spread;
+              throw InputError("--gemm-spread " + given.str() +
+                               ": must be a fraction >= 0 (0.1: a third GEMM pass when the two differ by 10% or more)");
+            }
+            o.gemm_steady_spread = flags->gemm_spread;
             o.mesh = parse_mesh(flags->mesh.empty() ? default_mesh(flags->backend) : flags->mesh);
             o.quick = flags->quick;
             check_backend(o.backend, o.mesh);
@@ -161,6 +178,7 @@ Command add_calibrate_command(CLI::App& root) {
             doc["profile_path"] = path.string();
             doc["profile"] = Json::parse(text);
             doc["gemm_drift"] = r.gemm_drift;
+            doc["gemm_passes"] = r.gemm_passes;
             doc["samples"] = Json::array();
             for (const CollectiveSample& s : r.samples) {
               doc["samples"].push_back({{"op", to_string(s.op)},

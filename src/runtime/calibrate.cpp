@@ -10,6 +10,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 
 #include "runtime/bench_timing.h"
 #include "runtime/gemm_timing.h"
@@ -238,6 +239,29 @@ void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResu
 
 }  // namespace
 
+double gemm_spread(const std::vector<GemmRate>& a, const std::vector<GemmRate>& b) {
+  double spread = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double x = a[i].flops_per_s, y = b[i].flops_per_s;
+    spread = std::max(spread, std::abs(x - y) / ((x + y) / 2));
+  }
+  return spread;
+}
+
+std::vector<GemmRate> combine_gemm_passes(const std::vector<std::vector<GemmRate>>& passes) {
+  if (passes.size() != 2 && passes.size() != 3) {
+    throw std::invalid_argument("combine_gemm_passes: two or three passes, got " + std::to_string(passes.size()));
+  }
+  std::vector<GemmRate> out = passes[0];
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::vector<double> rates;
+    for (const auto& pass : passes) rates.push_back(pass.at(i).flops_per_s);
+    std::sort(rates.begin(), rates.end());
+    out[i].flops_per_s = rates.size() == 2 ? (rates[0] + rates[1]) / 2 : rates[1];
+  }
+  return out;
+}
+
 std::vector<std::int64_t> calibration_sizes(bool quick) {
   // Both ends matter: the small sizes pin alpha, the large ones beta.
   const std::int64_t lo = quick ? 16 << 10 : 4 << 10;
@@ -318,14 +342,14 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
       }
     }
   }
-  // Again after the collectives: the mean of both passes stands for the whole calibration's
-  // span rather than its first second.
-  const std::vector<GemmRate> after = measure_gemm(o, trials);
-  for (std::size_t i = 0; i < cal.gemm.size() && i < after.size(); ++i) {
-    const double first = cal.gemm[i].flops_per_s, second = after[i].flops_per_s;
-    cal.gemm[i].flops_per_s = (first + second) / 2;
-    result.gemm_drift = std::max(result.gemm_drift, std::abs(first - second) / cal.gemm[i].flops_per_s);
-  }
+  // Again after the collectives, so the rates stand for the calibration's whole span rather
+  // than its first second; where the two passes disagree, a third decides. Only the root
+  // holds the rates: every process takes its spread, since each must join the third pass.
+  std::vector<std::vector<GemmRate>> passes{std::move(cal.gemm), measure_gemm(o, trials)};
+  result.gemm_drift = detail::from_root(o.backend, o.mesh, gemm_spread(passes[0], passes[1]));
+  if (result.gemm_drift >= o.gemm_steady_spread) passes.push_back(measure_gemm(o, trials));
+  result.gemm_passes = static_cast<int>(passes.size());
+  cal.gemm = combine_gemm_passes(passes);
   if (result.is_root) build_profile(o, std::move(cal), result.profile);
   measure_ring_overlap(o, trials, result);
   return result;

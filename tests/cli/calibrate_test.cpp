@@ -97,6 +97,28 @@ std::filesystem::path* Calibrated::dir_ = nullptr;
 std::filesystem::path* Calibrated::profile_ = nullptr;
 Result* Calibrated::calibration_ = nullptr;
 
+TEST(GemmPasses, TwoAreAveragedAndThreeVoteByTheirMedian) {
+  const auto pass = [](double square, double skinny) {
+    return std::vector<GemmRate>{{DType::f32, "square", 64, 64, 64, 10.7, square},
+                                 {DType::f64, "skinny", 64, 4, 64, 1.9, skinny}};
+  };
+  EXPECT_DOUBLE_EQ(gemm_spread(pass(100, 50), pass(100, 50)), 0.0);
+  // The largest spread of the two shapes, each relative to its own mean.
+  EXPECT_DOUBLE_EQ(gemm_spread(pass(100, 50), pass(80, 70)), 20.0 / 60.0);
+  const std::vector<GemmRate> two = combine_gemm_passes({pass(100, 50), pass(80, 70)});
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_DOUBLE_EQ(two[0].flops_per_s, 90);
+  EXPECT_DOUBLE_EQ(two[1].flops_per_s, 60);
+  EXPECT_EQ(two[1].shape, "skinny");  // everything but the rate is the first pass's
+  EXPECT_EQ(two[1].dtype, DType::f64);
+  EXPECT_EQ(two[1].n, 4);
+  // A slow first pass is outvoted by the two that agree, per shape.
+  const std::vector<GemmRate> three = combine_gemm_passes({pass(60, 50), pass(100, 70), pass(95, 68)});
+  EXPECT_DOUBLE_EQ(three[0].flops_per_s, 95);
+  EXPECT_DOUBLE_EQ(three[1].flops_per_s, 68);
+  EXPECT_THROW(combine_gemm_passes({pass(1, 1)}), std::invalid_argument);
+}
+
 TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   const json doc = json::parse(calibration_->out);
   EXPECT_EQ(doc["profile_path"], profile_->string());
@@ -111,6 +133,8 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   ASSERT_TRUE(doc["gemm_drift"].is_number());
   EXPECT_GE(doc["gemm_drift"].get<double>(), 0.0);
   EXPECT_LT(doc["gemm_drift"].get<double>(), 2.0);
+  // A third pass exactly when the first two are as far apart as --gemm-spread's default or more.
+  EXPECT_EQ(doc["gemm_passes"].get<int>(), doc["gemm_drift"].get<double>() >= CalibrateOptions{}.gemm_steady_spread ? 3 : 2);
   for (const GemmRate& g : p.calibration->gemm) EXPECT_GT(g.flops_per_s, 0) << g.shape;
 
   // Four collectives on the one group size, one size range each (a --quick sweep has too
@@ -228,6 +252,15 @@ TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
   EXPECT_TRUE(parse_profile_json(slurp(other), other.string()).calibration.has_value());
 }
 
+TEST_F(Calibrated, GemmSpreadZeroAlwaysTakesAThirdPass) {
+  const std::filesystem::path other = *dir_ / "three-passes.json";
+  const Result r =
+      shardmm_cli({"calibrate", "--quick", "--mesh", "X=2", "--gemm-spread", "0", "--out", other.string(), "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["gemm_passes"], 3);
+  EXPECT_TRUE(parse_profile_json(slurp(other), other.string()).calibration.has_value());
+}
+
 TEST_F(Calibrated, PlanAndReshardPredictWithTheFitByDefault) {
   const HardwareProfile p = profile();
   const std::vector<std::string> reshard = {"reshard", "A[I_X, J]", "A[I, J]", "--mesh", "X=2", "--dims",
@@ -342,6 +375,8 @@ TEST_F(Calibrated, BadFlagsExitTwo) {
   expect_input_error({"calibrate", "--mesh", "X=1", "--quick"}, "cannot calibrate on mesh X=1: it has one device");
   expect_input_error({"calibrate", "--backend", "gloo", "--mesh", "X=2"}, "unknown backend 'gloo'");
   expect_input_error({"calibrate", "--mesh", "X=2", "--out", dir_->string()}, "it is a directory");
+  expect_input_error({"calibrate", "--mesh", "X=2", "--gemm-spread", "-0.5"}, "--gemm-spread -0.5: must be a fraction >= 0");
+  expect_input_error({"calibrate", "--mesh", "X=2", "--gemm-spread", "inf"}, "--gemm-spread inf: must be a fraction >= 0");
   const std::vector<std::string> run = {"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8",
                                         "--trace"};
   std::vector<std::string> missing_dir = run, is_dir = run;

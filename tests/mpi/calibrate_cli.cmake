@@ -1,5 +1,5 @@
 # ctest driver: `shardmm calibrate --backend mpi` and `run --backend mpi --trace` as
-# multi-process jobs. Passes when rank 0 alone prints and writes the profile, the profile
+# multi-process jobs. Passes when rank 0 alone prints and writes the profile (after three GEMM passes), the profile
 # holds the four collectives' fits on the job's group size and both rings' overlaps, `run` then predicts on it by
 # default, and the trace has every rank's every step in the right lane.
 # Variables: MPIEXEC, SHARDMM, WORK (a scratch directory).
@@ -10,7 +10,7 @@ set(ENV{SHARDMM_PROFILE} ${WORK}/calibrated.json)
 set(mpirun ${MPIEXEC} --allow-run-as-root --oversubscribe)
 
 execute_process(
-  COMMAND ${mpirun} -n 2 ${SHARDMM} calibrate --backend mpi --quick --json
+  COMMAND ${mpirun} -n 2 ${SHARDMM} calibrate --backend mpi --quick --gemm-spread 1e-9 --json
   OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE status TIMEOUT 300)
 if(NOT status EQUAL 0)
   message(FATAL_ERROR "shardmm calibrate under mpirun exited ${status}\n${err}")
@@ -19,6 +19,13 @@ string(REGEX MATCHALL "\"profile_path\"" docs "${out}")
 list(LENGTH docs ndocs)
 if(NOT ndocs EQUAL 1)
   message(FATAL_ERROR "expected rank 0 alone to print, got ${ndocs} documents:\n${out}")
+endif()
+# --gemm-spread 1e-9: a third GEMM pass (two passes' rates are never that close), which every
+# process must join: only rank 0 has the rates, and a process deciding on its own (no rates,
+# no spread) would leave rank 0 waiting.
+string(JSON passes GET "${out}" gemm_passes)
+if(NOT passes EQUAL 3)
+  message(FATAL_ERROR "expected 3 GEMM passes with --gemm-spread 1e-9, got ${passes}")
 endif()
 file(READ ${WORK}/calibrated.json profile)
 string(JSON backend GET "${profile}" calibration backend)

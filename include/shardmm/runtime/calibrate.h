@@ -33,6 +33,8 @@ struct CalibrateOptions {
   std::string backend = "threads";
   Mesh mesh;
   bool quick = false;  // fewer sizes and trials, smaller GEMMs: seconds instead of a minute
+  // A third GEMM pass when the first two are this far apart or more (gemm_spread; 0: always).
+  double gemm_steady_spread = 0.10;
   // Called on the root process before each measurement ("gemm f32 square 1024^3").
   std::function<void(const std::string&)> progress;
 };
@@ -64,11 +66,21 @@ struct CalibrationResult {
   HardwareProfile profile; // calibration set, and the analytic fields derived from it
   std::vector<CollectiveSample> samples;
   std::vector<RingOverlapSample> rings;
-  // The GEMMs are measured before and after the collectives and the profile holds the mean
-  // of the two rates; this is the largest |first - second| / mean over the shapes: how much
-  // the machine's speed moved during the calibration (a shared VM's can move by tens of %).
+  // The GEMMs are measured before and after the collectives; this is the largest
+  // |first - second| / mean over the shapes: how much the machine's speed moved during the
+  // calibration (a shared VM's can move by tens of %). From CalibrateOptions::
+  // gemm_steady_spread on, a third pass follows at once (combine_gemm_passes).
   double gemm_drift = 0;
+  int gemm_passes = 2;
 };
+
+// The largest |a - b| / mean(a, b) of the rates of the same shapes in two passes.
+double gemm_spread(const std::vector<GemmRate>& a, const std::vector<GemmRate>& b);
+
+// The rates a profile holds from two or three passes over the same shapes: per shape, the
+// mean of two, or the median of three (a pass taken in a slow or fast stretch of a shared
+// machine is outvoted by the two that agree).
+std::vector<GemmRate> combine_gemm_passes(const std::vector<std::vector<GemmRate>>& passes);
 
 // The sizes a sweep measures (bytes per rank, cost.h's convention).
 std::vector<std::int64_t> calibration_sizes(bool quick);
