@@ -6,9 +6,9 @@
 #   PROFILE=profiles/example-cpu.json scripts/bench-peers.sh    # the same suite on a fixed profile
 #
 # Environment (defaults): BUILD (build), OUT (BUILD/peers), PLOTS (docs/plots), PROFILE
-# (calibrate: before the suite, `shardmm calibrate` on each mesh and backend the suite runs,
-# each step planned and predicted with the profile of its own mesh and backend, since a rank's
-# GEMM rate depends on how many ranks share the cores; or a profile file used by every step),
+# (calibrate: `shardmm calibrate` on a step's mesh and backend right before each step, which is
+# planned and predicted with that profile: a rank's GEMM rate depends on how many ranks share the
+# cores, and this VM's speed moves by tens of % within minutes; or a profile file used by every step),
 # CALIBRATE_FLAGS ("": e.g. --quick, passed to each calibrate), SIZES (512,1024,2048,4096), REPEAT (7), ROUNDS (3: the reference GEMM and the plans, and
 # shardmm and PyTorch, alternate this many times),
 # CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
@@ -43,20 +43,19 @@ export OPENBLAS_NUM_THREADS=1 OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 
 wanted() { [[ " $SKIP " != *" $1 "* ]]; }
-# profile MESH BACKEND: the profile for steps on that mesh and backend (calibrated on first use in
-# this run; an earlier run's profiles are removed first, as the machine may have changed since).
+# profile MESH BACKEND STEP: a profile of that mesh and backend for STEP, calibrated now (a few
+# seconds to a quarter of a minute), kept as OUT/profile-STEP.json with calibrate's report beside
+# it; an earlier run's profiles are removed first.
 [[ $PROFILE == calibrate ]] && rm -f "$OUT"/profile-*.json "$OUT"/profile-*.json.txt
 profile() {
   [[ $PROFILE != calibrate ]] && { echo "$PROFILE"; return; }
-  local file="$OUT/profile-$2-${1//[=,]/}.json" ranks=1 size
-  if [[ ! -f $file ]]; then
-    for size in $(tr ',' ' ' <<<"${1//[A-Z]=/}"); do ranks=$((ranks * size)); done
-    echo "bench-peers: calibrating $2 on $1 into $file" >&2
-    if [[ $2 == mpi ]]; then
-      "${MPIRUN[@]}" -n "$ranks" "$SHARDMM" calibrate ${CALIBRATE_FLAGS:-} --backend mpi --mesh "$1" --out "$file" >"$file.txt"
-    else
-      "$SHARDMM" calibrate ${CALIBRATE_FLAGS:-} --mesh "$1" --out "$file" >"$file.txt"
-    fi
+  local file="$OUT/profile-$3.json" ranks=1 size
+  for size in $(tr ',' ' ' <<<"${1//[A-Z]=/}"); do ranks=$((ranks * size)); done
+  echo "bench-peers: calibrating $2 on $1 into $file" >&2
+  if [[ $2 == mpi ]]; then
+    "${MPIRUN[@]}" -n "$ranks" "$SHARDMM" calibrate ${CALIBRATE_FLAGS:-} --backend mpi --mesh "$1" --out "$file" >"$file.txt"
+  else
+    "$SHARDMM" calibrate ${CALIBRATE_FLAGS:-} --mesh "$1" --out "$file" >"$file.txt"
   fi
   echo "$file"
 }
@@ -74,23 +73,23 @@ if wanted gemm; then
   # 1. The chosen plan vs one OpenBLAS GEMM of the same FLOPs on the same cores.
   gather='A[I_X, J] @ B[J_X, K] -> C[I_X, K]'
   step gemm_threads_X2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --sizes "$SIZES" --repeat "$REPEAT" \
-    --rounds "$ROUNDS" --hw "$(profile X=2 threads)" --json
+    --rounds "$ROUNDS" --hw "$(profile X=2 threads gemm_threads_X2)" --json
   step gemm_mpi_X2 "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --backend mpi --sizes "$SIZES" \
-    --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 mpi)" --json
+    --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 mpi gemm_mpi_X2)" --json
 fi
 
 if wanted choice; then
   # 4 and 5. Every candidate of a fixed suite: how often the choice is within 5% of the fastest,
   # and predicted / measured per strategy on PROFILE.
   step choice_gather "$SHARDMM" bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
-    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads)" --json
+    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads choice_gather)" --json
   step choice_reduce "$SHARDMM" bench matmul 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
-    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads)" --json
+    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads choice_reduce)" --json
   step choice_2d "$SHARDMM" bench matmul 'A[I_X, J_Y] @ B[J_X, K_Y] -> C[I_X, K_Y]' --mesh X=2,Y=2 \
-    --sizes "$CHOICE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2,Y=2 threads)" --json
+    --sizes "$CHOICE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2,Y=2 threads choice_2d)" --json
   # Gathering A (I x J) or B (J x K): the cheaper one changes where K passes I.
   step choice_crossover "$SHARDMM" bench matmul 'A[I_X, J] @ B[J, K_X] -> C[I, K_X]' --mesh X=2 \
-    --dims "$CROSSOVER_DIMS" --sizes "$CROSSOVER_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads)" --json
+    --dims "$CROSSOVER_DIMS" --sizes "$CROSSOVER_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads choice_crossover)" --json
 fi
 
 if wanted scalapack; then
@@ -100,7 +99,7 @@ if wanted scalapack; then
     mesh=X=${grid%x*}
     [[ ${grid#*x} == 1 ]] || mesh+=",Y=${grid#*x}"
     step "scalapack_$grid" "${MPIRUN[@]}" -n "$ranks" "$BUILD/bench/scalapack_bench" --grid "$grid" --sizes "$SIZES" \
-      --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile "$mesh" mpi)" --json
+      --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile "$mesh" mpi scalapack_$grid)" --json
   done
 fi
 
@@ -118,7 +117,7 @@ if wanted torch; then
     rm -f "$OUT/torch.json"
   else
     step torch "$python" bench/torch_matmul_bench.py --shardmm "$SHARDMM" --ranks 2 --sizes "$SIZES" \
-      --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 mpi)" --json
+      --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 mpi torch)" --json
   fi
 fi
 
