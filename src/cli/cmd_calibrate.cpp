@@ -1,4 +1,4 @@
-// shardmm calibrate [--backend threads|mpi] [--mesh M] [--out FILE] [--quick] [--json]
+// shardmm calibrate [--backend threads|mpi] [--mesh M] [--out FILE] [--quick] [--gemm-spread F] [--json]
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
