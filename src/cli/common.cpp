@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <ostream>
 #include <set>
+#include <sstream>
 
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/communicator.h"
@@ -61,6 +62,10 @@ void add_planning_flags(CLI::App& app, PlanningFlags& flags, bool dims_required)
   add_optional(app, "--mem-limit", flags.mem_limit,
                "memory per device that a plan may use, e.g. --mem-limit 16GiB (also 512MiB, 1.5GB, 1e9 = "
                "bytes; units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
+  app.add_option("--tie-margin", flags.tie_margin,
+                 "candidates predicted within this fraction of the cheapest one's time are a near tie, which goes to "
+                 "the one whose devices synchronize least often (collectives, ring steps); 0 picks the cheapest, "
+                 "e.g. --tie-margin 0 (default 0.02)");
   add_json_flag(app, flags.json);
   app.add_flag("--show", flags.show, "draw how each tensor's blocks lie on the mesh devices, e.g. --show");
 }
@@ -89,6 +94,13 @@ Planning make_planning(const PlanningFlags& flags) {
   // whose runs compute in f32 or f64, it has no bf16 rate.
   p.options.dtype = flags.dtype ? parse_dtype(*flags.dtype) : p.options.hw.calibration ? DType::f32 : kDefaultDType;
   if (flags.mem_limit) p.options.mem_limit_bytes = parse_byte_size(*flags.mem_limit, "--mem-limit");
+  if (!(flags.tie_margin >= 0 && flags.tie_margin <= 1)) {
+    std::ostringstream given;  // as typed: -0.5, inf, nan
+    given << flags.tie_margin;
+    throw InputError("--tie-margin " + given.str() +
+                     ": must be a fraction from 0 to 1 (0.02: plans predicted within 2% of the cheapest are a tie)");
+  }
+  p.options.tie_margin = flags.tie_margin;
   return p;
 }
 
@@ -451,6 +463,7 @@ Json plan_json(const Plan& plan, const Mesh& mesh) {
   j["overlapped_time_s"] = plan.overlapped_time_s;
   j["peak_bytes_per_device"] = plan.peak_bytes_per_device;
   j["fits_memory"] = plan.fits_memory;
+  j["synchronizations"] = synchronizations(plan);
   return j;
 }
 

@@ -50,6 +50,7 @@ struct PlanningFlags {
   std::optional<std::string> hw;         // unset: the calibrated profile if there is one, else fallback_hw
   const char* fallback_hw = nullptr;     // null: kDefaultProfile
   std::optional<std::string> mem_limit;  // unset: no limit
+  double tie_margin = PlanOptions{}.tie_margin;
   bool json = false;
   bool show = false;
 };

@@ -1,6 +1,7 @@
 #include "cli/report.h"
 
 #include <algorithm>
+#include <sstream>
 #include <limits>
 #include <ostream>
 
@@ -298,8 +299,20 @@ void print_matmul_report(std::ostream& out, const Planning& p, const Contraction
   }
 
   const Plan& chosen = m.candidates.at(static_cast<std::size_t>(m.chosen));
-  out << "\nChosen plan (candidate " << m.chosen + 1 << " of " << m.candidates.size() << ", the cheapest"
-      << (p.options.mem_limit_bytes ? " within the memory limit" : "") << "): " << chosen.description << "\n";
+  const auto cheapest = std::find_if(m.candidates.begin(), m.candidates.end(), [](const Plan& x) { return x.fits_memory; });
+  out << "\nChosen plan (candidate " << m.chosen + 1 << " of " << m.candidates.size();
+  if (&*cheapest == &chosen) {
+    out << ", the cheapest" << (p.options.mem_limit_bytes ? " within the memory limit" : "");
+  } else {
+    std::ostringstream margin;  // as given: 0.02
+    margin << p.options.tie_margin;
+    out << ": " << format_sig3(100 * (chosen.total_time_s / cheapest->total_time_s - 1)) << "% slower than the cheapest, #"
+        << cheapest - m.candidates.begin() + 1 << " (" << format_time(chosen.total_time_s) << " against "
+        << format_time(cheapest->total_time_s) << "), within --tie-margin " << margin.str()
+        << ", with fewer synchronizations (" << synchronizations(chosen) << " against " << synchronizations(*cheapest)
+        << ")";
+  }
+  out << "): " << chosen.description << "\n";
   print_plan(out, chosen, mesh, p.options);
   print_alternatives(out, m.candidates, m.chosen, mesh, p.options, options);
 
@@ -319,6 +332,7 @@ Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& 
   j["dtype"] = to_string(p.options.dtype);
   j["hardware"] = p.options.hw.name;
   j["mem_limit_bytes"] = p.options.mem_limit_bytes ? Json(*p.options.mem_limit_bytes) : Json(nullptr);
+  j["tie_margin"] = p.options.tie_margin;
   j["roles"] = Json::object();
   for (const std::string& d : c.all_dims()) j["roles"][d] = to_string(c.role(d));
   j["cases"] = Json::array();

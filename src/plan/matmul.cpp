@@ -416,6 +416,23 @@ class MatmulPlanner {
 
 }  // namespace
 
+namespace {
+
+// PlanOptions::tie_margin: the model's error on a real machine is larger than a percent or
+// two, while each synchronization exposes the plan to its members' skew, which it does not price.
+int choose(const std::vector<Plan>& candidates, double tie_margin) {
+  const auto cheapest = std::find_if(candidates.begin(), candidates.end(), [](const Plan& p) { return p.fits_memory; });
+  if (cheapest == candidates.end()) return -1;
+  const double tied = cheapest->total_time_s * (1 + tie_margin);
+  auto best = cheapest;
+  for (auto p = cheapest; p != candidates.end() && p->total_time_s <= tied; ++p) {
+    if (p->fits_memory && synchronizations(*p) < synchronizations(*best)) best = p;
+  }
+  return static_cast<int>(best - candidates.begin());
+}
+
+}  // namespace
+
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options) {
   validate_spec(c.a, mesh);
   validate_spec(c.b, mesh);
@@ -423,12 +440,7 @@ MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSize
   MatmulPlanning result;
   for (int x = 0; x < mesh.rank(); ++x) result.cases.push_back(classify_axis(mesh, c, x));
   result.candidates = MatmulPlanner(mesh, c, sizes, options).candidates();
-  for (std::size_t i = 0; i < result.candidates.size(); ++i) {
-    if (result.candidates[i].fits_memory) {
-      result.chosen = static_cast<int>(i);
-      break;
-    }
-  }
+  result.chosen = choose(result.candidates, options.tie_margin);
   return result;
 }
 

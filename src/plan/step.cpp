@@ -43,6 +43,18 @@ std::int64_t elements(const std::vector<std::int64_t>& shape, std::size_t from, 
 
 }  // namespace
 
+int synchronizations(const Plan& plan) {
+  int n = 0;
+  for (const Step& s : plan.steps) {
+    if (is_collective_matmul(s.op)) {
+      n += s.ring_steps;
+    } else if (is_collective(s.op)) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 bool contiguous_along(const std::vector<std::int64_t>& block, int dim) {
   return elements(block, 0, static_cast<std::size_t>(dim)) == 1;
 }

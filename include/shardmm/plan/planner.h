@@ -28,6 +28,9 @@ struct PlanOptions {
   DType dtype = DType::bf16;
   HardwareProfile hw;
   std::optional<std::int64_t> mem_limit_bytes;  // per device
+  // Candidates predicted within this fraction of the cheapest one's time are a near tie, which
+  // goes to the one with the fewest synchronizations (plan/step.h). 0: the cheapest, always.
+  double tie_margin = 0.02;
 };
 
 // Plans `from` -> `to` for one tensor of global `shape` (the two specs name the same
@@ -47,7 +50,10 @@ struct AxisCase {
 struct MatmulPlanning {
   std::vector<AxisCase> cases;
   std::vector<Plan> candidates;  // distinct strategies, cheapest first (ties broken by description)
-  int chosen = -1;               // index into candidates; -1 when none fits the memory limit
+  // Index into candidates; -1 when none fits the memory limit. Among those that fit, the one
+  // with the fewest synchronizations within PlanOptions::tie_margin of the cheapest's time
+  // (then the cheaper, then the earlier).
+  int chosen = -1;
 };
 
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& contraction, const DimSizes& sizes,

@@ -142,4 +142,9 @@ struct Plan {
   bool fits_memory = true;          // within the planning memory limit
 };
 
+// How often a plan makes its group's members meet: once per collective, once per step of a
+// collective matmul ring. Each meeting waits for the group's slowest member, which the cost
+// model does not price (docs/cost-model.md, "Near ties").
+int synchronizations(const Plan& plan);
+
 }  // namespace shardmm
