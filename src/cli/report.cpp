@@ -1,9 +1,9 @@
 #include "cli/report.h"
 
 #include <algorithm>
-#include <sstream>
 #include <limits>
 #include <ostream>
+#include <sstream>
 
 #include "cli/layout.h"
 #include "shardmm/core/error.h"

@@ -414,10 +414,6 @@ class MatmulPlanner {
   std::map<std::string, std::vector<std::vector<Step>>> reshards_;
 };
 
-}  // namespace
-
-namespace {
-
 // PlanOptions::tie_margin: the model's error on a real machine is larger than a percent or
 // two, while each synchronization exposes the plan to its members' skew, which it does not price.
 int choose(const std::vector<Plan>& candidates, double tie_margin) {
