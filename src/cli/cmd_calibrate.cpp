@@ -6,7 +6,6 @@
 #include <iostream>
 #include <memory>
 #include <ostream>
-#include <sstream>
 #include <thread>
 
 #include "cli/commands.h"
@@ -155,9 +154,7 @@ Command add_calibrate_command(CLI::App& root) {
             CalibrateOptions o;
             o.backend = flags->backend;
             if (!(flags->gemm_spread >= 0) || !std::isfinite(flags->gemm_spread)) {
-              std::ostringstream given;  // as typed: -0.5, inf, nan
-              given << flags->gemm_spread;
-              throw InputError("--gemm-spread " + given.str() +
+              throw InputError("--gemm-spread " + format_given(flags->gemm_spread) +
                                ": must be a fraction >= 0 (0.1: a third GEMM pass when the two differ by 10% or more)");
             }
             o.gemm_steady_spread = flags->gemm_spread;

@@ -95,9 +95,7 @@ Planning make_planning(const PlanningFlags& flags) {
   p.options.dtype = flags.dtype ? parse_dtype(*flags.dtype) : p.options.hw.calibration ? DType::f32 : kDefaultDType;
   if (flags.mem_limit) p.options.mem_limit_bytes = parse_byte_size(*flags.mem_limit, "--mem-limit");
   if (!(flags.tie_margin >= 0 && flags.tie_margin <= 1)) {
-    std::ostringstream given;  // as typed: -0.5, inf, nan
-    given << flags.tie_margin;
-    throw InputError("--tie-margin " + given.str() +
+    throw InputError("--tie-margin " + format_given(flags.tie_margin) +
                      ": must be a fraction from 0 to 1 (0.02: plans predicted within 2% of the cheapest are a tie)");
   }
   p.options.tie_margin = flags.tie_margin;
@@ -231,6 +229,12 @@ std::string format_sig3(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
+}
+
+std::string format_given(double v) {
+  std::ostringstream s;  // the shortest form of up to 6 significant digits
+  s << v;
+  return s.str();
 }
 
 namespace {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <limits>
 #include <ostream>
-#include <sstream>
 
 #include "cli/layout.h"
 #include "shardmm/core/error.h"
@@ -304,11 +303,9 @@ void print_matmul_report(std::ostream& out, const Planning& p, const Contraction
   if (&*cheapest == &chosen) {
     out << ", the cheapest" << (p.options.mem_limit_bytes ? " within the memory limit" : "");
   } else {
-    std::ostringstream margin;  // as given: 0.02
-    margin << p.options.tie_margin;
     out << ": " << format_sig3(100 * (chosen.total_time_s / cheapest->total_time_s - 1)) << "% slower than the cheapest, #"
         << cheapest - m.candidates.begin() + 1 << " (" << format_time(chosen.total_time_s) << " against "
-        << format_time(cheapest->total_time_s) << "), within --tie-margin " << margin.str()
+        << format_time(cheapest->total_time_s) << "), within --tie-margin " << format_given(p.options.tie_margin)
         << ", with fewer synchronizations (" << synchronizations(chosen) << " against " << synchronizations(*cheapest)
         << ")";
   }
