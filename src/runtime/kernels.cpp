@@ -113,6 +113,84 @@ void walk_box(const char* what, const T* src, const Shape& src_shape, const Shap
           });
 }
 
+// dst = src with its dimensions reordered (see permute), where src's dimension d lies at
+// stride src_strides[d] (a box of a larger buffer, or row-major); Add: dst += instead.
+template <bool Add, class T>
+void rearrange(const T* src, const Shape& shape, const Shape& src_strides, const std::vector<int>& perm, T* dst) {
+  for (std::int64_t e : shape) {
+    if (e == 0) return;
+  }
+  const auto store = [](T* d, const T* s, std::int64_t n) {
+    if constexpr (Add) {
+      for (std::int64_t i = 0; i < n; ++i) d[i] += s[i];
+    } else {
+      std::memcpy(d, s, static_cast<std::size_t>(n) * sizeof(T));
+    }
+  };
+  // dst's dimensions with extent > 1, merged where they are also adjacent and in order
+  // in src; `ext`, `sst` their extents and src strides.
+  Shape ext, sst;
+  for (int d : perm) {
+    if (shape[d] == 1) continue;
+    if (!ext.empty() && sst.back() == shape[d] * src_strides[d]) {
+      ext.back() *= shape[d];
+      sst.back() = src_strides[d];
+    } else {
+      ext.push_back(shape[d]);
+      sst.push_back(src_strides[d]);
+    }
+  }
+  if (ext.empty()) {
+    store(dst, src, 1);
+    return;
+  }
+  const Shape dst_strides = row_major_strides(ext);
+  const std::size_t last = ext.size() - 1;
+  if (sst[last] == 1) {  // dst's rows are src runs
+    walk<2>(Shape(ext.begin(), ext.end() - 1), {Shape(sst.begin(), sst.end() - 1),
+                                                Shape(dst_strides.begin(), dst_strides.end() - 1)},
+            [&](const std::array<std::int64_t, 2>& off) {
+              store(dst + off[1], src + off[0], ext[last]);
+            });
+    return;
+  }
+  const std::size_t q = static_cast<std::size_t>(std::find(sst.begin(), sst.end(), 1) - sst.begin());
+  if (q == sst.size()) {  // a box whose contiguous dimension has extent 1: element by element
+    walk<2>(ext, {sst, dst_strides}, [&](const std::array<std::int64_t, 2>& off) { store(dst + off[1], src + off[0], 1); });
+    return;
+  }
+  // A transpose of src's contiguous dimension q with dst's contiguous last one, in
+  // tiles, so that neither side is read or written at a cache line per element.
+  Shape outer_ext, outer_src, outer_dst;
+  for (std::size_t d = 0; d < last; ++d) {
+    if (d == q) continue;
+    outer_ext.push_back(ext[d]);
+    outer_src.push_back(sst[d]);
+    outer_dst.push_back(dst_strides[d]);
+  }
+  constexpr std::int64_t tile = 32;
+  const std::int64_t rows = ext[q], cols = ext[last], src_col = sst[last], dst_row = dst_strides[q];
+  walk<2>(outer_ext, {outer_src, outer_dst}, [&](const std::array<std::int64_t, 2>& off) {
+    const T* s = src + off[0];
+    T* d = dst + off[1];
+    for (std::int64_t i0 = 0; i0 < rows; i0 += tile) {
+      const std::int64_t i1 = std::min(rows, i0 + tile);
+      for (std::int64_t j0 = 0; j0 < cols; j0 += tile) {
+        const std::int64_t j1 = std::min(cols, j0 + tile);
+        for (std::int64_t i = i0; i < i1; ++i) {
+          for (std::int64_t j = j0; j < j1; ++j) {
+            if constexpr (Add) {
+              d[i * dst_row + j] += s[i + j * src_col];
+            } else {
+              d[i * dst_row + j] = s[i + j * src_col];
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 template <class T>
@@ -151,63 +229,10 @@ void permute(const T* src, const Shape& shape, const std::vector<int>& perm, T* 
   }
   for (std::int64_t e : shape) {
     if (e < 0) throw InputError("permute: negative extent in shape " + show(shape));
-    if (e == 0) return;
   }
-
-  // dst's dimensions with extent > 1, merged where they are also adjacent and in order
-  // in src; `ext`, `sst` their extents and src strides.
-  const Shape src_strides = row_major_strides(shape);
-  Shape ext, sst;
-  for (int d : perm) {
-    if (shape[d] == 1) continue;
-    if (!ext.empty() && sst.back() == shape[d] * src_strides[d]) {
-      ext.back() *= shape[d];
-      sst.back() = src_strides[d];
-    } else {
-      ext.push_back(shape[d]);
-      sst.push_back(src_strides[d]);
-    }
-  }
-  if (ext.empty()) {
-    dst[0] = src[0];
-    return;
-  }
-  const Shape dst_strides = row_major_strides(ext);
-  const std::size_t last = ext.size() - 1;
-  if (sst[last] == 1) {  // dst's rows are src runs
-    walk<2>(Shape(ext.begin(), ext.end() - 1), {Shape(sst.begin(), sst.end() - 1),
-                                                Shape(dst_strides.begin(), dst_strides.end() - 1)},
-            [&](const std::array<std::int64_t, 2>& off) {
-              std::memcpy(dst + off[1], src + off[0], static_cast<std::size_t>(ext[last]) * sizeof(T));
-            });
-    return;
-  }
-  // A transpose of src's contiguous dimension q with dst's contiguous last one, in
-  // tiles, so that neither side is read or written at a cache line per element.
-  const std::size_t q = static_cast<std::size_t>(std::find(sst.begin(), sst.end(), 1) - sst.begin());
-  Shape outer_ext, outer_src, outer_dst;
-  for (std::size_t d = 0; d < last; ++d) {
-    if (d == q) continue;
-    outer_ext.push_back(ext[d]);
-    outer_src.push_back(sst[d]);
-    outer_dst.push_back(dst_strides[d]);
-  }
-  constexpr std::int64_t tile = 32;
-  const std::int64_t rows = ext[q], cols = ext[last], src_col = sst[last], dst_row = dst_strides[q];
-  walk<2>(outer_ext, {outer_src, outer_dst}, [&](const std::array<std::int64_t, 2>& off) {
-    const T* s = src + off[0];
-    T* d = dst + off[1];
-    for (std::int64_t i0 = 0; i0 < rows; i0 += tile) {
-      const std::int64_t i1 = std::min(rows, i0 + tile);
-      for (std::int64_t j0 = 0; j0 < cols; j0 += tile) {
-        const std::int64_t j1 = std::min(cols, j0 + tile);
-        for (std::int64_t i = i0; i < i1; ++i) {
-          for (std::int64_t j = j0; j < j1; ++j) d[i * dst_row + j] = s[i + j * src_col];
-        }
-      }
-    }
-  });
+  rearrange<false>(src, shape, row_major_strides(shape), perm, dst);
 }
+
 
 #define SHARDMM_INSTANTIATE(T)                                                                 \
   template void copy_box<T>(const T*, const Shape&, const Shape&, T*, const Shape&, const Shape&, \
@@ -230,17 +255,18 @@ bool contains(const Names& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-// A buffer as a matrix [g1 x g2]: each group's names (extent > 1 only, in the group's
-// linear order) must be adjacent and in that order in the buffer, so that the group is
-// one strided dimension; one of the two must then be contiguous.
+// A buffer (dimension d of extent shape[d] at stride strides[d]) as a matrix [g1 x g2]: each
+// group's names (extent > 1 only, in the group's linear order) must be adjacent and in that
+// order in the buffer, so that the group is one strided dimension; one of the two must then
+// be contiguous.
 struct MatrixView {
   bool ok = false;
   bool trans = false;  // stored [g2, g1]
   std::int64_t ld = 1;
 };
 
-MatrixView matrix_view(const Names& names, const Shape& shape, const Names& g1, const Names& g2) {
-  const Shape strides = row_major_strides(shape);
+MatrixView matrix_view(const Names& names, const Shape& shape, const Shape& strides, const Names& g1,
+                       const Names& g2) {
   auto dim = [&](const std::string& name) {
     return static_cast<std::size_t>(std::find(names.begin(), names.end(), name) - names.begin());
   };
@@ -277,7 +303,9 @@ struct LocalEinsum::Impl {
   struct Operand {
     Names names;  // the buffer's order
     Shape shape;
+    Shape strides;              // of `shape` in the buffer GEMM reads
     Shape caller_shape;
+    Shape caller_strides;       // row-major in the caller's buffer, which may be larger (OperandBuffers)
     bool copied = false;
     std::int64_t offset = 0;    // in the workspace, in elements
     std::int64_t elements = 0;
@@ -304,9 +332,9 @@ struct LocalEinsum::Impl {
   std::unique_ptr<std::byte, Free> workspace;
 
   static std::unique_ptr<Impl> plan(EinsumLayout layout, const std::map<std::string, std::int64_t>& extents,
-                                    DType dtype);
+                                    DType dtype, const OperandBuffers& buffers);
   template <class T>
-  void run(const T* a_in, const T* b_in, T* c_out);
+  void run(const T* a_in, const T* b_in, T* c_out, bool accumulate);
   template <class T>
   const T* prepare(const Operand& op, const T* in, T* ws) const;
 };
@@ -314,7 +342,7 @@ struct LocalEinsum::Impl {
 // The plan alone: everything but the workspace's allocation.
 std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
                                                            const std::map<std::string, std::int64_t>& extents,
-                                                           DType dtype) {
+                                                           DType dtype, const OperandBuffers& buffers) {
   auto impl = std::make_unique<Impl>();
   Impl& p = *impl;
   const std::string where = "einsum " + show(layout.a) + ", " + show(layout.b) + " -> " +
@@ -363,9 +391,27 @@ std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
   const auto [a_shape, a_elements] = shape_of(layout.a, "einsum operand a's element count");
   const auto [b_shape, b_elements] = shape_of(layout.b, "einsum operand b's element count");
   const auto [c_shape, c_elements] = shape_of(layout.c, "einsum output c's element count");
+  // Each input's strides in the buffer that holds it.
+  const auto buffer_strides = [&](const Names& names, const std::map<std::string, std::int64_t>& held,
+                                  const char* label) {
+    Shape shape;
+    for (const std::string& name : names) {
+      const auto it = held.find(name);
+      shape.push_back(it == held.end() ? ext(name) : it->second);
+      if (shape.back() < ext(name)) {
+        throw InputError(where + ": the buffer of " + label + " has extent " + std::to_string(shape.back()) +
+                         " for dimension '" + name + "', less than the einsum's " + std::to_string(ext(name)) +
+                         ": an operand's buffer holds at least the einsum's extent of each dimension");
+      }
+    }
+    return row_major_strides(shape);
+  };
   p.a.caller_shape = a_shape;
   p.b.caller_shape = b_shape;
   p.c.caller_shape = c_shape;
+  p.a.caller_strides = buffer_strides(layout.a, buffers.a, "a");
+  p.b.caller_strides = buffer_strides(layout.b, buffers.b, "b");
+  p.c.caller_strides = row_major_strides(c_shape);
   p.c_elements = c_elements;
   std::set<std::string> all(layout.a.begin(), layout.a.end());
   all.insert(layout.b.begin(), layout.b.end());
@@ -415,8 +461,9 @@ std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
     const Names& m = kc ? m_in_c : m_in_a;
     const Names& k = kb ? k_in_b : k_in_a;
     const Names& n = kc ? n_in_c : n_in_b;
-    if ((ka && !matrix_view(L.a, a_shape, m, k).ok) || (kb && !matrix_view(L.b, b_shape, k, n).ok) ||
-        (kc && !matrix_view(L.c, c_shape, m, n).ok)) {
+    if ((ka && !matrix_view(L.a, a_shape, p.a.caller_strides, m, k).ok) ||
+        (kb && !matrix_view(L.b, b_shape, p.b.caller_strides, k, n).ok) ||
+        (kc && !matrix_view(L.c, c_shape, p.c.caller_strides, m, n).ok)) {
       continue;
     }
     const std::int64_t cost = (ka || reduce_a ? 0 : a_elements) + (kb || reduce_b ? 0 : b_elements) +
@@ -458,6 +505,7 @@ std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
     if (keep) {
       op.names = caller;
       op.shape = op.caller_shape;
+      op.strides = op.caller_strides;
     } else {
       op.copied = true;
       op.reduce = reduce;
@@ -469,7 +517,8 @@ std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
       }
       op.offset = ws_elements;
       ws_elements += (op.elements + line - 1) / line * line;
-      const Shape strides = row_major_strides(op.shape);
+      op.strides = row_major_strides(op.shape);
+      const Shape& strides = op.strides;
       auto pos = [](const Names& names, const std::string& name) {
         return static_cast<int>(std::find(names.begin(), names.end(), name) - names.begin());
       };
@@ -484,12 +533,10 @@ std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
         for (const std::string& name : op.names) op.perm.push_back(pos(caller, name));
       }
     }
-    op.view = matrix_view(op.names, op.shape, g1, g2);
+    op.view = matrix_view(op.names, op.shape, op.strides, g1, g2);
     if (!op.view.ok) throw std::logic_error("LocalEinsum: planned operand is not a GEMM view");
-    const Shape strides = row_major_strides(op.shape);
     for (const std::string& name : batch) {
-      op.batch_strides.push_back(
-          strides[std::find(op.names.begin(), op.names.end(), name) - op.names.begin()]);
+      op.batch_strides.push_back(op.strides[std::find(op.names.begin(), op.names.end(), name) - op.names.begin()]);
     }
   };
   // A copy that only permutes keeps the (extent-1) summed names; a reduction drops them.
@@ -521,8 +568,8 @@ std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
 }
 
 LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t> extents,
-                         DType dtype)
-    : impl_(Impl::plan(std::move(layout), extents, dtype)) {
+                         DType dtype, const OperandBuffers& buffers)
+    : impl_(Impl::plan(std::move(layout), extents, dtype, buffers)) {
   if (impl_->workspace_bytes > 0) {
     impl_->workspace.reset(static_cast<std::byte*>(
         ::operator new(static_cast<std::size_t>(impl_->workspace_bytes), std::align_val_t{64})));
@@ -531,8 +578,8 @@ LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t
 
 std::int64_t LocalEinsum::workspace_bytes_for(EinsumLayout layout,
                                               const std::map<std::string, std::int64_t>& extents,
-                                              DType dtype) {
-  return Impl::plan(std::move(layout), extents, dtype)->workspace_bytes;
+                                              DType dtype, const OperandBuffers& buffers) {
+  return Impl::plan(std::move(layout), extents, dtype, buffers)->workspace_bytes;
 }
 
 LocalEinsum::~LocalEinsum() = default;
@@ -549,9 +596,17 @@ bool LocalEinsum::copies_c() const { return impl_->c.copied; }
 
 void LocalEinsum::run(const void* a, const void* b, void* c) {
   if (impl_->dtype == DType::f32) {
-    impl_->run(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c));
+    impl_->run(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), false);
   } else {
-    impl_->run(static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(c));
+    impl_->run(static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(c), false);
+  }
+}
+
+void LocalEinsum::accumulate(const void* a, const void* b, void* c) {
+  if (impl_->dtype == DType::f32) {
+    impl_->run(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), true);
+  } else {
+    impl_->run(static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(c), true);
   }
 }
 
@@ -560,14 +615,15 @@ const T* LocalEinsum::Impl::prepare(const Operand& op, const T* in, T* ws) const
   if (!op.copied) return in;
   T* out = ws + op.offset;
   if (!op.reduce) {
-    permute(in, op.caller_shape, op.perm, out);
+    rearrange<false>(in, op.caller_shape, op.caller_strides, op.perm, out);
     return out;
   }
-  // Summed dimensions have buffer stride 0: their elements add onto one another.
+  // Summed dimensions have buffer stride 0: their elements add onto one another. The
+  // caller's last dimension is contiguous (its buffer is row-major).
   std::fill(out, out + op.elements, T(0));
   const std::size_t last = op.caller_shape.size() - 1;
   const std::int64_t run = op.caller_shape[last], step = op.reduce_strides[last];
-  const Shape caller_strides = row_major_strides(op.caller_shape);
+  const Shape& caller_strides = op.caller_strides;
   walk<2>(Shape(op.caller_shape.begin(), op.caller_shape.end() - 1),
           {Shape(caller_strides.begin(), caller_strides.end() - 1),
            Shape(op.reduce_strides.begin(), op.reduce_strides.end() - 1)},
@@ -580,11 +636,13 @@ const T* LocalEinsum::Impl::prepare(const Operand& op, const T* in, T* ws) const
 }
 
 template <class T>
-void LocalEinsum::Impl::run(const T* a_in, const T* b_in, T* c_out) {
+void LocalEinsum::Impl::run(const T* a_in, const T* b_in, T* c_out, bool accumulate) {
   if (empty) {
-    std::fill(c_out, c_out + c_elements, T(0));
+    if (!accumulate) std::fill(c_out, c_out + c_elements, T(0));
     return;
   }
+  // GEMM adds into c where it writes c in place; a copied c is added when permuted back.
+  const T beta = accumulate && !c.copied ? T(1) : T(0);
   T* ws = reinterpret_cast<T*>(workspace.get());
   const T* pa = prepare(a, a_in, ws);
   const T* pb = prepare(b, b_in, ws);
@@ -593,13 +651,18 @@ void LocalEinsum::Impl::run(const T* a_in, const T* b_in, T* c_out) {
           [&](const std::array<std::int64_t, 3>& off) {
             if (swap) {
               blas::gemm(!b.view.trans, !a.view.trans, n, m, k, T(1), pb + off[1], b.view.ld,
-                         pa + off[0], a.view.ld, T(0), pc + off[2], c.view.ld);
+                         pa + off[0], a.view.ld, beta, pc + off[2], c.view.ld);
             } else {
               blas::gemm(a.view.trans, b.view.trans, m, n, k, T(1), pa + off[0], a.view.ld,
-                         pb + off[1], b.view.ld, T(0), pc + off[2], c.view.ld);
+                         pb + off[1], b.view.ld, beta, pc + off[2], c.view.ld);
             }
           });
-  if (c.copied) permute(static_cast<const T*>(pc), c.shape, c.perm, c_out);
+  if (!c.copied) return;
+  if (accumulate) {
+    rearrange<true>(static_cast<const T*>(pc), c.shape, c.strides, c.perm, c_out);
+  } else {
+    rearrange<false>(static_cast<const T*>(pc), c.shape, c.strides, c.perm, c_out);
+  }
 }
 
 }  // namespace shardmm

@@ -372,21 +372,52 @@ bool has(const Names& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+// `box` (row-major, extents `shape`) placed at a random offset in a buffer of random larger
+// extents filled with NaN, which any read outside the box carries into the result.
+template <class T>
+struct Boxed {
+  std::vector<T> buffer;
+  std::map<std::string, std::int64_t> extents;  // the buffer's, per name
+  const T* first = nullptr;                     // the box's first element
+};
+template <class T>
+Boxed<T> boxed(const std::vector<T>& box, const Names& names, const Shape& shape, std::mt19937_64& rng) {
+  Boxed<T> out;
+  Shape held, offset;
+  for (std::size_t d = 0; d < names.size(); ++d) {
+    held.push_back(shape[d] + pick(rng, 0, 2));
+    offset.push_back(pick(rng, 0, held.back() - shape[d]));
+    out.extents[names[d]] = held.back();
+  }
+  out.buffer.assign(static_cast<std::size_t>(count(held)), std::numeric_limits<T>::quiet_NaN());
+  copy_box(box.data(), shape, Shape(shape.size(), 0), out.buffer.data(), held, offset, shape);
+  out.first = out.buffer.data() + (count(held) == 0 ? 0 : flat(offset, held));
+  return out;
+}
+
 // Runs the einsum on random inputs (twice, over a NaN-filled output) and checks it
 // against a sum over every index combination in long double. Per output element,
 // |error| <= (K + Sa + Sb) u sum|a b| to first order: the GEMM's sum of K products
 // (gamma_K, any order), plus the pre-reductions of A and B over their summed lengths
 // Sa and Sb (gamma_Sa, gamma_Sb), each weighted by the same sum of |a b| over all terms;
 // the factor 2 covers the second-order terms. Exact zeros (no terms) must be exact.
+// With `rng`'s say, A and B are boxes of larger buffers (OperandBuffers), and C is added to
+// (accumulate) instead of overwritten: one more rounding, over |c| too.
 template <class T>
 void check_einsum(const EinsumLayout& layout, const Extents& ext, std::mt19937_64& rng,
-                  const std::string& what) {
+                  const std::string& context) {
   const DType dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
-  LocalEinsum op(layout, ext, dtype);
   const Shape sa = shape_of(layout.a, ext), sb = shape_of(layout.b, ext), sc = shape_of(layout.c, ext);
   const auto a = random_values<T>(rng, count(sa));
   const auto b = random_values<T>(rng, count(sb));
-  std::vector<T> c(static_cast<std::size_t>(count(sc)), std::numeric_limits<T>::quiet_NaN());
+  const bool in_boxes = pick(rng, 0, 1) == 1, accumulate = pick(rng, 0, 1) == 1;
+  const Boxed<T> a_boxed = boxed(a, layout.a, sa, rng), b_boxed = boxed(b, layout.b, sb, rng);
+  LocalEinsum op(layout, ext, dtype, in_boxes ? OperandBuffers{a_boxed.extents, b_boxed.extents} : OperandBuffers{});
+  const T* a_in = in_boxes ? a_boxed.first : a.data();
+  const T* b_in = in_boxes ? b_boxed.first : b.data();
+  const std::string what = context + (in_boxes ? " in boxes" : "") + (accumulate ? " accumulating" : "");
+  const auto c0 = random_values<T>(rng, count(sc));
+  std::vector<T> c = accumulate ? c0 : std::vector<T>(c0.size(), std::numeric_limits<T>::quiet_NaN());
 
   Names all = layout.a;
   for (const auto& name : layout.b) {
@@ -405,6 +436,10 @@ void check_einsum(const EinsumLayout& layout, const Extents& ext, std::mt19937_6
   EXPECT_EQ(op.flops(), flops) << what;
 
   std::vector<long double> want(c.size(), 0), mag(c.size(), 0);
+  for (std::size_t i = 0; accumulate && i < c.size(); ++i) {
+    want[i] = c0[i];
+    mag[i] = std::fabs(c0[i]);
+  }
   auto position = [&](const Names& names, const Shape& shape, const Index& idx) {
     std::int64_t f = 0;
     for (std::size_t d = 0; d < names.size(); ++d) {
@@ -419,16 +454,16 @@ void check_einsum(const EinsumLayout& layout, const Extents& ext, std::mt19937_6
     mag[position(layout.c, sc, idx)] += std::fabs(term);
   });
 
-  op.run(a.data(), b.data(), c.data());
-  const long double bound = 2.0L * static_cast<long double>(contracted + summed_a + summed_b) *
+  accumulate ? op.accumulate(a_in, b_in, c.data()) : op.run(a_in, b_in, c.data());
+  const long double bound = 2.0L * static_cast<long double>(contracted + summed_a + summed_b + 1) *
                             unit_roundoff<T>();
   for (std::size_t i = 0; i < c.size(); ++i) {
     ASSERT_LE(std::fabs(c[i] - want[i]), bound * mag[i])
         << what << " element " << i << ": got " << c[i] << " want " << static_cast<double>(want[i]);
   }
   // The workspace is reused: a second run gives the same bits.
-  std::vector<T> again(c.size(), std::numeric_limits<T>::quiet_NaN());
-  op.run(a.data(), b.data(), again.data());
+  std::vector<T> again = accumulate ? c0 : std::vector<T>(c.size(), std::numeric_limits<T>::quiet_NaN());
+  accumulate ? op.accumulate(a_in, b_in, again.data()) : op.run(a_in, b_in, again.data());
   ASSERT_TRUE(c.empty() || std::memcmp(again.data(), c.data(), c.size() * sizeof(T)) == 0) << what;
 }
 
@@ -572,6 +607,30 @@ TEST(LocalEinsum, CopiesOnlyWhatNoStridedViewCanServe) {
              {{"I", 3}, {"J", 4}, {"K", 5}, {"S", 2}});
 }
 
+// The executor's ring over a contracted dimension: C[I, K] = sum over chunks m of
+// A[I, J_m] @ B[J_m, K], each chunk of A's columns read in place from the whole A (its
+// leading dimension is A's), the first chunk written, the others added. Integer-valued data:
+// every sum is exact, so the chunks add up to the whole einsum's bits.
+TEST(LocalEinsum, ContractedChunksReadInPlaceAndAddUp) {
+  const std::int64_t I = 5, J = 7, K = 3;
+  std::vector<double> a(I * J), b(J * K), whole(I * K), chunked(I * K, std::nan(""));
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<double>(i % 5) - 2;
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<double>(i % 7) - 3;
+  const EinsumLayout layout{{"I", "J"}, {"J", "K"}, {"I", "K"}};
+  LocalEinsum(layout, {{"I", I}, {"J", J}, {"K", K}}, DType::f64).run(a.data(), b.data(), whole.data());
+  std::int64_t offset = 0;
+  for (std::int64_t extent : {3, 0, 4}) {
+    LocalEinsum chunk(layout, {{"I", I}, {"J", extent}, {"K", K}}, DType::f64, OperandBuffers{{{"J", J}}, {}});
+    EXPECT_FALSE(chunk.copies_a());
+    EXPECT_EQ(chunk.workspace_bytes(), 0);
+    const double* a_columns = a.data() + offset;
+    const double* b_rows = b.data() + offset * K;
+    offset == 0 ? chunk.run(a_columns, b_rows, chunked.data()) : chunk.accumulate(a_columns, b_rows, chunked.data());
+    offset += extent;
+  }
+  EXPECT_EQ(chunked, whole);
+}
+
 TEST(LocalEinsum, WorkspaceHoldsTheCopies) {
   const LocalEinsum op({{"I", "J", "L"}, {"J", "K"}, {"I", "L", "K"}},
                        {{"I", 3}, {"J", 4}, {"K", 5}, {"L", 7}}, DType::f64);
@@ -591,6 +650,11 @@ TEST(LocalEinsum, ZeroExtentsGiveZerosOrNothing) {
   LocalEinsum op({{"I", "J"}, {"J", "K"}, {"I", "K"}}, {{"I", 0}, {"J", 4}, {"K", 2}}, DType::f32);
   EXPECT_EQ(op.flops(), 0.0);
   op.run(nullptr, nullptr, nullptr);
+  // Contracted length 0, accumulating: C keeps what it held.
+  std::vector<float> c = {1, 2, 3, 4};
+  LocalEinsum({{"I", "J"}, {"J", "K"}, {"I", "K"}}, {{"I", 2}, {"J", 0}, {"K", 2}}, DType::f32)
+      .accumulate(nullptr, nullptr, c.data());
+  EXPECT_EQ(c, (std::vector<float>{1, 2, 3, 4}));
 }
 
 TEST(LocalEinsum, FlopsCountEveryTerm) {
@@ -622,6 +686,14 @@ TEST(LocalEinsum, BadLayoutsAreInputErrors) {
   expect_input_error({{"I", "J"}, {"J", "K"}, {"I", "K"}}, {{"I", 2}, {"J", -3}, {"K", 4}},
                      DType::f64, "dimension 'J' has extent -3");
   expect_input_error({{"I", "J"}, {"J", "K"}, {"I", "K"}}, ext, DType::bf16, "dtype bf16");
+  try {
+    LocalEinsum op({{"I", "J"}, {"J", "K"}, {"I", "K"}}, ext, DType::f32, OperandBuffers{{}, {{"J", 2}}});
+    ADD_FAILURE() << "a buffer smaller than its box was taken";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("the buffer of b has extent 2 for dimension 'J', less than the einsum's 3"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -45,6 +45,16 @@ struct EinsumLayout {
   std::vector<std::string> a, b, c;
 };
 
+// Where operands A and B lie when each is a box of a larger row-major buffer (a chunk of a
+// contracted dimension, say): per name, the buffer's extent, at least the einsum's own; a
+// name left out (or an empty map) has the einsum's extent. run() and accumulate() then take
+// a pointer to the box's first element. GEMM reads a box in place where the buffer's order
+// lets it (the buffer's leading dimension is GEMM's); otherwise the box is copied as any
+// operand whose order GEMM cannot read.
+struct OperandBuffers {
+  std::map<std::string, std::int64_t> a, b;
+};
+
 // C = A (x) B for one fixed layout, extents and dtype, planned once and run many times.
 // A name in a, b and c is a batch dimension; in a and b only, contracted; in one input
 // and c, free; in one input only, summed over that input before the product.
@@ -57,8 +67,10 @@ class LocalEinsum {
  public:
   // `extents` maps every name of the layout to its local extent (other names are ignored).
   // Throws InputError for: a name repeated within an operand, an output name in neither
-  // input, a missing or negative extent, a dtype other than f32 and f64.
-  LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t> extents, DType dtype);
+  // input, a missing or negative extent, a dtype other than f32 and f64, a buffer extent
+  // smaller than the einsum's.
+  LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t> extents, DType dtype,
+              const OperandBuffers& buffers = {});
   ~LocalEinsum();
   LocalEinsum(LocalEinsum&&) noexcept;
   LocalEinsum& operator=(LocalEinsum&&) noexcept;
@@ -66,6 +78,9 @@ class LocalEinsum {
   // Overwrites c (never reads it). Buffers hold the dtype's elements, row-major in the
   // order of their layout's names; a, b, c must not overlap.
   void run(const void* a, const void* b, void* c);
+  // c += A (x) B: GEMM's beta = 1 where c is GEMM's output in place, else the product is
+  // added from the workspace. An einsum with an extent 0 leaves c as it was.
+  void accumulate(const void* a, const void* b, void* c);
 
   const EinsumLayout& layout() const;
   DType dtype() const;
@@ -76,7 +91,7 @@ class LocalEinsum {
   // What workspace_bytes() would be, worked out without allocating: memory checks
   // before a run (runner.h). Throws as the constructor does.
   static std::int64_t workspace_bytes_for(EinsumLayout layout, const std::map<std::string, std::int64_t>& extents,
-                                          DType dtype);
+                                          DType dtype, const OperandBuffers& buffers = {});
   // Whether run() copies that operand through the workspace (A and B: permuted, or
   // reduced over their summed dimensions; C: written there, then permuted into c).
   bool copies_a() const;
