@@ -1,12 +1,14 @@
 // How much of the communication a collective matmul hides (docs/collective-matmul.md).
 //
-//   build/bench/collective_matmul_bench [--kind gather|scatter] [--backend threads] [--ranks 2]
+//   build/bench/collective_matmul_bench [--kind gather|panel|scatter] [--backend threads] [--ranks 2]
 //                                       [--rows 32,128,512,2048] [--inner 1024] [--contracted N]
 //                                       [--repeat 7] [--rounds 3] [--dtype f32]
 //   mpirun -n 2 build/bench/collective_matmul_bench --backend mpi
 //
 // On mesh X=ranks, K = --inner, J = --contracted (default --inner), I = each --rows:
 //   gather   FSDP, A[I_X, J] @ B[J, K_X] -> C[I_X, K]: the weight B is gathered
+//   panel    1-D pdgemm, A[I_X, J] @ B[J_X, K] -> C[I_X, K]: B's contracted J is gathered, each
+//            arriving panel B[J_m, K] times A's columns J_m added into C (SUMMA's panel loop)
 //   scatter  Megatron's row-parallel layer with a sequence-sharded output,
 //            A[I, J_X] @ B[J_X, K] -> C[I_X, K]: the partial sums of C are reduce-scattered
 // Four runs, all in this process, medians over --rounds rounds of --repeat timed runs each
@@ -35,13 +37,14 @@ namespace {
 using namespace shardmm;
 
 constexpr const char* kUsage =
-    "usage: collective_matmul_bench [--kind gather|scatter] [--backend threads|mpi] [--ranks N]\n"
+    "usage: collective_matmul_bench [--kind gather|panel|scatter] [--backend threads|mpi] [--ranks N]\n"
     "                               [--rows a,b,c] [--inner N] [--contracted N] [--repeat N] [--rounds N]\n"
     "                               [--dtype f32|f64]\n"
     "       mpirun -n 2 collective_matmul_bench --backend mpi ...\n"
     "How much of the communication a collective matmul hides: on mesh X=ranks (default 2), K = --inner\n"
     "(1024), J = --contracted (default --inner), I = each of --rows (32,128,512,2048):\n"
     "  gather   FSDP, A[I_X, J] @ B[J, K_X] -> C[I_X, K] (B is gathered)\n"
+    "  panel    A[I_X, J] @ B[J_X, K] -> C[I_X, K] (B's contracted J is gathered, panel by panel)\n"
     "  scatter  A[I, J_X] @ B[J_X, K] -> C[I_X, K] (the partial sums of C are reduce-scattered)\n"
     "The overlapped plan, the serialized one, the einsum alone and the collective alone, medians over\n"
     "--rounds (3) rounds of --repeat (7) timed runs, and the overlap fraction\n"
@@ -78,14 +81,18 @@ int main(int argc, char** argv) {
   try {
     const DType dtype = parse_dtype(dtype_text);
     if (contracted == 0) contracted = inner;
-    if (kind != "gather" && kind != "scatter") throw InputError("--kind " + kind + ": gather or scatter");
-    const bool gather = kind == "gather";
+    if (kind != "gather" && kind != "panel" && kind != "scatter") {
+      throw InputError("--kind " + kind + ": gather, panel or scatter");
+    }
+    const bool gather = kind != "scatter";
     const bool root = process_rank(backend) == 0;
     const Mesh mesh = Mesh::parse("X=" + std::to_string(ranks));
     // The sharded contraction, the same one with the collective done beforehand (gather) or
     // left undone (scatter), and the collective alone as a reshard.
-    const Contraction fused = parse_contraction(
-        gather ? "A[I_X, J] @ B[J, K_X] -> C[I_X, K]" : "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", mesh);
+    const Contraction fused = parse_contraction(kind == "gather"  ? "A[I_X, J] @ B[J, K_X] -> C[I_X, K]"
+                                                : kind == "panel" ? "A[I_X, J] @ B[J_X, K] -> C[I_X, K]"
+                                                                  : "A[I, J_X] @ B[J_X, K] -> C[I_X, K]",
+                                                mesh);
     const Contraction local = parse_contraction(
         gather ? "A[I_X, J] @ B[J, K] -> C[I_X, K]" : "A[I, J_X] @ B[J_X, K] -> C[I, K]{U_X}", mesh);
     const Spec comm_from = gather ? fused.b : *local.out, comm_to = gather ? local.b : *fused.out;
@@ -97,7 +104,7 @@ int main(int argc, char** argv) {
     opt.hw = builtin_profile("h100");
     if (root) {
       std::printf("%s %s, J = %lld, K = %lld, %d ranks on %s, %s; medians of %d x %d runs\n",
-                  gather ? "FSDP" : "row-parallel", format_contraction(fused, mesh).c_str(),
+                  kind == "gather" ? "FSDP" : kind == "panel" ? "panel" : "row-parallel", format_contraction(fused, mesh).c_str(),
                   static_cast<long long>(contracted), static_cast<long long>(inner), ranks, backend.c_str(),
                   to_string(dtype), rounds, repeat);
       std::printf("%7s %12s %12s %12s %12s %9s %9s %8s %9s\n", "I", "overlap (s)", "serial (s)", "compute (s)",

@@ -444,6 +444,7 @@ Json step_json(const Step& s, const Mesh& mesh) {
   if (is_collective_matmul(s.op)) {
     Json ring;
     ring["operand"] = s.op == OpKind::all_gather_einsum ? Json(s.ring_operand == 0 ? "a" : "b") : Json(nullptr);
+    ring["contracted"] = gathers_contracted(s);
     ring["bidirectional"] = s.bidirectional;
     ring["steps"] = s.ring_steps;
     ring["comm_time_s"] = s.comm_time_s;

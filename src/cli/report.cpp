@@ -66,10 +66,15 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
              " (coordinate 0 keeps it, the others hold zeros): local";
     case OpKind::all_gather_einsum: {
       const Spec& gathered = s.ring_operand == 0 ? s.from : s.from_b;
-      return "collective matmul: all_gather " + gathered.tensor + "'s " + g + "-blocks of " + dim_at(gathered, s.dim) +
-             " round a " + (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) +
-             " steps, multiplying each block into its rows of " + s.to.tensor + " while the next one is in flight (" +
-             format_time(s.comm_time_s) + " of transfers, " + format_time(s.compute_time_s) + " of compute)";
+      const Spec& other = s.ring_operand == 0 ? s.from_b : s.from;
+      const std::string d = dim_at(gathered, s.dim);
+      return "collective matmul: all_gather " + gathered.tensor + "'s " + g + "-blocks of " + d + " round a " +
+             (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) + " steps, " +
+             (gathers_contracted(s) ? "multiplying each block by " + other.tensor + "'s matching block of " + d +
+                                          " and adding the product into all of " + s.to.tensor
+                                    : "multiplying each block into its rows of " + s.to.tensor) +
+             " while the next one is in flight (" + format_time(s.comm_time_s) + " of transfers, " +
+             format_time(s.compute_time_s) + " of compute)";
     }
     case OpKind::einsum_reduce_scatter:
       return "collective matmul: computes the partial " + g + "-block of " + dim_at(s.to, s.dim) +

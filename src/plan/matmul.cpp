@@ -322,6 +322,16 @@ class MatmulPlanner {
     plans_.push_back(std::move(plan));
   }
 
+  // Whether each axis of `group` shards one of `spec`'s dimensions: no two members hold the
+  // same block.
+  static bool shards_every_axis(const Spec& spec, const AxisList& group) {
+    return std::all_of(group.begin(), group.end(), [&](int axis) {
+      return std::any_of(spec.dims.begin(), spec.dims.end(), [&](const DimSpec& d) {
+        return std::find(d.axes.begin(), d.axes.end(), axis) != d.axes.end();
+      });
+    });
+  }
+
   // Whether `letter` is free in operand `operand` (0 A, 1 B): in it and the output, not in the other.
   bool free_in(const std::string& letter, int operand) const {
     return c_.role(letter) == (operand == 0 ? DimRole::free_a : DimRole::free_b);
@@ -350,7 +360,13 @@ class MatmulPlanner {
       if (end == (operand == 0 ? 0 : a_steps)) continue;  // the operand has no steps
       const Step& gather = steps[end - 1];
       if (gather.op != OpKind::all_gather || mesh_.group_size(gather.axes) < 2) continue;
-      if (!free_in(gather.from.dims[static_cast<std::size_t>(gather.dim)].name, operand)) continue;
+      // A free letter: each shard fills its own rows of C. A contracted one: each adds into all
+      // of C (the other operand holds the letter as the gather leaves it, the einsum's rule),
+      // each member in its own ring order, so the members must hold different blocks of C:
+      // replicas summed in different orders would differ in their last bits.
+      const std::string& letter = gather.from.dims[static_cast<std::size_t>(gather.dim)].name;
+      const bool contracted = c_.role(letter) == DimRole::contracted && shards_every_axis(einsum.to, gather.axes);
+      if (!free_in(letter, operand) && !contracted) continue;
       for (bool both_ways : ring_ways(gather.axes)) {
         add(end - 1, detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_));
       }

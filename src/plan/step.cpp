@@ -33,6 +33,12 @@ bool is_collective_matmul(OpKind op) {
   return op == OpKind::all_gather_einsum || op == OpKind::einsum_reduce_scatter;
 }
 
+bool gathers_contracted(const Step& step) {
+  if (step.op != OpKind::all_gather_einsum) return false;
+  const Spec& gathered = step.ring_operand == 1 ? step.from_b : step.from;
+  return step.to.find_dim(gathered.dims[static_cast<std::size_t>(step.dim)].name) < 0;
+}
+
 namespace {
 
 std::int64_t elements(const std::vector<std::int64_t>& shape, std::size_t from, std::size_t to) {

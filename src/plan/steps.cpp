@@ -333,16 +333,18 @@ Ring ring_of(const Mesh& mesh, const AxisList& group, std::int64_t size, const A
   return {mesh.group_size(group), whole == 0 ? 0.0 : static_cast<double>(chunk) / static_cast<double>(whole)};
 }
 
-// One chunk's einsum: its share of the FLOPs, over the whole other operand and its share of
-// the chunked operand and of C (`x` and `c` in the einsum's own view: gathered operand,
+// One chunk's einsum: its share of the FLOPs and of the bytes of each tensor that holds the
+// ring's letter (the chunked operand and C where the letter is free, both operands where it is
+// contracted), the whole of the others; `einsum` in its own view (gathered operand,
 // unscattered C). Costed at its own arithmetic intensity: on a calibrated profile a narrow
 // chunk runs at a lower GEMM rate than the whole einsum, which can undo what the overlap saves.
-double chunk_einsum_time(const Step& einsum, const Spec& x, const Spec& other, const Spec& c, double share,
-                         const DimSizes& sizes, const StepCoster& coster) {
-  const auto bytes = [&](const Spec& spec) {
-    return static_cast<double>(coster.max_bytes(spec, global_shape(spec, sizes)));
-  };
-  const double chunk_bytes = bytes(other) + share * (bytes(x) + bytes(c));
+double chunk_einsum_time(const Step& einsum, const std::string& letter, double share, const DimSizes& sizes,
+                         const StepCoster& coster) {
+  double chunk_bytes = 0;
+  for (const Spec* spec : {&einsum.from, &einsum.from_b, &einsum.to}) {
+    const auto bytes = static_cast<double>(coster.max_bytes(*spec, global_shape(*spec, sizes)));
+    chunk_bytes += spec->find_dim(letter) >= 0 ? share * bytes : bytes;
+  }
   return einsum_time(coster.options().hw, coster.options().dtype, einsum.flops * share,
                      static_cast<std::int64_t>(chunk_bytes));
 }
@@ -371,9 +373,7 @@ Step fuse_all_gather_einsum(const Step& gather, const Step& einsum, int operand,
   const DimSpec& d = gather.from.dims[static_cast<std::size_t>(gather.dim)];
   const Ring ring = ring_of(coster.mesh(), gather.axes, sizes.at(d.name),
                             gather.to.dims[static_cast<std::size_t>(gather.dim)].axes, d.axes);
-  const double chunk_s = chunk_einsum_time(einsum, operand == 0 ? einsum.from : einsum.from_b,
-                                           operand == 0 ? einsum.from_b : einsum.from, einsum.to, ring.chunk_share,
-                                           sizes, coster);
+  const double chunk_s = chunk_einsum_time(einsum, d.name, ring.chunk_share, sizes, coster);
   Step s = einsum;
   (operand == 0 ? s.from : s.from_b) = gather.from;
   s.dim = gather.dim;
@@ -388,10 +388,7 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bi
   const DimSpec& d = scatter.to.dims[static_cast<std::size_t>(scatter.dim)];
   const Ring ring = ring_of(coster.mesh(), scatter.axes, sizes.at(d.name),
                             scatter.from.dims[static_cast<std::size_t>(scatter.dim)].axes, d.axes);
-  // The chunked operand is the one that holds the scattered letter (it is free in it).
-  const bool in_a = einsum.from.find_dim(d.name) >= 0;
-  const double chunk_s = chunk_einsum_time(einsum, in_a ? einsum.from : einsum.from_b, in_a ? einsum.from_b : einsum.from,
-                                           einsum.to, ring.chunk_share, sizes, coster);
+  const double chunk_s = chunk_einsum_time(einsum, d.name, ring.chunk_share, sizes, coster);
   Step s = einsum;
   s.to = scatter.to;
   s.dim = scatter.dim;

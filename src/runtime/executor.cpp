@@ -110,13 +110,17 @@ Spec gathered(Spec spec, int dim, const AxisList& group) {
 }
 
 // What a collective matmul does on one device: the operand split into per-member chunks
-// along the ring's dimension D, where each chunk lands in C, and the buffers it needs.
+// along the ring's dimension D, where each chunk lands in C (D free: its own rows of C; D
+// contracted: added into all of C, times the other operand's rows of D), and the buffers it
+// needs.
 struct RingGeometry {
   std::vector<std::int64_t> members;  // device ids by group rank
   std::size_t me = 0;
   int operand = 0;                    // the chunked operand: 0 A (step.from), 1 B (step.from_b)
   int operand_dim = 0;                // D in that operand
-  int out_dim = 0;                    // D in C
+  std::string letter;                 // D's name
+  int out_dim = 0;                    // D in C; -1 where D is contracted (all_gather_einsum only)
+  std::int64_t other_stride = 0;      // D contracted: D's row-major stride in the other operand's block
   Shape operand_local;                // the chunked operand's whole local block (gathered, for all_gather_einsum)
   Shape out_local;                    // C's whole local block (before the scatter, for einsum_reduce_scatter)
   std::vector<Range> pieces;          // per member: its range of D, relative to the whole block
@@ -127,11 +131,22 @@ struct RingGeometry {
   EinsumLayout layout;
   std::map<std::string, std::int64_t> extents;  // of the whole blocks; D varies per chunk
 
+  bool contracted() const { return out_dim < 0; }
   std::map<std::string, std::int64_t> chunk_extents(std::size_t m) const {
     std::map<std::string, std::int64_t> e = extents;
-    e[layout.c[static_cast<std::size_t>(out_dim)]] = pieces[m].extent;
+    e[letter] = pieces[m].extent;
     return e;
   }
+  // D contracted: a chunk's einsum reads its rows of D in place in the other operand's
+  // whole block.
+  OperandBuffers chunk_buffers() const {
+    OperandBuffers held;
+    if (!contracted()) return held;
+    for (const std::string& name : operand == 0 ? layout.b : layout.a) (operand == 0 ? held.b : held.a)[name] = extents.at(name);
+    return held;
+  }
+  // Where member m's rows of D start in the other operand's block (0 where D is free).
+  std::int64_t other_offset(std::size_t m) const { return contracted() ? pieces[m].offset * other_stride : 0; }
 };
 
 RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& sizes, std::int64_t device) {
@@ -154,7 +169,13 @@ RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& s
   }
   const Spec& x = g.operand == 0 ? einsum.from : einsum.from_b;
   const DimSpec& d = x.dims[static_cast<std::size_t>(g.operand_dim)];
+  g.letter = d.name;
   g.out_dim = einsum.to.find_dim(d.name);
+  if (g.contracted()) {
+    const Spec& other = g.operand == 0 ? einsum.from_b : einsum.from;
+    const Shape other_local = local_shape(mesh, other, global_shape(other, sizes), device);
+    g.other_stride = product(other_local, static_cast<std::size_t>(other.find_dim(d.name)) + 1, other_local.size());
+  }
   g.operand_local = local_shape(mesh, x, global_shape(x, sizes), device);
   g.out_local = local_shape(mesh, einsum.to, global_shape(einsum.to, sizes), device);
   // Member m's chunk: D sharded over the ring's axes too, at m's coordinates on them.
@@ -173,11 +194,13 @@ RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& s
       std::max_element(g.pieces.begin(), g.pieces.end(), [](const Range& p, const Range& q) {
         return p.extent < q.extent;
       })->extent;
-  const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
   if (step.op == OpKind::all_gather_einsum) {
     g.chunk_elements = at;
-    if (!contiguous_along(g.out_local, g.out_dim)) g.product_elements = largest * out_across;
+    if (!g.contracted() && !contiguous_along(g.out_local, g.out_dim)) {
+      g.product_elements = largest * elements_across(g.out_local, g.out_dim);
+    }
   } else {
+    const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
     if (!contiguous_along(g.operand_local, g.operand_dim)) g.chunk_elements = at;
     g.product_elements = largest * out_across;
   }
@@ -349,7 +372,7 @@ struct Executor::Impl {
         }
         for (std::size_t m = 0; m < g.members.size(); ++m) {
           std::unique_ptr<LocalEinsum>& e = st.chunk_einsum[g.pieces[m].extent];
-          if (!e) e = std::make_unique<LocalEinsum>(g.layout, g.chunk_extents(m), dtype);
+          if (!e) e = std::make_unique<LocalEinsum>(g.layout, g.chunk_extents(m), dtype, g.chunk_buffers());
         }
         break;
       }
@@ -446,19 +469,18 @@ struct Executor::Impl {
     }
   }
 
-  // One chunk's product: the chunked operand's chunk `x` times the other operand, into `c`,
-  // while the transfers `in_flight` move.
+  // One chunk's product: the chunked operand's chunk `x` times the other operand (D
+  // contracted: its rows of D), into `c` or, accumulating, added to it, while the transfers
+  // `in_flight` move.
   template <class T>
   void multiply_chunk(StepState& st, std::size_t m, const T* x, const DistTensor& a, const DistTensor& b, T* c,
-                      const std::vector<Request*>& in_flight, TraceEvent& ev) {
-    LocalEinsum& e = *st.chunk_einsum.at(st.ring->pieces[m].extent);
-    while_moving(in_flight, [&] {
-      if (st.ring->operand == 0) {
-        e.run(x, b.data(), c);
-      } else {
-        e.run(a.data(), x, c);
-      }
-    });
+                      bool accumulate, const std::vector<Request*>& in_flight, TraceEvent& ev) {
+    const RingGeometry& g = *st.ring;
+    LocalEinsum& e = *st.chunk_einsum.at(g.pieces[m].extent);
+    const T* y = static_cast<const T*>(g.operand == 0 ? b.data() : a.data()) + g.other_offset(m);
+    const T* a_in = g.operand == 0 ? x : y;
+    const T* b_in = g.operand == 0 ? y : x;
+    while_moving(in_flight, [&] { accumulate ? e.accumulate(a_in, b_in, c) : e.run(a_in, b_in, c); });
     ev.flops += e.flops();
   }
 
@@ -557,18 +579,24 @@ struct Executor::Impl {
     } let_go{held, own};
     std::vector<std::size_t> arriving;
     T* out = st.out.buffer().as<T>();
-    const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
     std::vector<Request*> in_flight;
+    // D free: each chunk fills its own rows of C. D contracted: the own chunk (step 0)
+    // writes all of C and each one after it adds to it, in ring order.
     const auto multiply = [&](std::size_t m) {
       in_flight.clear();
       for (std::size_t k : arriving) in_flight.push_back(&held[k].arrival);
+      if (g.contracted()) {
+        multiply_chunk<T>(st, m, at[m], a, b, out, m != g.me, in_flight, ev);
+        return;
+      }
       const Range& rows = g.pieces[m];
       if (st.product.elements() == 0) {
-        multiply_chunk<T>(st, m, at[m], a, b, out + rows.offset * out_across, in_flight, ev);
+        multiply_chunk<T>(st, m, at[m], a, b, out + rows.offset * elements_across(g.out_local, g.out_dim), false,
+                          in_flight, ev);
         return;
       }
       T* staged = st.product.as<T>();
-      multiply_chunk<T>(st, m, at[m], a, b, staged, in_flight, ev);
+      multiply_chunk<T>(st, m, at[m], a, b, staged, false, in_flight, ev);
       const Shape piece = with_extent(g.out_local, g.out_dim, rows.extent);
       copy_box(staged, piece, zeros(piece.size()), out, g.out_local, at_dim(piece.size(), g.out_dim, rows.offset),
                piece);
@@ -675,7 +703,7 @@ struct Executor::Impl {
       }
       if (s == last) {
         T* out = st.out.buffer().as<T>();
-        multiply_chunk<T>(st, g.me, chunk(g.me), a, b, out, in_flight, ev);
+        multiply_chunk<T>(st, g.me, chunk(g.me), a, b, out, false, in_flight, ev);
         const std::int64_t count = g.pieces[g.me].extent * out_across;
         for (int w = 0; w < ways; ++w) {
           if (last > first[w]) add_arrived(w, s, out, count);
@@ -690,7 +718,7 @@ struct Executor::Impl {
         }
         const std::size_t m = block(w, s);
         T* sum = st.partial[w][s % 2].as<T>();
-        multiply_chunk<T>(st, m, chunk(m), a, b, sum, in_flight, ev);
+        multiply_chunk<T>(st, m, chunk(m), a, b, sum, false, in_flight, ev);
         if (s > first[w]) add_arrived(w, s, sum, g.pieces[m].extent * out_across);
         sending[w][s % 2] = comm.isend(sum, block_bytes(m), to[w], kRingTags[w]);
       }
@@ -790,7 +818,7 @@ std::int64_t Executor::bytes_needed(const Mesh& mesh, const Plan& plan, const Di
       std::set<std::int64_t> extents;
       for (std::size_t m = 0; m < g.members.size(); ++m) {
         if (extents.insert(g.pieces[m].extent).second) {
-          add(LocalEinsum::workspace_bytes_for(g.layout, g.chunk_extents(m), dtype));
+          add(LocalEinsum::workspace_bytes_for(g.layout, g.chunk_extents(m), dtype, g.chunk_buffers()));
         }
       }
     }

@@ -187,6 +187,7 @@ void expect_same_plan(const json& j, const Plan& p, const Mesh& mesh) {
       const json& ring = js["ring"];
       EXPECT_EQ(ring["operand"], s.op == OpKind::all_gather_einsum ? json(s.ring_operand == 0 ? "a" : "b") : json(nullptr));
       EXPECT_EQ(ring["bidirectional"].get<bool>(), s.bidirectional);
+      EXPECT_EQ(ring["contracted"].get<bool>(), gathers_contracted(s));
       EXPECT_EQ(ring["steps"].get<int>(), s.ring_steps);
       EXPECT_DOUBLE_EQ(ring["comm_time_s"].get<double>(), s.comm_time_s);
       EXPECT_DOUBLE_EQ(ring["compute_time_s"].get<double>(), s.compute_time_s);
@@ -370,6 +371,31 @@ TEST(CliPlan, FourCases) {
   ASSERT_EQ(steps.size(), 1u);
   EXPECT_EQ(steps[0]["op"], "einsum");
   EXPECT_EQ(steps[0]["bytes_per_device"], 0);
+}
+
+// 1-D pdgemm: B's contracted J gathered round a ring, each panel added into C; the JSON says
+// which rings do that (`ring.contracted`) and the text says where the products go.
+TEST(CliPlan, RingOverAContractedDimension) {
+  const std::string expr = "A[I_X, J] @ B[J_X, K] -> C[I_X, K]";
+  const Mesh mesh = Mesh::parse("X=4");
+  const json j = parse_stdout(
+      run({"plan", expr, "--mesh", "X=4", "--dims", kDims, "--hw", "tpu-v5e", "--dtype", "bf16", "--all", "--json"}));
+  const MatmulPlanning m = library_plan(expr, "X=4", kDims, v5e());
+  ASSERT_EQ(j["candidates"].size(), m.candidates.size());
+  int contracted = 0;
+  for (std::size_t i = 0; i < m.candidates.size(); ++i) {
+    expect_same_plan(j["candidates"][i], m.candidates[i], mesh);
+    for (const json& step : j["candidates"][i]["steps"]) contracted += !step["ring"].is_null() && step["ring"]["contracted"].get<bool>();
+  }
+  EXPECT_EQ(contracted, 2) << "one way and both ways round";
+  const std::string text =
+      run({"plan", expr, "--mesh", "X=4", "--dims", kDims, "--hw", "tpu-v5e", "--dtype", "bf16", "--all"}).out;
+  std::string flat;  // the explanation wraps: compare its words
+  std::istringstream in(text);
+  for (std::string word; in >> word;) flat += (flat.empty() ? "" : " ") + word;
+  EXPECT_NE(flat.find("multiplying each block by A's matching block of J and adding the product into all of C"),
+            std::string::npos)
+      << text;
 }
 
 TEST(CliPlan, OtherHardwareAndDtype) {

@@ -391,12 +391,22 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
   check_einsum(u.einsum, c, m);
   const std::int64_t n = m.group_size(s.axes);
   EXPECT_GE(n, 2) << "a ring of one";
-  // The ring's dimension is free, so each chunk fills its own block of C.
+  // The ring's dimension is free, so each chunk fills its own block of C, or (gathering
+  // only) contracted, so each chunk's product adds into all of C.
   const bool gathers = s.op == OpKind::all_gather_einsum;
   const std::string letter = (gathers ? u.collective.from : s.to).dims.at(static_cast<std::size_t>(s.dim)).name;
+  EXPECT_EQ(gathers_contracted(s), c.role(letter) == DimRole::contracted) << letter;
   if (gathers) {
     EXPECT_TRUE(s.ring_operand == 0 || s.ring_operand == 1) << s.ring_operand;
-    EXPECT_EQ(c.role(letter), s.ring_operand == 0 ? DimRole::free_a : DimRole::free_b) << letter;
+    EXPECT_TRUE(c.role(letter) == (s.ring_operand == 0 ? DimRole::free_a : DimRole::free_b) ||
+                c.role(letter) == DimRole::contracted)
+        << letter;
+    // Contracted: the members sum in different orders, so they must not hold replicas of C.
+    for (int axis : gathers_contracted(s) ? s.axes : AxisList{}) {
+      EXPECT_TRUE(std::any_of(s.to.dims.begin(), s.to.dims.end(), [&](const DimSpec& d) {
+        return std::find(d.axes.begin(), d.axes.end(), axis) != d.axes.end();
+      })) << format_spec(s.to, m) << " replicated over " << m.axis(axis).name;
+    }
   } else {
     EXPECT_EQ(s.ring_operand, -1);
     EXPECT_TRUE(c.role(letter) == DimRole::free_a || c.role(letter) == DimRole::free_b) << letter;
@@ -436,17 +446,20 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
     chunk_extent = std::max(chunk_extent, shard_range(m, size, chunk_axes, d).extent);
     whole_extent = std::max(whole_extent, shard_range(m, size, whole_axes, d).extent);
   }
-  // At the chunk's own roofline: its share of the FLOPs over the whole other operand and its
-  // share of the chunked operand and of C, each at its largest local block.
+  // At the chunk's own roofline: its share of the FLOPs, and of the bytes of each tensor that
+  // holds the ring's letter (the chunked operand and C, or both operands), each at its largest
+  // local block, over the whole of the others.
   const double share = whole_extent == 0 ? 0 : static_cast<double>(chunk_extent) / static_cast<double>(whole_extent);
   const auto largest_bytes = [&](const Spec& spec) {
     std::int64_t most = 0;
     for (std::int64_t d = 0; d < m.device_count(); ++d) most = std::max(most, local_elements(m, spec, shape_of(spec, sizes), d));
     return static_cast<double>(most * dtype_bytes(opt.dtype));
   };
+  const bool contracted = c.role(letter) == DimRole::contracted;
   const bool chunks_a = gathers ? s.ring_operand == 0 : u.einsum.from.find_dim(letter) >= 0;
-  const double chunk_bytes = largest_bytes(chunks_a ? u.einsum.from_b : u.einsum.from) +
-                             share * (largest_bytes(chunks_a ? u.einsum.from : u.einsum.from_b) + largest_bytes(u.einsum.to));
+  const double chunk_bytes = (chunks_a || contracted ? share : 1) * largest_bytes(u.einsum.from) +
+                             (!chunks_a || contracted ? share : 1) * largest_bytes(u.einsum.from_b) +
+                             (contracted ? 1 : share) * largest_bytes(u.einsum.to);
   const double chunk = einsum_time(opt.hw, opt.dtype, einsum.flops * share, static_cast<std::int64_t>(chunk_bytes));
   double time = 0;
   for (std::size_t i = 0; i + 1 < chunks.size(); ++i) time += std::max(hop, chunks[i] * chunk);

@@ -190,6 +190,33 @@ TEST(ExecutorTest, AllGatherEinsumIsWithinRoundingOfTheSerializedPlan) {
             6);
 }
 
+// all_gather_einsum over a contracted dimension: each arriving shard times the other
+// operand's rows of that dimension, read in place, adds into all of C (the own shard first,
+// then in ring order), where one einsum over the gathered operand sums the dimension in one
+// GEMM: within rounding, not bitwise. C is sharded over the ring (the planner offers the ring
+// only then: replicas would sum in different orders). The other operand's rows strided
+// (A[I, J]'s columns) or contiguous, A or B gathered, uneven shards and an empty one (J = 2
+// over 3), C transposed, one and both ways round.
+TEST(ExecutorTest, AllGatherEinsumOverAContractedDimensionIsWithinRoundingOfTheSerializedPlan) {
+  const std::vector<RingCase> cases = {{"X=2", "A[I_X, J] @ B[J_X, K] -> C[I_X, K]", "I=26,J=41,K=15"},
+                                       {"X=4", "A[I, J_X] @ B[J, K_X] -> C[I, K_X]", "I=13,J=22,K=9"},
+                                       {"X=3", "A[J, I_X] @ B[K, J_X] -> C[I_X, K]", "I=7,J=10,K=12"},
+                                       {"X=5", "A[I_X, J] @ B[J_X, K] -> C[K, I_X]", "I=6,J=9,K=11"},
+                                       {"X=3", "A[I_X, J] @ B[J_X, K] -> C[I_X, K]", "I=6,J=2,K=5"}};
+  PlanOptions torus = options(DType::f32);
+  torus.hw = builtin_profile("tpu-v5e");
+  for (const RingCase& k : cases) {
+    const Mesh mesh = Mesh::parse(k.mesh);
+    const MatmulPlanning p = plan_matmul(mesh, parse_contraction(k.expr, mesh), parse_dims(k.dims), torus);
+    for (bool both_ways : {false, true}) {
+      if (both_ways && mesh.device_count() < 3) continue;
+      const Plan& ring = plan_with(p, {OpKind::all_gather_einsum}, both_ways);
+      EXPECT_TRUE(gathers_contracted(ring.steps[0])) << k.expr;
+    }
+  }
+  EXPECT_EQ(expect_rings_near_serialized(cases, OpKind::all_gather_einsum, {OpKind::all_gather, OpKind::einsum}), 9);
+}
+
 // einsum_reduce_scatter sums each block in ring order from its owner's successor (both ways
 // round: the sum from the left, plus the owner's part, plus the sum from the right), not in
 // group-rank order as reduce_scatter does: within rounding of the serialized plan and the
@@ -233,20 +260,25 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
       expect_trace_matches(plan, r, context);
       ++plans_run;
       for (const Step& s : plan.steps) {
-        if (is_collective_matmul(s.op)) ++rings_run[std::string(to_string(s.op)) + (s.bidirectional ? " both ways" : "")];
+        if (is_collective_matmul(s.op)) {
+          ++rings_run[std::string(to_string(s.op)) + (gathers_contracted(s) ? " contracted" : "") +
+                      (s.bidirectional ? " both ways" : "")];
+        }
         exchanges_run += s.op == OpKind::exchange;
       }
     }
   }
   RecordProperty("plans_run", static_cast<int>(plans_run));
   if (cases >= 1000) {  // every kind of ring ran (the default count; SHARDMM_RANDOM_CASES may lower it)
-    for (const char* kind : {"all_gather_einsum", "all_gather_einsum both ways", "einsum_reduce_scatter",
+    for (const char* kind : {"all_gather_einsum", "all_gather_einsum both ways", "all_gather_einsum contracted",
+                             "all_gather_einsum contracted both ways", "einsum_reduce_scatter",
                              "einsum_reduce_scatter both ways"}) {
       EXPECT_GE(rings_run[kind], 20) << kind;
     }
     EXPECT_GE(exchanges_run, 20);
   }
   RecordProperty("exchanges_run", exchanges_run);
+  for (const auto& [kind, count] : rings_run) RecordProperty(kind, count);
 }
 
 // Every legal spec of a 2-D tensor on `mesh` (each axis: unused, unreduced, or sharding

@@ -31,8 +31,11 @@
 //                             A @ B -> C where operand o (`ring_operand`: 0 A, 1 B) is held as
 //                             [.., D_{P G}, ..] and the einsum needs [.., D_P, ..]: each ring
 //                             step multiplies one member's shard while the next one moves.
-//                             D is free (in o and C, not in the other operand), so each
-//                             chunk fills its own rows of C.
+//                             D free (in o and C, not in the other operand): each chunk
+//                             fills its own rows of C. D contracted (in both operands, the
+//                             other holding D_P, not in C; gathers_contracted): each chunk
+//                             times the other operand's rows of D adds into all of C, the own
+//                             chunk first, then in ring order (SUMMA's panel loop).
 //   einsum_reduce_scatter(G, dim d of C)
 //                             A @ B -> C[.., D_{P G}, ..] where the einsum alone gives
 //                             C[.., D_P, ..]{U_G}: each ring step computes the partial block
@@ -102,6 +105,10 @@ struct Step {
   double comm_time_s = 0;           // the ring's transfers alone, predicted
   double compute_time_s = 0;        // the einsum alone, predicted
 };
+
+// An all_gather_einsum whose gathered dimension is contracted: each shard's product adds into
+// all of C rather than filling its own rows.
+bool gathers_contracted(const Step& step);
 
 // Whether every range of dimension `dim` of a block with extents `block` is one contiguous
 // run (row-major): the dimensions before `dim` have extent 1.
