@@ -142,7 +142,8 @@ struct RingGeometry {
   OperandBuffers chunk_buffers() const {
     OperandBuffers held;
     if (!contracted()) return held;
-    for (const std::string& name : operand == 0 ? layout.b : layout.a) (operand == 0 ? held.b : held.a)[name] = extents.at(name);
+    std::map<std::string, std::int64_t>& other = operand == 0 ? held.b : held.a;
+    for (const std::string& name : operand == 0 ? layout.b : layout.a) other[name] = extents.at(name);
     return held;
   }
   // Where member m's rows of D start in the other operand's block (0 where D is free).

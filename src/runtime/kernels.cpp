@@ -156,7 +156,8 @@ void rearrange(const T* src, const Shape& shape, const Shape& src_strides, const
   }
   const std::size_t q = static_cast<std::size_t>(std::find(sst.begin(), sst.end(), 1) - sst.begin());
   if (q == sst.size()) {  // a box whose contiguous dimension has extent 1: element by element
-    walk<2>(ext, {sst, dst_strides}, [&](const std::array<std::int64_t, 2>& off) { store(dst + off[1], src + off[0], 1); });
+    walk<2>(ext, {sst, dst_strides},
+            [&](const std::array<std::int64_t, 2>& off) { store(dst + off[1], src + off[0], 1); });
     return;
   }
   // A transpose of src's contiguous dimension q with dst's contiguous last one, in
@@ -232,7 +233,6 @@ void permute(const T* src, const Shape& shape, const std::vector<int>& perm, T* 
   }
   rearrange<false>(src, shape, row_major_strides(shape), perm, dst);
 }
-
 
 #define SHARDMM_INSTANTIATE(T)                                                                 \
   template void copy_box<T>(const T*, const Shape&, const Shape&, T*, const Shape&, const Shape&, \

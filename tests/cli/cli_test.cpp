@@ -385,7 +385,9 @@ TEST(CliPlan, RingOverAContractedDimension) {
   int contracted = 0;
   for (std::size_t i = 0; i < m.candidates.size(); ++i) {
     expect_same_plan(j["candidates"][i], m.candidates[i], mesh);
-    for (const json& step : j["candidates"][i]["steps"]) contracted += !step["ring"].is_null() && step["ring"]["contracted"].get<bool>();
+    for (const json& step : j["candidates"][i]["steps"]) {
+      contracted += !step["ring"].is_null() && step["ring"]["contracted"].get<bool>();
+    }
   }
   EXPECT_EQ(contracted, 2) << "one way and both ways round";
   const std::string text =
