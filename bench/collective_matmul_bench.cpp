@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,16 @@ constexpr const char* kUsage =
     "The overlapped plan, the serialized one, the einsum alone and the collective alone, medians over\n"
     "--rounds (3) rounds of --repeat (7) timed runs, and the overlap fraction\n"
     "max(0, 1 - (overlapped - compute) / comm). Exit 2 on a bad flag, 3 when a result is wrong.\n";
+
+// Each --kind: its name in the printout and the sharded contraction it times.
+struct Kind {
+  const char* name;
+  const char* title;
+  const char* contraction;
+};
+constexpr Kind kKinds[] = {{"gather", "FSDP", "A[I_X, J] @ B[J, K_X] -> C[I_X, K]"},
+                           {"panel", "panel", "A[I_X, J] @ B[J_X, K] -> C[I_X, K]"},
+                           {"scatter", "row-parallel", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]"}};
 
 const Plan& candidate(const MatmulPlanning& p, const std::vector<OpKind>& ops) {
   if (const Plan* plan = find_candidate(p, ops)) return *plan;
@@ -81,18 +92,14 @@ int main(int argc, char** argv) {
   try {
     const DType dtype = parse_dtype(dtype_text);
     if (contracted == 0) contracted = inner;
-    if (kind != "gather" && kind != "panel" && kind != "scatter") {
-      throw InputError("--kind " + kind + ": gather, panel or scatter");
-    }
+    const auto chosen = std::find_if(std::begin(kKinds), std::end(kKinds), [&](const Kind& k) { return k.name == kind; });
+    if (chosen == std::end(kKinds)) throw InputError("--kind " + kind + ": gather, panel or scatter");
     const bool gather = kind != "scatter";
     const bool root = process_rank(backend) == 0;
     const Mesh mesh = Mesh::parse("X=" + std::to_string(ranks));
     // The sharded contraction, the same one with the collective done beforehand (gather) or
     // left undone (scatter), and the collective alone as a reshard.
-    const Contraction fused = parse_contraction(kind == "gather"  ? "A[I_X, J] @ B[J, K_X] -> C[I_X, K]"
-                                                : kind == "panel" ? "A[I_X, J] @ B[J_X, K] -> C[I_X, K]"
-                                                                  : "A[I, J_X] @ B[J_X, K] -> C[I_X, K]",
-                                                mesh);
+    const Contraction fused = parse_contraction(chosen->contraction, mesh);
     const Contraction local = parse_contraction(
         gather ? "A[I_X, J] @ B[J, K] -> C[I_X, K]" : "A[I, J_X] @ B[J_X, K] -> C[I, K]{U_X}", mesh);
     const Spec comm_from = gather ? fused.b : *local.out, comm_to = gather ? local.b : *fused.out;
@@ -104,7 +111,7 @@ int main(int argc, char** argv) {
     opt.hw = builtin_profile("h100");
     if (root) {
       std::printf("%s %s, J = %lld, K = %lld, %d ranks on %s, %s; medians of %d x %d runs\n",
-                  kind == "gather" ? "FSDP" : kind == "panel" ? "panel" : "row-parallel", format_contraction(fused, mesh).c_str(),
+                  chosen->title, format_contraction(fused, mesh).c_str(),
                   static_cast<long long>(contracted), static_cast<long long>(inner), ranks, backend.c_str(),
                   to_string(dtype), rounds, repeat);
       std::printf("%7s %12s %12s %12s %12s %9s %9s %8s %9s\n", "I", "overlap (s)", "serial (s)", "compute (s)",

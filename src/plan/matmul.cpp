@@ -325,11 +325,7 @@ class MatmulPlanner {
   // Whether each axis of `group` shards one of `spec`'s dimensions: no two members hold the
   // same block.
   static bool shards_every_axis(const Spec& spec, const AxisList& group) {
-    return std::all_of(group.begin(), group.end(), [&](int axis) {
-      return std::any_of(spec.dims.begin(), spec.dims.end(), [&](const DimSpec& d) {
-        return std::find(d.axes.begin(), d.axes.end(), axis) != d.axes.end();
-      });
-    });
+    return std::all_of(group.begin(), group.end(), [&](int axis) { return spec.dim_of_axis(axis) >= 0; });
   }
 
   // Whether `letter` is free in operand `operand` (0 A, 1 B): in it and the output, not in the other.

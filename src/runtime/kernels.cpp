@@ -113,6 +113,16 @@ void walk_box(const char* what, const T* src, const Shape& src_shape, const Shap
           });
 }
 
+// d[0, n) = s[0, n), or d[0, n) += s[0, n) (Add): the run that every kernel here writes.
+template <bool Add, class T>
+void store(T* d, const T* s, std::int64_t n) {
+  if constexpr (Add) {
+    for (std::int64_t i = 0; i < n; ++i) d[i] += s[i];
+  } else {
+    std::memcpy(d, s, static_cast<std::size_t>(n) * sizeof(T));
+  }
+}
+
 // dst = src with its dimensions reordered (see permute), where src's dimension d lies at
 // stride src_strides[d] (a box of a larger buffer, or row-major); Add: dst += instead.
 template <bool Add, class T>
@@ -120,13 +130,6 @@ void rearrange(const T* src, const Shape& shape, const Shape& src_strides, const
   for (std::int64_t e : shape) {
     if (e == 0) return;
   }
-  const auto store = [](T* d, const T* s, std::int64_t n) {
-    if constexpr (Add) {
-      for (std::int64_t i = 0; i < n; ++i) d[i] += s[i];
-    } else {
-      std::memcpy(d, s, static_cast<std::size_t>(n) * sizeof(T));
-    }
-  };
   // dst's dimensions with extent > 1, merged where they are also adjacent and in order
   // in src; `ext`, `sst` their extents and src strides.
   Shape ext, sst;
@@ -141,7 +144,7 @@ void rearrange(const T* src, const Shape& shape, const Shape& src_strides, const
     }
   }
   if (ext.empty()) {
-    store(dst, src, 1);
+    store<Add>(dst, src, 1);
     return;
   }
   const Shape dst_strides = row_major_strides(ext);
@@ -150,14 +153,14 @@ void rearrange(const T* src, const Shape& shape, const Shape& src_strides, const
     walk<2>(Shape(ext.begin(), ext.end() - 1), {Shape(sst.begin(), sst.end() - 1),
                                                 Shape(dst_strides.begin(), dst_strides.end() - 1)},
             [&](const std::array<std::int64_t, 2>& off) {
-              store(dst + off[1], src + off[0], ext[last]);
+              store<Add>(dst + off[1], src + off[0], ext[last]);
             });
     return;
   }
   const std::size_t q = static_cast<std::size_t>(std::find(sst.begin(), sst.end(), 1) - sst.begin());
   if (q == sst.size()) {  // a box whose contiguous dimension has extent 1: element by element
     walk<2>(ext, {sst, dst_strides},
-            [&](const std::array<std::int64_t, 2>& off) { store(dst + off[1], src + off[0], 1); });
+            [&](const std::array<std::int64_t, 2>& off) { store<Add>(dst + off[1], src + off[0], 1); });
     return;
   }
   // A transpose of src's contiguous dimension q with dst's contiguous last one, in
@@ -198,18 +201,14 @@ template <class T>
 void copy_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst,
               const Shape& dst_shape, const Shape& dst_offset, const Shape& extent) {
   walk_box("copy_box", src, src_shape, src_offset, dst, dst_shape, dst_offset, extent,
-           [](const T* s, T* d, std::int64_t n) {
-             std::memcpy(d, s, static_cast<std::size_t>(n) * sizeof(T));
-           });
+           [](const T* s, T* d, std::int64_t n) { store<false>(d, s, n); });
 }
 
 template <class T>
 void add_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst,
              const Shape& dst_shape, const Shape& dst_offset, const Shape& extent) {
   walk_box("add_box", src, src_shape, src_offset, dst, dst_shape, dst_offset, extent,
-           [](const T* s, T* d, std::int64_t n) {
-             for (std::int64_t i = 0; i < n; ++i) d[i] += s[i];
-           });
+           [](const T* s, T* d, std::int64_t n) { store<true>(d, s, n); });
 }
 
 template <class T>
@@ -335,6 +334,13 @@ struct LocalEinsum::Impl {
                                     DType dtype, const OperandBuffers& buffers);
   template <class T>
   void run(const T* a_in, const T* b_in, T* c_out, bool accumulate);
+  void run_by_dtype(const void* a_in, const void* b_in, void* c_out, bool accumulate) {
+    if (dtype == DType::f32) {
+      run(static_cast<const float*>(a_in), static_cast<const float*>(b_in), static_cast<float*>(c_out), accumulate);
+    } else {
+      run(static_cast<const double*>(a_in), static_cast<const double*>(b_in), static_cast<double*>(c_out), accumulate);
+    }
+  }
   template <class T>
   const T* prepare(const Operand& op, const T* in, T* ws) const;
 };
@@ -594,21 +600,8 @@ bool LocalEinsum::copies_a() const { return impl_->a.copied; }
 bool LocalEinsum::copies_b() const { return impl_->b.copied; }
 bool LocalEinsum::copies_c() const { return impl_->c.copied; }
 
-void LocalEinsum::run(const void* a, const void* b, void* c) {
-  if (impl_->dtype == DType::f32) {
-    impl_->run(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), false);
-  } else {
-    impl_->run(static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(c), false);
-  }
-}
-
-void LocalEinsum::accumulate(const void* a, const void* b, void* c) {
-  if (impl_->dtype == DType::f32) {
-    impl_->run(static_cast<const float*>(a), static_cast<const float*>(b), static_cast<float*>(c), true);
-  } else {
-    impl_->run(static_cast<const double*>(a), static_cast<const double*>(b), static_cast<double*>(c), true);
-  }
-}
+void LocalEinsum::run(const void* a, const void* b, void* c) { impl_->run_by_dtype(a, b, c, false); }
+void LocalEinsum::accumulate(const void* a, const void* b, void* c) { impl_->run_by_dtype(a, b, c, true); }
 
 template <class T>
 const T* LocalEinsum::Impl::prepare(const Operand& op, const T* in, T* ws) const {
@@ -623,9 +616,8 @@ const T* LocalEinsum::Impl::prepare(const Operand& op, const T* in, T* ws) const
   std::fill(out, out + op.elements, T(0));
   const std::size_t last = op.caller_shape.size() - 1;
   const std::int64_t run = op.caller_shape[last], step = op.reduce_strides[last];
-  const Shape& caller_strides = op.caller_strides;
   walk<2>(Shape(op.caller_shape.begin(), op.caller_shape.end() - 1),
-          {Shape(caller_strides.begin(), caller_strides.end() - 1),
+          {Shape(op.caller_strides.begin(), op.caller_strides.end() - 1),
            Shape(op.reduce_strides.begin(), op.reduce_strides.end() - 1)},
           [&](const std::array<std::int64_t, 2>& off) {
             const T* s = in + off[0];
