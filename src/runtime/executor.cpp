@@ -569,6 +569,7 @@ struct Executor::Impl {
     at[g.me] = x.buffer().template as<T>();
     std::vector<HeldShard> held(g.members.size());
     std::vector<Request> own;  // my shard, to each neighbour it leaves for
+    own.reserve(2);            // `sent` points into it
     // Lets go in the same order when an exception unwinds the ring.
     struct LetGo {
       std::vector<HeldShard>& held;
@@ -579,12 +580,13 @@ struct Executor::Impl {
       }
     } let_go{held, own};
     std::vector<std::size_t> arriving;
+    std::vector<Request*> sent;  // this step's sends
     T* out = st.out.buffer().as<T>();
     std::vector<Request*> in_flight;
     // D free: each chunk fills its own rows of C. D contracted: the own chunk (step 0)
     // writes all of C and each one after it adds to it, in ring order.
     const auto multiply = [&](std::size_t m) {
-      in_flight.clear();
+      in_flight = sent;
       for (std::size_t k : arriving) in_flight.push_back(&held[k].arrival);
       if (g.contracted()) {
         multiply_chunk<T>(st, m, at[m], a, b, out, m != g.me, in_flight, ev);
@@ -609,11 +611,13 @@ struct Executor::Impl {
       held[in].arrival = comm.irecv_lent(st.chunks.as<T>() + g.chunk_at[in], chunk_bytes(in), from, tag);
       held[in].hops_left = hops_left_after;
       arriving.push_back(in);
-      Request sent = comm.isend(at[fwd], chunk_bytes(fwd), to, tag);
-      (fwd == g.me ? own.emplace_back() : held[fwd].forward) = std::move(sent);
+      Request& send = fwd == g.me ? own.emplace_back() : held[fwd].forward;
+      send = comm.isend(at[fwd], chunk_bytes(fwd), to, tag);
+      sent.push_back(&send);
     };
     for (std::int64_t s = 0; s <= from_left; ++s) {
       arriving.clear();
+      sent.clear();
       if (s + 1 <= from_left) pass(member(me_g - s - 1), member(me_g - s), prev, next, kRingTags[0], from_left - s - 1);
       if (s + 1 <= from_right) pass(member(me_g + s + 1), member(me_g + s), next, prev, kRingTags[1], from_right - s - 1);
       if (s == 0) {
@@ -626,6 +630,12 @@ struct Executor::Impl {
         held[k].arrival->wait();
         at[k] = static_cast<const T*>(held[k].arrival->received());
       }
+      if (comm.moves_only_in_calls()) {  // nothing is lent there
+        for (Request* r : sent) {
+          (*r)->wait();
+          r->reset();
+        }
+      }
     }
     // Every forward and my own shard waited for (each completes once the next member lets go),
     // in the order LetGo then lets go in.
@@ -633,7 +643,9 @@ struct Executor::Impl {
       if (held[m].forward) held[m].forward->wait();
       held[m].let_go();
     }
-    for (Request& r : own) r->wait();
+    for (Request& r : own) {
+      if (r) r->wait();
+    }
     ev.bytes_sent = ev.bytes_received = (g.chunk_elements - x.elements()) * eb;
   }
 
@@ -688,12 +700,20 @@ struct Executor::Impl {
       for (int p = 0; p < 2; ++p) in_flight.insert(in_flight.end(), {&receiving[w][p], &sending[w][p]});
     }
     // running + sum, the order the serialized reduce_scatter adds in. The running sum is read
-    // where it lies (threads: in the sender's buffer, lent), then let go.
+    // where it lies (threads: in the sender's buffer, lent), then let go. Where requests move
+    // only in calls, the sends of step s-1 complete here too: their receivers wait for them now.
     const auto add_arrived = [&](int w, std::int64_t s, T* sum, std::int64_t count) {
       Request& r = receiving[w][s % 2];
       r->wait();
       detail::sum_in_order(dtype, {r->received(), sum}, count, sum);
       r.reset();
+      if (!comm.moves_only_in_calls()) return;
+      for (auto& way : sending) {
+        if (Request& previous = way[(s + 1) % 2]) {
+          previous->wait();
+          previous.reset();
+        }
+      }
     };
     for (std::int64_t s = 0; s <= last; ++s) {
       for (int w = 0; w < ways; ++w) {  // the running sums for the next step

@@ -4,11 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <stdexcept>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "dense_reference.h"
@@ -49,13 +52,19 @@ struct RunResult {
   std::vector<std::vector<TraceEvent>> traces;  // per device
 };
 
-// Runs `plan` on every device of `mesh` and assembles the logical result.
+// Wraps a rank's communicator for the executor (a test double that watches its calls).
+using CommunicatorWrapper = std::function<std::unique_ptr<Communicator>(Communicator&)>;
+
+// Runs `plan` on every device of `mesh` (through `wrap`'s communicator where given) and
+// assembles the logical result.
 RunResult run_plan(const Mesh& mesh, const Plan& plan, const DimSizes& sizes, DType dtype, const Spec& a_spec,
-                   const Spec* b_spec) {
+                   const Spec* b_spec, const CommunicatorWrapper& wrap = nullptr) {
   std::vector<DistTensor> results(static_cast<std::size_t>(mesh.device_count()));
   RunResult out;
   out.traces.resize(results.size());
-  run_threads(mesh, [&](Communicator& comm) {
+  run_threads(mesh, [&](Communicator& rank_comm) {
+    const std::unique_ptr<Communicator> wrapped = wrap ? wrap(rank_comm) : nullptr;
+    Communicator& comm = wrapped ? *wrapped : rank_comm;
     const std::int64_t me = comm.rank();
     DistTensor a = DistTensor::filled(mesh, me, a_spec, global_shape(a_spec, sizes), dtype, generator(1));
     DistTensor b;
@@ -215,6 +224,122 @@ TEST(ExecutorTest, AllGatherEinsumOverAContractedDimensionIsWithinRoundingOfTheS
     }
   }
   EXPECT_EQ(expect_rings_near_serialized(cases, OpKind::all_gather_einsum, {OpKind::all_gather, OpKind::einsum}), 9);
+}
+
+// A rank's threads communicator that reports, as mpi does through MPI messages, that its
+// requests move only inside calls, and lends nothing (irecv_lent is a plain irecv). It counts
+// the rank's sends not yet waited for each time the rank posts a receive.
+class CallsOnlyCommunicator : public Communicator {
+ public:
+  CallsOnlyCommunicator(Communicator& inner, bool moves_only_in_calls, std::atomic<int>& most_pending)
+      : inner_(inner), moves_only_in_calls_(moves_only_in_calls), most_pending_(most_pending) {}
+
+  std::int64_t rank() const override { return inner_.rank(); }
+  const Mesh& mesh() const override { return inner_.mesh(); }
+  std::string backend() const override { return inner_.backend(); }
+  void all_gather(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& group) override {
+    inner_.all_gather(send, recv, counts, dtype, group);
+  }
+  void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype,
+                      const AxisList& group) override {
+    inner_.reduce_scatter(send, recv, counts, dtype, group);
+  }
+  void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& group) override {
+    inner_.all_reduce(data, count, dtype, group);
+  }
+  void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts, DType dtype,
+                  const AxisList& group) override {
+    inner_.all_to_all(send, send_counts, recv, recv_counts, dtype, group);
+  }
+  void send(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    inner_.send(data, bytes, peer, tag);
+  }
+  void recv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override { inner_.recv(data, bytes, peer, tag); }
+  Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    return std::make_unique<CountedSend>(inner_.isend(data, bytes, peer, tag), pending_);
+  }
+  Request irecv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    int seen = most_pending_.load();
+    while (pending_ > seen && !most_pending_.compare_exchange_weak(seen, pending_)) {
+    }
+    return inner_.irecv(data, bytes, peer, tag);
+  }
+  bool moves_only_in_calls() const override { return moves_only_in_calls_; }
+  bool clock_is_shared() const override { return inner_.clock_is_shared(); }
+  void barrier() override { inner_.barrier(); }
+
+ private:
+  class CountedSend : public P2PRequest {
+   public:
+    CountedSend(Request inner, int& pending) : inner_(std::move(inner)), pending_(pending) { ++pending_; }
+    ~CountedSend() override { done(); }
+    void wait() override {
+      inner_->wait();
+      done();
+    }
+    bool test() override { return inner_->test(); }
+    const void* received() const override { return inner_->received(); }
+
+   private:
+    void done() {
+      if (counted_) --pending_;
+      counted_ = false;
+    }
+    Request inner_;
+    int& pending_;
+    bool counted_ = true;
+  };
+  Communicator& inner_;
+  bool moves_only_in_calls_;
+  std::atomic<int>& most_pending_;
+  int pending_ = 0;
+};
+
+// Where requests move only inside calls, a ring waits for its sends when it waits for its
+// receives (MPI_Sendrecv's contract): a rank that went on to its next GEMM with a send
+// unfinished would hold the receiver until that GEMM ends (through MPI messages the gather
+// ring ran 0.70x the serialized plan so, collective-matmul.md). So when a rank posts a
+// receive, the gather ring's only pending send is the other way's of the same step, and each
+// way of the reduce-scatter ring has at most the send of the step before, which its receiver
+// waits for in this step. The same rings on a communicator that does not say so keep more
+// sends in flight (which shows the count can fail). Exact against the dense reference.
+TEST(ExecutorTest, RingsWaitForTheirSendsWhereRequestsMoveOnlyInCalls) {
+  PlanOptions torus = options(DType::f32);  // tpu-v5e has no f64 peak; the plan's steps do not depend on it
+  torus.hw = builtin_profile("tpu-v5e");
+  struct Ring {
+    const char* mesh;
+    const char* expr;
+    OpKind op;
+    bool both_ways;
+  };
+  for (const Ring& k : std::vector<Ring>{{"X=4", "A[I_X, J] @ B[J, K] -> C[I, K]", OpKind::all_gather_einsum, false},
+                                         {"X=5", "A[I_X, J] @ B[J, K] -> C[I, K]", OpKind::all_gather_einsum, true},
+                                         {"X=4", "A[I_X, J] @ B[J_X, K] -> C[I_X, K]", OpKind::all_gather_einsum, false},
+                                         {"X=4", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", OpKind::einsum_reduce_scatter, false},
+                                         {"X=7", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", OpKind::einsum_reduce_scatter, true}}) {
+    const Mesh mesh = Mesh::parse(k.mesh);
+    const Contraction c = parse_contraction(k.expr, mesh);
+    const DimSizes sizes = parse_dims("I=23,J=17,K=9");
+    const MatmulPlanning p = plan_matmul(mesh, c, sizes, torus);
+    const Plan& ring = plan_with(p, {k.op}, k.both_ways);
+    const auto expected = dense_einsum(dim_names(c.a), dense_tensor(mesh, c.a, global_shape(c.a, sizes), 1),
+                                       dim_names(c.b), dense_tensor(mesh, c.b, global_shape(c.b, sizes), 2),
+                                       c.out_dims, sizes);
+    const int ways = k.both_ways ? 2 : 1;
+    const int allowed = k.op == OpKind::all_gather_einsum ? ways - 1 : ways;
+    for (bool only_in_calls : {true, false}) {
+      std::atomic<int> most_pending{0};
+      const RunResult r = run_plan(mesh, ring, sizes, DType::f64, c.a, &c.b, [&](Communicator& comm) {
+        return std::make_unique<CallsOnlyCommunicator>(comm, only_in_calls, most_pending);
+      });
+      EXPECT_EQ(r.global, expected) << k.expr << " " << ring.description;
+      if (only_in_calls) {
+        EXPECT_LE(most_pending.load(), allowed) << k.expr << " " << ring.description;
+      } else {
+        EXPECT_GT(most_pending.load(), allowed) << k.expr << " " << ring.description;
+      }
+    }
+  }
 }
 
 // einsum_reduce_scatter sums each block in ring order from its owner's successor (both ways

@@ -92,10 +92,15 @@ class Communicator {
   virtual Request irecv_lent(void* data, std::int64_t bytes, std::int64_t peer, int tag) {
     return irecv(data, bytes, peer, tag);
   }
+  // Whether requests move only inside this rank's and the peer's calls (mpi through MPI
+  // messages: Open MPI's shared-memory transport moves a message past its eager limit only
+  // then). A ring then completes its sends when it waits for its receives, as MPI_Sendrecv
+  // does: a rank that left with its send unfinished would hold its neighbour for as long as
+  // it then computes.
+  virtual bool moves_only_in_calls() const { return false; }
   // Whether a rank that computes while its requests are in flight should have a helper
-  // thread call test() on them: true where requests move only inside the communicator's
-  // calls (mpi: Open MPI's shared-memory transport moves a message past its eager limit only
-  // then) and test() may be called from another thread while the rank's own thread makes
+  // thread call test() on them: where they move only in calls, a core is free for the
+  // thread, and test() may be called from another thread while the rank's own thread makes
   // no call (MPI initialized with at least MPI_THREAD_SERIALIZED).
   virtual bool wants_progress_thread() const { return false; }
   // Whether every rank reads the same steady clock (threads: one process; mpi: every process

@@ -451,8 +451,9 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  // Messages through shared memory move without MPI: no helper thread needed.
-  bool wants_progress_thread() const override { return progress_thread_ && !messages_; }
+  // Messages through shared memory move without MPI (lent or copied by the receiver).
+  bool moves_only_in_calls() const override { return !messages_; }
+  bool wants_progress_thread() const override { return progress_thread_ && moves_only_in_calls(); }
 
   // steady_clock is CLOCK_MONOTONIC, one clock per machine; ranks_on_node() was settled in
   // the constructor (node_oversubscribed), where every rank took part.
