@@ -102,6 +102,13 @@ constexpr int kRingTags[2] = {0x7a10, 0x7a11};
 // inside the communicator's calls (mpi). Each test wakes a thread on a core the GEMM uses.
 constexpr std::chrono::microseconds kPollInterval{50};
 
+// Waits for a ring's request, where there is one, and drops it.
+void complete(Request& r) {
+  if (!r) return;
+  r->wait();
+  r.reset();
+}
+
 // `spec` without the trailing `group` axes of dimension `dim` (an all_gather's result).
 Spec gathered(Spec spec, int dim, const AxisList& group) {
   AxisList& axes = spec.dims[static_cast<std::size_t>(dim)].axes;
@@ -631,21 +638,16 @@ struct Executor::Impl {
         at[k] = static_cast<const T*>(held[k].arrival->received());
       }
       if (comm.moves_only_in_calls()) {  // nothing is lent there
-        for (Request* r : sent) {
-          (*r)->wait();
-          r->reset();
-        }
+        for (Request* r : sent) complete(*r);
       }
     }
     // Every forward and my own shard waited for (each completes once the next member lets go),
     // in the order LetGo then lets go in.
     for (std::size_t m : nearest_the_end_first(held)) {
-      if (held[m].forward) held[m].forward->wait();
+      complete(held[m].forward);
       held[m].let_go();
     }
-    for (Request& r : own) {
-      if (r) r->wait();
-    }
+    for (Request& r : own) complete(r);
     ev.bytes_sent = ev.bytes_received = (g.chunk_elements - x.elements()) * eb;
   }
 
@@ -708,12 +710,7 @@ struct Executor::Impl {
       detail::sum_in_order(dtype, {r->received(), sum}, count, sum);
       r.reset();
       if (!comm.moves_only_in_calls()) return;
-      for (auto& way : sending) {
-        if (Request& previous = way[(s + 1) % 2]) {
-          previous->wait();
-          previous.reset();
-        }
-      }
+      for (auto& way : sending) complete(way[(s + 1) % 2]);
     };
     for (std::int64_t s = 0; s <= last; ++s) {
       for (int w = 0; w < ways; ++w) {  // the running sums for the next step
@@ -733,10 +730,7 @@ struct Executor::Impl {
       }
       for (int w = 0; w < ways; ++w) {
         if (s < first[w]) continue;
-        if (sending[w][s % 2]) {  // the buffer's previous running sum must have left
-          sending[w][s % 2]->wait();
-          sending[w][s % 2].reset();
-        }
+        complete(sending[w][s % 2]);  // the buffer's previous running sum must have left
         const std::size_t m = block(w, s);
         T* sum = st.partial[w][s % 2].as<T>();
         multiply_chunk<T>(st, m, chunk(m), a, b, sum, false, in_flight, ev);
@@ -745,9 +739,7 @@ struct Executor::Impl {
       }
     }
     for (auto& way : sending) {
-      for (Request& r : way) {
-        if (r) r->wait();
-      }
+      for (Request& r : way) complete(r);
     }
     const std::int64_t whole = product(g.out_local, 0, g.out_local.size());
     ev.bytes_sent = ev.bytes_received = (whole - st.out.elements()) * eb;
