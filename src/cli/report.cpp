@@ -22,6 +22,16 @@ std::string dim_at(const Spec& s, int d) {
   return d >= 0 && d < s.rank() ? s.dims[static_cast<std::size_t>(d)].name : "?";
 }
 
+// The part of `out` that dimension `d` indexes, as a matrix's reader names it: the last
+// dimension's blocks are columns, the one before it rows (batch dimensions lead, as in
+// numpy's matmul); any other is a block of d.
+std::string part_indexed_by(const Spec& out, const std::string& d) {
+  const int at = out.find_dim(d);
+  if (at == out.rank() - 1) return d + "-columns";
+  if (at == out.rank() - 2) return d + "-rows";
+  return d + "-blocks";
+}
+
 std::string axes_or_dash(const Mesh& mesh, const AxisList& axes) { return axes.empty() ? "-" : mesh.axis_names(axes); }
 
 // What a step does, in the seeds' words: all_gather fills in missing slices, all_reduce
@@ -72,7 +82,8 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
              (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) + " steps, " +
              (gathers_contracted(s) ? "multiplying each block by " + other.tensor + "'s matching block of " + d +
                                           " and adding the product into all of " + s.to.tensor
-                                    : "multiplying each block into its rows of " + s.to.tensor) +
+                                    : "multiplying each block into the " + part_indexed_by(s.to, d) + " of " +
+                                          s.to.tensor + " it covers") +
              " while the next one is in flight (" + format_time(s.comm_time_s) + " of transfers, " +
              format_time(s.compute_time_s) + " of compute)";
     }

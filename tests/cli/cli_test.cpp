@@ -116,6 +116,14 @@ std::vector<std::string> lines(const std::string& text) {
   return out;
 }
 
+// The text's words, one space apart: explanations wrap, so compare them as words.
+std::string words(const std::string& text) {
+  std::string flat;
+  std::istringstream in(text);
+  for (std::string word; in >> word;) flat += (flat.empty() ? "" : " ") + word;
+  return flat;
+}
+
 json parse_stdout(const Result& r) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.err, "");
@@ -392,12 +400,25 @@ TEST(CliPlan, RingOverAContractedDimension) {
   EXPECT_EQ(contracted, 2) << "one way and both ways round";
   const std::string text =
       run({"plan", expr, "--mesh", "X=4", "--dims", kDims, "--hw", "tpu-v5e", "--dtype", "bf16", "--all"}).out;
-  std::string flat;  // the explanation wraps: compare its words
-  std::istringstream in(text);
-  for (std::string word; in >> word;) flat += (flat.empty() ? "" : " ") + word;
-  EXPECT_NE(flat.find("multiplying each block by A's matching block of J and adding the product into all of C"),
-            std::string::npos)
+  EXPECT_THAT(words(text),
+              HasSubstr("multiplying each block by A's matching block of J and adding the product into all of C"))
       << text;
+}
+
+// A ring over a free dimension fills the part of C that dimension indexes: gathering A's
+// I-blocks fills I-rows of C, gathering B's K-blocks fills K-columns (not "rows" for both).
+TEST(CliPlan, RingOverAFreeDimensionNamesTheRowsOrColumnsItFills) {
+  const std::string text = run({"plan", "A[I_X, J] @ B[J, K_X] -> C[I_X, K]", "--mesh", "X=4", "--dims", kDims,
+                                "--hw", "tpu-v5e", "--dtype", "bf16", "--all"})
+                               .out;
+  const std::string flat = words(text);
+  EXPECT_THAT(flat, HasSubstr("all_gather B's X-blocks of K round a bidirectional ring of 3 steps, multiplying each "
+                              "block into the K-columns of C it covers"))
+      << text;
+  EXPECT_THAT(flat, HasSubstr("all_gather A's X-blocks of I round a bidirectional ring of 3 steps, multiplying each "
+                              "block into the I-rows of C it covers"))
+      << text;
+  EXPECT_THAT(flat, Not(HasSubstr("its rows of"))) << text;
 }
 
 TEST(CliPlan, OtherHardwareAndDtype) {
