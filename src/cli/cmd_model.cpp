@@ -5,9 +5,7 @@
 // measured and verified against the dense step.
 #include <algorithm>
 #include <cmath>
-#include <iomanip>
 #include <iostream>
-#include <sstream>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -109,13 +107,6 @@ std::vector<Row> rows_of(const nn::LayerPrediction& p, const nn::LayerStep* s) {
   return rows;
 }
 
-// 1.11e-15: errors span many orders of magnitude.
-std::string scientific(double x) {
-  std::ostringstream s;
-  s << std::setprecision(3) << x;
-  return s.str();
-}
-
 struct Times {
   double comm = 0, compute = 0;
 };
@@ -206,8 +197,8 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
     const Verification& v = step->verification;
     out << "\nRun (" << f.backend << ", " << m.mesh.device_count() << (m.mesh.device_count() == 1 ? " rank): " : " ranks): ")
         << (v.verified ? "verified" : "WRONG") << " against the dense single-device step (output, input gradient, "
-        << (m.train ? "every weight's gradient and update; " : "") << "max abs error " << scientific(v.max_abs_error)
-        << ", tolerance " << scientific(v.tolerance) << ")\n";
+        << (m.train ? "every weight's gradient and update; " : "") << "max abs error " << format_error(v.max_abs_error)
+        << ", tolerance " << format_error(v.tolerance) << ")\n";
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iomanip>
 #include <ostream>
 #include <set>
 #include <sstream>
@@ -229,6 +230,12 @@ std::string format_sig3(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
+}
+
+std::string format_error(double v) {
+  std::ostringstream s;
+  s << std::setprecision(3) << v;
+  return s.str();
 }
 
 std::string format_given(double v) {

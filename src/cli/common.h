@@ -111,6 +111,7 @@ std::string format_flops(double flops);              // 2.75 TFLOP (a count)
 std::string format_flop_rate(double flops_s);        // 197 TFLOP/s
 std::string format_bandwidth(double bytes_s);        // 45.0 GB/s
 std::string format_sig3(double v);                   // 3 significant digits, no exponent
+std::string format_error(double v);                  // 3 significant digits: 0.0114, 3.55e-15 (errors span decades)
 std::string format_given(double v);                  // as a flag's value was typed: 0.02, -0.5, inf, nan
 
 // --- text ---

@@ -147,6 +147,13 @@ std::map<std::string, std::map<std::string, CommCount>> comm_summary(const RunRe
   return out;
 }
 
+// The rule each element met (or one did not): absolute, plus a part relative to the
+// expected value where the verification allows one.
+std::string passing_rule(const Verification& v) {
+  return "an element passes when its abs error <= " + format_error(v.tolerance) +
+         (v.rel_tolerance > 0 ? " + " + format_error(v.rel_tolerance) + " x |expected|" : "");
+}
+
 }  // namespace
 
 void print_execution(std::ostream& out, const Planning& p, const Plan& plan, const ExecutionFlags& flags,
@@ -204,8 +211,8 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
 
   const Verification& v = r.verification;
   out << "\nVerification against a dense single-device reference (f64)\n";
-  out << "  " << (v.verified ? "verified" : "NOT VERIFIED") << ": max abs error " << format_sig3(v.max_abs_error)
-      << ", max rel error " << format_sig3(v.max_rel_error) << ", tolerance " << format_sig3(v.tolerance) << "\n";
+  out << "  " << (v.verified ? "verified" : "NOT VERIFIED") << ": max abs error " << format_error(v.max_abs_error)
+      << " (" << passing_rule(v) << "); max rel error " << format_error(v.max_rel_error) << "\n";
   if (!v.verified && !v.detail.empty()) out << "  " << v.detail << "\n";
 }
 
@@ -239,6 +246,7 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
   doc["max_abs_error"] = r.verification.max_abs_error;
   doc["max_rel_error"] = r.verification.max_rel_error;
   doc["tolerance"] = r.verification.tolerance;
+  doc["rel_tolerance"] = r.verification.rel_tolerance;
   doc["measured_time_s"] = r.measured_time_s;
   doc["predicted_time_s"] = predicted;
   doc["measured_over_predicted"] = ratio(r.measured_time_s, predicted);
@@ -261,7 +269,7 @@ int execution_status(const RunReport& r) {
   if (r.verification.verified) return 0;
   if (r.is_root) {
     std::cerr << "shardmm: error: the result does not match the dense reference (max abs error "
-              << r.verification.max_abs_error << ", tolerance " << r.verification.tolerance << ")\n";
+              << format_error(r.verification.max_abs_error) << "; " << passing_rule(r.verification) << ")\n";
   }
   return 3;
 }

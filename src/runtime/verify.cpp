@@ -25,19 +25,21 @@ double eps(DType dtype) { return dtype == DType::f32 ? std::ldexp(1.0, -24) : st
 // Device 0's verdict, shared with every rank (a sum over the whole mesh of values that
 // only device 0 fills in).
 Verification share(Communicator& comm, Verification v) {
-  double msg[4] = {0, 0, 0, 0};
+  double msg[5] = {0, 0, 0, 0, 0};
   if (comm.rank() == 0) {
     msg[0] = v.verified ? 1 : 0;
     msg[1] = v.max_abs_error;
     msg[2] = v.max_rel_error;
     msg[3] = v.tolerance;
+    msg[4] = v.rel_tolerance;
   }
-  comm.all_reduce(msg, 4, DType::f64, comm.mesh().all_axes());
+  comm.all_reduce(msg, 5, DType::f64, comm.mesh().all_axes());
   if (comm.rank() != 0) {
     v.verified = msg[0] == 1;
     v.max_abs_error = msg[1];
     v.max_rel_error = msg[2];
     v.tolerance = msg[3];
+    v.rel_tolerance = msg[4];
     v.detail = "see device 0";
   }
   return v;
@@ -47,6 +49,7 @@ Verification compare(const std::vector<double>& got, const std::vector<double>& 
                      double rel_slack) {
   Verification v;
   v.tolerance = tolerance;
+  v.rel_tolerance = rel_slack;
   v.verified = got.size() == want.size();
   std::size_t worst = 0;
   for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {

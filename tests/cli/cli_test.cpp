@@ -695,6 +695,32 @@ TEST(CliRun, VerifiesAndReportsTheTrace) {
   }
 }
 
+// The verdict compares like with like: the largest absolute error against the absolute
+// rule an element must meet (T + r x |expected|), the relative error apart, never the
+// relative error against the absolute tolerance. JSON gives both parts of the rule.
+TEST(CliRun, VerificationStatesTheRuleItApplied) {
+  const std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", "--mesh", "X=4", "--dims",
+                                      "I=37,J=64,K=9", "--repeat", "1", "--dtype", "f64"};
+  const Result text = run(args);
+  ASSERT_EQ(text.status, 0) << text.err;
+  std::vector<std::string> with_json = args;
+  with_json.push_back("--json");
+  const Result r = run(with_json);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(r.out);
+  const double eps = std::ldexp(1.0, -53);
+  EXPECT_DOUBLE_EQ(doc["rel_tolerance"].get<double>(), eps);
+  EXPECT_GT(doc["tolerance"].get<double>(), 0);
+  std::string verdict;
+  for (const std::string& line : lines(text.out)) {
+    if (line.rfind("  verified: ", 0) == 0) verdict = line;
+  }
+  EXPECT_THAT(verdict, ::testing::MatchesRegex("  verified: max abs error [0-9.e+-]+ \\(an element passes when its "
+                                               "abs error <= [0-9.e+-]+ \\+ 1\\.11e-16 x \\|expected\\|\\); "
+                                               "max rel error [0-9.e+-]+"))
+      << text.out;
+}
+
 // With more ranks than the machine has cores the ranks take turns, and the report says so
 // (a collective's step time then includes a woken rank's wait for a core); with no more ranks
 // than cores it says nothing.

@@ -12,7 +12,7 @@
 //
 // Tolerance: recursive summation of n terms errs by at most about n * eps * sum|a*b|, so
 // a result element passes when |got - want| <= 2 * n * eps(dtype) * max|A| * max|B|
-// (+ eps * |want|), with n the number of terms summed into it (the contracted length
+// (+ eps * |want|: Verification's rel_tolerance), with n the number of terms summed into it (the contracted length
 // times the inputs' partial-sum counts) and eps 2^-24 for f32, 2^-53 for f64.
 #pragma once
 
@@ -30,7 +30,8 @@ struct Verification {
   bool verified = false;
   double max_abs_error = 0;
   double max_rel_error = 0;
-  double tolerance = 0;  // the absolute tolerance used
+  double tolerance = 0;      // an element passes when |got - want| <= tolerance
+  double rel_tolerance = 0;  //   + rel_tolerance * |want| (0: the tolerance alone)
   std::string detail;    // where the largest error is, or why it failed
 };
 
