@@ -360,9 +360,13 @@ Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& 
 
 Reshard plan_reshard_specs(const Planning& p, const Spec& from, const Spec& to) {
   check_same_tensor(from, to, p.mesh);
-  if (!from.tensor.empty() && !to.tensor.empty() && from.tensor != to.tensor) {
-    throw InputError("cannot reshard " + format_spec(from, p.mesh) + " to " + format_spec(to, p.mesh) +
-                     ": a reshard moves one tensor; name the same tensor on both sides (" + from.tensor + ")");
+  const std::string what = "cannot reshard " + format_spec(from, p.mesh) + " to " + format_spec(to, p.mesh);
+  if (from.tensor.empty() != to.tensor.empty()) {
+    throw InputError(what + ": " + (from.tensor.empty() ? to.tensor : from.tensor) +
+                     " is named on one side only; a reshard moves one tensor, so name it on both sides or on neither");
+  }
+  if (from.tensor != to.tensor) {
+    throw InputError(what + ": a reshard moves one tensor; name the same tensor on both sides (" + from.tensor + ")");
   }
   check_dims_used(p.sizes, {&from});
   check_tensor_bytes(from, p.sizes, p.options.dtype);
