@@ -30,6 +30,9 @@ bool Spec::is_unreduced(int axis) const {
 
 namespace {
 
+// The most steps the search for an axis run's readings takes (see split_names).
+constexpr int kReadingSteps = 1 << 16;
+
 std::string axes_suffix(const AxisList& axes, const Mesh& mesh) {
   if (axes.empty()) return "";
   if (axes.size() == 1 || mesh.single_char_names()) return "_" + mesh.axis_names(axes);
@@ -317,31 +320,55 @@ class SpecParser {
       if (reach == 0) unknown_axis(std::string(run), from, n);
       unknown_axis(std::string(run.substr(reach)), from + reach, n - reach);
     }
-    // The first two readings, in mesh order of their first differing name.
-    std::vector<AxisList> readings;
-    AxisList reading;
+    // The first two legal readings (each axis at most once: a mesh axis shards one
+    // dimension, once), in mesh order of their first differing name. The first reading of
+    // all is the one a run with no legal reading stands for, so that check_rules names the
+    // axis it repeats. Past the first reading only legal ones are followed, and a budget of
+    // steps bounds the search (axes named a, aa, aaa, ... make the readings exponential).
+    std::vector<AxisList> legal;
+    AxisList first, reading;
+    std::vector<bool> used(static_cast<std::size_t>(mesh_.rank()), false);
+    int repeats = 0, steps_left = kReadingSteps;
+    bool cut = false;  // the budget ran out before the search ended
     const auto read = [&](const auto& self, std::size_t i) -> void {
       if (i == n) {
-        readings.push_back(reading);
+        if (first.empty()) first = reading;
+        if (repeats == 0) legal.push_back(reading);
         return;
       }
-      for (int a = 0; a < mesh_.rank() && readings.size() < 2; ++a) {
+      // Once the first reading is known, one with a repeat leads to no legal reading.
+      for (int a = 0; a < mesh_.rank() && (repeats == 0 || first.empty()) && legal.size() < 2 && !cut; ++a) {
         const std::string& name = mesh_.axis(a).name;
-        if (run.substr(i, name.size()) == name && ways[i + name.size()] > 0) {
-          reading.push_back(a);
-          self(self, i + name.size());
-          reading.pop_back();
+        const bool seen = used[static_cast<std::size_t>(a)];
+        if (run.substr(i, name.size()) != name || ways[i + name.size()] == 0 || (seen && !first.empty())) continue;
+        if (steps_left == 0) {
+          cut = true;
+          return;
         }
+        --steps_left;
+        reading.push_back(a);
+        repeats += seen ? 1 : 0;
+        used[static_cast<std::size_t>(a)] = true;
+        self(self, i + name.size());
+        used[static_cast<std::size_t>(a)] = seen;
+        repeats -= seen ? 1 : 0;
+        reading.pop_back();
       }
     };
     read(read, 0);
-    if (readings.size() > 1) {
-      const std::string one = mesh_.axis_names(readings[0]), two = mesh_.axis_names(readings[1]);
+    const auto written = [&](const AxisList& axes) { return label + "_{" + mesh_.axis_names(axes) + "}"; };
+    if (legal.size() > 1) {
+      const std::string one = mesh_.axis_names(legal[0]), two = mesh_.axis_names(legal[1]);
       fail("'" + std::string(run) + "' splits into mesh axis names more than one way (" + one + " or " + two +
-               "); separate them with commas: " + label + "_{" + one + "} or " + label + "_{" + two + "}",
+               "); separate them with commas: " + written(legal[0]) + " or " + written(legal[1]),
            from, n);
     }
-    return readings.at(0);
+    if (cut) {
+      fail("'" + std::string(run) + "' can be split into mesh axis names in too many ways to search; separate "
+               "them with commas" + (legal.empty() ? "" : ", e.g. " + written(legal[0])),
+           from, n);
+    }
+    return legal.empty() ? first : legal[0];
   }
 
   void check_rules(const Spec& spec) const {
