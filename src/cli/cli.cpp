@@ -55,6 +55,48 @@ std::string first_in_argv(const std::vector<std::string>& extras, int argc, char
   return extras.empty() ? "" : extras.front();
 }
 
+// Edits (insert, delete, replace, swap two neighbours) that turn `a` into `b`: --shwo is
+// one from --show.
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<std::size_t>> d(a.size() + 1, std::vector<std::size_t>(b.size() + 1));
+  for (std::size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[a.size()][b.size()];
+}
+
+// "unknown option '--mesj'" plus "; did you mean --mesh?" when one of `app`'s options is
+// within a third of the typed name's length in edits (one edit at least), the nearest first.
+// `where` follows the name (" for 'shardmm plan'", or the rule at the top level).
+std::string unknown_option(const std::string& arg, const CLI::App& app, const std::string& where) {
+  const std::string typed = arg.substr(0, arg.find('='));
+  const std::string bare = typed.substr(std::min(typed.find_first_not_of('-'), typed.size()));
+  std::string nearest;
+  std::size_t best = std::max<std::size_t>(1, bare.size() / 3) + 1;
+  for (const CLI::Option* option : app.get_options()) {
+    for (const std::string& name : option->get_lnames()) {
+      const std::size_t d = edit_distance(bare, name);
+      if (d < best) {
+        best = d;
+        nearest = "--" + name;
+      }
+    }
+  }
+  return "unknown option '" + typed + "'" + where + (nearest.empty() ? "" : "; did you mean " + nearest + "?");
+}
+
+// Leftover arguments belong to the innermost command that has some.
+const CLI::App& leftovers_owner(const CLI::App& app) {
+  const CLI::App* owner = &app;
+  while (owner->remaining().empty() && owner->get_parent()) owner = owner->get_parent();
+  return *owner;
+}
+
 std::string subcommand_names(const CLI::App& app) {
   std::vector<std::string> names;
   for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
@@ -77,17 +119,13 @@ std::string explain(const CLI::ParseError& e, const CLI::App& root, int argc, ch
              " ... " + name + " ..." + hint;
     }
   }
+  // An unknown option first, whatever else went wrong: a mistyped --mesh leaves --mesh missing.
+  const CLI::App& owner = leftovers_owner(app);
+  const std::string extra = first_in_argv(owner.remaining(), argc, argv);
+  if (is_option(extra)) return unknown_option(extra, owner, " for '" + command_path(owner) + "'") + help_hint(owner);
   if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
-    // The extras belong to the innermost command that has some.
-    const CLI::App* owner = &app;
-    while (owner->remaining().empty() && owner->get_parent()) owner = owner->get_parent();
-    const std::string extra = first_in_argv(owner->remaining(), argc, argv);
-    const std::string owner_hint = help_hint(*owner);
-    if (is_option(extra)) {
-      return "unknown option '" + extra.substr(0, extra.find('=')) + "' for '" + command_path(*owner) + "'" + owner_hint;
-    }
-    return "unexpected argument '" + extra + "': '" + command_path(*owner) +
-           "' takes no more arguments (quote an argument that has spaces, e.g. 'A[I, J_X]')" + owner_hint;
+    return "unexpected argument '" + extra + "': '" + command_path(owner) +
+           "' takes no more arguments (quote an argument that has spaces, e.g. 'A[I, J_X]')" + help_hint(owner);
   }
   if (dynamic_cast<const CLI::RequiredError*>(&e) && !app.get_subcommands({}).empty() &&
       app.get_subcommands().empty()) {
@@ -171,8 +209,7 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       const std::vector<std::string> extras = app.remaining();
       const std::string extra = first_in_argv(extras, argc, argv);
       if (is_option(extra)) {
-        return input_error(err, "unknown option '" + extra.substr(0, extra.find('=')) +
-                                    "'; shardmm takes a command first: " + command_names(commands) +
+        return input_error(err, unknown_option(extra, app, "; shardmm takes a command first: " + command_names(commands)) +
                                     " (see 'shardmm --help')");
       }
       return input_error(err, "no command given; the commands are " + command_names(commands) +
