@@ -59,6 +59,7 @@ Mesh Mesh::parse(std::string_view src) {
       return fail("bad axis name '" + name + "'; an axis name is a letter followed by letters or digits",
                   nf, std::max<std::size_t>(1, nt - nf));
     }
+    if (const auto run_on = text::run_on_entries(src, from, to)) return fail(run_on->message, run_on->at, run_on->len);
     std::size_t sf = eq + 1, st = to;
     text::trim(src, sf, st);
     std::int64_t size = 0;

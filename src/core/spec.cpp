@@ -449,6 +449,7 @@ DimSizes parse_dims(std::string_view src) {
     bool ok = text::is_letter(name[0]);
     for (std::size_t i = 1; ok && i < name.size(); ++i) ok = text::is_digit(name[i]);
     if (!ok) fail("bad dimension name '" + name + "'; a dimension name is a letter, optionally followed by digits", nf, nt - nf);
+    if (const auto run_on = text::run_on_entries(src, from, to)) fail(run_on->message, run_on->at, run_on->len);
     std::size_t sf = eq + 1, st = to;
     text::trim(src, sf, st);
     std::int64_t size = 0;

@@ -54,6 +54,30 @@ bool parse_size(std::string_view digits, std::int64_t& value, std::string& why) 
   return true;
 }
 
+std::optional<RunOn> run_on_entries(std::string_view s, std::size_t from, std::size_t to) {
+  const std::size_t eq = s.find('=', from);
+  if (eq >= to) return std::nullopt;
+  std::size_t at = eq + 1;
+  while (at < to && is_space(s[at])) ++at;
+  const std::size_t digits = at;
+  while (at < to && is_digit(s[at])) ++at;
+  if (at == digits) return std::nullopt;
+  std::size_t next = at;
+  while (next < to && !is_letter(s[next]) && !is_digit(s[next]) && s[next] != '=') ++next;
+  const std::size_t next_eq = s.find('=', next);
+  if (next_eq >= to) return std::nullopt;
+  std::size_t name_from = next, name_to = next_eq;
+  trim(s, name_from, name_to);
+  if (!is_identifier(s.substr(name_from, name_to - name_from))) return std::nullopt;
+  std::size_t next_end = next_eq + 1;
+  while (next_end < to && is_space(s[next_end])) ++next_end;
+  while (next_end < to && is_digit(s[next_end])) ++next_end;
+  const std::string one(s.substr(from, at - from)), two(s.substr(next, next_end - next));
+  return RunOn{at, std::max<std::size_t>(1, next - at),
+               "expected ',' between " + one + " and " + two +
+                   "; NAME=SIZE entries are separated by commas: " + one + "," + two};
+}
+
 void trim(std::string_view s, std::size_t& from, std::size_t& to) {
   while (from < to && is_space(s[from])) ++from;
   while (to > from && is_space(s[to - 1])) --to;

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -36,6 +37,16 @@ std::string show_char(std::string_view s, std::size_t pos);
 // Parses a positive decimal integer that fits in int64 from `digits` (all of it).
 // Returns false and sets `why` ("not a number", "overflows 64 bits", ...) on failure.
 bool parse_size(std::string_view digits, std::int64_t& value, std::string& why);
+
+// Where the NAME=SIZE entry s[from, to) (the text up to the next comma) is two entries run
+// together, its size's digits followed by another NAME=SIZE ("X=4 Y=2", "I=8;J=4"): the
+// span between them to point at (empty when nothing separates them, as in "X=4Y=2") and
+// the message "expected ',' between X=4 and Y=2; ...". Nothing when the entry is one.
+struct RunOn {
+  std::size_t at = 0, len = 0;
+  std::string message;
+};
+std::optional<RunOn> run_on_entries(std::string_view s, std::size_t from, std::size_t to);
 
 // Trimmed span [begin, end) of `s` within [from, to).
 void trim(std::string_view s, std::size_t& from, std::size_t& to);
