@@ -32,7 +32,7 @@ void BM_Plan8192Devices(benchmark::State& state) {
 }
 BENCHMARK(BM_Plan8192Devices)->Unit(benchmark::kMillisecond);
 
-// The seeds' case 4 on the same mesh, no output requested: every choice is open.
+// The Scaling Book's case 4 on the same mesh, no output requested: every choice is open.
 void BM_Plan8192DevicesCase4(benchmark::State& state) {
   plan_expression(state, "X=16,Y=8,Z=8,W=8", "A[I_X, J_Y] @ B[J_Z, K_X]", "I=65536,J=8192,K=65536");
 }

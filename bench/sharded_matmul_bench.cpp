@@ -1,4 +1,4 @@
-// Case 1 of the seeds (no communication) on in-process ranks against the physical limit:
+// Case 1 of the Scaling Book (no communication) on in-process ranks against the physical limit:
 // one OpenBLAS GEMM of the same total size on the same cores, measured in the same run.
 //
 //   build/bench/sharded_matmul_bench [--ranks 2] [--sizes 512,1024,2048,4096] [--dtype f32] [--repeat 7]
@@ -42,7 +42,7 @@ double single_gemm_time(std::int64_t n, int threads, int repeat) {
 
 constexpr const char* kUsage =
     "usage: sharded_matmul_bench [--ranks N] [--sizes a,b,c] [--dtype f32|f64] [--repeat N]\n"
-    "Case 1 of the seeds, A[I_X, J] @ B[J, K] -> C[I_X, K] on mesh X=ranks (default 2; no communication),\n"
+    "Case 1 of the Scaling Book, A[I_X, J] @ B[J, K] -> C[I_X, K] on mesh X=ranks (default 2; no communication),\n"
     "each rank a thread with a single-threaded GEMM, against one OpenBLAS GEMM of the same size with\n"
     "`ranks` threads, at N = each of --sizes (512,1024,2048,4096); medians of --repeat (7) runs after a\n"
     "warm-up, ratio = GEMM time / sharded time. Exit 2 on a bad flag.\n";

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the shardmm command and runs its demo: the seeds' four sharded-matmul cases,
+# Builds the shardmm command and runs its demo: the Scaling Book's four sharded-matmul cases,
 # planned and explained. Extra arguments are passed on to `shardmm demo`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

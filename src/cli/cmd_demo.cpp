@@ -1,4 +1,4 @@
-// shardmm demo: the seeds' four cases, Megatron's column -> row pair and the all_to_all
+// shardmm demo: the Scaling Book's four cases, Megatron's column -> row pair and the all_to_all
 // reshard, each planned and explained the way `plan` / `reshard` print them.
 #include <memory>
 #include <ostream>
@@ -11,7 +11,7 @@ namespace {
 
 struct Example {
   const char* title;
-  const char* seeds;      // the seeds' rule, as they state it
+  const char* in_short;   // the rule in one line, as a mnemonic
   const char* statement;  // the same, spelled out
   const char* mesh;
   const char* dims;
@@ -95,7 +95,7 @@ void run_example(std::ostream& out, const Example& e, const PlanningFlags& demo_
   const Planning p = make_planning(flags);
   out << std::string(100, '=') << "\n";
   out << number << ". " << e.title << "\n";
-  out << "   seeds: " << e.seeds << "\n";
+  out << "   in short: " << e.in_short << "\n";
   out << "   " << wrap(e.statement, 97, "   ") << "\n\n";
   print_command(out, e, flags);
   const ReportOptions report{false, flags.show, 3, true};
@@ -129,7 +129,8 @@ void run_example(std::ostream& out, const Example& e, const PlanningFlags& demo_
 Command add_demo_command(CLI::App& root) {
   auto flags = std::make_shared<PlanningFlags>();
   CLI::App* app = root.add_subcommand(
-      "demo", "the seeds' four sharded-matmul cases, Megatron column -> row and an all_to_all, planned and explained");
+      "demo",
+      "the Scaling Book's four sharded-matmul cases, Megatron column -> row and an all_to_all, planned and explained");
   add_dtype_flag(*app, flags->dtype);
   add_hw_flag(*app, flags->hw);
   app->add_flag("--show", flags->show, "also draw each tensor's blocks on the mesh devices, e.g. --show");
@@ -139,9 +140,9 @@ Command add_demo_command(CLI::App& root) {
               "  shardmm demo --hw h100 --dtype f32 --show\n\n" +
               kDocsHint);
   return {app, [flags](std::ostream& out) {
-            out << "shardmm demo: the seeds' four cases of a sharded matmul, then Megatron's column -> row pair and\n"
-                   "an all_to_all reshard. Each section shows the equivalent command; the rule everywhere: look at\n"
-                   "whether the contracting dimension is split (看 contract 维有没有被切).\n\n";
+            out << "shardmm demo: the Scaling Book's four cases of a sharded matmul, then Megatron's column -> row\n"
+                   "pair and an all_to_all reshard. Each section shows the equivalent command; the rule everywhere:\n"
+                   "look at whether the contracting dimension is split (看 contract 维有没有被切).\n\n";
             PlanningFlags hw_flags = *flags;
             hw_flags.mesh = "X=1";
             const Planning p = make_planning(hw_flags);

@@ -34,7 +34,7 @@ std::string part_indexed_by(const Spec& out, const std::string& d) {
 
 std::string axes_or_dash(const Mesh& mesh, const AxisList& axes) { return axes.empty() ? "-" : mesh.axis_names(axes); }
 
-// What a step does, in the seeds' words: all_gather fills in missing slices, all_reduce
+// What a step does, in the Scaling Book's words: all_gather fills in missing slices, all_reduce
 // missing sums, reduce_scatter sums and keeps a sharding, all_to_all fixes a layout.
 std::string explain_step(const Step& s, const Mesh& mesh) {
   const std::string g = mesh.axis_names(s.axes);

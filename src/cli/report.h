@@ -1,4 +1,4 @@
-// The explanations `plan` and `reshard` print (and `demo` reuses), in the seeds' terms:
+// The explanations `plan` and `reshard` print (and `demo` reuses), in the Scaling Book's terms:
 // dimension roles, the four cases per mesh axis, the chosen plan's steps with what each
 // one does and costs, the totals and the roofline verdict, then the alternatives; and the
 // matching JSON documents (docs/json-schema.md).
@@ -21,7 +21,7 @@ struct ReportOptions {
   bool compact = false;          // a two-line header and no legends (demo prints them once)
 };
 
-// The seeds' four cases in three lines.
+// The Scaling Book's four cases in three lines.
 extern const char* const kCasesLegend;
 
 // Plans `c` (its dimension sizes must all be in p.sizes, and nothing more).

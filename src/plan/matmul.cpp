@@ -242,7 +242,7 @@ class MatmulPlanner {
     for (const Spec& t : targets) add_plan(a, b, local, t);
   }
 
-  // One candidate per way of resharding A, B and the result: the chain of the seeds' moves
+  // One candidate per way of resharding A, B and the result: the chain of the Scaling Book's moves
   // (whose last all_gather or first reduce_scatter a ring can fuse with the einsum), and,
   // where plan_reshard takes an exchange instead, that too. Asked without the memory limit,
   // so that the limit picks among the candidates but does not change them.

@@ -226,7 +226,7 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
   // where it fits and the chain does not, or where it is no worse in bytes moved, time and
   // peak memory and moves or holds less. (Where it only times lower, as an all_gather or
   // all_to_all done as an exchange can, that is the model's formulas differing, and the
-  // chain's steps are the seeds' collectives.)
+  // chain's steps are the Scaling Book's collectives.)
   const auto moved = [](const Plan& p) {
     std::int64_t bytes = 0;
     for (const Step& s : p.steps) bytes = saturating_add(bytes, std::max(s.bytes_sent, s.bytes_received));
@@ -251,7 +251,7 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
   };
   const bool resolves_sums = std::any_of(from.unreduced.begin(), from.unreduced.end(),
                                          [&](int a) { return !to.is_unreduced(a); });
-  // A chain of one step is one of the seeds' collectives (a gather or an all_to_all where it
+  // A chain of one step is one of the Scaling Book's collectives (a gather or an all_to_all where it
   // communicates), whose bytes and memory an exchange can only equal.
   if (chain.steps.size() < 2 || moved(chain) == 0 || resolves_sums) return chain;
   Spec via = to;
@@ -262,7 +262,7 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
       if (to.is_unreduced(a) && !from.is_unreduced(a)) via.dims[d].axes.push_back(a);
     }
   }
-  // To `via`: the seeds' moves, unless one exchange does better there too.
+  // To `via`: the Scaling Book's moves, unless one exchange does better there too.
   std::vector<Step> steps = detail::reshard_steps(mesh, from, via);
   if (!steps.empty()) {
     if (const auto exchange = replaces({detail::make_exchange(from, via)}, costed(steps))) steps = exchange->steps;

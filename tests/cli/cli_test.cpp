@@ -587,6 +587,18 @@ TEST(CliDemo, ExplainsTheFourCases) {
   }
 }
 
+// The demo names its source, the Scaling Book, and never "the seeds" (a word for this
+// project's notes that a user has never seen); each rule's one-line form reads "in short".
+TEST(CliDemo, NamesTheScalingBook) {
+  const Result r = run({"demo"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, StartsWith("shardmm demo: the Scaling Book's four cases of a sharded matmul"));
+  EXPECT_THAT(r.out, HasSubstr("\n   in short: 情形一"));
+  std::string lower = r.out + run({"demo", "--help"}).out;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  EXPECT_THAT(lower, Not(HasSubstr("seed")));
+}
+
 // ---------------------------------------------------------------- bad input
 
 TEST(CliErrors, OneLineAndExit2) {

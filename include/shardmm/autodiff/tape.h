@@ -1,7 +1,7 @@
 // Reverse-mode autodiff over sharded programs (SPMD): every rank records the same tape
 // over its own shards and its own communicator, then runs it backwards.
 //
-//   // Seed 003's two-rank FFN: column-parallel A, ReLU, row-parallel B, one all_reduce.
+//   // A two-rank FFN worked by hand: column-parallel A, ReLU, row-parallel B, one all_reduce.
 //   run_threads(Mesh::parse("X=2"), [](Communicator& comm) {
 //     autodiff::Tape tape(comm, {DType::f64});
 //     autodiff::Var x = tape.input("X[N, D]", {{"N", 1}, {"D", 2}}, x_values, /*requires_grad=*/true);

@@ -1,10 +1,10 @@
-// Shardings in the seeds' notation.
+// Shardings in the Scaling Book's notation.
 //
 //   Mesh mesh = Mesh::parse("X=2,Y=2");
 //   Spec a = parse_spec("A[I_X, J_Y]", mesh);     // I over X, J over Y
 //   Spec c = parse_spec("C[I, K]{U_X}", mesh);    // unreduced (partial sums) over X
 //   parse_spec("A[I_{XY}, J]", mesh);             // I over X then Y (X major)
-//   parse_spec("A[IX, JY]", mesh);                // the seeds' compact form
+//   parse_spec("A[IX, JY]", mesh);                // the compact form, underscores omitted
 //   format_spec(a, mesh);                         // "A[I_X, J_Y]"
 //
 // Canonical printing (parse(format(s)) == s):

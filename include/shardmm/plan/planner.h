@@ -40,7 +40,7 @@ struct PlanOptions {
 Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
                   const PlanOptions& options);
 
-// The seeds' four cases, per mesh axis, judged from the input shardings.
+// The Scaling Book's four cases, per mesh axis, judged from the input shardings.
 struct AxisCase {
   int axis = 0;
   int case_number = 1;  // 1..4

@@ -24,7 +24,7 @@
 //                             that chain serves poorly: A[I_XY] -> A[I_YX] (a permutation,
 //                             where the chain gathers the whole of I), A[I_X] -> A[I_Y].
 //   einsum                    local contraction of the two operands' shards
-// Collective matmuls (the seeds' "collective matmul"; XLA's windowed einsum): a collective
+// Collective matmuls (the Scaling Book's "collective matmul"; XLA's windowed einsum): a collective
 // and the einsum fused into a ring, so that while one chunk is multiplied the next is in
 // flight. `from` @ `from_b` -> `to` as for einsum; G = `axes` is flattened into one ring.
 //   all_gather_einsum(G, dim d of operand o)
