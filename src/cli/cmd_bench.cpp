@@ -415,8 +415,8 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
               "  shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes 1024,2048\n"
               "  shardmm bench matmul 'A[I_X, J] @ B[J, K_X]' --mesh X=2 --dims I=256,J=256 --sizes 64,1024,4096 "
               "--all --json\n"
-              "  mpirun -n 2 shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --backend mpi "
-              "--dtype f64\n\n" +
+              "  mpirun --bind-to none -n 2 shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 "
+              "--backend mpi --dtype f64 --sizes 512,1024\n\n" +
               kDocsHint);
   return [flags](std::ostream& out) {
     const Planning p = make_planning(flags->common);
