@@ -238,6 +238,7 @@ Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m
     for (int a : r.axes) row["axes"].push_back(m.mesh.axis(a).name);
     row["predicted"] = tally_json(r.predicted);
     row["predicted"]["time_s"] = r.predicted.time_s;
+    row["measured"] = nullptr;
     if (step) {
       row["measured"] = tally_json(r.measured.value_or(nn::CollectiveTally{r.phase, r.op, r.axes}));
       row["measured"]["device0_time_s"] = r.measured_time_s;
@@ -249,6 +250,7 @@ Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m
                    {"activation_bytes", pred.memory.activations}};
   const Times t = predicted_times(pred);
   doc["predicted_time_s"] = {{"communication", t.comm}, {"compute", t.compute}, {"total", t.comm + t.compute}};
+  doc["run"] = nullptr;
   if (step) {
     const Verification& v = step->verification;
     doc["run"] = {{"backend", f.backend},       {"verified", v.verified},   {"max_abs_error", v.max_abs_error},

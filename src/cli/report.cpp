@@ -337,15 +337,25 @@ void print_matmul_report(std::ostream& out, const Planning& p, const Contraction
   }
 }
 
-Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& m) {
+namespace {
+
+// The keys plan and reshard documents open with: what was planned, and under which options.
+Json planning_json(const Planning& p, const std::string& expr) {
   Json j;
-  j["expr"] = format_contraction(c, p.mesh);
+  j["expr"] = expr;
   j["mesh"] = mesh_json(p.mesh);
   j["dims"] = dims_json(p.sizes);
   j["dtype"] = to_string(p.options.dtype);
   j["hardware"] = p.options.hw.name;
   j["mem_limit_bytes"] = p.options.mem_limit_bytes ? Json(*p.options.mem_limit_bytes) : Json(nullptr);
   j["tie_margin"] = p.options.tie_margin;
+  return j;
+}
+
+}  // namespace
+
+Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& m) {
+  Json j = planning_json(p, format_contraction(c, p.mesh));
   j["roles"] = Json::object();
   for (const std::string& d : c.all_dims()) j["roles"][d] = to_string(c.role(d));
   j["cases"] = Json::array();
@@ -403,13 +413,7 @@ void print_reshard_report(std::ostream& out, const Planning& p, const Reshard& r
 }
 
 Json reshard_json(const Planning& p, const Reshard& r) {
-  Json j;
-  j["expr"] = format_spec(r.from, p.mesh) + " -> " + format_spec(r.to, p.mesh);
-  j["mesh"] = mesh_json(p.mesh);
-  j["dims"] = dims_json(p.sizes);
-  j["dtype"] = to_string(p.options.dtype);
-  j["hardware"] = p.options.hw.name;
-  j["mem_limit_bytes"] = p.options.mem_limit_bytes ? Json(*p.options.mem_limit_bytes) : Json(nullptr);
+  Json j = planning_json(p, format_spec(r.from, p.mesh) + " -> " + format_spec(r.to, p.mesh));
   j["candidates"] = Json::array({plan_json(r.plan, p.mesh)});
   j["chosen"] = r.plan.fits_memory ? Json(0) : Json(nullptr);
   return j;

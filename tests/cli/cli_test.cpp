@@ -377,6 +377,77 @@ TEST(CliPlan, Case3JsonIsTheLibrarysPlan) {
   EXPECT_EQ(chosen["output"], "C[I, K]");
 }
 
+// The keys of the first table after the line of docs/json-schema.md that starts with
+// `heading`, in order ("| `a`, `b` |" names two).
+std::vector<std::string> documented_keys(const std::string& heading) {
+  std::ifstream in(std::string(SHARDMM_TESTS_DIR) + "/../docs/json-schema.md");
+  EXPECT_TRUE(in);
+  std::vector<std::string> keys;
+  bool found = false;
+  for (std::string line; std::getline(in, line);) {
+    if (!found) {
+      found = line.rfind(heading, 0) == 0;
+      continue;
+    }
+    if (line.rfind("| `", 0) == 0) {
+      const std::string cell = line.substr(2, line.find(" |", 2) - 2);
+      for (std::size_t at = cell.find('`'); at != std::string::npos; at = cell.find('`', cell.find('`', at + 1) + 1)) {
+        keys.push_back(cell.substr(at + 1, cell.find('`', at + 1) - at - 1));
+      }
+    } else if (!keys.empty()) {
+      break;
+    }
+  }
+  EXPECT_TRUE(found) << heading;
+  return keys;
+}
+
+// The keys in the order the command wrote them (json sorts them).
+using ordered = nlohmann::ordered_json;
+
+std::vector<std::string> keys_of(const ordered& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
+}
+
+// Every document has the keys json-schema.md lists, in its order (null where one does not
+// apply): a step's `ring` last, as it was added; reshard the plan's keys but roles and cases.
+TEST(CliJson, KeysAreTheDocumentedOnesInTheirOrder) {
+  const auto document = [](const std::vector<std::string>& args) {
+    const Result r = run(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return ordered::parse(r.out);
+  };
+  const ordered plan =
+      document({"plan", "A[I_X, J] @ B[J, K_X] -> C[I_X, K]", "--mesh", "X=4", "--dims", kDims, "--json"});
+  EXPECT_EQ(keys_of(plan), documented_keys("## `shardmm plan --json`"));
+  const ordered& chosen = plan["candidates"][plan["chosen"].get<std::size_t>()];
+  EXPECT_EQ(keys_of(chosen), documented_keys("**candidate**"));
+  EXPECT_EQ(keys_of(chosen["steps"][0]), documented_keys("**step**"));
+  EXPECT_FALSE(chosen["steps"][0]["ring"].is_null()) << "a collective matmul's step";
+  const ordered reshard =
+      document({"reshard", "A[I, J_X]", "A[I_X, J]", "--mesh", "X=4", "--dims", "I=8,J=4", "--json"});
+  std::vector<std::string> expected = documented_keys("## `shardmm plan --json`");
+  std::erase_if(expected, [](const std::string& k) { return k == "roles" || k == "cases"; });
+  EXPECT_EQ(keys_of(reshard), expected);
+  EXPECT_EQ(reshard["tie_margin"], 0.02);
+  const std::vector<std::string> model{"model", "mlp", "--strategy", "tp", "--mesh", "X=2", "--dims",
+                                       "B=2,T=2,D=4,F=4", "--json"};
+  std::vector<std::string> with_run = model;
+  with_run.insert(with_run.end(), {"--run", "--dtype", "f64"});
+  for (const auto& args : {model, with_run}) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    const ordered doc = document(args);
+    EXPECT_EQ(keys_of(doc), documented_keys("## `shardmm model --json`"));
+    EXPECT_EQ(doc["run"].is_null(), args == model);
+    for (const ordered& c : doc["collectives"]) {
+      EXPECT_EQ(keys_of(c), (std::vector<std::string>{"phase", "op", "axes", "predicted", "measured"}));
+      EXPECT_EQ(c["measured"].is_null(), args == model);
+    }
+  }
+}
+
 TEST(CliPlan, Case3Text) {
   const Result r = run({"plan", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=4", "--dims", kDims});
   EXPECT_EQ(r.status, 0);
