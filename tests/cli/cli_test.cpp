@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -336,6 +337,28 @@ TEST(CliPlan, Case3Text) {
   EXPECT_THAT(r.out, HasSubstr("with perfect overlap"));
   EXPECT_THAT(r.out, HasSubstr("peak "));
   EXPECT_THAT(r.out, HasSubstr("Alternatives (1"));
+}
+
+// The Scaling Book's rule, per step: the same all_reduce is latency-bound at a few hundred
+// bytes per device and bandwidth-bound at hundreds of megabytes, in the text and the JSON.
+TEST(CliPlan, EachStepSaysWhetherLatencyOrBandwidthBoundsIt) {
+  const std::vector<std::string> base = {"plan", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=4", "--dims"};
+  for (const auto& [dims, einsum, all_reduce] :
+       {std::tuple{std::string("I=8,J=512,K=8"), "memory", "latency"}, std::tuple{kDims, "compute", "bandwidth"}}) {
+    std::vector<std::string> args = base;
+    args.push_back(dims);
+    const Result text = run(args);
+    EXPECT_THAT(text.out, HasSubstr("time  bound")) << dims;
+    EXPECT_THAT(text.out, HasSubstr(std::string("  ") + all_reduce + "\n")) << dims;
+    EXPECT_THAT(text.out, HasSubstr("bound: what sets the time"));
+    args.push_back("--json");
+    const json doc = parse_stdout(run(args));
+    const json& steps = doc["candidates"][doc["chosen"].get<std::size_t>()]["steps"];
+    ASSERT_EQ(steps.size(), 2u) << dims;
+    EXPECT_EQ(steps[0]["bound"], einsum) << dims;
+    EXPECT_EQ(steps[1]["op"], "all_reduce");
+    EXPECT_EQ(steps[1]["bound"], all_reduce) << dims;
+  }
 }
 
 // The seeds' four cases, per axis, as the library judges them and as the seeds state them.
