@@ -697,6 +697,31 @@ TEST(CliRun, VerifiesAndReportsTheTrace) {
   }
 }
 
+// Without a profile calibrated here, run predicts for the fallback hardware (h100) and says so:
+// no measured/predicted ratio between two machines, and how to get this one's profile.
+TEST(CliRun, AnotherMachinesPredictionIsNotComparedWithThisOnesRun) {
+  const std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8",
+                                      "--repeat", "1", "--warmup-time", "0"};
+  const Result text = run(args);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("predicted on h100  measured\n"));
+  EXPECT_THAT(text.out, Not(HasSubstr("measured  measured/predicted")));  // the ratio column
+  EXPECT_THAT(text.out, Not(HasSubstr("; measured/predicted")));         // the total's ratio
+  EXPECT_THAT(text.out, HasSubstr("h100 is another machine's, so no measured/predicted here: `shardmm calibrate "
+                                  "--quick` measures this one in seconds"));
+  std::vector<std::string> json_args = args;
+  json_args.push_back("--json");
+  const Result as_json = run(json_args);
+  ASSERT_EQ(as_json.status, 0) << as_json.err;
+  const json doc = json::parse(as_json.out);
+  EXPECT_FALSE(doc["predicted_for_this_machine"].get<bool>());
+  EXPECT_TRUE(doc["measured_over_predicted"].is_null());
+  for (const json& step : doc["candidates"][doc["executed"].get<std::size_t>()]["steps"]) {
+    EXPECT_TRUE(step["measured_over_predicted"].is_null());
+    EXPECT_GT(step["measured_time_s"].get<double>(), 0);
+  }
+}
+
 // With more ranks than the machine has cores the ranks take turns, and the report says so
 // (a collective's step time then includes a woken rank's wait for a core); with no more ranks
 // than cores it says nothing.
