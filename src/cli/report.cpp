@@ -286,9 +286,11 @@ MatmulPlanning plan_contraction(const Planning& p, const Contraction& c) {
 void print_matmul_report(std::ostream& out, const Planning& p, const Contraction& c, const MatmulPlanning& m,
                          const ReportOptions& options) {
   const Mesh& mesh = p.mesh;
-  print_header(out, p,
-               format_contraction(c, mesh) + (c.out ? "" : "   (no output spec: the planner picks C's sharding)"),
-               options.compact);
+  const std::string free_output = !m.every_output_layout
+                                      ? "   (no output spec: the planner picks C's sharding among the layouts its "
+                                        "inputs' axes give; every layout is more combinations than it weighs)"
+                                      : "   (no output spec: the planner picks C's sharding, weighing every layout)";
+  print_header(out, p, format_contraction(c, mesh) + (c.out ? "" : free_output), options.compact);
 
   out << "\nDimensions\n";
   Table dims({"dim", "role", "size", ""});
@@ -347,6 +349,7 @@ Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& 
   j["candidates"] = Json::array();
   for (const Plan& plan : m.candidates) j["candidates"].push_back(plan_json(plan, p.mesh));
   j["chosen"] = m.chosen >= 0 ? Json(m.chosen) : Json(nullptr);
+  j["every_output_layout"] = m.every_output_layout;
   return j;
 }
 
