@@ -448,6 +448,7 @@ Json step_json(const Step& s, const Mesh& mesh) {
   j["bytes_received"] = s.bytes_received;
   j["flops"] = s.flops;
   j["time_s"] = s.time_s;
+  j["bound"] = s.bound == Bound::none ? Json(nullptr) : Json(to_string(s.bound));
   if (is_collective_matmul(s.op)) {
     Json ring;
     ring["operand"] = s.op == OpKind::all_gather_einsum ? Json(s.ring_operand == 0 ? "a" : "b") : Json(nullptr);

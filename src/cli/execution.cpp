@@ -154,6 +154,10 @@ std::string passing_rule(const Verification& v) {
          (v.rel_tolerance > 0 ? " + " + format_error(v.rel_tolerance) + " x |expected|" : "");
 }
 
+// A calibrated profile was measured on this machine; a built-in or hand-written one models
+// other hardware.
+bool predicts_this_machine(const Planning& p) { return p.options.hw.calibration.has_value(); }
+
 }  // namespace
 
 void print_execution(std::ostream& out, const Planning& p, const Plan& plan, const ExecutionFlags& flags,
@@ -163,25 +167,39 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
       << ", median of " << flags.repeat << " (after " << r.warmup_runs << " warm-up run" << (r.warmup_runs == 1 ? "" : "s")
       << (flags.warmup_time_s > 0 ? ", at least " + format_time(flags.warmup_time_s) : std::string()) << ")\n";
   out << "  plan      " << plan.description << "\n";
-  Table steps({"#", "op", "axes", "tensor", "sent", "received", "predicted", "measured", "measured/predicted"});
+  // Only a profile calibrated here predicts this machine: another's prediction is shown as
+  // that hardware's, with no ratio to what ran here.
+  const bool here = predicts_this_machine(p);
+  std::vector<std::string> columns{"#", "op", "axes", "tensor", "sent", "received"};
+  columns.push_back(here ? "predicted" : "predicted on " + p.options.hw.name);
+  columns.push_back("measured");
+  if (here) columns.push_back("measured/predicted");
+  Table steps(columns);
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
     const StepMeasurement& m = r.steps[i];
     const Step& s = plan.steps[i];
-    steps.add({std::to_string(i + 1), to_string(m.op), m.axes.empty() ? "-" : mesh.axis_names(m.axes), m.tensor,
-               format_bytes(static_cast<double>(m.bytes_sent)), format_bytes(static_cast<double>(m.bytes_received)),
-               format_time(s.time_s), format_time(m.measured_time_s),
-               s.time_s > 0 ? format_sig3(m.measured_time_s / s.time_s) + "x" : "-"});
+    std::vector<std::string> row{std::to_string(i + 1), to_string(m.op), m.axes.empty() ? "-" : mesh.axis_names(m.axes),
+                                 m.tensor, format_bytes(static_cast<double>(m.bytes_sent)),
+                                 format_bytes(static_cast<double>(m.bytes_received)), format_time(s.time_s),
+                                 format_time(m.measured_time_s)};
+    if (here) row.push_back(s.time_s > 0 ? format_sig3(m.measured_time_s / s.time_s) + "x" : "-");
+    steps.add(row);
   }
-  for (std::size_t c = 4; c <= 8; ++c) steps.right_align(c);
+  for (std::size_t c = 4; c < columns.size(); ++c) steps.right_align(c);
   steps.print(out);
-  out << "  (per step: the slowest rank's time, a collective's from its last rank's arrival, median over repeats; "
-         "predicted on " << p.options.hw.name
-      << ", see --hw)\n";
+  out << "  (per step: the slowest rank's time, a collective's from its last rank's arrival, median over repeats"
+      << (here ? "; predicted on " + p.options.hw.name + ", calibrated on this machine" : std::string()) << ")\n";
   out << "  total     measured " << format_time(r.measured_time_s) << " (first rank's start to last rank's finish); predicted "
-      << format_time(plan.total_time_s) << " serialized"
-      << (plan.total_time_s > 0 ? "; measured/predicted " + format_sig3(r.measured_time_s / plan.total_time_s) + "x"
-                                : std::string())
-      << "\n";
+      << format_time(plan.total_time_s) << " serialized";
+  if (!here) {
+    out << " on " << p.options.hw.name << "\n  profile   " << p.options.hw.name
+        << " is another machine's, so no measured/predicted here: `shardmm calibrate --quick` measures this one in "
+           "seconds, and run then predicts for it by default\n";
+  } else {
+    out << (plan.total_time_s > 0 ? "; measured/predicted " + format_sig3(r.measured_time_s / plan.total_time_s) + "x"
+                                  : std::string())
+        << "\n";
+  }
   if (r.ranks_on_machine > r.cores) {
     out << "  shared    " << r.ranks_on_machine << " ranks take turns on this machine's " << r.cores
         << " cores: a rank that a collective wakes may wait for a core while others compute, and that wait counts "
@@ -221,8 +239,9 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
   // The executed candidate's steps first: adding top-level keys to an ordered document
   // moves its values, so no reference into it may be held across that.
   Json& plan_doc = doc["candidates"][candidate];
-  const auto ratio = [](double measured, double predicted) {
-    return predicted > 0 ? Json(measured / predicted) : Json(nullptr);
+  const bool here = predicts_this_machine(p);
+  const auto ratio = [here](double measured, double predicted) {
+    return here && predicted > 0 ? Json(measured / predicted) : Json(nullptr);
   };
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
     plan_doc["steps"][i]["measured_time_s"] = r.steps[i].measured_time_s;
@@ -250,6 +269,7 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
   doc["measured_time_s"] = r.measured_time_s;
   doc["predicted_time_s"] = predicted;
   doc["measured_over_predicted"] = ratio(r.measured_time_s, predicted);
+  doc["predicted_for_this_machine"] = here;
   doc["repeat_times_s"] = r.repeat_times_s;
   Json trace = Json::object();
   for (const auto& [op, by_axes] : comm_summary(r, p.mesh)) {

@@ -108,16 +108,19 @@ void print_steps(std::ostream& out, const Plan& plan, const Mesh& mesh) {
     out << "  (no steps: the input is already in the requested layout)\n";
     return;
   }
-  Table table({"#", "op", "axes", "tensor", "from -> to", "sent", "received", "FLOPs", "time"});
+  Table table({"#", "op", "axes", "tensor", "from -> to", "sent", "received", "FLOPs", "time", "bound"});
   for (std::size_t c : {0u, 5u, 6u, 7u, 8u}) table.right_align(c);
   for (std::size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& s = plan.steps[i];
     table.add({std::to_string(i + 1), to_string(s.op), axes_or_dash(mesh, s.axes), s.tensor, step_transition(s, mesh),
                format_bytes(static_cast<double>(s.bytes_sent)), format_bytes(static_cast<double>(s.bytes_received)),
-               multiplies(s.op) ? format_flops(s.flops) : "-", format_time(s.time_s)});
+               multiplies(s.op) ? format_flops(s.flops) : "-", format_time(s.time_s),
+               s.bound == Bound::none ? "-" : to_string(s.bound)});
   }
   table.print(out);
-  out << "  (sent, received, FLOPs: per device, the most any device handles)\n";
+  out << "  (sent, received, FLOPs: per device, the most any device handles; bound: what sets the time,\n"
+         "   latency (a fixed cost per hop) or bandwidth (bytes over the links) for communication, compute or\n"
+         "   memory for local work)\n";
   for (std::size_t i = 0; i < plan.steps.size(); ++i) {
     const std::string head = "  " + std::to_string(i + 1) + ". " + to_string(plan.steps[i].op) + ": ";
     out << head << wrap(explain_step(plan.steps[i], mesh), kWidth - head.size(), std::string(head.size(), ' ')) << "\n";
@@ -294,9 +297,11 @@ MatmulPlanning plan_contraction(const Planning& p, const Contraction& c) {
 void print_matmul_report(std::ostream& out, const Planning& p, const Contraction& c, const MatmulPlanning& m,
                          const ReportOptions& options) {
   const Mesh& mesh = p.mesh;
-  print_header(out, p,
-               format_contraction(c, mesh) + (c.out ? "" : "   (no output spec: the planner picks C's sharding)"),
-               options.compact);
+  const std::string free_output = !m.every_output_layout
+                                      ? "   (no output spec: the planner picks C's sharding among the layouts its "
+                                        "inputs' axes give; every layout is more combinations than it weighs)"
+                                      : "   (no output spec: the planner picks C's sharding, weighing every layout)";
+  print_header(out, p, format_contraction(c, mesh) + (c.out ? "" : free_output), options.compact);
 
   out << "\nDimensions\n";
   Table dims({"dim", "role", "size", ""});
@@ -365,6 +370,7 @@ Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& 
   j["candidates"] = Json::array();
   for (const Plan& plan : m.candidates) j["candidates"].push_back(plan_json(plan, p.mesh));
   j["chosen"] = m.chosen >= 0 ? Json(m.chosen) : Json(nullptr);
+  j["every_output_layout"] = m.every_output_layout;
   return j;
 }
 

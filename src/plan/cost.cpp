@@ -731,8 +731,18 @@ HardwareProfile load_profile(std::string_view name_or_path) {
   return parse_profile_json(read_file(path), path.string());
 }
 
+Bound CollectiveCost::bound() const {
+  if (time_s <= 0) return Bound::none;
+  return latency_s >= bandwidth_s ? Bound::latency : Bound::bandwidth;
+}
+
 double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
                        std::int64_t array_bytes) {
+  return collective_cost(hw, mesh, op, group, array_bytes).time_s;
+}
+
+CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
+                               std::int64_t array_bytes) {
   if (!is_collective(op) || op == OpKind::exchange) {
     throw std::invalid_argument(std::string("collective_time: ") + to_string(op) +
                                 " is not one of the four collectives (an exchange is costed by its traffic, "
@@ -753,14 +763,17 @@ double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op, c
     if (mesh.size(axis) > 1) sizes.push_back(static_cast<double>(mesh.size(axis)));
   }
   validate(hw, "hardware profile '" + hw.name + "'");
-  if (sizes.empty() || array_bytes == 0) return 0;
+  if (sizes.empty() || array_bytes == 0) return {};
 
   const auto bytes = static_cast<double>(array_bytes);
   double n = 1;
   for (double s : sizes) n *= s;
-  if (const CollectiveFit* fit = find_fit(hw, op, n, bytes)) return fit->alpha_s + fit->beta_s_per_byte * bytes;
-  if (hw.topology == "switch") return switched(hw, op, n, bytes).time(hw.hop_latency_s);
-  return torus(hw, op, sizes, bytes).time(hw.hop_latency_s);
+  if (const CollectiveFit* fit = find_fit(hw, op, n, bytes)) {
+    const double beta_term = fit->beta_s_per_byte * bytes;
+    return {fit->alpha_s, beta_term, fit->alpha_s + beta_term};
+  }
+  const Regimes r = hw.topology == "switch" ? switched(hw, op, n, bytes) : torus(hw, op, sizes, bytes);
+  return {r.hops * hw.hop_latency_s, r.bandwidth, r.time(hw.hop_latency_s)};
 }
 
 double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {
@@ -770,6 +783,12 @@ double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::in
   validate(hw, "hardware profile '" + hw.name + "'");
   const double measured = bytes > 0 ? calibrated_gemm_rate(hw, dtype, flops / static_cast<double>(bytes)) : 0;
   return std::max(flops / (measured > 0 ? measured : peak), static_cast<double>(bytes) / hw.hbm_bandwidth);
+}
+
+Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {
+  const double time = einsum_time(hw, dtype, flops, bytes);
+  if (time <= 0) return Bound::none;
+  return static_cast<double>(bytes) / hw.hbm_bandwidth >= time ? Bound::memory : Bound::compute;
 }
 
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes) {
@@ -782,6 +801,12 @@ double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes) {
   if (bytes < 0) throw std::invalid_argument("ring_hop_time: negative bytes");
   validate(hw, "hardware profile '" + hw.name + "'");
   return hw.hop_latency_s + static_cast<double>(bytes) / hw.link_bandwidth;
+}
+
+Bound ring_hop_bound(const HardwareProfile& hw, std::int64_t bytes) {
+  const double hop = ring_hop_time(hw, bytes);
+  if (hop <= 0) return Bound::none;
+  return hw.hop_latency_s >= static_cast<double>(bytes) / hw.link_bandwidth ? Bound::latency : Bound::bandwidth;
 }
 
 std::vector<int> ring_chunks(std::int64_t members, bool bidirectional) {

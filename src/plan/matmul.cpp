@@ -86,8 +86,19 @@ class MatmulPlanner {
   }
 
   std::vector<Plan> candidates() {
-    std::vector<std::vector<Role>> options(static_cast<std::size_t>(mesh_.rank()));
-    for (int x = 0; x < mesh_.rank(); ++x) options[static_cast<std::size_t>(x)] = roles_for(x);
+    // No output requested: the search covers every output layout, each axis sharding any of
+    // C's letters too, unless that is past the limit on combinations; then it covers the
+    // layouts the inputs' axes give, and says so (every_output_layout()).
+    const auto roles = [this](bool any_output_letter) {
+      std::vector<std::vector<Role>> options(static_cast<std::size_t>(mesh_.rank()));
+      for (int x = 0; x < mesh_.rank(); ++x) options[static_cast<std::size_t>(x)] = roles_for(x, any_output_letter);
+      return options;
+    };
+    std::vector<std::vector<Role>> options = roles(!c_.out);
+    if (!c_.out && combinations(options) > kMaxRoleCombinations) {
+      options = roles(false);
+      every_output_layout_ = false;
+    }
     refuse_too_many_layouts(options);
     std::vector<Role> chosen(options.size());
     enumerate_roles(options, chosen, 0);
@@ -102,9 +113,14 @@ class MatmulPlanner {
     return std::move(plans_);
   }
 
+  bool every_output_layout() const { return every_output_layout_; }
+
  private:
-  std::vector<Role> roles_for(int x) const {
+  std::vector<Role> roles_for(int x, bool any_output_letter) const {
     std::set<Role> roles{Role{}};
+    if (any_output_letter) {
+      for (const std::string& d : c_.out_dims) roles.insert({Role::dim, d});
+    }
     for (const Spec* s : {&c_.a, &c_.b}) {
       if (int d = s->dim_of_axis(x); d >= 0) roles.insert({Role::dim, s->dims[static_cast<std::size_t>(d)].name});
     }
@@ -123,15 +139,19 @@ class MatmulPlanner {
   // Every combination of the axes' roles is planned and costed (tens of microseconds each),
   // so each mesh axis the tensors use multiplies the work: 10 axes take seconds, 40 would
   // take years. Past kMaxRoleCombinations the planner refuses instead of hanging.
+  static constexpr std::size_t kMaxRoleCombinations = 1024;
+
+  // The number of combinations of the axes' roles, counted up to kMaxRoleCombinations + 1.
+  static std::size_t combinations(const std::vector<std::vector<Role>>& options) {
+    std::size_t n = 1;
+    for (const std::vector<Role>& roles : options) n = std::min(n * roles.size(), kMaxRoleCombinations + 1);
+    return n;
+  }
+
   void refuse_too_many_layouts(const std::vector<std::vector<Role>>& options) const {
-    constexpr std::size_t kMaxRoleCombinations = 1024;
-    std::size_t combinations = 1;
     int used = 0;
-    for (const std::vector<Role>& roles : options) {
-      used += roles.size() > 1;
-      combinations = std::min(combinations * roles.size(), kMaxRoleCombinations + 1);
-    }
-    if (combinations > kMaxRoleCombinations) {
+    for (const std::vector<Role>& roles : options) used += roles.size() > 1;
+    if (combinations(options) > kMaxRoleCombinations) {
       throw InputError("cannot plan " + format_contraction(c_, mesh_) + ": its tensors use " + std::to_string(used) +
                        " mesh axes, whose roles (shard a dimension, hold partial sums, or neither) combine in more "
                        "than " + std::to_string(kMaxRoleCombinations) +
@@ -151,7 +171,7 @@ class MatmulPlanner {
   }
 
   // The orders (major to minor) in which a letter's axes may shard it: as the output, A or B
-  // already order them, the rest in mesh order.
+  // already order them, the rest in mesh order; without an output spec, every order.
   std::vector<AxisList> orders_for(const std::string& letter, const AxisList& axes) const {
     std::vector<const AxisList*> sources;
     if (c_.out && c_.out->find_dim(letter) >= 0) sources.push_back(&c_.out->dims[static_cast<std::size_t>(c_.out->find_dim(letter))].axes);
@@ -173,6 +193,14 @@ class MatmulPlanner {
     };
     for (const AxisList* s : sources) add(s);
     if (orders.empty()) add(nullptr);
+    // With no output spec, every output layout: each order of the letter's axes.
+    if (!c_.out) {
+      AxisList order = axes;
+      std::sort(order.begin(), order.end());
+      do {
+        if (std::find(orders.begin(), orders.end(), order) == orders.end()) orders.push_back(order);
+      } while (std::next_permutation(order.begin(), order.end()));
+    }
     return orders;
   }
 
@@ -423,6 +451,7 @@ class MatmulPlanner {
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
   std::vector<Plan> plans_;
   std::set<std::string> seen_;
+  bool every_output_layout_ = true;
   std::map<std::string, std::vector<std::vector<Step>>> reshards_;
 };
 
@@ -447,7 +476,9 @@ MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSize
   if (c.out) validate_spec(*c.out, mesh);
   MatmulPlanning result;
   for (int x = 0; x < mesh.rank(); ++x) result.cases.push_back(classify_axis(mesh, c, x));
-  result.candidates = MatmulPlanner(mesh, c, sizes, options).candidates();
+  MatmulPlanner planner(mesh, c, sizes, options);
+  result.candidates = planner.candidates();
+  result.every_output_layout = planner.every_output_layout();
   result.chosen = choose(result.candidates, options.tie_margin);
   return result;
 }

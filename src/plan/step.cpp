@@ -22,6 +22,17 @@ const char* to_string(OpKind op) {
   return "?";
 }
 
+const char* to_string(Bound bound) {
+  switch (bound) {
+    case Bound::none: return "none";
+    case Bound::latency: return "latency";
+    case Bound::bandwidth: return "bandwidth";
+    case Bound::compute: return "compute";
+    case Bound::memory: return "memory";
+  }
+  return "?";
+}
+
 bool is_collective(OpKind op) {
   return op == OpKind::all_gather || op == OpKind::reduce_scatter || op == OpKind::all_reduce ||
          op == OpKind::all_to_all || op == OpKind::exchange;

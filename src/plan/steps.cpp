@@ -97,6 +97,7 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     step.bytes_received = c.received;
     step.flops = c.flops;
     step.time_s = c.time;
+    step.bound = c.bound;
   };
   if (auto it = memo_.find(key); it != memo_.end()) return fill(it->second);
   if (step.op == OpKind::exchange) return fill(memo_[key] = cost_exchange(step, shape));
@@ -157,16 +158,24 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     if (i == walk.size()) break;
   }
   Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"),
-         0, 0};
+         0, 0, Bound::none};
   in_max = checked_mul(in_max, elem, "bytes per device");
   out_max = checked_mul(out_max, elem, "bytes per device");
+  const auto collective = [&](std::int64_t array_bytes) {
+    const CollectiveCost cc = collective_cost(options_.hw, mesh_, step.op, step.axes, array_bytes);
+    c.time = cc.time_s;
+    c.bound = cc.bound();
+  };
   switch (step.op) {
-    case OpKind::all_gather: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, out_max); break;
+    case OpKind::all_gather: collective(out_max); break;
     case OpKind::reduce_scatter:
     case OpKind::all_reduce:
-    case OpKind::all_to_all: c.time = collective_time(options_.hw, mesh_, step.op, step.axes, in_max); break;
+    case OpKind::all_to_all: collective(in_max); break;
     case OpKind::slice:
-    case OpKind::to_partial: c.time = local_copy_time(options_.hw, out_max); break;
+    case OpKind::to_partial:
+      c.time = local_copy_time(options_.hw, out_max);
+      c.bound = c.time > 0 ? Bound::memory : Bound::none;
+      break;
     case OpKind::einsum:  // cost_einsum
     case OpKind::all_gather_einsum:  // fuse_*
     case OpKind::einsum_reduce_scatter:
@@ -178,6 +187,7 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     const std::int64_t copied = local_copy_elements(step, local_shape(mesh_, step.from, shape, 0),
                                                     local_shape(mesh_, step.to, shape, 0));
     c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
+    if (c.bound == Bound::none && c.time > 0) c.bound = Bound::memory;  // copies and no traffic
   }
   fill(memo_[key] = c);
 }
@@ -274,17 +284,21 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<s
         copied, checked_add(checked_add(s, r, "elements an exchange copies"), kept, "elements an exchange copies"));
   }
   Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"), 0,
-         0};
+         0, Bound::none};
   // Timed as the all_to_all that moves as much per device: one of n members sends (n - 1) / n
   // of its array.
   const std::int64_t n = mesh_.group_size(step.axes);
   const std::int64_t moved = std::max(c.sent, c.received);
   if (n > 1 && moved > 0) {
     const std::int64_t array = checked_add(checked_mul(moved, n, "an exchange's bytes"), n - 2, "an exchange's bytes");
-    c.time = collective_time(options_.hw, mesh_, OpKind::all_to_all, step.axes, array / (n - 1));  // rounded up
+    const CollectiveCost cc =
+        collective_cost(options_.hw, mesh_, OpKind::all_to_all, step.axes, array / (n - 1));  // rounded up
+    c.time = cc.time_s;
+    c.bound = cc.bound();
   }
   if (options_.hw.calibration) {
     c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
+    if (c.bound == Bound::none && c.time > 0) c.bound = Bound::memory;  // copies and no traffic
   }
   return c;
 }
@@ -315,6 +329,7 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
                   max_bytes(step.to, c_shape), "the einsum's bytes");
   step.flops = flops;
   step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes);
+  step.bound = einsum_bound(options_.hw, options_.dtype, flops, bytes);
 }
 
 namespace {
@@ -363,6 +378,7 @@ Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_c
   const auto& calibration = coster.options().hw.calibration;
   const double overlap = calibration ? calibration->ring_overlap(op) : 1;
   s.time_s = overlapped_ring_time(chunks, chunk_compute_s, hop, overlap);
+  s.bound = s.compute_time_s >= s.comm_time_s ? Bound::compute : ring_hop_bound(coster.options().hw, hop_bytes);
   return s;
 }
 

@@ -41,6 +41,7 @@ class StepCoster {
   struct Cost {
     std::int64_t sent, received;
     double flops, time;
+    Bound bound;
   };
   Cost cost_exchange(const Step& step, const std::vector<std::int64_t>& shape) const;
   const Mesh& mesh_;

@@ -327,6 +327,7 @@ TEST_F(Calibrated, RunReportsMeasuredOverPredictedAndWritesTheTrace) {
     EXPECT_DOUBLE_EQ(step["measured_over_predicted"].get<double>(),
                      step["measured_time_s"].get<double>() / step["time_s"].get<double>());
   }
+  EXPECT_TRUE(doc["predicted_for_this_machine"].get<bool>());
   EXPECT_EQ(doc["trace_file"], trace.string());
   expect_trace(trace, plan, 2);
 

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -468,6 +469,28 @@ TEST(CliPlan, Case3Text) {
   EXPECT_THAT(r.out, HasSubstr("Alternatives (1"));
 }
 
+// The Scaling Book's rule, per step: the same all_reduce is latency-bound at a few hundred
+// bytes per device and bandwidth-bound at hundreds of megabytes, in the text and the JSON.
+TEST(CliPlan, EachStepSaysWhetherLatencyOrBandwidthBoundsIt) {
+  const std::vector<std::string> base = {"plan", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=4", "--dims"};
+  for (const auto& [dims, einsum, all_reduce] :
+       {std::tuple{std::string("I=8,J=512,K=8"), "memory", "latency"}, std::tuple{kDims, "compute", "bandwidth"}}) {
+    std::vector<std::string> args = base;
+    args.push_back(dims);
+    const Result text = run(args);
+    EXPECT_THAT(text.out, HasSubstr("time  bound")) << dims;
+    EXPECT_THAT(text.out, HasSubstr(std::string("  ") + all_reduce + "\n")) << dims;
+    EXPECT_THAT(text.out, HasSubstr("bound: what sets the time"));
+    args.push_back("--json");
+    const json doc = parse_stdout(run(args));
+    const json& steps = doc["candidates"][doc["chosen"].get<std::size_t>()]["steps"];
+    ASSERT_EQ(steps.size(), 2u) << dims;
+    EXPECT_EQ(steps[0]["bound"], einsum) << dims;
+    EXPECT_EQ(steps[1]["op"], "all_reduce");
+    EXPECT_EQ(steps[1]["bound"], all_reduce) << dims;
+  }
+}
+
 // The seeds' four cases, per axis, as the library judges them and as the seeds state them.
 TEST(CliPlan, FourCases) {
   struct Case {
@@ -868,6 +891,31 @@ TEST(CliRun, VerificationStatesTheRuleItApplied) {
                                                "abs error <= [0-9.e+-]+ \\+ 1\\.11e-16 x \\|expected\\|\\); "
                                                "max rel error [0-9.e+-]+"))
       << text.out;
+}
+
+// Without a profile calibrated here, run predicts for the fallback hardware (h100) and says so:
+// no measured/predicted ratio between two machines, and how to get this one's profile.
+TEST(CliRun, AnotherMachinesPredictionIsNotComparedWithThisOnesRun) {
+  const std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8",
+                                      "--repeat", "1", "--warmup-time", "0"};
+  const Result text = run(args);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("predicted on h100  measured\n"));
+  EXPECT_THAT(text.out, Not(HasSubstr("measured  measured/predicted")));  // the ratio column
+  EXPECT_THAT(text.out, Not(HasSubstr("; measured/predicted")));         // the total's ratio
+  EXPECT_THAT(text.out, HasSubstr("h100 is another machine's, so no measured/predicted here: `shardmm calibrate "
+                                  "--quick` measures this one in seconds"));
+  std::vector<std::string> json_args = args;
+  json_args.push_back("--json");
+  const Result as_json = run(json_args);
+  ASSERT_EQ(as_json.status, 0) << as_json.err;
+  const json doc = json::parse(as_json.out);
+  EXPECT_FALSE(doc["predicted_for_this_machine"].get<bool>());
+  EXPECT_TRUE(doc["measured_over_predicted"].is_null());
+  for (const json& step : doc["candidates"][doc["executed"].get<std::size_t>()]["steps"]) {
+    EXPECT_TRUE(step["measured_over_predicted"].is_null());
+    EXPECT_GT(step["measured_time_s"].get<double>(), 0);
+  }
 }
 
 // With more ranks than the machine has cores the ranks take turns, and the report says so

@@ -179,6 +179,33 @@ TEST(TorusCollectives, RegimeBoundaryIsWherePerHopChunkTimeEqualsHopLatency) {
   EXPECT_DOUBLE_EQ(time_on(v5e, "X=8", OpKind::all_gather, {0}, boundary * 2), 8e-6);      // bandwidth
 }
 
+TEST(TorusCollectives, BoundNamesTheLargerTermOnEitherSideOfTheBoundary) {
+  // The same v5e 8-ring: below 45 kB per hop the hops' latency sets the time, above it the links.
+  const HardwareProfile v5e = builtin_profile("tpu-v5e");
+  const Mesh mesh = Mesh::parse("X=8");
+  const std::int64_t boundary = 8 * 45000;
+  const CollectiveCost small = collective_cost(v5e, mesh, OpKind::all_gather, {0}, boundary / 2);
+  EXPECT_DOUBLE_EQ(small.latency_s, 4e-6);
+  EXPECT_DOUBLE_EQ(small.bandwidth_s, 2e-6);
+  EXPECT_DOUBLE_EQ(small.time_s, 4e-6);
+  EXPECT_EQ(small.bound(), Bound::latency);
+  const CollectiveCost large = collective_cost(v5e, mesh, OpKind::all_gather, {0}, boundary * 2);
+  EXPECT_DOUBLE_EQ(large.bandwidth_s, 8e-6);
+  EXPECT_EQ(large.bound(), Bound::bandwidth);
+  EXPECT_DOUBLE_EQ(large.time_s, time_on(v5e, "X=8", OpKind::all_gather, {0}, boundary * 2));
+  EXPECT_EQ(collective_cost(v5e, mesh, OpKind::all_gather, {0}, 0).bound(), Bound::none);
+  // A ring's hop: the same rule, one link one way (45 kB at 1 us over 45 GB/s).
+  EXPECT_EQ(ring_hop_bound(v5e, 40000), Bound::latency);
+  EXPECT_EQ(ring_hop_bound(v5e, 50000), Bound::bandwidth);
+}
+
+TEST(LocalWork, EinsumBoundIsTheRooflinesLargerTerm) {
+  const HardwareProfile hw = ring_profile(1e10, true, 0);  // 1e14 FLOP/s, 1e12 B/s: 100 FLOP/byte
+  EXPECT_EQ(einsum_bound(hw, DType::bf16, 1e9, 1000000), Bound::compute);  // 1000 FLOP/byte
+  EXPECT_EQ(einsum_bound(hw, DType::bf16, 1e7, 1000000), Bound::memory);   // 10 FLOP/byte
+  EXPECT_EQ(einsum_bound(hw, DType::bf16, 0, 0), Bound::none);
+}
+
 TEST(TorusCollectives, UnidirectionalRing) {
   // Scaling Book ch.3 Question 10: on a one-way ring an AllGather moves (n-1)/n * V over
   // each link and an AllToAll half of that.

@@ -200,6 +200,45 @@ TEST_F(Reshard, Errors) {
   }
 }
 
+// docs/cost-model.md, "What bounds a step": the same case 3 plan, its all_reduce latency-bound
+// at a few kilobytes per device and bandwidth-bound at hundreds of megabytes; every step of
+// every candidate names a bound, a ring's by which of its GEMMs and its hops takes longer.
+TEST(Matmul, EveryStepNamesWhatBoundsIt) {
+  const Mesh mesh = Mesh::parse("X=4");
+  const PlanOptions opt{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I, K]", mesh);
+  const auto last_step_of_chosen = [&](const char* dims) {
+    const MatmulPlanning p = plan_matmul(mesh, c, parse_dims(dims), opt);
+    const Plan& chosen = p.candidates.at(static_cast<std::size_t>(p.chosen));
+    EXPECT_EQ(chosen.steps.front().op, OpKind::einsum);
+    return chosen.steps.back();
+  };
+  const Step small = last_step_of_chosen("I=8,J=512,K=8");
+  EXPECT_EQ(small.op, OpKind::all_reduce);
+  EXPECT_EQ(small.bound, Bound::latency);
+  const Step large = last_step_of_chosen("I=8192,J=8192,K=8192");
+  EXPECT_EQ(large.op, OpKind::all_reduce);
+  EXPECT_EQ(large.bound, Bound::bandwidth);
+
+  const Contraction ring = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I_X, K]", mesh);
+  for (const char* dims : {"I=64,J=64,K=64", "I=8192,J=8192,K=8192", "I=8192,J=64,K=8192"}) {
+    const MatmulPlanning p = plan_matmul(mesh, ring, parse_dims(dims), opt);
+    int rings = 0;
+    for (const Plan& plan : p.candidates) {
+      for (const Step& s : plan.steps) {
+        EXPECT_NE(s.bound, Bound::none) << dims << ": " << to_string(s.op);
+        if (s.op == OpKind::einsum) EXPECT_TRUE(s.bound == Bound::compute || s.bound == Bound::memory);
+        if (is_collective(s.op)) EXPECT_TRUE(s.bound == Bound::latency || s.bound == Bound::bandwidth);
+        if (is_collective_matmul(s.op)) {
+          ++rings;
+          EXPECT_EQ(s.bound == Bound::compute, s.compute_time_s >= s.comm_time_s) << dims;
+        }
+      }
+    }
+    EXPECT_GT(rings, 0) << dims;
+  }
+}
+
 // planner.h's example.
 TEST(Matmul, HeaderExample) {
   const Mesh mesh = Mesh::parse("X=4");

@@ -4,6 +4,7 @@
 // sum in source order.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -13,18 +14,27 @@
 namespace shardmm {
 namespace {
 
+// Values of very different magnitudes, so that any other order of additions rounds
+// differently somewhere: n_sources rows of `length` values, drawn once per count and source
+// count and shared by every kernel variant (drawing them dominated the test's time).
 template <class T>
-void expect_ordered_sums(DType dtype, std::int64_t count, std::size_t n_sources, std::size_t out_offset,
-                         int in_place_source, bool peers_read_out, std::uint32_t seed) {
+std::vector<std::vector<T>> random_sources(std::size_t n_sources, std::size_t length, std::uint32_t seed) {
   std::mt19937 rng(seed);
-  // Values of very different magnitudes, so that any other order of additions rounds
-  // differently somewhere.
   std::uniform_real_distribution<double> mantissa(-1, 1);
   std::uniform_int_distribution<int> exponent(-20, 20);
-  std::vector<std::vector<T>> data(n_sources, std::vector<T>(static_cast<std::size_t>(count) + out_offset));
+  std::vector<std::vector<T>> data(n_sources, std::vector<T>(length));
   for (auto& source : data) {
     for (T& x : source) x = static_cast<T>(std::ldexp(mantissa(rng), exponent(rng)));
   }
+  return data;
+}
+
+// Sums count elements of every source, starting at out_offset, with sum_in_order: into a
+// separate output, or in place in source in_place_source (of a copy of the sources).
+template <class T>
+void expect_ordered_sums(DType dtype, std::vector<std::vector<T>> data, std::int64_t count, std::size_t out_offset,
+                         int in_place_source, bool peers_read_out) {
+  const std::size_t n_sources = data.size();
   std::vector<T> expected(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i) {
     T acc = data[0][out_offset + static_cast<std::size_t>(i)];
@@ -52,12 +62,15 @@ TEST(OrderedSumTest, EveryKernelGivesTheLeftToRightSumsBits) {
   for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{63}, std::int64_t{1000},
                              threshold_elements / 3 + 7, threshold_elements + 129}) {
     for (std::size_t n : {1u, 2u, 3u, 5u}) {
+      const auto seed = static_cast<std::uint32_t>(count * 131 + n * 17);
+      const std::size_t max_offset = 15;
+      const auto floats = random_sources<float>(n, static_cast<std::size_t>(count) + max_offset, seed);
+      const auto doubles = random_sources<double>(n, static_cast<std::size_t>(count) + max_offset, seed + 1);
       for (std::size_t offset : {0u, 1u, 3u, 7u, 15u}) {
         for (int in_place_source : {-1, 0, static_cast<int>(n) - 1}) {
           for (bool peers_read_out : {false, true}) {
-            const auto seed = static_cast<std::uint32_t>(count * 131 + n * 17 + offset * 3 + in_place_source + 2);
-            expect_ordered_sums<float>(DType::f32, count, n, offset, in_place_source, peers_read_out, seed);
-            expect_ordered_sums<double>(DType::f64, count, n, offset % 8, in_place_source, peers_read_out, seed);
+            expect_ordered_sums<float>(DType::f32, floats, count, offset, in_place_source, peers_read_out);
+            expect_ordered_sums<double>(DType::f64, doubles, count, offset % 8, in_place_source, peers_read_out);
           }
         }
       }

@@ -148,16 +148,32 @@ std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>&
 // fit for the size range of `array_bytes`); otherwise the formulas of docs/cost-model.md.
 double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op,
                        const AxisList& group, std::int64_t array_bytes);
+// The same time with its two terms: the fixed per-hop costs (hops x hop latency; a fit's
+// alpha) and the bytes' time on the links (a fit's beta x bytes). The formulas take the
+// larger of the two (the Scaling Book's max(latency, bandwidth) bound), a fit their sum.
+struct CollectiveCost {
+  double latency_s = 0;
+  double bandwidth_s = 0;
+  double time_s = 0;
+  Bound bound() const;  // latency where latency_s >= bandwidth_s; none when time_s is 0
+};
+CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
+                               std::int64_t array_bytes);
 // Roofline: max(flops / peak, bytes / HBM bandwidth). A calibrated profile with GEMM
 // rates for `dtype` takes the rate at this einsum's intensity (flops / bytes) instead of
 // the peak: interpolated in log(intensity) between the measured shapes, clamped at the ends.
 double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
+// compute when the FLOPs' term of einsum_time is the larger, memory when the bytes' is.
+Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
 // A local copy (slice) reads and writes `bytes`.
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes);
 
 // Collective matmuls (docs/cost-model.md, "Collective matmul"). One hop of a ring: the hop
 // latency plus `bytes` over one link in one direction.
 double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes);
+// latency when the hop latency is at least the bytes' time on the link (the Scaling Book's
+// rule: below about 45 kB per hop on a TPU v5e, the latency dominates), else bandwidth.
+Bound ring_hop_bound(const HardwareProfile& hw, std::int64_t bytes);
 // The chunks each step of an all_gather_einsum ring multiplies on a group of `members`:
 // one per step one way round ({1, 1, ..., 1}, `members` steps), or, both ways round, the
 // own shard first and then the two that arrived from either side ({1, 2, .., 2[, 1]}).

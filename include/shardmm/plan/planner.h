@@ -54,6 +54,10 @@ struct MatmulPlanning {
   // with the fewest synchronizations within PlanOptions::tie_margin of the cheapest's time
   // (then the cheaper, then the earlier).
   int chosen = -1;
+  // Without an output spec the candidates cover every output layout, unless that would be
+  // more combinations of the mesh axes' roles than the planner weighs: then (false) only the
+  // output layouts the inputs' sharded axes give.
+  bool every_output_layout = true;
 };
 
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& contraction, const DimSizes& sizes,

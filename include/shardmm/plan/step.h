@@ -76,6 +76,15 @@ bool multiplies(OpKind op);
 // The collective matmuls.
 bool is_collective_matmul(OpKind op);
 
+// Which term of the cost model sets a step's predicted time (docs/cost-model.md, "What bounds
+// a step"): a collective is latency-bound when its fixed per-hop costs (a calibrated fit's
+// alpha) outweigh the time its bytes take on the links, bandwidth-bound otherwise; a local
+// einsum is compute- or memory-bound by the roofline, and a slice or to_partial is a local
+// copy (memory); a collective matmul is compute-bound when its GEMMs outlast its transfers,
+// otherwise bound as one of its hops is. none: the step costs nothing (a group of one device).
+enum class Bound { none, latency, bandwidth, compute, memory };
+const char* to_string(Bound bound);
+
 enum class DType { bf16, f16, f32, f64 };
 const char* to_string(DType dtype);
 int dtype_bytes(DType dtype);
@@ -97,6 +106,7 @@ struct Step {
   std::int64_t bytes_received = 0;  // per device, the most any device receives
   double flops = 0;                 // per device, the most any device computes
   double time_s = 0;                // predicted (collective matmuls: overlapped, see docs/cost-model.md)
+  Bound bound = Bound::none;        // which term of the model sets time_s
   // Collective matmuls only.
   int ring_operand = -1;            // all_gather_einsum: the gathered operand (0: from, 1: from_b)
   bool bidirectional = false;       // shards (all_gather_einsum) or partial sums (einsum_reduce_scatter)
