@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "shardmm/core/dtype.h"
 #include "shardmm/core/mesh.h"
 #include "shardmm/core/spec.h"
 
@@ -75,11 +76,6 @@ bool is_collective(OpKind op);
 bool multiplies(OpKind op);
 // The collective matmuls.
 bool is_collective_matmul(OpKind op);
-
-enum class DType { bf16, f16, f32, f64 };
-const char* to_string(DType dtype);
-int dtype_bytes(DType dtype);
-DType parse_dtype(std::string_view text);  // throws InputError
 
 struct Step {
   OpKind op = OpKind::einsum;

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "shardmm/plan/step.h"
+#include "shardmm/core/dtype.h"
 
 namespace shardmm {
 
