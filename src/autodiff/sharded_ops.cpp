@@ -6,8 +6,8 @@
 #include <stdexcept>
 
 #include "autodiff/tape_impl.h"
-#include "plan/steps.h"
 #include "shardmm/core/error.h"
+#include "shardmm/plan/step_builder.h"
 
 namespace shardmm::autodiff {
 
@@ -86,7 +86,7 @@ Var step_node(Var x, Step step, Gathered keep = Gathered::kept) {
 
 Var single_step(Var x, OpKind op, AxisList axes, int dim = -1, int dst_dim = -1, Gathered keep = Gathered::kept) {
   Tape::Impl& t = x.tape().impl();
-  Step step = detail::make_step(op, x.spec(), std::move(axes), dim, dst_dim);
+  Step step = make_step(op, x.spec(), std::move(axes), dim, dst_dim);
   t.cost(step, x.shape());
   return step_node(x, std::move(step), keep);
 }
