@@ -25,8 +25,8 @@ namespace shardmm::cli {
 using Json = nlohmann::ordered_json;
 
 // A subcommand: its CLI11 app and what it does once its flags are parsed. `run` writes
-// the command's whole output to `out`; main() prints it only when `run` returns, so a
-// failing command leaves stdout empty.
+// the command's whole output to `out`, a buffer that run_cli (cli.h) passes on to its own
+// `out` only when `run` returns, so a failing command leaves that stream empty.
 struct Command {
   CLI::App* app = nullptr;
   std::function<int(std::ostream& out)> run;

@@ -27,7 +27,7 @@ class StepCoster {
   StepCoster(const Mesh& mesh, const PlanOptions& options) : mesh_(mesh), options_(options) {}
 
   void cost(Step& step, const std::vector<std::int64_t>& shape);
-  // `shapes` gives each letter's global size.
+  // `sizes` gives each letter's global size.
   void cost_einsum(Step& step, const DimSizes& sizes);
 
   // Largest per-device bytes of `spec` over `shape`.

@@ -1,6 +1,6 @@
 // Plans: printable lists of steps that turn sharded inputs into a sharded output.
 //
-//   Plan p = plan_reshard(mesh, from, to, shape, DType::f32, profile);
+//   Plan p = plan_reshard(mesh, from, to, shape, PlanOptions{DType::f32, profile});  // planner.h
 //   for (const Step& s : p.steps) std::cout << to_string(s.op) << "\n";
 //
 // Each collective's layout transition (group G = `axes`, major to minor):
