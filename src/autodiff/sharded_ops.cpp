@@ -151,7 +151,7 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
     validate_spec(c, mesh);
   } catch (const InputError& e) {
     throw InputError(what + " cannot run locally: its output would be " + format_spec(c, mesh) + ", and " +
-                     e.headline() + "; reshard an operand, or use planned_einsum");
+                     e.headline(field) + "; reshard an operand, or use planned_einsum");
   }
   return c;
 }
