@@ -6,8 +6,8 @@
 #include <stdexcept>
 
 #include "autodiff/tape_impl.h"
-#include "plan/steps.h"
 #include "shardmm/core/error.h"
+#include "shardmm/plan/step_builder.h"
 
 namespace shardmm::autodiff {
 
@@ -86,7 +86,7 @@ Var step_node(Var x, Step step, Gathered keep = Gathered::kept) {
 
 Var single_step(Var x, OpKind op, AxisList axes, int dim = -1, int dst_dim = -1, Gathered keep = Gathered::kept) {
   Tape::Impl& t = x.tape().impl();
-  Step step = detail::make_step(op, x.spec(), std::move(axes), dim, dst_dim);
+  Step step = make_step(op, x.spec(), std::move(axes), dim, dst_dim);
   t.cost(step, x.shape());
   return step_node(x, std::move(step), keep);
 }
@@ -151,7 +151,7 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
     validate_spec(c, mesh);
   } catch (const InputError& e) {
     throw InputError(what + " cannot run locally: its output would be " + format_spec(c, mesh) + ", and " +
-                     e.headline() + "; reshard an operand, or use planned_einsum");
+                     e.headline(field) + "; reshard an operand, or use planned_einsum");
   }
   return c;
 }

@@ -4,8 +4,8 @@
 #include <stdexcept>
 
 #include "autodiff/tape_impl.h"
-#include "plan/steps.h"
 #include "shardmm/core/error.h"
+#include "shardmm/plan/step_builder.h"
 #include "shardmm/runtime/kernels.h"
 
 namespace shardmm::autodiff {
@@ -77,8 +77,7 @@ std::int64_t Tape::Impl::local_bytes(const Spec& spec, const Shape& shape) const
 }
 
 void Tape::Impl::cost(Step& step, const Shape& shape) const {
-  detail::StepCoster coster(mesh, plan_options);
-  coster.cost(step, shape);
+  cost_step(step, mesh, shape, plan_options);
 }
 
 Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
@@ -126,8 +125,7 @@ Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& 
   add_sizes(sizes, a.spec, a_shape);
   add_sizes(sizes, b.spec, b_shape);
   add_sizes(sizes, out, out_shape);
-  detail::StepCoster coster(mesh, plan_options);
-  coster.cost_einsum(step, sizes);
+  cost_einsum(step, mesh, sizes, plan_options);
   return record(step, sizes, a, &b, out_shape);
 }
 

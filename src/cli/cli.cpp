@@ -19,6 +19,14 @@ namespace {
 // Under mpirun every rank parses the same flags and fails alike: only rank 0 says so.
 bool quiet_rank() { return process_rank("mpi") != 0; }
 
+// The library names the input a message is about by its field ("dims", "warmup_time"); the
+// command says which flag gives it.
+std::string flag_of(std::string_view field) {
+  std::string flag = "--" + std::string(field);
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
 int input_error(std::ostream& err, const std::string& headline, const std::string& context = "") {
   if (quiet_rank()) return 2;
   err << "shardmm: error: " << headline << "\n";
@@ -233,7 +241,7 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       }
       return status;
     } catch (const InputError& e) {
-      return input_error(err, e.headline(), e.context());
+      return input_error(err, e.headline(flag_of), e.context());
     } catch (const std::exception& e) {
       err << "shardmm: internal error: " << e.what() << " (please report it with the command line)\n";
       return 1;

@@ -1,5 +1,5 @@
-// The shardmm subcommands, one file each (cmd_<name>.cpp). main() registers every
-// command listed here, in this order (the order of `shardmm --help`).
+// The shardmm subcommands, one file each (cmd_<name>.cpp). run_cli (cli.cpp) registers
+// every command listed here, in this order (the order of `shardmm --help`).
 #pragma once
 
 #include "cli/common.h"

@@ -113,25 +113,6 @@ Mesh parse_mesh(std::string_view text) {
   return mesh;
 }
 
-void check_tensor_bytes(const Spec& spec, const DimSizes& sizes, DType dtype) {
-  std::int64_t bytes = dtype_bytes(dtype);
-  bool overflow = false;
-  std::vector<std::string> factors;
-  for (const DimSpec& d : spec.dims) {
-    const auto it = sizes.find(d.name);
-    if (it == sizes.end()) continue;  // global_shape names it below
-    overflow = __builtin_mul_overflow(bytes, it->second, &bytes) || overflow;
-    factors.push_back(d.name + "=" + std::to_string(it->second));
-  }
-  if (overflow) {
-    throw InputError((spec.tensor.empty() ? std::string("the tensor") : "tensor " + spec.tensor) +
-                     " has more bytes than a signed 64-bit count holds (2^63 - 1): " + join(factors, " x ") +
-                     " elements of " + std::to_string(dtype_bytes(dtype)) + " B (" + to_string(dtype) +
-                     "); give smaller --dims");
-  }
-  global_shape(spec, sizes);
-}
-
 void check_backend(const std::string& backend, const Mesh& mesh) {
   const std::vector<std::string> backends = available_backends();
   if (std::find(backends.begin(), backends.end(), backend) == backends.end()) {
@@ -205,19 +186,6 @@ std::int64_t parse_byte_size(std::string_view text, std::string_view flag) {
   if (!(bytes >= 1)) fail("a byte size must be at least 1 byte", start, end - start);
   if (bytes >= 9.2e18) fail("more bytes than a signed 64-bit count holds", start, end - start);
   return static_cast<std::int64_t>(bytes);
-}
-
-void check_dims_used(const DimSizes& sizes, const std::vector<const Spec*>& specs) {
-  std::set<std::string> named;
-  for (const Spec* s : specs) {
-    for (const DimSpec& d : s->dims) named.insert(d.name);
-  }
-  for (const auto& [name, size] : sizes) {
-    if (!named.count(name)) {
-      throw InputError("--dims gives a size for '" + name + "', which no tensor names (the dimensions are " +
-                       join({named.begin(), named.end()}, ", ") + "); every size must belong to a dimension");
-    }
-  }
 }
 
 // --- units ---

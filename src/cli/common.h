@@ -25,8 +25,8 @@ namespace shardmm::cli {
 using Json = nlohmann::ordered_json;
 
 // A subcommand: its CLI11 app and what it does once its flags are parsed. `run` writes
-// the command's whole output to `out`; main() prints it only when `run` returns, so a
-// failing command leaves stdout empty.
+// the command's whole output to `out`, a buffer that run_cli (cli.h) passes on to its own
+// `out` only when `run` returns, so a failing command leaves that stream empty.
 struct Command {
   CLI::App* app = nullptr;
   std::function<int(std::ostream& out)> run;
@@ -85,9 +85,6 @@ Planning make_planning(const PlanningFlags& flags);
 inline constexpr std::int64_t kMaxDevices = std::int64_t{1} << 24;
 // Mesh::parse, and the device limit.
 Mesh parse_mesh(std::string_view text);
-// Rejects a tensor whose bytes do not fit in a signed 64-bit count (and, through
-// global_shape, a dimension without a size).
-void check_tensor_bytes(const Spec& spec, const DimSizes& sizes, DType dtype);
 
 // The threads backend runs one thread per device on this machine; past about a thousand
 // threads the run is slow and its memory grows with the square of the device count.
@@ -98,9 +95,6 @@ void check_backend(const std::string& backend, const Mesh& mesh);
 // "16GiB", "512 MiB", "1e9", "1.5GB": bytes (rounded to the nearest byte). Throws InputError
 // naming the text and the accepted forms; `flag` names the option in the message.
 std::int64_t parse_byte_size(std::string_view text, std::string_view flag);
-
-// Rejects sizes in `sizes` that no tensor in `specs` names (a likely typo).
-void check_dims_used(const DimSizes& sizes, const std::vector<const Spec*>& specs);
 
 // --- units: three significant digits, binary units for bytes, SI for rates ---
 

@@ -79,7 +79,7 @@ Spec parse_operand(std::string_view src, std::size_t from, std::size_t to, const
       pos = text::byte_of_column(part, col);
       len = std::max<std::size_t>(1, text::byte_of_column(part, col + width) - pos);
     }
-    throw InputError(e.headline(), src, from + pos, len);
+    throw InputError(e.headline(field), src, from + pos, len);
   }
   if (spec.tensor.empty()) spec.tensor = default_name;
   return spec;

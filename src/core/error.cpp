@@ -1,6 +1,7 @@
 #include "shardmm/core/error.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "core/text.h"
@@ -52,15 +53,55 @@ std::string printable(std::string_view s) {
   });
 }
 
+// Control characters bracket a field's name: printable() escapes any in user text, so only
+// field() writes them where they mark a field.
+constexpr char kFieldOpen = '\x1e', kFieldClose = '\x1f';
+
 }  // namespace
 
-InputError::InputError(std::string headline)
-    : std::runtime_error(printable(headline)), headline_(printable(std::move(headline))) {}
+std::string field(std::string_view name) { return kFieldOpen + std::string(name) + kFieldClose; }
+
+// The marks come out before printable() runs on the pieces between them. A pair of marks in
+// user text is taken for a field, so at worst a front end respells the user's own text; the
+// headline stays printable.
+InputError::Headline InputError::parse_headline(std::string_view marked) {
+  Headline h;
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t open = marked.find(kFieldOpen, from);
+    const std::size_t close = open == marked.npos ? marked.npos : marked.find(kFieldClose, open + 1);
+    if (close == marked.npos) break;
+    h.text += printable(marked.substr(from, open - from));
+    const std::string name = printable(marked.substr(open + 1, close - open - 1));
+    h.fields.push_back({h.text.size(), name.size()});
+    h.text += name;
+    from = close + 1;
+  }
+  h.text += printable(marked.substr(from));
+  return h;
+}
+
+InputError::InputError(std::string headline) : InputError(parse_headline(headline), "") {}
 
 InputError::InputError(std::string headline, std::string_view text, std::size_t pos, std::size_t len)
-    : std::runtime_error(printable(headline) + "\n" + quote_with_caret(text, pos, len)),
-      headline_(printable(std::move(headline))),
-      context_(quote_with_caret(text, pos, len)) {}
+    : InputError(parse_headline(headline), quote_with_caret(text, pos, len)) {}
+
+InputError::InputError(Headline headline, std::string context)
+    : std::runtime_error(context.empty() ? headline.text : headline.text + "\n" + context),
+      headline_(std::move(headline.text)),
+      fields_(std::move(headline.fields)),
+      context_(std::move(context)) {}
+
+std::string InputError::headline(const std::function<std::string(std::string_view field)>& spell) const {
+  std::string out;
+  std::size_t from = 0;
+  for (const FieldName& f : fields_) {
+    out.append(headline_, from, f.pos - from);
+    out += spell(std::string_view(headline_).substr(f.pos, f.len));
+    from = f.pos + f.len;
+  }
+  return out + headline_.substr(from);
+}
 
 long long checked_mul(long long a, long long b, std::string_view what) {
   long long r = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "core/text.h"
 #include "shardmm/core/error.h"
@@ -428,7 +429,7 @@ std::string format_spec_unchecked(const Spec& spec, const Mesh& mesh) {
 DimSizes parse_dims(std::string_view src) {
   DimSizes sizes;
   if (src.find_first_not_of(" \t") == std::string_view::npos) {
-    throw InputError("empty --dims; give each dimension's size as NAME=SIZE, e.g. I=8192,J=4096");
+    throw InputError("empty " + field("dims") + "; give each dimension's size as NAME=SIZE, e.g. I=8192,J=4096");
   }
   std::size_t pos = 0;
   while (pos <= src.size()) {
@@ -472,13 +473,55 @@ std::vector<std::int64_t> global_shape(const Spec& spec, const DimSizes& sizes) 
     auto it = sizes.find(d.name);
     if (it == sizes.end()) {
       throw InputError("dimension '" + d.name + "' of " + (spec.tensor.empty() ? "the tensor" : spec.tensor) +
-                       " has no size; add " + d.name + "=<size> to --dims");
+                       " has no size; add " + d.name + "=<size> to " + field("dims"));
     }
     shape.push_back(it->second);
     elements = checked_mul(elements, it->second,
                            "the element count of " + (spec.tensor.empty() ? std::string("the tensor") : spec.tensor));
   }
   return shape;
+}
+
+namespace {
+
+std::string joined(const std::vector<std::string>& parts, std::string_view separator) {
+  std::string out;
+  for (const std::string& p : parts) out += (out.empty() ? "" : std::string(separator)) + p;
+  return out;
+}
+
+}  // namespace
+
+void check_dims_used(const DimSizes& sizes, const std::vector<const Spec*>& specs) {
+  std::set<std::string> named;
+  for (const Spec* s : specs) {
+    for (const DimSpec& d : s->dims) named.insert(d.name);
+  }
+  for (const auto& [name, size] : sizes) {
+    if (!named.count(name)) {
+      throw InputError(field("dims") + " gives a size for '" + name + "', which no tensor names (the dimensions are " +
+                       joined({named.begin(), named.end()}, ", ") + "); every size must belong to a dimension");
+    }
+  }
+}
+
+void check_tensor_bytes(const Spec& spec, const DimSizes& sizes, DType dtype) {
+  std::int64_t bytes = dtype_bytes(dtype);
+  bool overflow = false;
+  std::vector<std::string> factors;
+  for (const DimSpec& d : spec.dims) {
+    const auto it = sizes.find(d.name);
+    if (it == sizes.end()) continue;  // global_shape names it below
+    overflow = __builtin_mul_overflow(bytes, it->second, &bytes) || overflow;
+    factors.push_back(d.name + "=" + std::to_string(it->second));
+  }
+  if (overflow) {
+    throw InputError((spec.tensor.empty() ? std::string("the tensor") : "tensor " + spec.tensor) +
+                     " has more bytes than a signed 64-bit count holds (2^63 - 1): " + joined(factors, " x ") +
+                     " elements of " + std::to_string(dtype_bytes(dtype)) + " B (" + to_string(dtype) +
+                     "); give smaller " + field("dims"));
+  }
+  global_shape(spec, sizes);
 }
 
 }  // namespace shardmm

@@ -96,11 +96,11 @@ std::vector<Strategy> parse_strategies(std::string_view text) {
     const auto it = std::find_if(std::begin(kStrategies), std::end(kStrategies),
                                  [&](Strategy s) { return part == to_string(s); });
     if (it == std::end(kStrategies)) {
-      throw InputError("unknown strategy '" + std::string(part) + "' in --strategy '" + std::string(text) +
+      throw InputError("unknown strategy '" + std::string(part) + "' in " + field("strategy") + " '" + std::string(text) +
                        "'; the strategies are tp, sp, fsdp, dp, ep, combined with '+' (e.g. dp+tp)");
     }
     if (std::find(out.begin(), out.end(), *it) != out.end()) {
-      throw InputError("strategy '" + std::string(part) + "' appears twice in --strategy '" + std::string(text) +
+      throw InputError("strategy '" + std::string(part) + "' appears twice in " + field("strategy") + " '" + std::string(text) +
                        "'; each strategy takes one mesh axis, so name it once");
     }
     out.push_back(*it);
@@ -153,16 +153,16 @@ ModelConfig make_model_config(std::string_view layer, std::string_view strategie
   const bool ok = std::any_of(accepted.begin(), accepted.end(),
                               [&](const std::string& a) { return same_set(parse_strategies(a), m.strategies); });
   if (!ok) {
-    throw InputError("layer " + std::string(to_string(m.layer)) + " does not take --strategy '" +
+    throw InputError("layer " + std::string(to_string(m.layer)) + " does not take " + field("strategy") + " '" +
                      std::string(strategies) + "'; it takes " + joined(accepted));
   }
 
   // Axes: by name first, then the remaining axes in declared order.
   const std::size_t n = m.strategies.size();
   if (static_cast<std::size_t>(mesh.rank()) != n) {
-    throw InputError("--strategy " + written(m.strategies) + " needs a mesh of " + std::to_string(n) + " ax" +
-                     (n == 1 ? "is" : "es") + " (one per strategy), but --mesh " + mesh.to_string() + " has " +
-                     std::to_string(mesh.rank()) + "; e.g. --mesh " +
+    throw InputError(field("strategy") + " " + written(m.strategies) + " needs a mesh of " + std::to_string(n) + " ax" +
+                     (n == 1 ? "is" : "es") + " (one per strategy), but " + field("mesh") + " " + mesh.to_string() + " has " +
+                     std::to_string(mesh.rank()) + "; e.g. " + field("mesh") + " " +
                      (n == 1 ? std::string(to_string(m.strategies[0])) + "=4"
                              : std::string(to_string(m.strategies[0])) + "=2," + to_string(m.strategies[1]) + "=4"));
   }
@@ -189,18 +189,18 @@ ModelConfig make_model_config(std::string_view layer, std::string_view strategie
   for (const std::string& d : known) described.push_back(d + " (" + dim_meaning(d) + ")");
   for (const auto& [name, size] : dims) {
     if (std::find(known.begin(), known.end(), name) == known.end()) {
-      throw InputError("--dims names " + name + ", which layer " + to_string(m.layer) + " does not use; it takes " +
+      throw InputError(field("dims") + " names " + name + ", which layer " + to_string(m.layer) + " does not use; it takes " +
                        joined(described));
     }
     if (size < 1) {
-      throw InputError("--dims " + name + "=" + std::to_string(size) + ": the " + dim_meaning(name) +
+      throw InputError(field("dims") + " " + name + "=" + std::to_string(size) + ": the " + dim_meaning(name) +
                        " must be at least 1");
     }
   }
   for (const std::string& d : need) {
     if (!dims.count(d)) {
       throw InputError("layer " + std::string(to_string(m.layer)) + " needs " + d + " (" + dim_meaning(d) +
-                       ") in --dims; it takes " + joined(described));
+                       ") in " + field("dims") + "; it takes " + joined(described));
     }
   }
   m.dims = dims;

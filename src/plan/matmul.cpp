@@ -302,7 +302,7 @@ class MatmulPlanner {
   void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target, const std::vector<Step>& a_steps,
                 const std::vector<Step>& b_steps, const std::vector<Step>& c_steps) {
     Plan plan;
-    Step einsum = detail::make_step(OpKind::einsum, a, {});
+    Step einsum = make_step(OpKind::einsum, a, {});
     einsum.tensor = c_.out_tensor;
     einsum.operand = 2;
     einsum.from_b = b;

@@ -6,7 +6,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
 
-namespace shardmm::detail {
+namespace shardmm {
 
 Step make_step(OpKind op, const Spec& from, AxisList axes, int dim, int dst_dim) {
   Step s;
@@ -55,6 +55,18 @@ Step make_step(OpKind op, const Spec& from, AxisList axes, int dim, int dst_dim)
   }
   return s;
 }
+
+void cost_step(Step& step, const Mesh& mesh, const std::vector<std::int64_t>& shape, const PlanOptions& options) {
+  detail::StepCoster(mesh, options).cost(step, shape);
+}
+
+void cost_einsum(Step& step, const Mesh& mesh, const DimSizes& sizes, const PlanOptions& options) {
+  detail::StepCoster(mesh, options).cost_einsum(step, sizes);
+}
+
+}  // namespace shardmm
+
+namespace shardmm::detail {
 
 std::size_t common_prefix(const AxisList& a, const AxisList& b) {
   std::size_t n = 0;

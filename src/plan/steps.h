@@ -1,4 +1,5 @@
-// Building and costing plan steps (private to the plan layer).
+// Building and costing plan steps (private to the plan layer; plan/step_builder.h is the
+// public door to one step).
 #pragma once
 
 #include <cstdint>
@@ -10,12 +11,10 @@
 #include "shardmm/plan/cost.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/plan/step.h"
+#include "shardmm/plan/step_builder.h"
 
 namespace shardmm::detail {
 
-// The layout after applying `op` over `axes` to `from` (see plan/step.h for each op's
-// transition). `dim` / `dst_dim` as in Step.
-Step make_step(OpKind op, const Spec& from, AxisList axes, int dim = -1, int dst_dim = -1);
 // How many leading axes two axis lists share.
 std::size_t common_prefix(const AxisList& a, const AxisList& b);
 // The exchange from `from` to `to` (plan/step.h), which must have the same pending sums.
@@ -28,7 +27,7 @@ class StepCoster {
   StepCoster(const Mesh& mesh, const PlanOptions& options) : mesh_(mesh), options_(options) {}
 
   void cost(Step& step, const std::vector<std::int64_t>& shape);
-  // `shapes` gives each letter's global size.
+  // `sizes` gives each letter's global size.
   void cost_einsum(Step& step, const DimSizes& sizes);
 
   // Largest per-device bytes of `spec` over `shape`.

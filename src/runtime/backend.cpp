@@ -53,7 +53,7 @@ void run_backend(std::string_view backend, const Mesh& mesh, const std::function
       const auto ranks_on_node = local ? std::max(1, std::atoi(local)) : static_cast<int>(mesh.device_count());
       blas::set_threads(blas::threads_per_rank(detail::machine_cores(), ranks_on_node));
     }
-    return detail::run_mpi(mesh, body, {options.check, watchdog_s});
+    return detail::run_mpi(mesh, body, {options.check, watchdog_s, blas::threads()});
   }
 #endif
   std::string have;

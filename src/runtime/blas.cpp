@@ -24,7 +24,7 @@ void cblas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const doubl
 
 void check_ld(const char* name, std::int64_t ld, std::int64_t row) {
   if (ld < std::max<std::int64_t>(1, row)) {
-    throw InputError("gemm: " + std::string(name) + " = " + std::to_string(ld) +
+    throw UsageError("gemm: " + std::string(name) + " = " + std::to_string(ld) +
                      " is shorter than a stored row of " + std::to_string(row) +
                      " elements: a leading dimension must be >= max(1, row length)");
   }
@@ -39,10 +39,10 @@ void gemm_split(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std:
                 T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
                 std::int64_t ldc, std::int64_t limit) {
   if (m < 0 || n < 0 || k < 0) {
-    throw InputError("gemm: negative size m=" + std::to_string(m) + " n=" + std::to_string(n) +
+    throw UsageError("gemm: negative size m=" + std::to_string(m) + " n=" + std::to_string(n) +
                      " k=" + std::to_string(k) + ": sizes must be >= 0");
   }
-  if (limit < 1) throw InputError("gemm: split limit " + std::to_string(limit) + " must be >= 1");
+  if (limit < 1) throw UsageError("gemm: split limit " + std::to_string(limit) + " must be >= 1");
   check_ld("lda", lda, trans_a ? m : k);
   check_ld("ldb", ldb, trans_b ? k : n);
   check_ld("ldc", ldc, n);
@@ -110,7 +110,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 
 void set_threads(int n) {
   if (n < 1) {
-    throw InputError("blas thread count " + std::to_string(n) + " must be >= 1");
+    throw UsageError("blas thread count " + std::to_string(n) + " must be >= 1");
   }
   openblas_set_num_threads(n);
 }
@@ -119,7 +119,7 @@ int threads() { return openblas_get_num_threads(); }
 
 int threads_per_rank(int cores, int ranks_on_node) {
   if (cores < 1 || ranks_on_node < 1) {
-    throw InputError("threads_per_rank: cores=" + std::to_string(cores) +
+    throw UsageError("threads_per_rank: cores=" + std::to_string(cores) +
                      " ranks_on_node=" + std::to_string(ranks_on_node) + ": both must be >= 1");
   }
   return std::max(1, cores / ranks_on_node);

@@ -275,8 +275,8 @@ std::vector<std::int64_t> calibration_sizes(bool quick) {
 CalibrationResult calibrate(const CalibrateOptions& o) {
   if (o.mesh.device_count() < 2) {
     throw InputError("cannot calibrate on mesh " + o.mesh.to_string() +
-                     ": it has one device, so no collective can be measured; give a mesh of two or more, e.g. "
-                     "--mesh X=2");
+                     ": it has one device, so no collective can be measured; give a mesh of two or more, e.g. " +
+                     field("mesh") + " X=2");
   }
   const int trials = o.quick ? 3 : 5;
   CalibrationResult result;
@@ -325,7 +325,8 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
       if (!(segments.back().fit.beta_s_per_byte > 0)) {
         throw InputError(std::string("calibration failed: ") + to_string(op) + " on " + std::to_string(n) +
                          " ranks took no longer for larger messages, so it has no per-byte cost to fit (the "
-                         "timings were too noisy); run it again on a quieter machine, or without --quick");
+                         "timings were too noisy); run it again on a quieter machine, or without " +
+                         field("quick"));
       }
       for (const AlphaBetaSegment& seg : segments) {
         cal.collectives.push_back({op, n, seg.fit.alpha_s, seg.fit.beta_s_per_byte,

@@ -17,7 +17,7 @@ CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
   if (o.dtype != DType::f32 && o.dtype != DType::f64) {
     throw InputError(std::string("collectives run in f32 or f64; got ") + to_string(o.dtype));
   }
-  if (o.trials < 1) throw InputError("--trials must be at least 1");
+  if (o.trials < 1) throw InputError(field("trials") + " must be at least 1");
   const std::int64_t n = o.mesh.group_size(o.group);
   const std::int64_t eb = dtype_bytes(o.dtype);
   CollectiveBenchReport report;

@@ -749,7 +749,7 @@ struct Executor::Impl {
 
   void check_input(const DistTensor& t, const Spec& expected, const char* which) const {
     if (!(t.spec() == expected) || t.dtype() != dtype || t.device() != me) {
-      throw InputError(std::string("the plan starts from ") + which + " = " + format_spec(expected, mesh) +
+      throw UsageError(std::string("the plan starts from ") + which + " = " + format_spec(expected, mesh) +
                        " in " + to_string(dtype) + " on device " + std::to_string(me) + "; got " +
                        format_spec(t.spec(), mesh) + " in " + to_string(t.dtype()) + " on device " +
                        std::to_string(t.device()));
@@ -765,7 +765,7 @@ struct Executor::Impl {
       StepState& st = states[i];
       const int which = multiplies(step.op) ? 0 : step.operand;
       const DistTensor* in = current[which];
-      if (!in) throw InputError("this plan multiplies two operands; pass both to Executor::run");
+      if (!in) throw UsageError("this plan multiplies two operands; pass both to Executor::run");
       if (which < 2 && !checked[which]) {
         check_input(*in, step.from, which == 0 ? "the first operand" : "the second operand");
         checked[which] = true;

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "shardmm/core/dtype.h"
 #include "shardmm/core/mesh.h"
-#include "shardmm/plan/step.h"
 #include "shardmm/runtime/communicator.h"
 
 namespace shardmm::detail {

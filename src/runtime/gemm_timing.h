@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "runtime/bench_timing.h"
-#include "shardmm/plan/step.h"
+#include "shardmm/core/dtype.h"
 #include "shardmm/runtime/blas.h"
 
 namespace shardmm::detail {

@@ -71,7 +71,7 @@ void walk_box(const char* what, const T* src, const Shape& src_shape, const Shap
   const std::size_t rank = extent.size();
   if (src_shape.size() != rank || src_offset.size() != rank || dst_shape.size() != rank ||
       dst_offset.size() != rank) {
-    throw InputError(std::string(what) + ": ranks differ (src shape " + show(src_shape) +
+    throw UsageError(std::string(what) + ": ranks differ (src shape " + show(src_shape) +
                      ", src offset " + show(src_offset) + ", dst shape " + show(dst_shape) +
                      ", dst offset " + show(dst_offset) + ", extent " + show(extent) +
                      "): all must have the same rank");
@@ -79,7 +79,7 @@ void walk_box(const char* what, const T* src, const Shape& src_shape, const Shap
   auto check = [&](const char* side, const Shape& shape, const Shape& offset) {
     for (std::size_t d = 0; d < rank; ++d) {
       if (shape[d] < 0 || extent[d] < 0 || offset[d] < 0 || offset[d] > shape[d] - extent[d]) {
-        throw InputError(std::string(what) + ": box of extent " + show(extent) + " at offset " +
+        throw UsageError(std::string(what) + ": box of extent " + show(extent) + " at offset " +
                          show(offset) + " does not fit in " + side + " shape " + show(shape) +
                          ": need 0 <= offset and offset + extent <= shape in every dimension");
       }
@@ -222,13 +222,13 @@ void permute(const T* src, const Shape& shape, const std::vector<int>& perm, T* 
   }
   if (!valid) {
     Shape p(perm.begin(), perm.end());
-    throw InputError("permute: " + show(p) + " is not a permutation of the " +
+    throw UsageError("permute: " + show(p) + " is not a permutation of the " +
                      std::to_string(rank) + " dimensions of shape " + show(shape) +
                      ": each of 0.." + std::to_string(static_cast<long>(rank) - 1) +
                      " must appear exactly once");
   }
   for (std::int64_t e : shape) {
-    if (e < 0) throw InputError("permute: negative extent in shape " + show(shape));
+    if (e < 0) throw UsageError("permute: negative extent in shape " + show(shape));
   }
   rearrange<false>(src, shape, row_major_strides(shape), perm, dst);
 }
@@ -363,23 +363,23 @@ std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
     std::set<std::string> seen;
     for (const std::string& name : *names) {
       if (!seen.insert(name).second) {
-        throw InputError(where + ": dimension '" + name + "' appears twice in " + label +
+        throw UsageError(where + ": dimension '" + name + "' appears twice in " + label +
                          ": a dimension appears at most once per operand");
       }
       auto it = extents.find(name);
       if (it == extents.end()) {
-        throw InputError(where + ": no extent given for dimension '" + name +
+        throw UsageError(where + ": no extent given for dimension '" + name +
                          "': every dimension needs one");
       }
       if (it->second < 0) {
-        throw InputError(where + ": dimension '" + name + "' has extent " +
+        throw UsageError(where + ": dimension '" + name + "' has extent " +
                          std::to_string(it->second) + ": extents must be >= 0");
       }
     }
   }
   for (const std::string& name : layout.c) {
     if (!contains(layout.a, name) && !contains(layout.b, name)) {
-      throw InputError(where + ": output dimension '" + name +
+      throw UsageError(where + ": output dimension '" + name +
                        "' is in neither input: every output dimension comes from an input");
     }
   }
@@ -405,7 +405,7 @@ std::unique_ptr<LocalEinsum::Impl> LocalEinsum::Impl::plan(EinsumLayout layout,
       const auto it = held.find(name);
       shape.push_back(it == held.end() ? ext(name) : it->second);
       if (shape.back() < ext(name)) {
-        throw InputError(where + ": the buffer of " + label + " has extent " + std::to_string(shape.back()) +
+        throw UsageError(where + ": the buffer of " + label + " has extent " + std::to_string(shape.back()) +
                          " for dimension '" + name + "', less than the einsum's " + std::to_string(ext(name)) +
                          ": an operand's buffer holds at least the einsum's extent of each dimension");
       }

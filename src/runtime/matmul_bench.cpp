@@ -120,7 +120,7 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
   if (std::all_of(dims.begin(), dims.end(), [&](const std::string& d) { return o.fixed.count(d) > 0; })) {
     throw InputError("every dimension (" + join_names(dims) +
                      ") already has a fixed size, so the swept sizes would set none; leave at least one out of the "
-                     "fixed sizes (--dims)");
+                     "fixed sizes (" + field("dims") + ")");
   }
 
   MatmulBenchReport report;

@@ -12,7 +12,7 @@
 #define SHARDMM_X86_KERNELS 1
 #endif
 
-#include "shardmm/plan/step.h"
+#include "shardmm/core/dtype.h"
 
 namespace shardmm::detail {
 

@@ -41,7 +41,7 @@ std::string format_seconds(double s) {
 
 void check_warmup_time(double seconds) {
   if (!(seconds >= 0 && seconds <= kMaxWarmupSeconds)) {
-    throw InputError("--warmup-time " + format_seconds(seconds) + ": must be 0 to " + format_seconds(kMaxWarmupSeconds) +
+    throw InputError(field("warmup_time") + " " + format_seconds(seconds) + ": must be 0 to " + format_seconds(kMaxWarmupSeconds) +
                      " seconds");
   }
 }
@@ -151,7 +151,7 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
   if (req.mem_limit_bytes && device0 > *req.mem_limit_bytes) {
     throw InputError("the run needs " + format_bytes(need.device_bytes) + " on device 0 (its inputs, and every step's " +
                      "buffers, which the executor keeps between repeats)" + verifying + ", over the memory limit of " +
-                     format_bytes(*req.mem_limit_bytes) + " per device; use smaller --dims or more devices");
+                     format_bytes(*req.mem_limit_bytes) + " per device; use smaller " + field("dims") + " or more devices");
   }
   const std::int64_t available = req.available_bytes ? *req.available_bytes : available_memory();
   if (need.total_bytes > available) {
@@ -163,8 +163,8 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
                       (need.devices_sharing == 1 ? " process (device)" : " processes (devices)") + " on this node";
     throw InputError("the run needs " + format_bytes(need.device_bytes) + " per device x " + sharing + verifying +
                      " = " + format_bytes(need.total_bytes) + ", but only " + format_bytes(available) +
-                     " is available; use smaller --dims or " +
-                     (threads ? "more processes (--backend mpi, across machines)" : "more machines"));
+                     " is available; use smaller " + field("dims") + " or " +
+                     (threads ? "more processes (" + field("backend") + " mpi, across machines)" : "more machines"));
   }
 }
 
@@ -177,7 +177,7 @@ std::function<void(Communicator&)> allocation_failure_as_input_error(const Memor
       body(comm);
     } catch (const std::bad_alloc&) {
       throw InputError("out of memory on device " + std::to_string(comm.rank()) + " (the run was estimated at " +
-                       format_bytes(need.device_bytes) + " per device); use smaller --dims or more devices");
+                       format_bytes(need.device_bytes) + " per device); use smaller " + field("dims") + " or more devices");
     }
   };
 }
@@ -272,7 +272,7 @@ RunReport run_plan(const RunRequest& req) {
   check_operands(req);
   const bool matmul = req.contraction != nullptr;
   if (req.repeat < 1 || req.warmup < 0) {
-    throw InputError("--repeat must be at least 1 and --warmup at least 0 (got " + std::to_string(req.repeat) + " and " +
+    throw InputError(field("repeat") + " must be at least 1 and " + field("warmup") + " at least 0 (got " + std::to_string(req.repeat) + " and " +
                      std::to_string(req.warmup) + ")");
   }
   check_warmup_time(req.warmup_min_s);

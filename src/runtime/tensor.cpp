@@ -34,8 +34,8 @@ Buffer::Buffer(std::int64_t elements, DType dtype) : elements_(elements), dtype_
   if (!data_) data_.reset(std::aligned_alloc(64, static_cast<std::size_t>(rounded)));
   if (!data_) {
     throw InputError("cannot allocate " + std::to_string(bytes) +
-                     " bytes for one buffer on this device: not that much memory is free; ask for smaller sizes "
-                     "(--dims, --sizes) or more devices");
+                     " bytes for one buffer on this device: not that much memory is free; ask for smaller sizes (" +
+                     field("dims") + ", " + field("sizes") + ") or more devices");
   }
 }
 

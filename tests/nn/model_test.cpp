@@ -81,7 +81,7 @@ TEST(ModelConfigTest, BadInputNamesTheTextAndTheRule) {
   EXPECT_THAT(error_of("mlp", "tq", "X=2", dims), HasSubstr("unknown strategy 'tq'"));
   EXPECT_THAT(error_of("mlp", "tp+", "X=2", dims), HasSubstr("unknown strategy ''"));
   EXPECT_THAT(error_of("mlp", "tp+tp", "X=2,Y=2", dims), HasSubstr("appears twice"));
-  EXPECT_THAT(error_of("mlp", "ep", "X=2", dims), HasSubstr("layer mlp does not take --strategy 'ep'; it takes tp"));
+  EXPECT_THAT(error_of("mlp", "ep", "X=2", dims), HasSubstr("layer mlp does not take strategy 'ep'; it takes tp"));
   EXPECT_THAT(error_of("moe", "tp", "X=2", "B=1,T=1,D=2,F=2,E=2"), HasSubstr("it takes ep, dp"));
   EXPECT_THAT(error_of("mlp", "dp+tp", "X=2", dims), HasSubstr("needs a mesh of 2 axes (one per strategy)"));
   EXPECT_THAT(error_of("mlp", "tp", "X=2,Y=2", dims), HasSubstr("needs a mesh of 1 axis"));
@@ -92,7 +92,7 @@ TEST(ModelConfigTest, BadInputNamesTheTextAndTheRule) {
     make_model_config("mlp", "tp", Mesh::parse("X=2"), {{"B", 0}, {"T", 6}, {"D", 8}, {"F", 12}});
     ADD_FAILURE() << "B=0 accepted";
   } catch (const InputError& e) {
-    EXPECT_THAT(e.headline(), HasSubstr("--dims B=0: the batch must be at least 1"));
+    EXPECT_THAT(e.headline(), HasSubstr("dims B=0: the batch must be at least 1"));
   }
   EXPECT_THAT(error_of("attention", "tp", "X=2", "B=1,T=2,D=10,H=3"), HasSubstr("H=3 does not divide D=10"));
   EXPECT_THAT(error_of("moe", "ep", "X=2", "B=1,T=2,D=4,F=4,E=2,K=3"), HasSubstr("K=3 exceeds E=2"));

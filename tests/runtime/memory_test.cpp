@@ -162,7 +162,7 @@ TEST(MemoryTest, RefusesARunOverTheDeviceLimitWithTheFigures) {
     EXPECT_EQ(e.headline(),
               "the run needs 1.31 KiB on device 0 (its inputs, and every step's buffers, which the executor keeps "
               "between repeats) + 4.50 KiB to verify on device 0, over the memory limit of 5.81 KiB per device; use "
-              "smaller --dims or more devices");
+              "smaller dims or more devices");
   }
   r.req.mem_limit_bytes = 5952;
   EXPECT_TRUE(run_plan(r.req).verification.verified);
@@ -178,7 +178,7 @@ TEST(MemoryTest, RefusesARunOverTheAvailableMemoryWithTheFigures) {
   } catch (const InputError& e) {
     EXPECT_EQ(e.headline(),
               "the run needs 1.31 KiB per device x 4 devices in this process + 4.50 KiB to verify on device 0 = "
-              "9.75 KiB, but only 4.88 KiB is available; use smaller --dims or more processes (--backend mpi, across "
+              "9.75 KiB, but only 4.88 KiB is available; use smaller dims or more processes (backend mpi, across "
               "machines)");
   }
   r.req.available_bytes = 9984;

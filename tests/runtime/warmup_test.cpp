@@ -67,7 +67,7 @@ TEST(Warmup, ATimeOutsideZeroToAMinuteIsAnInputError) {
       run_plan(r.req);
       ADD_FAILURE() << "warmup_min_s " << bad << " was accepted";
     } catch (const InputError& e) {
-      EXPECT_THAT(e.what(), HasSubstr("--warmup-time")) << bad;
+      EXPECT_THAT(e.what(), HasSubstr("warmup_time ")) << bad;
       EXPECT_THAT(e.what(), HasSubstr("must be 0 to 60 seconds")) << bad;
     }
   }

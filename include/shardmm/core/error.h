@@ -7,15 +7,21 @@
 //
 // InputError means "the input is wrong" (the CLI exits 2); anything else escaping
 // the library is a bug or a resource problem.
+//
+// Messages name an input by its field, not by any front end's spelling of it:
+//   throw InputError("give smaller " + field("dims"));
+// what() and headline() say "give smaller dims"; headline(spell) lets the CLI say "--dims".
 #pragma once
 
 #include <cstdint>
 #include <limits>
 
 #include <cstddef>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace shardmm {
 
@@ -27,12 +33,34 @@ class InputError : public std::runtime_error {
   InputError(std::string headline, std::string_view text, std::size_t pos, std::size_t len = 1);
 
   const std::string& headline() const { return headline_; }
+  // The headline with each field it names (field() below) written as `spell` writes it.
+  std::string headline(const std::function<std::string(std::string_view field)>& spell) const;
   // The quoted text and caret line ("" when the error has no source text).
   const std::string& context() const { return context_; }
 
  private:
+  struct FieldName {
+    std::size_t pos, len;  // in headline_
+  };
+  struct Headline {
+    std::string text;
+    std::vector<FieldName> fields;
+  };
+  static Headline parse_headline(std::string_view marked);
+  InputError(Headline headline, std::string context);
   std::string headline_;
+  std::vector<FieldName> fields_;
   std::string context_;
+};
+
+// `name`, marked as a field of the caller's input inside an InputError's headline.
+std::string field(std::string_view name);
+
+// A bug in the calling code, not in its input: a precondition that only code can break (an
+// index or count out of range, a call out of order). The CLI reports it as an internal error.
+class UsageError : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
 };
 
 // Checked 64-bit arithmetic: sizes, products and byte counts never wrap silently.

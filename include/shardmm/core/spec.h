@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardmm/core/dtype.h"
 #include "shardmm/core/mesh.h"
 
 namespace shardmm {
@@ -66,5 +67,13 @@ DimSizes parse_dims(std::string_view text);
 // The global shape of `spec` under `sizes`; throws InputError when a size is missing
 // or the element count overflows 64 bits.
 std::vector<std::int64_t> global_shape(const Spec& spec, const DimSizes& sizes);
+
+// Checks every caller makes of sizes the user gave, before planning (InputError naming the
+// field "dims"):
+// a size that no tensor in `specs` names (a likely typo),
+void check_dims_used(const DimSizes& sizes, const std::vector<const Spec*>& specs);
+// and a tensor whose bytes do not fit in a signed 64-bit count (and, through global_shape,
+// a dimension without a size).
+void check_tensor_bytes(const Spec& spec, const DimSizes& sizes, DType dtype);
 
 }  // namespace shardmm

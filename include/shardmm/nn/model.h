@@ -31,10 +31,10 @@
 #include <string_view>
 #include <vector>
 
+#include "shardmm/core/dtype.h"
 #include "shardmm/core/mesh.h"
 #include "shardmm/core/spec.h"
 #include "shardmm/nn/reference.h"
-#include "shardmm/plan/step.h"
 
 namespace shardmm::nn {
 

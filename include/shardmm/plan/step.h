@@ -1,6 +1,6 @@
 // Plans: printable lists of steps that turn sharded inputs into a sharded output.
 //
-//   Plan p = plan_reshard(mesh, from, to, shape, DType::f32, profile);
+//   Plan p = plan_reshard(mesh, from, to, shape, PlanOptions{DType::f32, profile});  // planner.h
 //   for (const Step& s : p.steps) std::cout << to_string(s.op) << "\n";
 //
 // Each collective's layout transition (group G = `axes`, major to minor):
@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "shardmm/core/dtype.h"
 #include "shardmm/core/mesh.h"
 #include "shardmm/core/spec.h"
 
@@ -84,11 +85,6 @@ bool is_collective_matmul(OpKind op);
 // otherwise bound as one of its hops is. none: the step costs nothing (a group of one device).
 enum class Bound { none, latency, bandwidth, compute, memory };
 const char* to_string(Bound bound);
-
-enum class DType { bf16, f16, f32, f64 };
-const char* to_string(DType dtype);
-int dtype_bytes(DType dtype);
-DType parse_dtype(std::string_view text);  // throws InputError
 
 struct Step {
   OpKind op = OpKind::einsum;

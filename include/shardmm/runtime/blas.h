@@ -25,7 +25,7 @@ namespace shardmm::blas {
 // m, n or k == 0 is legal: k == 0 gives C = beta * C. beta == 0 overwrites C without
 // reading it (NaN there does not propagate). Sizes or leading dimensions beyond what
 // cblas's int can hold are split into several calls.
-// Throws InputError for negative sizes or a leading dimension shorter than a row.
+// Throws UsageError for negative sizes or a leading dimension shorter than a row.
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc);
@@ -33,11 +33,11 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
           const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
           double* c, std::int64_t ldc);
 
-// Sets OpenBLAS's (process-global) thread count; n >= 1, else InputError.
+// Sets OpenBLAS's (process-global) thread count; n >= 1, else UsageError.
 void set_threads(int n);
 // OpenBLAS's current thread count.
 int threads();
-// The MPI rule above: max(1, cores / ranks_on_node). Both must be >= 1 (InputError).
+// The MPI rule above: max(1, cores / ranks_on_node). Both must be >= 1 (UsageError).
 int threads_per_rank(int cores, int ranks_on_node);
 
 namespace detail {

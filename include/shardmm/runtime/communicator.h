@@ -23,8 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include "shardmm/core/dtype.h"
 #include "shardmm/core/mesh.h"
-#include "shardmm/plan/step.h"
 
 namespace shardmm {
 

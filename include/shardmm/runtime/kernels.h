@@ -10,7 +10,7 @@
 //
 // Sizes are in elements; shapes, offsets and extents of one call have the same rank
 // (rank 0 is one element). A call whose box does not fit, or whose ranks differ, throws
-// InputError. The kernels are instantiated for float and double.
+// UsageError (the caller computed them wrong). The kernels are instantiated for float and double.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "shardmm/plan/step.h"
+#include "shardmm/core/dtype.h"
 
 namespace shardmm {
 
@@ -66,9 +66,9 @@ struct OperandBuffers {
 class LocalEinsum {
  public:
   // `extents` maps every name of the layout to its local extent (other names are ignored).
-  // Throws InputError for: a name repeated within an operand, an output name in neither
-  // input, a missing or negative extent, a dtype other than f32 and f64, a buffer extent
-  // smaller than the einsum's.
+  // Throws UsageError for: a name repeated within an operand, an output name in neither
+  // input, a missing or negative extent, a buffer extent smaller than the einsum's; and
+  // InputError for a dtype other than f32 and f64.
   LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t> extents, DType dtype,
               const OperandBuffers& buffers = {});
   ~LocalEinsum();

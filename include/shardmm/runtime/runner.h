@@ -92,7 +92,7 @@ struct RunReport {
   int warmup_runs = 0;              // untimed runs made: `warmup`, or more for warmup_min_s
   std::vector<StepMeasurement> steps;
   // Every rank's steps in one repeat, the one whose time is the median: timeline[rank][step]
-  // (write_run_trace, chrome_trace.h, draws it).
+  // (chrome_trace.h's run_trace_events draws it).
   std::vector<std::vector<StepSpan>> timeline;
   int timeline_repeat = 0;          // 0-based
   Verification verification;        // verified = true and zero errors when verify is off

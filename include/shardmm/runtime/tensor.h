@@ -17,10 +17,10 @@
 #include <memory>
 #include <vector>
 
+#include "shardmm/core/dtype.h"
 #include "shardmm/core/geometry.h"
 #include "shardmm/core/mesh.h"
 #include "shardmm/core/spec.h"
-#include "shardmm/plan/step.h"
 
 namespace shardmm {
 

@@ -34,7 +34,6 @@
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
-#include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/errors.h"
 
 namespace shardmm::detail {
@@ -142,14 +141,14 @@ std::optional<bool> env_switch(const char* name, const char* meanings) {
 // without it (10 of 10 paired measurements, collective-matmul.md). SHARDMM_PROGRESS_THREAD=1
 // or 0 decides instead. Needs MPI_THREAD_SERIALIZED: test() then comes from another thread.
 // Never where messages go through shared memory (share_messages): nothing waits for MPI there.
-bool progress_thread_wanted() {
+bool progress_thread_wanted(int blas_threads) {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_SERIALIZED) return false;
   const std::optional<bool> wanted = env_switch(
       "SHARDMM_PROGRESS_THREAD", "1 (a helper thread moves the rings' messages), 0 (none) or unset (one where a "
                                  "core is free for it)");
-  return wanted.value_or(ranks_on_node() * blas::threads() < machine_cores());
+  return wanted.value_or(ranks_on_node() * blas_threads < machine_cores());
 }
 
 // How ranks on one node use shared memory (the environment's settings, read once per run).
@@ -1500,7 +1499,7 @@ void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, c
     throw InputError("the mesh " + mesh.to_string() + " has " + count_of(mesh.device_count(), "device", "devices") +
                      " but " + started + "; run with mpirun -n " + std::to_string(mesh.device_count()));
   }
-  const bool progress_thread = progress_thread_wanted();
+  const bool progress_thread = progress_thread_wanted(options.blas_threads);
   const SharedMemorySettings shared_memory = shared_memory_wanted();
   MPI_Comm world = MPI_COMM_NULL;
   MPI_Comm checks = MPI_COMM_NULL;

@@ -10,10 +10,13 @@
 
 namespace shardmm::detail {
 
-// BackendOptions (communicator.h), with the watchdog resolved to seconds.
+// BackendOptions (communicator.h), with the watchdog resolved to seconds, and what the
+// runtime decided for this process that the backend weighs: it is given, not asked for, so
+// that this target links nothing above core.
 struct MpiOptions {
   bool check = true;
   double watchdog_s = 300;
+  int blas_threads = 1;  // OpenBLAS's thread count in this process (blas.h)
 };
 
 // This process is one rank of an mpirun job whose size must equal mesh.device_count()
