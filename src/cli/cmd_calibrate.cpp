@@ -19,7 +19,7 @@ namespace {
 
 // One device per core (threads), or one per process of the job (mpi).
 std::string default_mesh(const std::string& backend) {
-  if (backend == "mpi") {
+  if (!backend_capabilities(backend).ranks_in_one_process) {
     for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
       if (const char* v = std::getenv(var)) return "X=" + std::string(v);
     }

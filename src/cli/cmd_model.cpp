@@ -336,7 +336,7 @@ Command add_model_command(CLI::App& root) {
               run_backend(f.backend, m.mesh, [&](Communicator& comm) {
                 nn::LayerStep s = nn::run_layer_step(comm, m, {p.options.dtype, 0.1, 1, p.options.hw});
                 // Threads: device 0's record; mpi: this process's only rank (all share the verdict).
-                if (comm.rank() == 0 || comm.backend() == "mpi") mine = std::move(s);
+                if (comm.rank() == 0 || !comm.capabilities().ranks_in_one_process) mine = std::move(s);
               });
               step = std::move(mine);
               if (process_rank(f.backend) != 0) return step->verification.verified ? 0 : 3;

@@ -118,7 +118,7 @@ void check_backend(const std::string& backend, const Mesh& mesh) {
   if (std::find(backends.begin(), backends.end(), backend) == backends.end()) {
     throw InputError("unknown backend '" + backend + "'; this build has: " + join(backends, ", "));
   }
-  if (backend == "threads" && mesh.device_count() > kMaxThreadRanks) {
+  if (backend_capabilities(backend).ranks_in_one_process && mesh.device_count() > kMaxThreadRanks) {
     throw InputError("mesh " + mesh.to_string() + " has " + std::to_string(mesh.device_count()) +
                      " devices; the threads backend runs one thread per device and takes up to " +
                      std::to_string(kMaxThreadRanks) + " (larger meshes run on the mpi backend, under mpirun)");

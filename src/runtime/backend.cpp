@@ -9,6 +9,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/communicator.h"
+#include "shardmm/runtime/runner.h"
 #include "runtime/fingerprint.h"
 #include "runtime/machine_cores.h"
 #include "runtime/threads_backend.h"
@@ -24,6 +25,32 @@ std::vector<std::string> available_backends() {
 #else
   return {"threads"};
 #endif
+}
+
+namespace {
+
+[[noreturn]] void unknown_backend(std::string_view backend) {
+  std::string have;
+  for (const std::string& b : available_backends()) have += (have.empty() ? "" : ", ") + b;
+  throw InputError("unknown backend '" + std::string(backend) + "'; this build has: " + have);
+}
+
+}  // namespace
+
+BackendCapabilities backend_capabilities(std::string_view backend) {
+  if (backend == "threads") return detail::kThreadsCapabilities;
+#ifdef SHARDMM_HAVE_MPI
+  if (backend == "mpi") return detail::kMpiCapabilities;
+#endif
+  unknown_backend(backend);
+}
+
+int process_rank(std::string_view backend) {
+#ifdef SHARDMM_HAVE_MPI
+  if (backend == "mpi") return detail::mpi_world_rank();
+#endif
+  (void)backend;
+  return 0;
 }
 
 void run_backend(std::string_view backend, const Mesh& mesh, const std::function<void(Communicator&)>& body) {
@@ -56,9 +83,7 @@ void run_backend(std::string_view backend, const Mesh& mesh, const std::function
     return detail::run_mpi(mesh, body, {options.check, watchdog_s, blas::threads()});
   }
 #endif
-  std::string have;
-  for (const std::string& b : available_backends()) have += (have.empty() ? "" : ", ") + b;
-  throw InputError("unknown backend '" + std::string(backend) + "'; this build has: " + have);
+  unknown_backend(backend);
 }
 
 }  // namespace shardmm

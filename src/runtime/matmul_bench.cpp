@@ -57,7 +57,7 @@ std::vector<double> reference_times(const MatmulBenchOptions& o, const MatmulBen
     return o.dtype == DType::f32 ? gemm_times<float>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat)
                                  : gemm_times<double>(p.gemm_m, p.gemm_n, p.gemm_k, threads, warmup, repeat);
   };
-  if (o.backend == "threads") return time(o.warmup, o.repeat);
+  if (backend_capabilities(o.backend).ranks_in_one_process) return time(o.warmup, o.repeat);
   // Under mpirun rank 0 alone computes. A rank waiting in an MPI call polls and would take
   // cycles from the GEMM's threads, so the others sleep instead, for as long as rank 0 says
   // the GEMMs will take (from one timed GEMM, with a margin), and only then wait for it.
@@ -132,7 +132,7 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
   // between them and make the reference look slow. Every rank sees its own mask, so all
   // throw together (before any collective).
   cpu_set_t allowed;
-  if (o.backend == "mpi" && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
+  if (!backend_capabilities(o.backend).ranks_in_one_process && sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
       CPU_COUNT(&allowed) < report.gemm_threads) {
     throw InputError("the one-GEMM reference runs " + std::to_string(report.gemm_threads) +
                      " BLAS threads on rank 0, but this process may run on " + std::to_string(CPU_COUNT(&allowed)) +

@@ -17,9 +17,6 @@
 #include "shardmm/runtime/kernels.h"
 #include "runtime/bench_timing.h"
 #include "runtime/machine_cores.h"
-#ifdef SHARDMM_HAVE_MPI
-#include "runtime/mpi/mpi_backend.h"
-#endif
 
 namespace shardmm {
 
@@ -155,7 +152,7 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
   }
   const std::int64_t available = req.available_bytes ? *req.available_bytes : available_memory();
   if (need.total_bytes > available) {
-    const bool threads = req.backend == "threads";
+    const bool threads = backend_capabilities(req.backend).ranks_in_one_process;
     const std::string sharing =
         threads ? std::to_string(need.devices_sharing) + (need.devices_sharing == 1 ? " device" : " devices") +
                       " in this process"
@@ -193,7 +190,8 @@ MemoryNeed memory_need(const RunRequest& req) {
   need.device_bytes = saturating_add(block_bytes(mesh, a_spec, req.sizes, req.dtype, 0),
                               Executor::bytes_needed(mesh, req.plan, req.sizes, req.dtype, 0));
   if (matmul) need.device_bytes = saturating_add(need.device_bytes, block_bytes(mesh, req.contraction->b, req.sizes, req.dtype, 0));
-  if (req.backend != "threads") {
+  const BackendCapabilities backend = backend_capabilities(req.backend);
+  if (backend.reduces_into_workspace) {
     // The mpi backend's reductions receive the other members' chunks into a workspace
     // (mpi_backend.cpp, reduce_scatter; all_reduce is one): about the input block.
     std::int64_t workspace = 0;
@@ -229,7 +227,7 @@ MemoryNeed memory_need(const RunRequest& req) {
       need.verify_bytes = saturating_add(need.verify_bytes, saturating_mul(dense(out), 2));  // assembled and expected
     }
   }
-  need.devices_sharing = req.backend == "threads" ? mesh.device_count() : ranks_on_node();
+  need.devices_sharing = backend.ranks_in_one_process ? mesh.device_count() : ranks_on_node();
   need.total_bytes = saturating_add(saturating_mul(need.device_bytes, need.devices_sharing), need.verify_bytes);
   return need;
 }
@@ -253,13 +251,6 @@ std::int64_t available_memory() {
   return available;
 }
 
-int process_rank(std::string_view backend) {
-#ifdef SHARDMM_HAVE_MPI
-  if (backend == "mpi") return detail::mpi_world_rank();
-#endif
-  (void)backend;
-  return 0;
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -364,7 +355,7 @@ RunReport run_plan(const RunRequest& req) {
                                   a_values);
     }
     if (me != 0) {
-      if (req.backend != "threads") {
+      if (!comm.capabilities().ranks_in_one_process) {
         report.is_root = false;
         report.verification = v;
         report.verified_run = req.verify;

@@ -314,6 +314,7 @@ class ThreadsCommunicator final : public Communicator {
   std::int64_t rank() const override { return rank_; }
   const Mesh& mesh() const override { return world_.mesh(); }
   std::string backend() const override { return "threads"; }
+  BackendCapabilities capabilities() const override { return kThreadsCapabilities; }
 
   void all_gather(const void* send, void* recv, const Counts& counts, DType dtype,
                   const AxisList& axes) override {

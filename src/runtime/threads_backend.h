@@ -10,6 +10,8 @@
 
 namespace shardmm::detail {
 
+inline constexpr BackendCapabilities kThreadsCapabilities{.ranks_in_one_process = true, .reduces_into_workspace = false};
+
 struct ThreadsOptions {
   // How long a rank waits in a collective or recv for peers that never come before it
   // fails with CollectiveTimeout.

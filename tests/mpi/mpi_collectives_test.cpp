@@ -683,6 +683,14 @@ std::string error_of(const std::function<void()>& f) {
   return "(no InputError)";
 }
 
+// What callers adapt to is asked of the backend, by name before it runs or of its communicator.
+TEST(MpiBackend, CapabilitiesByNameAreTheCommunicators) {
+  const BackendCapabilities named = backend_capabilities("mpi");
+  EXPECT_FALSE(named.ranks_in_one_process);
+  EXPECT_TRUE(named.reduces_into_workspace);
+  run_backend("mpi", Mesh::parse("X=2,Y=2"), [&](Communicator& comm) { EXPECT_EQ(comm.capabilities(), named); });
+}
+
 TEST(MpiErrors, WorldSizeMustMatchTheMesh) {
   bool ran = false;
   auto run = [&](const char* mesh) {

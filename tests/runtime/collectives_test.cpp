@@ -755,5 +755,14 @@ TEST(Backends, UnknownBackendListsTheBuiltOnes) {
             "unknown backend 'nccl'; this build has: " + built);
 }
 
+// What callers adapt to is asked of the backend, by name before it runs or of its communicator.
+TEST(Backends, CapabilitiesByNameAreTheCommunicators) {
+  const BackendCapabilities threads = backend_capabilities("threads");
+  EXPECT_TRUE(threads.ranks_in_one_process);
+  EXPECT_FALSE(threads.reduces_into_workspace);
+  run_backend("threads", Mesh::parse("X=2"), [&](Communicator& comm) { EXPECT_EQ(comm.capabilities(), threads); });
+  EXPECT_EQ(message_of<InputError>([] { backend_capabilities("nccl"); }).rfind("unknown backend 'nccl'", 0), 0u);
+}
+
 }  // namespace
 }  // namespace shardmm

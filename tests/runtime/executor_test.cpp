@@ -237,6 +237,7 @@ class CallsOnlyCommunicator : public Communicator {
   std::int64_t rank() const override { return inner_.rank(); }
   const Mesh& mesh() const override { return inner_.mesh(); }
   std::string backend() const override { return inner_.backend(); }
+  BackendCapabilities capabilities() const override { return inner_.capabilities(); }
   void all_gather(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& group) override {
     inner_.all_gather(send, recv, counts, dtype, group);
   }

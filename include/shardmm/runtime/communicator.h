@@ -30,6 +30,19 @@ namespace shardmm {
 
 using Counts = std::vector<std::int64_t>;
 
+// What a backend does that its callers must adapt to, so that no code compares backend names
+// (a new backend states its own; backend_capabilities below).
+struct BackendCapabilities {
+  // Every rank is a thread of this process (threads); otherwise each rank is a process of a
+  // launched job (mpi), which allocates, verifies and reports on its own.
+  bool ranks_in_one_process = true;
+  // Reductions receive the other members' chunks into a workspace about the input block's
+  // size (mpi's reduce_scatter, and all_reduce built on it), besides the plan's buffers.
+  bool reduces_into_workspace = false;
+
+  bool operator==(const BackendCapabilities&) const = default;
+};
+
 // A nonblocking send or receive in flight (Communicator::isend, irecv). wait() returns once
 // the buffer may be reused (send) or holds the message (recv), raising what send and recv
 // raise (errors.h) under the same watchdog. Destroying a request that was not waited for
@@ -56,6 +69,7 @@ class Communicator {
   virtual std::int64_t rank() const = 0;  // this device's id in the mesh
   virtual const Mesh& mesh() const = 0;
   virtual std::string backend() const = 0;
+  virtual BackendCapabilities capabilities() const = 0;
 
   // recv = concatenation over members of each member's `counts[member]` elements;
   // this rank contributes `send` (counts[my group rank] elements).
@@ -119,6 +133,8 @@ void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& bod
 
 // The backends this build has: "threads", and "mpi" when built with MPI.
 std::vector<std::string> available_backends();
+// What the named backend does (InputError for one this build lacks), known before it runs.
+BackendCapabilities backend_capabilities(std::string_view backend);
 
 // How a backend guards against ranks that stop agreeing (errors.h).
 struct BackendOptions {

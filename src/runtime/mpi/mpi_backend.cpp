@@ -338,6 +338,7 @@ class MpiCommunicator final : public Communicator {
   std::int64_t rank() const override { return rank_; }
   const Mesh& mesh() const override { return mesh_; }
   std::string backend() const override { return "mpi"; }
+  BackendCapabilities capabilities() const override { return kMpiCapabilities; }
 
   void all_gather(const void* send, void* recv, const Counts& counts, DType dtype,
                   const AxisList& axes) override {

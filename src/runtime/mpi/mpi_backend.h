@@ -10,6 +10,8 @@
 
 namespace shardmm::detail {
 
+inline constexpr BackendCapabilities kMpiCapabilities{.ranks_in_one_process = false, .reduces_into_workspace = true};
+
 // BackendOptions (communicator.h), with the watchdog resolved to seconds, and what the
 // runtime decided for this process that the backend weighs: it is given, not asked for, so
 // that this target links nothing above core.
