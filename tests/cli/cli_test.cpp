@@ -413,7 +413,8 @@ std::vector<std::string> keys_of(const ordered& object) {
 }
 
 // Every document has the keys json-schema.md lists, in its order (null where one does not
-// apply): a step's `ring` last, as it was added; reshard the plan's keys but roles and cases.
+// apply): a step's `ring` last, as it was added; reshard the plan's keys but roles, cases and
+// every_output_layout (its output is always given).
 TEST(CliJson, KeysAreTheDocumentedOnesInTheirOrder) {
   const auto document = [](const std::vector<std::string>& args) {
     const Result r = run(args);
@@ -430,7 +431,8 @@ TEST(CliJson, KeysAreTheDocumentedOnesInTheirOrder) {
   const ordered reshard =
       document({"reshard", "A[I, J_X]", "A[I_X, J]", "--mesh", "X=4", "--dims", "I=8,J=4", "--json"});
   std::vector<std::string> expected = documented_keys("## `shardmm plan --json`");
-  std::erase_if(expected, [](const std::string& k) { return k == "roles" || k == "cases"; });
+  std::erase_if(expected, [](const std::string& k) { return k == "roles" || k == "cases" || k == "every_output_layout";
+  });
   EXPECT_EQ(keys_of(reshard), expected);
   EXPECT_EQ(reshard["tie_margin"], 0.02);
   const std::vector<std::string> model{"model", "mlp", "--strategy", "tp", "--mesh", "X=2", "--dims",
