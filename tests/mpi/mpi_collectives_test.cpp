@@ -82,7 +82,10 @@ using CollectivesParam = std::tuple<Group, DType, Size>;
 class Collectives : public ::testing::TestWithParam<CollectivesParam> {};
 
 TEST_P(Collectives, MatchClosedForm) {
-  const auto& [group, dtype, size] = GetParam();
+  // Named, not bound: the lambdas below capture them (clang 14 cannot capture a binding).
+  const Group& group = std::get<0>(GetParam());
+  const DType dtype = std::get<1>(GetParam());
+  const auto size = std::get<2>(GetParam());
   int ran = 0;
   run_backend("mpi", Mesh::parse(group.mesh), [&](Communicator& comm) {
     ++ran;
@@ -414,7 +417,10 @@ class MatchesThreads : public ::testing::TestWithParam<BitwiseParam> {};
 // own device's output byte for byte: the contract fixes the reduction order, and spread()
 // makes sums depend on it (tests/runtime/collectives_test.cpp checks that).
 TEST_P(MatchesThreads, Bitwise) {
-  const auto& [group, op, dtype] = GetParam();
+  // Named, not bound: the lambdas below capture them (clang 14 cannot capture a binding).
+  const Group& group = std::get<0>(GetParam());
+  const auto op = std::get<1>(GetParam());
+  const DType dtype = std::get<2>(GetParam());
   const Mesh mesh = Mesh::parse(group.mesh);
   for (Size size : {Size::uneven, Size::large}) {
     std::vector<char> mpi;

@@ -822,7 +822,9 @@ TEST(PlannerProperty, CheckerCatchesTamperedPlans) {
   };
   const Contraction gathered = parse_contraction("A[I_X, J] @ B[J, K] -> C[I, K]", ring_mesh);
   const Contraction scattered = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I_X, K]", ring_mesh);
-  for (const auto& [k, op] : {std::pair{gathered, OpKind::all_gather_einsum}, std::pair{scattered, OpKind::einsum_reduce_scatter}}) {
+  for (const auto& fused_case : {std::pair{gathered, OpKind::all_gather_einsum}, std::pair{scattered, OpKind::einsum_reduce_scatter}}) {
+    const Contraction& k = fused_case.first;  // named, not bound: the lambdas capture them
+    const OpKind op = fused_case.second;
     SCOPED_TRACE(to_string(op));
     const Plan fused = fused_candidate(k, op);
     const auto check_fused = [&](auto edit, const std::string& text) {

@@ -134,7 +134,11 @@ std::vector<Param> params() {
 class Collectives : public ::testing::TestWithParam<Param> {};
 
 TEST_P(Collectives, MatchClosedForm) {
-  const auto& [topology, size, dtype, cores] = GetParam();
+  // Named, not bound: the lambda below captures them (clang 14 cannot capture a binding).
+  const auto& topology = std::get<0>(GetParam());
+  const auto size = std::get<1>(GetParam());
+  const DType dtype = std::get<2>(GetParam());
+  const auto cores = std::get<3>(GetParam());
   run(Mesh::parse(topology.mesh), [&](Communicator& comm) {
     if (dtype == DType::f32) {
       EXPECT_TRUE(testing::check_collectives<float>(comm, topology.axes, size));
@@ -416,7 +420,9 @@ TEST(Threads, WatchdogCoversPointToPoint) {
       {[](Communicator& c, int& x) { c.isend(&x, sizeof x, 1, 3)->wait(); },
        "isend(4 bytes to rank 1, tag 3); no receive was posted"},
   };
-  for (const auto& [call, what] : calls) {
+  for (const auto& named_call : calls) {
+    const auto& call = named_call.first;  // named, not bound: the lambda captures it
+    const auto& what = named_call.second;
     Gate timed_out;
     EXPECT_EQ(message_of<CollectiveTimeout>([&] {
                 run(Mesh::parse("X=2"), [&](Communicator& comm) {
