@@ -132,13 +132,14 @@ if wanted plots; then
   if [[ -f $OUT/crossover.dat ]]; then
     cat >"$OUT/crossover.plot" <<PLOT
 load '$OUT/crossover.gp'
-set terminal svg size 900,520 dynamic noenhanced font 'sans,11'
+set terminal svg size 900,700 dynamic noenhanced font 'sans,11'
 set output '$PLOTS/crossover.svg'
 set title 'A[I_X, J] @ B[J, K_X] -> C[I, K_X], $CROSSOVER_DIMS, X = 2 (threads): measured time per strategy'
 set logscale xy
 set xlabel swept
 set ylabel 'seconds (median)'
-set key top left font 'sans,9'
+# The strategies' names are long: the legend goes below the plot, one entry a line, not over the data.
+set key outside below left Left reverse vertical maxcols 1 font 'sans,9'
 set grid
 do for [k = 1:crossings] {
   set arrow k from value('crossing'.k), graph 0 to value('crossing'.k), graph 1 nohead dashtype 2 linecolor 'black'
@@ -146,7 +147,10 @@ do for [k = 1:crossings] {
 if (crossings > 0) {
   set label 1 'predicted crossover' at value('crossing1'), graph 0.5 offset 0.5,0
 }
-plot for [k = 1:plans] '$OUT/crossover.dat' using 1:(column(k + 1)) with linespoints title value('plan'.k)
+# The circles: the plan the planner chose at each size, on its strategy's measured point.
+plot for [k = 1:plans] '$OUT/crossover.dat' using 1:(column(k + 1)) with linespoints title value('plan'.k), \
+  '$OUT/crossover.dat' using 1:(column(chosen_column)) with points pointtype 6 pointsize 2.5 linewidth 1.5 \
+  linecolor 'black' title 'chosen plan'
 PLOT
     gnuplot "$OUT/crossover.plot"
   fi
@@ -160,13 +164,16 @@ PLOT
       plot+="${plot:+, }'$f' using 1:2 with linespoints title 'shardmm mpi, grid $grid', '$f' using 1:3 with linespoints dt 2 title 'pdgemm, grid $grid'"
     done
     cat >"$OUT/scalapack.plot" <<PLOT
-set terminal svg size 800,500 dynamic noenhanced font 'sans,11'
+set terminal svg size 800,540 dynamic noenhanced font 'sans,11'
 set output '$PLOTS/scalapack.svg'
 set title 'f64 distributed matmul, same ranks, layout and BLAS (1 thread per rank)'
 set logscale x 2
 set xlabel 'N'
 set ylabel 'GFLOP/s (median)'
-set key bottom right
+# From 0, so that the gap between the lines reads at its true size. scalapack_bench's JSON has the
+# medians only (no per-round times), so there is no spread to draw as error bars.
+set yrange [0:*]
+set key outside below center horizontal
 set grid
 plot $plot
 PLOT

@@ -125,18 +125,22 @@ def torch_table(doc):
 
 
 def crossover_data(doc, out_dir):
-    """Plot 1's data: measured time per strategy against the swept size, and the size where the
-    predicted cheapest strategy changes (log-linear interpolation between the sweep's points)."""
+    """Plot 1's data: measured time per strategy against the swept size, the planner's chosen
+    plan's measured time at each size (the same screening median as its strategy's column), and
+    the size where the predicted cheapest strategy changes (log-linear interpolation between the
+    sweep's points)."""
     swept = [d for d in doc["points"][0]["dims"] if len({p["dims"][d] for p in doc["points"]}) > 1][0]
     # Candidates come cheapest first, so their order changes along the sweep: match them by name.
     plans = sorted(r["description"] for r in doc["points"][0]["runs"])
     with open(os.path.join(out_dir, "crossover.dat"), "w") as f:
-        f.write(f"# {swept}, then measured seconds per strategy, then predicted: " + "; ".join(plans) + "\n")
+        f.write(f"# {swept}, then measured seconds per strategy, then predicted, then the chosen plan's measured "
+                "seconds: " + "; ".join(plans) + "\n")
         for p in doc["points"]:
             runs = {r["description"]: r for r in p["runs"]}
             measured = [runs[name]["measured_time_s"] for name in plans]
             predicted = [runs[name]["predicted_time_s"] for name in plans]
-            f.write(" ".join(str(v) for v in [p["dims"][swept]] + measured + predicted) + "\n")
+            chosen = next(r for r in p["runs"] if r["candidate"] == p["chosen"])["measured_time_s"]
+            f.write(" ".join(str(v) for v in [p["dims"][swept]] + measured + predicted + [chosen]) + "\n")
     crossings = []
     best = [min(p["runs"], key=lambda r: r["predicted_time_s"])["description"] for p in doc["points"]]
     for i in range(1, len(best)):
@@ -151,7 +155,7 @@ def crossover_data(doc, out_dir):
         frac = -gap[0] / (gap[1] - gap[0]) if gap[1] != gap[0] else 0.5
         crossings.append((math.exp(x0 + frac * (x1 - x0)), best[i - 1], best[i]))
     with open(os.path.join(out_dir, "crossover.gp"), "w") as f:
-        f.write(f'swept = "{swept}"\nplans = {len(plans)}\n')
+        f.write(f'swept = "{swept}"\nplans = {len(plans)}\nchosen_column = {2 * len(plans) + 2}\n')
         for k, name in enumerate(plans):
             f.write(f'plan{k + 1} = "{name}"\n')
         f.write("crossings = %d\n" % len(crossings))
