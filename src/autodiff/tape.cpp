@@ -356,6 +356,11 @@ TapeMemory Tape::memory() const {
   return m;
 }
 
+std::int64_t Tape::bytes_saved_for_backward(Var v) const {
+  const Node& n = impl_->node(v);
+  return n.saved && !n.regather ? impl_->local_bytes(n.value.spec, n.shape) : 0;
+}
+
 const Spec& Var::spec() const { return tape_->impl_->node(*this).value.spec; }
 const Shape& Var::shape() const { return tape_->impl_->node(*this).shape; }
 Tape& Var::tape() const {

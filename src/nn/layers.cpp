@@ -210,6 +210,17 @@ AxisList all_axes(const Mesh& mesh) {
   return all;
 }
 
+// The layer's input is the previous layer's output: where a backward reads it (tp's
+// replicated X, like sp's gathered copy of its shard) it is an activation kept for the
+// backward pass, counted as one rather than as a leaf, so strategies compare like with like.
+autodiff::TapeMemory layer_memory(const autodiff::Tape& tape, const LayerProgram& p) {
+  autodiff::TapeMemory m = tape.memory();
+  const std::int64_t input = tape.bytes_saved_for_backward(p.input);
+  m.leaves -= input;
+  m.activations += input;
+  return m;
+}
+
 }  // namespace
 
 DistTensor::Generator step_values(const ModelConfig& m, const std::string& tensor, std::uint64_t seed) {
@@ -271,7 +282,7 @@ LayerStep run_layer_step(Communicator& comm, const ModelConfig& m, const StepOpt
 
   LayerStep step;
   step.events = tape.events();
-  step.memory = tape.memory();
+  step.memory = layer_memory(tape, p);
   // The most any rank sent per event: every rank's figures to everyone, then the maximum.
   const std::int64_t ranks = m.mesh.device_count(), n = static_cast<std::int64_t>(step.events.size());
   std::vector<double> mine(static_cast<std::size_t>(n)), all(static_cast<std::size_t>(n * ranks));
@@ -314,7 +325,7 @@ LayerPrediction predict_layer(const ModelConfig& m, DType dtype, const HardwareP
   autodiff::Tape tape(m.mesh, {dtype, hw, 0});
   const LayerProgram p = record_layer(tape, m, 1);
   if (m.train) tape.backward(p.loss);
-  return {tape.events(), tape.memory()};
+  return {tape.events(), layer_memory(tape, p)};
 }
 
 std::vector<CollectiveTally> tally_collectives(const std::vector<autodiff::TapeEvent>& events,

@@ -142,15 +142,27 @@ TEST(LayerClaimsTest, SequenceParallelSplitsEachAllReduceIntoEqualBytesAndShards
     EXPECT_EQ(find(tb, phase, OpKind::all_gather).bytes + find(tb, phase, OpKind::reduce_scatter).bytes,
               find(ta, phase, OpKind::all_reduce).bytes);
   }
-  // What the layer norms keep for backward is on T/N rows under sp: their inputs (X, a
-  // leaf, and the residual sum a, [B, T, D] each) and their statistics (2 per row each).
-  // The tensor-parallel region's activations are whole under both, so the difference is
-  // exactly (1 - 1/N) of the layer norms' share.
+  // What the layer norms keep for backward is on T/N rows under sp: their inputs (the
+  // layer's input X and the residual sum a, [B, T, D] each) and their statistics (2 per row
+  // each). The tensor-parallel region's activations are whole under both, so the difference
+  // is exactly (1 - 1/N) of the layer norms' share.
   const std::int64_t rows = 2 * 8, row_bytes = 8 * 8;
   const std::int64_t residual = rows * row_bytes, stats = 2 * (2 * rows * 8);
-  EXPECT_EQ(a.memory.activations - b.memory.activations, (residual + stats) - (residual + stats) / n);
-  // X and the loss's seed G are [B, T_X, D] leaves under sp.
-  EXPECT_EQ(a.memory.leaves - b.memory.leaves, 2 * (residual - residual / n));
+  EXPECT_EQ(a.memory.activations - b.memory.activations, (2 * residual + stats) - (2 * residual + stats) / n);
+  // The loss's seed G is a [B, T_X, D] leaf under sp.
+  EXPECT_EQ(a.memory.leaves - b.memory.leaves, residual - residual / n);
+}
+
+// The MLP alone has no layer norm outside the tensor-parallel region: sp keeps what tp keeps,
+// its gathered input in place of tp's replicated one (both counted as the layer's input).
+TEST(LayerClaimsTest, SequenceParallelKeepsWhatTensorParallelKeepsForAnMlp) {
+  const int n = 4;
+  const LayerStep tp = run(config({"mlp", "tp", "X=4", "B=2,T=8,D=8,F=16"}));
+  const LayerStep sp = run(config({"mlp", "sp", "X=4", "B=2,T=8,D=8,F=16"}));
+  ASSERT_TRUE(sp.verification.verified) << sp.verification.detail;
+  const std::int64_t f64 = 8, x = 2 * 8 * 8 * f64, h = 2 * 8 * (16 / n) * f64;
+  EXPECT_EQ(tp.memory.activations, x + 2 * h) << "X, and W_in's output before and after the activation";
+  EXPECT_EQ(sp.memory.activations, tp.memory.activations);
 }
 
 TEST(LayerClaimsTest, FsdpMovesOneAndAHalfTimesDataParallel) {

@@ -152,6 +152,8 @@ class Tape {
   // Everything run so far, forward then backward, in order.
   const std::vector<TapeEvent>& events() const;
   TapeMemory memory() const;
+  // The bytes of `v`'s shard (as memory() counts it) when some op's backward reads `v`, else 0.
+  std::int64_t bytes_saved_for_backward(Var v) const;
 
   // The recording machinery, for the op functions below; not for users.
   struct Impl;
