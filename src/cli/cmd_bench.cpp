@@ -134,7 +134,10 @@ std::function<int(std::ostream&)> add_collectives(CLI::App& bench) {
             o.check = flags->check;
             if (o.trials < 1) throw InputError("--trials " + std::to_string(o.trials) + ": at least one trial is needed");
             check_backend(o.backend, o.mesh);
-            o.progress = [](const std::string& what) { std::cerr << "shardmm: bench " << what << "\n"; };
+            o.progress = [](const CollectiveBenchProgress& p) {
+              std::cerr << "shardmm: bench " << p.index << " of " << p.total << ": " << p.op << " "
+                        << format_bytes(static_cast<double>(p.bytes)) << "\n";
+            };
             const CollectiveBenchReport r = bench_collectives(o);
             if (!r.is_root) return 0;
             if (flags->json) {
@@ -152,15 +155,17 @@ std::function<int(std::ostream&)> add_collectives(CLI::App& bench) {
                                        {"count", row.count},
                                        {"time_s", row.time_s},
                                        {"algbw_bytes_per_s", row.algbw},
-                                       {"busbw_bytes_per_s", row.busbw}});
+                                       {"busbw_bytes_per_s", row.busbw},
+                                       {"min_time_s", row.min_time_s},
+                                       {"max_time_s", row.max_time_s}});
               }
               out << doc.dump(2) << "\n";
               return 0;
             }
             out << "collectives over " << (o.group.empty() ? "no axes" : o.mesh.axis_names(o.group)) << " ("
                 << r.group_size << " ranks) of mesh " << o.mesh.to_string() << ", " << o.backend << " backend, "
-                << to_string(o.dtype) << ", median of " << o.trials << " trials\n";
-            Table t({"size", "count", "op", "time", "algbw", "busbw", "busbw / reference"});
+                << to_string(o.dtype) << ", median of " << o.trials << " trials (and the fastest - slowest)\n";
+            Table t({"size", "count", "op", "time", "min - max", "algbw", "busbw", "busbw / reference"});
             double memcpy_bw = 0, add_bw = 0;
             // Rows come per size: the collectives, then memcpy and y += x; ratios need the references first.
             std::vector<std::vector<std::string>> pending;
@@ -185,12 +190,13 @@ std::function<int(std::ostream&)> add_collectives(CLI::App& bench) {
               if (row.op == "memcpy") memcpy_bw = row.busbw;
               if (row.op == "y += x") add_bw = row.busbw;
               pending.push_back({format_bytes(static_cast<double>(row.bytes)), std::to_string(row.count), row.op,
-                                 format_time(row.time_s), format_bandwidth(row.algbw), format_bandwidth(row.busbw)});
+                                 format_time(row.time_s), format_time(row.min_time_s) + " - " + format_time(row.max_time_s),
+                                 format_bandwidth(row.algbw), format_bandwidth(row.busbw)});
               pending_ops.push_back(row.op);
               pending_bus.push_back(row.busbw);
             }
             flush();
-            for (std::size_t c : {0, 1, 3, 4, 5, 6}) t.right_align(c);
+            for (std::size_t c : {0, 1, 3, 4, 5, 6, 7}) t.right_align(c);
             t.print(out);
             out << "  (all_gather and all_to_all are compared with memcpy, reduce_scatter and all_reduce with y += x)\n";
             return 0;

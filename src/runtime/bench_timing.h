@@ -77,7 +77,15 @@ struct BenchTimer {
   int iterations = 0;
   int trials = 5;
 
-  double per_call(const std::function<void()>& op) const {
+  // Per call: the fastest, the median and the slowest trial (a shared machine's trials of
+  // one size can differ by 30x; the median alone hides that).
+  struct Trials {
+    double min_s = 0, median_s = 0, max_s = 0;
+  };
+
+  double per_call(const std::function<void()>& op) const { return per_call_trials(op).median_s; }
+
+  Trials per_call_trials(const std::function<void()>& op) const {
     int calls = iterations;
     if (calls <= 0) {
       // Calibrate on one call: aim at ~20 ms per trial, between 1 and 1000 calls. All ranks
@@ -93,7 +101,8 @@ struct BenchTimer {
                       }) /
                       calls);
     }
-    return median(times);
+    const auto [fastest, slowest] = std::minmax_element(times.begin(), times.end());
+    return {*fastest, median(times), *slowest};
   }
 };
 

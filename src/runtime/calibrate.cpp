@@ -296,7 +296,12 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
     b.sizes = calibration_sizes(o.quick);
     b.trials = trials;
     const int n = size;
-    if (o.progress) b.progress = [&o, n](const std::string& what) { o.progress(what + " on " + std::to_string(n) + " ranks"); };
+    if (o.progress) {
+      b.progress = [&o, n](const CollectiveBenchProgress& p) {
+        o.progress(p.op + " " + format_bytes(p.bytes) + " on " + std::to_string(n) + " ranks (" +
+                   std::to_string(p.index) + " of " + std::to_string(p.total) + ")");
+      };
+    }
     const CollectiveBenchReport report = bench_collectives(b);
     if (!report.is_root) continue;
     std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> points;

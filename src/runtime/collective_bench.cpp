@@ -30,9 +30,8 @@ CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
     const bool is_root = comm.rank() == 0;
     const detail::BenchTimer measure{comm, o.iterations, o.trials};
-    const auto note = [&](const std::string& what) {
-      if (is_root && o.progress) o.progress(what);
-    };
+    const int total = static_cast<int>(o.sizes.size() * (o.ops.size() + 2));  // the references too
+    int index = 0;
     for (std::int64_t bytes : o.sizes) {
       // Every rank holds `count` elements of the array; chunks per member are as even as
       // the count allows.
@@ -45,30 +44,35 @@ CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
       const double size = static_cast<double>(count * eb);
       const double moved = static_cast<double>(n - 1) / static_cast<double>(n);
       std::vector<CollectiveBenchRow> rows;
-      const auto add = [&](const std::string& name, double time, double factor) {
-        rows.push_back({name, count * eb, count, time, size / time, size / time * factor});
+      const auto note = [&](const std::string& what) {
+        ++index;
+        if (is_root && o.progress) o.progress({what, count * eb, index, total});
       };
-      const std::string label = " " + std::to_string(count * eb) + " B";
+      // A row of the median trial's bandwidths; `factor` turns algbw into busbw.
+      const auto add = [&](const std::string& name, const detail::BenchTimer::Trials& t, double factor) {
+        rows.push_back({name, count * eb, count, t.median_s, t.min_s, t.max_s, size / t.median_s,
+                        size / t.median_s * factor});
+      };
       const std::size_t my_chunk_offset =
           static_cast<std::size_t>(comm.mesh().group_rank(comm.rank(), o.group) * chunk * eb);
       for (OpKind op : o.ops) {
-        note(std::string(to_string(op)) + label);
+        note(to_string(op));
         switch (op) {
           case OpKind::all_gather:
             // In place (my chunk already sits in the output), as nccl-tests runs it: the
             // bytes that move are then exactly the ones busbw counts.
-            add("all_gather", measure.per_call([&] {
+            add("all_gather", measure.per_call_trials([&] {
                   comm.all_gather(static_cast<char*>(b.data()) + my_chunk_offset, b.data(), chunks, o.dtype, o.group);
                 }), moved);
             break;
           case OpKind::reduce_scatter:
-            add("reduce_scatter", measure.per_call([&] { comm.reduce_scatter(a.data(), b.data(), chunks, o.dtype, o.group); }), moved);
+            add("reduce_scatter", measure.per_call_trials([&] { comm.reduce_scatter(a.data(), b.data(), chunks, o.dtype, o.group); }), moved);
             break;
           case OpKind::all_reduce:
-            add("all_reduce", measure.per_call([&] { comm.all_reduce(b.data(), count, o.dtype, o.group); }), 2 * moved);
+            add("all_reduce", measure.per_call_trials([&] { comm.all_reduce(b.data(), count, o.dtype, o.group); }), 2 * moved);
             break;
           case OpKind::all_to_all:
-            add("all_to_all", measure.per_call([&] { comm.all_to_all(a.data(), chunks, b.data(), chunks, o.dtype, o.group); }), moved);
+            add("all_to_all", measure.per_call_trials([&] { comm.all_to_all(a.data(), chunks, b.data(), chunks, o.dtype, o.group); }), moved);
             break;
           default:
             throw InputError(std::string("cannot benchmark ") + to_string(op) + "; it is not a collective");
@@ -76,11 +80,12 @@ CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
       }
       // References: what each rank's memory does with the same bytes, all ranks at once.
       const std::size_t delivered = static_cast<std::size_t>(count - chunk) * static_cast<std::size_t>(eb);
-      note("memcpy" + label);
-      const double copy = measure.per_call([&] { std::memcpy(b.data(), a.data(), delivered); });
-      rows.push_back({"memcpy", count * eb, count, copy, size / copy, static_cast<double>(delivered) / copy});
-      note("y += x" + label);
-      const double add_time = measure.per_call([&] {
+      // Their busbw: the bytes they touch over the time.
+      const double touched = static_cast<double>(delivered) / size;
+      note("memcpy");
+      add("memcpy", measure.per_call_trials([&] { std::memcpy(b.data(), a.data(), delivered); }), touched);
+      note("y += x");
+      add("y += x", measure.per_call_trials([&] {
         if (o.dtype == DType::f32) {
           float* y = b.as<float>();
           const float* x = a.as<float>();
@@ -90,8 +95,7 @@ CollectiveBenchReport bench_collectives(const CollectiveBenchOptions& o) {
           const double* x = a.as<double>();
           for (std::int64_t i = 0; i < count - chunk; ++i) y[i] += x[i];
         }
-      });
-      rows.push_back({"y += x", count * eb, count, add_time, size / add_time, static_cast<double>(delivered) / add_time});
+      }), touched);
       if (is_root) {
         std::lock_guard lock(root);
         report.rows.insert(report.rows.end(), rows.begin(), rows.end());

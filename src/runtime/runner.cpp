@@ -99,23 +99,6 @@ std::int64_t block_bytes(const Mesh& mesh, const Spec& spec, const DimSizes& siz
   return buffer_bytes(local_elements(mesh, spec, global_shape(spec, sizes), device), dtype);
 }
 
-// "12.0 GiB": three significant digits.
-std::string format_bytes(std::int64_t bytes) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  double v = static_cast<double>(bytes);
-  std::size_t u = 0;
-  while (u + 1 < std::size(units) && v >= 1024) {
-    v /= 1024;
-    ++u;
-  }
-  char text[32];
-  if (u == 0) {
-    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
-  } else {
-    std::snprintf(text, sizeof text, v < 9.995 ? "%.2f %s" : v < 99.95 ? "%.1f %s" : "%.0f %s", v, units[u]);
-  }
-  return text;
-}
 
 void check_operands(const RunRequest& req) {
   if ((req.contraction != nullptr) == (req.reshard_from != nullptr)) {
@@ -180,6 +163,23 @@ std::function<void(Communicator&)> allocation_failure_as_input_error(const Memor
 }
 
 }  // namespace
+
+std::string format_bytes(std::int64_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  std::size_t u = 0;
+  while (u + 1 < std::size(units) && v >= 1024) {
+    v /= 1024;
+    ++u;
+  }
+  char text[32];
+  if (u == 0) {
+    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(text, sizeof text, v < 9.995 ? "%.2f %s" : v < 99.95 ? "%.1f %s" : "%.0f %s", v, units[u]);
+  }
+  return text;
+}
 
 MemoryNeed memory_need(const RunRequest& req) {
   check_operands(req);

@@ -1021,6 +1021,8 @@ TEST(CliBench, CollectivesTableAndJson) {
   for (const json& row : doc["rows"]) {
     per_op[row["op"]]++;
     EXPECT_GT(row["time_s"].get<double>(), 0);
+    EXPECT_LE(row["min_time_s"].get<double>(), row["time_s"].get<double>());
+    EXPECT_GE(row["max_time_s"].get<double>(), row["time_s"].get<double>());
     const double algbw = row["algbw_bytes_per_s"], busbw = row["busbw_bytes_per_s"];
     const double size = row["size_bytes"];
     EXPECT_NEAR(algbw, size / row["time_s"].get<double>(), algbw * 1e-9);
@@ -1036,7 +1038,10 @@ TEST(CliBench, CollectivesTableAndJson) {
   const Result text = run({"bench", "collectives", "--mesh", "X=2", "--sizes", "8KiB", "--trials", "1"});
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("busbw / reference"));
-  EXPECT_THAT(text.err, HasSubstr("shardmm: bench all_gather"));  // progress goes to stderr
+  // Progress goes to stderr, a line a measurement: four collectives and two references.
+  EXPECT_THAT(text.err, HasSubstr("shardmm: bench 1 of 6: all_gather 8.00 KiB\n"));
+  EXPECT_THAT(text.err, HasSubstr("shardmm: bench 6 of 6: y += x 8.00 KiB\n"));
+  EXPECT_THAT(text.out, HasSubstr("min - max"));
   expect_input_error({"bench", "collectives", "--mesh", "X=2", "--sizes", "64MiB:1KiB"}, "needs LO <= HI");
   expect_input_error({"bench", "collectives", "--mesh", "X=2", "--axes", "Q"}, "unknown mesh axis 'Q'");
   expect_input_error({"bench"}, "'shardmm bench' needs a subcommand: collectives");

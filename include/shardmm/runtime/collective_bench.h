@@ -27,6 +27,15 @@
 
 namespace shardmm {
 
+// A measurement about to start: the `index`-th (from 1) of `total`, of `op` (a collective
+// or a reference) on `bytes` per rank.
+struct CollectiveBenchProgress {
+  std::string op;
+  std::int64_t bytes = 0;
+  int index = 0;
+  int total = 0;
+};
+
 struct CollectiveBenchOptions {
   std::string backend = "threads";
   Mesh mesh;
@@ -37,8 +46,8 @@ struct CollectiveBenchOptions {
   int trials = 5;                  // the reported time is the median trial
   bool check = false;              // BackendOptions::check: off, to time the collectives alone
   std::vector<OpKind> ops = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all};
-  // Called on the root process before each measurement ("all_gather 16 MiB").
-  std::function<void(const std::string&)> progress;
+  // Called on the root process before each measurement.
+  std::function<void(const CollectiveBenchProgress&)> progress;
 };
 
 struct CollectiveBenchRow {
@@ -46,6 +55,8 @@ struct CollectiveBenchRow {
   std::int64_t bytes = 0;
   std::int64_t count = 0;          // elements per rank in the array
   double time_s = 0;               // per call, median of trials
+  double min_time_s = 0;           // per call, the fastest trial
+  double max_time_s = 0;           // per call, the slowest trial
   double algbw = 0;                // bytes/s
   double busbw = 0;                // bytes/s
 };

@@ -126,6 +126,9 @@ MemoryNeed memory_need(const RunRequest& request);
 // free pages), capped by the cgroup's memory limit less its usage.
 std::int64_t available_memory();
 
+// "512 B", "16.0 MiB", "1.50 GiB": three significant digits, binary units.
+std::string format_bytes(std::int64_t bytes);
+
 // Throws InputError for a request that does not fit (no operand given, bad repeat, more
 // memory than the limit or the machine allows).
 RunReport run_plan(const RunRequest& request);
