@@ -136,6 +136,10 @@ void print_text(std::ostream& out, const Checked& c) {
       << "x the tensor\n";
 }
 
+// Past this many devices `check --json` lists no shard per device, only the distinct local
+// shapes (docs/json-schema.md): 65,536 devices' entries would be 12 MB of JSON.
+constexpr std::int64_t kMaxShardsInJson = 4096;
+
 Json to_json(const Checked& c) {
   const Mesh& mesh = c.mesh;
   Json j;
@@ -164,24 +168,34 @@ Json to_json(const Checked& c) {
     j["global_bytes"] = nullptr;
     j["max_bytes_per_device"] = nullptr;
     j["shards"] = nullptr;
+    j["local_shapes"] = nullptr;
     return j;
   }
   j["global_shape"] = c.shape;
   j["global_bytes"] = bytes_of(c.shape, c.dtype);
   std::int64_t largest = 0;
-  Json shards = Json::array();
+  const bool listed = mesh.device_count() <= kMaxShardsInJson;
+  Json shards = listed ? Json::array() : Json(nullptr);
+  std::map<std::vector<std::int64_t>, std::int64_t> by_shape;
   for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
+    const std::vector<std::int64_t> local = local_shape(mesh, c.spec, c.shape, d);
+    largest = std::max(largest, bytes_of(local, c.dtype));
+    ++by_shape[local];
+    if (!listed) continue;
     Json coords = Json::object();
     for (int a = 0; a < mesh.rank(); ++a) coords[mesh.axis(a).name] = mesh.coord(d, a);
     Json block = Json::array();
     for (const Range& r : shard_box(mesh, c.spec, c.shape, d)) block.push_back({r.offset, r.end()});
-    const std::vector<std::int64_t> local = local_shape(mesh, c.spec, c.shape, d);
-    const std::int64_t b = bytes_of(local, c.dtype);
-    largest = std::max(largest, b);
-    shards.push_back({{"device", d}, {"coords", coords}, {"block", block}, {"local_shape", local}, {"bytes", b}});
+    shards.push_back({{"device", d}, {"coords", coords}, {"block", block}, {"local_shape", local},
+                      {"bytes", bytes_of(local, c.dtype)}});
   }
   j["max_bytes_per_device"] = largest;
   j["shards"] = shards;
+  Json shapes = Json::array();
+  for (const auto& [shape, devices] : by_shape) {
+    shapes.push_back({{"local_shape", shape}, {"devices", devices}, {"bytes", bytes_of(shape, c.dtype)}});
+  }
+  j["local_shapes"] = shapes;
   return j;
 }
 

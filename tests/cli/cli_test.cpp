@@ -338,6 +338,14 @@ TEST(CliCheck, ManyDevicesAreSummarized) {
   EXPECT_THAT(r.out, HasSubstr("[128, 32]"));  // 8192/64, 4096/128
   EXPECT_THAT(r.out, HasSubstr("8192"));       // devices with that shape
   EXPECT_LT(lines(r.out).size(), 30u);
+  // JSON lists each device up to 4,096 of them; beyond, only the distinct local shapes.
+  const json small = parse_stdout(run({"check", "A[I_X, J_Y]", "--mesh", "X=64,Y=64", "--dims", "I=100,J=64", "--json"}));
+  EXPECT_EQ(small["shards"].size(), 4096u);
+  const json big = parse_stdout(run({"check", "A[I_X, J_Y]", "--mesh", "X=64,Y=128", "--dims", "I=100,J=4096", "--json"}));
+  EXPECT_TRUE(big["shards"].is_null());
+  // I=100 over 64: 36 blocks of 2 rows and 28 of 1; J=4096 over 128: 32 columns each.
+  EXPECT_EQ(big["local_shapes"], (json{{{"local_shape", {1, 32}}, {"devices", 28 * 128}, {"bytes", 1 * 32 * 2}},
+                                       {{"local_shape", {2, 32}}, {"devices", 36 * 128}, {"bytes", 2 * 32 * 2}}}));
 }
 
 // ---------------------------------------------------------------- plan
