@@ -17,6 +17,7 @@
 #include "dense_reference.h"
 #include "plan/steps.h"
 #include "random_cases.h"
+#include "sampled_candidates.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/executor.h"
@@ -357,19 +358,6 @@ TEST(ExecutorTest, EinsumReduceScatterIsWithinRoundingOfTheSerializedPlan) {
             7);
 }
 
-// Every candidate when the output was given. Without an output spec the candidates span
-// every output layout (about 1,500 a case on 4-8 devices, 16 times the given cases' count):
-// the chosen one and an even sample of the rest run, each layout among them being drawn as a
-// given output by other cases.
-std::vector<Plan> candidates_to_run(const MatmulPlanning& p, bool output_given) {
-  constexpr std::size_t kFreeOutputSample = 24;
-  if (output_given || p.candidates.size() <= kFreeOutputSample) return p.candidates;
-  std::vector<Plan> sample{p.candidates[static_cast<std::size_t>(std::max(p.chosen, 0))]};
-  const std::size_t stride = p.candidates.size() / (kFreeOutputSample - 1);
-  for (std::size_t at = 0; sample.size() < kFreeOutputSample; at += stride) sample.push_back(p.candidates[at]);
-  return sample;
-}
-
 TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
   const int cases = case_count(1000);
   std::int64_t plans_run = 0;
@@ -391,7 +379,7 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
     const auto expected =
         dense_einsum(dim_names(c.a), dense_tensor(mesh, c.a, global_shape(c.a, rc.sizes), 1), dim_names(c.b),
                      dense_tensor(mesh, c.b, global_shape(c.b, rc.sizes), 2), c.out_dims, rc.sizes);
-    for (const Plan& plan : candidates_to_run(p, c.out.has_value())) {
+    for (const Plan& plan : testing::sampled_candidates(p.candidates, c.out.has_value(), p.chosen)) {
       const std::string context = "seed " + std::to_string(seed) + " mesh " + mesh.to_string() + ": " + rc.text +
                                   " [" + plan.description + "]";
       const RunResult r = run_plan(mesh, plan, rc.sizes, dtype, c.a, &c.b);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "random_cases.h"
+#include "sampled_candidates.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/executor.h"
@@ -36,9 +37,9 @@ inline PlanOptions determinism_options(DType dtype) {
 }
 
 // `count` random contractions (dimensions up to 9, so up to 81 contracted terms), each
-// with every candidate plan, and `count` random reshards of 2-D tensors up to 40 x 40
-// with unreduced sources, which reduce across ranks; meshes from `mesh_of`. f32 and f64
-// alternate.
+// with every candidate plan (a sample without an output spec: sampled_candidates.h), and
+// `count` random reshards of 2-D tensors up to 40 x 40 with unreduced sources, which
+// reduce across ranks; meshes from `mesh_of`. f32 and f64 alternate.
 inline std::vector<PlanCase> random_plan_cases(int count, const std::function<Mesh(Rng&)>& mesh_of) {
   std::vector<PlanCase> cases;
   for (int i = 0; i < count; ++i) {
@@ -47,7 +48,8 @@ inline std::vector<PlanCase> random_plan_cases(int count, const std::function<Me
     const Mesh mesh = mesh_of(rng);
     const auto rc = random_contraction(rng, mesh, 9);
     const DType dtype = i % 2 ? DType::f64 : DType::f32;
-    for (const Plan& plan : plan_matmul(mesh, rc.contraction, rc.sizes, determinism_options(dtype)).candidates) {
+    const MatmulPlanning planning = plan_matmul(mesh, rc.contraction, rc.sizes, determinism_options(dtype));
+    for (const Plan& plan : sampled_candidates(planning.candidates, rc.contraction.out.has_value(), planning.chosen)) {
       cases.push_back({"seed " + std::to_string(seed) + " mesh " + mesh.to_string() + ": " + rc.text + " [" +
                            plan.description + "]",
                        mesh, plan, rc.sizes, dtype, rc.contraction.a, rc.contraction.b, true});
