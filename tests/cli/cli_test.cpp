@@ -250,43 +250,6 @@ TEST(Cli, HelpRunsMatmulBenchUnderMpirunUnbound) {
   EXPECT_EQ(examples, 1) << r.out;
 }
 
-// docs/cli.md's error examples ("$ shardmm ..." followed by "shardmm: error: ...") are what the
-// command prints today, context lines included.
-TEST(CliDocs, ErrorExamplesAreWhatTheCommandPrints) {
-  std::ifstream in(std::string(SHARDMM_TESTS_DIR) + "/../docs/cli.md");
-  ASSERT_TRUE(in);
-  std::vector<std::string> doc;
-  for (std::string line; std::getline(in, line);) doc.push_back(line);
-  int examples = 0;
-  for (std::size_t i = 0; i + 1 < doc.size(); ++i) {
-    if (doc[i].rfind("$ shardmm ", 0) != 0 || doc[i + 1].rfind("shardmm: error: ", 0) != 0) continue;
-    std::vector<std::string> args;  // the words after "$ shardmm", 'quoted' ones whole
-    for (std::size_t at = 10; at < doc[i].size();) {
-      if (doc[i][at] == ' ') {
-        ++at;
-      } else if (doc[i][at] == '\'') {
-        const std::size_t close = doc[i].find('\'', at + 1);
-        args.push_back(doc[i].substr(at + 1, close - at - 1));
-        at = close + 1;
-      } else {
-        const std::size_t end = std::min(doc[i].find(' ', at), doc[i].size());
-        args.push_back(doc[i].substr(at, end - at));
-        at = end;
-      }
-    }
-    std::string expected;
-    for (std::size_t j = i + 1; j < doc.size() && doc[j].rfind("$ ", 0) != 0 && doc[j] != "```"; ++j) {
-      expected += doc[j] + "\n";
-    }
-    SCOPED_TRACE("docs/cli.md:" + std::to_string(i + 1) + ": " + doc[i]);
-    const Result r = run(args);
-    EXPECT_EQ(r.status, 2);
-    EXPECT_EQ(r.err, expected);
-    ++examples;
-  }
-  EXPECT_GE(examples, 6);
-}
-
 // ---------------------------------------------------------------- check
 
 TEST(CliCheck, CanonicalForm) {
@@ -740,21 +703,6 @@ TEST(CliDemo, ExplainsTheFourCases) {
                         "$ shardmm plan 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=4 --dims I=8192,J=4096,K=16384"}) {
     EXPECT_THAT(r.out, HasSubstr(s));
   }
-}
-
-// docs/cli.md's demo excerpt shows the demo's own "Compare:" paragraph.
-TEST(CliDemo, TheDocsCompareLineIsTheDemos) {
-  std::ifstream in(std::string(SHARDMM_TESTS_DIR) + "/../docs/cli.md");
-  ASSERT_TRUE(in);
-  std::vector<std::string> doc;
-  for (std::string line; std::getline(in, line);) doc.push_back(line);
-  std::string paragraph;
-  for (std::size_t i = 0; i < doc.size() && paragraph.empty(); ++i) {
-    if (doc[i].rfind("Compare: ", 0) != 0) continue;
-    for (std::size_t j = i; j < doc.size() && (j == i || doc[j].rfind("         ", 0) == 0); ++j) paragraph += doc[j] + "\n";
-  }
-  ASSERT_FALSE(paragraph.empty());
-  EXPECT_THAT(run({"demo"}).out, HasSubstr(paragraph));
 }
 
 // The demo names its source, the Scaling Book, and never "the seeds" (a word for this
