@@ -291,7 +291,7 @@ class MatmulPlanner {
     if (!added) return it->second;
     std::vector<std::vector<Step>>& options = it->second;
     // plan_reshard's steps are the chain itself unless it took an exchange.
-    std::vector<Step> planned = plan_reshard(mesh_, from, to, shape, unlimited_).steps;
+    std::vector<Step> planned = detail::plan_reshard(coster_, from, to, shape, unlimited_).steps;
     if (std::any_of(planned.begin(), planned.end(), [](const Step& s) { return s.op == OpKind::exchange; })) {
       options.push_back(detail::reshard_steps(mesh_, from, to));
     }

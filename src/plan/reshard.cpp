@@ -177,6 +177,13 @@ std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& 
 
 Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
                   const PlanOptions& options) {
+  detail::StepCoster coster(mesh, options);
+  return detail::plan_reshard(coster, from, to, shape, options);
+}
+
+Plan detail::plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
+                          const PlanOptions& options) {
+  const Mesh& mesh = coster.mesh();
   validate_spec(from, mesh);
   validate_spec(to, mesh);
   check_same_tensor(from, to, mesh);
@@ -191,7 +198,6 @@ Plan plan_reshard(const Mesh& mesh, const Spec& from, const Spec& to, const std:
     if (n < 0) throw std::invalid_argument("plan_reshard: negative extent " + std::to_string(n));
     elements = checked_mul(elements, n, "the element count of " + (from.tensor.empty() ? std::string("the tensor") : from.tensor));
   }
-  detail::StepCoster coster(mesh, options);
   const auto costed = [&](std::vector<Step> steps) {
     Plan plan;
     plan.steps = std::move(steps);

@@ -1,7 +1,6 @@
 #include "plan/steps.h"
 
 #include <algorithm>
-#include <unordered_map>
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -96,6 +95,25 @@ Step make_exchange(const Spec& from, const Spec& to) {
   return s;
 }
 
+namespace {
+
+// Calls fn(device) for each device whose coordinates are 0 off the axes `walk`: one device per
+// combination of coordinates on `walk`, for figures that depend on those coordinates only.
+template <typename Fn>
+void for_each_device_on(const Mesh& mesh, const AxisList& walk, Fn fn) {
+  std::vector<std::int64_t> coord(walk.size(), 0);
+  while (true) {
+    std::int64_t device = 0;
+    for (std::size_t i = 0; i < walk.size(); ++i) device += coord[i] * mesh.stride(walk[i]);
+    fn(device);
+    std::size_t i = 0;
+    while (i < walk.size() && ++coord[i] == mesh.size(walk[i])) coord[i++] = 0;
+    if (i == walk.size()) return;
+  }
+}
+
+}  // namespace
+
 std::int64_t StepCoster::max_bytes(const Spec& spec, const std::vector<std::int64_t>& shape) const {
   return checked_mul(max_local_elements(mesh_, spec, shape), dtype_bytes(options_.dtype), "bytes per device");
 }
@@ -138,10 +156,7 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     }
   }
   std::int64_t sent = 0, received = 0, in_max = 0, out_max = 0;
-  std::vector<std::int64_t> coord(walk.size(), 0);
-  while (true) {
-    std::int64_t device = 0;
-    for (std::size_t i = 0; i < walk.size(); ++i) device += coord[i] * mesh_.stride(walk[i]);
+  for_each_device_on(mesh_, walk, [&](std::int64_t device) {
     std::int64_t in = unchanged, out = unchanged, kept = unchanged;
     for (std::size_t d : changed) {
       const Range before = shard_range(mesh_, shape[d], step.from.dims[d].axes, device);
@@ -165,10 +180,7 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     }
     sent = std::max(sent, s);
     received = std::max(received, r);
-    std::size_t i = 0;
-    while (i < walk.size() && ++coord[i] == mesh_.size(walk[i])) coord[i++] = 0;
-    if (i == walk.size()) break;
-  }
+  });
   Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"),
          0, 0, Bound::none};
   in_max = checked_mul(in_max, elem, "bytes per device");
@@ -232,6 +244,11 @@ class GroupOverlap {
       }
     }
     for (int a : splitting_none) multiplier_ = checked_mul(multiplier_, mesh.axis(a).size, kWhat);
+    for (Dim& dim : dims_) {
+      std::int64_t keys = 1;
+      for (int a : dim.keyed_by) keys *= mesh.size(a);  // at most the device count
+      dim.memo.assign(static_cast<std::size_t>(keys), {-1, -1});
+    }
   }
 
   // {with the group's blocks, with its own block under `members`} for `device`.
@@ -250,19 +267,20 @@ class GroupOverlap {
   struct Dim {
     AxisList keyed_by;  // the axes that split this dimension under either spec
     AxisList varying;   // the group axes that split it under `members`
-    std::unordered_map<std::int64_t, std::pair<std::int64_t, std::int64_t>> memo;
+    // By the device's coordinates on keyed_by (mixed radix); {-1, -1} until computed.
+    std::vector<std::pair<std::int64_t, std::int64_t>> memo;
   };
 
   std::pair<std::int64_t, std::int64_t> dim_overlap(std::size_t k, std::int64_t device) {
     Dim& dim = dims_[k];
     std::int64_t key = 0;
-    for (int a : dim.keyed_by) key += mesh_.coord(device, a) * mesh_.stride(a);
-    const auto [it, added] = dim.memo.try_emplace(key);
-    if (!added) return it->second;
+    for (int a : dim.keyed_by) key = key * mesh_.size(a) + mesh_.coord(device, a);
+    auto& known = dim.memo[static_cast<std::size_t>(key)];
+    if (known.first >= 0) return known;
     const AxisList& split = members_.dims[k].axes;
     const Range mine = shard_range(mesh_, shape_[k], own_.dims[k].axes, device);
     const std::int64_t sum = overlap_with_shards(Range{0, shape_[k]}, split, 0, dim.varying, device, mine);
-    return it->second = {sum, overlap_extent(mine, shard_range(mesh_, shape_[k], split, device))};
+    return known = {sum, overlap_extent(mine, shard_range(mesh_, shape_[k], split, device))};
   }
 
   // The sum, over the members' shards of `r` split along split[level..] (coordinates on the
@@ -311,8 +329,18 @@ class GroupOverlap {
 StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<std::int64_t>& shape) const {
   const std::int64_t elem = dtype_bytes(options_.dtype);
   GroupOverlap sends(mesh_, step.from, step.to, shape, step.axes), receives(mesh_, step.to, step.from, shape, step.axes);
+  // A device's figures depend only on its coordinates on the axes that split a dimension
+  // under either layout (GroupOverlap's keys): one device per combination of those.
+  AxisList walk;
+  for (const Spec* spec : {&step.from, &step.to}) {
+    for (const DimSpec& dim : spec->dims) {
+      for (int a : dim.axes) {
+        if (std::find(walk.begin(), walk.end(), a) == walk.end()) walk.push_back(a);
+      }
+    }
+  }
   std::int64_t sent = 0, received = 0, copied = 0;
-  for (std::int64_t device = 0; device < mesh_.device_count(); ++device) {
+  for_each_device_on(mesh_, walk, [&](std::int64_t device) {
     // What the device keeps is in both sums; it neither sends nor receives it.
     const auto [wanted_by_group, kept] = sends.of(device);
     const std::int64_t s = wanted_by_group - kept;
@@ -323,7 +351,7 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<s
     // from block to block.
     copied = std::max<std::int64_t>(
         copied, checked_add(checked_add(s, r, "elements an exchange copies"), kept, "elements an exchange copies"));
-  }
+  });
   Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"), 0,
          0, Bound::none};
   // Timed as the all_to_all that moves as much per device: one of n members sends (n - 1) / n

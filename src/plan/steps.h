@@ -69,4 +69,9 @@ namespace shardmm::detail {
 // The steps (not yet costed) of a reshard from `from` to `to`; see plan_reshard.
 std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& to);
 
+// plan_reshard on `coster`'s mesh, costing through `coster` (a planner that plans many
+// reshards shares its memo); `options` sets the memory limit the plan is judged by.
+Plan plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
+                  const PlanOptions& options);
+
 }  // namespace shardmm::detail
