@@ -2,7 +2,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 #include <iostream>
 #include <memory>
 #include <ostream>
@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "shardmm/core/error.h"
+#include "shardmm/core/files.h"
 #include "shardmm/runtime/calibrate.h"
 #include "shardmm/runtime/runner.h"
 
@@ -28,34 +29,20 @@ std::string default_mesh(const std::string& backend) {
   return "X=" + std::to_string(std::max(2u, std::thread::hardware_concurrency()));
 }
 
-// The profile's file, checked before anything is measured.
-std::filesystem::path output_path(const std::string& out) {
-  const std::string path = out.empty() ? calibrated_profile_path() : out;
+// The profile's file, checked before anything is measured (its directory may not exist yet:
+// the default one is created on first use).
+std::filesystem::path output_path(const std::optional<std::string>& out) {
+  if (out && out->empty()) throw InputError("--out '': give the profile's file name, e.g. --out profile.json");
+  const std::string path = out ? *out : calibrated_profile_path();
   if (path.empty()) {
     throw InputError("nowhere to write the calibrated profile: HOME, XDG_CONFIG_HOME and SHARDMM_PROFILE are unset; "
                      "give --out FILE");
   }
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw InputError("--out '" + path + "': it is a directory; give a file name, e.g. --out profile.json");
+  if (std::filesystem::path(path).has_parent_path() && !std::filesystem::exists(std::filesystem::path(path).parent_path())) {
+    return path;
   }
+  check_writable_file(path, out ? "--out '" + path + "'" : "the calibrated profile '" + path + "'");
   return path;
-}
-
-// Written beside the target and renamed over it, so that a reader never sees half a profile.
-void write_profile(const std::filesystem::path& path, const std::string& text) {
-  std::error_code ec;
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path(), ec);
-  if (ec) throw InputError("cannot create the directory of '" + path.string() + "': " + ec.message());
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream file(tmp, std::ios::binary | std::ios::trunc);
-    file << text;
-    file.close();
-    if (!file) throw InputError("cannot write the calibrated profile to '" + tmp.string() + "'");
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw InputError("cannot write the calibrated profile to '" + path.string() + "': " + ec.message());
 }
 
 void print_calibration(std::ostream& out, const CalibrationResult& r, const std::string& path, bool quick) {
@@ -114,7 +101,7 @@ Command add_calibrate_command(CLI::App& root) {
   struct Flags {
     std::string backend = "threads";
     std::string mesh;
-    std::string out;
+    std::optional<std::string> out;
     bool quick = false;
     bool json = false;
     double gemm_spread = CalibrateOptions{}.gemm_steady_spread;
@@ -166,7 +153,7 @@ Command add_calibrate_command(CLI::App& root) {
             const CalibrationResult r = calibrate(o);
             if (!r.is_root) return 0;
             const std::string text = profile_to_json(r.profile);
-            write_profile(path, text);
+            write_file_atomically(path, text, "cannot write the calibrated profile to '" + path.string() + "'", true);
             if (!flags->json) {
               print_calibration(out, r, path.string(), o.quick);
               return 0;

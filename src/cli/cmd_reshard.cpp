@@ -51,7 +51,7 @@ Command add_reshard_command(CLI::App& root) {
               print_reshard_report(out, p, r, {false, flags->common.show});
               if (flags->run) print_execution(out, p, r.plan, flags->exec, run);
             }
-            return flags->run ? execution_status(run) : 0;
+            return flags->run ? finish_execution(flags->exec, p, r.plan, run) : 0;
           }};
 }
 

@@ -50,7 +50,7 @@ Command add_run_command(CLI::App& root) {
               print_matmul_report(out, p, c, m, {false, flags->common.show, 3, true});
               print_execution(out, p, plan, flags->exec, r);
             }
-            return execution_status(r);
+            return finish_execution(flags->exec, p, plan, r);
           }};
 }
 

@@ -10,6 +10,7 @@
 #include <ostream>
 
 #include "shardmm/core/error.h"
+#include "shardmm/core/files.h"
 #include "shardmm/runtime/chrome_trace.h"
 #include "shardmm/runtime/communicator.h"
 
@@ -67,16 +68,7 @@ void check_execution(const ExecutionFlags& flags, const Planning& p) {
   check_warmup_time(flags.warmup_time_s);
   if (flags.trace) {
     if (flags.trace->empty()) throw InputError("--trace '': give the trace file's name, e.g. --trace run.json");
-    const std::filesystem::path path(*flags.trace);
-    const std::filesystem::path dir = path.parent_path().empty() ? "." : path.parent_path();
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) {
-      throw InputError("--trace '" + *flags.trace + "': it is a directory; give a file name, e.g. --trace run.json");
-    }
-    if (!std::filesystem::is_directory(dir, ec)) {
-      throw InputError("--trace '" + *flags.trace + "': the directory '" + dir.string() +
-                       "' does not exist; the trace file goes into an existing directory");
-    }
+    check_writable_file(*flags.trace, "--trace '" + *flags.trace + "'");
   }
 }
 
@@ -123,8 +115,20 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   };
   RunReport r = run_plan(req);
   if (tty && r.is_root) std::cerr << "\r\033[K" << std::flush;
-  if (r.is_root && flags.trace) write_chrome_trace_file(*flags.trace, run_trace_events(plan, p.mesh, r));
   return r;
+}
+
+int finish_execution(const ExecutionFlags& flags, const Planning& p, const Plan& plan, const RunReport& r) {
+  const int status = execution_status(r);
+  if (!r.is_root || !flags.trace) return status;
+  try {
+    write_chrome_trace_file(*flags.trace, run_trace_events(plan, p.mesh, r));
+  } catch (const InputError& e) {
+    // One write, one line (a line written in pieces can be split by another process's output).
+    std::cerr << "shardmm: error: " + e.headline() + "; the run's report is printed all the same\n" << std::flush;
+    return status != 0 ? status : 2;
+  }
+  return status;
 }
 
 namespace {

@@ -35,8 +35,7 @@ void check_execution(const ExecutionFlags& flags, const Planning& p);
 // The candidate to run: flags.candidate, or `chosen`.
 std::size_t pick_candidate(const ExecutionFlags& flags, std::size_t count, int chosen);
 
-// Runs the plan (progress on stderr on the printing process); with --trace, the printing
-// process writes the Chrome trace (chrome_trace.h) of every rank.
+// Runs the plan (progress on stderr on the printing process).
 RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& plan, const Contraction* contraction,
                   const Spec* reshard_from);
 
@@ -49,5 +48,9 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
 
 // The exit status of a run: 0 when verified, 3 when the result is wrong (a line on stderr).
 int execution_status(const RunReport& r);
+// After the report is printed (a trace that cannot be written loses nothing else): with
+// --trace, the printing process writes the Chrome trace (chrome_trace.h) of every rank; then
+// execution_status.
+int finish_execution(const ExecutionFlags& flags, const Planning& p, const Plan& plan, const RunReport& r);
 
 }  // namespace shardmm::cli

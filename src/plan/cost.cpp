@@ -3,14 +3,11 @@
 #include "shardmm/plan/cost.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <optional>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <filesystem>
-#include <fstream>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -18,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardmm/core/error.h"
+#include "shardmm/core/files.h"
 
 namespace shardmm {
 
@@ -196,25 +194,8 @@ constexpr std::size_t kMaxProfileBytes = std::size_t{1} << 20;
 
 // Reads the whole profile file; errors name the file.
 std::string read_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw InputError(path.string() + ": cannot read hardware profile: it is a directory");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw InputError(path.string() + ": cannot read hardware profile: " + std::strerror(errno));
-  }
-  std::string text(kMaxProfileBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  if (in.bad()) {
-    throw InputError(path.string() + ": cannot read hardware profile: " + std::strerror(errno));
-  }
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (text.size() > kMaxProfileBytes) {
-    throw InputError(path.string() + ": cannot read hardware profile: larger than 1 MiB; a profile is a small JSON "
-                     "object (docs/cost-model.md)");
-  }
-  return text;
+  return read_small_file(path, kMaxProfileBytes, path.string() + ": cannot read hardware profile",
+                         "larger than 1 MiB; a profile is a small JSON object (docs/cost-model.md)");
 }
 
 // nlohmann reports the 1-based byte index of the character it stopped at; we turn that into

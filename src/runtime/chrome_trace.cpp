@@ -1,13 +1,12 @@
 #include "shardmm/runtime/chrome_trace.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <ostream>
 #include <set>
+#include <sstream>
 
 #include "shardmm/core/error.h"
+#include "shardmm/core/files.h"
 
 namespace shardmm {
 
@@ -76,11 +75,9 @@ void write_chrome_trace(std::ostream& out, const std::vector<ChromeTraceEvent>& 
 }
 
 void write_chrome_trace_file(const std::string& path, const std::vector<ChromeTraceEvent>& events) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (!file) throw InputError("cannot write the trace to '" + path + "': " + std::strerror(errno));
-  write_chrome_trace(file, events);
-  file.close();
-  if (!file) throw InputError("cannot write the trace to '" + path + "': " + std::strerror(errno));
+  std::ostringstream text;
+  write_chrome_trace(text, events);
+  write_file_atomically(path, text.str(), "cannot write the trace to '" + path + "'");
 }
 
 }  // namespace shardmm

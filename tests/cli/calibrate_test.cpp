@@ -4,9 +4,13 @@
 // reports measured/predicted and writes a Chrome trace; bad profiles and flags exit 2.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
+#include <iostream>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -385,6 +389,55 @@ TEST_F(Calibrated, BadFlagsExitTwo) {
   is_dir.push_back(dir_->string());
   expect_input_error(missing_dir, "the directory '/nonexistent-shardmm' does not exist");
   expect_input_error(is_dir, "it is a directory");
+  // Files that are not regular are refused before anything runs or blocks (a FIFO would
+  // block the open, a device node would be replaced by a regular file).
+  const std::string fifo = (*dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::vector<std::string> trace_fifo = run;
+  trace_fifo.push_back(fifo);
+  expect_input_error(trace_fifo, "--trace '" + fifo + "': it is a FIFO (named pipe), not a regular file");
+  expect_input_error({"calibrate", "--mesh", "X=2", "--out", fifo}, "--out '" + fifo + "': it is a FIFO");
+  expect_input_error({"calibrate", "--mesh", "X=2", "--out", "/dev/null"}, "it is a character device");
+  expect_input_error({"calibrate", "--mesh", "X=2", "--out", ""}, "--out '': give the profile's file name");
+  expect_input_error({"plan", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8", "--hw", fifo},
+                     fifo + ": cannot read hardware profile: it is a FIFO (named pipe), not a regular file");
+  const std::string file = (*dir_ / "a-file").string();
+  std::ofstream(file) << "x";
+  std::vector<std::string> under_file = run;
+  under_file.push_back(file + "/t.json");
+  expect_input_error(under_file, "'" + file + "' is a file, not a directory");
+  std::filesystem::remove(fifo);
+}
+
+// A trace that cannot be written after the run (a full disk; here a file-size limit, which
+// fails the write as ENOSPC does) loses neither the report nor the old file, and exits 2.
+TEST_F(Calibrated, ATraceThatCannotBeWrittenKeepsTheReport) {
+  const std::filesystem::path trace = *dir_ / "t.json";
+  std::ofstream(trace) << "old";
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old_limit{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  rlimit small = old_limit;
+  small.rlim_cur = 100;
+  std::ostringstream err;
+  std::streambuf* const cerr_was = std::cerr.rdbuf(err.rdbuf());
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const Result r = shardmm_cli({"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8", "--repeat",
+                                "1", "--warmup-time", "0", "--trace", trace.string()});
+  ::setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::cerr.rdbuf(cerr_was);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.out, HasSubstr("verified"));
+  EXPECT_THAT(err.str(), HasSubstr("shardmm: error: cannot write the trace to '" + trace.string() +
+                                   "': File too large (nothing was written); the run's report is printed all the same\n"));
+  EXPECT_EQ(slurp(trace), "old");
+  std::vector<std::string> beside;  // t.json and any temporary written beside it
+  for (const auto& e : std::filesystem::directory_iterator(*dir_)) {
+    if (e.path().filename().string().rfind("t.json", 0) == 0) beside.push_back(e.path().filename().string());
+  }
+  std::filesystem::remove(trace);
+  EXPECT_EQ(beside, std::vector<std::string>{"t.json"}) << "a temporary file was left";
 }
 
 }  // namespace

@@ -51,7 +51,8 @@ std::vector<ChromeTraceEvent> run_trace_events(const Plan& plan, const Mesh& mes
 // every pid "rank N" and its lanes "compute" and "communication", then the events, times
 // in microseconds.
 void write_chrome_trace(std::ostream& out, const std::vector<ChromeTraceEvent>& events);
-// The same into a file; InputError naming the file when it cannot be written.
+// The same into a file, written whole or not at all (core/files.h); InputError naming the
+// file and the reason when it cannot be written.
 void write_chrome_trace_file(const std::string& path, const std::vector<ChromeTraceEvent>& events);
 
 }  // namespace shardmm
