@@ -1,5 +1,6 @@
 #include "shardmm/runtime/runner.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -133,9 +134,23 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
                      "buffers, which the executor keeps between repeats)" + verifying + ", over the memory limit of " +
                      format_bytes(*req.mem_limit_bytes) + " per device; use smaller " + field("dims") + " or more devices");
   }
+  const bool threads = backend_capabilities(req.backend).ranks_in_one_process;
+  // Under an address-space limit, a mapping that fails inside BLAS hangs it (OpenBLAS retries
+  // forever): refuse up front what this process's ranks would map.
+  if (const auto left = address_space_left(); left && !req.available_bytes) {
+    const std::int64_t ranks = threads ? req.mesh.device_count() : 1;
+    const std::int64_t process =
+        saturating_add(saturating_mul(saturating_add(need.device_bytes, kRankAddressSpaceBytes), ranks), need.verify_bytes);
+    if (process > *left) {
+      throw InputError("the run maps " + format_bytes(process) + " in this process (" + std::to_string(ranks) +
+                       (ranks == 1 ? " rank" : " ranks") + " x (" + format_bytes(need.device_bytes) + " + " +
+                       format_bytes(kRankAddressSpaceBytes) + " for BLAS's work buffer and the rank's stack)" +
+                       verifying + "), but its address-space limit (ulimit -v) leaves " + format_bytes(*left) +
+                       "; raise the limit, or use smaller " + field("dims") + " or more devices");
+    }
+  }
   const std::int64_t available = req.available_bytes ? *req.available_bytes : available_memory();
   if (need.total_bytes > available) {
-    const bool threads = backend_capabilities(req.backend).ranks_in_one_process;
     const std::string sharing =
         threads ? std::to_string(need.devices_sharing) + (need.devices_sharing == 1 ? " device" : " devices") +
                       " in this process"
@@ -251,6 +266,15 @@ std::int64_t available_memory() {
   return available;
 }
 
+std::optional<std::int64_t> address_space_left() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_AS, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  // /proc/self/statm's first field: the pages mapped now.
+  const std::optional<std::int64_t> pages = file_number("/proc/self/statm");
+  const std::int64_t mapped = pages ? saturating_mul(*pages, sysconf(_SC_PAGESIZE)) : 0;
+  const auto cap = static_cast<std::int64_t>(std::min<rlim_t>(limit.rlim_cur, std::numeric_limits<std::int64_t>::max()));
+  return std::max<std::int64_t>(0, cap - mapped);
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;

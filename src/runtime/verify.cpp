@@ -126,35 +126,30 @@ Verification verify_contraction(Communicator& comm, const Contraction& c, const 
   std::vector<double> got;
   try {
     got = gather_global(comm, result);
-  } catch (const std::runtime_error& e) {  // replicas that disagree
+  } catch (const ReplicasDisagree& e) {  // a wrong result; any other failure ends the run
     v.detail = e.what();
   }
   if (comm.rank() == 0 && v.detail.empty()) {
-    try {
-      const Shape a_shape = global_shape(c.a, sizes), b_shape = global_shape(c.b, sizes);
-      const std::vector<double> a = dense_logical(mesh, c.a, a_shape, dtype, a_values);
-      const std::vector<double> b = dense_logical(mesh, c.b, b_shape, dtype, b_values);
-      EinsumLayout layout;
-      std::map<std::string, std::int64_t> extents(sizes.begin(), sizes.end());
-      for (const DimSpec& d : c.a.dims) layout.a.push_back(d.name);
-      for (const DimSpec& d : c.b.dims) layout.b.push_back(d.name);
-      layout.c = c.out_dims;
-      std::int64_t c_elements = 1;
-      for (const std::string& d : c.out_dims) c_elements *= sizes.at(d);
-      std::vector<double> want(static_cast<std::size_t>(c_elements));
-      LocalEinsum(layout, extents, DType::f64).run(a.data(), b.data(), want.data());
-      std::int64_t terms = mesh.group_size(c.a.unreduced) * mesh.group_size(c.b.unreduced);
-      for (const std::string& j : c.contracted()) terms *= sizes.at(j);
-      // The rounding scales with what the ranks add up: an operand's partial sums, not their
-      // total, which may nearly cancel.
-      const double max_a = largest_partial_magnitude(mesh, c.a, a_shape, dtype, a_values);
-      const double max_b = largest_partial_magnitude(mesh, c.b, b_shape, dtype, b_values);
-      const double tolerance = 2.0 * static_cast<double>(terms) * eps(dtype) * max_a * max_b;
-      v = compare(got, want, tolerance, eps(dtype));
-    } catch (const std::runtime_error& e) {
-      v.verified = false;
-      v.detail = e.what();
-    }
+    const Shape a_shape = global_shape(c.a, sizes), b_shape = global_shape(c.b, sizes);
+    const std::vector<double> a = dense_logical(mesh, c.a, a_shape, dtype, a_values);
+    const std::vector<double> b = dense_logical(mesh, c.b, b_shape, dtype, b_values);
+    EinsumLayout layout;
+    std::map<std::string, std::int64_t> extents(sizes.begin(), sizes.end());
+    for (const DimSpec& d : c.a.dims) layout.a.push_back(d.name);
+    for (const DimSpec& d : c.b.dims) layout.b.push_back(d.name);
+    layout.c = c.out_dims;
+    std::int64_t c_elements = 1;
+    for (const std::string& d : c.out_dims) c_elements *= sizes.at(d);
+    std::vector<double> want(static_cast<std::size_t>(c_elements));
+    LocalEinsum(layout, extents, DType::f64).run(a.data(), b.data(), want.data());
+    std::int64_t terms = mesh.group_size(c.a.unreduced) * mesh.group_size(c.b.unreduced);
+    for (const std::string& j : c.contracted()) terms *= sizes.at(j);
+    // The rounding scales with what the ranks add up: an operand's partial sums, not their
+    // total, which may nearly cancel.
+    const double max_a = largest_partial_magnitude(mesh, c.a, a_shape, dtype, a_values);
+    const double max_b = largest_partial_magnitude(mesh, c.b, b_shape, dtype, b_values);
+    const double tolerance = 2.0 * static_cast<double>(terms) * eps(dtype) * max_a * max_b;
+    v = compare(got, want, tolerance, eps(dtype));
   }
   return share(comm, v);
 }
@@ -165,20 +160,15 @@ Verification verify_reshard(Communicator& comm, const Spec& from, const Shape& s
   std::vector<double> got;
   try {
     got = gather_global(comm, result);
-  } catch (const std::runtime_error& e) {  // replicas that disagree
+  } catch (const ReplicasDisagree& e) {  // a wrong result; any other failure ends the run
     v.detail = e.what();
   }
   if (comm.rank() == 0 && v.detail.empty()) {
-    try {
-      // Resolving unreduced axes sums `parts` partials (each below 1 in magnitude) in the
-      // tensor's dtype: that sum may round, by at most parts^2 * eps. Moving data alone is exact.
-      const double parts = static_cast<double>(comm.mesh().group_size(from.unreduced));
-      const double tolerance = parts > 1 ? parts * parts * eps(dtype) : 0.0;
-      v = compare(got, dense_logical(comm.mesh(), from, shape, dtype, values), tolerance, 0.0);
-    } catch (const std::runtime_error& e) {
-      v.verified = false;
-      v.detail = e.what();
-    }
+    // Resolving unreduced axes sums `parts` partials (each below 1 in magnitude) in the
+    // tensor's dtype: that sum may round, by at most parts^2 * eps. Moving data alone is exact.
+    const double parts = static_cast<double>(comm.mesh().group_size(from.unreduced));
+    const double tolerance = parts > 1 ? parts * parts * eps(dtype) : 0.0;
+    v = compare(got, dense_logical(comm.mesh(), from, shape, dtype, values), tolerance, 0.0);
   }
   return share(comm, v);
 }

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -43,8 +45,9 @@ struct Result {
   std::string out, err;
 };
 
-// Runs the shardmm binary with `args`; kills it after `timeout_s`.
-Result run(const std::vector<std::string>& args, int timeout_s = 120) {
+// Runs the shardmm binary with `args`; kills it after `timeout_s`. With `address_space`, the
+// process runs under that RLIMIT_AS (as `ulimit -v` sets it).
+Result run(const std::vector<std::string>& args, int timeout_s = 120, std::optional<rlim_t> address_space = {}) {
   int out_pipe[2], err_pipe[2];
   if (pipe(out_pipe) != 0 || pipe(err_pipe) != 0) {
     ADD_FAILURE() << "pipe failed";
@@ -58,6 +61,10 @@ Result run(const std::vector<std::string>& args, int timeout_s = 120) {
     close(err_pipe[0]);
     close(out_pipe[1]);
     close(err_pipe[1]);
+    if (address_space) {
+      const rlimit limit{*address_space, *address_space};
+      if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(126);
+    }
     std::vector<char*> argv;
     std::string path = SHARDMM_CLI_PATH;
     argv.push_back(path.data());
@@ -828,6 +835,26 @@ TEST(CliRun, VerifiesAndReportsTheTrace) {
 // The verdict compares like with like: the largest absolute error against the absolute
 // rule an element must meet (T + r x |expected|), the relative error apart, never the
 // relative error against the absolute tolerance. JSON gives both parts of the rule.
+// Under an address-space limit (ulimit -v) a mapping that fails inside OpenBLAS hangs it, and
+// one that fails during verification lost its cause: the run is refused before it starts,
+// with the figures. (Not under the sanitizers, whose runtimes map terabytes of shadow.)
+TEST(CliRun, AnAddressSpaceLimitIsCheckedBeforeTheRun) {
+  const std::vector<std::string> args = {"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims",
+                                         "I=8192,J=256,K=8192", "--repeat", "1", "--warmup", "0", "--warmup-time", "0"};
+  for (const rlim_t kib : {800000, 1000000, 1600000}) {
+    SCOPED_TRACE("ulimit -v " + std::to_string(kib));
+    const Result r = run(args, 60, kib * 1024);
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("shardmm: error: the run maps 2.98 GiB in this process (2 ranks x (544 MiB + 200 MiB "
+                                 "for BLAS's work buffer and the rank's stack) + 1.53 GiB to verify on device 0), but "
+                                 "its address-space limit (ulimit -v) leaves "));
+  }
+  // With room, it runs and verifies.
+  const Result r = run({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=64,J=64,K=64"}, 60,
+                       rlim_t{1600000} * 1024);
+  EXPECT_EQ(r.status, 0) << r.err;
+}
+
 TEST(CliRun, VerificationStatesTheRuleItApplied) {
   const std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", "--mesh", "X=4", "--dims",
                                       "I=37,J=64,K=9", "--repeat", "1", "--dtype", "f64"};

@@ -7,6 +7,7 @@
 #include "random_cases.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/tensor.h"
+#include "shardmm/runtime/verify.h"
 
 namespace shardmm {
 namespace {
@@ -47,6 +48,31 @@ TEST(TensorTest, FilledShardsHoldTheirBlockOfTheGenerator) {
       }
     }
   });
+}
+
+// Replicas that should hold the same block but do not are a wrong result (ReplicasDisagree,
+// which verification reports as such); any other failure on device 0 is not caught as one.
+TEST(TensorTest, ReplicasThatDisagreeAreAWrongResult) {
+  const Mesh mesh = Mesh::parse("X=2");
+  const Spec spec = parse_spec("A[I]", mesh);  // replicated over X
+  const Shape shape{4};
+  const auto values = [](const Index& i, std::int64_t) { return static_cast<double>(i[0]); };
+  std::string thrown;
+  Verification v;
+  run_threads(mesh, [&](Communicator& comm) {
+    DistTensor t = DistTensor::filled(mesh, comm.rank(), spec, shape, DType::f64, values);
+    if (comm.rank() == 1) t.buffer().as<double>()[2] = 7;  // device 1's replica is off
+    try {
+      gather_global(comm, t);
+    } catch (const ReplicasDisagree& e) {
+      thrown = e.what();
+    }
+    const Verification mine = verify_reshard(comm, spec, shape, DType::f64, t, values);
+    if (comm.rank() == 0) v = mine;
+  });
+  EXPECT_EQ(thrown, "replicas disagree: device 1 and device 0 should hold the same block of A");
+  EXPECT_FALSE(v.verified);
+  EXPECT_EQ(v.detail, thrown);
 }
 
 }  // namespace

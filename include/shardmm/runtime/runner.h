@@ -126,6 +126,17 @@ MemoryNeed memory_need(const RunRequest& request);
 // free pages), capped by the cgroup's memory limit less its usage.
 std::int64_t available_memory();
 
+// The address space this process may still map under its RLIMIT_AS (`ulimit -v`): the limit
+// less what is mapped now; unset where there is no limit. Every allocation counts against it
+// whether or not it is touched, OpenBLAS's work buffers and each thread's stack and malloc
+// arena included.
+std::optional<std::int64_t> address_space_left();
+
+// The address space a rank maps beside its buffers, measured with OpenBLAS 0.3.21 on glibc:
+// a single-threaded GEMM's work buffer (128 MiB, at its first call) and, for a thread rank,
+// its stack and malloc arena (72 MiB).
+constexpr std::int64_t kRankAddressSpaceBytes = std::int64_t{200} << 20;
+
 // "512 B", "16.0 MiB", "1.50 GiB": three significant digits, binary units.
 std::string format_bytes(std::int64_t bytes);
 

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <vector>
 
 #include "shardmm/core/dtype.h"
@@ -94,9 +95,16 @@ class DistTensor {
 
 class Communicator;
 
+// Replicas of a block that should be equal are not: a wrong result, not a failure to get one.
+class ReplicasDisagree : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Gather: every rank sends its shard to device 0, which returns the logical global tensor
-// (row-major, f64; unreduced axes summed in group-rank order, replicas checked to agree);
-// the other ranks return an empty vector. Call it on every rank (SPMD).
+// (row-major, f64; unreduced axes summed in group-rank order, replicas checked to agree:
+// ReplicasDisagree on device 0 when they do not); the other ranks return an empty vector.
+// Call it on every rank (SPMD).
 std::vector<double> gather_global(Communicator& comm, const DistTensor& shard);
 
 // Assembles the logical global tensor of one rank's shards, for verification only:
