@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   libscalapack-openmpi-dev
+  python3-jsonschema
   "$@"
 )
 

@@ -369,7 +369,7 @@ Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& 
   }
   j["candidates"] = Json::array();
   for (const Plan& plan : m.candidates) j["candidates"].push_back(plan_json(plan, p.mesh));
-  j["chosen"] = m.chosen >= 0 ? Json(m.chosen) : Json(nullptr);
+  j["chosen"] = m.chosen;  // plan_contraction's require_fit leaves a plan that fits
   j["every_output_layout"] = m.every_output_layout;
   return j;
 }
@@ -421,7 +421,7 @@ void print_reshard_report(std::ostream& out, const Planning& p, const Reshard& r
 Json reshard_json(const Planning& p, const Reshard& r) {
   Json j = planning_json(p, format_spec(r.from, p.mesh) + " -> " + format_spec(r.to, p.mesh));
   j["candidates"] = Json::array({plan_json(r.plan, p.mesh)});
-  j["chosen"] = r.plan.fits_memory ? Json(0) : Json(nullptr);
+  j["chosen"] = 0;  // plan_reshard_specs's require_fit: the one plan fits
   return j;
 }
 
