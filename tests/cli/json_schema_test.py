@@ -88,7 +88,11 @@ def main(shardmm, source_dir):
         tmp = pathlib.Path(tmp)
         for schema, args in commands(tmp):
             line = "shardmm " + " ".join(args) + " --json"
-            done = subprocess.run([shardmm, *args, "--json"], capture_output=True, text=True, timeout=120)
+            # calibrate refuses timings too noisy to fit, as other tests running beside it can make them.
+            for _ in range(3 if args[0] == "calibrate" else 1):
+                done = subprocess.run([shardmm, *args, "--json"], capture_output=True, text=True, timeout=120)
+                if done.returncode == 0:
+                    break
             if done.returncode != 0:
                 failures.append(f"{line}: exit {done.returncode}\n{done.stderr}")
                 continue
