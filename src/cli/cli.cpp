@@ -6,6 +6,7 @@
 
 #include "cli/commands.h"
 #include "shardmm/core/error.h"
+#include "shardmm/runtime/errors.h"
 #include "shardmm/runtime/runner.h"
 
 // The build passes the project's version (src/CMakeLists.txt).
@@ -29,8 +30,8 @@ std::string flag_of(std::string_view field) {
 
 int input_error(std::ostream& err, const std::string& headline, const std::string& context = "") {
   if (quiet_rank()) return 2;
-  err << "shardmm: error: " << headline << "\n";
-  if (!context.empty()) err << context << "\n";
+  // One write per message: under mpirun another process's lines cannot land inside it.
+  err << "shardmm: error: " + headline + "\n" + (context.empty() ? "" : context + "\n") << std::flush;
   return 2;
 }
 
@@ -242,8 +243,14 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       return status;
     } catch (const InputError& e) {
       return input_error(err, e.headline(flag_of), e.context());
+    } catch (const CollectiveError& e) {
+      // Ranks that stopped agreeing or never arrived (a stopped process, a watchdog set too
+      // short): exit 2 with the backend's message, as the mpi backend's abort ends such a run.
+      err << "shardmm: error: " + std::string(e.what()) + "\n" << std::flush;
+      return 2;
     } catch (const std::exception& e) {
-      err << "shardmm: internal error: " << e.what() << " (please report it with the command line)\n";
+      err << "shardmm: internal error: " + std::string(e.what()) + " (please report it with the command line)\n"
+          << std::flush;
       return 1;
     }
   }

@@ -135,8 +135,8 @@ std::function<int(std::ostream&)> add_collectives(CLI::App& bench) {
             if (o.trials < 1) throw InputError("--trials " + std::to_string(o.trials) + ": at least one trial is needed");
             check_backend(o.backend, o.mesh);
             o.progress = [](const CollectiveBenchProgress& p) {
-              std::cerr << "shardmm: bench " << p.index << " of " << p.total << ": " << p.op << " "
-                        << format_bytes(static_cast<double>(p.bytes)) << "\n";
+              std::cerr << "shardmm: bench " + std::to_string(p.index) + " of " + std::to_string(p.total) + ": " + p.op +
+                               " " + format_bytes(static_cast<double>(p.bytes)) + "\n";
             };
             const CollectiveBenchReport r = bench_collectives(o);
             if (!r.is_root) return 0;
@@ -442,7 +442,7 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
     o.check = flags->exec.check;
     check_execution(flags->exec, p);
     check_dims_used(o.fixed, {&o.contraction.a, &o.contraction.b});
-    o.progress = [](const std::string& what) { std::cerr << "shardmm: bench " << what << "\n"; };
+    o.progress = [](const std::string& what) { std::cerr << "shardmm: bench " + what + "\n"; };
     const MatmulBenchReport r = bench_matmul(o);
     bool verified = true;
     for (const MatmulBenchPoint& point : r.points) {

@@ -149,7 +149,7 @@ Command add_calibrate_command(CLI::App& root) {
             o.quick = flags->quick;
             check_backend(o.backend, o.mesh);
             const std::filesystem::path path = output_path(flags->out);
-            o.progress = [](const std::string& what) { std::cerr << "shardmm: calibrate " << what << "\n"; };
+            o.progress = [](const std::string& what) { std::cerr << "shardmm: calibrate " + what + "\n"; };
             const CalibrationResult r = calibrate(o);
             if (!r.is_root) return 0;
             const std::string text = profile_to_json(r.profile);

@@ -348,8 +348,7 @@ Command add_model_command(CLI::App& root) {
               print_text(out, f, p, m, pred, s);
             }
             if (s && !s->verification.verified) {
-              std::cerr << "shardmm: error: the step does not match the dense reference: " << s->verification.detail
-                        << "\n";
+              std::cerr << "shardmm: error: the step does not match the dense reference: " + s->verification.detail + "\n";
               return 3;
             }
             return 0;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -34,6 +35,9 @@ void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
       "on the mpi backend, skip comparing the ranks' calls before each collective (one small message per "
       "member; a rank that disagrees or never arrives then hangs the job instead of ending it with a message); "
       "the threads backend always checks, e.g. --no-check");
+  app.add_option("--watchdog", flags.watchdog_s,
+                 "seconds a rank waits for its peers in a collective or a message before the run ends naming the "
+                 "ranks that never came (default: SHARDMM_WATCHDOG_S, else 300), e.g. --watchdog 30");
   app.add_option("--trace", flags.trace,
                  "write a Chrome trace of the run (every rank's steps in the median repeat, a compute and a "
                  "communication lane per rank; open it in ui.perfetto.dev or chrome://tracing), e.g. --trace "
@@ -66,6 +70,9 @@ void check_execution(const ExecutionFlags& flags, const Planning& p) {
   if (flags.repeat < 1) throw InputError("--repeat " + std::to_string(flags.repeat) + ": at least one timed run is needed");
   if (flags.warmup < 0) throw InputError("--warmup " + std::to_string(flags.warmup) + ": must be 0 or more");
   check_warmup_time(flags.warmup_time_s);
+  if (flags.watchdog_s && !(*flags.watchdog_s > 0 && std::isfinite(*flags.watchdog_s))) {
+    throw InputError("--watchdog " + format_given(*flags.watchdog_s) + ": must be a positive number of seconds, e.g. --watchdog 30");
+  }
   if (flags.trace) {
     if (flags.trace->empty()) throw InputError("--trace '': give the trace file's name, e.g. --trace run.json");
     check_writable_file(*flags.trace, "--trace '" + *flags.trace + "'");
@@ -100,6 +107,7 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   req.warmup_min_s = flags.warmup_time_s;
   req.mem_limit_bytes = p.options.mem_limit_bytes;  // run_plan checks the run's memory against it
   req.check = flags.check;
+  req.watchdog_s = flags.watchdog_s.value_or(0);
   const bool tty = isatty(2);
   // A live line on a terminal, redrawn at most 10 times a second; in a log a line a second,
   // and the first of each phase (a run of short repeats must not write thousands of lines).
@@ -111,7 +119,7 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
     if (this_phase == phase && now - last < interval) return;
     phase = this_phase;
     last = now;
-    std::cerr << (tty ? "\r\033[K" : "") << "shardmm: " << what << (tty ? "" : "\n") << std::flush;
+    std::cerr << std::string(tty ? "\r\033[K" : "") + "shardmm: " + what + (tty ? "" : "\n") << std::flush;
   };
   RunReport r = run_plan(req);
   if (tty && r.is_root) std::cerr << "\r\033[K" << std::flush;
@@ -292,8 +300,8 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
 int execution_status(const RunReport& r) {
   if (r.verification.verified) return 0;
   if (r.is_root) {
-    std::cerr << "shardmm: error: the result does not match the dense reference (max abs error "
-              << format_error(r.verification.max_abs_error) << "; " << passing_rule(r.verification) << ")\n";
+    std::cerr << "shardmm: error: the result does not match the dense reference (max abs error " +
+                     format_error(r.verification.max_abs_error) + "; " + passing_rule(r.verification) + ")\n";
   }
   return 3;
 }

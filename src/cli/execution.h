@@ -18,10 +18,11 @@ struct ExecutionFlags {
   double warmup_time_s = 0.2;  // RunRequest::warmup_min_s
   std::optional<int> candidate;  // 1-based index into the candidates as printed; none: the chosen one
   bool check = true;  // BackendOptions::check; --no-check turns it off
+  std::optional<double> watchdog_s;  // BackendOptions::watchdog_s (--watchdog; unset: SHARDMM_WATCHDOG_S or 300 s)
   std::optional<std::string> trace;  // --trace FILE: a Chrome trace of the run
 };
 
-// --backend, --repeat, --warmup, --warmup-time, --candidate, --no-check, --trace.
+// --backend, --repeat, --warmup, --warmup-time, --candidate, --no-check, --watchdog, --trace.
 void add_execution_flags(CLI::App& app, ExecutionFlags& flags);
 
 // Where a command executes only with --run (`run` false): InputError when an execution flag

@@ -304,6 +304,7 @@ RunReport run_plan(const RunRequest& req) {
 
   BackendOptions backend_options;
   backend_options.check = req.check;
+  backend_options.watchdog_s = req.watchdog_s;
   run_backend(req.backend, mesh, allocation_failure_as_input_error(need, [&](Communicator& comm) {
     const std::int64_t me = comm.rank();
     const Spec& a_spec = matmul ? req.contraction->a : *req.reshard_from;

@@ -855,6 +855,20 @@ TEST(CliRun, AnAddressSpaceLimitIsCheckedBeforeTheRun) {
   EXPECT_EQ(r.status, 0) << r.err;
 }
 
+// A watchdog that runs out (here set far too short for 8 ranks on 2 cores) ends the run on the
+// threads backend as on mpi: exit 2 and the ranks that never came, not an internal error.
+TEST(CliRun, AWatchdogTimeoutIsExitTwoNamingTheRanks) {
+  const Result r = run({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=8", "--dims", "I=512,J=2048,K=512",
+                        "--repeat", "3", "--warmup-time", "0", "--watchdog", "0.001"});
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("shardmm: error: collective timeout in group over X of device 0: rank "));
+  EXPECT_THAT(r.err, HasSubstr("never arrived (watchdog 0.001 s;"));
+  EXPECT_THAT(r.err, Not(HasSubstr("internal error")));
+  const Result bad = run({"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8", "--watchdog", "0"});
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_EQ(bad.err, "shardmm: error: --watchdog 0: must be a positive number of seconds, e.g. --watchdog 30\n");
+}
+
 TEST(CliRun, VerificationStatesTheRuleItApplied) {
   const std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", "--mesh", "X=4", "--dims",
                                       "I=37,J=64,K=9", "--repeat", "1", "--dtype", "f64"};

@@ -50,6 +50,7 @@ struct RunRequest {
   int repeat = 5;                            // timed runs
   bool verify = true;
   bool check = true;                         // BackendOptions::check (communicator.h)
+  double watchdog_s = 0;                     // BackendOptions::watchdog_s (0: SHARDMM_WATCHDOG_S or 300)
   // Per device (--mem-limit): refuse a run whose largest device needs more.
   std::optional<std::int64_t> mem_limit_bytes;
   // The memory this process may use; unset: available_memory() now. Lets a caller budget

@@ -99,7 +99,8 @@ int error_class(int rc) {
 }
 
 [[noreturn]] void abort_job(int rank, const char* what) {
-  std::cerr << "shardmm: rank " << rank << ": " << what << std::endl;
+  // One write: mpirun's own lines from other processes cannot land inside it.
+  std::cerr << "shardmm: rank " + std::to_string(rank) + ": " + what + "\n" << std::flush;
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::abort();  // MPI_Abort does not return; this keeps the compiler and a broken MPI honest
 }
