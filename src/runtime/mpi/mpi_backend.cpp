@@ -1221,10 +1221,32 @@ class MpiCommunicator final : public Communicator {
     }
     const Clock::time_point deadline = entered + watchdog_;
     std::int64_t passes = 0;
+    std::vector<std::optional<SharedMessages::Ticket>> lent(n);               // pieces this rank lends
+    std::vector<std::shared_ptr<SharedMessages::Receive>> receives(n);        // pieces lent to it
     const auto idle = [&] {
       idle_pass(passes, deadline, [&] {
+        // Who it waits for, through the window and for lent pieces: a member stopped or
+        // starved of CPU stops sending and reading, and the others then stall behind it.
+        SharedExchange::Waiting w = g.shared->waiting_for();
+        for (std::size_t m = 0; m < n; ++m) {
+          if (receives[m] && !receives[m]->arrived) w.not_sent.push_back(m);
+          if (lent[m] && !messages_->acknowledged(*lent[m])) w.not_read.push_back(m);
+        }
+        const auto as_ranks = [&](std::vector<std::size_t> members) {
+          std::sort(members.begin(), members.end());
+          members.erase(std::unique(members.begin(), members.end()), members.end());
+          std::vector<std::int64_t> out;
+          for (std::size_t m : members) out.push_back(g.members[m]);
+          return ranks(out);
+        };
+        std::string behind;
+        if (!w.not_sent.empty()) behind += "; the data of " + as_ranks(w.not_sent) + " had not all arrived";
+        if (!w.not_read.empty()) {
+          behind += "; " + as_ranks(w.not_read) + " had not read what rank " + std::to_string(rank_) +
+                    " sent (a process stopped or starved of CPU?)";
+        }
         return "collective timeout in group " + g.label + ": rank " + std::to_string(rank_) + " waited " +
-               watchdog_text_ + " for the data of " + op + " after every member had called it" +
+               watchdog_text_ + " for the data of " + op + " after every member had called it" + behind +
                watchdog_hint(watchdog_text_);
       });
     };
@@ -1242,7 +1264,6 @@ class MpiCommunicator final : public Communicator {
         lendable_bytes += bytes;
       }
     }
-    std::vector<std::optional<SharedMessages::Ticket>> lent(n);
     if (lendable_bytes > 0 && lend_choice_.lend(op + " " + g.label, lendable_bytes, entered)) {
       for (std::size_t m = 0; m < n; ++m) {
         if (!lendable[m]) continue;
@@ -1258,7 +1279,6 @@ class MpiCommunicator final : public Communicator {
       use(at);
       return;
     }
-    std::vector<std::shared_ptr<SharedMessages::Receive>> receives(n);
     // Lets go of the pieces read in place, also when a mismatch throws.
     struct Release {
       SharedMessages& messages;

@@ -121,10 +121,10 @@ class SharedExchange {
     std::fill(reader_done_.begin(), reader_done_.end(), 0);
     reader_done_[me_] = 1;
     std::size_t readers_left = n_ - 1;
-    bool writer_done = n_ == 1;
-    while (!writer_done || readers_left > 0) {
+    writer_done_ = n_ == 1;
+    while (!writer_done_ || readers_left > 0) {
       bool moved = false;
-      if (!writer_done && try_write(shares, writer_done)) moved = true;
+      if (!writer_done_ && try_write(shares, writer_done_)) moved = true;
       for (std::size_t m = 0; m < n_; ++m) {
         while (!reader_done_[m] && try_read(m, shares[m], mismatch)) {
           moved = true;
@@ -138,6 +138,24 @@ class SharedExchange {
       double& cost = cost_[streaming_ ? 1 : 0];
       cost = cost > 0 ? 0.75 * cost + 0.25 * per_byte : per_byte;
     }
+  }
+
+  // Who the exchange under way waits for, for a timeout's message: the members whose share
+  // has not all arrived, and, while this member has rounds left to write, those that have not
+  // read the round whose bank it needs (a member stopped or starved stops both; the others
+  // then stall behind it).
+  struct Waiting {
+    std::vector<std::size_t> not_sent, not_read;
+  };
+  Waiting waiting_for() const {
+    Waiting w;
+    const std::int64_t round = published(me_).load(std::memory_order_relaxed) + 1;
+    for (std::size_t m = 0; m < n_; ++m) {
+      if (m == me_) continue;
+      if (!reader_done_[m]) w.not_sent.push_back(m);
+      if (!writer_done_ && consumed(me_, m).load(std::memory_order_acquire) < round - 2) w.not_read.push_back(m);
+    }
+    return w;
   }
 
   // Whether this member's exchanges use streaming_copy now (the last exchange's choice).
@@ -294,6 +312,7 @@ class SharedExchange {
   std::vector<char> piece_done_, reader_done_;
   std::vector<char> elsewhere_;  // by writer: its share for this member came elsewhere
   std::int64_t written_ = 0;     // rounds this member has written in this exchange
+  bool writer_done_ = true;      // this member has written its last round of this exchange
 };
 
 }  // namespace shardmm::detail
