@@ -1,6 +1,9 @@
 #include "cli/cli.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <optional>
 #include <ostream>
 #include <sstream>
 
@@ -33,6 +36,38 @@ int input_error(std::ostream& err, const std::string& headline, const std::strin
   // One write per message: under mpirun another process's lines cannot land inside it.
   err << "shardmm: error: " + headline + "\n" + (context.empty() ? "" : context + "\n") << std::flush;
   return 2;
+}
+
+// How this process was started, for the ranks of an mpirun job to compare: its arguments and
+// its SHARDMM_ environment, an item a line.
+std::string launch_fingerprint(int argc, char** argv) {
+  std::string out;
+  for (int i = 1; i < argc; ++i) out += "argument " + std::string(argv[i]) + "\n";
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) {
+    if (std::string_view(*e).starts_with("SHARDMM_")) env.emplace_back("environment " + std::string(*e));
+  }
+  std::sort(env.begin(), env.end());
+  for (const std::string& e : env) out += e + "\n";
+  return out;
+}
+
+// Seconds a rank waits for the others at the launch agreement (they parse the same flags)
+// and, having failed before its first run, for those that may be waiting at that run's start.
+constexpr double kLaunchTimeoutS = 60;
+constexpr double kFailureReportTimeoutS = 10;
+
+// A rank that failed with `headline`, under mpirun or not. Under mpirun the ranks share what they
+// found (runner.h): rank 0 prints the one message they stop with; a rank whose peers never
+// came prints its own, naming itself.
+int rank_failure(std::ostream& err, const std::string& headline, const std::string& context,
+                 const std::optional<std::string>& agreed) {
+  if (!agreed) {
+    err << "shardmm: error: rank " + std::to_string(process_rank("mpi")) + ": " + headline + "\n" << std::flush;
+    return 2;
+  }
+  if (agreed->empty() || *agreed == headline) return input_error(err, headline, context);
+  return input_error(err, *agreed);
 }
 
 std::string command_names(const std::vector<Command>& commands) {
@@ -201,12 +236,16 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       add_model_command(app),
   };
 
+  const std::string fingerprint = launch_fingerprint(argc, argv);
+  const auto parse_failure = [&](const std::string& headline) {
+    return rank_failure(err, headline, "", agree_at_launch(headline, fingerprint, kLaunchTimeoutS));
+  };
   try {
     if (argc > 1 && argv[1][0] != '-') {
       bool known = false;
       for (const Command& c : commands) known = known || c.app->get_name() == argv[1];
       if (!known) {
-        return input_error(err, "unknown command '" + std::string(argv[1]) + "'; the commands are " +
+        return parse_failure("unknown command '" + std::string(argv[1]) + "'; the commands are " +
                                     command_names(commands) + " (see 'shardmm --help')");
       }
     }
@@ -218,15 +257,22 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       const std::vector<std::string> extras = app.remaining();
       const std::string extra = first_in_argv(extras, argc, argv);
       if (is_option(extra)) {
-        return input_error(err, unknown_option(extra, app, "; shardmm takes a command first: " + command_names(commands)) +
+        return parse_failure(unknown_option(extra, app, "; shardmm takes a command first: " + command_names(commands)) +
                                     " (see 'shardmm --help')");
       }
-      return input_error(err, "no command given; the commands are " + command_names(commands) +
+      return parse_failure("no command given; the commands are " + command_names(commands) +
                                   " (see 'shardmm --help')");
     }
-    return input_error(err, explain(e, app, argc, argv));
+    return parse_failure(explain(e, app, argc, argv));
   } catch (const CLI::ParseError& e) {
-    return input_error(err, explain(e, app, argc, argv));
+    return parse_failure(explain(e, app, argc, argv));
+  }
+
+  if (const std::optional<std::string> agreed = agree_at_launch("", fingerprint, kLaunchTimeoutS); !agreed) {
+    return input_error(err, "the ranks of this mpirun job did not all start within " +
+                                std::to_string(static_cast<int>(kLaunchTimeoutS)) + " s");
+  } else if (!agreed->empty()) {
+    return input_error(err, *agreed);
   }
 
   for (const Command& c : commands) {
@@ -242,7 +288,8 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       }
       return status;
     } catch (const InputError& e) {
-      return input_error(err, e.headline(flag_of), e.context());
+      const std::string headline = e.headline(flag_of);
+      return rank_failure(err, headline, e.context(), report_failure_before_run(headline, kFailureReportTimeoutS));
     } catch (const CollectiveError& e) {
       // Ranks that stopped agreeing or never arrived (a stopped process, a watchdog set too
       // short): exit 2 with the backend's message, as the mpi backend's abort ends such a run.

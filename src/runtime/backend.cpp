@@ -53,6 +53,25 @@ int process_rank(std::string_view backend) {
   return 0;
 }
 
+std::optional<std::string> agree_at_launch(const std::string& failure, const std::string& fingerprint,
+                                           double timeout_s) {
+#ifdef SHARDMM_HAVE_MPI
+  return detail::mpi_agree(true, failure, fingerprint, timeout_s);
+#else
+  (void)failure, (void)fingerprint, (void)timeout_s;
+  return std::string();
+#endif
+}
+
+std::optional<std::string> report_failure_before_run(const std::string& failure, double timeout_s) {
+#ifdef SHARDMM_HAVE_MPI
+  return detail::mpi_agree(false, failure, "", timeout_s);
+#else
+  (void)failure, (void)timeout_s;
+  return std::string();
+#endif
+}
+
 void run_backend(std::string_view backend, const Mesh& mesh, const std::function<void(Communicator&)>& body) {
   run_backend(backend, mesh, body, BackendOptions{});
 }

@@ -149,4 +149,19 @@ RunReport run_plan(const RunRequest& request);
 // under mpirun (known before MPI starts). Lets a program print on one process only.
 int process_rank(std::string_view backend);
 
+// For a front end whose processes are the ranks of an mpirun job (the CLI); outside one, both
+// return "" at once. Ranks started with different flags or environments, or one that fails
+// alone, would otherwise hang in their first collective or print nothing.
+//
+// After parsing, every rank: its parse error ("" when none) and how it was started (its
+// arguments and SHARDMM_* environment, an item a line). Returns the message all ranks stop with
+// ("" to go on), or nullopt when not every rank came within `timeout_s`.
+std::optional<std::string> agree_at_launch(const std::string& failure, const std::string& fingerprint,
+                                           double timeout_s);
+// A rank that fails before its first run of the mpi backend: the ranks waiting at that run's
+// start hear of it and stop too. Returns the message all stop with, "" when the first run is
+// past (nobody is waiting), or nullopt when the others did not come within `timeout_s` (a
+// command that runs no backend).
+std::optional<std::string> report_failure_before_run(const std::string& failure, double timeout_s);
+
 }  // namespace shardmm

@@ -1509,6 +1509,109 @@ std::int64_t mpi_shared_exchanges() { return shared_exchanges.load(); }
 std::int64_t mpi_lent_pieces() { return lent_pieces.load(); }
 std::int64_t mpi_shared_sends(bool lent) { return (lent ? shared_lent_sends : shared_copied_sends).load(); }
 
+namespace {
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    out.push_back(text.substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+// The message every rank stops with, from every rank's (failed, failure or fingerprint).
+std::string disagreement(const std::vector<std::pair<bool, std::string>>& ranks_said) {
+  std::map<std::string, std::vector<std::int64_t>> failures;  // message -> ranks
+  for (std::size_t r = 0; r < ranks_said.size(); ++r) {
+    if (ranks_said[r].first) failures[ranks_said[r].second].push_back(static_cast<std::int64_t>(r));
+  }
+  if (failures.size() == 1 && failures.begin()->second.size() == ranks_said.size()) return failures.begin()->first;
+  if (!failures.empty()) {
+    std::string out;
+    for (const auto& [message, who] : failures) out += (out.empty() ? "" : "; ") + ranks(who) + ": " + message;
+    return out;
+  }
+  // Fingerprints: each rank's items against rank 0's, as multisets (the first that differs).
+  const std::vector<std::string> first = lines_of(ranks_said[0].second);
+  std::string out;
+  for (std::size_t r = 1; r < ranks_said.size(); ++r) {
+    if (ranks_said[r].second == ranks_said[0].second) continue;
+    std::vector<std::string> only_here = lines_of(ranks_said[r].second), only_zero = first;
+    for (auto it = only_here.begin(); it != only_here.end();) {
+      const auto twin = std::find(only_zero.begin(), only_zero.end(), *it);
+      if (twin == only_zero.end()) {
+        ++it;
+      } else {
+        only_zero.erase(twin);
+        it = only_here.erase(it);
+      }
+    }
+    const std::string rank = "rank " + std::to_string(r);
+    std::string what;
+    if (!only_here.empty() && !only_zero.empty()) {
+      what = rank + " has '" + only_here[0] + "' where rank 0 has '" + only_zero[0] + "'";
+    } else if (!only_here.empty()) {
+      what = rank + " has '" + only_here[0] + "', which rank 0 has not";
+    } else if (!only_zero.empty()) {
+      what = "rank 0 has '" + only_zero[0] + "', which " + rank + " has not";
+    } else {
+      what = rank + " has its arguments in another order";
+    }
+    out += (out.empty() ? "" : "; ") + what;
+  }
+  if (out.empty()) return "";
+  return "the ranks were not started alike: " + out +
+         " (every rank must run the same command, with the same SHARDMM_ environment)";
+}
+
+}  // namespace
+
+std::optional<std::string> mpi_agree(bool at_launch, const std::string& failure, const std::string& fingerprint,
+                                     double timeout_s) {
+  if (!mpi_launched()) return std::string();
+  static std::atomic<bool> launch_done{false}, run_done{false};
+  if ((at_launch ? launch_done : run_done).exchange(true)) return std::string();
+  ensure_initialized();
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const std::string& text = failure.empty() ? fingerprint : failure;
+  // Each rank's (failed, bytes of its text), without blocking: a rank that never comes (it
+  // runs no backend, or died) must not hang this one.
+  int mine[2] = {failure.empty() ? 0 : 1, static_cast<int>(std::min<std::size_t>(text.size(), 1 << 20))};
+  std::vector<int> all(static_cast<std::size_t>(2 * size));
+  MPI_Request request = MPI_REQUEST_NULL;
+  check(MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, MPI_COMM_WORLD, &request), "MPI_Iallgather");
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(std::max(timeout_s, 0.0)));
+  for (int done = 0;;) {
+    check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    if (done) break;
+    if (timeout_s >= 0 && Clock::now() > deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  // Everyone is here: the texts, blocking.
+  std::vector<int> counts(static_cast<std::size_t>(size)), offsets(static_cast<std::size_t>(size));
+  int total = 0;
+  for (int r = 0; r < size; ++r) {
+    counts[static_cast<std::size_t>(r)] = all[static_cast<std::size_t>(2 * r + 1)];
+    offsets[static_cast<std::size_t>(r)] = total;
+    total += counts[static_cast<std::size_t>(r)];
+  }
+  std::vector<char> texts(static_cast<std::size_t>(std::max(total, 1)));
+  check(MPI_Allgatherv(text.data(), mine[1], MPI_CHAR, texts.data(), counts.data(), offsets.data(), MPI_CHAR,
+                       MPI_COMM_WORLD),
+        "MPI_Allgatherv");
+  std::vector<std::pair<bool, std::string>> said;
+  for (int r = 0; r < size; ++r) {
+    const auto i = static_cast<std::size_t>(r);
+    said.emplace_back(all[2 * i] != 0, std::string(texts.data() + offsets[i], static_cast<std::size_t>(counts[i])));
+  }
+  return disagreement(said);
+}
+
 void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, const MpiOptions& options) {
   ensure_initialized();
   int size = 0;
@@ -1521,6 +1624,13 @@ void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, c
     throw InputError("the mesh " + mesh.to_string() + " has " + count_of(mesh.device_count(), "device", "devices") +
                      " but " + started + "; run with mpirun -n " + std::to_string(mesh.device_count()));
   }
+  // The first run: a rank that failed before it (its input, say) is waiting to say so.
+  const std::optional<std::string> agreed = mpi_agree(false, "", "", options.watchdog_s);
+  if (!agreed) {
+    throw InputError("the ranks did not all reach the start of the run within the watchdog (" + seconds(options.watchdog_s) +
+                     "): one exited or runs something else");
+  }
+  if (!agreed->empty()) throw InputError(*agreed);
   const bool progress_thread = progress_thread_wanted(options.blas_threads);
   const SharedMemorySettings shared_memory = shared_memory_wanted();
   MPI_Comm world = MPI_COMM_NULL;

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 
 #include "shardmm/core/mesh.h"
 #include "shardmm/runtime/communicator.h"
@@ -27,6 +29,19 @@ struct MpiOptions {
 // escaping `body` aborts the whole job (see mpi_backend.cpp for why), and so does the
 // watchdog in check mode.
 void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, const MpiOptions& options);
+
+// The start of an mpirun job, where the ranks compare notes before they depend on one another
+// (they may have been started with different flags or environments, or one may have failed
+// alone, and a collective would then hang or move the wrong bytes). `failure` is this rank's
+// error ("" when it has none), `fingerprint` how it was started (one item a line). Every rank
+// gets the same answer: "" when none failed and the fingerprints agree, else the message
+// they all stop with (a failure seen by every rank alike once, others with their ranks; a
+// difference naming the ranks and the items). nullopt when not every rank came within
+// `timeout_s` (< 0: no limit). Initializes MPI. Once per process at most for `at_launch`
+// (after parsing) and once for the first run of the mpi backend (run_mpi's own call, or a
+// rank's that failed before it); outside an mpirun job, "".
+std::optional<std::string> mpi_agree(bool at_launch, const std::string& failure, const std::string& fingerprint,
+                                     double timeout_s);
 
 // Whether a launcher (mpirun, mpiexec, srun with PMI/PMIx) started this process; read from
 // the environment, so it is safe to ask before MPI is initialized.
