@@ -126,13 +126,20 @@ std::optional<std::int64_t> file_number(const char* path) {
 // The run needs more than the request's limit or the machine's memory: refuse, with the
 // figures, before anything is allocated.
 void check_memory(const RunRequest& req, const MemoryNeed& need) {
-  const std::int64_t device0 = saturating_add(need.device_bytes, need.verify_bytes);
   const std::string verifying =
       need.verify_bytes ? " + " + format_bytes(need.verify_bytes) + " to verify on device 0" : std::string();
-  if (req.mem_limit_bytes && device0 > *req.mem_limit_bytes) {
+  // What each device holds at most, its copy of the result for verification included.
+  const std::int64_t per_device = saturating_add(need.device_bytes, need.verify_copy_bytes);
+  // The limit is the devices' memory; verification is the host's check, outside it.
+  if (req.mem_limit_bytes && need.device_bytes > *req.mem_limit_bytes) {
     throw InputError("the run needs " + format_bytes(need.device_bytes) + " on device 0 (its inputs, and every step's " +
-                     "buffers, which the executor keeps between repeats)" + verifying + ", over the memory limit of " +
-                     format_bytes(*req.mem_limit_bytes) + " per device; use smaller " + field("dims") + " or more devices");
+                     "buffers, which the executor keeps between repeats), over the memory limit of " +
+                     format_bytes(*req.mem_limit_bytes) + " per device" +
+                     (need.verify_bytes ? " (verifying takes " +
+                                              format_bytes(saturating_add(need.verify_copy_bytes, need.verify_bytes)) +
+                                              " more on device 0, not counted against the limit)"
+                                        : std::string()) +
+                     "; use smaller " + field("dims") + " or more devices");
   }
   const bool threads = backend_capabilities(req.backend).ranks_in_one_process;
   // Under an address-space limit, a mapping that fails inside BLAS hangs it (OpenBLAS retries
@@ -140,10 +147,10 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
   if (const auto left = address_space_left(); left && !req.available_bytes) {
     const std::int64_t ranks = threads ? req.mesh.device_count() : 1;
     const std::int64_t process =
-        saturating_add(saturating_mul(saturating_add(need.device_bytes, kRankAddressSpaceBytes), ranks), need.verify_bytes);
+        saturating_add(saturating_mul(saturating_add(per_device, kRankAddressSpaceBytes), ranks), need.verify_bytes);
     if (process > *left) {
       throw InputError("the run maps " + format_bytes(process) + " in this process (" + std::to_string(ranks) +
-                       (ranks == 1 ? " rank" : " ranks") + " x (" + format_bytes(need.device_bytes) + " + " +
+                       (ranks == 1 ? " rank" : " ranks") + " x (" + format_bytes(per_device) + " + " +
                        format_bytes(kRankAddressSpaceBytes) + " for BLAS's work buffer and the rank's stack)" +
                        verifying + "), but its address-space limit (ulimit -v) leaves " + format_bytes(*left) +
                        "; raise the limit, or use smaller " + field("dims") + " or more devices");
@@ -156,7 +163,7 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
                       " in this process"
                 : std::to_string(need.devices_sharing) +
                       (need.devices_sharing == 1 ? " process (device)" : " processes (devices)") + " on this node";
-    throw InputError("the run needs " + format_bytes(need.device_bytes) + " per device x " + sharing + verifying +
+    throw InputError("the run needs " + format_bytes(per_device) + " per device x " + sharing + verifying +
                      " = " + format_bytes(need.total_bytes) + ", but only " + format_bytes(available) +
                      " is available; use smaller " + field("dims") + " or " +
                      (threads ? "more processes (" + field("backend") + " mpi, across machines)" : "more machines"));
@@ -221,7 +228,7 @@ MemoryNeed memory_need(const RunRequest& req) {
     // Every device sends device 0 a copy of its result block (verify.h), which device 0
     // keeps, with the dense reference in f64.
     const Spec& out = req.plan.output;
-    need.device_bytes = saturating_add(need.device_bytes, block_bytes(mesh, out, req.sizes, req.dtype, 0));
+    need.verify_copy_bytes = block_bytes(mesh, out, req.sizes, req.dtype, 0);
     for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
       need.verify_bytes = saturating_add(need.verify_bytes, block_bytes(mesh, out, req.sizes, req.dtype, d));
     }
@@ -243,7 +250,8 @@ MemoryNeed memory_need(const RunRequest& req) {
     }
   }
   need.devices_sharing = backend.ranks_in_one_process ? mesh.device_count() : ranks_on_node();
-  need.total_bytes = saturating_add(saturating_mul(need.device_bytes, need.devices_sharing), need.verify_bytes);
+  need.total_bytes = saturating_add(
+      saturating_mul(saturating_add(need.device_bytes, need.verify_copy_bytes), need.devices_sharing), need.verify_bytes);
   return need;
 }
 

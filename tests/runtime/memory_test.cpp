@@ -65,7 +65,8 @@ TEST(MemoryTest, GatherInPlaceNeedsTheOutputBlockOnly) {
   ASSERT_EQ(r.req.plan.steps[0].op, OpKind::all_gather);
   const MemoryNeed need = memory_need(r.req);
   // I=9 over 4: device 0 holds 3 rows. Source 3*16*4 = 192; output 9*16*4 = 576, no staging.
-  EXPECT_EQ(need.device_bytes, 192 + 576 + 576);
+  EXPECT_EQ(need.device_bytes, 192 + 576);
+  EXPECT_EQ(need.verify_copy_bytes, 576);
   // Four replicated 576-byte results, and the assembled and expected 9x16 in f64.
   EXPECT_EQ(need.verify_bytes, 4 * 576 + 2 * 8 * 144);
   EXPECT_EQ(need.devices_sharing, 4);
@@ -77,7 +78,7 @@ TEST(MemoryTest, GatherAlongAnInnerDimensionNeedsAStagingCopy) {
   ASSERT_EQ(r.req.plan.steps.size(), 1u);
   ASSERT_EQ(r.req.plan.steps[0].op, OpKind::all_gather);
   // Source 9*4*4 = 144 -> 192 (whole lines); output 576 and its receive staging 576.
-  EXPECT_EQ(memory_need(r.req).device_bytes, 192 + 576 + 576 + 576);
+  EXPECT_EQ(memory_need(r.req).device_bytes, 192 + 576 + 576);
 }
 
 TEST(MemoryTest, WithoutVerificationNothingIsGathered) {
@@ -99,11 +100,12 @@ TEST(MemoryTest, MpiRanksOnANodeShareItsMemoryAndReduceThroughAWorkspace) {
   const MemoryNeed need = memory_need(r.req);
   unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   // Source 576; output 3 rows = 192; workspace 576; the result copy sent to device 0, 192.
-  EXPECT_EQ(need.device_bytes, 576 + 192 + 576 + 192);
+  EXPECT_EQ(need.device_bytes, 576 + 192 + 576);
+  EXPECT_EQ(need.verify_copy_bytes, 192);
   // Result blocks of 3, 2, 2, 2 rows: 192 + 128 * 3; the dense arrays 2 * 8 * 144.
   EXPECT_EQ(need.verify_bytes, 192 + 3 * 128 + 2 * 8 * 144);
   EXPECT_EQ(need.devices_sharing, 2);
-  EXPECT_EQ(need.total_bytes, 2 * need.device_bytes + need.verify_bytes);
+  EXPECT_EQ(need.total_bytes, 2 * (need.device_bytes + need.verify_copy_bytes) + need.verify_bytes);
 }
 
 TEST(MemoryTest, MatmulCountsBothInputsAndTheDenseReference) {
@@ -125,8 +127,9 @@ TEST(MemoryTest, MatmulCountsBothInputsAndTheDenseReference) {
   ASSERT_TRUE(found) << "no candidate 'local einsum, then all_reduce'";
   const MemoryNeed need = memory_need(req);
   // A block 4*3*8 = 96 -> 128, B block 3*8*8 = 192; the einsum's partial C 4*8*8 = 256
-  // (A, B and C are GEMM views: no workspace), the all_reduce's output 256, the result copy 256.
-  EXPECT_EQ(need.device_bytes, 128 + 192 + 256 + 256 + 256);
+  // (A, B and C are GEMM views: no workspace), the all_reduce's output 256; the result copy 256.
+  EXPECT_EQ(need.device_bytes, 128 + 192 + 256 + 256);
+  EXPECT_EQ(need.verify_copy_bytes, 256);
   // Two result blocks; dense A (24), B (48), expected and assembled C (2 * 32) in f64.
   EXPECT_EQ(need.verify_bytes, 2 * 256 + 8 * (24 + 48 + 2 * 32));
   EXPECT_GE(need.device_bytes, req.plan.peak_bytes_per_device);
@@ -153,24 +156,26 @@ TEST(MemoryTest, EinsumWorkspaceIsKnownWithoutAllocatingIt) {
 
 TEST(MemoryTest, RefusesARunOverTheDeviceLimitWithTheFigures) {
   Reshard r("X=4", "T[I_X, J]", "T[I, J]", "I=9,J=16", DType::f32);
-  // Device 0: 1344 bytes of its own + 4608 to verify = 5952 = 5.8125 KiB.
-  r.req.mem_limit_bytes = 5951;
+  // Device 0 holds 768 bytes (its 3 x 16 block and the gathered 9 x 16, as the plan's peak
+  // counts them); verifying takes 576 + 4608 more, which the devices' limit does not count.
+  EXPECT_EQ(r.req.plan.peak_bytes_per_device, 768);
+  r.req.mem_limit_bytes = 767;
   try {
     run_plan(r.req);
     ADD_FAILURE() << "no error";
   } catch (const InputError& e) {
     EXPECT_EQ(e.headline(),
-              "the run needs 1.31 KiB on device 0 (its inputs, and every step's buffers, which the executor keeps "
-              "between repeats) + 4.50 KiB to verify on device 0, over the memory limit of 5.81 KiB per device; use "
-              "smaller dims or more devices");
+              "the run needs 768 B on device 0 (its inputs, and every step's buffers, which the executor keeps "
+              "between repeats), over the memory limit of 767 B per device (verifying takes 5.06 KiB more on device "
+              "0, not counted against the limit); use smaller dims or more devices");
   }
-  r.req.mem_limit_bytes = 5952;
+  r.req.mem_limit_bytes = 768;
   EXPECT_TRUE(run_plan(r.req).verification.verified);
 }
 
 TEST(MemoryTest, RefusesARunOverTheAvailableMemoryWithTheFigures) {
   Reshard r("X=4", "T[I_X, J]", "T[I, J]", "I=9,J=16", DType::f32);
-  // 4 devices x 1344 + 4608 = 9984 bytes = 9.75 KiB.
+  // 4 devices x (768 + the 576-byte copy) + 4608 = 9984 bytes = 9.75 KiB.
   r.req.available_bytes = 5000;
   try {
     run_plan(r.req);
@@ -195,7 +200,7 @@ TEST(MemoryTest, AHugeRunIsRefusedBeforeAnythingIsAllocated) {
     run_plan(r.req);
     ADD_FAILURE() << "no error";
   } catch (const InputError& e) {
-    // Source 4 PiB, output and the result copy 16 PiB each.
+    // Source 4 PiB, output and the result's copy for verification 16 PiB each.
     EXPECT_THAT(e.headline(), StartsWith("the run needs 36.0 PiB per device x 4 devices in this process + "));
     EXPECT_THAT(e.headline(), HasSubstr(", but only "));
   }

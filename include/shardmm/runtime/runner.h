@@ -113,13 +113,16 @@ struct MemoryNeed {
   // At least the plan's peak_bytes_per_device, which assumes each intermediate is freed
   // after use.
   std::int64_t device_bytes = 0;
+  // When verifying, on every device: the copy of its result block it sends device 0.
+  std::int64_t verify_copy_bytes = 0;
   // More on device 0 when verifying: every device's result block, and the dense f64
   // reference (inputs, expected and assembled outputs, einsum workspace).
   std::int64_t verify_bytes = 0;
   // The devices whose memory comes out of one pool: threads, every device of the mesh
   // (one process); mpi, the ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE, else 1).
   std::int64_t devices_sharing = 1;
-  std::int64_t total_bytes = 0;  // device_bytes * devices_sharing + verify_bytes (saturating)
+  // (device_bytes + verify_copy_bytes) * devices_sharing + verify_bytes (saturating).
+  std::int64_t total_bytes = 0;
 };
 MemoryNeed memory_need(const RunRequest& request);
 
