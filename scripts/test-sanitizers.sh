@@ -33,10 +33,10 @@ export SHARDMM_RANDOM_CASES=60 SHARDMM_PROPERTY_SCALE=0.2 SHARDMM_DETERMINISM_CA
 #   install_consumer  installs this build and links an uninstrumented program against its
 #                     static libraries, which then lack the sanitizer's runtime. It tests
 #                     packaging, not memory or threads; scripts/test.sh runs it.
-#   CliRun.AnAddressSpaceLimitIsCheckedBeforeTheRun
-#                     runs shardmm under a RLIMIT_AS of about 1 GB, which a sanitizer's runtime
+#   CliRun.AnAddressSpaceLimitIsCheckedBeforeTheRun, mpi_cli_rank_memory_cap
+#                     run shardmm under a RLIMIT_AS of about 1 GB, which a sanitizer's runtime
 #                     (terabytes of shadow mappings) cannot start under.
-exclude='^(install_consumer|CliRun.AnAddressSpaceLimitIsCheckedBeforeTheRun)$'
+exclude='^(install_consumer|CliRun.AnAddressSpaceLimitIsCheckedBeforeTheRun|mpi_cli_rank_memory_cap)$'
 
 # The shared-memory transport only: no network probing (tests/mpi/CMakeLists.txt sets the
 # same for each MPI test).
@@ -84,7 +84,7 @@ if [[ "$which" == asan || "$which" == all ]]; then
   # "<unknown module>"); unwinding every malloc the slow way to name them made the MPI
   # tests 9x slower. Every other check stays on, and shardmm's own allocations are
   # leak-checked by the tests above, which run the same code on the threads backend.
-  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:strict_string_checks=1 check asan-mpi --test-dir build-asan -L mpi
+  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:strict_string_checks=1 check asan-mpi --test-dir build-asan -L mpi -E "$exclude"
   echo "sanitizers: asan took $((SECONDS - start)) s" >&2
 fi
 

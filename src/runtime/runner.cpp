@@ -146,13 +146,14 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
   // forever): refuse up front what this process's ranks would map.
   if (const auto left = address_space_left(); left && !req.available_bytes) {
     const std::int64_t ranks = threads ? req.mesh.device_count() : 1;
-    const std::int64_t process =
-        saturating_add(saturating_mul(saturating_add(per_device, kRankAddressSpaceBytes), ranks), need.verify_bytes);
+    const bool holds_device0 = threads || process_rank(req.backend) == 0;  // verification's gathering
+    const std::int64_t process = saturating_add(saturating_mul(saturating_add(per_device, kRankAddressSpaceBytes), ranks),
+                                                holds_device0 ? need.verify_bytes : 0);
     if (process > *left) {
       throw InputError("the run maps " + format_bytes(process) + " in this process (" + std::to_string(ranks) +
                        (ranks == 1 ? " rank" : " ranks") + " x (" + format_bytes(per_device) + " + " +
                        format_bytes(kRankAddressSpaceBytes) + " for BLAS's work buffer and the rank's stack)" +
-                       verifying + "), but its address-space limit (ulimit -v) leaves " + format_bytes(*left) +
+                       (holds_device0 ? verifying : std::string()) + "), but its address-space limit (ulimit -v) leaves " + format_bytes(*left) +
                        "; raise the limit, or use smaller " + field("dims") + " or more devices");
     }
   }
