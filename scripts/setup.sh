@@ -11,6 +11,7 @@ packages=(
   libopenmpi-dev openmpi-bin
   libscalapack-openmpi-dev
   python3-jsonschema
+  python3-torch  # bench_torch_matmul: the same sharded matmuls in torch.distributed (gloo); it skipped without
   "$@"
 )
 
