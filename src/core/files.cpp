@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "shardmm/core/error.h"
@@ -35,6 +37,17 @@ std::string kind_of_irregular(const fs::file_status& s) {
 // ", not a regular file" where the kind alone does not say so.
 std::string not_regular(const fs::file_status& s) {
   return s.type() == fs::file_type::directory ? "" : ", not a regular file";
+}
+
+// The process's umask, read without changing it: umask(2) only sets it, and setting it to
+// read it would race with other threads creating files. Linux's /proc/self/status has it
+// (since 4.7); else the usual 022.
+mode_t current_umask() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("Umask:", 0) == 0) return static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+  }
+  return 022;
 }
 
 fs::path directory_of(const fs::path& path) { return path.parent_path().empty() ? fs::path(".") : path.parent_path(); }
@@ -115,9 +128,7 @@ void write_file_atomically(const fs::path& path, std::string_view text, std::str
   // A file system that delays its space check (NFS, a quota) reports it here.
   if (::fsync(fd) != 0) abandon(std::strerror(errno));
   // mkstemp's file is 0600; give it what a new file gets under the umask.
-  const mode_t mask = ::umask(0);
-  ::umask(mask);
-  ::fchmod(fd, 0666 & ~mask);
+  ::fchmod(fd, 0666 & ~current_umask());
   if (::close(fd) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());

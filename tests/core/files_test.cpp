@@ -86,10 +86,10 @@ TEST_F(FilesTest, WritesWholeOrNotAtAll) {
   EXPECT_EQ(contents(target), "second");
   EXPECT_EQ(names(), std::vector<std::string>{"out.json"});
   // Permissions as a new file gets them under the umask, not mkstemp's 0600.
-  const mode_t mask = ::umask(022);
+  const mode_t mask = ::umask(027);
   write_file_atomically(dir_ / "mode.json", "x", "t");
   ::umask(mask);
-  EXPECT_EQ(fs::status(dir_ / "mode.json").permissions(), fs::perms(0644));
+  EXPECT_EQ(fs::status(dir_ / "mode.json").permissions(), fs::perms(0640));
 
   // A file-size limit fails the write as a full disk does (EFBIG for ENOSPC); SIGXFSZ would
   // otherwise end the process.
