@@ -96,7 +96,8 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
       throw InputError("the run maps " + format_bytes(process) + " in this process (" + std::to_string(ranks) +
                        (ranks == 1 ? " rank" : " ranks") + " x (" + format_bytes(per_device) + " + " +
                        format_bytes(kRankAddressSpaceBytes) + " for BLAS's work buffer and the rank's stack)" +
-                       (holds_device0 ? verifying : std::string()) + "), but its address-space limit (ulimit -v) leaves " + format_bytes(*left) +
+                       (holds_device0 ? verifying : std::string()) +
+                       "), but its address-space limit (ulimit -v) leaves " + format_bytes(*left) +
                        "; raise the limit, or use smaller " + field("dims") + " or more devices");
     }
   }

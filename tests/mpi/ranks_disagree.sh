@@ -26,7 +26,9 @@ case_() {
   lines=$(grep "^shardmm: error: " <<<"$out")
   local match=$lines
   [[ ${4:-} == prefix ]] && match=${lines:0:$((16 + ${#expected}))}
-  if [[ $rc != 2 || $took -gt 20 || $match != "shardmm: error: $expected" ]]; then
+  local count
+  count=$(grep -c . <<<"$lines")
+  if [[ $rc != 2 || $took -gt 20 || $count != 1 || $match != "shardmm: error: $expected" ]]; then
     echo "FAIL $name: exit $rc after $took s; expected one line 'shardmm: error: $expected', got:"
     echo "$out"
     fail=1
