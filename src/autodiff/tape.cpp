@@ -64,6 +64,7 @@ Var Tape::Impl::add_node(Tape& tape, Value value, Shape shape, std::vector<int> 
   for (int i : inputs) n.requires_grad = n.requires_grad || node(i).requires_grad;
   n.inputs = std::move(inputs);
   n.backward = std::move(backward);
+  n.scope = scope;
   nodes.push_back(std::move(n));
   return make_var(&tape, static_cast<int>(nodes.size()) - 1);
 }
@@ -81,7 +82,7 @@ void Tape::Impl::cost(Step& step, const Shape& shape) const {
 }
 
 Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
-  TapeEvent ev{phase, step, false, {}};
+  TapeEvent ev{phase, step, false, {}, scope};
   Value out{step.to, nullptr};
   if (!symbolic()) {
     const auto seconds = [this] {
@@ -307,6 +308,7 @@ void Tape::backward(Var loss) {
   for (int id = static_cast<int>(t.nodes.size()) - 1; id >= 0; --id) {
     Node& n = t.nodes[static_cast<std::size_t>(id)];
     if (!n.grad) continue;
+    t.scope = n.scope;
     if (n.leaf) {
       *n.grad = t.reshard(*n.grad, n.value.spec, n.shape);
       continue;
@@ -328,6 +330,8 @@ void Tape::backward(Var loss) {
     n.grad = std::move(zero);
   }
 }
+
+void Tape::set_scope(int scope) { impl_->scope = scope; }
 
 const DistTensor& Tape::grad(Var leaf) const {
   const Node& n = impl_->node(leaf);

@@ -41,6 +41,7 @@ struct Node {
   bool regathered = false;  // in this backward pass
   std::vector<int> inputs;
   Backward backward;
+  int scope = -1;  // Tape::set_scope's label when recorded
   std::optional<Value> grad;  // accumulated during backward
 };
 
@@ -53,6 +54,7 @@ struct Tape::Impl {
   std::deque<Node> nodes;
   std::vector<TapeEvent> events;
   Phase phase = Phase::forward;
+  int scope = -1;  // the label of what is recorded now (tape.h: set_scope)
   bool backward_done = false;
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 

@@ -91,6 +91,7 @@ struct TapeEvent {
   Step step;
   bool executed = false;
   TraceEvent measured;
+  int scope = -1;  // Tape::set_scope's label when it was recorded (backward: its node's)
 };
 
 // Per-device memory of the program, in bytes, as the tape holds it (executed: this rank;
@@ -148,6 +149,10 @@ class Tape {
   // A leaf's gradient in the leaf's spec (executed tapes, after backward; a leaf that the
   // loss does not depend on gets zeros).
   const DistTensor& grad(Var leaf) const;
+
+  // Labels what is recorded from now on with `scope`, a number of the caller's (a program's
+  // op): the events of the forward pass, and those each node's backward runs later. -1: none.
+  void set_scope(int scope);
 
   // Everything run so far, forward then backward, in order.
   const std::vector<TapeEvent>& events() const;
