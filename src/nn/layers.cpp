@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "nn/step_checks.h"
 #include "shardmm/autodiff/causal_mask.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -178,38 +179,6 @@ DenseTensor dense_of(const ModelConfig& m, const std::string& name, const Shape&
   return dense(shape, [&](const std::vector<std::int64_t>& i) { return gen(i, 0); });
 }
 
-// Every element within rel * (1 + max|want|) of the reference; the worst one named.
-void compare(Verification& v, const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
-             double rel) {
-  if (got.size() != want.size()) {
-    v.verified = false;
-    v.detail = what + ": " + std::to_string(got.size()) + " elements, expected " + std::to_string(want.size());
-    return;
-  }
-  double scale = 0;
-  for (double w : want) scale = std::max(scale, std::abs(w));
-  const double tol = rel * (1.0 + scale);
-  if (v.tolerance == 0) v.tolerance = tol;  // the first tensor's, until an element comes closer to its own
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(got[i] - want[i]);
-    const bool worst = !(err / tol <= v.max_rel_error / rel);
-    if (worst) {
-      v.max_abs_error = err;
-      v.max_rel_error = err / (1.0 + scale);
-      v.tolerance = tol;
-      v.detail = what + " element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", expected " +
-                 std::to_string(want[i]);
-    }
-    if (!(err <= tol)) v.verified = false;
-  }
-}
-
-AxisList all_axes(const Mesh& mesh) {
-  AxisList all(static_cast<std::size_t>(mesh.rank()));
-  for (int i = 0; i < mesh.rank(); ++i) all[static_cast<std::size_t>(i)] = i;
-  return all;
-}
-
 // The layer's input is the previous layer's output: where a backward reads it (tp's
 // replicated X, like sp's gathered copy of its shard) it is an activation kept for the
 // backward pass, counted as one rather than as a leaf, so strategies compare like with like.
@@ -283,41 +252,25 @@ LayerStep run_layer_step(Communicator& comm, const ModelConfig& m, const StepOpt
   LayerStep step;
   step.events = tape.events();
   step.memory = layer_memory(tape, p);
-  // The most any rank sent per event: every rank's figures to everyone, then the maximum.
-  const std::int64_t ranks = m.mesh.device_count(), n = static_cast<std::int64_t>(step.events.size());
-  std::vector<double> mine(static_cast<std::size_t>(n)), all(static_cast<std::size_t>(n * ranks));
-  for (std::int64_t i = 0; i < n; ++i) mine[i] = static_cast<double>(step.events[i].measured.bytes_sent);
-  comm.all_gather(mine.data(), all.data(), Counts(static_cast<std::size_t>(ranks), n), DType::f64, all_axes(m.mesh));
-  step.max_bytes_sent.assign(static_cast<std::size_t>(n), 0);
-  for (std::int64_t r = 0; r < ranks; ++r) {
-    for (std::int64_t i = 0; i < n; ++i) {
-      step.max_bytes_sent[i] = std::max(step.max_bytes_sent[i], static_cast<std::int64_t>(all[r * n + i]));
-    }
-  }
+  step.max_bytes_sent = detail::max_bytes_sent(comm, step.events);
 
   Verification& v = step.verification;
   v.verified = true;
   if (comm.rank() == 0) {
     const DenseStep want = dense_layer_step(m, options.lr, options.seed);
     const double rel = options.dtype == DType::f64 ? 1e-9 : 1e-3;
-    compare(v, "output", got[0].second, want.output.values, rel);
+    detail::compare(v, "output", got[0].second, want.output.values, rel);
     if (m.train) {
-      compare(v, "input gradient", got[1].second, want.input_grad.values, rel);
+      detail::compare(v, "input gradient", got[1].second, want.input_grad.values, rel);
       std::size_t k = 2;
       for (const auto& [layout, var] : p.parameters) {
-        compare(v, got[k].first, got[k].second, want.grads.at(layout.name).values, rel);
-        compare(v, got[k + 1].first, got[k + 1].second, want.updated.at(layout.name).values, rel);
+        detail::compare(v, got[k].first, got[k].second, want.grads.at(layout.name).values, rel);
+        detail::compare(v, got[k + 1].first, got[k + 1].second, want.updated.at(layout.name).values, rel);
         k += 2;
       }
     }
   }
-  // Share device 0's verdict.
-  double verdict[3] = {comm.rank() == 0 && !v.verified ? 1.0 : 0.0, comm.rank() == 0 ? v.max_abs_error : 0.0,
-                       comm.rank() == 0 ? v.tolerance : 0.0};
-  comm.all_reduce(verdict, 3, DType::f64, all_axes(m.mesh));
-  v.verified = verdict[0] == 0.0;
-  v.max_abs_error = verdict[1];
-  v.tolerance = verdict[2];
+  detail::share_verdict(comm, v);
   return step;
 }
 
