@@ -1,9 +1,11 @@
-// Ops computed on each rank's block alone: activations, SwiGLU, add, softmax, layer norm,
-// sum and mean. Their backwards are linear in the output gradient, so a gradient unreduced
+// Ops computed on each rank's block alone: activations, SwiGLU, add, scale, rename, sum and
+// mean (softmax and the norms, which may need their rows' statistics from other ranks, are in
+// reduction_ops.cpp). Their backwards are linear in the output gradient, so a gradient unreduced
 // over an axis the value does not use stays unreduced (tape.h).
 #include <cmath>
 #include <cstring>
 
+#include "autodiff/local_helpers.h"
 #include "autodiff/tape_impl.h"
 #include "shardmm/core/error.h"
 
@@ -51,21 +53,6 @@ double derivative(Activation f, double x) {
   return 0;
 }
 
-// Calls f with a null pointer of the tape's element type (f32 or f64).
-template <class F>
-void with_type(DType dtype, F&& f) {
-  if (dtype == DType::f32) {
-    f(static_cast<float*>(nullptr));
-  } else {
-    f(static_cast<double*>(nullptr));
-  }
-}
-
-template <class T>
-const T* in(const Value& v) {
-  return v.data->buffer().as<T>();
-}
-
 // out[i] = f(a[i], b[i]) in double (b null: f(a[i], 0)), on executed tapes; the layout only
 // on symbolic ones.
 template <class F>
@@ -84,38 +71,12 @@ Value elementwise(Tape::Impl& t, Spec spec, const Shape& shape, const Value& a, 
   return out;
 }
 
-// A nonlinear op needs whole values: f(a + b) != f(a) + f(b).
-void require_whole(const Mesh& mesh, const Spec& spec, const char* op) {
-  if (!spec.unreduced.empty()) {
-    throw InputError(std::string(op) + " of " + format_spec(spec, mesh) + ": the value is unreduced over " +
-                     mesh.axis_names(spec.unreduced) + " (partial sums) and " + op +
-                     " needs whole values; all_reduce or reduce_scatter it first");
-  }
-}
-
-// Softmax and layer norm need each row (the last dimension) whole on one device.
-void require_whole_rows(const Mesh& mesh, const Spec& spec, const char* op) {
-  require_whole(mesh, spec, op);
-  if (spec.dims.empty()) throw InputError(std::string(op) + " needs a dimension to normalize over; got a rank-0 value");
-  if (!spec.dims.back().axes.empty()) {
-    throw InputError(std::string(op) + " of " + format_spec(spec, mesh) + ": its last dimension '" + spec.dims.back().name +
-                     "' is sharded; " + op + " works on whole rows, so gather it (or shard another dimension)");
-  }
-}
-
-Tape& same_tape(Var a, Var b, const char* op) {
-  if (&a.tape() != &b.tape()) throw InputError(std::string(op) + ": the operands belong to different tapes");
-  return a.tape();
-}
-
 void require_same_spec(const Mesh& mesh, Var a, Var b, const char* op) {
   if (!(a.spec() == b.spec()) || a.shape() != b.shape()) {
     throw InputError(std::string(op) + " needs both operands in one layout and shape; got " + format_spec(a.spec(), mesh) +
                      " and " + format_spec(b.spec(), mesh) + " (reshard one)");
   }
 }
-
-std::int64_t last_extent(const Value& v) { return v.data->local_shape().empty() ? 1 : v.data->local_shape().back(); }
 
 Var unary(Var x, Activation f) {
   Tape& tape = x.tape();
@@ -294,172 +255,6 @@ Var add(Var a, Var b) {
     impl.accumulate(self.inputs[0], grad);
     impl.accumulate(self.inputs[1], grad);
   });
-}
-
-Var softmax(Var x) {
-  Tape& tape = x.tape();
-  Tape::Impl& t = tape.impl();
-  require_whole_rows(t.mesh, x.spec(), "softmax");
-  const Node& nx = t.node(x);
-  Value y{nx.value.spec, nullptr};
-  y.spec.tensor = "softmax(" + nx.value.spec.tensor + ")";
-  if (nx.value.data) {
-    auto out = t.make_shard(y.spec, nx.shape);
-    const std::int64_t n = last_extent(nx.value);
-    const std::int64_t rows = n == 0 ? 0 : out->elements() / n;
-    with_type(t.options.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* src = in<T>(nx.value) + r * n;
-        T* dst = out->buffer().as<T>() + r * n;
-        double peak = src[0];
-        for (std::int64_t i = 1; i < n; ++i) peak = std::max<double>(peak, src[i]);
-        double total = 0;
-        for (std::int64_t i = 0; i < n; ++i) total += std::exp(src[i] - peak);
-        for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(std::exp(src[i] - peak) / total);
-      }
-    });
-    y.data = std::move(out);
-  }
-  const Shape shape = nx.shape;
-  const bool needs = nx.requires_grad;
-  Var out = t.add_node(tape, std::move(y), shape, {x.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
-    // dx = y * (g - sum_row(g * y)), from the saved output.
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    Value dx{g.spec, nullptr};
-    if (g.data) {
-      auto d = impl.make_shard(g.spec, self.shape);
-      const std::int64_t n = last_extent(g);
-      const std::int64_t rows = n == 0 ? 0 : d->elements() / n;
-      with_type(impl.options.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const T* y = in<T>(self.value) + r * n;
-          const T* gr = in<T>(g) + r * n;
-          T* dst = d->buffer().as<T>() + r * n;
-          double dot = 0;
-          for (std::int64_t i = 0; i < n; ++i) dot += static_cast<double>(gr[i]) * y[i];
-          for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(y[i] * (gr[i] - dot));
-        }
-      });
-      dx.data = std::move(d);
-    }
-    impl.accumulate(self.inputs[0], std::move(dx));
-  });
-  t.node(out).saved = needs;
-  return out;
-}
-
-Var layer_norm(Var x, Var scale, Var bias, double eps) {
-  Tape& tape = same_tape(x, scale, "layer_norm");
-  same_tape(x, bias, "layer_norm");
-  Tape::Impl& t = tape.impl();
-  require_whole_rows(t.mesh, x.spec(), "layer_norm");
-  const DimSpec& last = x.spec().dims.back();
-  for (Var p : {scale, bias}) {
-    const Spec& s = p.spec();
-    if (s.dims.size() != 1 || s.dims[0].name != last.name || !s.dims[0].axes.empty() || !s.unreduced.empty() ||
-        p.shape()[0] != x.shape().back()) {
-      throw InputError("layer_norm of " + format_spec(x.spec(), t.mesh) + ": scale and bias must be [" + last.name +
-                       "] replicated, of size " + std::to_string(x.shape().back()) + "; got " + format_spec(s, t.mesh));
-    }
-  }
-  if (!(eps > 0)) throw InputError("layer_norm: eps must be positive; got " + std::to_string(eps));
-  const Node& nx = t.node(x);
-  Value y{nx.value.spec, nullptr};
-  y.spec.tensor = "layer_norm(" + nx.value.spec.tensor + ")";
-  const Shape local = local_shape(t.mesh, nx.value.spec, nx.shape, t.device());
-  const std::int64_t n = local.back();
-  std::int64_t rows = 1;
-  for (std::size_t i = 0; i + 1 < local.size(); ++i) rows *= local[i];
-  // Per row: mean and 1/sqrt(var + eps), kept for the backward pass.
-  auto stats = std::make_shared<std::vector<double>>();
-  if (nx.value.data) {
-    auto out = t.make_shard(y.spec, nx.shape);
-    stats->resize(static_cast<std::size_t>(2 * rows));
-    with_type(t.options.dtype, [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      const T* gamma = in<T>(t.node(scale).value);
-      const T* beta = in<T>(t.node(bias).value);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* src = in<T>(nx.value) + r * n;
-        T* dst = out->buffer().as<T>() + r * n;
-        double mu = 0, var = 0;
-        for (std::int64_t i = 0; i < n; ++i) mu += src[i];
-        mu /= static_cast<double>(n);
-        for (std::int64_t i = 0; i < n; ++i) var += (src[i] - mu) * (src[i] - mu);
-        var /= static_cast<double>(n);
-        const double rstd = 1.0 / std::sqrt(var + eps);
-        (*stats)[static_cast<std::size_t>(2 * r)] = mu;
-        (*stats)[static_cast<std::size_t>(2 * r + 1)] = rstd;
-        for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>((src[i] - mu) * rstd * gamma[i] + beta[i]);
-      }
-    });
-    y.data = std::move(out);
-  }
-  const bool needs = nx.requires_grad || t.node(scale).requires_grad;
-  t.node(x).saved = t.node(x).saved || needs;
-  t.node(scale).saved = t.node(scale).saved || nx.requires_grad;
-  const Shape shape = nx.shape;
-  Var out = t.add_node(tape, std::move(y), shape, {x.id(), scale.id(), bias.id()},
-                       [stats, rows, n](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const int ix = self.inputs[0], is = self.inputs[1], ib = self.inputs[2];
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    // The parameters' gradients sum over this rank's rows: partial over every axis that
-    // splits the rows, and over the gradient's own partial sums.
-    Value dparam{impl.node(is).value.spec, nullptr};
-    dparam.spec.unreduced = sharding_axes(self.value.spec);
-    dparam.spec.unreduced.insert(dparam.spec.unreduced.end(), g.spec.unreduced.begin(), g.spec.unreduced.end());
-    std::sort(dparam.spec.unreduced.begin(), dparam.spec.unreduced.end());
-    Value dx{g.spec, nullptr}, dscale = dparam, dbias = dparam;
-    if (g.data) {
-      const Value& xv = impl.saved_value(ix);
-      const Value& sv = impl.saved_value(is);
-      const Shape& pshape = impl.node(is).shape;
-      auto px = impl.make_shard(g.spec, self.shape);
-      auto ps = impl.make_shard(dparam.spec, pshape);
-      auto pb = impl.make_shard(dparam.spec, pshape);
-      with_type(impl.options.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        const T* gamma = in<T>(sv);
-        std::vector<double> ds(static_cast<std::size_t>(n), 0.0), db(static_cast<std::size_t>(n), 0.0);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const T* xr = in<T>(xv) + r * n;
-          const T* gr = in<T>(g) + r * n;
-          T* dst = px->buffer().as<T>() + r * n;
-          const double mu = (*stats)[static_cast<std::size_t>(2 * r)];
-          const double rstd = (*stats)[static_cast<std::size_t>(2 * r + 1)];
-          double mean_gy = 0, mean_gy_xhat = 0;
-          for (std::int64_t i = 0; i < n; ++i) {
-            const double xhat = (xr[i] - mu) * rstd;
-            const double gy = static_cast<double>(gr[i]) * gamma[i];
-            mean_gy += gy;
-            mean_gy_xhat += gy * xhat;
-            ds[static_cast<std::size_t>(i)] += static_cast<double>(gr[i]) * xhat;
-            db[static_cast<std::size_t>(i)] += gr[i];
-          }
-          mean_gy /= static_cast<double>(n);
-          mean_gy_xhat /= static_cast<double>(n);
-          for (std::int64_t i = 0; i < n; ++i) {
-            const double xhat = (xr[i] - mu) * rstd;
-            dst[i] = static_cast<T>(rstd * (static_cast<double>(gr[i]) * gamma[i] - mean_gy - xhat * mean_gy_xhat));
-          }
-        }
-        for (std::int64_t i = 0; i < n; ++i) {
-          ps->buffer().as<T>()[i] = static_cast<T>(ds[static_cast<std::size_t>(i)]);
-          pb->buffer().as<T>()[i] = static_cast<T>(db[static_cast<std::size_t>(i)]);
-        }
-      });
-      dx.data = std::move(px);
-      dscale.data = std::move(ps);
-      dbias.data = std::move(pb);
-    }
-    impl.accumulate(ix, std::move(dx));
-    impl.accumulate(is, std::move(dscale));
-    impl.accumulate(ib, std::move(dbias));
-  });
-  t.node(out).extra_saved_bytes = needs ? 2 * rows * dtype_bytes(t.options.dtype) : 0;
-  return out;
 }
 
 Var sum(Var x) { return scaled_sum(x, 1.0, "sum"); }

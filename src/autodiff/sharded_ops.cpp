@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 
+#include "autodiff/local_helpers.h"
 #include "autodiff/tape_impl.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/step_builder.h"
@@ -13,20 +14,7 @@ namespace shardmm::autodiff {
 
 namespace {
 
-Tape& common_tape(Var a, Var b, const char* op) {
-  if (&a.tape() != &b.tape()) throw InputError(std::string(op) + ": the operands belong to different tapes");
-  return a.tape();
-}
-
 std::string label(const Spec& s) { return s.tensor.empty() ? std::string("the tensor") : s.tensor; }
-
-int dim_index(const Spec& spec, std::string_view dim, const Mesh& mesh, const char* op) {
-  const int d = spec.find_dim(dim);
-  if (d < 0) {
-    throw InputError(std::string(op) + ": " + format_spec(spec, mesh) + " has no dimension '" + std::string(dim) + "'");
-  }
-  return d;
-}
 
 bool is_suffix(const AxisList& s, const AxisList& of) {
   return !s.empty() && s.size() <= of.size() && std::equal(s.begin(), s.end(), of.end() - static_cast<std::ptrdiff_t>(s.size()));
@@ -157,7 +145,7 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
 }
 
 Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
-  Tape& tape = common_tape(a, b, "einsum");
+  Tape& tape = same_tape(a, b, "einsum");
   Tape::Impl& t = tape.impl();
   Shape shape;
   const Spec out = local_einsum_spec(t.mesh, a.spec(), a.shape(), b.spec(), b.shape(), out_dims, &shape);
@@ -190,7 +178,7 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
 }
 
 Var planned_einsum(Var a, Var b, const Spec& out) {
-  Tape& tape = common_tape(a, b, "planned_einsum");
+  Tape& tape = same_tape(a, b, "planned_einsum");
   Tape::Impl& t = tape.impl();
   validate_spec(out, t.mesh);
   Contraction c;

@@ -402,7 +402,7 @@ Json dim_name(const Spec& spec, int dim) {
 
 Json step_json(const Step& s, const Mesh& mesh) {
   Json j;
-  j["op"] = to_string(s.op);
+  j["op"] = op_name(s);
   j["axes"] = axes_json(mesh, s.axes);
   j["tensor"] = s.tensor;
   const Spec& dim_of = s.op == OpKind::einsum_reduce_scatter ? s.to : s.ring_operand == 1 ? s.from_b : s.from;

@@ -112,7 +112,7 @@ void print_steps(std::ostream& out, const Plan& plan, const Mesh& mesh) {
   for (std::size_t c : {0u, 5u, 6u, 7u, 8u}) table.right_align(c);
   for (std::size_t i = 0; i < plan.steps.size(); ++i) {
     const Step& s = plan.steps[i];
-    table.add({std::to_string(i + 1), to_string(s.op), axes_or_dash(mesh, s.axes), s.tensor, step_transition(s, mesh),
+    table.add({std::to_string(i + 1), op_name(s), axes_or_dash(mesh, s.axes), s.tensor, step_transition(s, mesh),
                format_bytes(static_cast<double>(s.bytes_sent)), format_bytes(static_cast<double>(s.bytes_received)),
                multiplies(s.op) ? format_flops(s.flops) : "-", format_time(s.time_s),
                s.bound == Bound::none ? "-" : to_string(s.bound)});
@@ -122,7 +122,7 @@ void print_steps(std::ostream& out, const Plan& plan, const Mesh& mesh) {
          "   latency (a fixed cost per hop) or bandwidth (bytes over the links) for communication, compute or\n"
          "   memory for local work)\n";
   for (std::size_t i = 0; i < plan.steps.size(); ++i) {
-    const std::string head = "  " + std::to_string(i + 1) + ". " + to_string(plan.steps[i].op) + ": ";
+    const std::string head = "  " + std::to_string(i + 1) + ". " + op_name(plan.steps[i]) + ": ";
     out << head << wrap(explain_step(plan.steps[i], mesh), kWidth - head.size(), std::string(head.size(), ' ')) << "\n";
   }
 }

@@ -26,6 +26,14 @@ int dtype_bytes(DType dtype) {
   return 0;
 }
 
+const char* to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
 DType parse_dtype(std::string_view text) {
   for (DType d : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
     if (text == to_string(d)) return d;

@@ -20,6 +20,13 @@ const char* to_string(OpKind op) {
   return "?";
 }
 
+std::string op_name(const Step& step) {
+  if (step.op == OpKind::all_reduce && step.reduce != ReduceOp::sum) {
+    return std::string(to_string(step.op)) + "(" + to_string(step.reduce) + ")";
+  }
+  return to_string(step.op);
+}
+
 const char* to_string(Bound bound) {
   switch (bound) {
     case Bound::none: return "none";

@@ -23,14 +23,14 @@ std::vector<ChromeTraceEvent> run_trace_events(const Plan& plan, const Mesh& mes
       const Step& s = plan.steps[i];
       for (const int lane : trace_lanes(s.op)) {
         ChromeTraceEvent e;
-        e.name = std::string(to_string(s.op)) + " " + s.tensor;
+        e.name = op_name(s) + " " + s.tensor;
         e.category = lane == kCommunicationLane ? "communication" : "compute";
         e.pid = static_cast<int>(rank);
         e.tid = lane;
         e.start_s = spans[i].start_s;
         e.duration_s = spans[i].end_s - spans[i].start_s;
         e.args = {{"step", static_cast<std::int64_t>(i + 1)},
-                  {"op", std::string(to_string(s.op))},
+                  {"op", op_name(s)},
                   {"tensor", s.tensor},
                   {"axes", s.axes.empty() ? std::string("-") : mesh.axis_names(s.axes)},
                   {"bytes_sent", s.bytes_sent},

@@ -413,7 +413,7 @@ struct Executor::Impl {
       }
       case OpKind::all_reduce: {
         std::memcpy(out, src, static_cast<std::size_t>(in.buffer().bytes()));
-        comm.all_reduce(out, st.out.elements(), dtype, step.axes);
+        comm.all_reduce(out, st.out.elements(), dtype, step.axes, step.reduce);
         ev.bytes_sent = ev.bytes_received = 2 * (in.elements() - in.elements() / g) * eb;
         break;
       }

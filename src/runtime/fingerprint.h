@@ -39,6 +39,7 @@ struct Fingerprint {
   DType dtype = DType::f32;
   Counts counts;       // all_gather, reduce_scatter: per member; all_reduce: {count}; all_to_all: sent
   Counts recv_counts;  // all_to_all: received
+  ReduceOp reduce = ReduceOp::sum;  // all_reduce
 };
 
 inline std::string list(const Counts& values) {
@@ -70,14 +71,17 @@ inline std::string watchdog_hint(const std::string& watchdog) {
   return " (watchdog " + watchdog + "; SHARDMM_WATCHDOG_S sets it)";
 }
 
-// "all_gather(f32, counts [4, 4])", with " over XY" when `with_axes`.
+// "all_gather(f32, counts [4, 4])" or "all_reduce(max, f32, 4 elements)", with " over XY" when `with_axes`.
 inline std::string describe(const Mesh& mesh, const Fingerprint& fp, bool with_axes) {
   std::string out = op_name(fp.op);
   const std::string dtype = to_string(fp.dtype);
   switch (fp.op) {
     case CollectiveOp::all_gather:
     case CollectiveOp::reduce_scatter: out += "(" + dtype + ", counts " + list(fp.counts) + ")"; break;
-    case CollectiveOp::all_reduce: out += "(" + dtype + ", " + elements(fp.counts.at(0)) + ")"; break;
+    case CollectiveOp::all_reduce:
+      out += "(" + (fp.reduce == ReduceOp::sum ? "" : std::string(to_string(fp.reduce)) + ", ") + dtype + ", " +
+             elements(fp.counts.at(0)) + ")";
+      break;
     case CollectiveOp::all_to_all:
       out += "(" + dtype + ", send " + list(fp.counts) + ", recv " + list(fp.recv_counts) + ")";
       break;
@@ -96,7 +100,7 @@ inline std::string disagreement(const Mesh& mesh, const std::vector<std::int64_t
   const std::string where = "collective mismatch in group over " + axes_label(mesh, ref.axes) + " of device " +
                             std::to_string(members[0]) + ": ";
   auto same = [&](const Fingerprint& fp) {
-    return fp.op == ref.op && fp.axes == ref.axes && fp.dtype == ref.dtype &&
+    return fp.op == ref.op && fp.axes == ref.axes && fp.dtype == ref.dtype && fp.reduce == ref.reduce &&
            (ref.op == CollectiveOp::all_to_all || fp.counts == ref.counts);
   };
   std::vector<std::size_t> differ;

@@ -182,4 +182,30 @@ inline void sum_in_order(DType dtype, const std::vector<const void*>& sources, s
   (stream ? kernels.streamed : kernels.cached)(sources.data(), sources.size(), count, out);
 }
 
+// out = max(max(s0, s1), s2) ... elementwise, in source order; a NaN in any source wins (as
+// torch.amax). `out` may alias a source: each element is read from every source before it is
+// written. A plain loop: maxima reduce small arrays (row statistics), not gradients.
+template <class T>
+void max_in_order(const std::vector<const void*>& sources, std::int64_t count, void* out) {
+  for (std::int64_t i = 0; i < count; ++i) {
+    T acc = static_cast<const T*>(sources[0])[i];
+    for (std::size_t s = 1; s < sources.size(); ++s) {
+      const T v = static_cast<const T*>(sources[s])[i];
+      if (v > acc || v != v) acc = v;
+    }
+    static_cast<T*>(out)[i] = acc;
+  }
+}
+
+// sum_in_order, or max_in_order for ReduceOp::max: the reductions all_reduce offers.
+inline void reduce_in_order(ReduceOp op, DType dtype, const std::vector<const void*>& sources, std::int64_t count,
+                            void* out, bool peers_read_out = false) {
+  if (op == ReduceOp::sum) return sum_in_order(dtype, sources, count, out, peers_read_out);
+  if (dtype == DType::f32) {
+    max_in_order<float>(sources, count, out);
+  } else {
+    max_in_order<double>(sources, count, out);
+  }
+}
+
 }  // namespace shardmm::detail

@@ -346,9 +346,9 @@ class ThreadsCommunicator final : public Communicator {
                }}, *std::max_element(counts.begin(), counts.end()) * eb);
   }
 
-  // Reduce-scatter then all-gather within the members' own buffers: member k sums chunk k
+  // Reduce-scatter then all-gather within the members' own buffers: member k reduces chunk k
   // of everyone's data into its own, then copies the other chunks from their owners.
-  void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& axes) override {
+  void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& axes, ReduceOp op) override {
     const Group& g = group(axes);
     const std::int64_t eb = element_bytes(dtype);
     if (count < 0) {
@@ -361,11 +361,12 @@ class ThreadsCommunicator final : public Communicator {
       const Range part = split_range(count, n, static_cast<std::int64_t>(m));
       return std::pair{part.offset * eb, part.extent};
     };
-    auto sum_own_chunk = [&](std::size_t me) {
+    auto reduce_own_chunk = [&](std::size_t me) {
       const auto [mine, my_count] = chunk(me);
       std::vector<const void*> sources;
       for (std::size_t m = 0; m < g.size(); ++m) sources.push_back(bytes_of(g.entry(m).recv) + mine);
-      detail::sum_in_order(dtype, sources, my_count, bytes_of(g.entry(me).recv) + mine, /*peers_read_out=*/true);
+      detail::reduce_in_order(op, dtype, sources, my_count, bytes_of(g.entry(me).recv) + mine,
+                              /*peers_read_out=*/true);
     };
     auto copy_other_chunks = [&](std::size_t me) {
       for (std::size_t i = 1; i < g.size(); ++i) {
@@ -374,8 +375,8 @@ class ThreadsCommunicator final : public Communicator {
         copy_bytes(bytes_of(g.entry(me).recv) + at, bytes_of(g.entry(m).recv) + at, elements * eb);
       }
     };
-    collective(g, {{CollectiveOp::all_reduce, axes, dtype, {count}, {}}, data, data}, {sum_own_chunk, copy_other_chunks},
-               count * eb);
+    collective(g, {{CollectiveOp::all_reduce, axes, dtype, {count}, {}, op}, data, data},
+               {reduce_own_chunk, copy_other_chunks}, count * eb);
   }
 
   void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,

@@ -84,8 +84,10 @@ TEST_F(Errors, CollectivesCheckTheirTransition) {
   EXPECT_THAT(error_of([&] { reshard(x, tape.spec("[J, I]")); }), HasSubstr("same dimensions in the same order"));
 }
 
-TEST_F(Errors, RowOpsNeedWholeRows) {
-  EXPECT_THAT(error_of([&] { softmax(in("x[I, J_X]", sizes)); }), HasSubstr("its last dimension 'J' is sharded"));
+TEST_F(Errors, RowOpsNeedARowAndParametersOverIt) {
+  EXPECT_THAT(error_of([&] { softmax(sum(in("x[I, J]", sizes))); }), HasSubstr("softmax needs a dimension to normalize over"));
+  // A sharded last dimension is fine: the rows' statistics are all-reduced (reductions.h).
+  EXPECT_EQ(softmax(in("x[I, J_X]", sizes)).spec().dims, tape.spec("x[I, J_X]").dims);
   Var x = in("x[I_X, J]", sizes);
   EXPECT_THAT(error_of([&] { layer_norm(x, in("g[J_Y]", sizes), in("b[J]", sizes)); }),
               HasSubstr("scale and bias must be [J] replicated, of size 6"));

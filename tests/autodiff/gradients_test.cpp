@@ -24,13 +24,23 @@ bool close(double a, double b, double tol) { return std::abs(a - b) <= tol * (1 
 
 TEST(Gradients, RandomCompositionsMatchFiniteDifferencesAndOneDevice) {
   testing::Rng rng(20261129);
-  std::map<Kind, int> seen;
+  std::map<Kind, int> seen, sharded_letter;
   const int cases = 400;
   for (int c = 0; c < cases; ++c) {
     const Mesh mesh = testing::random_mesh(rng, 3, 8);
     testing::ProgramGenerator gen(rng);
     const Program p = gen.generate(mesh, testing::uniform(rng, 3, 7));
     for (const auto& in : p.ops) ++seen[in.kind];
+    {
+      // The ops over a letter (Instr::dim) counted where that letter is sharded.
+      Tape symbolic(mesh, {DType::f64});
+      const std::vector<Var> v = testing::replay(symbolic, p);
+      for (const auto& in : p.ops) {
+        if (in.kind < Kind::reduce_sum) continue;
+        const Spec& s = v[static_cast<std::size_t>(in.args[0])].spec();
+        if (!s.dims[static_cast<std::size_t>(s.find_dim(in.dim))].axes.empty()) ++sharded_letter[in.kind];
+      }
+    }
     SCOPED_TRACE("case " + std::to_string(c) + ": " + p.text);
 
     const Executed sharded = execute(p, mesh, false);
@@ -52,8 +62,12 @@ TEST(Gradients, RandomCompositionsMatchFiniteDifferencesAndOneDevice) {
 
     check_symbolic(p, mesh, sharded);
   }
-  for (int k = 0; k <= static_cast<int>(Kind::mean); ++k) {
+  for (int k = 0; k <= static_cast<int>(testing::kLastKind); ++k) {
     EXPECT_GE(seen[static_cast<Kind>(k)], 5) << "op " << testing::kind_name(static_cast<Kind>(k)) << " rarely generated";
+  }
+  for (int k = static_cast<int>(Kind::reduce_sum); k <= static_cast<int>(testing::kLastKind); ++k) {
+    EXPECT_GE(sharded_letter[static_cast<Kind>(k)], 5)
+        << "op " << testing::kind_name(static_cast<Kind>(k)) << " rarely over a sharded letter";
   }
 }
 

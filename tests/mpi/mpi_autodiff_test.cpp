@@ -1,6 +1,6 @@
-// Autodiff on the mpi backend (a 4-process job): seed 003's example, and random sharded
-// programs whose gradients equal the threads backend's bit for bit and, gathered on
-// device 0, the finite differences of the dense interpreter.
+// Autodiff on the mpi backend (a 4-process job): seed 003's example, softmax and max over a
+// sharded letter, and random sharded programs, whose gradients equal the threads backend's
+// bit for bit and, gathered on device 0, the finite differences of the dense interpreter.
 #include <gtest/gtest.h>
 
 #include "autodiff_programs.h"
@@ -63,6 +63,35 @@ TEST(MpiAutodiffTest, SeedTensorParallelFfn) {
   if (world_rank == 0) {
     EXPECT_EQ(y, (std::vector<double>{9, 6}));
     EXPECT_EQ(dx, (std::vector<double>{9, 3}));
+  }
+}
+
+TEST(MpiAutodiffTest, ShardedLetterSoftmaxAndMaxMatchThreadsBitForBit) {
+  // Both ops over J split four ways (X then Y), unevenly: their row statistics are
+  // all_reduces over XY, max and sum, forward and backward.
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  testing::Program p{mesh, {{parse_spec("x[I, J_{XY}]", mesh), {3, 6}, 5}, {parse_spec("w[L]", mesh), {2}, 6}}, {}, ""};
+  testing::Instr softmax_j{testing::Kind::softmax_over, {0}}, max_j{testing::Kind::reduce_max, {2}};
+  softmax_j.dim = max_j.dim = "J";
+  p.ops = {softmax_j, max_j, testing::Instr{testing::Kind::local_einsum, {3, 1}, {"I", "L"}},
+           testing::Instr{testing::Kind::sum, {4}}};
+  for (DType dtype : {DType::f64, DType::f32}) {
+    const RankResult mpi = run_program("mpi", p, dtype);
+    const RankResult threads = run_program("threads", p, dtype);
+    EXPECT_EQ(mpi.grads, threads.grads) << to_string(dtype) << " rank " << world_rank;
+    EXPECT_EQ(mpi.comm, threads.comm) << to_string(dtype) << " rank " << world_rank;
+    // Forward: max and sum of softmax's rows, max of reduce_max's; backward: reduce_max's tie
+    // counts, softmax's sum(g y).
+    EXPECT_EQ(mpi.comm.size(), 5u);
+    if (world_rank == 0 && dtype == DType::f64) {
+      const auto fd = testing::finite_differences(p);
+      for (std::size_t l = 0; l < fd.size(); ++l) {
+        for (std::size_t k = 0; k < fd[l].size(); ++k) {
+          EXPECT_NEAR(mpi.gathered[l][k], fd[l][k], 1e-6 * (1 + std::abs(fd[l][k])))
+              << "leaf " << l << " element " << k;
+        }
+      }
+    }
   }
 }
 

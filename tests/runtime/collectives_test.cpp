@@ -295,6 +295,33 @@ TEST(Threads, DifferentCollectivesAreAMismatch) {
             "rank 1 called all_reduce(f32, 4 elements)");
 }
 
+TEST(Threads, SumAgainstMaxIsAMismatch) {
+  EXPECT_EQ(message_of<CollectiveMismatch>([] {
+              run(Mesh::parse("X=2"), [](Communicator& comm) {
+                std::vector<double> a(4);
+                comm.all_reduce(a.data(), 4, DType::f64, {0}, comm.rank() == 1 ? ReduceOp::max : ReduceOp::sum);
+              });
+            }),
+            "collective mismatch in group over X of device 0: rank 0 called all_reduce(f64, 4 elements), "
+            "rank 1 called all_reduce(max, f64, 4 elements)");
+}
+
+TEST(Threads, MaxTakesTheLargestOfEachElementNaNIncluded) {
+  run(Mesh::parse("X=3"), [](Communicator& comm) {
+    const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+    // Per element: the members' values by group rank. The NaN wins wherever it is.
+    const std::vector<std::vector<double>> by_rank = {
+        {-1, 2, -inf, nan, 0}, {-3, 7, -inf, 1, -0.5}, {-2, 7, -inf, 2, nan}};
+    std::vector<double> data = by_rank[static_cast<std::size_t>(comm.rank())];
+    comm.all_reduce(data.data(), 5, DType::f64, {0}, ReduceOp::max);
+    EXPECT_EQ(data[0], -1);
+    EXPECT_EQ(data[1], 7);
+    EXPECT_EQ(data[2], -inf);
+    EXPECT_TRUE(std::isnan(data[3]));
+    EXPECT_TRUE(std::isnan(data[4]));
+  });
+}
+
 TEST(Threads, DisagreeingCountsOrDtypesAreAMismatch) {
   EXPECT_EQ(message_of<CollectiveMismatch>([] {
               run(Mesh::parse("X=3"), [](Communicator& comm) {

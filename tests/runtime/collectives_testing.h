@@ -59,11 +59,14 @@ T spread(std::int64_t device, std::int64_t k) {
   return static_cast<T>(std::bit_cast<double>((h >> 63) << 63 | exponent << 52 | mantissa));
 }
 
-// ((x[0] + x[1]) + x[2]) + ... in T: the contract's order, members by group rank.
+// ((x[0] + x[1]) + x[2]) + ... in T: the contract's order, members by group rank (or, for
+// ReduceOp::max, the largest x).
 template <typename T>
-T ordered_sum(const std::vector<std::int64_t>& members, std::int64_t k) {
+T ordered_sum(const std::vector<std::int64_t>& members, std::int64_t k, ReduceOp op = ReduceOp::sum) {
   T sum = spread<T>(members[0], k);
-  for (std::size_t m = 1; m < members.size(); ++m) sum += spread<T>(members[m], k);
+  for (std::size_t m = 1; m < members.size(); ++m) {
+    sum = op == ReduceOp::sum ? sum + spread<T>(members[m], k) : std::max(sum, spread<T>(members[m], k));
+  }
   return sum;
 }
 
@@ -250,21 +253,23 @@ template <typename T, class Alloc = std::allocator<T>>
 }
 
 template <typename T, class Alloc = std::allocator<T>>
-::testing::AssertionResult check_all_reduce(Communicator& comm, const AxisList& axes, std::int64_t count) {
+::testing::AssertionResult check_all_reduce(Communicator& comm, const AxisList& axes, std::int64_t count,
+                                            ReduceOp op = ReduceOp::sum) {
   const std::vector<std::int64_t> members = comm.mesh().group_members(comm.rank(), axes);
   std::vector<T, Alloc> data(static_cast<std::size_t>(count));
   std::vector<T> expected(data.size());
   for (std::size_t k = 0; k < data.size(); ++k) {
     data[k] = spread<T>(comm.rank(), static_cast<std::int64_t>(k));
-    expected[k] = ordered_sum<T>(members, static_cast<std::int64_t>(k));
+    expected[k] = ordered_sum<T>(members, static_cast<std::int64_t>(k), op);
   }
-  comm.all_reduce(data.data(), count, dtype_of<T>(), axes);
-  return detail::compare(comm, "all_reduce data", data, expected);
+  comm.all_reduce(data.data(), count, dtype_of<T>(), axes, op);
+  return detail::compare(comm, (std::string("all_reduce(") + to_string(op) + ") data").c_str(), data, expected);
 }
 
 template <typename T, class Alloc = std::allocator<T>>
-::testing::AssertionResult check_all_reduce(Communicator& comm, const AxisList& axes, Size size) {
-  return check_all_reduce<T, Alloc>(comm, axes, total_count(size, comm.mesh().group_size(axes)));
+::testing::AssertionResult check_all_reduce(Communicator& comm, const AxisList& axes, Size size,
+                                            ReduceOp op = ReduceOp::sum) {
+  return check_all_reduce<T, Alloc>(comm, axes, total_count(size, comm.mesh().group_size(axes)), op);
 }
 
 // all_to_all where member `from` sends pair_count(size, n, from, to) tagged elements to
@@ -301,13 +306,14 @@ template <typename T, class Alloc = std::allocator<T>>
 }
 
 // All four collectives, one after another on the same group (all_gather both out of
-// place and in place). Runs every one even after a failure, so that the ranks stay in step.
+// place and in place, all_reduce summing and taking the maximum). Runs every one even after
+// a failure, so that the ranks stay in step.
 template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_collectives(Communicator& comm, const AxisList& axes, Size size) {
   const ::testing::AssertionResult results[] = {
       check_all_gather<T, Alloc>(comm, axes, size),     check_all_gather<T, Alloc>(comm, axes, size, true),
       check_reduce_scatter<T, Alloc>(comm, axes, size), check_all_reduce<T, Alloc>(comm, axes, size),
-      check_all_to_all<T, Alloc>(comm, axes, size)};
+      check_all_reduce<T, Alloc>(comm, axes, size, ReduceOp::max), check_all_to_all<T, Alloc>(comm, axes, size)};
   for (const auto& r : results) {
     if (!r) return r;
   }

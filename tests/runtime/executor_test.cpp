@@ -246,8 +246,8 @@ class CallsOnlyCommunicator : public Communicator {
                       const AxisList& group) override {
     inner_.reduce_scatter(send, recv, counts, dtype, group);
   }
-  void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& group) override {
-    inner_.all_reduce(data, count, dtype, group);
+  void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& group, ReduceOp op) override {
+    inner_.all_reduce(data, count, dtype, group, op);
   }
   void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts, DType dtype,
                   const AxisList& group) override {

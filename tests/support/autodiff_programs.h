@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <random>
 #include <string>
@@ -15,20 +16,28 @@
 #include "autodiff_testing.h"
 #include "dense_reference.h"
 #include "random_cases.h"
+#include "shardmm/autodiff/reductions.h"
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/runtime/verify.h"
 
 namespace shardmm::testing {
 
+// The ops "over" a dimension (reductions.h) take it from Instr::dim; softmax and layer_norm
+// are tape.h's, over the last dimension.
 enum class Kind {
   local_einsum, planned_einsum, relu, gelu, silu, swiglu, add, softmax, layer_norm,
-  reshard, all_gather, all_to_all, slice, reduce_scatter, all_reduce, mul, scale, rename, sum, mean
+  reshard, all_gather, all_to_all, slice, reduce_scatter, all_reduce, mul, scale, rename, sum, mean,
+  reduce_sum, reduce_mean, reduce_max, softmax_over, layer_norm_over, rms_norm_over
 };
+constexpr Kind kLastKind = Kind::rms_norm_over;
 inline const char* kind_name(Kind k) {
-  static const char* names[] = {"local_einsum", "planned_einsum", "relu",   "gelu",       "silu",      "swiglu",
-                                "add",          "softmax",        "layer_norm", "reshard", "all_gather", "all_to_all",
-                                "slice",        "reduce_scatter", "all_reduce", "mul",     "scale",      "rename",
-                                "sum",          "mean"};
+  static const char* names[] = {"local_einsum", "planned_einsum", "relu",        "gelu",        "silu",
+                                "swiglu",       "add",            "softmax",     "layer_norm",  "reshard",
+                                "all_gather",   "all_to_all",     "slice",       "reduce_scatter", "all_reduce",
+                                "mul",          "scale",          "rename",      "sum",         "mean",
+                                "reduce_sum",   "reduce_mean",    "reduce_max",  "softmax_over", "layer_norm_over",
+                                "rms_norm_over"};
+  static_assert(std::size(names) == static_cast<std::size_t>(kLastKind) + 1);
   return names[static_cast<int>(k)];
 }
 
@@ -91,6 +100,12 @@ inline autodiff::Var apply_op(const Instr& in, const std::vector<autodiff::Var>&
     case Kind::rename: return rename(arg(0), in.dim, in.dim2);
     case Kind::sum: return sum(arg(0));
     case Kind::mean: return mean(arg(0));
+    case Kind::reduce_sum: return reduce_sum(arg(0), in.dim);
+    case Kind::reduce_mean: return reduce_mean(arg(0), in.dim);
+    case Kind::reduce_max: return reduce_max(arg(0), in.dim);
+    case Kind::softmax_over: return softmax(arg(0), in.dim);
+    case Kind::layer_norm_over: return layer_norm(arg(0), in.dim);
+    case Kind::rms_norm_over: return rms_norm(arg(0), in.dim);
   }
   return {};
 }
@@ -119,6 +134,57 @@ inline double dense_act(Kind k, double x) {
     case Kind::silu: return x / (1 + std::exp(-x));
     default: return 0;
   }
+}
+
+// Calls f(base, stride, n) for each row of `t` along dimension `dim` (its element i at
+// base + i * stride), rows in the row-major order of t's other dimensions.
+template <class F>
+void dense_rows(const Dense& t, const std::string& dim, F f) {
+  const auto d = static_cast<std::size_t>(std::find(t.dims.begin(), t.dims.end(), dim) - t.dims.begin());
+  std::int64_t outer = 1, inner = 1;
+  for (std::size_t i = 0; i < t.shape.size(); ++i) {
+    if (i < d) outer *= t.shape[i];
+    if (i > d) inner *= t.shape[i];
+  }
+  const std::int64_t n = t.shape.at(d);
+  for (std::int64_t o = 0; o < outer; ++o) {
+    for (std::int64_t k = 0; k < inner; ++k) f(o * n * inner + k, inner, n);
+  }
+}
+
+// `t` without dimension `dim`, each row replaced by f(row): the reductions.
+template <class F>
+Dense dense_reduce(const Dense& t, const std::string& dim, F f) {
+  Dense out = t;
+  const auto d = std::find(out.dims.begin(), out.dims.end(), dim) - out.dims.begin();
+  out.dims.erase(out.dims.begin() + d);
+  out.shape.erase(out.shape.begin() + d);
+  out.v.clear();
+  dense_rows(t, dim, [&](std::int64_t base, std::int64_t stride, std::int64_t n) {
+    std::vector<double> row;
+    for (std::int64_t i = 0; i < n; ++i) row.push_back(t.v[static_cast<std::size_t>(base + i * stride)]);
+    out.v.push_back(f(row));
+  });
+  return out;
+}
+
+// Each row of `t` along `dim` replaced by f(row) (a row of the same length): the normalizations.
+template <class F>
+void dense_normalize(Dense& t, const std::string& dim, F f) {
+  dense_rows(t, dim, [&](std::int64_t base, std::int64_t stride, std::int64_t n) {
+    std::vector<double> row;
+    for (std::int64_t i = 0; i < n; ++i) row.push_back(t.v[static_cast<std::size_t>(base + i * stride)]);
+    row = f(std::move(row));
+    for (std::int64_t i = 0; i < n; ++i) {
+      t.v[static_cast<std::size_t>(base + i * stride)] = row[static_cast<std::size_t>(i)];
+    }
+  });
+}
+
+inline double dense_sum(const std::vector<double>& row) {
+  double s = 0;
+  for (double x : row) s += x;
+  return s;
 }
 
 // The loss of program `p` with leaf values `leaves` (dense, row-major).
@@ -182,6 +248,38 @@ inline double dense_loss(const Program& p, const std::vector<std::vector<double>
             x[i] = (x[i] - mu) / std::sqrt(var + 1e-5) * arg(1).v[static_cast<std::size_t>(i)] + arg(2).v[static_cast<std::size_t>(i)];
           }
         }
+        break;
+      case Kind::reduce_sum:
+        out = dense_reduce(out, in.dim, dense_sum);
+        break;
+      case Kind::reduce_mean:
+        out = dense_reduce(out, in.dim,
+                           [](const std::vector<double>& r) { return dense_sum(r) / static_cast<double>(r.size()); });
+        break;
+      case Kind::reduce_max:
+        out = dense_reduce(out, in.dim, [](const std::vector<double>& r) {
+          return r.empty() ? -INFINITY : *std::max_element(r.begin(), r.end());
+        });
+        break;
+      case Kind::softmax_over:
+        dense_normalize(out, in.dim, [](std::vector<double> r) {
+          const double m = r.empty() ? 0 : *std::max_element(r.begin(), r.end());
+          double s = 0;
+          for (double x : r) s += std::exp(x - m);
+          for (double& x : r) x = std::exp(x - m) / s;
+          return r;
+        });
+        break;
+      case Kind::layer_norm_over:
+      case Kind::rms_norm_over:
+        dense_normalize(out, in.dim, [center = in.kind == Kind::layer_norm_over](std::vector<double> r) {
+          const double n = static_cast<double>(r.size());
+          const double mu = center ? dense_sum(r) / n : 0;
+          double var = 0;
+          for (double x : r) var += (x - mu) * (x - mu) / n;
+          for (double& x : r) x = (x - mu) / std::sqrt(var + (center ? 1e-5 : 1e-6));
+          return r;
+        });
         break;
       case Kind::sum:
       case Kind::mean: {
@@ -321,7 +419,7 @@ class ProgramGenerator {
   }
 
   int random_op(int cur) {
-    switch (uniform(rng_, 0, 13)) {
+    switch (uniform(rng_, 0, 15)) {
       case 0: {  // local einsum with a weight sharded to match
         const Spec s = spec(cur);
         const std::string l = letter();
@@ -413,6 +511,32 @@ class ProgramGenerator {
         const Spec s = spec(cur);
         return push({Kind::rename, {cur}, {}, {}, s.dims[static_cast<std::size_t>(uniform(rng_, 0, 1))].name, letter()});
       }
+      case 14: {  // softmax or a norm over either dimension, sharded or not
+        cur = make_whole(cur);
+        const Kind k[] = {Kind::softmax_over, Kind::layer_norm_over, Kind::rms_norm_over};
+        Instr in{k[uniform(rng_, 0, 2)], {cur}};
+        in.dim = spec(cur).dims[static_cast<std::size_t>(uniform(rng_, 0, 1))].name;
+        return push(in);
+      }
+      case 15: {  // a reduction over either dimension (sums of partial sums too), then an outer
+                  // product with a fresh vector for two dimensions again
+        const Kind k[] = {Kind::reduce_sum, Kind::reduce_mean, Kind::reduce_max};
+        const Kind kind = k[uniform(rng_, 0, 2)];
+        if (kind == Kind::reduce_max) cur = make_whole(cur);
+        Instr in{kind, {cur}};
+        in.dim = spec(cur).dims[static_cast<std::size_t>(uniform(rng_, 0, 1))].name;
+        const int r = push(in);
+        const Spec s = spec(r);
+        const std::string l = letter();
+        Spec w;
+        w.tensor = "w" + l;
+        w.dims = {{l, {}}};
+        for (int a : unused_axes(s)) {
+          if (uniform(rng_, 0, 1)) w.dims[0].axes.push_back(a);
+        }
+        const int wv = leaf(w, {size()});
+        return push({Kind::local_einsum, {after_leaf(r, wv), wv}, {s.dims.front().name, l}, {}, "", "", {}});
+      }
       default: {  // all_to_all the minor-most axis of one dimension to the other
         const Spec s = spec(cur);
         for (std::size_t d = 0; d < s.dims.size(); ++d) {
@@ -498,6 +622,7 @@ inline void check_symbolic(const Program& p, const Mesh& mesh, const Executed& r
       EXPECT_FALSE(tape.events()[i].executed);
       EXPECT_TRUE(got[i].executed);
       EXPECT_EQ(want.op, got[i].step.op) << "event " << i;
+      EXPECT_EQ(op_name(want), op_name(got[i].step)) << "event " << i;
       EXPECT_EQ(want.axes, got[i].step.axes) << "event " << i;
       EXPECT_EQ(want.from, got[i].step.from) << "event " << i;
       EXPECT_EQ(want.to, got[i].step.to) << "event " << i;

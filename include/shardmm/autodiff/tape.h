@@ -212,10 +212,12 @@ Var scale(Var x, double factor);
 // with itself: rename T to S for the keys). No communication.
 Var rename(Var x, std::string_view from, std::string_view to);
 
-// Over the last dimension, which must not be sharded; no unreduced axes.
+// Over the last dimension; no unreduced axes. The last dimension may be sharded: its rows'
+// statistics are then all-reduced (reductions.h has these over any dimension).
 Var softmax(Var x);
 // (x - mean) / sqrt(var + eps) * scale + bias over the last dimension (biased variance);
-// scale and bias are 1-D over that dimension, replicated.
+// scale and bias are 1-D over that dimension, replicated (where the dimension is sharded,
+// their gradients are also unreduced over its axes).
 Var layer_norm(Var x, Var scale, Var bias, double eps = 1e-5);
 
 // Rank-0 losses over all elements. The result is unreduced over the axes that shard x

@@ -9,6 +9,9 @@
 //   all_to_all(G, d -> e)     [D_{P G}, E_Q]     -> [D_P, E_{Q G}]    G a suffix of d's axes
 //   reduce_scatter(G, dim d)  [.., D_P, ..]{U_G} -> [.., D_{P G}, ..]
 //   all_reduce(G)             [..]{U_G}          -> [..]
+//   all_reduce(max)(G)        [..]{U_G}          -> [..]              U_G here: each member holds a
+//                                                                      partial maximum (autodiff's
+//                                                                      row statistics), not a sum
 //   to_partial(G)             [..]               -> [..]{U_G}         local: coordinate 0 of G
 //                                                                      keeps the value, others 0
 //   to_partial(G, dim d)      [.., D_{P G}, ..]  -> [.., D_P, ..]{U_G} local: each device pads its
@@ -95,6 +98,7 @@ struct Step {
   int dst_dim = -1;          // all_to_all destination dimension index
   std::string tensor;        // the tensor this step produces or transforms
   int operand = 0;           // which: 0 the first input (or a reshard's tensor), 1 the second, 2 the output
+  ReduceOp reduce = ReduceOp::sum;  // all_reduce: how the members' values combine (costed alike)
   Spec from;                 // layout before (einsum: the A operand)
   Spec from_b;               // einsum only: the B operand
   Spec to;                   // layout after
@@ -111,6 +115,9 @@ struct Step {
   double comm_time_s = 0;           // the ring's transfers alone, predicted
   double compute_time_s = 0;        // the einsum alone, predicted
 };
+
+// The step's op as printed: to_string(op), but "all_reduce(max)" for a maximum.
+std::string op_name(const Step& step);
 
 // An all_gather_einsum whose gathered dimension is contracted: each shard's product adds into
 // all of C rather than filling its own rows.

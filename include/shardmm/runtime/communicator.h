@@ -10,7 +10,8 @@
 // are in elements and may differ per member (uneven shards) or be zero.
 //
 // Reductions are sums computed in group-rank order ((x0 + x1) + x2) + ..., on every
-// backend, so the same inputs give bitwise-identical results on threads and MPI.
+// backend, so the same inputs give bitwise-identical results on threads and MPI; all_reduce
+// with ReduceOp::max takes the same path with max(max(x0, x1), x2) ....
 //
 // Backends: "threads" (one thread per device, the default) and "mpi" (one process per
 // device; built when SHARDMM_WITH_MPI is on). mpi.h never appears in a public header.
@@ -79,8 +80,11 @@ class Communicator {
   // recv gets the sum over members of chunk [my group rank] (counts[me] elements).
   virtual void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype,
                               const AxisList& group) = 0;
-  // In place: data = sum over members of their `data` (count elements each).
-  virtual void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& group) = 0;
+  // In place: data = sum (or, with ReduceOp::max, maximum) over members of their `data`
+  // (count elements each). The default belongs to this declaration, the one callers see:
+  // overrides take `op` without one.
+  virtual void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& group,
+                          ReduceOp op = ReduceOp::sum) = 0;
   // send_counts[m]: elements this rank sends to member m (chunks concatenated in member
   // order); recv_counts[m]: elements it receives from member m (likewise).
   virtual void all_to_all(const void* send, const Counts& send_counts, void* recv,

@@ -356,20 +356,20 @@ class MpiCommunicator final : public Communicator {
     Group& g = group(axes);
     check_counts(counts, g.size, "reduce_scatter");
     agree(g, {CollectiveOp::reduce_scatter, axes, dtype, counts, {}});
-    scatter_sum(joined(g), send, recv, counts, dtype);
+    scatter_reduce(joined(g), send, recv, counts, dtype, ReduceOp::sum);
   }
 
-  void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& axes) override {
+  void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& axes, ReduceOp op) override {
     mpi_type(dtype);
     if (count < 0) {
       throw InputError("all_reduce of " + std::to_string(count) + " elements; a count is a number of elements >= 0");
     }
     Group& g = group(axes);
-    agree(g, {CollectiveOp::all_reduce, axes, dtype, {count}, {}});
+    agree(g, {CollectiveOp::all_reduce, axes, dtype, {count}, {}, op});
     if (joined(g).shared) {
-      shared_all_reduce(g, static_cast<char*>(data), count, dtype);
+      shared_all_reduce(g, static_cast<char*>(data), count, dtype, op);
     } else {
-      segmented_all_reduce(g, static_cast<char*>(data), count, dtype);
+      segmented_all_reduce(g, static_cast<char*>(data), count, dtype, op);
     }
   }
 
@@ -961,10 +961,11 @@ class MpiCommunicator final : public Communicator {
     if (std::string why = disagreement(mesh_, g.sorted, fps); !why.empty()) throw CollectiveMismatch(why);
   }
 
-  // A fingerprint on the wire: op, dtype, the axes, the counts and the receive counts, each
-  // list after its length. The notice that a rank returned is the empty message.
+  // A fingerprint on the wire: op, dtype, reduction, the axes, the counts and the receive
+  // counts, each list after its length. The notice that a rank returned is the empty message.
   static std::vector<std::int64_t> encode(const Fingerprint& fp) {
-    std::vector<std::int64_t> wire{static_cast<std::int64_t>(fp.op), static_cast<std::int64_t>(fp.dtype)};
+    std::vector<std::int64_t> wire{static_cast<std::int64_t>(fp.op), static_cast<std::int64_t>(fp.dtype),
+                                   static_cast<std::int64_t>(fp.reduce)};
     wire.push_back(static_cast<std::int64_t>(fp.axes.size()));
     wire.insert(wire.end(), fp.axes.begin(), fp.axes.end());
     for (const Counts* c : {&fp.counts, &fp.recv_counts}) {
@@ -983,6 +984,7 @@ class MpiCommunicator final : public Communicator {
     auto at = wire.begin();
     note.fp.op = static_cast<CollectiveOp>(*at++);
     note.fp.dtype = static_cast<DType>(*at++);
+    note.fp.reduce = static_cast<ReduceOp>(*at++);
     const auto naxes = *at++;
     note.fp.axes.assign(at, at + naxes);
     at += naxes;
@@ -1065,8 +1067,9 @@ class MpiCommunicator final : public Communicator {
   }
 
 
-  // The data of reduce_scatter, once the members agree.
-  void scatter_sum(const Group& g, const void* send, void* recv, const Counts& counts, DType dtype) {
+  // The data of reduce_scatter, once the members agree (and the first half of all_reduce,
+  // which also reduces with `op` = max).
+  void scatter_reduce(const Group& g, const void* send, void* recv, const Counts& counts, DType dtype, ReduceOp op) {
     const MPI_Datatype type = mpi_type(dtype);
     // The other members' chunks [me] land side by side in the workspace (this rank's own
     // stays in `send`; a lent chunk stays where its sender keeps it), then all are summed in
@@ -1090,7 +1093,7 @@ class MpiCommunicator final : public Communicator {
         chunk_transfers(in, send_counts, send_displs, chunks, recv_counts, recv_displs, esz);
     // Lent chunks are summed where their senders keep them.
     exchange(g, transfers, type, esz, op_label("reduce_scatter", dtype), true, [&](const std::vector<const void*>& at) {
-      detail::sum_in_order(dtype, at, mine, recv);
+      detail::reduce_in_order(op, dtype, at, mine, recv);
     });
   }
 
@@ -1101,8 +1104,9 @@ class MpiCommunicator final : public Communicator {
   // chunk as soon as the other members' copies of it are in, and sends the sum straight back
   // out, while the later segments are still arriving: the copies and the sum are summed and
   // sent while still in cache, where whole halves one after the other went through memory
-  // twice more. Each element is summed once, in member order, as on the threads backend.
-  void segmented_all_reduce(const Group& g, char* data, std::int64_t count, DType dtype) {
+  // twice more. Each element is reduced once (summed, or for ReduceOp::max its maximum taken),
+  // in member order, as on the threads backend.
+  void segmented_all_reduce(const Group& g, char* data, std::int64_t count, DType dtype, ReduceOp reduce) {
     const MPI_Datatype type = mpi_type(dtype);
     const std::size_t esz = static_cast<std::size_t>(dtype_bytes(dtype));
     const auto n = static_cast<std::size_t>(g.size);
@@ -1163,7 +1167,7 @@ class MpiCommunicator final : public Communicator {
               "MPI_Irecv");
       }
       for (std::size_t m = 0; m < n; ++m) sources[m] = m == g.me ? at(g.me, k) : copy_at(m, k);
-      detail::sum_in_order(dtype, sources, size(g.me, k), at(g.me, k));
+      detail::reduce_in_order(reduce, dtype, sources, size(g.me, k), at(g.me, k));
       for (std::size_t i = 0; i < others; ++i) {
         check(MPI_Isend(at(g.me, k), size(g.me, k), type, static_cast<int>(from[i]), kGatherTag, g.comm,
                         &sums_out[first + i]),
@@ -1180,11 +1184,11 @@ class MpiCommunicator final : public Communicator {
   // all_reduce through the group's shared window: a reduce_scatter of an even split (as
   // segmented_all_reduce splits it) into this rank's chunk, in place, then a gather of the sums
   // in place. The exchanges move pieces through cache-sized rounds already.
-  void shared_all_reduce(const Group& g, char* data, std::int64_t count, DType dtype) {
+  void shared_all_reduce(const Group& g, char* data, std::int64_t count, DType dtype, ReduceOp op) {
     const std::size_t esz = static_cast<std::size_t>(dtype_bytes(dtype));
     const Counts split = even_split(count, g.size);
     char* mine = data + displacements(split)[g.me] * esz;
-    scatter_sum(g, data, mine, split, dtype);
+    scatter_reduce(g, data, mine, split, dtype, op);
     gather(g, mine, data, split, dtype);
   }
 
