@@ -5,18 +5,13 @@
 #include <map>
 #include <stdexcept>
 
-#include "autodiff/tape_impl.h"
+#include "autodiff/local_ops.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/step_builder.h"
 
 namespace shardmm::autodiff {
 
 namespace {
-
-Tape& common_tape(Var a, Var b, const char* op) {
-  if (&a.tape() != &b.tape()) throw InputError(std::string(op) + ": the operands belong to different tapes");
-  return a.tape();
-}
 
 std::string label(const Spec& s) { return s.tensor.empty() ? std::string("the tensor") : s.tensor; }
 
@@ -157,7 +152,7 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
 }
 
 Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
-  Tape& tape = common_tape(a, b, "einsum");
+  Tape& tape = same_tape(a, b, "einsum");
   Tape::Impl& t = tape.impl();
   Shape shape;
   const Spec out = local_einsum_spec(t.mesh, a.spec(), a.shape(), b.spec(), b.shape(), out_dims, &shape);
@@ -175,8 +170,7 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
       if (!tn.requires_grad) continue;
       const Value& ov = impl.saved_value(other);
       const Shape& os = impl.node(other).shape;
-      std::vector<std::string> names;
-      for (const DimSpec& d : tn.value.spec.dims) names.push_back(d.name);
+      const std::vector<std::string> names = dim_names(tn.value.spec);
       // dA = dC (x) B and dB = A (x) dC, in the operand's own dimension order.
       const Value& x = target_first ? g : ov;
       const Value& y = target_first ? ov : g;
@@ -190,7 +184,7 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
 }
 
 Var planned_einsum(Var a, Var b, const Spec& out) {
-  Tape& tape = common_tape(a, b, "planned_einsum");
+  Tape& tape = same_tape(a, b, "planned_einsum");
   Tape::Impl& t = tape.impl();
   validate_spec(out, t.mesh);
   Contraction c;
