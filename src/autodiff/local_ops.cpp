@@ -1,25 +1,60 @@
-// Ops computed on each rank's block alone: activations, SwiGLU, add, scale, rename, sum and
-// mean (softmax and the norms, which may need their rows' statistics from other ranks, are in
-// reduction_ops.cpp). Their backwards are linear in the output gradient, so a gradient unreduced
-// over an axis the value does not use stays unreduced (tape.h).
+// Ops computed on each rank's block alone: activations, SwiGLU, mul, add, scale, rename, sum
+// and mean (softmax and the norms, which may need their rows' statistics from other ranks, are
+// in reduction_ops.cpp; broadcasting and the letter permutations in shape_ops.cpp). Their
+// backwards are linear in the output gradient, so a gradient unreduced over an axis the value
+// does not use stays unreduced (tape.h).
+#include "autodiff/local_ops.h"
+
 #include <cmath>
 #include <cstring>
 
-#include "autodiff/local_helpers.h"
-#include "autodiff/tape_impl.h"
+#include "shardmm/autodiff/shape_ops.h"
 #include "shardmm/core/error.h"
 
 namespace shardmm::autodiff {
 
+void require_whole(const Mesh& mesh, const Spec& spec, const char* op) {
+  if (!spec.unreduced.empty()) {
+    throw InputError(std::string(op) + " of " + format_spec(spec, mesh) + ": the value is unreduced over " +
+                     mesh.axis_names(spec.unreduced) + " (partial sums) and " + op +
+                     " needs whole values; all_reduce or reduce_scatter it first");
+  }
+}
+
+Tape& same_tape(Var a, Var b, const char* op) {
+  if (&a.tape() != &b.tape()) throw InputError(std::string(op) + ": the operands belong to different tapes");
+  return a.tape();
+}
+
+int dim_index(const Spec& spec, std::string_view dim, const Mesh& mesh, const char* op) {
+  const int d = spec.find_dim(dim);
+  if (d < 0) {
+    throw InputError(std::string(op) + ": " + format_spec(spec, mesh) + " has no dimension '" + std::string(dim) + "'");
+  }
+  return d;
+}
+
+Value relabeled(Tape::Impl& t, const Value& v, Spec spec, const Shape& shape) {
+  Value out{std::move(spec), nullptr};
+  if (v.data) {
+    auto data = t.make_shard(out.spec, shape);
+    std::memcpy(data->data(), v.data->data(), static_cast<std::size_t>(v.data->buffer().bytes()));
+    out.data = std::move(data);
+  }
+  return out;
+}
+
 namespace {
 
-enum class Activation { relu, gelu, silu };
+enum class Activation { relu, gelu, silu, tanh, exp };
 
 const char* name(Activation f) {
   switch (f) {
     case Activation::relu: return "relu";
     case Activation::gelu: return "gelu";
     case Activation::silu: return "silu";
+    case Activation::tanh: return "tanh";
+    case Activation::exp: return "exp";
   }
   return "?";
 }
@@ -34,6 +69,8 @@ double apply(Activation f, double x) {
     case Activation::relu: return x > 0 ? x : 0.0;
     case Activation::gelu: return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x)));
     case Activation::silu: return x * sigmoid(x);
+    case Activation::tanh: return std::tanh(x);
+    case Activation::exp: return std::exp(x);
   }
   return 0;
 }
@@ -49,26 +86,13 @@ double derivative(Activation f, double x) {
       const double s = sigmoid(x);
       return s * (1.0 + x * (1.0 - s));
     }
+    case Activation::tanh: {
+      const double t = std::tanh(x);
+      return 1.0 - t * t;
+    }
+    case Activation::exp: return std::exp(x);
   }
   return 0;
-}
-
-// out[i] = f(a[i], b[i]) in double (b null: f(a[i], 0)), on executed tapes; the layout only
-// on symbolic ones.
-template <class F>
-Value elementwise(Tape::Impl& t, Spec spec, const Shape& shape, const Value& a, const Value* b, F f) {
-  Value out{std::move(spec), nullptr};
-  if (!a.data) return out;
-  auto data = t.make_shard(out.spec, shape);
-  with_type(t.options.dtype, [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    const T* x = in<T>(a);
-    const T* z = b ? in<T>(*b) : nullptr;
-    T* dst = data->buffer().as<T>();
-    for (std::int64_t i = 0; i < data->elements(); ++i) dst[i] = static_cast<T>(f(x[i], z ? z[i] : T(0)));
-  });
-  out.data = std::move(data);
-  return out;
 }
 
 void require_same_spec(const Mesh& mesh, Var a, Var b, const char* op) {
@@ -144,54 +168,10 @@ Var scaled_sum(Var x, double scale, const char* op) {
 Var relu(Var x) { return unary(x, Activation::relu); }
 Var gelu(Var x) { return unary(x, Activation::gelu); }
 Var silu(Var x) { return unary(x, Activation::silu); }
+Var tanh(Var x) { return unary(x, Activation::tanh); }
+Var exp(Var x) { return unary(x, Activation::exp); }
 
 namespace {
-
-// f(a) * b with f = silu (SwiGLU's gate) or the identity (mul): same spec, whole values.
-Var gated_product(Var a, Var b, bool swish, const char* op) {
-  Tape& tape = same_tape(a, b, op);
-  Tape::Impl& t = tape.impl();
-  require_whole(t.mesh, a.spec(), op);
-  require_same_spec(t.mesh, a, b, op);
-  const auto f = [swish](double x) { return swish ? apply(Activation::silu, x) : x; };
-  const auto df = [swish](double x) { return swish ? derivative(Activation::silu, x) : 1.0; };
-  const Node& na = t.node(a);
-  const Node& nb = t.node(b);
-  Spec spec = na.value.spec;
-  spec.tensor = std::string(op) + "(" + na.value.spec.tensor + "," + nb.value.spec.tensor + ")";
-  Value y = elementwise(t, std::move(spec), na.shape, na.value, &nb.value, [f](double x, double z) { return f(x) * z; });
-  // db = g f(a) reads a; da = g b f'(a) reads b, and a when f is not the identity.
-  const bool a_grad = na.requires_grad, b_grad = nb.requires_grad;
-  t.node(a).saved = t.node(a).saved || b_grad || (swish && a_grad);
-  t.node(b).saved = t.node(b).saved || a_grad;
-  const Shape shape = na.shape;
-  return t.add_node(tape, std::move(y), shape, {a.id(), b.id()},
-                    [f, df](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const int ia = self.inputs[0], ib = self.inputs[1];
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    const Value& av = impl.saved_value(ia);
-    const Value& bv = impl.saved_value(ib);
-    // da = g b f'(a): b's role is played by the product b f'(a), a's by f(a).
-    const Value slope = elementwise(impl, g.spec, self.shape, av, &bv, [df](double x, double z) { return z * df(x); });
-    const Value gate = elementwise(impl, g.spec, self.shape, av, nullptr, [f](double x, double) { return f(x); });
-    const auto times = [](double x, double z) { return x * z; };
-    Value da = elementwise(impl, g.spec, self.shape, g, &slope, times);
-    Value db = elementwise(impl, g.spec, self.shape, g, &gate, times);
-    impl.accumulate(ia, std::move(da));
-    impl.accumulate(ib, std::move(db));
-  });
-}
-
-// A copy of `v`'s shard under another spec of the same blocks (renamed dimensions).
-Value relabeled(Tape::Impl& t, const Value& v, Spec spec, const Shape& shape) {
-  Value out{std::move(spec), nullptr};
-  if (v.data) {
-    auto data = t.make_shard(out.spec, shape);
-    std::memcpy(data->data(), v.data->data(), static_cast<std::size_t>(v.data->buffer().bytes()));
-    out.data = std::move(data);
-  }
-  return out;
-}
 
 Spec renamed(Spec spec, std::string_view from, std::string_view to) {
   spec.dims[static_cast<std::size_t>(spec.find_dim(from))].name = std::string(to);
@@ -200,8 +180,46 @@ Spec renamed(Spec spec, std::string_view from, std::string_view to) {
 
 }  // namespace
 
-Var swiglu(Var gate, Var up) { return gated_product(gate, up, true, "swiglu"); }
-Var mul(Var a, Var b) { return gated_product(a, b, false, "mul"); }
+Var swiglu(Var gate, Var up) {
+  Tape& tape = same_tape(gate, up, "swiglu");
+  Tape::Impl& t = tape.impl();
+  require_whole(t.mesh, gate.spec(), "swiglu");
+  require_same_spec(t.mesh, gate, up, "swiglu");
+  const Node& na = t.node(gate);
+  const Node& nb = t.node(up);
+  Spec spec = na.value.spec;
+  spec.tensor = "swiglu(" + na.value.spec.tensor + "," + nb.value.spec.tensor + ")";
+  const auto silu_of = [](double x) { return apply(Activation::silu, x); };
+  Value y = elementwise(t, std::move(spec), na.shape, na.value, &nb.value,
+                        [silu_of](double x, double z) { return silu_of(x) * z; });
+  // dup = g silu(gate) reads gate; dgate = g up silu'(gate) reads both.
+  const bool a_grad = na.requires_grad, b_grad = nb.requires_grad;
+  t.node(gate).saved = t.node(gate).saved || a_grad || b_grad;
+  t.node(up).saved = t.node(up).saved || a_grad;
+  const Shape shape = na.shape;
+  return t.add_node(tape, std::move(y), shape, {gate.id(), up.id()},
+                    [silu_of](Tape::Impl& impl, const Node& self, const Value& grad) {
+    const int ia = self.inputs[0], ib = self.inputs[1];
+    const Value g = impl.align(grad, self.value.spec, self.shape);
+    const Value& av = impl.saved_value(ia);
+    const Value& bv = impl.saved_value(ib);
+    const Value slope = elementwise(impl, g.spec, self.shape, av, &bv,
+                                    [](double x, double z) { return z * derivative(Activation::silu, x); });
+    const Value gated =
+        elementwise(impl, g.spec, self.shape, av, nullptr, [silu_of](double x, double) { return silu_of(x); });
+    const auto times = [](double x, double z) { return x * z; };
+    Value da = elementwise(impl, g.spec, self.shape, g, &slope, times);
+    Value db = elementwise(impl, g.spec, self.shape, g, &gated, times);
+    impl.accumulate(ia, std::move(da));
+    impl.accumulate(ib, std::move(db));
+  });
+}
+
+// mul and add keep their same-spec contract; binary does the work.
+Var mul(Var a, Var b) {
+  require_same_spec(same_tape(a, b, "mul").mesh(), a, b, "mul");
+  return binary(a, b, BinaryOp::mul, dim_names(a.spec()));
+}
 
 Var scale(Var x, double factor) {
   Tape& tape = x.tape();
@@ -241,20 +259,8 @@ Var rename(Var x, std::string_view from, std::string_view to) {
 }
 
 Var add(Var a, Var b) {
-  Tape& tape = same_tape(a, b, "add");
-  Tape::Impl& t = tape.impl();
-  require_same_spec(t.mesh, a, b, "add");
-  const Node& na = t.node(a);
-  const Node& nb = t.node(b);
-  Spec spec = na.value.spec;
-  spec.tensor = na.value.spec.tensor + "+" + nb.value.spec.tensor;
-  Value y = elementwise(t, std::move(spec), na.shape, na.value, &nb.value, [](double x, double z) { return x + z; });
-  const Shape shape = na.shape;
-  // The sum's gradient is each operand's, in whatever layout it came.
-  return t.add_node(tape, std::move(y), shape, {a.id(), b.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
-    impl.accumulate(self.inputs[0], grad);
-    impl.accumulate(self.inputs[1], grad);
-  });
+  require_same_spec(same_tape(a, b, "add").mesh(), a, b, "add");
+  return binary(a, b, BinaryOp::add, dim_names(a.spec()));
 }
 
 Var sum(Var x) { return scaled_sum(x, 1.0, "sum"); }

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "autodiff/local_helpers.h"
+#include "autodiff/local_ops.h"
 #include "autodiff/tape_impl.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"

@@ -5,8 +5,7 @@
 #include <map>
 #include <stdexcept>
 
-#include "autodiff/local_helpers.h"
-#include "autodiff/tape_impl.h"
+#include "autodiff/local_ops.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/step_builder.h"
 
@@ -163,8 +162,7 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
       if (!tn.requires_grad) continue;
       const Value& ov = impl.saved_value(other);
       const Shape& os = impl.node(other).shape;
-      std::vector<std::string> names;
-      for (const DimSpec& d : tn.value.spec.dims) names.push_back(d.name);
+      const std::vector<std::string> names = dim_names(tn.value.spec);
       // dA = dC (x) B and dB = A (x) dC, in the operand's own dimension order.
       const Value& x = target_first ? g : ov;
       const Value& y = target_first ? ov : g;

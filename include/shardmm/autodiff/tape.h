@@ -200,9 +200,11 @@ Var reshard(Var x, const Spec& to);
 Var relu(Var x);
 Var gelu(Var x);  // tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 Var silu(Var x);  // x * sigmoid(x)
+Var tanh(Var x);
+Var exp(Var x);
 // SwiGLU's pairing: silu(gate) * up, both in the same spec.
 Var swiglu(Var gate, Var up);
-// a * b elementwise (gating), both in the same spec, whole.
+// a * b elementwise (gating), both in the same spec, whole. (Broadcasting: shape_ops.h's binary.)
 Var mul(Var a, Var b);
 // a + b, both in the same spec (unreduced axes allowed: partial sums add).
 Var add(Var a, Var b);
