@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -63,9 +64,18 @@ std::string read_small_file(const fs::path& path, std::size_t max_bytes, std::st
   if (const std::string kind = kind_of_irregular(s); !kind.empty()) fail(label, "it is " + kind + not_regular(s));
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail(label, std::strerror(errno));
-  std::string text(max_bytes + 1, '\0');
+  // Sized by the file (one byte over the limit tells a larger file), grown if it grows while
+  // read: a large limit costs nothing for a small file.
+  struct stat st {};
+  const std::size_t limit = max_bytes + 1;
+  const std::size_t expected = ::fstat(fd, &st) == 0 && st.st_size >= 0 ? static_cast<std::size_t>(st.st_size) + 1 : 4096;
+  std::string text(std::min(limit, expected), '\0');
   std::size_t got = 0;
-  while (got < text.size()) {
+  for (;;) {
+    if (got == text.size()) {
+      if (text.size() == limit) break;
+      text.resize(std::min(limit, 2 * text.size()));
+    }
     const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
