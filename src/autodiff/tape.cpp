@@ -333,6 +333,11 @@ void Tape::backward(Var loss) {
 
 void Tape::set_scope(int scope) { impl_->scope = scope; }
 
+void Tape::set_name(Var v, std::string name) {
+  Node& n = impl_->node(v);
+  n.value.spec.tensor = std::move(name);
+}
+
 const DistTensor& Tape::grad(Var leaf) const {
   const Node& n = impl_->node(leaf);
   if (!n.leaf || !n.requires_grad) {

@@ -150,6 +150,10 @@ class Tape {
   // loss does not depend on gets zeros).
   const DistTensor& grad(Var leaf) const;
 
+  // Names `v` (its spec's tensor name) as the steps that move it, and its gradient's ("d" +
+  // name), will call it; ops name their results after their operands ("gelu(u)") otherwise.
+  void set_name(Var v, std::string name);
+
   // Labels what is recorded from now on with `scope`, a number of the caller's (a program's
   // op): the events of the forward pass, and those each node's backward runs later. -1: none.
   void set_scope(int scope);
@@ -179,7 +183,9 @@ class Tape {
 // unreduced ({U_...}). InputError names the axis that breaks the rule.
 Var einsum(Var a, Var b, const std::vector<std::string>& out_dims);
 // The planner's cheapest plan (plan_matmul) for A @ B -> `out`, recorded step by step
-// (reshards, local einsum, reshards) so that its backward is automatic.
+// (reshards, local einsum, reshards) so that its backward is automatic. A collective matmul
+// ring is not a step the tape records: where the planner chose one, the cheapest plan
+// without one runs instead.
 Var planned_einsum(Var a, Var b, const Spec& out);
 
 // The collectives (plan/step.h's transitions), each one step.
