@@ -2,23 +2,17 @@
 // itself writes for the same array), and every malformed file is one InputError.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
 
+#include "repo_files.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/npy.h"
 
 namespace shardmm {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(std::string(SHARDMM_TESTS_DIR) + "/../" + path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 TEST(Npy, ReadsWhatNumpyWrote) {
   // examples/programs/tp_ffn/a.npy: numpy.save of the Scaling Book's [A_0 | A_1].
-  const NpyArray a = parse_npy(read_file("examples/programs/tp_ffn/a.npy"), "a.npy");
+  const NpyArray a = parse_npy(testing::read_repo_file("examples/programs/tp_ffn/a.npy"), "a.npy");
   EXPECT_EQ(a.descr, "'<f8'");
   EXPECT_EQ(a.shape, (std::vector<std::int64_t>{2, 4}));
   EXPECT_EQ(a.values, (std::vector<double>{1, 0, -1, 2, 1, 1, 0, 0}));
@@ -26,7 +20,7 @@ TEST(Npy, ReadsWhatNumpyWrote) {
 
 TEST(Npy, WritesWhatNumpyWrites) {
   // numpy.save(f, numpy.array([[2., -1.]])) byte for byte: the same header and padding.
-  EXPECT_EQ(format_npy({1, 2}, {2, -1}), read_file("examples/programs/tp_ffn/x.npy"));
+  EXPECT_EQ(format_npy({1, 2}, {2, -1}), testing::read_repo_file("examples/programs/tp_ffn/x.npy"));
   for (const std::vector<std::int64_t>& shape : {std::vector<std::int64_t>{}, {3}, {2, 0, 3}, {1, 2, 3, 4}}) {
     std::int64_t n = 1;
     for (std::int64_t e : shape) n *= e;

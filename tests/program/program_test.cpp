@@ -2,21 +2,13 @@
 // exact FILE:LINE:COL each mistake must produce.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
 
+#include "repo_files.h"
 #include "shardmm/core/error.h"
 #include "shardmm/program/program.h"
 
 namespace shardmm::program {
 namespace {
-
-std::string read(const std::string& path) {
-  std::ifstream in(std::string(SHARDMM_TESTS_DIR) + "/../" + path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 std::vector<std::string> names(const Graph& g, const std::vector<int>& idx) {
   std::vector<std::string> out;
@@ -25,7 +17,7 @@ std::vector<std::string> names(const Graph& g, const std::vector<int>& idx) {
 }
 
 TEST(Program, TheIssuesMlpParsesAndBinds) {
-  const Program p = parse_program(read("examples/programs/mlp.prog"), "mlp.prog");
+  const Program p = parse_program(testing::read_repo_file("examples/programs/mlp.prog"), "mlp.prog");
   const Graph g = bind(p, {});
   EXPECT_EQ(g.mesh.to_string(), "X=4");
   EXPECT_EQ(g.dims.at("F"), 16384);
@@ -51,7 +43,7 @@ TEST(Program, TheIssuesMlpParsesAndBinds) {
 
 TEST(Program, PrintingIsCanonicalAndParsesBack) {
   for (const char* file : {"examples/programs/mlp.prog", "examples/programs/gpt.prog"}) {
-    const Program p = parse_program(read(file), file);
+    const Program p = parse_program(testing::read_repo_file(file), file);
     const std::string once = format_program(p);
     EXPECT_EQ(format_program(parse_program(once)), once) << file;
   }
@@ -61,7 +53,7 @@ TEST(Program, PrintingIsCanonicalAndParsesBack) {
 }
 
 TEST(Program, RepeatUnrollsAndCarriesRebindingValues) {
-  const Graph g = bind(parse_program(read("examples/programs/gpt.prog"), "gpt.prog"), {});
+  const Graph g = bind(parse_program(testing::read_repo_file("examples/programs/gpt.prog"), "gpt.prog"), {});
   // Two layers: each param twice, named by iteration.
   EXPECT_GE(g.find("wq.0"), 0);
   EXPECT_GE(g.find("wq.1"), 0);
@@ -82,7 +74,7 @@ TEST(Program, RepeatUnrollsAndCarriesRebindingValues) {
 }
 
 TEST(Program, OverridesReplaceTheFilesMeshDimsAndPins) {
-  const Program p = parse_program(read("examples/programs/mlp.prog"), "mlp.prog");
+  const Program p = parse_program(testing::read_repo_file("examples/programs/mlp.prog"), "mlp.prog");
   BindOptions o;
   o.mesh = Mesh::parse("X=2,Y=2");
   o.dims = DimSizes{{"B", 5}, {"T", 3}, {"D", 6}, {"F", 10}};

@@ -1,0 +1,77 @@
+// The Scaling Book's claims about Megatron's layers, read off the example programs'
+// symbolic steps: the tensor-parallel MLP's one all_reduce each way, the block's four in
+// training and two in inference, and sequence parallelism's same bytes for 1/N of the norm
+// activations.
+#include <gtest/gtest.h>
+
+
+#include "repo_files.h"
+#include "shardmm/nn/layers.h"
+#include "shardmm/nn/program.h"
+
+namespace shardmm {
+namespace {
+
+program::Graph load(const std::string& file, program::BindOptions o = {}) {
+  return program::bind(program::parse_program(testing::read_repo_file(file), file), o);
+}
+
+// Collectives of a phase as "op over AXES" -> count.
+std::map<std::string, int> collectives(const nn::ProgramPrediction& p, autodiff::Phase phase, const Mesh& mesh) {
+  std::map<std::string, int> out;
+  for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) {
+    if (t.phase == phase) out[std::string(to_string(t.op)) + " over " + mesh.axis_names(t.axes)] += t.count;
+  }
+  return out;
+}
+
+std::int64_t collective_bytes(const nn::ProgramPrediction& p) {
+  std::int64_t bytes = 0;
+  for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) bytes += t.bytes;
+  return bytes;
+}
+
+using Counts = std::map<std::string, int>;
+
+TEST(ProgramClaims, TensorParallelMlpAllReducesOnceEachWay) {
+  const program::Graph g = load("examples/programs/mlp.prog");
+  const nn::ProgramPrediction p = nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
+  EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce over X", 1}}));
+  EXPECT_EQ(collectives(p, autodiff::Phase::backward, g.mesh), (Counts{{"all_reduce over X", 1}}));
+  // The hidden activations stay split: u and a are [B, T, F_X].
+  EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("a"))], g.mesh), "a[B, T, F_X]");
+  EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("y"))], g.mesh), "y[B, T, D]{U_X}");
+}
+
+TEST(ProgramClaims, TensorParallelBlockAllReducesFourTimesInTrainingTwiceInInference) {
+  const program::Graph g = load("examples/programs/block.prog");
+  nn::ProgramOptions o{DType::bf16, builtin_profile("h100")};
+  const nn::ProgramPrediction train = nn::predict_program(g, o);
+  EXPECT_EQ(collectives(train, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce over X", 2}}));
+  EXPECT_EQ(collectives(train, autodiff::Phase::backward, g.mesh), (Counts{{"all_reduce over X", 2}}));
+  o.train = false;
+  const nn::ProgramPrediction infer = nn::predict_program(g, o);
+  EXPECT_EQ(collectives(infer, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce over X", 2}}));
+  EXPECT_TRUE(collectives(infer, autodiff::Phase::backward, g.mesh).empty());
+}
+
+TEST(ProgramClaims, SequenceParallelMovesTensorParallelsBytesForAQuarterOfTheNormActivations) {
+  const program::Graph tp = load("examples/programs/mlp.prog");
+  program::BindOptions o;
+  o.specs["x"] = "x[B, T_X, D]";
+  o.specs["g"] = "g[B, T_X, D]";
+  const program::Graph sp = load("examples/programs/mlp.prog", o);
+  const nn::ProgramOptions options{DType::bf16, builtin_profile("h100")};
+  const nn::ProgramPrediction ptp = nn::predict_program(tp, options), psp = nn::predict_program(sp, options);
+  EXPECT_EQ(collectives(psp, autodiff::Phase::forward, sp.mesh),
+            (Counts{{"all_gather over X", 1}, {"reduce_scatter over X", 1}}));
+  EXPECT_EQ(collectives(psp, autodiff::Phase::backward, sp.mesh),
+            (Counts{{"all_gather over X", 1}, {"reduce_scatter over X", 1}}));
+  EXPECT_EQ(collective_bytes(psp), collective_bytes(ptp));
+  // The norm's output h is what its einsum's backward reads: [B, T_X, D] under sp, 1/4 of tp's.
+  EXPECT_EQ(format_spec(psp.record.specs[static_cast<std::size_t>(sp.find("h"))], sp.mesh), "h[B, T_X, D]");
+  EXPECT_EQ(format_spec(ptp.record.specs[static_cast<std::size_t>(tp.find("h"))], tp.mesh), "h[B, T, D]");
+}
+
+}  // namespace
+}  // namespace shardmm

@@ -1,0 +1,16 @@
+// Files of the repository (examples, docs) read by tests, by their path from its root.
+#pragma once
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+namespace shardmm::testing {
+
+// The whole file, bytes as they are ("" when it cannot be read: the test's own checks fail).
+inline std::string read_repo_file(const std::string& relative) {
+  std::ifstream in(std::string(SHARDMM_TESTS_DIR) + "/../" + relative, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace shardmm::testing
