@@ -28,8 +28,8 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DSHARDMM_BUILD_FUZZERS=ON -DSHARDMM_WITH_MPI=OFF -DSHARDMM_BUILD_TESTS=OFF -DSHARDMM_BUILD_BENCHMARKS=OFF \
   >/dev/null
-echo "fuzz: building fuzz_parse and fuzz_cli" >&2
-if ! cmake --build build-fuzz -j"$(nproc)" --target fuzz_parse fuzz_cli >build-fuzz/build.log 2>&1; then
+echo "fuzz: building fuzz_parse, fuzz_cli and fuzz_program" >&2
+if ! cmake --build build-fuzz -j"$(nproc)" --target fuzz_parse fuzz_cli fuzz_program >build-fuzz/build.log 2>&1; then
   echo "fuzz: the build failed; the end of build-fuzz/build.log:" >&2
   tail -30 build-fuzz/build.log >&2
   exit 1
@@ -42,14 +42,16 @@ seed=${FUZZ_SEED:-1}
 runs=()
 [[ -n "${FUZZ_RUNS:-}" ]] && runs=(-runs="$FUZZ_RUNS")
 [[ "${FUZZ_FRESH:-0}" == 1 ]] && rm -rf build-fuzz/corpus
-for target in parse cli; do
+for target in parse cli program; do
   work=build-fuzz/corpus/$target
   mkdir -p "$work" build-fuzz/artifacts
   log=build-fuzz/fuzz_$target.log
+  max_len=512
+  [[ $target == program ]] && max_len=2048  # a program is many lines
   echo "fuzz: fuzz_$target for ${seconds}s (log: $log)" >&2
   # New inputs go to the first corpus directory (the work copy); the checked-in one seeds it.
   if build-fuzz/fuzz/fuzz_$target "$work" "fuzz/corpus/$target" -dict="fuzz/$target.dict" \
-      -seed="$seed" "${runs[@]}" -max_total_time="$seconds" -max_len=512 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+      -seed="$seed" "${runs[@]}" -max_total_time="$seconds" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
       -artifact_prefix="build-fuzz/artifacts/$target-" </dev/null >"$log" 2>&1; then
     { grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true; } | sed "s/^/fuzz: fuzz_$target /" >&2
   else

@@ -14,5 +14,6 @@ Command add_bench_command(CLI::App& root);    // cmd_bench.cpp
 Command add_calibrate_command(CLI::App& root);  // cmd_calibrate.cpp
 Command add_demo_command(CLI::App& root);     // cmd_demo.cpp
 Command add_model_command(CLI::App& root);    // cmd_model.cpp
+Command add_program_command(CLI::App& root);  // cmd_program.cpp
 
 }  // namespace shardmm::cli

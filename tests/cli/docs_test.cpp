@@ -128,7 +128,11 @@ std::size_t check_transcript(const Block& b, std::size_t at) {
     return at + 1;
   }
   const std::vector<std::string> args(words.begin() + 1, words.end());
+  // From the repository's root, as the README's commands run (the docs name files from there).
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(std::filesystem::path(SHARDMM_TESTS_DIR).parent_path());
   const testing::CliResult r = testing::run_cli_in_process(args);
+  std::filesystem::current_path(cwd);
   const bool error = at + 1 < b.lines.size() && b.lines[at + 1].rfind("shardmm: error: ", 0) == 0;
   EXPECT_EQ(r.status, error ? 2 : 0) << r.err;
   const std::vector<std::string> actual = lines_of(error ? r.err : r.out);

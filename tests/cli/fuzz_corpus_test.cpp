@@ -1,4 +1,4 @@
-// The fuzzers' checked-in corpora (fuzz/corpus/parse, fuzz/corpus/cli), replayed through the
+// The fuzzers' checked-in corpora (fuzz/corpus/parse, cli, program), replayed through the
 // fuzz harnesses themselves in the ordinary build, so that every input the fuzzer ever
 // found (each one is added to the corpus) stays a regression test without clang. A harness
 // aborts on a broken rule (fuzz/fuzz_parse.cpp, fuzz/fuzz_cli.cpp); an exception other than
@@ -17,6 +17,7 @@
 
 extern "C" int fuzz_parse_one(const std::uint8_t* data, std::size_t size);
 extern "C" int fuzz_cli_one(const std::uint8_t* data, std::size_t size);
+extern "C" int fuzz_program_one(const std::uint8_t* data, std::size_t size);
 
 namespace shardmm {
 namespace {
@@ -50,6 +51,8 @@ void replay(const std::string& name, int (*harness)(const std::uint8_t*, std::si
 TEST(FuzzCorpus, ParseInputsKeepTheParsersRules) { replay("parse", fuzz_parse_one); }
 
 TEST(FuzzCorpus, CommandLinesEndWithSuccessOrOneErrorLine) { replay("cli", fuzz_cli_one); }
+
+TEST(FuzzCorpus, ProgramsPrintBackAndRecordOrFailWithAnInputError) { replay("program", fuzz_program_one); }
 
 }  // namespace
 }  // namespace shardmm

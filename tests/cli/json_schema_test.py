@@ -20,7 +20,7 @@ import jsonschema
 SPEED = ["--repeat", "1", "--warmup", "0", "--warmup-time", "0"]
 
 
-def commands(tmp):
+def commands(tmp, source):
     """(schema, arguments) for every document checked; calibrate comes before the commands that read its profile."""
     profile = str(tmp / "calibrated.json")
     return [
@@ -46,6 +46,10 @@ def commands(tmp):
         ("model.json", ["model", "block", "--strategy", "dp+tp", "--mesh", "dp=2,tp=2", "--dims", "B=2,T=4,D=8,F=16,H=2",
                         "--infer"]),
         ("model.json", ["model", "mlp", "--strategy", "fsdp", "--mesh", "X=2", "--dims", "B=2,T=4,D=8,F=16", "--run"]),
+        ("program.json", ["program", str(source / "examples/programs/mlp.prog")]),
+        ("program.json", ["program", str(source / "examples/programs/gpt.prog"), "--infer", "--optimizer", "adam"]),
+        ("program.json", ["program", str(source / "examples/programs/mlp.prog"), "--mesh", "X=2",
+                          "--dims", "B=2,T=2,D=4,F=6", "--run"]),
         ("bench-collectives.json", ["bench", "collectives", "--mesh", "X=2", "--sizes", "1KiB", "--trials", "1"]),
         ("bench-matmul.json", ["bench", "matmul", "A[I_X, J] @ B[J, K_X]", "--mesh", "X=2", "--sizes", "32",
                                "--repeat", "1", "--warmup", "0"]),
@@ -86,7 +90,7 @@ def main(shardmm, source_dir):
     failures, used, steps = [], set(), []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        for schema, args in commands(tmp):
+        for schema, args in commands(tmp, source_dir):
             line = "shardmm " + " ".join(args) + " --json"
             # calibrate refuses timings too noisy to fit, as other tests running beside it can make them.
             for _ in range(3 if args[0] == "calibrate" else 1):

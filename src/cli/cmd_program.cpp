@@ -1,0 +1,474 @@
+// shardmm program FILE [--mesh M] [--dims ...] [--spec NAME=SPEC ...] [--train|--infer]
+//                      [--optimizer sgd|adam] [--run] [--backend] [--seed] [--dtype] [--hw] [--json]
+// A whole program (docs/programs.md): every tensor's sharding and where it came from, each
+// op's collectives forward and backward with the reason for every reshard, bytes, predicted
+// times per op and per phase, memory per device; with --run the same step executed on real
+// ranks and verified against a dense f64 step of the program.
+#include <algorithm>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <ostream>
+
+#include "cli/commands.h"
+#include "shardmm/core/error.h"
+#include "shardmm/core/files.h"
+#include "shardmm/core/geometry.h"
+#include "shardmm/core/npy.h"
+#include "shardmm/nn/layers.h"
+#include "shardmm/nn/program.h"
+#include "shardmm/runtime/chrome_trace.h"
+#include "shardmm/runtime/runner.h"
+
+namespace shardmm::cli {
+namespace {
+
+// A program is text a person writes; anything larger is a mistake (a binary, a log).
+inline constexpr std::size_t kMaxProgramBytes = 4 << 20;
+// --input arrays: --run's sizes are small (kMaxReferenceFlops), so is what it reads.
+inline constexpr std::size_t kMaxInputBytes = std::size_t{1} << 30;
+// --run's dense f64 reference runs plain loops on one core.
+inline constexpr double kMaxReferenceFlops = 5e9;
+
+struct ProgramFlags {
+  std::string file;
+  std::optional<std::string> mesh;
+  std::vector<std::string> specs;
+  PlanningFlags common;
+  bool infer = false, train = false, run = false;
+  std::string optimizer = "sgd";
+  std::uint64_t seed = 1;
+  std::vector<std::string> inputs;  // NAME=FILE.npy
+  std::optional<std::string> save;  // a directory
+  std::optional<std::string> trace;  // a Chrome trace file
+  std::string backend = "threads";
+  bool backend_given = false;
+};
+
+program::BindOptions bind_options(const ProgramFlags& f) {
+  program::BindOptions o;
+  if (f.mesh) o.mesh = parse_mesh(*f.mesh);
+  if (f.common.dims) o.dims = parse_dims(*f.common.dims);
+  for (const std::string& s : f.specs) {
+    const std::size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
+      throw InputError("--spec '" + s + "': expected NAME=SPEC, e.g. --spec w_in=w_in[D, F_X]");
+    }
+    const std::string name = s.substr(0, eq);
+    if (!o.specs.emplace(name, s.substr(eq + 1)).second) {
+      throw InputError("--spec " + name + " is given twice; give each tensor one spec");
+    }
+  }
+  return o;
+}
+
+// --input NAME=FILE: the arrays, read and checked against the program's leaves.
+std::map<std::string, nn::DenseTensor> read_inputs(const ProgramFlags& f, const program::Graph& g) {
+  std::map<std::string, nn::DenseTensor> out;
+  for (const std::string& item : f.inputs) {
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
+      throw InputError("--input '" + item + "': expected NAME=FILE.npy, e.g. --input x=x.npy");
+    }
+    const std::string name = item.substr(0, eq), file = item.substr(eq + 1);
+    const std::string label = "--input " + name + " '" + file + "'";
+    const NpyArray a = parse_npy(read_small_file(file, kMaxInputBytes, label, "is larger than 1 GiB"), label);
+    if (!out.emplace(name, nn::DenseTensor{a.shape, a.values}).second) {
+      throw InputError("--input " + name + " is given twice; give each tensor one array");
+    }
+  }
+  nn::check_program_inputs(g, out);
+  return out;
+}
+
+void save_results(const std::string& dir, const nn::ProgramRun& run) {
+  for (const auto& [name, t] : run.results) {
+    const std::filesystem::path path = std::filesystem::path(dir) / (name + ".npy");
+    write_file_atomically(path, format_npy(t.shape, t.values), "--save '" + path.string() + "'", true);
+  }
+}
+
+// Device 0's step as Chrome trace spans: with a run its measured spans, else the predicted
+// ones laid end to end (the serialized timeline). Args: the program line and op, the phase,
+// the predicted time (and the measured one).
+std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::ProgramPrediction& pred,
+                                           const nn::ProgramRun* run) {
+  std::vector<ChromeTraceEvent> out;
+  double clock = 0;
+  for (std::size_t i = 0; i < pred.events.size(); ++i) {
+    const autodiff::TapeEvent& e = pred.events[i];
+    ChromeTraceEvent t;
+    t.name = std::string(to_string(e.step.op)) + " " + e.step.tensor;
+    t.start_s = clock;
+    t.duration_s = e.step.time_s;
+    clock += e.step.time_s;
+    if (run && i < run->events.size()) {
+      t.start_s = run->events[i].measured.start_s;
+      t.duration_s = run->events[i].measured.end_s - run->events[i].measured.start_s;
+      t.args.emplace_back("measured_time_s", t.duration_s);
+    }
+    t.args.emplace_back("phase", std::string(autodiff::to_string(e.phase)));
+    if (e.scope >= 0) {
+      const program::GraphOp& op = g.ops[static_cast<std::size_t>(e.scope)];
+      t.args.emplace_back("line", static_cast<std::int64_t>(op.where.line));
+      t.args.emplace_back("op", op.expression);
+    }
+    t.args.emplace_back("predicted_time_s", e.step.time_s);
+    t.args.emplace_back("bytes_sent", e.step.bytes_sent);
+    for (int lane : trace_lanes(e.step.op)) {
+      t.tid = lane;
+      t.category = lane == kCommunicationLane ? "communication" : "compute";
+      out.push_back(t);
+    }
+  }
+  return out;
+}
+
+std::string shape_text(const Shape& s) {
+  std::vector<std::string> parts;
+  for (std::int64_t x : s) parts.push_back(std::to_string(x));
+  return "[" + join(parts, ", ") + "]";
+}
+
+std::string axes_text(const Mesh& mesh, const Step& step) {
+  return step.axes.empty() ? "" : " over " + mesh.axis_names(step.axes);
+}
+
+// An event as one line: "all_reduce y over X  64.0 MiB  1.20 ms".
+std::string event_text(const Mesh& mesh, const autodiff::TapeEvent& e) {
+  std::string what = std::string(to_string(e.step.op)) + " " + e.step.tensor + axes_text(mesh, e.step);
+  if (is_collective(e.step.op)) what += ", " + format_bytes(static_cast<double>(e.step.bytes_sent));
+  if (e.step.flops > 0) what += ", " + format_flops(e.step.flops);
+  return what + ", " + format_time(e.step.time_s);
+}
+
+struct PhaseTimes {
+  double comm = 0, compute = 0;
+};
+
+std::map<autodiff::Phase, PhaseTimes> phase_times(const std::vector<autodiff::TapeEvent>& events) {
+  std::map<autodiff::Phase, PhaseTimes> out;
+  for (const autodiff::TapeEvent& e : events) {
+    PhaseTimes& t = out[e.phase];
+    (is_collective(e.step.op) ? t.comm : t.compute) += e.step.time_s;
+  }
+  return out;
+}
+
+void check_run_size(const program::Graph& g, const nn::ProgramPrediction& pred, DType dtype) {
+  double flops = 0;
+  for (const autodiff::TapeEvent& e : pred.events) flops += e.step.flops;
+  flops *= static_cast<double>(g.mesh.device_count());
+  if (flops > kMaxReferenceFlops) {
+    throw InputError("--run verifies the step against a dense single-device reference of about " + format_flops(flops) +
+                     ", more than --run computes (" + format_flops(kMaxReferenceFlops) +
+                     "); give smaller --dims with --run (the prediction alone has no size limit)");
+  }
+  const double need = 2.0 * static_cast<double>(pred.memory.total()) * static_cast<double>(g.mesh.device_count()) * 8 /
+                      dtype_bytes(dtype);
+  if (need > static_cast<double>(available_memory())) {
+    throw InputError("--run needs about " + format_bytes(need) + " here (every device's shards and the dense f64 " +
+                     "reference) but " + format_bytes(static_cast<double>(available_memory())) +
+                     " is available; give smaller --dims with --run");
+  }
+}
+
+// A phase's name as a column: "forward   ", "backward  ".
+std::string pad(const std::string& word) { return word + std::string(word.size() < 10 ? 10 - word.size() : 1, ' '); }
+
+std::string role_text(const program::Tensor& t) {
+  return t.temporary ? "(nested)" : program::to_string(t.role);
+}
+
+void print_text(std::ostream& out, const ProgramFlags& f, const Planning& p, const program::Graph& g, bool train,
+                const nn::ProgramPrediction& pred, const nn::ProgramRun* run) {
+  out << "shardmm program " << f.file << ": one "
+      << (train ? std::string("training step (forward, backward, ") + nn::to_string(nn::parse_optimizer(f.optimizer)) + ")"
+                : std::string("inference step (forward)"))
+      << " on mesh " << g.mesh.to_string() << " (" << g.mesh.device_count() << " devices)\n\n";
+  out << "  dims      " << format_sizes(g.dims) << "\n";
+  out << "  dtype     " << to_string(p.options.dtype) << "\n";
+  print_hardware(out, p);
+
+  out << "\nTensors (device 0's shard):\n";
+  Table tensors({"tensor", "role", "sharding", "how", "global", "device 0"});
+  for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+    const program::Tensor& t = g.tensors[i];
+    const Spec& s = pred.record.specs[i];
+    tensors.add({t.name, role_text(t), format_spec(s, g.mesh), pred.record.origin[i], shape_text(t.shape),
+                 shape_text(local_shape(g.mesh, s, t.shape, 0))});
+  }
+  tensors.print(out);
+
+  // Each op with what it ran, forward and backward; then the leaves' gradients.
+  std::map<int, std::vector<const autodiff::TapeEvent*>> by_op;
+  for (const autodiff::TapeEvent& e : pred.events) by_op[e.scope].push_back(&e);
+  out << "\nOps, with every step they run (bytes: the most any device sends; times predicted):\n";
+  for (std::size_t k = 0; k < g.ops.size(); ++k) {
+    const program::GraphOp& op = g.ops[k];
+    out << "  line " << op.where.line << "  " << format_spec(pred.record.specs[static_cast<std::size_t>(op.result)], g.mesh)
+        << " = " << op.expression << "\n";
+    for (const std::string& note : pred.record.notes[k]) out << "      reshard " << note << "\n";
+    for (const autodiff::TapeEvent* e : by_op[static_cast<int>(k)]) {
+      out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";
+    }
+  }
+  if (!by_op[-1].empty()) {
+    out << "  gradients delivered in the leaves' specs\n";
+    for (const autodiff::TapeEvent* e : by_op[-1]) out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";
+  }
+
+  const std::vector<nn::CollectiveTally> tallies = nn::tally_collectives(pred.events);
+  out << "\nCollectives per step:\n";
+  if (tallies.empty()) {
+    out << "  none: every device computes its part alone\n";
+  } else {
+    Table table({"phase", "collective", "count", "bytes", "time"});
+    for (const nn::CollectiveTally& t : tallies) {
+      table.add({autodiff::to_string(t.phase), std::string(to_string(t.op)) + " over " + g.mesh.axis_names(t.axes),
+                 std::to_string(t.count), format_bytes(static_cast<double>(t.bytes)), format_time(t.time_s)});
+    }
+    for (std::size_t c : {2u, 3u, 4u}) table.right_align(c);
+    table.print(out);
+  }
+
+  const nn::ProgramMemory& m = pred.memory;
+  out << "\nMemory per device (device 0, the largest shards):\n";
+  out << "  params            " << format_bytes(static_cast<double>(m.params)) << "\n";
+  out << "  inputs            " << format_bytes(static_cast<double>(m.inputs)) << "\n";
+  if (train) {
+    out << "  gradients         " << format_bytes(static_cast<double>(m.gradients)) << " (every leaf's, in its spec)\n";
+    out << "  optimizer state   " << format_bytes(static_cast<double>(m.optimizer_state)) << " ("
+        << (m.optimizer_state ? "adam: two moments per param element" : "sgd keeps none") << ")\n";
+    out << "  activations       " << format_bytes(static_cast<double>(m.activations)) << " kept for the backward pass\n";
+    out << "  total             " << format_bytes(static_cast<double>(m.total()))
+        << " (an upper bound on the peak: everything counted as held at once)\n";
+  }
+
+  const auto times = phase_times(pred.events);
+  out << "\nPredicted time on " << p.options.hw.name << " (einsums and collectives; elementwise ops, norms and the "
+      << "update are not costed):\n";
+  double comm = 0, compute = 0;
+  for (const auto& [phase, t] : times) {
+    out << "  " << pad(autodiff::to_string(phase)) << "communication " << format_time(t.comm) << " + compute "
+        << format_time(t.compute) << "\n";
+    comm += t.comm;
+    compute += t.compute;
+  }
+  out << "  " << pad("step") << format_time(comm + compute) << " serialized, " << format_time(std::max(comm, compute))
+      << " if every collective hid under compute (a lower bound)\n";
+  if (run) {
+    const Verification& v = run->verification;
+    out << "\nRun (" << f.backend << ", " << g.mesh.device_count() << (g.mesh.device_count() == 1 ? " rank): " : " ranks): ")
+        << (v.verified ? "verified" : "WRONG") << " against the dense f64 step of the program (every computed tensor"
+        << (train ? ", every leaf's gradient, every param after the update" : "") << "; max abs error "
+        << format_error(v.max_abs_error) << ", tolerance " << format_error(v.tolerance) << ")\n";
+    const auto measured = [&](autodiff::Phase phase) {
+      double s = 0;
+      for (const autodiff::TapeEvent& e : run->events) {
+        if (e.phase == phase) s += e.measured.end_s - e.measured.start_s;
+      }
+      return s;
+    };
+    for (const auto& [phase, t] : times) {
+      out << "  " << pad(autodiff::to_string(phase)) << "measured " << format_time(measured(phase)) << " on device 0 vs "
+          << format_time(t.comm + t.compute) << " predicted\n";
+    }
+  }
+}
+
+Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
+  Json j = {{"phase", autodiff::to_string(e.phase)}, {"op", to_string(e.step.op)}, {"tensor", e.step.tensor},
+            {"axes", Json::array()}, {"bytes", e.step.bytes_sent}, {"flops", e.step.flops}, {"time_s", e.step.time_s}};
+  for (int a : e.step.axes) j["axes"].push_back(mesh.axis(a).name);
+  return j;
+}
+
+Json program_json(const ProgramFlags& f, const Planning& p, const program::Graph& g, bool train,
+                  const nn::ProgramPrediction& pred, const nn::ProgramRun* run) {
+  Json doc = Json::object();
+  doc["command"] = "program";
+  doc["file"] = f.file;
+  doc["mesh"] = mesh_json(g.mesh);
+  doc["dims"] = dims_json(g.dims);
+  doc["train"] = train;
+  doc["optimizer"] = train ? Json(f.optimizer) : Json(nullptr);
+  doc["dtype"] = to_string(p.options.dtype);
+  doc["hardware"] = p.options.hw.name;
+  Json tensors = Json::array();
+  for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+    const program::Tensor& t = g.tensors[i];
+    const Spec& s = pred.record.specs[i];
+    tensors.push_back({{"name", t.name}, {"role", role_text(t)}, {"spec", format_spec(s, g.mesh)},
+                       {"how", pred.record.origin[i]}, {"shape", t.shape},
+                       {"device0_shape", local_shape(g.mesh, s, t.shape, 0)}});
+  }
+  doc["tensors"] = tensors;
+  Json ops = Json::array();
+  std::map<int, Json> events;
+  for (const autodiff::TapeEvent& e : pred.events) {
+    Json& list = events[e.scope];
+    if (list.is_null()) list = Json::array();
+    list.push_back(event_json(g.mesh, e));
+  }
+  for (std::size_t k = 0; k < g.ops.size(); ++k) {
+    const program::GraphOp& op = g.ops[k];
+    const Json& ev = events[static_cast<int>(k)];
+    ops.push_back({{"line", op.where.line}, {"expression", op.expression},
+                   {"result", g.tensors[static_cast<std::size_t>(op.result)].name},
+                   {"reshards", pred.record.notes[k]}, {"steps", ev.is_null() ? Json::array() : ev}});
+  }
+  doc["ops"] = ops;
+  doc["leaf_gradient_steps"] = events[-1].is_null() ? Json::array() : events[-1];
+  Json collectives = Json::array();
+  for (const nn::CollectiveTally& t : nn::tally_collectives(pred.events)) {
+    Json row = {{"phase", autodiff::to_string(t.phase)}, {"op", to_string(t.op)}, {"axes", Json::array()},
+                {"count", t.count}, {"bytes", t.bytes}, {"time_s", t.time_s}};
+    for (int a : t.axes) row["axes"].push_back(g.mesh.axis(a).name);
+    collectives.push_back(row);
+  }
+  doc["collectives"] = collectives;
+  const nn::ProgramMemory& m = pred.memory;
+  doc["memory"] = {{"param_bytes", m.params},         {"input_bytes", m.inputs},
+                   {"gradient_bytes", m.gradients},   {"optimizer_state_bytes", m.optimizer_state},
+                   {"activation_bytes", m.activations}, {"total_bytes", m.total()}};
+  Json time = Json::object();
+  double comm = 0, compute = 0;
+  for (const auto& [phase, t] : phase_times(pred.events)) {
+    time[autodiff::to_string(phase)] = {{"communication", t.comm}, {"compute", t.compute}};
+    comm += t.comm;
+    compute += t.compute;
+  }
+  time["serialized"] = comm + compute;
+  time["overlapped"] = std::max(comm, compute);
+  doc["predicted_time_s"] = time;
+  doc["run"] = nullptr;
+  if (run) {
+    const Verification& v = run->verification;
+    doc["run"] = {{"backend", f.backend},       {"verified", v.verified},   {"max_abs_error", v.max_abs_error},
+                  {"tolerance", v.tolerance}, {"detail", v.detail}};
+  }
+  return doc;
+}
+
+}  // namespace
+
+Command add_program_command(CLI::App& root) {
+  auto flags = std::make_shared<ProgramFlags>();
+  flags->common.fallback_hw = "h100";
+  CLI::App* app = root.add_subcommand(
+      "program", "a whole sharded program from a file: every tensor's sharding, each op's collectives forward and "
+                 "backward, memory and time; --run executes and verifies it");
+  app->add_option("FILE", flags->file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
+  app->add_option("--mesh", flags->mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
+  app->add_option("--dims", flags->common.dims,
+                  "letter sizes, each replacing the file's (the others stay), e.g. --dims B=4,T=16");
+  app->add_option("--spec", flags->specs,
+                  "pin a tensor's sharding, replacing the file's pin (a repeat block's tensor: every copy); "
+                  "repeatable, e.g. --spec w_in='w_in[D, F_X]'");
+  app->add_flag("--train", flags->train, "a training step: forward, backward and the update (the default when the "
+                                         "program has a loss), e.g. --train");
+  app->add_flag("--infer", flags->infer, "an inference step: forward only, e.g. --infer");
+  app->add_option("--optimizer", flags->optimizer, "the update: sgd (default) or adam, e.g. --optimizer adam");
+  app->add_flag("--run", flags->run, "also execute the step on real ranks and verify it against the dense f64 step, "
+                                     "e.g. --run");
+  app->add_option("--backend", flags->backend,
+                  "where --run executes: threads (default) or mpi (under mpirun -n <devices>), e.g. --backend mpi")
+      ->each([flags](const std::string&) { flags->backend_given = true; });
+  app->add_option("--seed", flags->seed, "the seed of the inputs' and params' values (--run), e.g. --seed 7");
+  app->add_option("--input", flags->inputs,
+                  "a leaf's values from a .npy file (--run; float64/32, int64/32 or bool, C order, the leaf's shape), "
+                  "repeatable, e.g. --input x=x.npy");
+  app->add_option("--save", flags->save,
+                  "write every computed tensor and every leaf's gradient (NAME.grad) as NAME.npy into this directory "
+                  "(--run), e.g. --save out/");
+  app->add_option("--trace", flags->trace,
+                  "write device 0's step as a Chrome trace (Perfetto): the predicted timeline, or with --run the "
+                  "measured one, e.g. --trace step.json");
+  add_dtype_flag(*app, flags->common.dtype);
+  add_hw_flag(*app, flags->common.hw);
+  add_json_flag(*app, flags->common.json);
+  app->footer(
+      "A program is one op per line in the Scaling Book's notation: einsums (a @ b), elementwise ops with\n"
+      "broadcasting by letter, reductions, softmax and norms over a letter, reshapes, repeat blocks and a loss.\n"
+      "Each tensor's sharding is pinned (in the file or by --spec) or follows from its op; every reshard an op\n"
+      "needs is listed under it with the reason. Exit status: 0 (verified, with --run), 2 bad input, 3 wrong\n"
+      "result. Defaults: --dtype bf16 (f64 with --run), --hw calibrated when 'shardmm calibrate' has written a\n"
+      "profile, else h100.\n\n"
+      "Examples:\n"
+      "  shardmm program examples/programs/mlp.prog\n"
+      "  shardmm program examples/programs/mlp.prog --mesh X=2 --dims B=2,T=4,D=8,F=16 --run\n"
+      "  shardmm program examples/programs/gpt.prog --spec x='x[B, T, D]' --json\n"
+      "  shardmm program ffn.prog --run --input x=x.npy --input a=a.npy --input b=b.npy --save out/\n"
+      "  mpirun -n 4 shardmm program examples/programs/gpt.prog --run --backend mpi\n\n" +
+      std::string(kDocsHint) + " docs/programs.md (the language and this command).");
+  return {app, [flags](std::ostream& out) {
+            ProgramFlags& f = *flags;
+            if (f.train && f.infer) throw InputError("--train and --infer exclude each other; give one");
+            if ((!f.inputs.empty() || f.save) && !f.run) {
+              throw InputError(std::string(f.save ? "--save" : "--input") + " works with --run; add --run");
+            }
+            if (f.save) {
+              std::error_code ec;
+              if (f.save->empty() || (std::filesystem::exists(*f.save, ec) && !std::filesystem::is_directory(*f.save, ec))) {
+                throw InputError("--save '" + *f.save + "': not a directory; name one (it is created when missing), "
+                                 "e.g. --save out/");
+              }
+            }
+            if (f.backend_given && !f.run) {
+              throw InputError("--backend " + f.backend + " chooses where --run executes the step; add --run or drop --backend");
+            }
+            const nn::Optimizer optimizer = nn::parse_optimizer(f.optimizer);
+            if (f.trace) check_writable_file(*f.trace, "--trace '" + *f.trace + "'");
+            const std::string text = read_small_file(f.file, kMaxProgramBytes, "program " + f.file,
+                                                     "is larger than a program can be (4 MiB)");
+            const program::Graph g = program::bind(program::parse_program(text, f.file), bind_options(f));
+            if (!f.common.dtype && f.run) f.common.dtype = "f64";
+            PlanningFlags planning = f.common;
+            planning.mesh = g.mesh.to_string();
+            planning.dims.reset();
+            const Planning p = make_planning(planning);
+            if (f.train && g.loss < 0) throw InputError("--train: the program has no loss line; add one (loss sum(...))");
+            const bool train = !f.infer && g.loss >= 0;
+            nn::ProgramOptions options;
+            options.dtype = p.options.dtype;
+            options.hw = p.options.hw;
+            options.train = train;
+            options.optimizer = optimizer;
+            options.seed = f.seed;
+            options.inputs = read_inputs(f, g);
+            const nn::ProgramPrediction pred = nn::predict_program(g, options);
+            std::optional<nn::ProgramRun> run;
+            if (f.run) {
+              check_backend(f.backend, g.mesh);
+              if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
+                throw InputError(std::string("--run computes in f32 or f64, not ") + to_string(p.options.dtype) +
+                                 "; pass --dtype f32 or --dtype f64");
+              }
+              check_run_size(g, pred, p.options.dtype);
+              nn::ProgramRun mine;
+              run_backend(f.backend, g.mesh, [&](Communicator& comm) {
+                nn::ProgramRun r = nn::run_program(comm, g, options);
+                if (comm.rank() == 0 || !comm.capabilities().ranks_in_one_process) mine = std::move(r);
+              });
+              run = std::move(mine);
+              if (process_rank(f.backend) != 0) return run->verification.verified ? 0 : 3;
+            }
+            const nn::ProgramRun* r = run ? &*run : nullptr;
+            if (r && f.save) save_results(*f.save, *r);
+            if (f.trace) write_chrome_trace_file(*f.trace, trace_events(g, pred, r));
+            if (f.common.json) {
+              out << program_json(f, p, g, train, pred, r).dump(2) << "\n";
+            } else {
+              print_text(out, f, p, g, train, pred, r);
+            }
+            if (r && !r->verification.verified) {
+              std::cerr << "shardmm: error: the step does not match the dense reference: " + r->verification.detail + "\n";
+              return 3;
+            }
+            return 0;
+          }};
+}
+
+}  // namespace shardmm::cli

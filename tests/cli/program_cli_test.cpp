@@ -1,0 +1,106 @@
+// `shardmm program`, in-process (cli::run_cli): the report and its JSON agree with the
+// library, the Scaling Book's hand-worked FFN typed in as .npy files gives its answers,
+// and every kind of bad input is one exit-2 message.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+
+#include "cli_in_process.h"
+#include "shardmm/core/npy.h"
+
+namespace shardmm {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using Result = testing::CliResult;
+namespace fs = std::filesystem;
+
+const std::string kRoot = fs::path(SHARDMM_TESTS_DIR).parent_path().string();
+std::string example(const std::string& name) { return kRoot + "/examples/programs/" + name; }
+
+Result program(std::vector<std::string> args) {
+  args.insert(args.begin(), "program");
+  return testing::run_cli_in_process(std::move(args));
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(ProgramCli, TheMlpReportShowsEachOpsCollectivesAndWhy) {
+  const Result r = program({example("mlp.prog")});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("one training step (forward, backward, sgd) on mesh X=4 (4 devices)"));
+  EXPECT_THAT(r.out, HasSubstr("u[B, T, F_X]"));
+  // y's partial sums are reduced where the residual needs them, and the line says so.
+  EXPECT_THAT(r.out, HasSubstr("reshard y[B, T, D]{U_X} -> y[B, T, D]: add needs matching partial sums"));
+  EXPECT_THAT(r.out, HasSubstr("all_reduce over X"));
+  const json doc = json::parse(program({example("mlp.prog"), "--json"}).out);
+  int all_reduces = 0;
+  for (const json& row : doc["collectives"]) {
+    EXPECT_EQ(row["op"], "all_reduce");
+    all_reduces += row["count"].get<int>();
+  }
+  EXPECT_EQ(all_reduces, 2);  // one forward, its dual backward
+  EXPECT_EQ(doc["tensors"][0]["name"], "x");
+}
+
+TEST(ProgramCli, TheScalingBooksHandWorkedFfnGivesItsAnswers) {
+  const fs::path out = fs::temp_directory_path() / ("shardmm_program_cli_" + std::to_string(::getpid()));
+  fs::remove_all(out);
+  const std::string dir = example("tp_ffn/");
+  const Result r = program({example("tp_ffn.prog"), "--run", "--input", "x=" + dir + "x.npy", "--input",
+                            "a=" + dir + "a.npy", "--input", "b=" + dir + "b.npy", "--save", out.string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("verified"));
+  EXPECT_EQ(parse_npy(slurp(out / "y.npy"), "y").values, (std::vector<double>{9, 6}));
+  EXPECT_EQ(parse_npy(slurp(out / "x.grad.npy"), "x.grad").values, (std::vector<double>{9, 3}));
+  fs::remove_all(out);
+}
+
+TEST(ProgramCli, BadInputIsOneMessageAndExitTwo) {
+  const fs::path dir = fs::temp_directory_path() / ("shardmm_program_bad_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::ofstream(dir / "junk.prog", std::ios::binary) << std::string("\x7f" "ELF\x02\x01\x01\x00", 8);
+  std::ofstream(dir / "typo.prog") << "mesh X=2\ndims I=4\ninput a[I]\nb[I] = relu(a) @\n";
+  std::ofstream(dir / "wrong.npy", std::ios::binary) << format_npy({3}, {1, 2, 3});
+  const std::string ffn = example("tp_ffn.prog");
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{(dir / "missing.prog").string()}, "program " + (dir / "missing.prog").string()},
+      {{dir.string()}, "is a directory"},
+      {{(dir / "junk.prog").string()}, "junk.prog:1:1: byte \\x7f is a control character"},
+      {{(dir / "typo.prog").string()}, "typo.prog:4:17: expected a tensor name or an op, found the end of the line"},
+      {{ffn, "--spec", "w=[D]"}, "spec for 'w' in --spec: the program has no tensor 'w'"},
+      {{ffn, "--spec", "a"}, "--spec 'a': expected NAME=SPEC"},
+      {{ffn, "--mesh", "X=2,Y=2", "--spec", "a=a[D_Y, F_Y]"}, "mesh axis 'Y' shards two dimensions"},
+      {{ffn, "--optimizer", "lion"}, "unknown optimizer 'lion' in --optimizer; the optimizers are sgd and adam"},
+      {{ffn, "--input", "x=" + (dir / "wrong.npy").string()}, "--input works with --run; add --run"},
+      {{ffn, "--run", "--input", "x=" + (dir / "wrong.npy").string()},
+       "--input x: an array of shape (3) for x[N, D], whose shape is (1, 2)"},
+      {{ffn, "--run", "--input", "h=" + (dir / "wrong.npy").string()},
+       "--input h: the program has no input or param 'h' (it is computed)"},
+      {{ffn, "--run", "--dtype", "bf16"}, "--run computes in f32 or f64, not bf16"},
+      {{ffn, "--train", "--infer"}, "--train and --infer exclude each other"},
+      {{ffn, "--backend", "mpi"}, "--backend mpi chooses where --run executes the step"},
+      {{ffn, "--run", "--save", (dir / "typo.prog").string()}, "not a directory"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    const Result r = program(args);
+    EXPECT_EQ(r.status, 2) << r.out;
+    EXPECT_THAT(r.err, StartsWith("shardmm: error: "));
+    EXPECT_THAT(r.err, HasSubstr(message));
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardmm
