@@ -82,16 +82,26 @@ TEST(ShapeOps, ALetterBothOperandsHaveIsShardedAlike) {
   EXPECT_EQ(testing::input_error([&] { binary(x, bias, BinaryOp::add, {"B", "D"}); }),
             "add of x[B, D_X] and b[D]: letter 'D' must be sharded alike in both operands (X vs replicated); "
             "reshard or slice one first");
-  // Sliced alike, the bias's gradient sums over B on each rank (B is whole there) and is
-  // gathered at its leaf: slice's dual.
-  Program p{mesh,
-            {leaf(mesh, "x[B, D_X]", {3, 5}, 1), leaf(mesh, "b[D]", {5}, 2), leaf(mesh, "c[B, D_X]", {3, 5}, 3)},
-            {},
-            ""};
-  Instr slice{Kind::slice, {1}, {}, {}, "D", "", {0}};
-  p.ops = {slice, op(Kind::binary_add, {0, 3}, {"B", "D"}), op(Kind::mul, {4, 2}), op(Kind::sum, {5})};
-  const testing::Executed run = testing::check_program(p);
-  EXPECT_EQ(collectives(mesh, run.events[0], Phase::backward), Strings{"all_gather(X) [D_X]"});
+  // Sliced alike, the bias's gradient sums over B on each rank and is gathered at its leaf
+  // (slice's dual); where Y splits B, the sum is partial over Y too.
+  struct Case {
+    const char* mesh;
+    const char* x;
+    std::int64_t d;
+    Strings backward;
+  };
+  for (const Case& c : {Case{"X=2", "x[B, D_X]", 5, {"all_gather(X) [D_X]"}},
+                        Case{"X=3", "x[B, D_X]", 5, {"all_gather(X) [D_X]"}},
+                        Case{"X=4", "x[B, D_X]", 3, {"all_gather(X) [D_X]"}},  // D = 3: device 3 holds none
+                        Case{"X=2,Y=2", "x[B_Y, D_X]", 5, {"all_reduce(Y) [D_X]{U_Y}", "all_gather(X) [D_X]"}}}) {
+    SCOPED_TRACE(c.mesh);
+    const Mesh m = Mesh::parse(c.mesh);
+    Program p{m, {leaf(m, c.x, {3, c.d}, 1), leaf(m, "b[D]", {c.d}, 2), leaf(m, c.x, {3, c.d}, 3)}, {}, ""};
+    Instr slice{Kind::slice, {1}, {}, {}, "D", "", {0}};
+    p.ops = {slice, op(Kind::binary_add, {0, 3}, {"B", "D"}), op(Kind::mul, {4, 2}), op(Kind::sum, {5})};
+    const testing::Executed run = testing::check_program(p);
+    EXPECT_EQ(collectives(m, run.events[0], Phase::backward), c.backward);
+  }
 }
 
 TEST(ShapeOps, BroadcastMulByHand) {
