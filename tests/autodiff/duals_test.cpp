@@ -11,7 +11,7 @@ namespace {
 using namespace autodiff;
 using testing::Instr;
 using testing::Kind;
-using testing::Leaf;
+using testing::leaf;
 using testing::Program;
 
 // One collective as the tests name it: phase, op, axes, and the dimension it works on.
@@ -40,24 +40,8 @@ std::vector<Collective> collectives(const Mesh& mesh, const std::vector<TapeEven
   return out;
 }
 
-Leaf leaf(const Mesh& mesh, const char* spec, Shape shape, std::uint64_t seed) {
-  return {parse_spec(spec, mesh), std::move(shape), seed};
-}
-
-// Runs `p` on threads; checks gradients against finite differences and the symbolic
-// tapes against the run; returns device 0's events.
-std::vector<TapeEvent> run_checked(const Program& p) {
-  const testing::Executed run = testing::execute(p, p.mesh, false);
-  const auto fd = testing::finite_differences(p);
-  for (std::size_t l = 0; l < p.leaves.size(); ++l) {
-    EXPECT_TRUE(run.grads_in_leaf_spec[l]) << "leaf " << l;
-    for (std::size_t i = 0; i < fd[l].size(); ++i) {
-      EXPECT_NEAR(run.grads[l][i], fd[l][i], 1e-6 * (1 + std::abs(fd[l][i]))) << "leaf " << l << " element " << i;
-    }
-  }
-  testing::check_symbolic(p, p.mesh, run);
-  return run.events.at(0);
-}
+// Runs `p` on threads and checks it (testing::check_program); returns device 0's events.
+std::vector<TapeEvent> run_checked(const Program& p) { return testing::check_program(p).events.at(0); }
 
 const Phase F = Phase::forward, B = Phase::backward;
 

@@ -17,6 +17,7 @@
 #include "dense_reference.h"
 #include "random_cases.h"
 #include "shardmm/autodiff/reductions.h"
+#include "shardmm/autodiff/shape_ops.h"
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/runtime/verify.h"
 
@@ -27,16 +28,18 @@ namespace shardmm::testing {
 enum class Kind {
   local_einsum, planned_einsum, relu, gelu, silu, swiglu, add, softmax, layer_norm,
   reshard, all_gather, all_to_all, slice, reduce_scatter, all_reduce, mul, scale, rename, sum, mean,
-  reduce_sum, reduce_mean, reduce_max, softmax_over, layer_norm_over, rms_norm_over
+  reduce_sum, reduce_mean, reduce_max, softmax_over, layer_norm_over, rms_norm_over,
+  tanh, exp, binary_add, binary_sub, binary_mul, transpose, split, merge
 };
-constexpr Kind kLastKind = Kind::rms_norm_over;
+constexpr Kind kLastKind = Kind::merge;
 inline const char* kind_name(Kind k) {
   static const char* names[] = {"local_einsum", "planned_einsum", "relu",        "gelu",        "silu",
                                 "swiglu",       "add",            "softmax",     "layer_norm",  "reshard",
                                 "all_gather",   "all_to_all",     "slice",       "reduce_scatter", "all_reduce",
                                 "mul",          "scale",          "rename",      "sum",         "mean",
                                 "reduce_sum",   "reduce_mean",    "reduce_max",  "softmax_over", "layer_norm_over",
-                                "rms_norm_over"};
+                                "rms_norm_over", "tanh",          "exp",         "binary_add",  "binary_sub",
+                                "binary_mul",   "transpose",      "split",       "merge"};
   static_assert(std::size(names) == static_cast<std::size_t>(kLastKind) + 1);
   return names[static_cast<int>(k)];
 }
@@ -45,12 +48,13 @@ inline const char* kind_name(Kind k) {
 struct Instr {
   Kind kind = Kind::sum;
   std::vector<int> args = {};
-  std::vector<std::string> out_dims = {};  // einsums
+  std::vector<std::string> out_dims = {};  // einsums, binary, transpose; merge's letters
   Spec spec = {};                          // reshard target, planned einsum output
-  std::string dim = {}, dim2 = {};         // collectives
+  std::string dim = {}, dim2 = {};         // collectives; split's letter, merge's result
   AxisList axes = {};
   double factor = 1;                       // scale
   autodiff::Gathered keep = autodiff::Gathered::kept;  // all_gather
+  std::vector<std::pair<std::string, std::int64_t>> parts = {};  // split
 };
 
 struct Leaf {
@@ -58,6 +62,10 @@ struct Leaf {
   Shape shape;
   std::uint64_t seed;
 };
+
+inline Leaf leaf(const Mesh& mesh, const char* spec, Shape shape, std::uint64_t seed) {
+  return {parse_spec(spec, mesh), std::move(shape), seed};
+}
 
 struct Program {
   Mesh mesh;
@@ -98,6 +106,14 @@ inline autodiff::Var apply_op(const Instr& in, const std::vector<autodiff::Var>&
     case Kind::mul: return mul(arg(0), arg(1));
     case Kind::scale: return scale(arg(0), in.factor);
     case Kind::rename: return rename(arg(0), in.dim, in.dim2);
+    case Kind::tanh: return autodiff::tanh(arg(0));
+    case Kind::exp: return autodiff::exp(arg(0));
+    case Kind::binary_add: return binary(arg(0), arg(1), BinaryOp::add, in.out_dims);
+    case Kind::binary_sub: return binary(arg(0), arg(1), BinaryOp::sub, in.out_dims);
+    case Kind::binary_mul: return binary(arg(0), arg(1), BinaryOp::mul, in.out_dims);
+    case Kind::transpose: return transpose(arg(0), in.out_dims);
+    case Kind::split: return split_dim(arg(0), in.dim, in.parts);
+    case Kind::merge: return merge_dims(arg(0), in.out_dims, in.dim);
     case Kind::sum: return sum(arg(0));
     case Kind::mean: return mean(arg(0));
     case Kind::reduce_sum: return reduce_sum(arg(0), in.dim);
@@ -187,6 +203,32 @@ inline double dense_sum(const std::vector<double>& row) {
   return s;
 }
 
+inline std::size_t letter_index(const std::vector<std::string>& dims, const std::string& l) {
+  return static_cast<std::size_t>(std::find(dims.begin(), dims.end(), l) - dims.begin());
+}
+
+// x's value at each index of a tensor of letters `dims` and extents `shape` (row-major), read
+// by letter: x broadcast over the letters it lacks, permuted to their order.
+inline std::vector<double> dense_read(const Dense& x, const std::vector<std::string>& dims, const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t e : shape) n *= e;
+  std::vector<double> out(static_cast<std::size_t>(n));
+  Index at(dims.size());
+  for (std::int64_t pos = 0; pos < n; ++pos) {
+    std::int64_t rest = pos;
+    for (std::size_t i = dims.size(); i-- > 0;) {
+      at[i] = rest % shape[i];
+      rest /= shape[i];
+    }
+    std::int64_t src = 0;
+    for (std::size_t j = 0; j < x.dims.size(); ++j) {
+      src = src * x.shape[j] + at[letter_index(dims, x.dims[j])];
+    }
+    out[static_cast<std::size_t>(pos)] = x.v[static_cast<std::size_t>(src)];
+  }
+  return out;
+}
+
 // The loss of program `p` with leaf values `leaves` (dense, row-major).
 inline double dense_loss(const Program& p, const std::vector<std::vector<double>>& leaves) {
   std::vector<Dense> v;
@@ -229,6 +271,59 @@ inline double dense_loss(const Program& p, const std::vector<std::vector<double>
       case Kind::rename:
         *std::find(out.dims.begin(), out.dims.end(), in.dim) = in.dim2;
         break;
+      case Kind::tanh:
+        for (double& x : out.v) x = std::tanh(x);
+        break;
+      case Kind::exp:
+        for (double& x : out.v) x = std::exp(x);
+        break;
+      case Kind::binary_add:
+      case Kind::binary_sub:
+      case Kind::binary_mul: {
+        out.dims = in.out_dims;
+        out.shape.clear();
+        for (const std::string& l : in.out_dims) {
+          const Dense& from = std::count(arg(0).dims.begin(), arg(0).dims.end(), l) ? arg(0) : arg(1);
+          out.shape.push_back(from.shape[letter_index(from.dims, l)]);
+        }
+        const std::vector<double> x = dense_read(arg(0), out.dims, out.shape);
+        const std::vector<double> z = dense_read(arg(1), out.dims, out.shape);
+        out.v.resize(x.size());
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          out.v[i] = in.kind == Kind::binary_add   ? x[i] + z[i]
+                     : in.kind == Kind::binary_sub ? x[i] - z[i]
+                                                   : x[i] * z[i];
+        }
+        break;
+      }
+      case Kind::transpose:
+        out.dims = in.out_dims;
+        for (std::size_t i = 0; i < out.dims.size(); ++i) {
+          out.shape[i] = arg(0).shape[letter_index(arg(0).dims, out.dims[i])];
+        }
+        out.v = dense_read(arg(0), out.dims, out.shape);
+        break;
+      case Kind::split: {  // row-major: the values stay where they are
+        const auto at = std::find(out.dims.begin(), out.dims.end(), in.dim) - out.dims.begin();
+        out.dims.erase(out.dims.begin() + at);
+        out.shape.erase(out.shape.begin() + at);
+        for (std::size_t i = 0; i < in.parts.size(); ++i) {
+          out.dims.insert(out.dims.begin() + at + static_cast<std::ptrdiff_t>(i), in.parts[i].first);
+          out.shape.insert(out.shape.begin() + at + static_cast<std::ptrdiff_t>(i), in.parts[i].second);
+        }
+        break;
+      }
+      case Kind::merge: {
+        const auto at = std::find(out.dims.begin(), out.dims.end(), in.out_dims[0]) - out.dims.begin();
+        const auto end = at + static_cast<std::ptrdiff_t>(in.out_dims.size());
+        std::int64_t merged = 1;
+        for (auto i = at; i < end; ++i) merged *= out.shape[static_cast<std::size_t>(i)];
+        out.dims.erase(out.dims.begin() + at + 1, out.dims.begin() + end);
+        out.shape.erase(out.shape.begin() + at + 1, out.shape.begin() + end);
+        out.dims[static_cast<std::size_t>(at)] = in.dim;
+        out.shape[static_cast<std::size_t>(at)] = merged;
+        break;
+      }
       case Kind::softmax:
         for (std::int64_t r = 0; r < rows; ++r) {
           double* x = out.v.data() + r * n;
@@ -353,7 +448,12 @@ class ProgramGenerator {
   autodiff::Tape& symbolic_tape() { return *tape_; }
 
  private:
-  std::string letter() { return std::string(1, "IJKLMNOPQRSTUVW"[next_letter_++]); }
+  // I..W, then I1..W1, and so on (the shape ops use up letters).
+  std::string letter() {
+    const int n = next_letter_++;
+    std::string l(1, "IJKLMNOPQRSTUVW"[n % 15]);
+    return n < 15 ? l : l + std::to_string(n / 15);
+  }
   std::int64_t size() { return uniform(rng_, 1, 5); }
 
   int leaf(Spec spec, Shape shape) {
@@ -418,8 +518,101 @@ class ProgramGenerator {
     return cur;
   }
 
+  // Gathers every axis of `dims` in `cur` (keeping the other letters' and the unreduced axes).
+  int gathered(int cur, const std::vector<std::string>& dims) {
+    Spec to = spec(cur);
+    for (DimSpec& d : to.dims) {
+      if (std::find(dims.begin(), dims.end(), d.name) != dims.end()) d.axes.clear();
+    }
+    return to == spec(cur) ? cur : push({Kind::reshard, {cur}, {}, to});
+  }
+
+  // Permutes `cur`'s letters to `dims` (nothing when they are in that order).
+  int transposed(int cur, const std::vector<std::string>& dims) {
+    return dims == dim_names(spec(cur)) ? cur : push({Kind::transpose, {cur}, dims});
+  }
+
+  // Merges `cur`'s letters `dims` (consecutive, in order) into a fresh letter, gathering first
+  // when the layout does not allow it locally.
+  int merged(int cur, const std::vector<std::string>& dims) {
+    if (!autodiff::can_merge_locally(mesh(), spec(cur), shape(cur), dims)) cur = gathered(cur, dims);
+    Instr in{Kind::merge, {cur}, dims};
+    in.dim = letter();
+    return push(in);
+  }
+
+  // cur op leaf, the leaf over some of cur's letters (sharded alike) and perhaps a fresh one;
+  // a fresh letter is then merged with its neighbour to keep two letters.
+  int broadcast_op(int cur) {
+    const Kind kinds[] = {Kind::binary_add, Kind::binary_sub, Kind::binary_mul};
+    const Kind k = kinds[uniform(rng_, 0, 2)];
+    if (k == Kind::binary_mul) cur = make_whole(cur);
+    const Spec s = spec(cur);
+    std::vector<std::pair<DimSpec, std::int64_t>> dims;
+    for (std::size_t d = 0; d < s.dims.size(); ++d) {
+      if (uniform(rng_, 0, 2) > 0) dims.emplace_back(s.dims[d], shape(cur)[d]);
+    }
+    const std::string fresh = uniform(rng_, 0, 1) ? letter() : "";
+    if (!fresh.empty()) {
+      DimSpec d{fresh, {}};
+      const AxisList free = unused_axes(s);
+      if (!free.empty() && uniform(rng_, 0, 1)) d.axes.push_back(free[0]);
+      dims.emplace_back(d, size());
+    }
+    std::shuffle(dims.begin(), dims.end(), rng_);
+    Spec w;
+    w.tensor = "B";
+    Shape wshape;
+    for (const auto& [d, n] : dims) {
+      w.dims.push_back(d);
+      wshape.push_back(n);
+    }
+    int operand = leaf(w, wshape);
+    cur = after_leaf(cur, operand);
+    if (k != Kind::binary_mul && !s.unreduced.empty()) {  // partial sums add over the same axes
+      w.unreduced = s.unreduced;
+      operand = push({Kind::reshard, {operand}, {}, w});
+    }
+    std::vector<std::string> out = dim_names(s);
+    if (!fresh.empty()) out.push_back(fresh);
+    std::shuffle(out.begin(), out.end(), rng_);
+    cur = uniform(rng_, 0, 1) ? push({k, {cur, operand}, out}) : push({k, {operand, cur}, out});
+    return fresh.empty() ? cur : merged(cur, {out[0], out[1]});
+  }
+
+  // Attention's heads: the second letter split in two, the three letters permuted (perhaps
+  // resharded, perhaps through tanh), then back in order and merged.
+  int heads_op(int cur) {
+    const std::string first = spec(cur).dims[0].name, second = spec(cur).dims[1].name;
+    const std::int64_t n = shape(cur)[1];
+    std::vector<std::int64_t> divisors;
+    for (std::int64_t h = 1; h <= n; ++h) {
+      if (n % h == 0) divisors.push_back(h);
+    }
+    const std::int64_t h = divisors[static_cast<std::size_t>(uniform(rng_, 0, static_cast<int>(divisors.size()) - 1))];
+    Instr split{Kind::split, {cur}};
+    split.dim = second;
+    split.parts = {{letter(), h}, {letter(), n / h}};
+    const std::string p = split.parts[0].first, q = split.parts[1].first;
+    if (!autodiff::can_split_locally(mesh(), spec(cur), shape(cur), second, split.parts)) {
+      split.args = {gathered(cur, {second})};
+    }
+    cur = push(split);
+    std::vector<std::string> order = {first, p, q};
+    std::shuffle(order.begin(), order.end(), rng_);
+    cur = transposed(cur, order);
+    switch (uniform(rng_, 0, 2)) {
+      case 0: cur = push({Kind::tanh, {make_whole(cur)}}); break;
+      case 1: cur = push({Kind::reshard, {cur}, {}, random_spec(rng_, mesh(), spec(cur).tensor, order, true)}); break;
+      default: break;
+    }
+    const bool heads_last = uniform(rng_, 0, 1) == 1;
+    cur = transposed(cur, heads_last ? std::vector<std::string>{first, p, q} : std::vector<std::string>{p, q, first});
+    return merged(cur, {p, q});
+  }
+
   int random_op(int cur) {
-    switch (uniform(rng_, 0, 15)) {
+    switch (uniform(rng_, 0, 18)) {
       case 0: {  // local einsum with a weight sharded to match
         const Spec s = spec(cur);
         const std::string l = letter();
@@ -537,6 +730,12 @@ class ProgramGenerator {
         const int wv = leaf(w, {size()});
         return push({Kind::local_einsum, {after_leaf(r, wv), wv}, {s.dims.front().name, l}, {}, "", "", {}});
       }
+      case 16: {  // tanh, and exp of it (bounded: e^tanh)
+        cur = push({Kind::tanh, {make_whole(cur)}});
+        return uniform(rng_, 0, 1) ? push({Kind::exp, {cur}}) : cur;
+      }
+      case 17: return broadcast_op(cur);
+      case 18: return heads_op(cur);
       default: {  // all_to_all the minor-most axis of one dimension to the other
         const Spec s = spec(cur);
         for (std::size_t d = 0; d < s.dims.size(); ++d) {
@@ -647,6 +846,32 @@ inline void check_symbolic(const Program& p, const Mesh& mesh, const Executed& r
     EXPECT_EQ(received, predicted[i].step.bytes_received) << "event " << i;
     EXPECT_EQ(flops, predicted[i].step.flops) << "event " << i;
   }
+}
+
+inline bool close(double a, double b, double tol) { return std::abs(a - b) <= tol * (1 + std::abs(b)); }
+
+// Runs `p` on threads over its mesh and checks it: the loss against the dense interpreter,
+// each leaf's gradient in the leaf's spec and against central finite differences and the
+// same program on one device, and the symbolic tapes against the run. Returns the run.
+inline Executed check_program(const Program& p) {
+  const Executed sharded = execute(p, p.mesh, false);
+  const Executed single = execute(p, Mesh::parse("X=1"), true);
+  const std::vector<std::vector<double>> fd = finite_differences(p);
+  const double dense = dense_loss(p, dense_leaves(p));
+  EXPECT_TRUE(close(sharded.loss, dense, 1e-12)) << sharded.loss << " vs dense " << dense;
+  for (std::size_t l = 0; l < p.leaves.size(); ++l) {
+    EXPECT_TRUE(sharded.grads_in_leaf_spec[l]) << "leaf " << l << " gradient not in the leaf's spec";
+    EXPECT_EQ(sharded.grads[l].size(), fd[l].size()) << "leaf " << l;
+    for (std::size_t i = 0; i < std::min(fd[l].size(), sharded.grads[l].size()); ++i) {
+      EXPECT_TRUE(close(sharded.grads[l][i], fd[l][i], 1e-6))
+          << "leaf " << l << " (" << format_spec(p.leaves[l].spec, p.mesh) << ") element " << i << ": "
+          << sharded.grads[l][i] << " vs finite difference " << fd[l][i];
+      EXPECT_TRUE(close(sharded.grads[l][i], single.grads[l][i], 1e-11))
+          << "leaf " << l << " element " << i << ": " << sharded.grads[l][i] << " vs one device " << single.grads[l][i];
+    }
+  }
+  check_symbolic(p, p.mesh, sharded);
+  return sharded;
 }
 
 }  // namespace shardmm::testing

@@ -1,13 +1,14 @@
 // Ops on the tape that work by letter: elementwise arithmetic with broadcasting, and the
-// letters' order and grouping (transpose, split, merge). All run on each rank's block with
-// no communication; none is recorded as a step.
+// letters' order and grouping (transpose, split, merge). Each runs on the rank's own block,
+// without communication; only a backward may move data, where it aligns a gradient first
+// (tape.h's gradient layouts).
 //
 //   // On X=2, x[B_X, D] + bias[D]: bias is broadcast over B; the output is [B_X, D].
 //   Var y = binary(x, bias, BinaryOp::add, {"B", "D"});
 //   // bias's gradient sums the output's over B, which X splits: it comes out [D]{U_X}
 //   // (each rank's partial sum) and is all_reduced where it meets its leaf.
 //   // A letter both operands have is sharded alike: reshard or slice one first.
-//   // Attention heads: [B, D_X] -> [B, H_X, A] (8 heads of 64; 8 is a multiple of 2).
+//   // Attention heads: z[B, D_X] -> [B, H_X, A] (8 heads of 64; 8 is a multiple of 2).
 //   Var h = split_dim(z, "D", {{"H", 8}, {"A", 64}});
 //   Var t = transpose(h, {"H", "B", "A"});                                  // [H_X, B, A]
 //   Var back = merge_dims(transpose(t, {"B", "H", "A"}), {"H", "A"}, "D");  // [B, D_X]
@@ -50,7 +51,9 @@ Var transpose(Var x, const std::vector<std::string>& dims);
 // over axes G (p devices), the first part takes G, which is local when its size is a
 // multiple of p (each shard then holds whole rows of the first part) or the other parts
 // hold one element per row (their sizes multiply to 1, or to 0: no data); otherwise
-// InputError saying to gather D first. The parts are fresh letters, unsharded.
+// InputError saying to gather D first. The other parts come out unsharded. Backward: the
+// merge, in the gradient's layout when that is local, else after aligning it to the output's
+// sharding.
 Var split_dim(Var x, std::string_view dim, const std::vector<std::pair<std::string, std::int64_t>>& parts);
 
 // Consecutive letters of x, in x's order (major first), merged into one where they were:
