@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
+#include "shardmm/core/interop.h"
 
 namespace shardmm::cli {
 namespace {
@@ -56,6 +57,9 @@ std::int64_t bytes_of(const std::vector<std::int64_t>& shape, DType dtype) {
 void print_text(std::ostream& out, const Checked& c) {
   const Mesh& mesh = c.mesh;
   out << "valid: " << format_spec(c.spec, mesh) << "\n";
+  const std::string no_placements = placements_problem(c.spec, mesh);
+  out << "  jax       " << to_partition_spec(c.spec, mesh) << "\n";
+  out << "  dtensor   " << (no_placements.empty() ? to_placements(c.spec, mesh) : "none: " + no_placements) << "\n";
   out << "  mesh      " << mesh.to_string() << " (" << mesh.device_count() << " devices)\n";
   for (const DimSpec& d : c.spec.dims) {
     out << "  " << d.name << std::string(d.name.size() < 8 ? 8 - d.name.size() : 0, ' ') << "  ";
@@ -145,6 +149,10 @@ Json to_json(const Checked& c) {
   Json j;
   j["valid"] = true;
   j["spec"] = format_spec(c.spec, mesh);
+  j["partition_spec"] = to_partition_spec(c.spec, mesh);
+  const std::string no_placements = placements_problem(c.spec, mesh);
+  j["placements"] = no_placements.empty() ? Json(to_placements(c.spec, mesh)) : Json(nullptr);
+  j["placements_problem"] = no_placements.empty() ? Json(nullptr) : Json(no_placements);
   j["mesh"] = mesh_json(mesh);
   j["device_count"] = mesh.device_count();
   j["tensor"] = c.spec.tensor;
@@ -204,7 +212,10 @@ Json to_json(const Checked& c) {
 Command add_check_command(CLI::App& root) {
   auto flags = std::make_shared<CheckFlags>();
   CLI::App* app = root.add_subcommand("check", "validate a spec on a mesh; with --dims, each device's block and bytes");
-  app->add_option("SPEC", flags->spec, "the sharding to check, e.g. 'A[I_X, J_Y]', 'A[I_{XY}, J]' or 'C[I, K]{U_X}'")
+  app->add_option("SPEC", flags->spec,
+                  "the sharding to check, e.g. 'A[I_X, J_Y]', 'A[I_{XY}, J]' or 'C[I, K]{U_X}'; or the tensor's "
+                  "letters and a JAX PartitionSpec or DTensor placements, e.g. 'A[I, J] = P(\"X\", None)' or "
+                  "'A[I, J] = [Shard(0), Replicate()]'")
       ->required();
   add_mesh_flag(*app, flags->mesh);
   add_dims_flag(*app, flags->dims, false);
@@ -213,7 +224,8 @@ Command add_check_command(CLI::App& root) {
   app->footer(std::string(kNotationHint) +
               "\n\nExamples:\n"
               "  shardmm check 'A[I_X, J_Y]' --mesh X=4,Y=2\n"
-              "  shardmm check 'A[I_XY, J]' --mesh X=2,Y=2 --dims I=10,J=4 --dtype f32 --json\n\n" +
+              "  shardmm check 'A[I_XY, J]' --mesh X=2,Y=2 --dims I=10,J=4 --dtype f32 --json\n"
+              "  shardmm check 'A[I, J] = P((\"X\", \"Y\"), None)' --mesh X=2,Y=2\n\n" +
               kDocsHint);
   return {app, [flags](std::ostream& out) {
             Checked c;
