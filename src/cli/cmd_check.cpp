@@ -3,6 +3,7 @@
 #include <memory>
 #include <ostream>
 
+#include "cli/check.h"
 #include "cli/commands.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -10,23 +11,6 @@
 
 namespace shardmm::cli {
 namespace {
-
-struct CheckFlags {
-  std::string spec;
-  std::string mesh;
-  std::optional<std::string> dims;
-  std::optional<std::string> dtype;
-  bool json = false;
-};
-
-struct Checked {
-  Mesh mesh;
-  Spec spec;
-  std::optional<DimSizes> sizes;
-  std::vector<std::int64_t> shape;  // with --dims
-  DType dtype = kDefaultDType;
-  bool default_dtype = true;
-};
 
 std::string axis_list(const Mesh& mesh, const AxisList& axes) {
   std::vector<std::string> names;
@@ -144,7 +128,24 @@ void print_text(std::ostream& out, const Checked& c) {
 // shapes (docs/json-schema.md): 65,536 devices' entries would be 12 MB of JSON.
 constexpr std::int64_t kMaxShardsInJson = 4096;
 
-Json to_json(const Checked& c) {
+}  // namespace
+
+Checked check_spec(const CheckArgs& args) {
+  Checked c;
+  c.mesh = parse_mesh(args.mesh);
+  c.spec = parse_spec(args.spec, c.mesh);
+  c.dtype = args.dtype ? parse_dtype(*args.dtype) : kDefaultDType;
+  c.default_dtype = !args.dtype;
+  if (args.dims) {
+    c.sizes = parse_dims(*args.dims);
+    check_dims_used(*c.sizes, {&c.spec});
+    check_tensor_bytes(c.spec, *c.sizes, c.dtype);
+    c.shape = global_shape(c.spec, *c.sizes);
+  }
+  return c;
+}
+
+Json check_json(const Checked& c) {
   const Mesh& mesh = c.mesh;
   Json j;
   j["valid"] = true;
@@ -207,19 +208,21 @@ Json to_json(const Checked& c) {
   return j;
 }
 
-}  // namespace
-
 Command add_check_command(CLI::App& root) {
-  auto flags = std::make_shared<CheckFlags>();
+  struct Flags {
+    CheckArgs args;
+    bool json = false;
+  };
+  auto flags = std::make_shared<Flags>();
   CLI::App* app = root.add_subcommand("check", "validate a spec on a mesh; with --dims, each device's block and bytes");
-  app->add_option("SPEC", flags->spec,
+  app->add_option("SPEC", flags->args.spec,
                   "the sharding to check, e.g. 'A[I_X, J_Y]', 'A[I_{XY}, J]' or 'C[I, K]{U_X}'; or the tensor's "
                   "letters and a JAX PartitionSpec or DTensor placements, e.g. 'A[I, J] = P(\"X\", None)' or "
                   "'A[I, J] = [Shard(0), Replicate()]'")
       ->required();
-  add_mesh_flag(*app, flags->mesh);
-  add_dims_flag(*app, flags->dims, false);
-  add_dtype_flag(*app, flags->dtype);
+  add_mesh_flag(*app, flags->args.mesh);
+  add_dims_flag(*app, flags->args.dims, false);
+  add_dtype_flag(*app, flags->args.dtype);
   add_json_flag(*app, flags->json);
   app->footer(std::string(kNotationHint) +
               "\n\nExamples:\n"
@@ -228,19 +231,9 @@ Command add_check_command(CLI::App& root) {
               "  shardmm check 'A[I, J] = P((\"X\", \"Y\"), None)' --mesh X=2,Y=2\n\n" +
               kDocsHint);
   return {app, [flags](std::ostream& out) {
-            Checked c;
-            c.mesh = parse_mesh(flags->mesh);
-            c.spec = parse_spec(flags->spec, c.mesh);
-            c.dtype = flags->dtype ? parse_dtype(*flags->dtype) : kDefaultDType;
-            c.default_dtype = !flags->dtype;
-            if (flags->dims) {
-              c.sizes = parse_dims(*flags->dims);
-              check_dims_used(*c.sizes, {&c.spec});
-              check_tensor_bytes(c.spec, *c.sizes, c.dtype);
-              c.shape = global_shape(c.spec, *c.sizes);
-            }
+            const Checked c = check_spec(flags->args);
             if (flags->json) {
-              out << to_json(c).dump(2) << "\n";
+              out << check_json(c).dump(2) << "\n";
             } else {
               print_text(out, c);
             }

@@ -251,7 +251,8 @@ class FormParser {
           expect("=", "after reduce_op");
         }
         const Token op = take();
-        if (op.kind != Token::string || op.text != "sum") {
+        // 'sum' as written, or sum as a Partial's repr prints it.
+        if ((op.kind != Token::string && op.kind != Token::name) || op.text != "sum") {
           fail("shardmm's partial values are sums: write Partial() or Partial('sum')", op);
         }
       }
