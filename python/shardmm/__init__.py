@@ -522,7 +522,9 @@ def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=
     ``return_shards``: also return each device's block of the result (``shards[d]``).
     ``verify``: check the result against a dense float64 reference of the same inputs, as
     ``shardmm run`` does (tolerance from the contracted length); a mismatch raises
-    RuntimeError.
+    RuntimeError. The reference is the one other copy: device 0 builds float64 copies of
+    ``a``, ``b`` and the expected product, and gathers the result's blocks to compare.
+    ``verify=False`` skips it, leaving the scatter the only copy of the inputs.
 
     Returns a RunResult: ``result``, ``shards``, ``plan``, ``verified``, ``max_abs_error``.
     """
@@ -551,13 +553,13 @@ def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=
 
 
 def _device_list(devices):
-    """[0, 1, 2, 3, 6] -> '0-3,6'."""
+    """[0, 1, 2, 3, 6, 7] -> '0-3,6,7': runs of three or more as ranges."""
     parts, start = [], None
     for i, d in enumerate(devices):
         if start is None:
             start = d
         if i + 1 == len(devices) or devices[i + 1] != d + 1:
-            parts.append(str(start) if start == d else f"{start}-{d}")
+            parts += [f"{start}-{d}"] if d - start >= 2 else [str(x) for x in range(start, d + 1)]
             start = None
     return ",".join(parts)
 
