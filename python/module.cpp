@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -302,12 +303,24 @@ PYBIND11_MODULE(_shardmm, m) {
                     const std::optional<std::string>& dtype) {
     return cli::check_json(cli::check_spec({spec, mesh, dims, dtype})).dump(2);
   });
-  m.def("plan", [](const std::string& expr, const std::string& mesh, const std::string& dims,
-                   const std::optional<std::string>& dtype, const std::optional<std::string>& hw,
-                   const std::optional<std::string>& mem_limit, double tie_margin) {
+  const auto plan = [](const std::string& expr, const std::string& mesh, const std::string& dims,
+                       const std::optional<std::string>& dtype, const std::optional<std::string>& hw,
+                       const std::optional<std::string>& mem_limit, double tie_margin) {
     const cli::Planning p = planning(mesh, dims, dtype, hw, mem_limit, tie_margin, nullptr);
     const Contraction c = parse_contraction(expr, p.mesh);
     return cli::matmul_json(p, c, cli::plan_contraction(p, c)).dump(2);
+  };
+  m.def("plan", plan);
+  // bench/python_plan_overhead.py: the seconds each of `calls` plans takes in C++ alone, to
+  // set against the same call made from Python.
+  m.def("_plan_seconds", [plan](const std::string& expr, const std::string& mesh, const std::string& dims, int calls) {
+    std::vector<double> seconds;
+    for (int i = 0; i < calls; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      plan(expr, mesh, dims, std::nullopt, std::nullopt, std::nullopt, PlanOptions{}.tie_margin);
+      seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    return seconds;
   });
   m.def("reshard", [](const std::string& src, const std::string& dst, const std::string& mesh, const std::string& dims,
                       const std::optional<std::string>& dtype, const std::optional<std::string>& hw,

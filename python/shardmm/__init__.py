@@ -345,9 +345,15 @@ class Candidate(_Record):
 
 
 class _Document(_Record):
+    # Parsed on first use: a caller that only wants to_json() pays nothing for it.
     def __init__(self, text):
-        super().__init__(_json.loads(text))
-        self._text = text
+        self._text, self._parsed = text, None
+
+    @property
+    def _doc(self):
+        if self._parsed is None:
+            self._parsed = _json.loads(self._text)
+        return self._parsed
 
     def to_json(self):
         """The document ``shardmm ... --json`` prints for the same arguments (without its
