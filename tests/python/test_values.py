@@ -83,3 +83,23 @@ def test_bad_forms_raise_input_error_with_the_commands_message(cli):
         shardmm.Spec.parse(3, "X=4")
     with pytest.raises(TypeError):
         shardmm.Mesh(4)
+
+
+def test_visualize_groups_replicas_and_names_partial_sums_and_empty_blocks():
+    assert shardmm.visualize("A[I_X, J_Y]", "X=2,Y=2", (4, 4), width=23) == (
+        "+----------+----------+\n"
+        "|    0     |    1     |\n"
+        "+----------+----------+\n"
+        "|    2     |    3     |\n"
+        "+----------+----------+\n")
+    # 10 over X=4 is 3, 3, 2, 2: the columns follow the extents.
+    assert shardmm.visualize("A[I_X]", "X=4", (10,), width=25).splitlines()[1] == "|  0   |  1   | 2  | 3  |"
+    replicated = shardmm.visualize("A[I, J]", "X=2,Y=4", (3, 3), width=20)
+    assert "0-7" in replicated and replicated.count("|") == 2
+    partial = shardmm.visualize("C[I_Y, K]{U_X}", "X=2,Y=2", (4, 4), width=20)
+    assert "0,2" in partial and "partial sums over X" in partial
+    assert "devices 3,5 hold empty blocks" in shardmm.visualize("A[I_XY]", "X=3,Y=2", (4,))
+    with pytest.raises(shardmm.InputError, match="1-D and 2-D"):
+        shardmm.visualize("A[I, J, K]", "X=2", (2, 2, 2))
+    with pytest.raises(shardmm.InputError, match="has 1 dimensions"):
+        shardmm.visualize("A[I, J]", "X=2", (2,))
