@@ -124,10 +124,11 @@ void write_result(Communicator& comm, const DistTensor& shard, T* out) {
   for (std::int64_t turn = 0; turn < members; ++turn) {
     if (writer && turn == my_turn) {
       const Shape zero(offset.size(), 0);
+      const Shape& local = shard.local_shape();
       if (turn == 0) {
-        copy_box(shard.buffer().as<T>(), shard.local_shape(), zero, out, shard.global_shape(), offset, shard.local_shape());
+        copy_box(shard.buffer().as<T>(), local, zero, out, shard.global_shape(), offset, local);
       } else {
-        add_box(shard.buffer().as<T>(), shard.local_shape(), zero, out, shard.global_shape(), offset, shard.local_shape());
+        add_box(shard.buffer().as<T>(), local, zero, out, shard.global_shape(), offset, local);
       }
     }
     if (members > 1) comm.barrier();
@@ -162,14 +163,17 @@ py::tuple run(const std::string& expr, const std::string& mesh_text, const std::
     }
   }
   const Shape out_shape = global_shape(plan.output, p.sizes);
-  py::array result = dtype == DType::f32 ? py::array(py::array_t<float>(out_shape)) : py::array(py::array_t<double>(out_shape));
+  const auto empty_array = [dtype](const Shape& shape) {
+    return dtype == DType::f32 ? py::array(py::array_t<float>(shape)) : py::array(py::array_t<double>(shape));
+  };
+  py::array result = empty_array(out_shape);
   std::vector<py::array> shards;
   std::vector<void*> shard_data;
   std::vector<std::size_t> shard_bytes;
   if (return_shards) {
     for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
       const Shape local = local_shape(mesh, plan.output, out_shape, d);
-      shards.push_back(dtype == DType::f32 ? py::array(py::array_t<float>(local)) : py::array(py::array_t<double>(local)));
+      shards.push_back(empty_array(local));
       shard_data.push_back(shards.back().mutable_data());
       shard_bytes.push_back(static_cast<std::size_t>(shards.back().nbytes()));
     }
@@ -243,7 +247,7 @@ PYBIND11_MODULE(_shardmm, m) {
                                for (const MeshAxis& a : mesh.axes()) out.emplace_back(a.name, a.size);
                                return out;
                              })
-      .def_property_readonly("devices", &Mesh::device_count)
+      .def_property_readonly("device_count", &Mesh::device_count)
       .def("coords", [](const Mesh& mesh, std::int64_t device) {
         if (device < 0 || device >= mesh.device_count()) {
           throw InputError("device " + std::to_string(device) + " is not on mesh " + mesh.to_string() + " (0 to " +
@@ -256,7 +260,8 @@ PYBIND11_MODULE(_shardmm, m) {
       .def("__hash__", [](const Mesh& x) { return py::hash(py::str(x.to_string())); });
 
   py::class_<PySpec>(m, "Spec")
-      .def_static("parse", [](const std::string& text, const Mesh& mesh) { return PySpec{parse_spec(text, mesh), mesh}; })
+      .def_static("parse",
+                  [](const std::string& text, const Mesh& mesh) { return PySpec{parse_spec(text, mesh), mesh}; })
       .def_static("from_partition_spec",
                   [](const std::string& text, const std::vector<std::string>& letters, const Mesh& mesh) {
                     return PySpec{from_partition_spec(text, letters, mesh), mesh};

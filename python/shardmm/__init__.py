@@ -123,12 +123,18 @@ class Mesh:
     >>> mesh = Mesh("X=4,Y=2")
     >>> mesh.axes
     {'X': 4, 'Y': 2}
-    >>> mesh.devices
+    >>> mesh.size
     8
+    >>> mesh.devices
+    array([[0, 1],
+           [2, 3],
+           [4, 5],
+           [6, 7]])
     >>> mesh.coords(5)
     {'X': 2, 'Y': 1}
 
-    Device ids are row-major over the axes, first axis major (device 5 is x=2, y=1).
+    Device ids are row-major over the axes, first axis major (device 5 is x=2, y=1), as
+    ``jax.make_mesh`` lays them out; ``devices`` is that layout, as JAX's ``Mesh.devices``.
     """
 
     def __init__(self, text):
@@ -144,9 +150,24 @@ class Mesh:
         return dict(self._mesh.axes)
 
     @property
-    def devices(self):
+    def axis_names(self):
+        """The axes' names, in order."""
+        return tuple(self.axes)
+
+    @property
+    def shape(self):
+        """{name: size}, as JAX's ``Mesh.shape``."""
+        return self.axes
+
+    @property
+    def size(self):
         """The number of devices: the product of the sizes."""
-        return self._mesh.devices
+        return self._mesh.device_count
+
+    @property
+    def devices(self):
+        """The device ids laid out on the mesh: an int array of shape (sizes...)."""
+        return _np.arange(self.size).reshape(tuple(self.axes.values()))
 
     def coords(self, device):
         """{axis: coordinate} of ``device``."""

@@ -30,7 +30,11 @@ struct Token {
 class FormParser {
  public:
   FormParser(std::string_view src, std::size_t from, std::string what, const Spec& letters, const Mesh& mesh)
-      : src_(src), what_(std::move(what)), mesh_(mesh), spec_(letters), owner_(static_cast<std::size_t>(mesh.rank()), -1) {
+      : src_(src),
+        what_(std::move(what)),
+        mesh_(mesh),
+        spec_(letters),
+        owner_(static_cast<std::size_t>(mesh.rank()), -1) {
     for (DimSpec& d : spec_.dims) d.axes.clear();
     spec_.unreduced.clear();
     tokenize(from);
@@ -38,7 +42,9 @@ class FormParser {
 
   Spec partition_spec() {
     const Token head = take();
-    if (head.kind != Token::name || (head.text != "P" && head.text != "PartitionSpec" && !ends_with(head.text, ".PartitionSpec"))) {
+    const bool named_p =
+        head.text == "P" || head.text == "PartitionSpec" || ends_with(head.text, ".PartitionSpec");
+    if (head.kind != Token::name || !named_p) {
       fail("a PartitionSpec is written P(...), e.g. P('X', None) or P(('X', 'Y'), None)", head);
     }
     expect("(", "after " + head.text);
@@ -90,7 +96,8 @@ class FormParser {
 
   [[noreturn]] void fail(const std::string& why, const Token& at) const {
     const std::size_t pos = at.kind == Token::end ? src_.size() - (src_.empty() ? 0 : 1) : at.pos;
-    throw InputError("bad " + what_ + " '" + std::string(src_) + "': " + why, src_, pos, std::max<std::size_t>(1, at.len));
+    throw InputError("bad " + what_ + " '" + std::string(src_) + "': " + why, src_, pos,
+                     std::max<std::size_t>(1, at.len));
   }
 
   void tokenize(std::size_t pos) {
@@ -102,7 +109,8 @@ class FormParser {
       t.pos = pos;
       if (text::is_letter(c) || c == '_') {
         std::size_t end = pos;
-        while (end < src_.size() && (text::is_letter(src_[end]) || text::is_digit(src_[end]) || src_[end] == '_' || src_[end] == '.')) ++end;
+        const auto in_name = [](char ch) { return text::is_letter(ch) || text::is_digit(ch) || ch == '_' || ch == '.'; };
+        while (end < src_.size() && in_name(src_[end])) ++end;
         t.kind = Token::name;
         t.text = std::string(src_.substr(pos, end - pos));
       } else if (c == '\'' || c == '"') {
@@ -210,7 +218,9 @@ class FormParser {
     expect("=", "after unreduced");
     const Token open = take();
     const std::string close = open.text == "{" ? "}" : open.text == "(" ? ")" : open.text == "[" ? "]" : "";
-    if (open.kind != Token::punct || close.empty()) fail("write the unreduced axes as a set, e.g. unreduced={'X'}", open);
+    if (open.kind != Token::punct || close.empty()) {
+      fail("write the unreduced axes as a set, e.g. unreduced={'X'}", open);
+    }
     while (!peek_is(close)) {
       spec_.unreduced.push_back(axis(take(), true));
       if (!peek_is(close)) expect(",", "between unreduced axes");
@@ -277,8 +287,12 @@ Spec letters_spec(const std::vector<std::string>& letters, const Mesh& mesh) {
   for (const std::string& l : letters) {
     bool ok = !l.empty() && text::is_letter(l[0]);
     for (std::size_t i = 1; ok && i < l.size(); ++i) ok = text::is_digit(l[i]);
-    if (!ok) throw InputError("bad dimension letter '" + l + "'; a dimension name is a letter, optionally followed by digits");
-    if (spec.find_dim(l) >= 0) throw InputError("dimension letter '" + l + "' is given twice; name each dimension once");
+    if (!ok) {
+      throw InputError("bad dimension letter '" + l + "'; a dimension name is a letter, optionally followed by digits");
+    }
+    if (spec.find_dim(l) >= 0) {
+      throw InputError("dimension letter '" + l + "' is given twice; name each dimension once");
+    }
     if (mesh.find(l)) {
       throw InputError("dimension letter '" + l + "' is also a mesh axis of " + mesh.to_string() +
                        "; name dimensions apart from mesh axes (I, J, K, ...)");

@@ -9,7 +9,8 @@ def test_mesh_reads_axes_and_numbers_devices_row_major():
     mesh = shardmm.Mesh(" X = 4 , Y = 2 ")
     assert mesh.axes == {"X": 4, "Y": 2}
     assert list(mesh.axes) == ["X", "Y"]
-    assert mesh.devices == 8
+    assert mesh.size == 8 and mesh.axis_names == ("X", "Y") and mesh.shape == {"X": 4, "Y": 2}
+    assert mesh.devices.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [mesh.coords(d) for d in (0, 1, 5, 7)] == [{"X": 0, "Y": 0}, {"X": 0, "Y": 1}, {"X": 2, "Y": 1},
                                                        {"X": 3, "Y": 1}]
     assert str(mesh) == "X=4,Y=2" and repr(mesh) == "Mesh('X=4,Y=2')"
