@@ -537,11 +537,13 @@ def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=
 
     ``a`` and ``b`` are the GLOBAL arrays, shaped as the letters say (``dims``, optional,
     must agree; without it the arrays' shapes give the sizes). Each device's thread copies
-    its own block out of them (the scatter: no other copy is made), the plan that
-    ``plan`` would choose for the same arguments (on the h100 profile, or this machine's
-    calibrated one) runs on those blocks, and every device writes its block of the result
-    straight into ``result`` (partial sums are added there in device order). The GIL is
-    released while the devices run.
+    its own block out of them (the scatter: no other copy is made; an operand replicated
+    over an axis is held whole by each of its devices, as that layout says), the plan that
+    ``shardmm run`` chooses for the same arguments (predicted for h100, or for this
+    machine's calibrated profile; ``hw`` names another) runs on those blocks, and every
+    device writes its block of the result straight into ``result`` (partial sums are added
+    there in device order). The GIL is released while the devices run (and Ctrl-C waits
+    for them).
 
     ``dtype``: 'f32' or 'f64' (or numpy's float32/float64); by default the arrays' own,
     which must then be float32 or float64 and the same for both. An array of another
