@@ -11,6 +11,8 @@ packages=(
   libopenmpi-dev openmpi-bin
   libscalapack-openmpi-dev
   python3-jsonschema
+  python3-dev pybind11-dev python3-numpy  # import shardmm (python/)
+  python3-pytest python3-hypothesis       # its tests (tests/python/)
   python3-torch  # bench_torch_matmul: the same sharded matmuls in torch.distributed (gloo); it skipped without
   "$@"
 )

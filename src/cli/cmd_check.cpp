@@ -3,29 +3,14 @@
 #include <memory>
 #include <ostream>
 
+#include "cli/check.h"
 #include "cli/commands.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
+#include "shardmm/core/interop.h"
 
 namespace shardmm::cli {
 namespace {
-
-struct CheckFlags {
-  std::string spec;
-  std::string mesh;
-  std::optional<std::string> dims;
-  std::optional<std::string> dtype;
-  bool json = false;
-};
-
-struct Checked {
-  Mesh mesh;
-  Spec spec;
-  std::optional<DimSizes> sizes;
-  std::vector<std::int64_t> shape;  // with --dims
-  DType dtype = kDefaultDType;
-  bool default_dtype = true;
-};
 
 std::string axis_list(const Mesh& mesh, const AxisList& axes) {
   std::vector<std::string> names;
@@ -56,6 +41,9 @@ std::int64_t bytes_of(const std::vector<std::int64_t>& shape, DType dtype) {
 void print_text(std::ostream& out, const Checked& c) {
   const Mesh& mesh = c.mesh;
   out << "valid: " << format_spec(c.spec, mesh) << "\n";
+  const std::string no_placements = placements_problem(c.spec, mesh);
+  out << "  jax       " << to_partition_spec(c.spec, mesh) << "\n";
+  out << "  dtensor   " << (no_placements.empty() ? to_placements(c.spec, mesh) : "none: " + no_placements) << "\n";
   out << "  mesh      " << mesh.to_string() << " (" << mesh.device_count() << " devices)\n";
   for (const DimSpec& d : c.spec.dims) {
     out << "  " << d.name << std::string(d.name.size() < 8 ? 8 - d.name.size() : 0, ' ') << "  ";
@@ -140,11 +128,32 @@ void print_text(std::ostream& out, const Checked& c) {
 // shapes (docs/json-schema.md): 65,536 devices' entries would be 12 MB of JSON.
 constexpr std::int64_t kMaxShardsInJson = 4096;
 
-Json to_json(const Checked& c) {
+}  // namespace
+
+Checked check_spec(const CheckArgs& args) {
+  Checked c;
+  c.mesh = parse_mesh(args.mesh);
+  c.spec = parse_spec(args.spec, c.mesh);
+  c.dtype = args.dtype ? parse_dtype(*args.dtype) : kDefaultDType;
+  c.default_dtype = !args.dtype;
+  if (args.dims) {
+    c.sizes = parse_dims(*args.dims);
+    check_dims_used(*c.sizes, {&c.spec});
+    check_tensor_bytes(c.spec, *c.sizes, c.dtype);
+    c.shape = global_shape(c.spec, *c.sizes);
+  }
+  return c;
+}
+
+Json check_json(const Checked& c) {
   const Mesh& mesh = c.mesh;
   Json j;
   j["valid"] = true;
   j["spec"] = format_spec(c.spec, mesh);
+  j["partition_spec"] = to_partition_spec(c.spec, mesh);
+  const std::string no_placements = placements_problem(c.spec, mesh);
+  j["placements"] = no_placements.empty() ? Json(to_placements(c.spec, mesh)) : Json(nullptr);
+  j["placements_problem"] = no_placements.empty() ? Json(nullptr) : Json(no_placements);
   j["mesh"] = mesh_json(mesh);
   j["device_count"] = mesh.device_count();
   j["tensor"] = c.spec.tensor;
@@ -199,36 +208,32 @@ Json to_json(const Checked& c) {
   return j;
 }
 
-}  // namespace
-
 Command add_check_command(CLI::App& root) {
-  auto flags = std::make_shared<CheckFlags>();
+  struct Flags {
+    CheckArgs args;
+    bool json = false;
+  };
+  auto flags = std::make_shared<Flags>();
   CLI::App* app = root.add_subcommand("check", "validate a spec on a mesh; with --dims, each device's block and bytes");
-  app->add_option("SPEC", flags->spec, "the sharding to check, e.g. 'A[I_X, J_Y]', 'A[I_{XY}, J]' or 'C[I, K]{U_X}'")
+  app->add_option("SPEC", flags->args.spec,
+                  "the sharding to check, e.g. 'A[I_X, J_Y]', 'A[I_{XY}, J]' or 'C[I, K]{U_X}'; or the tensor's "
+                  "letters and a JAX PartitionSpec or DTensor placements, e.g. 'A[I, J] = P(\"X\", None)' or "
+                  "'A[I, J] = [Shard(0), Replicate()]'")
       ->required();
-  add_mesh_flag(*app, flags->mesh);
-  add_dims_flag(*app, flags->dims, false);
-  add_dtype_flag(*app, flags->dtype);
+  add_mesh_flag(*app, flags->args.mesh);
+  add_dims_flag(*app, flags->args.dims, false);
+  add_dtype_flag(*app, flags->args.dtype);
   add_json_flag(*app, flags->json);
   app->footer(std::string(kNotationHint) +
               "\n\nExamples:\n"
               "  shardmm check 'A[I_X, J_Y]' --mesh X=4,Y=2\n"
-              "  shardmm check 'A[I_XY, J]' --mesh X=2,Y=2 --dims I=10,J=4 --dtype f32 --json\n\n" +
+              "  shardmm check 'A[I_XY, J]' --mesh X=2,Y=2 --dims I=10,J=4 --dtype f32 --json\n"
+              "  shardmm check 'A[I, J] = P((\"X\", \"Y\"), None)' --mesh X=2,Y=2\n\n" +
               kDocsHint);
   return {app, [flags](std::ostream& out) {
-            Checked c;
-            c.mesh = parse_mesh(flags->mesh);
-            c.spec = parse_spec(flags->spec, c.mesh);
-            c.dtype = flags->dtype ? parse_dtype(*flags->dtype) : kDefaultDType;
-            c.default_dtype = !flags->dtype;
-            if (flags->dims) {
-              c.sizes = parse_dims(*flags->dims);
-              check_dims_used(*c.sizes, {&c.spec});
-              check_tensor_bytes(c.spec, *c.sizes, c.dtype);
-              c.shape = global_shape(c.spec, *c.sizes);
-            }
+            const Checked c = check_spec(flags->args);
             if (flags->json) {
-              out << to_json(c).dump(2) << "\n";
+              out << check_json(c).dump(2) << "\n";
             } else {
               print_text(out, c);
             }

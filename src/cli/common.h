@@ -39,7 +39,8 @@ inline constexpr const char* kDocsHint =
 // The notation in two lines, for --help footers.
 inline constexpr const char* kNotationHint =
     "Notation: A[I_X, J_Y] shards I over mesh axis X and J over Y; a bare dimension is replicated;\n"
-    "I_XY (or I_{dp,tp}) splits I over X then Y; {U_X} marks partial sums over X; an axis shards one dimension.";
+    "I_XY (or I_{dp,tp}) splits I over X then Y; {U_X} marks partial sums over X; an axis shards one dimension.\n"
+    "Or the letters, then a JAX PartitionSpec or DTensor placements: A[I, J] = P('X', None), A[I, J] = [Shard(0)].";
 
 // --- flags shared by the planning commands ---
 

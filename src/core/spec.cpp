@@ -6,6 +6,7 @@
 
 #include "core/text.h"
 #include "shardmm/core/error.h"
+#include "shardmm/core/interop.h"
 
 namespace shardmm {
 
@@ -138,9 +139,22 @@ class SpecParser {
     }
     const std::size_t open = pos;
     const std::size_t close = matching(open, '[', ']');
+    refuse_partition_spec_entries(open + 1, close, spec.tensor);
     parse_dims(open + 1, close, spec);
     pos = close + 1;
     skip_space(pos);
+    if (pos < src_.size() && src_[pos] == '=') {
+      // "A[I, J] = P('X', None)": the brackets name the dimensions, the form shards them.
+      for (std::size_t i = 0; i < spec.dims.size(); ++i) {
+        if (!spec.dims[i].axes.empty()) {
+          fail("dimension " + spec.dims[i].name +
+                   " has axes and a form follows '='; give the sharding once: A[I_X, J] or A[I, J] = P('X', None)",
+               dim_pos_[i], spec.dims[i].name.size());
+        }
+      }
+      check_rules(spec);
+      return detail::parse_interop_form(src_, pos + 1, spec, mesh_);
+    }
     if (pos < src_.size() && src_[pos] == '{') {
       const std::size_t uclose = matching(pos, '{', '}');
       parse_unreduced(pos + 1, uclose, spec);
@@ -172,6 +186,71 @@ class SpecParser {
       if (src_[i] == c && --depth == 0) return i;
     }
     fail(std::string("'") + o + "' is never closed; add the matching '" + c + "'", open, 1);
+  }
+
+  // A JAX user's first guess, A[X, Y] or A[X, None], lists mesh axes where this notation
+  // names dimensions: X would read as a replicated dimension named X, None as dimension N
+  // over axis 'one'. Refused with the spec they meant, in both notations.
+  void refuse_partition_spec_entries(std::size_t begin, std::size_t end, const std::string& tensor) const {
+    struct Entry {
+      std::size_t from, to;
+      std::optional<int> axis;  // a bare mesh axis name
+      bool none = false;
+    };
+    std::vector<Entry> entries;
+    int depth = 0;
+    std::size_t start = begin;
+    for (std::size_t i = begin; i <= end; ++i) {
+      const char ch = i < end ? src_[i] : ',';
+      depth += ch == '{' ? 1 : ch == '}' ? -1 : 0;
+      if (i < end && (ch != ',' || depth != 0)) continue;
+      std::size_t from = start, to = i;
+      text::trim(src_, from, to);
+      const std::string_view word = src_.substr(from, to - from);
+      entries.push_back({from, to, mesh_.find(word), word == "None"});
+      start = i + 1;
+    }
+    const auto culprit =
+        std::find_if(entries.begin(), entries.end(), [](const Entry& e) { return e.axis || e.none; });
+    if (culprit == entries.end()) return;
+    // A fresh letter for each entry that is an axis or None: one no other entry starts with
+    // and no mesh axis is named.
+    std::string taken;
+    for (const Entry& e : entries) {
+      if (!e.axis && !e.none && e.to > e.from) taken += src_[e.from];
+    }
+    const auto fresh_letter = [&] {
+      for (char c : std::string_view("IJKLMNOPQRSTUVWXYZABCDEFGHabcdefghijklmnopqrstuvwxyz")) {
+        if (taken.find(c) == std::string::npos && !mesh_.find(std::string(1, c))) {
+          taken += c;
+          return std::string(1, c);
+        }
+      }
+      return std::string("?");
+    };
+    std::string book, letters, form;
+    bool all_axes = true;
+    for (const Entry& e : entries) {
+      std::string dim(src_.substr(e.from, e.to - e.from)), entry = "None";
+      if (e.axis || e.none) {
+        dim = fresh_letter();
+        if (e.axis) entry = "'" + mesh_.axis(*e.axis).name + "'";
+        letters += (letters.empty() ? "" : ", ") + dim;
+        form += (form.empty() ? "" : ", ") + entry;
+        if (e.axis) dim += "_" + mesh_.axis(*e.axis).name;
+      } else {
+        all_axes = false;
+      }
+      book += (book.empty() ? "" : ", ") + dim;
+    }
+    const std::string meant = tensor + "[" + book + "]" +
+                              (all_axes ? " or " + tensor + "[" + letters + "] = P(" + form + ")" : std::string());
+    const std::string word(src_.substr(culprit->from, culprit->to - culprit->from));
+    fail((culprit->none ? "'None' is a PartitionSpec's word; here each dimension is a letter, bare when replicated"
+                        : "'" + word + "' is a mesh axis, written here as a dimension's name; a dimension is a letter, "
+                          "its mesh axes follow it") +
+             "; did you mean " + meant + "?",
+         culprit->from, culprit->to - culprit->from);
   }
 
   void parse_dims(std::size_t begin, std::size_t end, Spec& spec) {
@@ -379,6 +458,13 @@ class SpecParser {
           fail("dimension '" + spec.dims[i].name + "' appears twice; dimension names in a spec must be distinct",
                dim_pos_[i], spec.dims[i].name.size());
         }
+      }
+    }
+    for (std::size_t i = 0; i < spec.dims.size(); ++i) {
+      if (mesh_.find(spec.dims[i].name)) {
+        fail("dimension '" + spec.dims[i].name + "' has the name of a mesh axis of " + mesh_.to_string() +
+                 "; name dimensions apart from mesh axes (I, J, K, ...) so that neither reads as the other",
+             dim_pos_[i], spec.dims[i].name.size());
       }
     }
     if (auto v = find_violation(spec, mesh_)) {

@@ -36,6 +36,7 @@ def commands(tmp, source):
                               "--dtype", "f32", "--run", "--trace", str(tmp / "trace.json"), *SPEED]),
         ("check.json", ["check", "A[I_XY, J]", "--mesh", "X=3,Y=2", "--dims", "I=10,J=4", "--dtype", "f32"]),
         ("check.json", ["check", "A[I_XY, J]{U_Z}", "--mesh", "X=3,Y=2,Z=2"]),
+        ("check.json", ["check", "A[I, J] = P(('Y', 'X'), None)", "--mesh", "X=3,Y=2"]),
         ("check.json", ["check", "A[I_XYZ]", "--mesh", "X=16,Y=16,Z=17", "--dims", "I=4352"]),
         ("calibrate.json", ["calibrate", "--quick", "--mesh", "X=2", "--out", profile]),
         ("run.json", ["run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=64,J=32,K=16",

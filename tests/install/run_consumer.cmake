@@ -49,3 +49,10 @@ execute_process(COMMAND ${build}/consumer RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "install_consumer: the consumer exited with ${rc}")
 endif()
+
+# The Python package, imported from the prefix (not the build tree) in a scratch directory.
+if(PYTHON)
+  run_step("importing shardmm from ${prefix}/${PYTHON_PACKAGE_DIR}"
+           ${CMAKE_COMMAND} -E chdir ${WORK_DIR} ${CMAKE_COMMAND} -E env PYTHONPATH=${prefix}/${PYTHON_PACKAGE_DIR}
+           ${PYTHON} ${CMAKE_CURRENT_LIST_DIR}/import_installed.py ${prefix})
+endif()

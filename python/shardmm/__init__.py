@@ -1,0 +1,652 @@
+"""shardmm: sharded tensors on a named device mesh, in the JAX Scaling Book's notation.
+
+A mesh names its axes (``Mesh("X=4,Y=2")``: 8 devices, numbered row-major, first axis
+major, as ``jax.make_mesh`` does). A spec says which mesh axes split which dimension of a
+tensor, and over which axes it holds partial sums: ``A[I_X, J_Y]``, ``A[I_XY, J]``,
+``C[I, K]{U_X}`` (docs/notation.md). The same sharding can be written as a JAX
+PartitionSpec or as PyTorch DTensor placements:
+
+>>> import shardmm
+>>> mesh = shardmm.Mesh("X=4,Y=2")
+>>> spec = shardmm.Spec.parse("A[I_XY, J]", mesh)
+>>> spec.to_partition_spec()
+"P(('X', 'Y'), None)"
+>>> spec.to_placements()
+'[Shard(0), Shard(0)]'
+>>> shardmm.Spec.from_partition_spec("P('X', None)", mesh, letters="A[I, J]")
+Spec('A[I_X, J]', Mesh('X=4,Y=2'))
+
+``check``, ``plan`` and ``reshard`` return objects whose ``to_json()`` is what the
+``shardmm`` command prints with ``--json``; ``run`` multiplies numpy arrays on one thread
+per device and checks the answer; ``visualize`` draws which devices hold which tile.
+Every mistake in the arguments raises ``shardmm.InputError`` (a ``ValueError``) with the
+command's message, or ``TypeError`` for an argument of the wrong Python type.
+"""
+
+import json as _json
+import numbers as _numbers
+
+import numpy as _np
+
+from . import _shardmm as _core
+
+InputError = _core.InputError
+InputError.__module__ = "shardmm"
+InputError.__doc__ = """A mistake in the input: the message names the offending text and the rule.
+
+The ``shardmm`` command reports the same mistake with the same line and exits 2. It is a
+``ValueError``, so ``except ValueError`` catches it too."""
+
+__all__ = ["InputError", "Mesh", "Spec", "Step", "Candidate", "Check", "Plan", "Reshard", "RunResult",
+           "check", "plan", "reshard", "run", "visualize"]
+
+
+def _type_name(value):
+    return type(value).__name__
+
+
+# --- arguments: each is turned into the text the command would take --------------------
+
+
+def _mesh_text(mesh):
+    if isinstance(mesh, Mesh):
+        return str(mesh)
+    if isinstance(mesh, str):
+        return mesh
+    raise TypeError(f"mesh must be a shardmm.Mesh or a str such as 'X=4,Y=2', not {_type_name(mesh)}")
+
+
+def _mesh(mesh):
+    return mesh if isinstance(mesh, Mesh) else Mesh(_mesh_text(mesh))
+
+
+def _spec_text(spec, what="spec"):
+    if isinstance(spec, Spec):
+        return str(spec)
+    if isinstance(spec, str):
+        return spec
+    raise TypeError(f"{what} must be a shardmm.Spec or a str such as 'A[I_X, J]', not {_type_name(spec)}")
+
+
+def _dims_text(dims):
+    """None, 'I=8,J=4' or {'I': 8, 'J': 4} -> the --dims text (None stays None)."""
+    if dims is None or isinstance(dims, str):
+        return dims
+    if not hasattr(dims, "items"):
+        raise TypeError(f"dims must be a str such as 'I=8,J=4' or a dict such as {{'I': 8}}, not {_type_name(dims)}")
+    parts = []
+    for name, size in dims.items():
+        if not isinstance(name, str):
+            raise TypeError(f"dims: a dimension's name is a str, not {_type_name(name)}")
+        if isinstance(size, bool) or not isinstance(size, _numbers.Integral):
+            raise TypeError(f"dims: the size of {name} must be an int, not {_type_name(size)}")
+        parts.append(f"{name}={int(size)}")
+    return ",".join(parts)
+
+
+_DTYPES = {_np.dtype(_np.float16): "f16", _np.dtype(_np.float32): "f32", _np.dtype(_np.float64): "f64"}
+
+
+def _dtype_text(dtype):
+    """None, 'f32', numpy.float32 or numpy.dtype('float32') -> the --dtype text."""
+    if dtype is None or isinstance(dtype, str):
+        return dtype
+    try:
+        as_numpy = _np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be a str such as 'f32' or a numpy float type, not {_type_name(dtype)}") from None
+    if as_numpy not in _DTYPES:
+        raise InputError(f"dtype {as_numpy}: shardmm's element types are bf16, f16, f32 and f64")
+    return _DTYPES[as_numpy]
+
+
+def _optional_text(value, what):
+    if value is None or isinstance(value, str):
+        return value
+    if what == "mem_limit" and isinstance(value, _numbers.Integral) and not isinstance(value, bool):
+        return str(int(value))
+    raise TypeError(f"{what} must be a str, not {_type_name(value)}")
+
+
+def _tie_margin(value):
+    if isinstance(value, bool) or not isinstance(value, _numbers.Real):
+        raise TypeError(f"tie_margin must be a number, not {_type_name(value)}")
+    return float(value)
+
+
+# --- values ------------------------------------------------------------------------------
+
+
+class Mesh:
+    """A named device mesh: axes with sizes, in order.
+
+    >>> mesh = Mesh("X=4,Y=2")
+    >>> mesh.axes
+    {'X': 4, 'Y': 2}
+    >>> mesh.size
+    8
+    >>> mesh.devices
+    array([[0, 1],
+           [2, 3],
+           [4, 5],
+           [6, 7]])
+    >>> mesh.coords(5)
+    {'X': 2, 'Y': 1}
+
+    Device ids are row-major over the axes, first axis major (device 5 is x=2, y=1), as
+    ``jax.make_mesh`` lays them out; ``devices`` is that layout, as JAX's ``Mesh.devices``.
+    """
+
+    def __init__(self, text):
+        if isinstance(text, Mesh):
+            text = str(text)
+        if not isinstance(text, str):
+            raise TypeError(f"Mesh takes a str such as 'X=4,Y=2', not {_type_name(text)}")
+        self._mesh = _core.Mesh(text)
+
+    @property
+    def axes(self):
+        """{name: size}, in the mesh's order."""
+        return dict(self._mesh.axes)
+
+    @property
+    def axis_names(self):
+        """The axes' names, in order."""
+        return tuple(self.axes)
+
+    @property
+    def shape(self):
+        """{name: size}, as JAX's ``Mesh.shape``."""
+        return self.axes
+
+    @property
+    def size(self):
+        """The number of devices: the product of the sizes."""
+        return self._mesh.device_count
+
+    @property
+    def devices(self):
+        """The device ids laid out on the mesh: an int array of shape (sizes...)."""
+        return _np.arange(self.size).reshape(tuple(self.axes.values()))
+
+    def coords(self, device):
+        """{axis: coordinate} of ``device``."""
+        if isinstance(device, bool) or not isinstance(device, _numbers.Integral):
+            raise TypeError(f"device must be an int, not {_type_name(device)}")
+        return dict(zip(self.axes, self._mesh.coords(int(device))))
+
+    def __str__(self):
+        return str(self._mesh)
+
+    def __repr__(self):
+        return f"Mesh({str(self)!r})"
+
+    def __eq__(self, other):
+        return isinstance(other, Mesh) and self._mesh == other._mesh
+
+    def __hash__(self):
+        return hash(str(self))
+
+
+def _letters(letters, mesh):
+    """(tensor name, [letters]) from 'A[I, J]', 'I,J' or ['I', 'J']."""
+    if isinstance(letters, str):
+        if "[" in letters:
+            spec = _core.Spec.parse(letters, mesh._mesh)
+            if any(axes for _, axes in spec.dims) or spec.unreduced:
+                raise InputError(f"letters {letters!r}: give the dimensions' letters only, e.g. A[I, J]")
+            return spec.tensor, spec.letters
+        return "", [part.strip() for part in letters.split(",")]
+    if isinstance(letters, (list, tuple)) and all(isinstance(x, str) for x in letters):
+        return "", list(letters)
+    raise TypeError(f"letters must be a str such as 'A[I, J]' or 'I,J', or a list of str, not {_type_name(letters)}")
+
+
+def _form_text(form, what):
+    # A JAX PartitionSpec or a list of DTensor placements reads as its repr:
+    # PartitionSpec('X', None), [Shard(dim=0), Replicate()].
+    return form if isinstance(form, str) else repr(form)
+
+
+class Spec:
+    """A tensor's sharding on a mesh, in the Scaling Book's notation.
+
+    >>> mesh = Mesh("X=4,Y=2")
+    >>> s = Spec.parse("A[IX, J]", mesh)
+    >>> str(s), s.dims
+    ('A[I_X, J]', [('I', ['X']), ('J', [])])
+    >>> Spec.parse(str(s), mesh) == s
+    True
+    >>> Spec.from_placements("[Partial(), Shard(1)]", mesh, letters="C[I, K]")
+    Spec('C[I, K_Y]{U_X}', Mesh('X=4,Y=2'))
+
+    ``str`` is the canonical form, which parses back to an equal spec; ``repr`` is the
+    call that makes it.
+    """
+
+    def __init__(self, text, mesh):
+        mesh = _mesh(mesh)
+        self._spec = _core.Spec.parse(_spec_text(text), mesh._mesh)
+        self._mesh_value = mesh
+
+    @classmethod
+    def _of(cls, core_spec, mesh):
+        spec = cls.__new__(cls)
+        spec._spec, spec._mesh_value = core_spec, mesh
+        return spec
+
+    @classmethod
+    def parse(cls, text, mesh):
+        """Reads ``text``: ``A[I_X, J]``, or the letters and a PartitionSpec or placements,
+        ``A[I, J] = P('X', None)``, ``A[I, J] = [Shard(0), Replicate()]``."""
+        return cls(text, mesh)
+
+    @classmethod
+    def from_partition_spec(cls, partition_spec, mesh, letters):
+        """The spec of a JAX PartitionSpec: ``"P('X', None)"`` (or a PartitionSpec object,
+        read through its repr) on ``mesh``, for a tensor whose dimensions ``letters`` names:
+        ``'A[I, J]'``, ``'I,J'`` or ``['I', 'J']``. A tuple entry is major to minor;
+        unreduced axes are ``unreduced={'X'}``."""
+        mesh = _mesh(mesh)
+        name, names = _letters(letters, mesh)
+        core = _core.Spec.from_partition_spec(_form_text(partition_spec, "partition_spec"), names, mesh._mesh)
+        return cls._of(core.with_name(name) if name else core, mesh)
+
+    @classmethod
+    def from_placements(cls, placements, mesh, letters):
+        """The spec of DTensor placements, one per mesh axis in mesh order: ``Shard(d)``,
+        ``Replicate()``, ``Partial()`` (a string such as ``'[Shard(0), Replicate()]'``, or
+        the placement objects, read through their repr). Several ``Shard(d)`` of one
+        dimension nest in mesh order: ``[Shard(0), Shard(0)]`` is ``I_XY``."""
+        mesh = _mesh(mesh)
+        name, names = _letters(letters, mesh)
+        core = _core.Spec.from_placements(_form_text(placements, "placements"), names, mesh._mesh)
+        return cls._of(core.with_name(name) if name else core, mesh)
+
+    def to_partition_spec(self):
+        """The JAX PartitionSpec's text: ``P(('X', 'Y'), None)``."""
+        return self._spec.to_partition_spec()
+
+    def to_placements(self):
+        """DTensor placements' text, ``[Shard(0), Replicate()]``; InputError when a dimension
+        is split over axes out of mesh order (``I_YX``), which DTensor cannot express."""
+        return self._spec.to_placements()
+
+    @property
+    def mesh(self):
+        return self._mesh_value
+
+    @property
+    def tensor(self):
+        """The tensor's name ('' when the spec has none)."""
+        return self._spec.tensor
+
+    @property
+    def letters(self):
+        """The dimensions' names, in order."""
+        return self._spec.letters
+
+    @property
+    def dims(self):
+        """[(letter, [mesh axes, major to minor])] per dimension."""
+        return [(name, list(axes)) for name, axes in self._spec.dims]
+
+    @property
+    def unreduced(self):
+        """The axes over which the tensor holds partial sums, in mesh order."""
+        return list(self._spec.unreduced)
+
+    def __str__(self):
+        return str(self._spec)
+
+    def __repr__(self):
+        return f"Spec({str(self)!r}, {self._mesh_value!r})"
+
+    def __eq__(self, other):
+        return isinstance(other, Spec) and self._spec == other._spec
+
+    def __hash__(self):
+        return hash((str(self), str(self._mesh_value)))
+
+
+# --- results: the command's JSON documents as objects ----------------------------------
+
+
+class _Record:
+    """A JSON object's keys as attributes (``step.time_s``); ``record["time_s"]`` too."""
+
+    _aliases = {}
+
+    def __init__(self, doc):
+        self._doc = doc
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        key = self._aliases.get(name, name)
+        try:
+            return self._doc[key]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__} has no {name!r}; its keys: {', '.join(self._doc)}") from None
+
+    def __getitem__(self, key):
+        return self._doc[key]
+
+    def keys(self):
+        return self._doc.keys()
+
+    def __dir__(self):
+        return sorted(set(object.__dir__(self)) | set(self._doc) | set(self._aliases))
+
+
+class Step(_Record):
+    """One step of a plan: ``op`` (einsum, all_gather, reduce_scatter, all_reduce,
+    all_to_all, ...), ``axes``, ``tensor``, ``from_spec`` -> ``to_spec``, ``bytes_sent`` and
+    ``bytes_received`` per device, ``flops``, the predicted ``time_s`` and what ``bound`` s
+    it (docs/json-schema.md lists every key)."""
+
+    _aliases = {"from_spec": "from", "to_spec": "to", "from_b_spec": "from_b"}
+
+    def __repr__(self):
+        sides = f"{self._doc['from']} @ {self._doc['from_b']}" if self._doc.get("from_b") else self._doc["from"]
+        axes = "".join(self._doc["axes"]) or "-"
+        return f"<Step {self._doc['op']} over {axes}: {sides} -> {self._doc['to']}, {self._doc['time_s']:.3g} s>"
+
+
+class Candidate(_Record):
+    """A strategy: its ``steps``, ``description``, ``output`` spec and totals
+    (``total_time_s``, ``comm_time_s``, ``compute_time_s``, ``peak_bytes_per_device``...)."""
+
+    @property
+    def steps(self):
+        return [Step(s) for s in self._doc["steps"]]
+
+    def __repr__(self):
+        return f"<Candidate {self._doc['description']!r}: {self._doc['total_time_s']:.3g} s>"
+
+
+class _Document(_Record):
+    # Parsed on first use: a caller that only wants to_json() pays nothing for it.
+    def __init__(self, text):
+        self._text, self._parsed = text, None
+
+    @property
+    def _doc(self):
+        if self._parsed is None:
+            self._parsed = _json.loads(self._text)
+        return self._parsed
+
+    def to_json(self):
+        """The document ``shardmm ... --json`` prints for the same arguments (without its
+        final newline)."""
+        return self._text
+
+
+class Check(_Document):
+    """A validated spec: ``spec`` (canonical), ``partition_spec``, ``placements``, and with
+    dims the ``global_shape`` and every device's ``shards`` (block, local shape, bytes)."""
+
+    def __repr__(self):
+        return f"<Check {self._doc['spec']} on {_mesh_from_doc(self._doc)}>"
+
+
+def _mesh_from_doc(doc):
+    return ",".join(f"{k}={v}" for k, v in doc["mesh"].items())
+
+
+class _Planned(_Document):
+    @property
+    def candidates(self):
+        """Every strategy weighed, cheapest first."""
+        return [Candidate(c) for c in self._doc["candidates"]]
+
+    @property
+    def chosen(self):
+        """The candidate the planner picked."""
+        return Candidate(self._doc["candidates"][self._doc["chosen"]])
+
+    @property
+    def steps(self):
+        """The chosen candidate's steps."""
+        return self.chosen.steps
+
+    @property
+    def total_time_s(self):
+        """The chosen candidate's predicted time."""
+        return self.chosen.total_time_s
+
+
+class Plan(_Planned):
+    """A planned contraction: its ``cases`` (the Scaling Book's case per mesh axis),
+    ``roles`` of the letters, ``candidates`` and the ``chosen`` one with its ``steps``."""
+
+    def __repr__(self):
+        return f"<Plan {self._doc['expr']} on {_mesh_from_doc(self._doc)}: {self.chosen.description}>"
+
+
+class Reshard(_Planned):
+    """A planned reshard: its ``candidates`` and the ``chosen`` one with its ``steps``."""
+
+    def __repr__(self):
+        return f"<Reshard {self._doc['expr']} on {_mesh_from_doc(self._doc)}: {self.chosen.description}>"
+
+
+class RunResult:
+    """What ``run`` returns: ``result`` (the global numpy array), ``shards`` (per device,
+    its block of the result, when asked for), ``plan`` (the Plan that ran), and the
+    verification against a dense float64 reference: ``verified``, ``max_abs_error``,
+    ``tolerance``."""
+
+    def __init__(self, result, shards, plan, verification):
+        self.result, self.shards, self.plan = result, shards, plan
+        self.verified = verification["verified"]
+        self.max_abs_error = verification["max_abs_error"]
+        self.max_rel_error = verification["max_rel_error"]
+        self.tolerance = verification["tolerance"]
+        self.rel_tolerance = verification["rel_tolerance"]
+
+    def __repr__(self):
+        return f"<RunResult {self.result.dtype} {self.result.shape}, verified={self.verified}>"
+
+
+# --- entry points --------------------------------------------------------------------------
+
+
+def check(spec, mesh, dims=None, dtype=None):
+    """Validates ``spec`` on ``mesh``, as ``shardmm check`` does.
+
+    >>> c = check("A[I_XY, J]", "X=3,Y=2", dims={"I": 10, "J": 4})
+    >>> c.partition_spec, [s["local_shape"] for s in c.shards][:3]
+    ("P(('X', 'Y'), None)", [[2, 4], [2, 4], [2, 4]])
+
+    ``dims``: the sizes, ``'I=10,J=4'`` or ``{'I': 10, 'J': 4}``; without them there are
+    no shards. ``dtype``: bf16 (the default), f16, f32 or f64 (a str or numpy type), for
+    the bytes. Returns a Check; ``.to_json()`` is ``shardmm check ... --json``.
+    """
+    return Check(_core.check(_spec_text(spec), _mesh_text(mesh), _dims_text(dims), _dtype_text(dtype)))
+
+
+def plan(expr, mesh, dims, dtype=None, hw=None, mem_limit=None, tie_margin=_core.default_tie_margin):
+    """Plans the sharded contraction ``expr`` on ``mesh``, as ``shardmm plan`` does.
+
+    >>> p = plan("A[I, J_X] @ B[J_X, K] -> C[I, K]", "X=4", {"I": 8192, "J": 4096, "K": 16384})
+    >>> p.cases[0]["case"], [s.op for s in p.steps]
+    (3, ['einsum', 'all_reduce'])
+
+    ``expr``: ``A[...] @ B[...]``, optionally ``-> C[...]`` (each operand may be the letters
+    and a PartitionSpec or placements: ``A[I, J] = P(None, 'X')``). ``dims``: every
+    letter's size. ``dtype``: bf16 (default), f16, f32, f64. ``hw``: a built-in profile
+    (tpu-v5e, h100, ...), 'calibrated' or a profile file; default: this machine's
+    calibrated profile if ``shardmm calibrate`` wrote one, else tpu-v5e. ``mem_limit``:
+    bytes per device a plan may hold ('16GiB' or an int). ``tie_margin``: plans this
+    fraction from the cheapest tie, and the one that synchronizes least wins.
+
+    Returns a Plan: ``cases``, ``candidates``, ``chosen``, ``steps`` (each with op, axes,
+    bytes and predicted time) and ``total_time_s``; ``.to_json()`` is ``shardmm plan ...
+    --json`` for the same arguments.
+    """
+    return Plan(_core.plan(_spec_text(expr, "expr"), _mesh_text(mesh), _required_dims(dims), _dtype_text(dtype),
+                           _optional_text(hw, "hw"), _optional_text(mem_limit, "mem_limit"), _tie_margin(tie_margin)))
+
+
+def reshard(src, dst, mesh, dims, dtype=None, hw=None, mem_limit=None, tie_margin=_core.default_tie_margin):
+    """Plans moving one tensor from sharding ``src`` to ``dst``, as ``shardmm reshard`` does.
+
+    >>> r = reshard("A[I, J_X]", "A[I_X, J]", "X=4", {"I": 8192, "J": 4096})
+    >>> [s.op for s in r.steps]
+    ['all_to_all']
+
+    Arguments as for ``plan``. Returns a Reshard; ``.to_json()`` is ``shardmm reshard ...
+    --json``.
+    """
+    return Reshard(_core.reshard(_spec_text(src, "src"), _spec_text(dst, "dst"), _mesh_text(mesh),
+                                 _required_dims(dims), _dtype_text(dtype), _optional_text(hw, "hw"),
+                                 _optional_text(mem_limit, "mem_limit"), _tie_margin(tie_margin)))
+
+
+def _required_dims(dims):
+    text = _dims_text(dims)
+    if text is None:
+        raise TypeError("dims is required: every letter's size, e.g. {'I': 8192, 'J': 4096}")
+    return text
+
+
+def _operand(array, name, dtype):
+    """``array`` as a C-contiguous array of ``dtype``: as it is when it already is one (no
+    copy), else converted once (a copy)."""
+    if array is None:
+        raise TypeError(f"{name} is required: the global array of operand {name.upper()}")
+    if not isinstance(array, _np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, not {_type_name(array)}")
+    if array.dtype == dtype and array.flags.c_contiguous:
+        return array
+    if array.dtype.kind not in "biuf":
+        raise InputError(f"{name} holds {array.dtype}; shardmm multiplies real numbers (f32 or f64)")
+    return _np.ascontiguousarray(array, dtype=dtype)
+
+
+def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=True, hw=None):
+    """Runs the sharded contraction ``expr`` on numpy arrays, one thread per device.
+
+    >>> import numpy as np
+    >>> a = np.arange(12, dtype=np.float64).reshape(4, 3)
+    >>> b = np.ones((3, 2))
+    >>> r = run("A[I_X, J] @ B[J, K] -> C[I_X, K]", "X=2", a=a, b=b)
+    >>> bool((r.result == a @ b).all()), r.verified
+    (True, True)
+
+    ``a`` and ``b`` are the GLOBAL arrays, shaped as the letters say (``dims``, optional,
+    must agree; without it the arrays' shapes give the sizes). Each device's thread copies
+    its own block out of them (the scatter: no other copy is made; an operand replicated
+    over an axis is held whole by each of its devices, as that layout says), the plan that
+    ``shardmm run`` chooses for the same arguments (predicted for h100, or for this
+    machine's calibrated profile; ``hw`` names another) runs on those blocks, and every
+    device writes its block of the result straight into ``result`` (partial sums are added
+    there in device order). The GIL is released while the devices run (and Ctrl-C waits
+    for them).
+
+    ``dtype``: 'f32' or 'f64' (or numpy's float32/float64); by default the arrays' own,
+    which must then be float32 or float64 and the same for both. An array of another
+    dtype, or one that is not C-contiguous, is converted first: one copy of it.
+    ``return_shards``: also return each device's block of the result (``shards[d]``).
+    ``verify``: check the result against a dense float64 reference of the same inputs, as
+    ``shardmm run`` does (tolerance from the contracted length); a mismatch raises
+    RuntimeError. The reference is the one other copy: device 0 builds float64 copies of
+    ``a``, ``b`` and the expected product, and gathers the result's blocks to compare.
+    ``verify=False`` skips it, leaving the scatter the only copy of the inputs.
+
+    Returns a RunResult: ``result``, ``shards``, ``plan``, ``verified``, ``max_abs_error``.
+    """
+    if dtype is None:
+        kinds = {x.dtype for x in (a, b) if isinstance(x, _np.ndarray)}
+        if len(kinds) == 2:
+            raise InputError(f"a is {a.dtype} and b is {b.dtype}: pass dtype='f32' or dtype='f64' to convert them")
+        dtype = next(iter(kinds), None)
+        if dtype is not None and dtype not in (_np.float32, _np.float64):
+            raise InputError(f"the arrays hold {dtype}; pass dtype='f32' or dtype='f64' to convert them (a copy)")
+    dtype_text = _dtype_text(dtype) if dtype is not None else "f64"
+    if dtype_text not in ("f32", "f64"):
+        raise InputError(f"cannot run in {dtype_text}: execution computes in f32 or f64")
+    np_dtype = _np.float32 if dtype_text == "f32" else _np.float64
+    a, b = _operand(a, "a", np_dtype), _operand(b, "b", np_dtype)
+    if not isinstance(return_shards, bool) or not isinstance(verify, bool):
+        raise TypeError("return_shards and verify are True or False")
+    result, shards, plan_doc, _, verification = _core.run(
+        _spec_text(expr, "expr"), _mesh_text(mesh), _dims_text(dims), a, b, dtype_text, return_shards, verify,
+        _optional_text(hw, "hw"))
+    if verify and not verification["verified"]:
+        raise RuntimeError("the result does not match the dense reference (max abs error "
+                           f"{verification['max_abs_error']:.3g}, tolerance {verification['tolerance']:.3g}"
+                           f"{'; ' + verification['detail'] if verification['detail'] else ''})")
+    return RunResult(result, shards, Plan(plan_doc), verification)
+
+
+def _device_list(devices):
+    """[0, 1, 2, 3, 6, 7] -> '0-3,6,7': runs of three or more as ranges."""
+    parts, start = [], None
+    for i, d in enumerate(devices):
+        if start is None:
+            start = d
+        if i + 1 == len(devices) or devices[i + 1] != d + 1:
+            parts += [f"{start}-{d}"] if d - start >= 2 else [str(x) for x in range(start, d + 1)]
+            start = None
+    return ",".join(parts)
+
+
+def visualize(spec, mesh, shape, width=60):
+    """The tiles of a 1-D or 2-D array sharded by ``spec``, with the devices that hold each,
+    as ``jax.debug.visualize_array_sharding`` draws them (in plain text):
+
+    >>> print(visualize("A[I_X, J]", "X=2,Y=2", (4, 6), width=24))
+    +----------------------+
+    |         0,1          |
+    +----------------------+
+    |         2,3          |
+    +----------------------+
+    <BLANKLINE>
+
+    A tile's devices are its replicas (``0,1``: devices 0 and 1 hold copies; ``0-3``:
+    devices 0 to 3). Column widths follow the tiles' extents (``width`` columns in all, or
+    wider where a label needs it). Partial sums and empty blocks get a line below.
+    """
+    spec_text, mesh = _spec_text(spec), _mesh(mesh)
+    parsed = Spec(spec_text, mesh)
+    if isinstance(shape, _numbers.Integral):
+        shape = (shape,)
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(n, _numbers.Integral) for n in shape):
+        raise TypeError(f"shape must be a tuple of ints, not {_type_name(shape)}")
+    if isinstance(width, bool) or not isinstance(width, _numbers.Integral):
+        raise TypeError(f"width must be an int, not {_type_name(width)}")
+    letters = parsed.letters
+    if len(letters) not in (1, 2):
+        raise InputError(f"visualize draws 1-D and 2-D arrays; {parsed} has {len(letters)} dimensions")
+    if len(shape) != len(letters):
+        raise InputError(f"shape {tuple(shape)} has {len(shape)} dimensions but {parsed} has {len(letters)}")
+    doc = check(spec_text, mesh, dict(zip(letters, shape)))
+    tiles, empty = {}, []
+    for shard in doc.shards:
+        block = tuple(tuple(r) for r in shard["block"])
+        if any(end == begin for begin, end in block):
+            empty.append(shard["device"])
+        else:
+            tiles.setdefault(block, []).append(shard["device"])
+    if len(letters) == 1:
+        tiles = {(((0, 1),) + block): devices for block, devices in tiles.items()}
+        shape = (1,) + tuple(shape)
+    rows = sorted({block[0] for block in tiles})
+    cols = sorted({block[1] for block in tiles})
+    labels = {block: _device_list(sorted(devices)) for block, devices in tiles.items()}
+    col_width = []
+    for col in cols:
+        need = max(len(labels[block]) for block in tiles if block[1] == col) + 2
+        col_width.append(max(need, round((col[1] - col[0]) / shape[1] * (width - len(cols) - 1))))
+    rule = "+" + "+".join("-" * w for w in col_width) + "+"
+    lines = [rule]
+    for row in rows:
+        lines.append("|" + "|".join(labels.get((row, col), "").center(w) for col, w in zip(cols, col_width)) + "|")
+        lines.append(rule)
+    if parsed.unreduced:
+        lines.append(f"partial sums over {','.join(parsed.unreduced)}: a tile is the sum of what its devices hold")
+    if empty:
+        lines.append(f"devices {_device_list(sorted(empty))} hold empty blocks")
+    return "\n".join(lines) + "\n"
