@@ -3,5 +3,5 @@
 # (verified_jobs.cmake says what passes). Variables: MPIEXEC, SHARDMM, SOURCE (the repository).
 include(${CMAKE_CURRENT_LIST_DIR}/verified_jobs.cmake)
 expect_verified_jobs(program
-  "${SOURCE}/examples/programs/gpt.prog;--dims;B=2,T=3,S=3,D=8,H=2,A=4,F=6"
-  "${SOURCE}/examples/programs/mlp.prog;--dims;B=3,T=2,D=5,F=3;--optimizer;adam")
+  "${SOURCE}/examples/programs/gpt.prog --dims B=2,T=3,S=3,D=8,H=2,A=4,F=6"
+  "${SOURCE}/examples/programs/mlp.prog --dims B=3,T=2,D=5,F=3 --optimizer adam")

@@ -1,8 +1,9 @@
-# expect_verified_jobs(COMMAND ARGS...): each ARGS (a ';'-list in one string) runs as
+# expect_verified_jobs(COMMAND JOB...): each JOB (its arguments separated by spaces) runs as
 # `shardmm COMMAND ARGS --run --backend mpi --json`, a 4-rank job; passes when each job exits
 # 0 and rank 0 alone prints one JSON document that says verified. Variables: MPIEXEC, SHARDMM.
 function(expect_verified_jobs command)
-  foreach(args ${ARGN})
+  foreach(job ${ARGN})
+    string(REPLACE " " ";" args "${job}")
     execute_process(
       COMMAND ${MPIEXEC} --allow-run-as-root --oversubscribe -n 4 ${SHARDMM} ${command} ${args} --run --backend mpi --json
       OUTPUT_VARIABLE out

@@ -42,6 +42,7 @@ class ProgramWriter {
       lines_.push_back(line);
       add(name, l);
       unused_.insert(name);
+      leaves_.insert(name);
     }
     for (int k = 0; k < ops || !unused_.empty(); ++k) {
       if (k > ops + 8) break;  // the leaves left unused are consumed below
@@ -147,7 +148,10 @@ class ProgramWriter {
         for (const std::string& x : letters_[b]) {
           if (!has(x)) both.push_back(x);
         }
-        if (both.size() > 4) b = a;
+        if (both.size() > 4) {
+          if (leaves_.count(b)) unused_.insert(b);  // not used here after all
+          b = a;
+        }
         const char* f[] = {"add", "sub", "mul"};
         binary_line(f[uniform(rng_, 0, 2)], a, b);
         return;
@@ -256,7 +260,7 @@ class ProgramWriter {
   std::map<std::string, std::int64_t> sizes_;
   std::map<std::string, std::vector<std::string>> letters_;
   std::vector<std::string> names_;
-  std::set<std::string> unused_;
+  std::set<std::string> unused_, leaves_;
   std::vector<std::string> lines_, kinds_;
   std::string last_;
   int count_ = 0;
