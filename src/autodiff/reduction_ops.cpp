@@ -56,6 +56,12 @@ struct Reduced {
   Rows rows;           // this rank's block, along dim
 };
 
+// How many rows' statistics a tape keeps: this rank's rows when it computes, none when it is
+// symbolic (a symbolic tape of a large model must not hold per-row vectors of its shards).
+std::size_t stat_rows(const Tape::Impl& t, const Rows& rows) {
+  return t.symbolic() ? 0 : static_cast<std::size_t>(rows.count);
+}
+
 Reduced reduced(const Tape::Impl& t, const Node& x, std::string_view dim, const char* op) {
   const Spec& s = x.value.spec;
   const int d = dim_index(s, dim, t.mesh, op);
@@ -141,7 +147,7 @@ Var scaled_reduce(Var x, std::string_view dim, double scale, const char* op) {
   Value y{r.spec, nullptr};
   y.spec.tensor = std::string(op) + "(" + nx.value.spec.tensor + ")";
   if (nx.value.data) {
-    std::vector<double> sums(static_cast<std::size_t>(r.rows.count), 0.0);
+    std::vector<double> sums(stat_rows(t, r.rows), 0.0);
     for_rows(t, nx.value, r.rows,
              [&](std::int64_t row, std::int64_t, double v) { sums[static_cast<std::size_t>(row)] += v; });
     const Rows one(Shape{r.rows.count, 1}, 1);
@@ -182,7 +188,7 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
   if (!(eps > 0)) throw InputError(std::string(op) + ": eps must be positive; got " + std::to_string(eps));
   const Node& nx = t.node(x);
   const Reduced r = reduced(t, nx, dim, op);
-  const auto rows = static_cast<std::size_t>(r.rows.count);
+  const std::size_t rows = stat_rows(t, r.rows);
   const double n = static_cast<double>(r.extent);
   Value y{nx.value.spec, nullptr};
   y.spec.tensor = std::string(op) + "(" + nx.value.spec.tensor + ")";
@@ -335,7 +341,7 @@ Var reduce_max(Var x, std::string_view dim) {
   const Reduced r = reduced(t, nx, dim, "reduce_max");
   Value y{r.spec, nullptr};
   y.spec.tensor = "reduce_max(" + nx.value.spec.tensor + ")";
-  std::vector<double> peak(static_cast<std::size_t>(r.rows.count), kMinusInfinity);
+  std::vector<double> peak(stat_rows(t, r.rows), kMinusInfinity);
   if (nx.value.data) {
     for_rows(t, nx.value, r.rows, [&](std::int64_t row, std::int64_t, double v) {
       double& p = peak[static_cast<std::size_t>(row)];
@@ -357,7 +363,7 @@ Var reduce_max(Var x, std::string_view dim) {
     const auto is_peak = [&](std::int64_t row, std::int64_t i) {
       return element(impl, *xv, r.rows.at(row, i)) == element(impl, self.value, row);
     };
-    std::vector<double> ties(static_cast<std::size_t>(r.rows.count), 0.0);
+    std::vector<double> ties(stat_rows(impl, r.rows), 0.0);
     if (g.data) {
       for (std::int64_t row = 0; row < r.rows.count; ++row) {
         for (std::int64_t i = 0; i < r.rows.n; ++i) ties[static_cast<std::size_t>(row)] += is_peak(row, i) ? 1 : 0;
@@ -383,7 +389,7 @@ Var softmax(Var x, std::string_view dim) {
   require_whole(t.mesh, x.spec(), "softmax");
   const Node& nx = t.node(x);
   const Reduced r = reduced(t, nx, dim, "softmax");
-  const auto rows = static_cast<std::size_t>(r.rows.count);
+  const std::size_t rows = stat_rows(t, r.rows);
   Value y{nx.value.spec, nullptr};
   y.spec.tensor = "softmax(" + nx.value.spec.tensor + ")";
   std::vector<double> peak(rows, kMinusInfinity), total(rows, 0.0);
@@ -412,7 +418,7 @@ Var softmax(Var x, std::string_view dim) {
   Var out = t.add_node(tape, std::move(y), shape, {x.id()}, [r](Tape::Impl& impl, const Node& self, const Value& grad) {
     // dx = y (g - sum_row(g y)), from the saved output.
     const Value g = impl.align(grad, self.value.spec, self.shape);
-    std::vector<double> dot(static_cast<std::size_t>(r.rows.count), 0.0);
+    std::vector<double> dot(stat_rows(impl, r.rows), 0.0);
     const auto gy = [&](std::int64_t row, std::int64_t i) {
       const std::int64_t at = r.rows.at(row, i);
       return std::pair{element(impl, g, at), element(impl, self.value, at)};
