@@ -400,7 +400,8 @@ Command add_program_command(CLI::App& root) {
       "  shardmm program examples/programs/mlp.prog\n"
       "  shardmm program examples/programs/mlp.prog --mesh X=2 --dims B=2,T=4,D=8,F=16 --run\n"
       "  shardmm program examples/programs/gpt.prog --spec x='x[B, T, D]' --json\n"
-      "  shardmm program ffn.prog --run --input x=x.npy --input a=a.npy --input b=b.npy --save out/\n"
+      "  shardmm program examples/programs/tp_ffn.prog --run --input x=examples/programs/tp_ffn/x.npy\n"
+      "      --input a=examples/programs/tp_ffn/a.npy --input b=examples/programs/tp_ffn/b.npy\n"
       "  mpirun -n 4 shardmm program examples/programs/gpt.prog --run --backend mpi\n\n" +
       std::string(kDocsHint) + " docs/programs.md (the language and this command).");
   return {app, [flags](std::ostream& out) {

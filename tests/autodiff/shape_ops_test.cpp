@@ -108,8 +108,10 @@ TEST(ShapeOps, BroadcastMulByHand) {
   // z = x[B_X, D] * y[D], loss = sum(z): dy = column sums of x, dx = y on every row. Exact
   // in f32 too; on X=4, device 3 holds no row.
   const std::vector<double> xs = {1, 2, 3, 4, 5, 6}, ys = {10, 100};
-  for (const auto& [m, dtype] :
-       {std::pair{"X=2", DType::f64}, std::pair{"X=4", DType::f64}, std::pair{"X=2", DType::f32}}) {
+  for (const auto& c : {std::pair{"X=2", DType::f64}, std::pair{"X=4", DType::f64}, std::pair{"X=2", DType::f32}}) {
+    // Named copies: the lambda below captures them (clang 14 captures no structured binding).
+    const char* m = c.first;
+    const DType dtype = c.second;
     SCOPED_TRACE(std::string(m) + " " + to_string(dtype));
     const Mesh mesh = Mesh::parse(m);
     const std::int64_t bytes = dtype_bytes(dtype);

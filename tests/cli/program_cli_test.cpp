@@ -4,9 +4,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli_in_process.h"
@@ -50,6 +52,41 @@ TEST(ProgramCli, TheMlpReportShowsEachOpsCollectivesAndWhy) {
   }
   EXPECT_EQ(all_reduces, 2);  // one forward, its dual backward
   EXPECT_EQ(doc["tensors"][0]["name"], "x");
+}
+
+// Every example of `program --help` (but mpirun's) runs as written from the repository root.
+TEST(ProgramCli, HelpExamplesRun) {
+  const Result help = program({"--help"});
+  ASSERT_EQ(help.status, 0);
+  std::vector<std::vector<std::string>> examples;
+  std::istringstream lines(help.out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  shardmm program ", 0) == 0) {
+      examples.emplace_back();
+    } else if (line.rfind("      --", 0) != 0 || examples.empty()) {
+      continue;  // a continued example's next line starts with its flags
+    }
+    std::istringstream words(line);
+    for (std::string w; words >> w;) {
+      if (w == "shardmm" || w == "program") continue;
+      // --spec x='x[B, T, D]': the quoted value is one word.
+      if (const auto q = w.find('\''); q != std::string::npos) {
+        std::string rest;
+        while (std::count(w.begin(), w.end(), '\'') < 2 && words >> rest) w += " " + rest;
+        w.erase(std::remove(w.begin(), w.end(), '\''), w.end());
+      }
+      examples.back().push_back(w);
+    }
+  }
+  ASSERT_EQ(examples.size(), 4u) << help.out;
+  const fs::path cwd = fs::current_path();
+  fs::current_path(kRoot);
+  for (const auto& args : examples) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    const Result r = program(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+  }
+  fs::current_path(cwd);
 }
 
 TEST(ProgramCli, TheScalingBooksHandWorkedFfnGivesItsAnswers) {

@@ -80,7 +80,7 @@ TEST(ProgramRun, ExamplesVerifyEvenUnevenAndEmptyShards) {
 TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
   testing::Rng rng(20261204);
   std::map<std::string, int> seen;
-  const int cases = 1000;
+  const int cases = static_cast<int>(testing::scaled_cases(1000));
   for (int c = 0; c < cases; ++c) {
     const Mesh mesh = testing::random_mesh(rng, 3, 8);
     testing::ProgramWriter writer(rng, mesh);

@@ -26,12 +26,6 @@ namespace {
 
 using testing::Rng;
 
-// A fraction (0.2) shrinks the sample, for the sanitizer builds (scripts/test-sanitizers.sh).
-unsigned scaled(unsigned n) {
-  const char* scale = std::getenv("SHARDMM_PROPERTY_SCALE");
-  const double factor = scale ? std::atof(scale) : 1.0;
-  return factor > 0 ? std::max(1u, static_cast<unsigned>(n * factor)) : n;
-}
 using testing::uniform;
 
 }  // namespace
@@ -730,7 +724,7 @@ void check_planning(const Case& k, PlanOptions opt, Rng& rng) {
 }
 
 TEST(PlannerProperty, RandomContractionsOnSmallMeshes) {
-  for (unsigned seed = 1; seed <= scaled(1500); ++seed) {
+  for (unsigned seed = 1; seed <= testing::scaled_cases(1500); ++seed) {
     Rng rng(seed);
     const Case k = random_case(rng, 3, 4, 12);
     SCOPED_TRACE("seed " + std::to_string(seed) + ": mesh " + k.mesh.to_string() + ", " + k.text + ", dims " +
@@ -751,7 +745,7 @@ TEST(PlannerProperty, RandomContractionsOnSmallMeshes) {
 }
 
 TEST(PlannerProperty, RandomContractionsOnLargeMeshes) {
-  for (unsigned seed = 100001; seed <= 100000 + scaled(150); ++seed) {
+  for (unsigned seed = 100001; seed <= 100000 + testing::scaled_cases(150); ++seed) {
     Rng rng(seed);
     const Case k = random_case(rng, 4, 8, 100);
     SCOPED_TRACE("seed " + std::to_string(seed) + ": mesh " + k.mesh.to_string() + ", " + k.text);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +17,14 @@ namespace shardmm::testing {
 using Rng = std::mt19937_64;
 
 inline int uniform(Rng& rng, int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+
+// A random test's case count `n` times SHARDMM_PROPERTY_SCALE, when set (0.2 in the sanitizer
+// builds, which run 3-15x slower: scripts/test-sanitizers.sh); at least 1.
+inline unsigned scaled_cases(unsigned n) {
+  const char* scale = std::getenv("SHARDMM_PROPERTY_SCALE");
+  const double factor = scale ? std::atof(scale) : 1.0;
+  return factor > 0 ? std::max(1u, static_cast<unsigned>(n * factor)) : n;
+}
 
 // 1 to `max_axes` axes named X, Y, Z, W with sizes 1..4 and at most `max_devices` devices.
 inline Mesh random_mesh(Rng& rng, int max_axes = 3, std::int64_t max_devices = 8) {
