@@ -73,5 +73,16 @@ TEST(ProgramClaims, SequenceParallelMovesTensorParallelsBytesForAQuarterOfTheNor
   EXPECT_EQ(format_spec(ptp.record.specs[static_cast<std::size_t>(tp.find("h"))], tp.mesh), "h[B, T, D]");
 }
 
+TEST(ProgramClaims, A96LayerStackOn8192DevicesAllReducesTwicePerLayerEachWay) {
+  const program::Graph g = load("examples/programs/gpt96.prog");
+  EXPECT_EQ(g.mesh.device_count(), 8192);
+  const nn::ProgramPrediction p = nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
+  // Tensor parallel on X: after attention and after the MLP, and their duals for the norms'
+  // inputs; data parallel on Y: each of the 6 x 96 weights' gradients summed over Y.
+  EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce over X", 2 * 96}}));
+  EXPECT_EQ(collectives(p, autodiff::Phase::backward, g.mesh),
+            (Counts{{"all_reduce over X", 2 * 96}, {"all_reduce over Y", 6 * 96}}));
+}
+
 }  // namespace
 }  // namespace shardmm

@@ -42,7 +42,9 @@ TEST(Program, TheIssuesMlpParsesAndBinds) {
 }
 
 TEST(Program, PrintingIsCanonicalAndParsesBack) {
-  for (const char* file : {"examples/programs/mlp.prog", "examples/programs/gpt.prog"}) {
+  for (const char* file : {"examples/programs/mlp.prog", "examples/programs/gpt.prog", "examples/programs/gpt96.prog",
+                           "examples/programs/attention.prog", "examples/programs/block.prog",
+                           "examples/programs/tp_ffn.prog"}) {
     const Program p = parse_program(testing::read_repo_file(file), file);
     const std::string once = format_program(p);
     EXPECT_EQ(format_program(parse_program(once)), once) << file;
