@@ -231,7 +231,7 @@ class Recorder {
   Var binary(int k, Var a, Var b, const std::vector<std::string>& letters, const std::string& f) {
     const bool keep_partial = f != "mul" && a.spec().unreduced == b.spec().unreduced;
     const std::string why = keep_partial ? "" : f == "mul" ? "mul needs whole values" : f + " needs matching partial sums";
-    a = moved(k, a, aligned_to(a.spec(), a.spec(), !keep_partial), why);
+    a = moved(k, a, keep_partial ? a.spec() : whole(a.spec()), why);
     b = moved(k, b, aligned_to(b.spec(), a.spec(), !keep_partial),
               why.empty() ? f + " needs both operands' letters sharded alike" : why);
     return autodiff::binary(a, b, f == "add" ? autodiff::BinaryOp::add : f == "sub" ? autodiff::BinaryOp::sub
