@@ -8,7 +8,7 @@ set(SHARDMM_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/shardmm)
 
 # Every library in shardmm::shardmm's link closure is exported: the libraries are static,
 # so a consumer links the private ones (shardmm_mpi) too.
-set(shardmm_exported shardmm_core shardmm_plan shardmm_program shardmm_runtime shardmm_autodiff shardmm_nn shardmm_all)
+set(shardmm_exported shardmm_core shardmm_plan shardmm_program shardmm_runtime shardmm_autodiff shardmm_nn shardmm_solve shardmm_all)
 if(TARGET shardmm_mpi)
   list(APPEND shardmm_exported shardmm_mpi)
   set(SHARDMM_CONFIG_WITH_MPI ON)

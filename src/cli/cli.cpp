@@ -233,7 +233,7 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
   const std::vector<Command> commands = {
       add_check_command(app), add_plan_command(app), add_reshard_command(app),
       add_run_command(app),   add_bench_command(app), add_calibrate_command(app), add_demo_command(app),
-      add_model_command(app), add_program_command(app),
+      add_model_command(app), add_program_command(app), add_solve_command(app),
   };
 
   const std::string fingerprint = launch_fingerprint(argc, argv);

@@ -12,6 +12,7 @@
 #include <ostream>
 
 #include "cli/commands.h"
+#include "cli/program_common.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/files.h"
 #include "shardmm/core/geometry.h"
@@ -24,12 +25,8 @@
 namespace shardmm::cli {
 namespace {
 
-// A program is text a person writes; anything larger is a mistake (a binary, a log).
-inline constexpr std::size_t kMaxProgramBytes = 4 << 20;
 // --input arrays: --run's sizes are small (kMaxReferenceFlops), so is what it reads.
 inline constexpr std::size_t kMaxInputBytes = std::size_t{1} << 30;
-// --run's dense f64 reference runs plain loops on one core.
-inline constexpr double kMaxReferenceFlops = 5e9;
 
 struct ProgramFlags {
   std::string file;
@@ -45,23 +42,6 @@ struct ProgramFlags {
   std::string backend = "threads";
   bool backend_given = false;
 };
-
-program::BindOptions bind_options(const ProgramFlags& f) {
-  program::BindOptions o;
-  if (f.mesh) o.mesh = parse_mesh(*f.mesh);
-  if (f.common.dims) o.dims = parse_dims(*f.common.dims);
-  for (const std::string& s : f.specs) {
-    const std::size_t eq = s.find('=');
-    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
-      throw InputError("--spec '" + s + "': expected NAME=SPEC, e.g. --spec w_in=w_in[D, F_X]");
-    }
-    const std::string name = s.substr(0, eq);
-    if (!o.specs.emplace(name, s.substr(eq + 1)).second) {
-      throw InputError("--spec " + name + " is given twice; give each tensor one spec");
-    }
-  }
-  return o;
-}
 
 // --input NAME=FILE: the arrays, read and checked against the program's leaves.
 std::map<std::string, nn::DenseTensor> read_inputs(const ProgramFlags& f, const program::Graph& g) {
@@ -156,24 +136,6 @@ std::map<autodiff::Phase, PhaseTimes> phase_times(const std::vector<autodiff::Ta
   return out;
 }
 
-void check_run_size(const program::Graph& g, const nn::ProgramPrediction& pred, DType dtype) {
-  double flops = 0;
-  for (const autodiff::TapeEvent& e : pred.events) flops += e.step.flops;
-  flops *= static_cast<double>(g.mesh.device_count());
-  if (flops > kMaxReferenceFlops) {
-    throw InputError("--run verifies the step against a dense single-device reference of about " + format_flops(flops) +
-                     ", more than --run computes (" + format_flops(kMaxReferenceFlops) +
-                     "); give smaller --dims with --run (the prediction alone has no size limit)");
-  }
-  const double need = 2.0 * static_cast<double>(pred.memory.total()) * static_cast<double>(g.mesh.device_count()) * 8 /
-                      dtype_bytes(dtype);
-  if (need > static_cast<double>(available_memory())) {
-    throw InputError("--run needs about " + format_bytes(need) + " here (every device's shards and the dense f64 " +
-                     "reference) but " + format_bytes(static_cast<double>(available_memory())) +
-                     " is available; give smaller --dims with --run");
-  }
-}
-
 // A phase's name as a column: "forward   ", "backward  ".
 std::string pad(const std::string& word) { return word + std::string(word.size() < 10 ? 10 - word.size() : 1, ' '); }
 
@@ -219,19 +181,7 @@ void print_text(std::ostream& out, const ProgramFlags& f, const Planning& p, con
     for (const autodiff::TapeEvent* e : by_op[-1]) out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";
   }
 
-  const std::vector<nn::CollectiveTally> tallies = nn::tally_collectives(pred.events);
-  out << "\nCollectives per step:\n";
-  if (tallies.empty()) {
-    out << "  none: every device computes its part alone\n";
-  } else {
-    Table table({"phase", "collective", "count", "bytes", "time"});
-    for (const nn::CollectiveTally& t : tallies) {
-      table.add({autodiff::to_string(t.phase), std::string(to_string(t.op)) + " over " + g.mesh.axis_names(t.axes),
-                 std::to_string(t.count), format_bytes(static_cast<double>(t.bytes)), format_time(t.time_s)});
-    }
-    for (std::size_t c : {2u, 3u, 4u}) table.right_align(c);
-    table.print(out);
-  }
+  print_collectives(out, g.mesh, pred.events);
 
   const nn::ProgramMemory& m = pred.memory;
   out << "\nMemory per device (device 0, the largest shards):\n";
@@ -321,18 +271,9 @@ Json program_json(const ProgramFlags& f, const Planning& p, const program::Graph
   }
   doc["ops"] = ops;
   doc["leaf_gradient_steps"] = events[-1].is_null() ? Json::array() : events[-1];
-  Json collectives = Json::array();
-  for (const nn::CollectiveTally& t : nn::tally_collectives(pred.events)) {
-    Json row = {{"phase", autodiff::to_string(t.phase)}, {"op", to_string(t.op)}, {"axes", Json::array()},
-                {"count", t.count}, {"bytes", t.bytes}, {"time_s", t.time_s}};
-    for (int a : t.axes) row["axes"].push_back(g.mesh.axis(a).name);
-    collectives.push_back(row);
-  }
-  doc["collectives"] = collectives;
+  doc["collectives"] = collectives_json(g.mesh, pred.events);
   const nn::ProgramMemory& m = pred.memory;
-  doc["memory"] = {{"param_bytes", m.params},         {"input_bytes", m.inputs},
-                   {"gradient_bytes", m.gradients},   {"optimizer_state_bytes", m.optimizer_state},
-                   {"activation_bytes", m.activations}, {"total_bytes", m.total()}};
+  doc["memory"] = memory_json(m);
   Json time = Json::object();
   double comm = 0, compute = 0;
   for (const auto& [phase, t] : phase_times(pred.events)) {
@@ -422,9 +363,8 @@ Command add_program_command(CLI::App& root) {
             }
             const nn::Optimizer optimizer = nn::parse_optimizer(f.optimizer);
             if (f.trace) check_writable_file(*f.trace, "--trace '" + *f.trace + "'");
-            const std::string text = read_small_file(f.file, kMaxProgramBytes, "program " + f.file,
-                                                     "is larger than a program can be (4 MiB)");
-            const program::Graph g = program::bind(program::parse_program(text, f.file), bind_options(f));
+            const program::Graph g =
+                program::bind(read_program(f.file), program_bind_options(f.mesh, f.common.dims, f.specs, "--spec"));
             if (!f.common.dtype && f.run) f.common.dtype = "f64";
             PlanningFlags planning = f.common;
             planning.mesh = g.mesh.to_string();
@@ -448,12 +388,7 @@ Command add_program_command(CLI::App& root) {
                                  "; pass --dtype f32 or --dtype f64");
               }
               check_run_size(g, pred, p.options.dtype);
-              nn::ProgramRun mine;
-              run_backend(f.backend, g.mesh, [&](Communicator& comm) {
-                nn::ProgramRun r = nn::run_program(comm, g, options);
-                if (comm.rank() == 0 || !comm.capabilities().ranks_in_one_process) mine = std::move(r);
-              });
-              run = std::move(mine);
+              run = run_program_step(f.backend, g, options);
               if (process_rank(f.backend) != 0) return run->verification.verified ? 0 : 3;
             }
             const nn::ProgramRun* r = run ? &*run : nullptr;

@@ -15,5 +15,6 @@ Command add_calibrate_command(CLI::App& root);  // cmd_calibrate.cpp
 Command add_demo_command(CLI::App& root);     // cmd_demo.cpp
 Command add_model_command(CLI::App& root);    // cmd_model.cpp
 Command add_program_command(CLI::App& root);  // cmd_program.cpp
+Command add_solve_command(CLI::App& root);    // cmd_solve.cpp
 
 }  // namespace shardmm::cli

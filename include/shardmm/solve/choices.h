@@ -1,0 +1,99 @@
+// A choice problem: pick one value per variable to minimize a sum of factor costs, subject
+// to a memory limit; what `shardmm solve` reduces a program to (solve/solve.h), and what its
+// three solvers share.
+//
+//   ChoiceProblem p;
+//   p.domain = {3, 2};                                  // variable 0 has 3 values, 1 has 2
+//   p.factors.push_back({{0, 1}, {{{0, 0}, 1.5, 64}, {{2, 1}, 0.5, 128}}});  // only 2 of 6 pairs allowed
+//   Assignment best = solve_exhaustive(p, {}).best;    // {2, 1}, time 0.5
+//   solve_elimination(p);                               // the same, by dynamic programming
+//   solve_mip(p, {.memory_limit = 100});                // {0, 0}: the other pair uses 128 bytes
+//
+// A factor lists the tuples of its variables' values that are allowed, each with its time
+// and memory; a tuple a factor does not list is not allowed. A shared term is memory that
+// several factors may each need but that is held once (an activation that two consumers keep
+// for the backward pass): a tuple names the shared terms it needs, and the term's bytes,
+// which depend on its variable's value, count once if any chosen tuple names it.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace shardmm::solve {
+
+struct FactorEntry {
+  std::vector<int> values;      // one per variable of the factor, in its order
+  double time = 0;              // seconds
+  std::int64_t memory = 0;      // bytes
+  std::vector<int> shared;      // indices into ChoiceProblem::shared
+};
+
+struct Factor {
+  std::vector<int> vars;        // distinct variable indices
+  std::vector<FactorEntry> entries;
+};
+
+struct SharedTerm {
+  int var = -1;
+  std::vector<std::int64_t> bytes;  // by the variable's value
+};
+
+struct ChoiceProblem {
+  std::vector<int> domain;      // number of values per variable (each >= 1)
+  std::vector<Factor> factors;
+  std::vector<SharedTerm> shared;
+};
+
+using Assignment = std::vector<int>;  // a value per variable
+
+struct Evaluation {
+  bool allowed = false;          // every factor lists the assignment's tuple
+  double time = 0;
+  std::int64_t memory = 0;
+};
+Evaluation evaluate(const ChoiceProblem& p, const Assignment& a);
+
+struct SolveLimits {
+  std::optional<std::int64_t> memory_limit;  // bytes; none: unconstrained
+  double seconds = 60;                      // the MIP's time limit
+  // Assignments the answer must differ from (top-K: each found one excluded in turn), on the
+  // variables listed in `distinct_on` (all when empty).
+  std::vector<Assignment> excluded;
+  std::vector<int> distinct_on;
+};
+
+enum class SolveStatus {
+  optimal,     // proven optimal
+  feasible,    // found, with a gap to the proven lower bound
+  infeasible,  // no assignment is allowed within the memory limit (proven)
+  unknown,     // the time limit passed before any assignment was found
+};
+const char* to_string(SolveStatus s);
+
+struct SolveOutcome {
+  SolveStatus status = SolveStatus::unknown;
+  Assignment best;               // empty unless optimal or feasible
+  Evaluation value;
+  double lower_bound = 0;        // proven: no allowed assignment is faster
+  std::string method;            // "exhaustive", "dynamic programming", "integer program (CBC)"
+  double seconds = 0;            // the solver's wall time
+};
+
+// Every assignment, for tests and tiny problems: InputError past `max_assignments`.
+SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits,
+                              std::int64_t max_assignments = 5'000'000);
+
+// Min-sum variable elimination (exact dynamic programming; chains and trees are linear, a
+// DAG costs the product of the domains the elimination joins). Ignores memory and exclusions.
+// Returns nullopt when a joined table would exceed `max_table` entries.
+std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table = 4'000'000);
+
+// The integer program (one-hot values, one-hot tuples per factor, marginal consistency,
+// memory as a linear row with the shared terms as OR variables), solved by CBC. Its status
+// and lower bound are CBC's.
+SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits);
+
+}  // namespace shardmm::solve

@@ -1,0 +1,99 @@
+// `shardmm solve`: the cheapest sharding of a whole program on a mesh, within a memory limit,
+// found by an exact solver and checked by costing the answer as `shardmm program` does.
+//
+//   program::Program p = program::parse_program(text, "block.prog");
+//   program::Graph g = program::bind(p, {});
+//   solve::SolveOptions o;
+//   o.program.dtype = DType::bf16;
+//   o.memory_limit = 8LL << 30;
+//   solve::SolveResult r = solve::solve_program(g, o);
+//   r.outcome.status;                       // optimal, or feasible with the proven gap
+//   r.specs[g.find("w_in")];                // the chosen layout of every tensor
+//   r.prediction.memory.total();            // as `shardmm program` predicts the answer
+//   program::format_program(solve::pinned_program(p, g, r.specs));  // every spec pinned
+//
+// The search space (docs/solve.md): a spec for every input and param and for every einsum's
+// result (each mesh axis shards one of the tensor's letters, holds partial sums where an
+// einsum's result may, or is unused; multi-axis subscripts in either order; uneven splits
+// legal, no letter split into more pieces than it has elements); every other tensor follows
+// from its op as the program's rules say. Each op is costed, forward and backward, by
+// recording it alone on a symbolic tape with its operands and result in the candidate specs:
+// the same planner, duals and memory accounting as `shardmm program`. A repeat block's
+// iterations share their choices (the block is solved once, whatever its count).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "shardmm/nn/program.h"
+#include "shardmm/program/program.h"
+#include "shardmm/solve/choices.h"
+
+namespace shardmm::solve {
+
+// A program's choice problem: one variable per tensor (a repeat's copies share one).
+struct ProgramChoices {
+  ChoiceProblem problem;
+  std::vector<std::vector<Spec>> values;  // by variable: the specs it may take
+  std::vector<int> tensor_of_var;         // by variable: its first tensor in the graph
+  std::vector<int> var_of_tensor;         // by graph tensor
+  std::vector<char> chosen;               // by variable: a choice (leaf or einsum result), not
+                                          // a consequence of its op
+  std::vector<char> on_loss_path;         // by graph op: differentiated (train)
+  std::int64_t evaluations = 0;           // ops recorded to fill the factors
+};
+ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options);
+
+// A named strategy: a role per mesh axis ("dp", "fsdp", "tp", "sp"), as restrictions on the
+// leaves' specs (docs/solve.md); the rest of the program is solved within them.
+struct NamedStrategy {
+  std::string name;                 // "dp(X)+tp(Y)"
+  SolveOutcome outcome;             // infeasible when the roles do not apply to the program
+};
+
+struct Alternative {                // --explain: a tensor's runner-up
+  int tensor = -1;
+  Spec spec;                        // its next best spec
+  double extra_time = 0;            // seconds the best program with it adds
+  std::int64_t extra_memory = 0;    // bytes it adds (may be negative)
+  bool exists = false;
+};
+
+struct SolveOptions {
+  nn::ProgramOptions program;       // dtype, hw, train, optimizer
+  std::optional<std::int64_t> memory_limit;  // per device, bytes
+  int top = 1;                      // the K best distinct shardings
+  bool explain = false;
+  bool named = true;                // cost the named strategies
+  double seconds = 60;              // each integer program's time limit
+};
+
+struct SolveResult {
+  ProgramChoices choices;
+  SolveOutcome outcome;             // the best
+  std::vector<Spec> specs;          // by graph tensor, the best's
+  nn::ProgramPrediction prediction; // the best, costed as `shardmm program` costs it
+  std::vector<SolveOutcome> top;    // the best first, then the next distinct ones (top > 1)
+  std::vector<NamedStrategy> named;
+  std::vector<Alternative> alternatives;  // explain: one per chosen variable
+  std::optional<SolveOutcome> unconstrained;  // with a memory limit: the best without it
+};
+
+// InputError when no sharding fits the memory limit (naming what the fastest one needs).
+SolveResult solve_program(const program::Graph& g, const SolveOptions& options);
+
+// The graph's tensors in the specs of an assignment (by graph tensor).
+std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a);
+
+// `g` with every tensor pinned to `specs` except the nested expressions (a program file
+// cannot pin them; their ops' rules give them the same layouts again).
+program::Graph pinned_graph(const program::Graph& g, const std::vector<Spec>& specs);
+
+// `program` with every statement's spec pinned to `specs` (by tensor of `g`, the graph bound
+// from it): `shardmm program` accepts it as is and costs it as the solver did. The mesh and
+// dims lines are `g`'s.
+program::Program pinned_program(const program::Program& program, const program::Graph& g, const std::vector<Spec>& specs);
+
+}  // namespace shardmm::solve

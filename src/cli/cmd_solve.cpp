@@ -1,0 +1,360 @@
+// shardmm solve FILE [--mesh M] [--dims ...] [--mem-limit BYTES] [--train|--infer]
+//                    [--optimizer sgd|adam] [--pin NAME=SPEC ...] [--top K] [--explain]
+//                    [--emit FILE] [--run] [--backend] [--seconds S] [--dtype] [--hw] [--json]
+// The fastest sharding of a whole program within a memory limit (solve/solve.h), said to be
+// optimal or with its proven gap, costed as `shardmm program` costs it, beside the named
+// strategies; --emit writes the program with every spec pinned; --run executes and verifies it.
+#include <iostream>
+#include <memory>
+#include <ostream>
+
+#include "cli/commands.h"
+#include "cli/program_common.h"
+#include "shardmm/core/error.h"
+#include "shardmm/core/files.h"
+#include "shardmm/core/geometry.h"
+#include "shardmm/nn/layers.h"
+#include "shardmm/runtime/runner.h"
+#include "shardmm/solve/solve.h"
+
+namespace shardmm::cli {
+namespace {
+
+struct SolveFlags {
+  std::string file;
+  std::optional<std::string> mesh, mem_limit, emit;
+  std::vector<std::string> pins;
+  PlanningFlags common;
+  bool infer = false, train = false, explain = false, run = false;
+  std::string optimizer = "sgd";
+  std::string backend = "threads";
+  int top = 1;
+  double seconds = 60;
+};
+
+double serialized(const std::vector<autodiff::TapeEvent>& events) {
+  double s = 0;
+  for (const autodiff::TapeEvent& e : events) s += e.step.time_s;
+  return s;
+}
+
+double serialized_measured(const std::vector<autodiff::TapeEvent>& events) {
+  double s = 0;
+  for (const autodiff::TapeEvent& e : events) s += e.measured.end_s - e.measured.start_s;
+  return s;
+}
+
+std::string status_text(const solve::SolveOutcome& o) {
+  if (o.status == solve::SolveStatus::optimal) return "optimal";
+  const double gap = o.value.time > 0 ? (o.value.time - o.lower_bound) / o.value.time : 0;
+  return "feasible, within " + format_sig3(100 * gap) + "% of the proven bound " + format_time(o.lower_bound);
+}
+
+// The tensors a user reads: each statement once (a repeat's first copy), no nested expressions.
+std::vector<int> shown_tensors(const program::Graph& g, const solve::ProgramChoices& c) {
+  std::vector<int> out;
+  for (std::size_t v = 0; v < c.tensor_of_var.size(); ++v) {
+    const int t = c.tensor_of_var[v];
+    if (!g.tensors[static_cast<std::size_t>(t)].temporary) out.push_back(t);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string how_text(const program::Graph& g, const solve::ProgramChoices& c, int t) {
+  const auto v = static_cast<std::size_t>(c.var_of_tensor[static_cast<std::size_t>(t)]);
+  if (g.tensors[static_cast<std::size_t>(t)].pinned) return "pinned";
+  return c.chosen[v] ? "chosen (of " + std::to_string(c.values[v].size()) + ")" : "follows from its op";
+}
+
+void print_text(std::ostream& out, const SolveFlags& f, const Planning& p, const program::Graph& g, bool train,
+                const solve::SolveOptions& o, const solve::SolveResult& r, const nn::ProgramRun* run) {
+  const solve::ProgramChoices& c = r.choices;
+  out << "shardmm solve " << f.file << ": the fastest sharding of one "
+      << (train ? std::string("training step (forward, backward, ") + nn::to_string(o.program.optimizer) + ")"
+                : std::string("inference step (forward)"))
+      << " on mesh " << g.mesh.to_string() << " (" << g.mesh.device_count() << " devices)\n\n";
+  out << "  dims      " << format_sizes(g.dims) << "\n";
+  out << "  dtype     " << to_string(p.options.dtype) << "\n";
+  print_hardware(out, p);
+  out << "  memory    " << (o.memory_limit ? format_bytes_exact(*o.memory_limit) + " per device" : std::string("no limit"))
+      << "\n";
+  std::size_t chosen = 0, entries = 0;
+  for (char x : c.chosen) chosen += x ? 1 : 0;
+  for (const solve::Factor& fac : c.problem.factors) entries += fac.entries.size();
+  out << "\nSearch: " << chosen << " tensors to choose (inputs, params, einsum results; a repeat's copies choose "
+      << "together), " << c.evaluations << " op recordings, " << entries << " costed combinations.\n";
+  out << "Solved by " << r.outcome.method << " in " << format_time(r.outcome.seconds) << ": " << status_text(r.outcome)
+      << ".\n";
+
+  out << "\nChosen sharding:\n";
+  Table tensors({"tensor", "role", "sharding", "how", "device 0"});
+  for (int t : shown_tensors(g, c)) {
+    const program::Tensor& tensor = g.tensors[static_cast<std::size_t>(t)];
+    const Spec& s = r.specs[static_cast<std::size_t>(t)];
+    tensors.add({tensor.source_name, program::to_string(tensor.role), format_spec(s, g.mesh), how_text(g, c, t),
+                 "[" + join([&] {
+                   std::vector<std::string> parts;
+                   for (std::int64_t n : local_shape(g.mesh, s, tensor.shape, 0)) parts.push_back(std::to_string(n));
+                   return parts;
+                 }(), ", ") + "]"});
+  }
+  tensors.print(out);
+
+  const nn::ProgramPrediction& pred = r.prediction;
+  out << "\nThe step, as `shardmm program` costs it (" << p.options.hw.name << "):\n";
+  out << "  time      " << format_time(serialized(pred.events)) << " serialized (the solver's objective: "
+      << format_time(r.outcome.value.time) << ")\n";
+  out << "  memory    " << format_bytes(static_cast<double>(pred.memory.total())) << " per device (params "
+      << format_bytes(static_cast<double>(pred.memory.params)) << ", inputs " << format_bytes(static_cast<double>(pred.memory.inputs));
+  if (train) {
+    out << ", gradients " << format_bytes(static_cast<double>(pred.memory.gradients)) << ", optimizer state "
+        << format_bytes(static_cast<double>(pred.memory.optimizer_state)) << ", activations "
+        << format_bytes(static_cast<double>(pred.memory.activations));
+  }
+  out << ")\n";
+  if (o.memory_limit && r.unconstrained) {
+    const bool binds = r.unconstrained->value.time < r.outcome.value.time;
+    out << "  limit     " << (binds ? "binds: the fastest sharding without it takes " + format_time(r.unconstrained->value.time) +
+                                          " and needs " + format_bytes(static_cast<double>(r.unconstrained->value.memory))
+                                    : std::string("does not bind: the fastest sharding fits"))
+        << "\n";
+  }
+
+  print_collectives(out, g.mesh, pred.events);
+
+  if (!r.named.empty()) {
+    out << "\nNamed strategies (each axis's role fixes the leaves' shardings; the rest solved the same way):\n";
+    Table table({"strategy", "time", "memory", "vs the optimum"});
+    for (const solve::NamedStrategy& s : r.named) {
+      if (s.outcome.best.empty()) {
+        table.add({s.name, "-", "-", s.outcome.status == solve::SolveStatus::infeasible ? "does not apply or fit" : "not found"});
+        continue;
+      }
+      table.add({s.name, format_time(s.outcome.value.time), format_bytes(static_cast<double>(s.outcome.value.memory)),
+                 "x" + format_sig3(r.outcome.value.time > 0 ? s.outcome.value.time / r.outcome.value.time : 1)});
+    }
+    table.right_align(1);
+    table.right_align(2);
+    table.print(out);
+  }
+
+  if (!r.alternatives.empty()) {
+    out << "\nEach choice's runner-up (the best sharding with that tensor laid out otherwise):\n";
+    Table table({"tensor", "chosen", "runner-up", "adds time", "adds memory"});
+    for (const solve::Alternative& a : r.alternatives) {
+      const program::Tensor& t = g.tensors[static_cast<std::size_t>(a.tensor)];
+      table.add({t.source_name, format_spec(r.specs[static_cast<std::size_t>(a.tensor)], g.mesh),
+                 a.exists ? format_spec(a.spec, g.mesh) : "none (the only layout that works)",
+                 a.exists ? format_time(a.extra_time) : "-",
+                 a.exists ? (a.extra_memory < 0 ? "-" + format_bytes(static_cast<double>(-a.extra_memory))
+                                                : format_bytes(static_cast<double>(a.extra_memory)))
+                          : "-"});
+    }
+    table.print(out);
+  }
+
+  if (r.top.size() > 1) {
+    out << "\nThe " << r.top.size() << " best distinct shardings (by the solver's objective):\n";
+    for (std::size_t k = 0; k < r.top.size(); ++k) {
+      const std::vector<Spec> specs = solve::specs_of(c, r.top[k].best);
+      std::vector<std::string> parts;
+      for (std::size_t v = 0; v < c.chosen.size(); ++v) {
+        if (c.chosen[v]) parts.push_back(format_spec(specs[static_cast<std::size_t>(c.tensor_of_var[v])], g.mesh));
+      }
+      out << "  " << k + 1 << ". " << format_time(r.top[k].value.time) << ", "
+          << format_bytes(static_cast<double>(r.top[k].value.memory)) << ": " << join(parts, " ") << "\n";
+    }
+  }
+  if (f.emit) out << "\nWrote " << *f.emit << ": the program with every spec pinned (shardmm program " << *f.emit << ").\n";
+  if (run) {
+    const Verification& v = run->verification;
+    out << "\nRun (" << f.backend << ", " << g.mesh.device_count() << " ranks): " << (v.verified ? "verified" : "WRONG")
+        << " against the dense f64 step of the program (max abs error " << format_error(v.max_abs_error) << ", tolerance "
+        << format_error(v.tolerance) << ")\n";
+    out << "  measured " << format_time(serialized_measured(run->events)) << " on device 0 vs "
+        << format_time(serialized(pred.events)) << " predicted\n";
+  }
+}
+
+
+Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const solve::SolveOutcome& o) {
+  Json j = {{"status", solve::to_string(o.status)}, {"method", o.method}, {"time_s", o.value.time},
+            {"memory_bytes", o.value.memory}, {"lower_bound_s", o.lower_bound}, {"solve_seconds", o.seconds}};
+  Json specs = Json::object();
+  if (!o.best.empty()) {
+    const std::vector<Spec> all = solve::specs_of(c, o.best);
+    for (std::size_t v = 0; v < c.chosen.size(); ++v) {
+      const int t = c.tensor_of_var[v];
+      if (c.chosen[v]) specs[g.tensors[static_cast<std::size_t>(t)].source_name] = format_spec(all[static_cast<std::size_t>(t)], g.mesh);
+    }
+  }
+  j["specs"] = specs;
+  return j;
+}
+
+Json solve_json(const SolveFlags& f, const Planning& p, const program::Graph& g, bool train, const solve::SolveOptions& o,
+                const solve::SolveResult& r, const nn::ProgramRun* run) {
+  const solve::ProgramChoices& c = r.choices;
+  Json doc = Json::object();
+  doc["command"] = "solve";
+  doc["file"] = f.file;
+  doc["mesh"] = mesh_json(g.mesh);
+  doc["dims"] = dims_json(g.dims);
+  doc["train"] = train;
+  doc["optimizer"] = train ? Json(nn::to_string(o.program.optimizer)) : Json(nullptr);
+  doc["dtype"] = to_string(p.options.dtype);
+  doc["hardware"] = p.options.hw.name;
+  doc["memory_limit_bytes"] = o.memory_limit ? Json(*o.memory_limit) : Json(nullptr);
+  doc["status"] = solve::to_string(r.outcome.status);
+  doc["method"] = r.outcome.method;
+  doc["objective_s"] = r.outcome.value.time;
+  doc["lower_bound_s"] = r.outcome.lower_bound;
+  doc["solve_seconds"] = r.outcome.seconds;
+  doc["op_recordings"] = c.evaluations;
+  Json tensors = Json::array();
+  for (int t : shown_tensors(g, c)) {
+    const program::Tensor& tensor = g.tensors[static_cast<std::size_t>(t)];
+    const Spec& s = r.specs[static_cast<std::size_t>(t)];
+    tensors.push_back({{"name", tensor.source_name}, {"role", program::to_string(tensor.role)},
+                       {"spec", format_spec(s, g.mesh)}, {"how", how_text(g, c, t)}, {"shape", tensor.shape},
+                       {"device0_shape", local_shape(g.mesh, s, tensor.shape, 0)}});
+  }
+  doc["tensors"] = tensors;
+  const nn::ProgramMemory& m = r.prediction.memory;
+  doc["predicted"] = {{"time_s", serialized(r.prediction.events)}, {"memory", memory_json(m)}};
+  doc["unconstrained"] = r.unconstrained ? outcome_json(c, g, *r.unconstrained) : Json(nullptr);
+  doc["collectives"] = collectives_json(g.mesh, r.prediction.events);
+  Json named = Json::array();
+  for (const solve::NamedStrategy& s : r.named) {
+    Json row = outcome_json(c, g, s.outcome);
+    row["name"] = s.name;
+    named.push_back(row);
+  }
+  doc["named_strategies"] = named;
+  Json alternatives = Json::array();
+  for (const solve::Alternative& a : r.alternatives) {
+    alternatives.push_back({{"tensor", g.tensors[static_cast<std::size_t>(a.tensor)].source_name},
+                            {"chosen", format_spec(r.specs[static_cast<std::size_t>(a.tensor)], g.mesh)},
+                            {"runner_up", a.exists ? Json(format_spec(a.spec, g.mesh)) : Json(nullptr)},
+                            {"extra_time_s", a.exists ? Json(a.extra_time) : Json(nullptr)},
+                            {"extra_memory_bytes", a.exists ? Json(a.extra_memory) : Json(nullptr)}});
+  }
+  doc["alternatives"] = alternatives;
+  Json top = Json::array();
+  for (const solve::SolveOutcome& t : r.top) top.push_back(outcome_json(c, g, t));
+  doc["top"] = top;
+  doc["emitted"] = f.emit ? Json(*f.emit) : Json(nullptr);
+  doc["run"] = nullptr;
+  if (run) {
+    const Verification& v = run->verification;
+    doc["run"] = {{"backend", f.backend}, {"verified", v.verified}, {"max_abs_error", v.max_abs_error},
+                  {"tolerance", v.tolerance}, {"measured_s", serialized_measured(run->events)}, {"detail", v.detail}};
+  }
+  return doc;
+}
+
+}  // namespace
+
+Command add_solve_command(CLI::App& root) {
+  auto flags = std::make_shared<SolveFlags>();
+  flags->common.fallback_hw = "h100";
+  CLI::App* app = root.add_subcommand(
+      "solve", "the fastest sharding of a whole program within a memory limit, proven optimal (or with its gap), "
+               "beside the named strategies; --emit writes it pinned, --run executes and verifies it");
+  app->add_option("FILE", flags->file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
+  app->add_option("--mesh", flags->mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
+  app->add_option("--dims", flags->common.dims, "letter sizes, each replacing the file's, e.g. --dims B=4,T=16");
+  app->add_option("--mem-limit", flags->mem_limit,
+                  "memory per device the step may use (params, gradients, optimizer state, activations), "
+                  "e.g. --mem-limit 16GiB (also 512MiB, 1.5GB, 1e9 = bytes)");
+  app->add_option("--pin", flags->pins,
+                  "fix a tensor's sharding, replacing the file's pin (a repeat block's tensor: every copy); "
+                  "repeatable, e.g. --pin x='x[B_X, T, D]'");
+  app->add_flag("--train", flags->train, "solve a training step (the default when the program has a loss), e.g. --train");
+  app->add_flag("--infer", flags->infer, "solve an inference step: forward only, e.g. --infer");
+  app->add_option("--optimizer", flags->optimizer, "the update: sgd (default) or adam (two moments per param "
+                                                   "element count against memory), e.g. --optimizer adam");
+  app->add_option("--top", flags->top, "also list the K best distinct shardings, e.g. --top 3")->check(CLI::Range(1, 100));
+  app->add_flag("--explain", flags->explain,
+                "for each chosen tensor, the runner-up layout and the time and memory it would add, e.g. --explain");
+  app->add_option("--emit", flags->emit,
+                  "write the program with every spec pinned (shardmm program accepts it as is), e.g. --emit best.prog");
+  app->add_flag("--run", flags->run, "execute the chosen sharding on real ranks and verify it against the dense f64 "
+                                     "step (small --dims), e.g. --run");
+  app->add_option("--backend", flags->backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
+  app->add_option("--seconds", flags->seconds, "each integer program's time limit; past it the answer says its "
+                                               "proven gap, e.g. --seconds 10")
+      ->check(CLI::PositiveNumber);
+  add_dtype_flag(*app, flags->common.dtype);
+  add_hw_flag(*app, flags->common.hw);
+  add_json_flag(*app, flags->common.json);
+  app->footer(
+      "The search: a spec for every input, param and einsum result (each mesh axis shards one letter, holds an\n"
+      "einsum's partial sums, or is unused; uneven splits legal); every other tensor follows from its op. Each op is\n"
+      "costed forward and backward by the same planner and duals as `shardmm program`; the objective is the\n"
+      "serialized step time, subject to the per-device memory of --mem-limit. Dynamic programming solves it exactly;\n"
+      "when the memory limit binds an integer program (CBC) does, and says 'optimal' or its proven gap.\n"
+      "Exit status: 0, 2 bad input or nothing fits, 3 wrong result (--run).\n\n"
+      "Examples:\n"
+      "  shardmm solve examples/programs/mlp.prog --pin w_in='w_in[D, F]' --pin w_out='w_out[F, D]'\n"
+      "  shardmm solve examples/programs/mlp.prog --mesh X=2,Y=2 --dims B=8,T=64,D=256,F=1024 --explain\n"
+      "  shardmm solve examples/programs/mlp.prog --mem-limit 600MiB --optimizer adam --top 3\n"
+      "  shardmm solve examples/programs/tp_ffn.prog --run --emit /tmp/tp_ffn.solved.prog\n\n" +
+      std::string(kDocsHint) + " docs/solve.md.");
+  return {app, [flags](std::ostream& out) {
+            SolveFlags& f = *flags;
+            if (f.train && f.infer) throw InputError("--train and --infer exclude each other; give one");
+            const nn::Optimizer optimizer = nn::parse_optimizer(f.optimizer);
+            if (f.emit) check_writable_file(*f.emit, "--emit '" + *f.emit + "'");
+            const program::Program parsed = read_program(f.file);
+            const program::Graph g = program::bind(parsed, program_bind_options(f.mesh, f.common.dims, f.pins, "--pin"));
+            if (!f.common.dtype && f.run) f.common.dtype = "f64";
+            PlanningFlags planning = f.common;
+            planning.mesh = g.mesh.to_string();
+            planning.dims.reset();
+            const Planning p = make_planning(planning);
+            if (f.train && g.loss < 0) throw InputError("--train: the program has no loss line; add one (loss sum(...))");
+            const bool train = !f.infer && g.loss >= 0;
+            solve::SolveOptions o;
+            o.program.dtype = p.options.dtype;
+            o.program.hw = p.options.hw;
+            o.program.train = train;
+            o.program.optimizer = optimizer;
+            if (f.mem_limit) o.memory_limit = parse_byte_size(*f.mem_limit, "--mem-limit");
+            o.top = f.top;
+            o.explain = f.explain;
+            o.seconds = f.seconds;
+            if (f.run) {
+              check_backend(f.backend, g.mesh);
+              if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
+                throw InputError(std::string("--run computes in f32 or f64, not ") + to_string(p.options.dtype) +
+                                 "; pass --dtype f32 or --dtype f64");
+              }
+            }
+            const solve::SolveResult r = solve::solve_program(g, o);
+            if (f.emit) {
+              write_file_atomically(*f.emit, program::format_program(solve::pinned_program(parsed, g, r.specs)),
+                                    "--emit '" + *f.emit + "'", false);
+            }
+            std::optional<nn::ProgramRun> run;
+            if (f.run) {
+              check_run_size(g, r.prediction, p.options.dtype);
+              run = run_program_step(f.backend, solve::pinned_graph(g, r.specs), o.program);
+              if (process_rank(f.backend) != 0) return run->verification.verified ? 0 : 3;
+            }
+            const nn::ProgramRun* rp = run ? &*run : nullptr;
+            if (f.common.json) {
+              out << solve_json(f, p, g, train, o, r, rp).dump(2) << "\n";
+            } else {
+              print_text(out, f, p, g, train, o, r, rp);
+            }
+            if (rp && !rp->verification.verified) {
+              std::cerr << "shardmm: error: the step does not match the dense reference: " + rp->verification.detail + "\n";
+              return 3;
+            }
+            return 0;
+          }};
+}
+
+}  // namespace shardmm::cli

@@ -1,0 +1,101 @@
+#include "cli/program_common.h"
+
+#include "cli/common.h"
+#include "shardmm/core/error.h"
+#include "shardmm/core/files.h"
+#include "shardmm/nn/layers.h"
+#include "shardmm/runtime/runner.h"
+
+namespace shardmm::cli {
+
+namespace {
+// A program is text a person writes; anything larger is a mistake (a binary, a log).
+inline constexpr std::size_t kMaxProgramBytes = 4 << 20;
+// --run's dense f64 reference runs plain loops on one core.
+inline constexpr double kMaxReferenceFlops = 5e9;
+}  // namespace
+
+program::Program read_program(const std::string& file) {
+  const std::string text = read_small_file(file, kMaxProgramBytes, "program " + file, "is larger than a program can be (4 MiB)");
+  return program::parse_program(text, file);
+}
+
+program::BindOptions program_bind_options(const std::optional<std::string>& mesh, const std::optional<std::string>& dims,
+                                          const std::vector<std::string>& pins, const std::string& pin_flag) {
+  program::BindOptions o;
+  if (mesh) o.mesh = parse_mesh(*mesh);
+  if (dims) o.dims = parse_dims(*dims);
+  for (const std::string& s : pins) {
+    const std::size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
+      throw InputError(pin_flag + " '" + s + "': expected NAME=SPEC, e.g. " + pin_flag + " w_in='w_in[D, F_X]'");
+    }
+    const std::string name = s.substr(0, eq);
+    if (!o.specs.emplace(name, s.substr(eq + 1)).second) {
+      throw InputError(pin_flag + " " + name + " is given twice; give each tensor one spec");
+    }
+  }
+  return o;
+}
+
+void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events) {
+  const std::vector<nn::CollectiveTally> tallies = nn::tally_collectives(events);
+  out << "\nCollectives per step:\n";
+  if (tallies.empty()) {
+    out << "  none: every device computes its part alone\n";
+    return;
+  }
+  Table table({"phase", "collective", "count", "bytes", "time"});
+  for (const nn::CollectiveTally& t : tallies) {
+    table.add({autodiff::to_string(t.phase), std::string(to_string(t.op)) + " over " + mesh.axis_names(t.axes),
+               std::to_string(t.count), format_bytes(static_cast<double>(t.bytes)), format_time(t.time_s)});
+  }
+  for (std::size_t c : {2u, 3u, 4u}) table.right_align(c);
+  table.print(out);
+}
+
+Json collectives_json(const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events) {
+  Json collectives = Json::array();
+  for (const nn::CollectiveTally& t : nn::tally_collectives(events)) {
+    Json row = {{"phase", autodiff::to_string(t.phase)}, {"op", to_string(t.op)}, {"axes", Json::array()},
+                {"count", t.count}, {"bytes", t.bytes}, {"time_s", t.time_s}};
+    for (int a : t.axes) row["axes"].push_back(mesh.axis(a).name);
+    collectives.push_back(row);
+  }
+  return collectives;
+}
+
+Json memory_json(const nn::ProgramMemory& m) {
+  return {{"param_bytes", m.params},         {"input_bytes", m.inputs},
+          {"gradient_bytes", m.gradients},   {"optimizer_state_bytes", m.optimizer_state},
+          {"activation_bytes", m.activations}, {"total_bytes", m.total()}};
+}
+
+void check_run_size(const program::Graph& g, const nn::ProgramPrediction& pred, DType dtype) {
+  double flops = 0;
+  for (const autodiff::TapeEvent& e : pred.events) flops += e.step.flops;
+  flops *= static_cast<double>(g.mesh.device_count());
+  if (flops > kMaxReferenceFlops) {
+    throw InputError("--run verifies the step against a dense single-device reference of about " + format_flops(flops) +
+                     ", more than --run computes (" + format_flops(kMaxReferenceFlops) +
+                     "); give smaller --dims with --run (the prediction alone has no size limit)");
+  }
+  const double need = 2.0 * static_cast<double>(pred.memory.total()) * static_cast<double>(g.mesh.device_count()) * 8 /
+                      dtype_bytes(dtype);
+  if (need > static_cast<double>(available_memory())) {
+    throw InputError("--run needs about " + format_bytes(need) + " here (every device's shards and the dense f64 " +
+                     "reference) but " + format_bytes(static_cast<double>(available_memory())) +
+                     " is available; give smaller --dims with --run");
+  }
+}
+
+nn::ProgramRun run_program_step(const std::string& backend, const program::Graph& g, const nn::ProgramOptions& options) {
+  nn::ProgramRun mine;
+  run_backend(backend, g.mesh, [&](Communicator& comm) {
+    nn::ProgramRun r = nn::run_program(comm, g, options);
+    if (comm.rank() == 0 || !comm.capabilities().ranks_in_one_process) mine = std::move(r);
+  });
+  return mine;
+}
+
+}  // namespace shardmm::cli

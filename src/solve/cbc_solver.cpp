@@ -1,0 +1,169 @@
+// The choice problem as an integer program, solved by CBC (the only file that includes it).
+//
+// Columns: x[v][d] (variable v takes value d), y[f][e] (factor f uses its entry e), both
+// binary; w[s][d] in [0, 1] (shared term s is held, its variable at d). Rows:
+//   sum_d x[v][d] = 1;   sum_e y[f][e] = 1;
+//   for each variable u of f and value d: sum_{e: u = d} y[f][e] = x[u][d]   (marginals agree)
+//   for each shared term s, factor f naming it, value d: w[s][d] >= sum_{e in f names s, var = d} y[f][e]
+//   sum y * memory + sum w * bytes <= limit                                  (with a limit)
+//   each excluded assignment: sum_{v in distinct_on} x[v][A_v] <= |distinct_on| - 1
+// Objective: sum y * time, in microseconds (CBC's tolerances are absolute).
+#include <coin/Cbc_C_Interface.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "shardmm/core/error.h"
+#include "shardmm/solve/choices.h"
+
+namespace shardmm::solve {
+
+namespace {
+
+constexpr double kScale = 1e6;  // seconds -> microseconds
+
+struct ModelDeleter {
+  void operator()(Cbc_Model* m) const { Cbc_deleteModel(m); }
+};
+
+class Rows {
+ public:
+  explicit Rows(Cbc_Model* m) : m_(m) {}
+  void add(const std::vector<int>& cols, const std::vector<double>& coefs, char sense, double rhs) {
+    Cbc_addRow(m_, "", static_cast<int>(cols.size()), cols.data(), coefs.data(), sense, rhs);
+  }
+
+ private:
+  Cbc_Model* m_;
+};
+
+}  // namespace
+
+SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<Cbc_Model, ModelDeleter> owner(Cbc_newModel());
+  Cbc_Model* m = owner.get();
+  Cbc_setLogLevel(m, 0);
+  int next = 0;
+  const auto column = [&](double lb, double ub, double obj, bool integer) {
+    Cbc_addCol(m, "", lb, ub, obj, integer ? 1 : 0, 0, nullptr, nullptr);
+    return next++;
+  };
+  std::vector<std::vector<int>> x(p.domain.size());
+  for (std::size_t v = 0; v < p.domain.size(); ++v) {
+    for (int d = 0; d < p.domain[v]; ++d) x[v].push_back(column(0, 1, 0, true));
+  }
+  std::vector<std::vector<int>> y(p.factors.size());
+  for (std::size_t f = 0; f < p.factors.size(); ++f) {
+    for (const FactorEntry& e : p.factors[f].entries) y[f].push_back(column(0, 1, e.time * kScale, true));
+  }
+  std::vector<std::vector<int>> w(p.shared.size());
+  for (std::size_t s = 0; s < p.shared.size(); ++s) {
+    const int dom = p.domain[static_cast<std::size_t>(p.shared[s].var)];
+    for (int d = 0; d < dom; ++d) w[s].push_back(column(0, 1, 0, false));
+  }
+
+  Rows rows(m);
+  for (std::size_t v = 0; v < p.domain.size(); ++v) rows.add(x[v], std::vector<double>(x[v].size(), 1.0), 'E', 1);
+  std::vector<int> cols;
+  std::vector<double> coefs;
+  for (std::size_t f = 0; f < p.factors.size(); ++f) {
+    const Factor& factor = p.factors[f];
+    rows.add(y[f], std::vector<double>(y[f].size(), 1.0), 'E', 1);
+    for (std::size_t i = 0; i < factor.vars.size(); ++i) {
+      const auto u = static_cast<std::size_t>(factor.vars[i]);
+      for (int d = 0; d < p.domain[u]; ++d) {
+        cols = {x[u][static_cast<std::size_t>(d)]};
+        coefs = {-1.0};
+        for (std::size_t e = 0; e < factor.entries.size(); ++e) {
+          if (factor.entries[e].values[i] == d) {
+            cols.push_back(y[f][e]);
+            coefs.push_back(1.0);
+          }
+        }
+        rows.add(cols, coefs, 'E', 0);
+      }
+    }
+    // Shared terms this factor names: w[s][d] covers every entry naming s with s's variable at d.
+    std::map<std::pair<int, int>, std::vector<int>> naming;  // (s, d) -> entries
+    for (std::size_t e = 0; e < factor.entries.size(); ++e) {
+      for (int s : factor.entries[e].shared) {
+        const int var = p.shared[static_cast<std::size_t>(s)].var;
+        const auto pos = std::find(factor.vars.begin(), factor.vars.end(), var);
+        if (pos == factor.vars.end()) throw InputError("solve_mip: a factor names a shared term whose variable it does not hold");
+        naming[{s, factor.entries[e].values[static_cast<std::size_t>(pos - factor.vars.begin())]}].push_back(static_cast<int>(e));
+      }
+    }
+    for (const auto& [key, entries] : naming) {
+      cols = {w[static_cast<std::size_t>(key.first)][static_cast<std::size_t>(key.second)]};
+      coefs = {1.0};
+      for (int e : entries) {
+        cols.push_back(y[f][static_cast<std::size_t>(e)]);
+        coefs.push_back(-1.0);
+      }
+      rows.add(cols, coefs, 'G', 0);
+    }
+  }
+  if (limits.memory_limit) {
+    cols.clear();
+    coefs.clear();
+    for (std::size_t f = 0; f < p.factors.size(); ++f) {
+      for (std::size_t e = 0; e < p.factors[f].entries.size(); ++e) {
+        if (p.factors[f].entries[e].memory == 0) continue;
+        cols.push_back(y[f][e]);
+        coefs.push_back(static_cast<double>(p.factors[f].entries[e].memory));
+      }
+    }
+    for (std::size_t s = 0; s < p.shared.size(); ++s) {
+      for (std::size_t d = 0; d < w[s].size(); ++d) {
+        cols.push_back(w[s][d]);
+        coefs.push_back(static_cast<double>(p.shared[s].bytes[d]));
+      }
+    }
+    rows.add(cols, coefs, 'L', static_cast<double>(*limits.memory_limit));
+  }
+  for (const Assignment& a : limits.excluded) {
+    cols.clear();
+    std::vector<int> on = limits.distinct_on;
+    if (on.empty()) {
+      for (std::size_t v = 0; v < p.domain.size(); ++v) on.push_back(static_cast<int>(v));
+    }
+    for (int v : on) cols.push_back(x[static_cast<std::size_t>(v)][static_cast<std::size_t>(a[static_cast<std::size_t>(v)])]);
+    rows.add(cols, std::vector<double>(cols.size(), 1.0), 'L', static_cast<double>(on.size()) - 1);
+  }
+
+  Cbc_setMaximumSeconds(m, limits.seconds);
+  Cbc_setAllowableGap(m, 1e-7);          // microseconds: 0.1 ps, below any step's resolution
+  Cbc_setAllowableFractionGap(m, 1e-9);
+  Cbc_solve(m);
+
+  SolveOutcome out;
+  out.method = "integer program (CBC)";
+  const double* sol = Cbc_getColSolution(m);
+  const bool found = Cbc_numberSavedSolutions(m) > 0 || (Cbc_isProvenOptimal(m) && sol != nullptr);
+  if (Cbc_isProvenInfeasible(m)) {
+    out.status = SolveStatus::infeasible;
+  } else if (found && sol != nullptr) {
+    out.best.assign(p.domain.size(), 0);
+    for (std::size_t v = 0; v < p.domain.size(); ++v) {
+      for (std::size_t d = 0; d < x[v].size(); ++d) {
+        if (sol[x[v][d]] > 0.5) out.best[v] = static_cast<int>(d);
+      }
+    }
+    out.value = evaluate(p, out.best);
+    out.status = Cbc_isProvenOptimal(m) ? SolveStatus::optimal : SolveStatus::feasible;
+    out.lower_bound = out.status == SolveStatus::optimal ? out.value.time
+                                                         : std::min(out.value.time, Cbc_getBestPossibleObjValue(m) / kScale);
+  } else {
+    out.status = SolveStatus::unknown;
+    out.lower_bound = Cbc_getBestPossibleObjValue(m) / kScale;
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace shardmm::solve

@@ -1,0 +1,280 @@
+// The choice problem's evaluation, the exhaustive solver and the dynamic program (min-sum
+// variable elimination). The integer program is in cbc_solver.cpp, the one file that sees CBC.
+#include "shardmm/solve/choices.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+#include "shardmm/core/error.h"
+#include "solve/factor_index.h"
+
+namespace shardmm::solve {
+
+const char* to_string(SolveStatus s) {
+  switch (s) {
+    case SolveStatus::optimal: return "optimal";
+    case SolveStatus::feasible: return "feasible";
+    case SolveStatus::infeasible: return "infeasible";
+    case SolveStatus::unknown: return "unknown";
+  }
+  return "?";
+}
+
+FactorIndex::FactorIndex(const ChoiceProblem& p, const Factor& f) : vars(f.vars) {
+  std::int64_t size = 1;
+  for (int v : f.vars) {
+    strides.push_back(size);
+    size *= p.domain.at(static_cast<std::size_t>(v));
+  }
+  entry_of.assign(static_cast<std::size_t>(size), -1);
+  for (std::size_t e = 0; e < f.entries.size(); ++e) {
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < f.vars.size(); ++i) at += strides[i] * f.entries[e].values[i];
+    entry_of[static_cast<std::size_t>(at)] = static_cast<int>(e);
+  }
+}
+
+int FactorIndex::entry(const Assignment& a) const {
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < vars.size(); ++i) at += strides[i] * a[static_cast<std::size_t>(vars[i])];
+  return entry_of[static_cast<std::size_t>(at)];
+}
+
+namespace {
+
+Evaluation evaluate_indexed(const ChoiceProblem& p, const std::vector<FactorIndex>& index, const Assignment& a,
+                            std::vector<char>& used_shared) {
+  Evaluation out;
+  std::fill(used_shared.begin(), used_shared.end(), 0);
+  for (std::size_t k = 0; k < p.factors.size(); ++k) {
+    const int e = index[k].entry(a);
+    if (e < 0) return out;
+    const FactorEntry& entry = p.factors[k].entries[static_cast<std::size_t>(e)];
+    out.time += entry.time;
+    out.memory += entry.memory;
+    for (int s : entry.shared) used_shared[static_cast<std::size_t>(s)] = 1;
+  }
+  for (std::size_t s = 0; s < p.shared.size(); ++s) {
+    if (used_shared[s]) out.memory += p.shared[s].bytes[static_cast<std::size_t>(a[static_cast<std::size_t>(p.shared[s].var)])];
+  }
+  out.allowed = true;
+  return out;
+}
+
+bool excluded(const SolveLimits& limits, const Assignment& a) {
+  for (const Assignment& x : limits.excluded) {
+    bool same = true;
+    if (limits.distinct_on.empty()) {
+      same = x == a;
+    } else {
+      for (int v : limits.distinct_on) same = same && x[static_cast<std::size_t>(v)] == a[static_cast<std::size_t>(v)];
+    }
+    if (same) return true;
+  }
+  return false;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+std::vector<FactorIndex> index_factors(const ChoiceProblem& p) {
+  std::vector<FactorIndex> out;
+  out.reserve(p.factors.size());
+  for (const Factor& f : p.factors) out.emplace_back(p, f);
+  return out;
+}
+
+Evaluation evaluate(const ChoiceProblem& p, const Assignment& a) {
+  if (a.size() != p.domain.size()) throw InputError("evaluate: the assignment has a value for " + std::to_string(a.size()) +
+                                                    " variables, the problem has " + std::to_string(p.domain.size()));
+  std::vector<char> used(p.shared.size());
+  return evaluate_indexed(p, index_factors(p), a, used);
+}
+
+SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits, std::int64_t max_assignments) {
+  const auto start = std::chrono::steady_clock::now();
+  double count = 1;
+  for (int d : p.domain) count *= d;
+  if (count > static_cast<double>(max_assignments)) {
+    throw InputError("the exhaustive solver would try " + std::to_string(static_cast<long long>(count)) +
+                     " assignments, more than its limit of " + std::to_string(max_assignments));
+  }
+  const std::vector<FactorIndex> index = index_factors(p);
+  std::vector<char> used(p.shared.size());
+  SolveOutcome out;
+  out.method = "exhaustive";
+  Assignment a(p.domain.size(), 0);
+  bool any_allowed = false;
+  while (true) {
+    const Evaluation e = evaluate_indexed(p, index, a, used);
+    if (e.allowed && !excluded(limits, a) && (!limits.memory_limit || e.memory <= *limits.memory_limit)) {
+      any_allowed = true;
+      if (out.best.empty() || e.time < out.value.time) {
+        out.best = a;
+        out.value = e;
+      }
+    }
+    std::size_t v = 0;
+    while (v < a.size() && ++a[v] == p.domain[v]) a[v++] = 0;
+    if (v == a.size()) break;
+  }
+  out.status = any_allowed ? SolveStatus::optimal : SolveStatus::infeasible;
+  out.lower_bound = any_allowed ? out.value.time : 0;
+  out.seconds = seconds_since(start);
+  return out;
+}
+
+// ---- Variable elimination
+
+namespace {
+
+constexpr double kNotAllowed = std::numeric_limits<double>::infinity();
+
+// A dense table over `vars` (first variable fastest), +inf where not allowed.
+struct Table {
+  std::vector<int> vars;
+  std::vector<std::int64_t> strides;
+  std::vector<double> cost;
+};
+
+Table make_table(const ChoiceProblem& p, std::vector<int> vars) {
+  Table t;
+  t.vars = std::move(vars);
+  std::int64_t size = 1;
+  for (int v : t.vars) {
+    t.strides.push_back(size);
+    size *= p.domain[static_cast<std::size_t>(v)];
+  }
+  t.cost.assign(static_cast<std::size_t>(size), 0.0);
+  return t;
+}
+
+// The position in `t` of the tuple that `values` (indexed by variable) gives.
+std::int64_t offset_in(const Table& t, const std::vector<int>& values) {
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < t.vars.size(); ++i) at += t.strides[i] * values[static_cast<std::size_t>(t.vars[i])];
+  return at;
+}
+
+// Calls fn(values) for every tuple of `vars` (values indexed by variable), first variable fastest.
+template <typename Fn>
+void for_each_tuple(const ChoiceProblem& p, const std::vector<int>& vars, std::vector<int>& values, Fn fn) {
+  for (int v : vars) values[static_cast<std::size_t>(v)] = 0;
+  while (true) {
+    fn();
+    std::size_t i = 0;
+    while (i < vars.size()) {
+      int& x = values[static_cast<std::size_t>(vars[i])];
+      if (++x < p.domain[static_cast<std::size_t>(vars[i])]) break;
+      x = 0;
+      ++i;
+    }
+    if (i == vars.size()) return;
+  }
+}
+
+}  // namespace
+
+std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::size_t n = p.domain.size();
+  std::vector<Table> tables;
+  for (const Factor& f : p.factors) {
+    Table t = make_table(p, f.vars);
+    std::fill(t.cost.begin(), t.cost.end(), kNotAllowed);
+    for (const FactorEntry& e : f.entries) {
+      std::int64_t at = 0;
+      for (std::size_t i = 0; i < f.vars.size(); ++i) at += t.strides[i] * e.values[i];
+      t.cost[static_cast<std::size_t>(at)] = e.time;
+    }
+    tables.push_back(std::move(t));
+  }
+  std::vector<char> eliminated(n, 0);
+  // For back substitution: each eliminated variable's best value given the rest of its bucket.
+  struct Step {
+    int var;
+    Table best_value;  // over the bucket's other variables; cost holds the value (as a double)
+  };
+  std::vector<Step> steps;
+  std::vector<int> values(n, 0);
+  for (std::size_t round = 0; round < n; ++round) {
+    // The variable whose bucket joins the smallest table (min-size greedy order).
+    int pick = -1;
+    double pick_size = 0;
+    std::vector<int> pick_scope;
+    for (std::size_t v = 0; v < n; ++v) {
+      if (eliminated[v]) continue;
+      std::vector<int> scope;
+      for (const Table& t : tables) {
+        if (std::find(t.vars.begin(), t.vars.end(), static_cast<int>(v)) == t.vars.end()) continue;
+        for (int u : t.vars) {
+          if (std::find(scope.begin(), scope.end(), u) == scope.end()) scope.push_back(u);
+        }
+      }
+      double size = 1;
+      for (int u : scope) size *= p.domain[static_cast<std::size_t>(u)];
+      if (pick < 0 || size < pick_size) {
+        pick = static_cast<int>(v);
+        pick_size = size;
+        pick_scope = scope;
+      }
+    }
+    if (pick_size > static_cast<double>(max_table)) return std::nullopt;
+    eliminated[static_cast<std::size_t>(pick)] = 1;
+    std::vector<Table> bucket, rest;
+    for (Table& t : tables) {
+      (std::find(t.vars.begin(), t.vars.end(), pick) != t.vars.end() ? bucket : rest).push_back(std::move(t));
+    }
+    std::vector<int> others;
+    for (int u : pick_scope) {
+      if (u != pick) others.push_back(u);
+    }
+    Table reduced = make_table(p, others);
+    Table best = make_table(p, others);
+    for_each_tuple(p, others, values, [&] {
+      double low = kNotAllowed;
+      int arg = 0;
+      for (int x = 0; x < p.domain[static_cast<std::size_t>(pick)]; ++x) {
+        values[static_cast<std::size_t>(pick)] = x;
+        double sum = 0;
+        for (const Table& t : bucket) sum += t.cost[static_cast<std::size_t>(offset_in(t, values))];
+        if (sum < low) {
+          low = sum;
+          arg = x;
+        }
+      }
+      const auto at = static_cast<std::size_t>(offset_in(reduced, values));
+      reduced.cost[at] = low;
+      best.cost[at] = arg;
+    });
+    rest.push_back(std::move(reduced));
+    tables = std::move(rest);
+    steps.push_back({pick, std::move(best)});
+  }
+  SolveOutcome out;
+  out.method = "dynamic programming";
+  double total = 0;
+  for (const Table& t : tables) total += t.cost.at(0);  // every remaining table is a scalar
+  if (std::isinf(total)) {
+    out.status = SolveStatus::infeasible;
+    out.seconds = seconds_since(start);
+    return out;
+  }
+  Assignment a(n, 0);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    a[static_cast<std::size_t>(it->var)] = static_cast<int>(it->best_value.cost[static_cast<std::size_t>(offset_in(it->best_value, a))]);
+  }
+  out.best = a;
+  out.value = evaluate(p, a);
+  out.status = SolveStatus::optimal;
+  out.lower_bound = out.value.time;
+  out.seconds = seconds_since(start);
+  return out;
+}
+
+}  // namespace shardmm::solve

@@ -1,0 +1,424 @@
+// A program as a choice problem: a variable per tensor (a repeat's copies share one), a
+// factor per op whose entries are the op recorded alone on a symbolic tape in each
+// combination of its operands' and result's specs, and a factor per leaf for the memory it
+// holds (the leaf, its gradient, Adam's moments).
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "shardmm/autodiff/tape.h"
+#include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
+#include "shardmm/solve/solve.h"
+
+namespace shardmm::solve {
+
+using program::Graph;
+using program::OpKind;
+using program::Role;
+
+namespace {
+
+// A tensor's name without its repeat iterations (`x.3'` -> `x'`, `p.0~1` -> `p~1`), and how
+// many there were: the copies of one statement across iterations share a key.
+std::string group_key(const std::string& name) {
+  std::string out;
+  int depth = 0;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '.' && i + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[i + 1]))) {
+      ++depth;
+      ++i;
+      while (i + 1 < name.size() && std::isdigit(static_cast<unsigned char>(name[i + 1]))) ++i;
+      continue;
+    }
+    out += name[i];
+  }
+  return out + "#" + std::to_string(depth);
+}
+
+// Every spec of `t` on the mesh: each axis shards one letter, is unreduced (when allowed) or
+// unused; a letter's axes in every order; no letter split into more pieces than its size.
+std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool allow_unreduced) {
+  const int m = mesh.rank();
+  const int rank = static_cast<int>(t.letters.size());
+  const int choices = rank + 1 + (allow_unreduced ? 1 : 0);  // a letter, unused, unreduced
+  std::vector<Spec> out;
+  std::vector<int> pick(static_cast<std::size_t>(m), 0);
+  while (true) {
+    std::vector<AxisList> dims(static_cast<std::size_t>(rank));
+    AxisList unreduced;
+    for (int a = 0; a < m; ++a) {
+      const int c = pick[static_cast<std::size_t>(a)];
+      if (c < rank) dims[static_cast<std::size_t>(c)].push_back(a);
+      if (c == rank + 1) unreduced.push_back(a);
+    }
+    bool fits = true;
+    for (int d = 0; d < rank; ++d) {
+      std::int64_t parts = 1;
+      for (int a : dims[static_cast<std::size_t>(d)]) parts *= mesh.size(a);
+      fits = fits && parts <= std::max<std::int64_t>(1, t.shape[static_cast<std::size_t>(d)]);
+    }
+    if (fits) {
+      // Every order of every letter's axes: the cartesian product of their permutations.
+      std::vector<std::vector<AxisList>> orders(static_cast<std::size_t>(rank));
+      for (int d = 0; d < rank; ++d) {
+        AxisList axes = dims[static_cast<std::size_t>(d)];
+        do orders[static_cast<std::size_t>(d)].push_back(axes);
+        while (std::next_permutation(axes.begin(), axes.end()));
+      }
+      std::vector<std::size_t> at(static_cast<std::size_t>(rank), 0);
+      while (true) {
+        Spec s = program::replicated_spec(t);
+        for (int d = 0; d < rank; ++d) s.dims[static_cast<std::size_t>(d)].axes = orders[static_cast<std::size_t>(d)][at[static_cast<std::size_t>(d)]];
+        s.unreduced = unreduced;
+        out.push_back(std::move(s));
+        int d = 0;
+        while (d < rank && ++at[static_cast<std::size_t>(d)] == orders[static_cast<std::size_t>(d)].size()) at[static_cast<std::size_t>(d++)] = 0;
+        if (d == rank) break;
+      }
+    }
+    int a = 0;
+    while (a < m && ++pick[static_cast<std::size_t>(a)] == choices) pick[static_cast<std::size_t>(a++)] = 0;
+    if (a == m) break;
+  }
+  return out;
+}
+
+// The einsum results the search considers: each mesh axis shards the letter an operand
+// shards with it, holds the partial sums of a contracted letter an operand shards with it,
+// or is unused. (Any other layout is one of these followed by a slice, which costs nothing
+// and which the consumer does as well.)
+bool follows_operands(const Spec& result, const std::vector<Spec>& operands, const program::Tensor& t) {
+  for (std::size_t d = 0; d < result.dims.size(); ++d) {
+    for (int axis : result.dims[d].axes) {
+      bool found = false;
+      for (const Spec& o : operands) {
+        const int j = o.dim_of_axis(axis);
+        found = found || (j >= 0 && o.dims[static_cast<std::size_t>(j)].name == result.dims[d].name);
+      }
+      if (!found) return false;
+    }
+  }
+  for (int axis : result.unreduced) {
+    bool contracted = false;
+    for (const Spec& o : operands) {
+      const int j = o.dim_of_axis(axis);
+      contracted = contracted || (j >= 0 && std::find(t.letters.begin(), t.letters.end(),
+                                                      o.dims[static_cast<std::size_t>(j)].name) == t.letters.end());
+      contracted = contracted || o.is_unreduced(axis);
+    }
+    if (!contracted) return false;
+  }
+  return true;
+}
+
+std::int64_t local_bytes(const Graph& g, const Spec& s, const Shape& shape, DType dtype) {
+  return local_elements(g.mesh, s, shape, 0) * dtype_bytes(dtype);
+}
+
+// The ops whose results the loss depends on (they run backward in a training step).
+std::vector<char> loss_path(const Graph& g) {
+  std::vector<char> on(g.ops.size(), 0);
+  if (g.loss < 0) return on;
+  std::vector<char> needed(g.tensors.size(), 0);
+  needed[static_cast<std::size_t>(g.loss)] = 1;
+  for (std::size_t k = g.ops.size(); k-- > 0;) {
+    if (!needed[static_cast<std::size_t>(g.ops[k].result)]) continue;
+    on[k] = 1;
+    for (int x : g.ops[k].operands) needed[static_cast<std::size_t>(x)] = 1;
+  }
+  return on;
+}
+
+// What one op costs, recorded alone: its operands as leaves in their specs, its result
+// pinned (or left to its rule), a scalar loss of the result when it is differentiated.
+struct OpCost {
+  bool allowed = false;
+  Spec result;
+  double time = 0;                   // the op's forward and backward steps, and delivering
+                                     // its operands' gradients in their specs
+  std::int64_t internal_memory = 0;  // activations its own intermediate values keep
+  std::vector<char> operand_saved;   // by distinct operand: kept for the backward pass
+  bool result_saved = false;         // its own backward keeps its result (softmax)
+};
+
+class OpRecorder {
+ public:
+  OpRecorder(const Graph& g, const nn::ProgramOptions& options) : g_(g), options_(options) {}
+
+  OpCost cost(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
+              const std::optional<Spec>& result_pin, bool differentiate) {
+    const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
+    Graph mini;
+    mini.file = g_.file;
+    mini.mesh = g_.mesh;
+    mini.dims = g_.dims;
+    for (std::size_t i = 0; i < operands.size(); ++i) {
+      program::Tensor t = g_.tensors[static_cast<std::size_t>(operands[i])];
+      if (t.role == Role::computed) t.role = Role::input;
+      t.pinned = operand_specs[i];
+      t.producer = -1;
+      t.consumers = {0};
+      t.temporary = false;
+      mini.tensors.push_back(std::move(t));
+    }
+    program::Tensor result = g_.tensors[static_cast<std::size_t>(op.result)];
+    result.pinned = result_pin;
+    result.producer = 0;
+    result.consumers.clear();
+    const int r = static_cast<int>(mini.tensors.size());
+    mini.tensors.push_back(result);
+    program::GraphOp only = op;
+    only.result = r;
+    only.operands.clear();
+    for (int x : op.operands) {
+      only.operands.push_back(static_cast<int>(std::find(operands.begin(), operands.end(), x) - operands.begin()));
+    }
+    mini.ops.push_back(only);
+    if (differentiate) {
+      if (result.letters.empty()) {
+        mini.loss = r;
+      } else {
+        program::Tensor loss;
+        loss.name = loss.source_name = "loss~solve";
+        loss.producer = 1;
+        loss.temporary = true;
+        mini.tensors[static_cast<std::size_t>(r)].consumers = {1};
+        program::GraphOp sum;
+        sum.op.kind = OpKind::reduce;
+        sum.op.function = "sum";
+        sum.result = r + 1;
+        sum.operands = {r};
+        sum.expression = "sum(" + result.name + ")";
+        mini.tensors.push_back(loss);
+        mini.ops.push_back(sum);
+        mini.loss = r + 1;
+      }
+    }
+    OpCost out;
+    try {
+      autodiff::Tape tape(mini.mesh, {options_.dtype, options_.hw, 0});
+      const nn::ProgramRecord rec = nn::record_program(tape, mini, options_);
+      if (differentiate) tape.backward(rec.values[static_cast<std::size_t>(mini.loss)]);
+      for (const autodiff::TapeEvent& e : tape.events()) {
+        if (e.scope == 0 || e.scope == -1) out.time += e.step.time_s;
+      }
+      out.result = rec.specs[static_cast<std::size_t>(r)];
+      out.result.tensor = g_.tensors[static_cast<std::size_t>(op.result)].name;
+      const std::int64_t result_kept = tape.bytes_saved_for_backward(rec.values[static_cast<std::size_t>(r)]);
+      out.result_saved = result_kept > 0;
+      out.internal_memory = tape.memory().activations - result_kept;
+      for (std::size_t i = 0; i < operands.size(); ++i) {
+        out.operand_saved.push_back(tape.bytes_saved_for_backward(rec.values[i]) > 0);
+      }
+      out.allowed = true;
+    } catch (const InputError&) {
+      out.allowed = false;  // the op cannot hold these specs (a pin it cannot honour)
+    }
+    ++evaluations;
+    return out;
+  }
+
+  std::int64_t evaluations = 0;
+
+ private:
+  const Graph& g_;
+  const nn::ProgramOptions& options_;
+};
+
+}  // namespace
+
+std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a) {
+  std::vector<Spec> out;
+  for (std::size_t t = 0; t < c.var_of_tensor.size(); ++t) {
+    const auto v = static_cast<std::size_t>(c.var_of_tensor[t]);
+    out.push_back(c.values[v][static_cast<std::size_t>(a[v])]);
+  }
+  return out;
+}
+
+ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) {
+  ProgramChoices c;
+  const bool train = options.train && g.loss >= 0;
+  c.on_loss_path = loss_path(g);
+  if (!train) std::fill(c.on_loss_path.begin(), c.on_loss_path.end(), 0);
+
+  // Variables: one per group key.
+  std::map<std::string, int> var_by_key;
+  std::vector<int> copies;  // by variable: how many tensors share it
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    const program::Tensor& tensor = g.tensors[t];
+    const std::string key = group_key(tensor.name);
+    auto [it, added] = var_by_key.emplace(key, static_cast<int>(c.values.size()));
+    c.var_of_tensor.push_back(it->second);
+    if (!added) {
+      ++copies[static_cast<std::size_t>(it->second)];
+      continue;
+    }
+    copies.push_back(1);
+    c.tensor_of_var.push_back(static_cast<int>(t));
+    const bool leaf = tensor.role != Role::computed;
+    const bool einsum = !leaf && g.ops[static_cast<std::size_t>(tensor.producer)].op.kind == OpKind::einsum;
+    std::vector<Spec> values;
+    if (tensor.pinned) {
+      values = {*tensor.pinned};
+    } else if (leaf || (einsum && !tensor.temporary)) {
+      values = all_specs(tensor, g.mesh, /*allow_unreduced=*/!leaf);
+    }
+    for (Spec& s : values) s.tensor = tensor.name;
+    c.chosen.push_back(!tensor.pinned && (leaf || (einsum && !tensor.temporary)));
+    c.values.push_back(std::move(values));  // a derived tensor's values come from its op
+  }
+  const auto value_index = [&](int var, const Spec& s) {
+    std::vector<Spec>& vals = c.values[static_cast<std::size_t>(var)];
+    for (std::size_t i = 0; i < vals.size(); ++i) {
+      if (vals[i] == s) return static_cast<int>(i);
+    }
+    vals.push_back(s);
+    return static_cast<int>(vals.size()) - 1;
+  };
+
+  // Factors: one per distinct (op statement, variables), its cost times its copies.
+  struct OpFactor {
+    int op = -1;                   // the first op it stands for
+    std::vector<int> operands;     // distinct operand tensors of that op
+    std::vector<int> operand_vars;
+    int result_var = -1;
+    int count = 0;
+    std::set<std::vector<int>> done;  // operand value tuples recorded
+    Factor factor;
+  };
+  std::map<std::string, OpFactor> factors;
+  std::vector<std::string> factor_of_op;
+  for (std::size_t k = 0; k < g.ops.size(); ++k) {
+    const program::GraphOp& op = g.ops[k];
+    std::vector<int> operands;
+    for (int x : op.operands) {
+      if (std::find(operands.begin(), operands.end(), x) == operands.end()) operands.push_back(x);
+    }
+    std::string key = group_key(g.tensors[static_cast<std::size_t>(op.result)].name) + (c.on_loss_path[k] ? "+" : "-");
+    std::vector<int> vars;
+    for (int x : operands) {
+      vars.push_back(c.var_of_tensor[static_cast<std::size_t>(x)]);
+      key += " " + std::to_string(vars.back());
+    }
+    OpFactor& f = factors[key];
+    if (f.count++ == 0) {
+      f.op = static_cast<int>(k);
+      f.operands = operands;
+      f.operand_vars = vars;
+      f.result_var = c.var_of_tensor[static_cast<std::size_t>(op.result)];
+      for (int v : vars) {
+        if (std::find(f.factor.vars.begin(), f.factor.vars.end(), v) == f.factor.vars.end()) f.factor.vars.push_back(v);
+      }
+      if (std::find(f.factor.vars.begin(), f.factor.vars.end(), f.result_var) == f.factor.vars.end()) {
+        f.factor.vars.push_back(f.result_var);
+      }
+    }
+    factor_of_op.push_back(key);
+  }
+
+  // Shared terms: a computed variable's activation, held once however many consumers keep it.
+  std::map<int, int> shared_of_var;
+  const auto shared_term = [&](int var) {
+    auto [it, added] = shared_of_var.emplace(var, static_cast<int>(c.problem.shared.size()));
+    if (added) c.problem.shared.push_back({var, {}});
+    return it->second;
+  };
+
+  OpRecorder recorder(g, options);
+  // Fill the factors in program order until no derived variable gains a value (a repeat's
+  // later iterations can feed values back to an earlier factor's operands).
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (std::size_t k = 0; k < g.ops.size(); ++k) {
+      OpFactor& f = factors[factor_of_op[k]];
+      if (f.op != static_cast<int>(k)) continue;
+      const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[k].result)];
+      const bool choice_result = !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
+                                 (result.pinned || c.chosen[static_cast<std::size_t>(f.result_var)]);
+      std::vector<int> tuple(f.operands.size(), 0);
+      bool any_empty = false;
+      for (int v : f.operand_vars) any_empty = any_empty || c.values[static_cast<std::size_t>(v)].empty();
+      if (any_empty) continue;
+      while (true) {
+        if (f.done.insert(tuple).second) {
+          std::vector<Spec> specs;
+          for (std::size_t i = 0; i < tuple.size(); ++i) {
+            specs.push_back(c.values[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])]);
+          }
+          // The result's spec: its own variable's when that is an operand too (a value carried
+          // into the next iteration), else each of its choices, else what the op's rule gives.
+          std::vector<std::optional<Spec>> pins;
+          const auto same = std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var);
+          if (same != f.operand_vars.end()) {
+            pins.push_back(specs[static_cast<std::size_t>(same - f.operand_vars.begin())]);
+          } else if (choice_result) {
+            for (const Spec& s : c.values[static_cast<std::size_t>(f.result_var)]) {
+              if (result.pinned || follows_operands(s, specs, result)) pins.push_back(s);
+            }
+          } else {
+            pins.push_back(std::nullopt);
+          }
+          for (const std::optional<Spec>& pin : pins) {
+            const OpCost cost = recorder.cost(f.op, f.operands, specs, pin, c.on_loss_path[k]);
+            if (!cost.allowed) continue;
+            if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
+            const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
+            FactorEntry e;
+            std::map<int, int> value_of;
+            for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
+            value_of[f.result_var] = value_index(f.result_var, cost.result);
+            grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
+            for (int v : f.factor.vars) e.values.push_back(value_of.at(v));
+            e.time = cost.time * f.count;
+            if (train) {
+              e.memory = cost.internal_memory * f.count;
+              for (std::size_t i = 0; i < f.operands.size(); ++i) {
+                if (cost.operand_saved[i] && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
+                  e.shared.push_back(shared_term(f.operand_vars[i]));
+                }
+              }
+              if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
+            }
+            f.factor.entries.push_back(std::move(e));
+          }
+        }
+        std::size_t i = 0;
+        while (i < tuple.size() && ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size())) tuple[i++] = 0;
+        if (i == tuple.size()) break;
+      }
+    }
+  }
+  c.evaluations = recorder.evaluations;
+
+  for (std::size_t v = 0; v < c.values.size(); ++v) {
+    c.problem.domain.push_back(std::max<int>(1, static_cast<int>(c.values[v].size())));
+    if (c.values[v].empty()) {
+      const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+      throw InputError("solve: no sharding of the operands of " + t.name + " lets its op run (" +
+                       g.ops[static_cast<std::size_t>(t.producer)].expression + ")");
+    }
+  }
+  for (auto& [key, f] : factors) c.problem.factors.push_back(std::move(f.factor));
+  for (SharedTerm& s : c.problem.shared) {
+    const auto v = static_cast<std::size_t>(s.var);
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+    for (const Spec& spec : c.values[v]) s.bytes.push_back(local_bytes(g, spec, t.shape, options.dtype) * copies[v]);
+  }
+  // Leaves: the value, its gradient (train), Adam's two moments (params).
+  for (std::size_t v = 0; v < c.values.size(); ++v) {
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+    if (t.role == Role::computed) continue;
+    const int per = 1 + (train ? 1 : 0) + (train && t.role == Role::param && options.optimizer == nn::Optimizer::adam ? 2 : 0);
+    Factor f;
+    f.vars = {static_cast<int>(v)};
+    for (std::size_t i = 0; i < c.values[v].size(); ++i) {
+      f.entries.push_back({{static_cast<int>(i)}, 0.0, local_bytes(g, c.values[v][i], t.shape, options.dtype) * per * copies[v], {}});
+    }
+    c.problem.factors.push_back(std::move(f));
+  }
+  return c;
+}
+
+}  // namespace shardmm::solve

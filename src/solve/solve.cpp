@@ -1,0 +1,230 @@
+// solve_program: build the choice problem, solve it exactly (dynamic programming when no
+// memory limit binds, else the integer program), cost the answer as `shardmm program` does,
+// and put it beside the named strategies and each choice's runner-up.
+#include "shardmm/solve/solve.h"
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+
+#include "shardmm/core/error.h"
+
+namespace shardmm::solve {
+
+using program::Graph;
+using program::Role;
+
+namespace {
+
+std::string bytes_text(std::int64_t b) {
+  std::ostringstream os;
+  os.precision(3);
+  if (b >= (1LL << 30)) {
+    os << static_cast<double>(b) / static_cast<double>(1LL << 30) << " GiB";
+  } else if (b >= (1LL << 20)) {
+    os << static_cast<double>(b) / static_cast<double>(1LL << 20) << " MiB";
+  } else {
+    os << b << " bytes";
+  }
+  return os.str();
+}
+
+// The best assignment of `p` within the limits: dynamic programming first (exact, fast, blind
+// to memory), the integer program when memory binds, exclusions apply or the tables grow too big.
+SolveOutcome best_of(const ChoiceProblem& p, const SolveLimits& limits) {
+  if (limits.excluded.empty()) {
+    if (std::optional<SolveOutcome> dp = solve_elimination(p)) {
+      if (dp->status == SolveStatus::infeasible) return *dp;
+      if (!limits.memory_limit || dp->value.memory <= *limits.memory_limit) return *dp;
+    }
+  }
+  return solve_mip(p, limits);
+}
+
+// `p` without the entries where variable `v` takes a value that `keep` refuses.
+ChoiceProblem restricted(const ChoiceProblem& p, int v, const std::function<bool(int)>& keep) {
+  ChoiceProblem out = p;
+  for (Factor& f : out.factors) {
+    const auto at = std::find(f.vars.begin(), f.vars.end(), v);
+    if (at == f.vars.end()) continue;
+    const auto i = static_cast<std::size_t>(at - f.vars.begin());
+    std::erase_if(f.entries, [&](const FactorEntry& e) { return !keep(e.values[i]); });
+  }
+  return out;
+}
+
+// ---- Named strategies: a role per mesh axis, as restrictions on the leaves' specs.
+//   dp    inputs split by the axis along their batch letter (the first input's first letter);
+//         params not split by it
+//   fsdp  inputs as dp; params split by the axis along some letter (gathered where used)
+//   tp    inputs not split by the axis; params split by it (Megatron's tensor parallelism)
+//   sp    inputs split by the axis along their sequence letter (the first input's second);
+//         params split by it
+const std::vector<std::string> kRoles = {"dp", "fsdp", "tp", "sp"};
+
+bool leaf_allows(const program::Tensor& t, const Spec& s, int axis, const std::string& role, const std::string& batch,
+                 const std::string& sequence) {
+  const int dim = s.dim_of_axis(axis);
+  const std::string letter = dim >= 0 ? s.dims[static_cast<std::size_t>(dim)].name : "";
+  if (t.role == Role::param) return role == "dp" ? dim < 0 : dim >= 0;
+  const std::string& want = role == "sp" ? sequence : role == "tp" ? std::string() : batch;
+  const bool has = !want.empty() && std::find(t.letters.begin(), t.letters.end(), want) != t.letters.end();
+  return has ? letter == want : dim < 0;
+}
+
+std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices& c, const SolveLimits& limits) {
+  std::string batch, sequence;
+  for (int i : g.leaves()) {
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(i)];
+    if (t.role != Role::input || t.letters.empty()) continue;
+    batch = t.letters[0];
+    sequence = t.letters.size() > 1 ? t.letters[1] : "";
+    break;
+  }
+  const int m = g.mesh.rank();
+  // Every role per axis up to two axes; past that the same role on every axis.
+  std::vector<std::vector<std::string>> plans;
+  if (m <= 2) {
+    std::vector<std::string> roles(static_cast<std::size_t>(m));
+    std::vector<std::size_t> at(static_cast<std::size_t>(m), 0);
+    while (true) {
+      for (int a = 0; a < m; ++a) roles[static_cast<std::size_t>(a)] = kRoles[at[static_cast<std::size_t>(a)]];
+      plans.push_back(roles);
+      int a = 0;
+      while (a < m && ++at[static_cast<std::size_t>(a)] == kRoles.size()) at[static_cast<std::size_t>(a++)] = 0;
+      if (a == m) break;
+    }
+  } else {
+    for (const std::string& r : kRoles) plans.push_back(std::vector<std::string>(static_cast<std::size_t>(m), r));
+  }
+  std::vector<NamedStrategy> out;
+  for (const std::vector<std::string>& roles : plans) {
+    NamedStrategy s;
+    for (int a = 0; a < m; ++a) {
+      s.name += (a ? "+" : "") + roles[static_cast<std::size_t>(a)] + "(" + g.mesh.axis(a).name + ")";
+    }
+    ChoiceProblem p = c.problem;
+    for (std::size_t v = 0; v < c.values.size(); ++v) {
+      const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+      if (t.role == Role::computed) continue;
+      p = restricted(p, static_cast<int>(v), [&](int value) {
+        const Spec& spec = c.values[v][static_cast<std::size_t>(value)];
+        for (int a = 0; a < m; ++a) {
+          if (!leaf_allows(t, spec, a, roles[static_cast<std::size_t>(a)], batch, sequence)) return false;
+        }
+        return true;
+      });
+    }
+    s.outcome = best_of(p, limits);
+    out.push_back(std::move(s));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const NamedStrategy& a, const NamedStrategy& b) {
+    const bool fa = !a.outcome.best.empty(), fb = !b.outcome.best.empty();
+    if (fa != fb) return fa;
+    return fa && a.outcome.value.time < b.outcome.value.time;
+  });
+  return out;
+}
+
+}  // namespace
+
+SolveResult solve_program(const Graph& g, const SolveOptions& options) {
+  SolveResult r;
+  r.choices = build_choices(g, options.program);
+  const ProgramChoices& c = r.choices;
+  SolveLimits limits;
+  limits.memory_limit = options.memory_limit;
+  limits.seconds = options.seconds;
+  for (std::size_t v = 0; v < c.chosen.size(); ++v) {
+    if (c.chosen[v]) limits.distinct_on.push_back(static_cast<int>(v));
+  }
+
+  r.outcome = best_of(c.problem, limits);
+  if (options.memory_limit) {
+    SolveLimits free = limits;
+    free.memory_limit.reset();
+    r.unconstrained = best_of(c.problem, free);
+  }
+  if (r.outcome.best.empty()) {
+    std::string why = r.outcome.status == SolveStatus::unknown ? "the solver found no sharding within its time limit"
+                                                               : "no sharding of the program fits";
+    if (options.memory_limit && r.unconstrained && !r.unconstrained->best.empty()) {
+      why += " in --mem-limit " + bytes_text(*options.memory_limit) + " per device (the fastest sharding needs " +
+             bytes_text(r.unconstrained->value.memory) + ")";
+    }
+    throw InputError("solve: " + why);
+  }
+  r.specs = specs_of(c, r.outcome.best);
+  r.prediction = nn::predict_program(pinned_graph(g, r.specs), options.program);
+
+  r.top.push_back(r.outcome);
+  SolveLimits next = limits;
+  for (int k = 1; k < options.top; ++k) {
+    next.excluded.push_back(r.top.back().best);
+    SolveOutcome o = solve_mip(c.problem, next);
+    if (o.best.empty()) break;
+    r.top.push_back(std::move(o));
+  }
+
+  if (options.named) r.named = named_strategies(g, c, limits);
+
+  if (options.explain) {
+    for (int v : limits.distinct_on) {
+      Alternative alt;
+      alt.tensor = c.tensor_of_var[static_cast<std::size_t>(v)];
+      const int chosen = r.outcome.best[static_cast<std::size_t>(v)];
+      const SolveOutcome o = best_of(restricted(c.problem, v, [&](int value) { return value != chosen; }), limits);
+      if (!o.best.empty()) {
+        alt.exists = true;
+        alt.spec = c.values[static_cast<std::size_t>(v)][static_cast<std::size_t>(o.best[static_cast<std::size_t>(v)])];
+        alt.extra_time = o.value.time - r.outcome.value.time;
+        alt.extra_memory = o.value.memory - r.outcome.value.memory;
+      }
+      r.alternatives.push_back(std::move(alt));
+    }
+  }
+  return r;
+}
+
+// Every tensor pinned as `specs` says except the nested expressions (a program file cannot
+// pin them; their ops' rules give them the same layouts again).
+Graph pinned_graph(const Graph& g, const std::vector<Spec>& specs) {
+  Graph out = g;
+  for (std::size_t t = 0; t < out.tensors.size(); ++t) {
+    if (!out.tensors[t].temporary) out.tensors[t].pinned = specs[t];
+  }
+  return out;
+}
+
+program::Program pinned_program(const program::Program& program, const Graph& g, const std::vector<Spec>& specs) {
+  program::Program out = program;
+  out.mesh = g.mesh.to_string();
+  std::string dims;
+  for (const auto& [letter, size] : g.dims) dims += (dims.empty() ? "" : ", ") + letter + "=" + std::to_string(size);
+  out.dims = dims;
+  // A statement's tensors are the graph's with its location; every copy has the same spec.
+  const auto pin = [&](program::Statement& s) {
+    if (s.name == "loss" && s.letters.empty()) return;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+      const program::Tensor& tensor = g.tensors[t];
+      if (tensor.temporary || tensor.where.line != s.where.line || tensor.where.column != s.where.column) continue;
+      Spec spec = specs[t];
+      spec.tensor = s.name;
+      s.spec = format_spec(spec, g.mesh);
+      return;
+    }
+  };
+  std::function<void(std::vector<program::Item>&)> walk = [&](std::vector<program::Item>& items) {
+    for (program::Item& item : items) {
+      if (item.kind == program::Item::Kind::repeat) {
+        walk(item.body);
+      } else if (item.kind == program::Item::Kind::statement) {
+        pin(item.statement);
+      }
+    }
+  };
+  walk(out.items);
+  return out;
+}
+
+}  // namespace shardmm::solve
