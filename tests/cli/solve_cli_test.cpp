@@ -1,0 +1,130 @@
+// `shardmm solve`, in-process (cli::run_cli): the report and its JSON agree, --emit's file is
+// a program `shardmm program` costs the same, --run verifies the answer, and every kind of
+// bad input is one exit-2 message.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <nlohmann/json.hpp>
+
+#include "cli_in_process.h"
+
+namespace shardmm {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using Result = testing::CliResult;
+namespace fs = std::filesystem;
+
+const std::string kRoot = fs::path(SHARDMM_TESTS_DIR).parent_path().string();
+std::string example(const std::string& name) { return kRoot + "/examples/programs/" + name; }
+
+Result cli(std::vector<std::string> args) { return testing::run_cli_in_process(std::move(args)); }
+
+TEST(SolveCli, FindsMegatronAndSaysItIsOptimal) {
+  const Result r = cli({"solve", example("mlp_free.prog"), "--explain"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Solved by dynamic programming in "));
+  EXPECT_THAT(r.out, HasSubstr(": optimal."));
+  EXPECT_THAT(r.out, HasSubstr("w_in[D, F_X]"));
+  EXPECT_THAT(r.out, HasSubstr("w_out[F_X, D]"));
+  EXPECT_THAT(r.out, HasSubstr("Each choice's runner-up"));
+  const json doc = json::parse(cli({"solve", example("mlp_free.prog"), "--json"}).out);
+  EXPECT_EQ(doc["status"], "optimal");
+  EXPECT_EQ(doc["top"][0]["specs"]["w_in"], "w_in[D, F_X]");
+  EXPECT_DOUBLE_EQ(doc["objective_s"].get<double>(), doc["predicted"]["time_s"].get<double>());
+  // No named strategy is faster than the optimum.
+  for (const json& s : doc["named_strategies"]) {
+    if (s["status"] == "optimal") EXPECT_GE(s["time_s"].get<double>(), doc["objective_s"].get<double>() * (1 - 1e-12));
+  }
+}
+
+TEST(SolveCli, EmitWritesAProgramThatCostsTheSame) {
+  const fs::path file = fs::temp_directory_path() / ("shardmm_solved_" + std::to_string(::getpid()) + ".prog");
+  const Result r = cli({"solve", example("mlp_free.prog"), "--mem-limit", "450MiB", "--emit", file.string(), "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json solved = json::parse(r.out);
+  EXPECT_EQ(solved["method"], "integer program (CBC)");
+  const Result p = cli({"program", file.string(), "--json"});
+  ASSERT_EQ(p.status, 0) << p.err;
+  const json program = json::parse(p.out);
+  EXPECT_DOUBLE_EQ(program["predicted_time_s"]["serialized"].get<double>(), solved["predicted"]["time_s"].get<double>());
+  EXPECT_EQ(program["memory"]["total_bytes"], solved["predicted"]["memory"]["total_bytes"]);
+  EXPECT_LE(program["memory"]["total_bytes"].get<std::int64_t>(), 450LL << 20);
+  fs::remove(file);
+}
+
+TEST(SolveCli, RunVerifiesTheAnswer) {
+  const Result r = cli({"solve", example("mlp_free.prog"), "--mesh", "X=2", "--dims", "B=2,T=4,D=8,F=16", "--run",
+                        "--pin", "w_in=w_in[D, F_X]", "--optimizer", "adam"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Run (threads, 2 ranks): verified"));
+  EXPECT_THAT(r.out, HasSubstr("w_in[D, F_X]  pinned"));
+}
+
+// Every example of `solve --help` runs as written from the repository root.
+TEST(SolveCli, HelpExamplesRun) {
+  const Result help = cli({"solve", "--help"});
+  ASSERT_EQ(help.status, 0);
+  std::istringstream lines(help.out);
+  int ran = 0;
+  const fs::path cwd = fs::current_path();
+  fs::current_path(kRoot);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  shardmm solve ", 0) != 0) continue;
+    std::vector<std::string> args;
+    std::istringstream words(line);
+    for (std::string w; words >> w;) {
+      if (w == "shardmm") continue;
+      if (const auto q = w.find('\''); q != std::string::npos) {  // --pin x='x[B_X, T, D]': one word
+        std::string rest;
+        while (std::count(w.begin(), w.end(), '\'') < 2 && words >> rest) w += " " + rest;
+        w.erase(std::remove(w.begin(), w.end(), '\''), w.end());
+      }
+      args.push_back(w);
+    }
+    SCOPED_TRACE(line);
+    const Result r = cli(args);
+    EXPECT_EQ(r.status, 0) << r.err;
+    ++ran;
+  }
+  fs::current_path(cwd);
+  EXPECT_GE(ran, 4);
+}
+
+TEST(SolveCli, BadInputIsOneMessageAndExitTwo) {
+  const std::string mlp = example("mlp_free.prog");
+  const std::pair<std::vector<std::string>, std::string> cases[] = {
+      {{"/nonexistent/x.prog"}, "program /nonexistent/x.prog"},
+      {{mlp, "--mem-limit", "lots"}, "--mem-limit"},
+      {{mlp, "--mem-limit", "1MiB"}, "no sharding of the program fits in --mem-limit 1 MiB per device"},
+      {{mlp, "--pin", "w_in"}, "--pin 'w_in': expected NAME=SPEC"},
+      {{mlp, "--pin", "w=[D]"}, "the program has no tensor 'w'"},
+      {{mlp, "--pin", "w_in=w_in[D_Y, F]"}, "unknown mesh axis 'Y'"},
+      {{mlp, "--top", "0"}, "--top"},
+      {{mlp, "--seconds", "-1"}, "--seconds"},
+      {{mlp, "--train", "--infer"}, "--train and --infer exclude each other"},
+      {{mlp, "--optimizer", "lion"}, "unknown optimizer 'lion'"},
+      {{mlp, "--run", "--dtype", "bf16"}, "--run computes in f32 or f64, not bf16"},
+      {{mlp, "--run"}, "give smaller --dims with --run"},
+      {{mlp, "--emit", "/nonexistent/dir/x.prog"}, "--emit '/nonexistent/dir/x.prog'"},
+  };
+  for (const auto& [args, message] : cases) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    std::vector<std::string> full = args;
+    full.insert(full.begin(), "solve");
+    const Result r = cli(full);
+    EXPECT_EQ(r.status, 2) << r.out;
+    EXPECT_THAT(r.err, StartsWith("shardmm: error: "));
+    EXPECT_THAT(r.err, HasSubstr(message));
+    EXPECT_TRUE(r.out.empty()) << r.out;
+  }
+}
+
+}  // namespace
+}  // namespace shardmm
