@@ -150,21 +150,37 @@ void Tape::Impl::accumulate(int id, Value grad) {
   Node& n = nodes[static_cast<std::size_t>(id)];
   if (!n.requires_grad) return;
   grad.spec.tensor = "d" + n.value.spec.tensor;
+  // Every contribution is first brought to the value's dimension sharding (the reshard is the
+  // contributing op's, decided by it alone); the contributions then add up as partial sums
+  // over the union of their unreduced axes, which costs nothing (to_partial is local). A
+  // value's gradient thus reaches its producer in the value's layout, partial over exactly the
+  // axes some consumer left it partial over, whatever order they ran in (solve/ relies on it).
+  Spec whole;
+  whole.tensor = grad.spec.tensor;
+  whole.dims = n.value.spec.dims;
+  Spec mine = whole;
+  const AxisList used = sharding_axes(mine);
+  for (int a : grad.spec.unreduced) {
+    if (!contains(used, a)) mine.unreduced.push_back(a);
+  }
+  // Pending sums stay pending (other contributions may share their reduction) unless
+  // reducing them on the way costs no more than moving them and reducing them after: a
+  // contribution to gather is reduced first, while it is small.
+  if (!(mine == whole) && !(grad.spec == mine)) {
+    const auto time = [&](const Spec& from, const Spec& to) {
+      return from == to ? 0.0 : plan_reshard(mesh, from, to, n.shape, plan_options).total_time_s;
+    };
+    if (time(grad.spec, whole) <= time(grad.spec, mine) + time(mine, whole)) mine = whole;
+  }
+  grad = reshard(grad, mine, n.shape);
   if (!n.grad) {
     n.grad = std::move(grad);
     return;
   }
-  // One layout for both: their common dimension sharding (else the value's), and the
-  // union of their unreduced axes, which costs nothing (to_partial is local).
   Value& have = *n.grad;
-  Spec target;
-  target.tensor = grad.spec.tensor;
-  target.dims = have.spec.dims == grad.spec.dims ? grad.spec.dims : n.value.spec.dims;
-  const AxisList used = sharding_axes(target);
-  for (const AxisList* u : {&have.spec.unreduced, &grad.spec.unreduced}) {
-    for (int a : *u) {
-      if (!contains(used, a) && !contains(target.unreduced, a)) target.unreduced.push_back(a);
-    }
+  Spec target = mine;
+  for (int a : have.spec.unreduced) {
+    if (!contains(target.unreduced, a)) target.unreduced.push_back(a);
   }
   std::sort(target.unreduced.begin(), target.unreduced.end());
   const Value x = reshard(have, target, n.shape);
@@ -234,7 +250,7 @@ AxisList Tape::axes(std::string_view names) const {
 
 Var Tape::input(const Spec& spec, Shape shape, const DistTensor::Generator& value, bool requires_grad) {
   validate_spec(spec, impl_->mesh);
-  if (!spec.unreduced.empty()) {
+  if (!spec.unreduced.empty() && !impl_->symbolic()) {
     throw InputError("input " + format_spec(spec, impl_->mesh) +
                      " is unreduced: a leaf holds whole values (make partial sums with an op, e.g. einsum)");
   }
@@ -285,13 +301,6 @@ void Tape::backward(Var loss) {
     throw InputError("backward(loss): the loss must be a rank-0 value (use sum or mean); got " +
                      format_spec(l.value.spec, t.mesh));
   }
-  if (t.backward_done) throw InputError("backward() runs once per tape");
-  t.phase = Phase::backward;
-  t.backward_done = true;
-  // Regathered values leave memory now; a backward that needs one gathers it again.
-  for (Node& n : t.nodes) {
-    if (n.regather) n.value.data.reset();
-  }
   Spec seed_spec;
   seed_spec.tensor = "d" + l.value.spec.tensor;
   Value seed{seed_spec, nullptr};
@@ -304,12 +313,39 @@ void Tape::backward(Var loss) {
     }
     seed.data = std::move(one);
   }
-  t.accumulate(loss.id(), std::move(seed));
+  run_backward(loss, std::move(seed));
+}
+
+void Tape::backward_from(Var out, const AxisList& unreduced) {
+  Impl& t = *impl_;
+  if (&out.tape() != this) throw InputError("backward_from(out): the value belongs to another tape");
+  if (!t.symbolic()) throw InputError("backward_from(): only a symbolic tape starts backward from a chosen layout");
+  const Node& o = t.node(out);
+  Spec seed_spec;
+  seed_spec.tensor = "d" + o.value.spec.tensor;
+  seed_spec.dims = o.value.spec.dims;
+  seed_spec.unreduced = unreduced;
+  std::sort(seed_spec.unreduced.begin(), seed_spec.unreduced.end());
+  validate_spec(seed_spec, t.mesh);
+  run_backward(out, Value{seed_spec, nullptr});
+}
+
+void Tape::run_backward(Var from, Value seed) {
+  Impl& t = *impl_;
+  if (t.backward_done) throw InputError("backward() runs once per tape");
+  t.phase = Phase::backward;
+  t.backward_done = true;
+  // Regathered values leave memory now; a backward that needs one gathers it again.
+  for (Node& n : t.nodes) {
+    if (n.regather) n.value.data.reset();
+  }
+  t.accumulate(from.id(), std::move(seed));
   for (int id = static_cast<int>(t.nodes.size()) - 1; id >= 0; --id) {
     Node& n = t.nodes[static_cast<std::size_t>(id)];
     if (!n.grad) continue;
     t.scope = n.scope;
     if (n.leaf) {
+      n.arrived_unreduced = n.grad->spec.unreduced;
       *n.grad = t.reshard(*n.grad, n.value.spec, n.shape);
       continue;
     }
@@ -363,6 +399,12 @@ TapeMemory Tape::memory() const {
     }
   }
   return m;
+}
+
+AxisList Tape::gradient_arrived_unreduced(Var leaf) const {
+  const Node& n = impl_->node(leaf);
+  if (!n.leaf) throw InputError("gradient_arrived_unreduced(): only a leaf's gradient is delivered");
+  return n.arrived_unreduced;
 }
 
 std::int64_t Tape::bytes_saved_for_backward(Var v) const {

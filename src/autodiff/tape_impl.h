@@ -43,6 +43,7 @@ struct Node {
   Backward backward;
   int scope = -1;  // Tape::set_scope's label when recorded
   std::optional<Value> grad;  // accumulated during backward
+  AxisList arrived_unreduced;  // a leaf's: what its gradient was partial over before its reduction
 };
 
 struct Tape::Impl {

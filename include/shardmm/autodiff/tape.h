@@ -59,6 +59,7 @@
 namespace shardmm::autodiff {
 
 class Tape;
+struct Value;  // a value as the tape holds it (private: src/autodiff/tape_impl.h)
 
 // A value on a tape: a handle, cheap to copy. Valid while its tape lives.
 class Var {
@@ -135,7 +136,8 @@ class Tape {
   AxisList axes(std::string_view names) const;
 
   // A leaf. Executed tapes fill this rank's shard with `value` (DistTensor::filled);
-  // symbolic tapes ignore it. The spec has no unreduced axes. With requires_grad,
+  // symbolic tapes ignore it. The spec has no unreduced axes (a symbolic tape's may: partial
+  // sums, to cost an op alone on the values another op leaves it). With requires_grad,
   // grad() returns its gradient after backward().
   Var input(const Spec& spec, Shape shape, const DistTensor::Generator& value, bool requires_grad = false);
   Var input(std::string_view spec, const DimSizes& sizes, const DistTensor::Generator& value,
@@ -146,6 +148,12 @@ class Tape {
   // Runs the tape backwards from `loss`, a rank-0 value, seeding dloss/dloss = 1 on every
   // rank. Call once per tape.
   void backward(Var loss);
+  // Symbolic tapes: runs backward from `out`'s gradient, in out's dimension sharding and
+  // partial over `unreduced` (what `out`'s consumers would deliver): costs an op alone.
+  void backward_from(Var out, const AxisList& unreduced);
+  // After backward: the axes a leaf's gradient was partial over when it arrived, before it
+  // was reduced into the leaf's spec (its consumers' share of that reduction).
+  AxisList gradient_arrived_unreduced(Var leaf) const;
   // A leaf's gradient in the leaf's spec (executed tapes, after backward; a leaf that the
   // loss does not depend on gets zeros).
   const DistTensor& grad(Var leaf) const;
@@ -171,6 +179,7 @@ class Tape {
  private:
   friend class Var;
   static Var make_var(Tape* tape, int id) { return Var(tape, id); }
+  void run_backward(Var from, Value seed);
   std::unique_ptr<Impl> impl_;
 };
 
