@@ -7,7 +7,8 @@
 //   for each shared term s, factor f naming it, value d: w[s][d] >= sum_{e in f names s, var = d} y[f][e]
 //   sum y * memory + sum w * bytes <= limit                                  (with a limit)
 //   each excluded assignment: sum_{v in distinct_on} x[v][A_v] <= |distinct_on| - 1
-// Objective: sum y * time, in microseconds (CBC's tolerances are absolute).
+// Objective: sum y * time, in microseconds (CBC's tolerances are absolute), plus the memory
+// tie-break (choices.h) on y's and w's bytes.
 #include <coin/Cbc_C_Interface.h>
 
 #include <algorithm>
@@ -59,12 +60,17 @@ SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
   }
   std::vector<std::vector<int>> y(p.factors.size());
   for (std::size_t f = 0; f < p.factors.size(); ++f) {
-    for (const FactorEntry& e : p.factors[f].entries) y[f].push_back(column(0, 1, e.time * kScale, true));
+    for (const FactorEntry& e : p.factors[f].entries) {
+      y[f].push_back(column(0, 1, (e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory)) * kScale, true));
+    }
   }
   std::vector<std::vector<int>> w(p.shared.size());
   for (std::size_t s = 0; s < p.shared.size(); ++s) {
     const int dom = p.domain[static_cast<std::size_t>(p.shared[s].var)];
-    for (int d = 0; d < dom; ++d) w[s].push_back(column(0, 1, 0, false));
+    for (int d = 0; d < dom; ++d) {
+      const double bytes = static_cast<double>(p.shared[s].bytes[static_cast<std::size_t>(d)]);
+      w[s].push_back(column(0, 1, kSecondsPerByteTieBreak * bytes * kScale, false));
+    }
   }
 
   Rows rows(m);
@@ -141,6 +147,18 @@ SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
   Cbc_setAllowableFractionGap(m, 1e-9);
   Cbc_solve(m);
 
+  // CBC's bound is on time plus the tie-break; no assignment's tie-break exceeds the largest
+  // memory every factor and shared term could add.
+  const auto time_bound = [&] {
+    double most = 0;
+    for (const Factor& f : p.factors) {
+      std::int64_t m = 0;
+      for (const FactorEntry& e : f.entries) m = std::max(m, e.memory);
+      most += static_cast<double>(m);
+    }
+    for (const SharedTerm& s : p.shared) most += static_cast<double>(*std::max_element(s.bytes.begin(), s.bytes.end()));
+    return std::max(0.0, Cbc_getBestPossibleObjValue(m) / kScale - kSecondsPerByteTieBreak * most);
+  };
   SolveOutcome out;
   out.method = "integer program (CBC)";
   const double* sol = Cbc_getColSolution(m);
@@ -156,11 +174,10 @@ SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
     }
     out.value = evaluate(p, out.best);
     out.status = Cbc_isProvenOptimal(m) ? SolveStatus::optimal : SolveStatus::feasible;
-    out.lower_bound = out.status == SolveStatus::optimal ? out.value.time
-                                                         : std::min(out.value.time, Cbc_getBestPossibleObjValue(m) / kScale);
+    out.lower_bound = out.status == SolveStatus::optimal ? out.value.time : std::min(out.value.time, time_bound());
   } else {
     out.status = SolveStatus::unknown;
-    out.lower_bound = Cbc_getBestPossibleObjValue(m) / kScale;
+    out.lower_bound = time_bound();
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;

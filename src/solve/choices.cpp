@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 
 #include "shardmm/core/error.h"
@@ -98,31 +99,71 @@ Evaluation evaluate(const ChoiceProblem& p, const Assignment& a) {
 
 SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits, std::int64_t max_assignments) {
   const auto start = std::chrono::steady_clock::now();
-  double count = 1;
-  for (int d : p.domain) count *= d;
-  if (count > static_cast<double>(max_assignments)) {
-    throw InputError("the exhaustive solver would try " + std::to_string(static_cast<long long>(count)) +
-                     " assignments, more than its limit of " + std::to_string(max_assignments));
-  }
   const std::vector<FactorIndex> index = index_factors(p);
+  // Depth first, each next variable the one sharing the most factors with those before it,
+  // so that a factor is checked (as soon as its last variable has a value) early and a
+  // disallowed tuple prunes every completion of it.
+  const std::size_t n = p.domain.size();
+  std::vector<std::size_t> order;
+  std::vector<char> placed(n, 0);
+  while (order.size() < n) {
+    std::size_t pick = n;
+    int pick_links = -1;
+    for (std::size_t v = 0; v < n; ++v) {
+      if (placed[v]) continue;
+      int links = 0;
+      for (const Factor& f : p.factors) {
+        const bool has = std::find(f.vars.begin(), f.vars.end(), static_cast<int>(v)) != f.vars.end();
+        bool touches = false;
+        for (int u : f.vars) touches = touches || placed[static_cast<std::size_t>(u)];
+        links += has && touches ? 1 : 0;
+      }
+      if (links > pick_links || (links == pick_links && p.domain[v] < p.domain[pick])) {
+        pick = v;
+        pick_links = links;
+      }
+    }
+    placed[pick] = 1;
+    order.push_back(pick);
+  }
+  std::vector<std::size_t> position(n);
+  for (std::size_t i = 0; i < n; ++i) position[order[i]] = i;
+  std::vector<std::vector<std::size_t>> closes(n);  // by position: factors complete there
+  for (std::size_t k = 0; k < p.factors.size(); ++k) {
+    std::size_t last = 0;
+    for (int v : p.factors[k].vars) last = std::max(last, position[static_cast<std::size_t>(v)]);
+    if (!p.factors[k].vars.empty()) closes[last].push_back(k);
+  }
   std::vector<char> used(p.shared.size());
   SolveOutcome out;
   out.method = "exhaustive";
   Assignment a(p.domain.size(), 0);
+  std::int64_t complete = 0;
   bool any_allowed = false;
-  while (true) {
-    const Evaluation e = evaluate_indexed(p, index, a, used);
-    if (e.allowed && !excluded(limits, a) && (!limits.memory_limit || e.memory <= *limits.memory_limit)) {
-      any_allowed = true;
-      if (out.best.empty() || e.time < out.value.time) {
-        out.best = a;
-        out.value = e;
+  const std::function<void(std::size_t)> visit = [&](std::size_t i) {
+    if (i == n) {
+      if (++complete > max_assignments) {
+        throw InputError("the exhaustive solver met more than " + std::to_string(max_assignments) + " allowed assignments");
       }
+      const Evaluation e = evaluate_indexed(p, index, a, used);
+      if (e.allowed && !excluded(limits, a) && (!limits.memory_limit || e.memory <= *limits.memory_limit)) {
+        any_allowed = true;
+        if (out.best.empty() || e.time < out.value.time) {
+          out.best = a;
+          out.value = e;
+        }
+      }
+      return;
     }
-    std::size_t v = 0;
-    while (v < a.size() && ++a[v] == p.domain[v]) a[v++] = 0;
-    if (v == a.size()) break;
-  }
+    const std::size_t v = order[i];
+    for (int x = 0; x < p.domain[v]; ++x) {
+      a[v] = x;
+      bool allowed = true;
+      for (std::size_t k : closes[i]) allowed = allowed && index[k].entry(a) >= 0;
+      if (allowed) visit(i + 1);
+    }
+  };
+  visit(0);
   out.status = any_allowed ? SolveStatus::optimal : SolveStatus::infeasible;
   out.lower_bound = any_allowed ? out.value.time : 0;
   out.seconds = seconds_since(start);
@@ -190,7 +231,7 @@ std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64
     for (const FactorEntry& e : f.entries) {
       std::int64_t at = 0;
       for (std::size_t i = 0; i < f.vars.size(); ++i) at += t.strides[i] * e.values[i];
-      t.cost[static_cast<std::size_t>(at)] = e.time;
+      t.cost[static_cast<std::size_t>(at)] = e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory);
     }
     tables.push_back(std::move(t));
   }

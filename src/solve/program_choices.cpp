@@ -130,15 +130,38 @@ std::vector<char> loss_path(const Graph& g) {
   return on;
 }
 
+// A set of mesh axes as a bit mask (a gradient variable's value: the axes it is partial over).
+AxisList axes_of(int mask, int rank) {
+  AxisList out;
+  for (int a = 0; a < rank; ++a) {
+    if (mask & (1 << a)) out.push_back(a);
+  }
+  return out;
+}
+
+int mask_of(const AxisList& axes) {
+  int m = 0;
+  for (int a : axes) m |= 1 << a;
+  return m;
+}
+
+int used_mask(const Spec& s) {
+  int m = 0;
+  for (const DimSpec& d : s.dims) m |= mask_of(d.axes);
+  return m;
+}
+
 // What one op costs, recorded alone: its operands as leaves in their specs, its result
-// pinned (or left to its rule), a scalar loss of the result when it is differentiated.
+// pinned (or left to its rule), backward started from the result's gradient as its consumers
+// deliver it (the result's layout, partial over `result_partial`).
 struct OpCost {
   bool allowed = false;
   Spec result;
-  double time = 0;                   // the op's forward and backward steps, and delivering
-                                     // its operands' gradients in their specs
+  double time = 0;                   // the op's forward and backward steps (bringing its
+                                     // operands' gradients to their layouts; not reducing them)
   std::int64_t internal_memory = 0;  // activations its own intermediate values keep
   std::vector<char> operand_saved;   // by distinct operand: kept for the backward pass
+  std::vector<int> operand_partial;  // by distinct operand: the axes its gradient is left partial over
   bool result_saved = false;         // its own backward keeps its result (softmax)
 };
 
@@ -147,7 +170,7 @@ class OpRecorder {
   OpRecorder(const Graph& g, const nn::ProgramOptions& options) : g_(g), options_(options) {}
 
   OpCost cost(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-              const std::optional<Spec>& result_pin, bool differentiate) {
+              const std::optional<Spec>& result_pin, std::optional<int> result_partial) {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     Graph mini;
     mini.file = g_.file;
@@ -175,48 +198,47 @@ class OpRecorder {
       only.operands.push_back(static_cast<int>(std::find(operands.begin(), operands.end(), x) - operands.begin()));
     }
     mini.ops.push_back(only);
-    if (differentiate) {
-      if (result.letters.empty()) {
-        mini.loss = r;
-      } else {
-        program::Tensor loss;
-        loss.name = loss.source_name = "loss~solve";
-        loss.producer = 1;
-        loss.temporary = true;
-        mini.tensors[static_cast<std::size_t>(r)].consumers = {1};
-        program::GraphOp sum;
-        sum.op.kind = OpKind::reduce;
-        sum.op.function = "sum";
-        sum.result = r + 1;
-        sum.operands = {r};
-        sum.expression = "sum(" + result.name + ")";
-        mini.tensors.push_back(loss);
-        mini.ops.push_back(sum);
-        mini.loss = r + 1;
-      }
-    }
     OpCost out;
+    ++evaluations;
+    nn::ProgramOptions forward_only = options_;
+    forward_only.train = false;
     try {
       autodiff::Tape tape(mini.mesh, {options_.dtype, options_.hw, 0});
-      const nn::ProgramRecord rec = nn::record_program(tape, mini, options_);
-      if (differentiate) tape.backward(rec.values[static_cast<std::size_t>(mini.loss)]);
-      for (const autodiff::TapeEvent& e : tape.events()) {
-        if (e.scope == 0 || e.scope == -1) out.time += e.step.time_s;
-      }
+      const nn::ProgramRecord rec = nn::record_program(tape, mini, forward_only);
+      const autodiff::Var y = rec.values[static_cast<std::size_t>(r)];
       out.result = rec.specs[static_cast<std::size_t>(r)];
       out.result.tensor = g_.tensors[static_cast<std::size_t>(op.result)].name;
-      const std::int64_t result_kept = tape.bytes_saved_for_backward(rec.values[static_cast<std::size_t>(r)]);
+      if (result_partial) {
+        if (*result_partial & used_mask(out.result)) return out;  // a gradient cannot be partial over its sharding axes
+        tape.backward_from(y, axes_of(*result_partial, g_.mesh.rank()));
+      }
+      for (const autodiff::TapeEvent& e : tape.events()) {
+        if (e.scope == 0) out.time += e.step.time_s;
+      }
+      const std::int64_t result_kept = tape.bytes_saved_for_backward(y);
       out.result_saved = result_kept > 0;
       out.internal_memory = tape.memory().activations - result_kept;
       for (std::size_t i = 0; i < operands.size(); ++i) {
         out.operand_saved.push_back(tape.bytes_saved_for_backward(rec.values[i]) > 0);
+        out.operand_partial.push_back(result_partial ? mask_of(tape.gradient_arrived_unreduced(rec.values[i])) : 0);
       }
       out.allowed = true;
     } catch (const InputError&) {
       out.allowed = false;  // the op cannot hold these specs (a pin it cannot honour)
     }
-    ++evaluations;
     return out;
+  }
+
+  // Reducing a leaf's gradient, partial over `partial`, into the leaf's spec `s`.
+  double reduce_time(const program::Tensor& t, const Spec& s, int partial) const {
+    autodiff::Tape tape(g_.mesh, {options_.dtype, options_.hw, 0});
+    Spec from = s;
+    from.unreduced = axes_of(partial, g_.mesh.rank());
+    const autodiff::Var v = tape.input(from, t.shape, {}, false);
+    autodiff::reshard(v, s);
+    double time = 0;
+    for (const autodiff::TapeEvent& e : tape.events()) time += e.step.time_s;
+    return time;
   }
 
   std::int64_t evaluations = 0;
@@ -278,6 +300,29 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     return static_cast<int>(vals.size()) - 1;
   };
 
+  // Gradient variables: the axes a differentiated tensor's gradient is partial over when it
+  // reaches its producer (a leaf: its reduction), as a bit mask. Its readers each leave it
+  // partial over some axes (their recordings say which); it is partial over their union.
+  const int tensor_vars = static_cast<int>(c.values.size());
+  const int masks = 1 << g.mesh.rank();
+  std::vector<int> readers(static_cast<std::size_t>(tensor_vars), 0);
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    std::set<int> ops;
+    for (int k : g.tensors[t].consumers) {
+      if (c.on_loss_path[static_cast<std::size_t>(k)]) ops.insert(k);
+    }
+    int& r = readers[static_cast<std::size_t>(c.var_of_tensor[t])];
+    r = std::max(r, static_cast<int>(ops.size()));
+  }
+  c.gradient_var.assign(static_cast<std::size_t>(tensor_vars), -1);
+  int next_var = tensor_vars;
+  for (int v = 0; v < tensor_vars; ++v) {
+    if (readers[static_cast<std::size_t>(v)] > 0) c.gradient_var[static_cast<std::size_t>(v)] = next_var++;
+  }
+  const auto add_var = [](std::vector<int>& vars, int v) {
+    if (v >= 0 && std::find(vars.begin(), vars.end(), v) == vars.end()) vars.push_back(v);
+  };
+
   // Factors: one per distinct (op statement, variables), its cost times its copies.
   struct OpFactor {
     int op = -1;                   // the first op it stands for
@@ -308,11 +353,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       f.operands = operands;
       f.operand_vars = vars;
       f.result_var = c.var_of_tensor[static_cast<std::size_t>(op.result)];
-      for (int v : vars) {
-        if (std::find(f.factor.vars.begin(), f.factor.vars.end(), v) == f.factor.vars.end()) f.factor.vars.push_back(v);
-      }
-      if (std::find(f.factor.vars.begin(), f.factor.vars.end(), f.result_var) == f.factor.vars.end()) {
-        f.factor.vars.push_back(f.result_var);
+      for (int v : vars) add_var(f.factor.vars, v);
+      add_var(f.factor.vars, f.result_var);
+      if (c.on_loss_path[k]) {
+        add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(f.result_var)]);
+        for (int v : vars) add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(v)]);
       }
     }
     factor_of_op.push_back(key);
@@ -337,6 +382,16 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[k].result)];
       const bool choice_result = !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
                                  (result.pinned || c.chosen[static_cast<std::size_t>(f.result_var)]);
+      const bool differentiated = c.on_loss_path[k] != 0;
+      const int result_gradient = c.gradient_var[static_cast<std::size_t>(f.result_var)];
+      std::vector<std::optional<int>> result_partials;
+      if (!differentiated) {
+        result_partials = {std::nullopt};
+      } else if (result_gradient < 0) {
+        result_partials = {0};  // the loss: its gradient is the whole seed
+      } else {
+        for (int mask = 0; mask < masks; ++mask) result_partials.push_back(mask);
+      }
       std::vector<int> tuple(f.operands.size(), 0);
       bool any_empty = false;
       for (int v : f.operand_vars) any_empty = any_empty || c.values[static_cast<std::size_t>(v)].empty();
@@ -361,27 +416,70 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
             pins.push_back(std::nullopt);
           }
           for (const std::optional<Spec>& pin : pins) {
-            const OpCost cost = recorder.cost(f.op, f.operands, specs, pin, c.on_loss_path[k]);
-            if (!cost.allowed) continue;
-            if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
-            const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
-            FactorEntry e;
-            std::map<int, int> value_of;
-            for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
-            value_of[f.result_var] = value_index(f.result_var, cost.result);
-            grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
-            for (int v : f.factor.vars) e.values.push_back(value_of.at(v));
-            e.time = cost.time * f.count;
-            if (train) {
-              e.memory = cost.internal_memory * f.count;
-              for (std::size_t i = 0; i < f.operands.size(); ++i) {
-                if (cost.operand_saved[i] && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
-                  e.shared.push_back(shared_term(f.operand_vars[i]));
+            for (const std::optional<int>& partial : result_partials) {
+              const OpCost cost = recorder.cost(f.op, f.operands, specs, pin, partial);
+              if (!cost.allowed) continue;
+              if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
+              const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
+              std::map<int, int> value_of;
+              for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
+              value_of[f.result_var] = value_index(f.result_var, cost.result);
+              grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
+              if (result_gradient >= 0 && partial) value_of[result_gradient] = *partial;
+              // Each operand's gradient is partial over what this op leaves it partial over,
+              // or (a tensor several ops read) over a set that includes it: their union.
+              std::vector<std::pair<int, std::vector<int>>> operand_partials;
+              if (differentiated) {
+                for (std::size_t i = 0; i < f.operands.size(); ++i) {
+                  const int v = f.operand_vars[i];
+                  const int gv = c.gradient_var[static_cast<std::size_t>(v)];
+                  if (gv < 0) continue;
+                  const int left = cost.operand_partial[i];
+                  const int used = used_mask(specs[i]);
+                  std::vector<int> allowed;
+                  for (int mask = 0; mask < masks; ++mask) {
+                    const bool fits = readers[static_cast<std::size_t>(v)] > 1 ? (mask & left) == left : mask == left;
+                    if (fits && !(mask & used)) allowed.push_back(mask);
+                  }
+                  operand_partials.push_back({gv, allowed});
                 }
               }
-              if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
+              FactorEntry e;
+              e.time = cost.time * f.count;
+              if (train) {
+                e.memory = cost.internal_memory * f.count;
+                for (std::size_t i = 0; i < f.operands.size(); ++i) {
+                  if (cost.operand_saved[i] && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
+                    e.shared.push_back(shared_term(f.operand_vars[i]));
+                  }
+                }
+                if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
+              }
+              // One entry per combination of the operands' gradient variables' values.
+              std::vector<std::size_t> at(operand_partials.size(), 0);
+              while (true) {
+                std::map<int, int> full = value_of;
+                bool consistent = true;
+                for (std::size_t j = 0; j < operand_partials.size(); ++j) {
+                  const auto& [gv, allowed] = operand_partials[j];
+                  if (allowed.empty()) {
+                    consistent = false;
+                    break;
+                  }
+                  const int mask = allowed[at[j]];
+                  const auto [it, fresh] = full.emplace(gv, mask);
+                  consistent = consistent && (fresh || it->second == mask);
+                }
+                if (consistent) {
+                  FactorEntry entry = e;
+                  for (int v : f.factor.vars) entry.values.push_back(full.at(v));
+                  f.factor.entries.push_back(std::move(entry));
+                }
+                std::size_t j = 0;
+                while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size()) at[j++] = 0;
+                if (j == at.size() || operand_partials[j].second.empty()) break;
+              }
             }
-            f.factor.entries.push_back(std::move(e));
           }
         }
         std::size_t i = 0;
@@ -400,13 +498,15 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
                        g.ops[static_cast<std::size_t>(t.producer)].expression + ")");
     }
   }
+  for (int v = tensor_vars; v < next_var; ++v) c.problem.domain.push_back(masks);
   for (auto& [key, f] : factors) c.problem.factors.push_back(std::move(f.factor));
   for (SharedTerm& s : c.problem.shared) {
     const auto v = static_cast<std::size_t>(s.var);
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
     for (const Spec& spec : c.values[v]) s.bytes.push_back(local_bytes(g, spec, t.shape, options.dtype) * copies[v]);
   }
-  // Leaves: the value, its gradient (train), Adam's two moments (params).
+  // Leaves: the value, its gradient (train), Adam's two moments (params); and reducing the
+  // gradient into the leaf's spec from the axes its readers left it partial over.
   for (std::size_t v = 0; v < c.values.size(); ++v) {
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
     if (t.role == Role::computed) continue;
@@ -417,6 +517,18 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       f.entries.push_back({{static_cast<int>(i)}, 0.0, local_bytes(g, c.values[v][i], t.shape, options.dtype) * per * copies[v], {}});
     }
     c.problem.factors.push_back(std::move(f));
+    const int gv = c.gradient_var[v];
+    if (gv < 0) continue;
+    Factor reduce;
+    reduce.vars = {static_cast<int>(v), gv};
+    for (std::size_t i = 0; i < c.values[v].size(); ++i) {
+      const int used = used_mask(c.values[v][i]);
+      for (int mask = 0; mask < masks; ++mask) {
+        if (mask & used) continue;
+        reduce.entries.push_back({{static_cast<int>(i), mask}, recorder.reduce_time(t, c.values[v][i], mask) * copies[v], 0, {}});
+      }
+    }
+    c.problem.factors.push_back(std::move(reduce));
   }
   return c;
 }

@@ -33,7 +33,8 @@
 
 namespace shardmm::solve {
 
-// A program's choice problem: one variable per tensor (a repeat's copies share one).
+// A program's choice problem: one variable per tensor (a repeat's copies share one), then one
+// per differentiated tensor for the axes its gradient arrives partial over.
 struct ProgramChoices {
   ChoiceProblem problem;
   std::vector<std::vector<Spec>> values;  // by variable: the specs it may take
@@ -42,6 +43,10 @@ struct ProgramChoices {
   std::vector<char> chosen;               // by variable: a choice (leaf or einsum result), not
                                           // a consequence of its op
   std::vector<char> on_loss_path;         // by graph op: differentiated (train)
+  // By tensor variable: the variable (after the tensor variables) holding the mesh axes its
+  // gradient is partial over when it reaches its producer or its reduction (a bit mask), or
+  // -1 when it gets no gradient.
+  std::vector<int> gradient_var;
   std::int64_t evaluations = 0;           // ops recorded to fill the factors
 };
 ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options);
