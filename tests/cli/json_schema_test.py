@@ -52,7 +52,7 @@ def commands(tmp, source):
         ("program.json", ["program", str(source / "examples/programs/mlp.prog"), "--mesh", "X=2",
                           "--dims", "B=2,T=2,D=4,F=6", "--run"]),
         ("solve.json", ["solve", str(source / "examples/programs/mlp_free.prog"), "--explain", "--top", "2",
-                        "--mem-limit", "450MiB"]),
+                        "--dims", "B=8,T=64,D=256,F=1024", "--mem-limit", "4MiB"]),
         ("solve.json", ["solve", str(source / "examples/programs/mlp_free.prog"), "--mesh", "X=2",
                         "--dims", "B=2,T=2,D=4,F=6", "--run", "--infer"]),
         ("bench-collectives.json", ["bench", "collectives", "--mesh", "X=2", "--sizes", "1KiB", "--trials", "1"]),

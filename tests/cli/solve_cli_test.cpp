@@ -46,7 +46,9 @@ TEST(SolveCli, FindsMegatronAndSaysItIsOptimal) {
 
 TEST(SolveCli, EmitWritesAProgramThatCostsTheSame) {
   const fs::path file = fs::temp_directory_path() / ("shardmm_solved_" + std::to_string(::getpid()) + ".prog");
-  const Result r = cli({"solve", example("mlp_free.prog"), "--mem-limit", "450MiB", "--emit", file.string(), "--json"});
+  // At these sizes a replicated step is fastest and needs 5.5 MiB: the limit binds.
+  const Result r = cli({"solve", example("mlp_free.prog"), "--dims", "B=8,T=64,D=256,F=1024", "--mem-limit", "4MiB",
+                        "--emit", file.string(), "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   const json solved = json::parse(r.out);
   EXPECT_EQ(solved["method"], "integer program (CBC)");
@@ -55,7 +57,7 @@ TEST(SolveCli, EmitWritesAProgramThatCostsTheSame) {
   const json program = json::parse(p.out);
   EXPECT_DOUBLE_EQ(program["predicted_time_s"]["serialized"].get<double>(), solved["predicted"]["time_s"].get<double>());
   EXPECT_EQ(program["memory"]["total_bytes"], solved["predicted"]["memory"]["total_bytes"]);
-  EXPECT_LE(program["memory"]["total_bytes"].get<std::int64_t>(), 450LL << 20);
+  EXPECT_LE(program["memory"]["total_bytes"].get<std::int64_t>(), 4LL << 20);
   fs::remove(file);
 }
 
