@@ -131,8 +131,8 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
                 const nn::LayerPrediction& pred, const nn::LayerStep* step) {
   out << "shardmm model " << f.layer << " --strategy " << f.strategy << " --mesh " << m.mesh.to_string()
       << (m.mesh.split_rule() == SplitRule::array ? "" : " --split " + std::string(to_string(m.mesh.split_rule())))
-      << " --dims " << f.dims << ": one " << (m.train ? "training step (forward, backward, SGD)" : "inference step (forward)")
-      << "\n\n";
+      << " --dims " << f.dims << ": one "
+      << (m.train ? "training step (forward, backward, SGD)" : "inference step (forward)") << "\n\n";
   out << "  strategy  " << strategy_line(m) << "\n";
   out << "  dtype     " << to_string(p.options.dtype) << "\n";
   print_hardware(out, p);

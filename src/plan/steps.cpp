@@ -136,8 +136,8 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
   // Local sizes factor over dimensions, and each dimension's extent depends only on the
   // coordinates of its own axes. Dimensions the step leaves alone contribute the same
   // factor before and after, largest on device 0 (either split rule puts the longer pieces
-  // first: geometry.h); so the largest figures come from device-0 coordinates on those axes and a walk
-  // over the coordinates of the axes of the dimensions that change.
+  // first: geometry.h); so the largest figures come from device-0 coordinates on those axes
+  // and a walk over the coordinates of the axes of the dimensions that change.
   std::vector<std::size_t> changed;
   AxisList walk;
   std::int64_t unchanged = 1;
@@ -305,12 +305,15 @@ class GroupOverlap {
     }
     // The children of r that meet `mine`: those holding its first and last elements in r, and
     // the ones between.
-    const auto child_at = [&](std::int64_t position) { return split_index(r.extent, parts, position - r.offset, rule); };
+    const auto child_at = [&](std::int64_t position) {
+      return split_index(r.extent, parts, position - r.offset, rule);
+    };
     const std::int64_t first = child_at(std::max(r.offset, mine.offset));
     const std::int64_t last = child_at(std::min(r.end(), mine.end()) - 1);
     std::int64_t sum = 0;
     for (std::int64_t c = first; c <= last; ++c) {
-      sum = checked_add(sum, overlap_with_shards(split_range(r, parts, c, rule), split, level + 1, varying, device, mine), kWhat);
+      const Range child = split_range(r, parts, c, rule);
+      sum = checked_add(sum, overlap_with_shards(child, split, level + 1, varying, device, mine), kWhat);
     }
     return sum;
   }

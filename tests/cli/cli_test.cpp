@@ -1072,7 +1072,8 @@ TEST(CliSplit, RunAndReshardVerifyUnderChunk) {
 
 TEST(CliSplit, AnUnknownRuleIsOneLineAndExit2) {
   const std::string want = "unknown split rule 'bogus'; the rules are array (numpy.array_split";
-  expect_input_error({"run", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--dims", "I=5,J=3,K=2", "--split", "bogus"}, want);
+  expect_input_error({"run", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--dims", "I=5,J=3,K=2", "--split", "bogus"},
+                     want);
   expect_input_error({"check", "A[I_X]", "--mesh", "X=4", "--split", "bogus"}, want);
   expect_input_error({"plan", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--dims", "I=5,J=3,K=2", "--split", "bogus"},
                      want);

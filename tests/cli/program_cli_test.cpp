@@ -67,7 +67,8 @@ TEST(ProgramCli, SplitChunkPlacesAndVerifies) {
     EXPECT_EQ(doc["split"], "chunk");
     EXPECT_EQ(doc["run"]["verified"], true);
   }
-  EXPECT_THAT(program({example("mlp.prog"), "--split", "chunk"}).out, HasSubstr("on mesh X=4 (4 devices; --split chunk)"));
+  EXPECT_THAT(program({example("mlp.prog"), "--split", "chunk"}).out,
+              HasSubstr("on mesh X=4 (4 devices; --split chunk)"));
   EXPECT_THAT(program({example("mlp.prog"), "--split", "torch"}).err, HasSubstr("unknown split rule 'torch'"));
 }
 
