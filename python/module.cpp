@@ -39,11 +39,12 @@ std::vector<std::string> letters_of(const Spec& s) {
   return out;
 }
 
-cli::Planning planning(const std::string& mesh, const std::optional<std::string>& dims,
+cli::Planning planning(const std::string& mesh, const std::string& split, const std::optional<std::string>& dims,
                        const std::optional<std::string>& dtype, const std::optional<std::string>& hw,
                        const std::optional<std::string>& mem_limit, double tie_margin, const char* fallback_hw) {
   cli::PlanningFlags flags;
   flags.mesh = mesh;
+  flags.split = split;
   flags.dims = dims;
   flags.dtype = dtype;
   flags.hw = hw;
@@ -135,14 +136,15 @@ void write_result(Communicator& comm, const DistTensor& shard, T* out) {
   }
 }
 
-py::tuple run(const std::string& expr, const std::string& mesh_text, const std::optional<std::string>& dims_given,
-              const py::array& a, const py::array& b, const std::string& dtype_text, bool return_shards, bool verify,
-              const std::optional<std::string>& hw) {
-  const Mesh mesh = cli::parse_mesh(mesh_text);
+py::tuple run(const std::string& expr, const std::string& mesh_text, const std::string& split,
+              const std::optional<std::string>& dims_given, const py::array& a, const py::array& b,
+              const std::string& dtype_text, bool return_shards, bool verify, const std::optional<std::string>& hw) {
+  const Mesh mesh = cli::parse_mesh(mesh_text, split);
   const Contraction c = parse_contraction(expr, mesh);
   const std::string dims = dims_given ? *dims_given : dims_from_arrays(c, a, b);
   // As `shardmm run`: predictions for h100 unless this machine is calibrated.
-  const cli::Planning p = planning(mesh_text, dims, dtype_text, hw, std::nullopt, PlanOptions{}.tie_margin, "h100");
+  const cli::Planning p =
+      planning(mesh_text, split, dims, dtype_text, hw, std::nullopt, PlanOptions{}.tie_margin, "h100");
   cli::check_backend("threads", p.mesh);
   const DType dtype = p.options.dtype;
   if (dtype != DType::f32 && dtype != DType::f64) {
@@ -240,7 +242,9 @@ PYBIND11_MODULE(_shardmm, m) {
   py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
 
   py::class_<Mesh>(m, "Mesh")
-      .def(py::init([](const std::string& text) { return cli::parse_mesh(text); }), py::arg("text"))
+      .def(py::init([](const std::string& text, const std::string& split) { return cli::parse_mesh(text, split); }),
+           py::arg("text"), py::arg("split") = "array")
+      .def_property_readonly("split", [](const Mesh& mesh) { return std::string(to_string(mesh.split_rule())); })
       .def_property_readonly("axes",
                              [](const Mesh& mesh) {
                                std::vector<std::pair<std::string, std::int64_t>> out;
@@ -257,7 +261,9 @@ PYBIND11_MODULE(_shardmm, m) {
       })
       .def("__str__", &Mesh::to_string)
       .def("__eq__", [](const Mesh& x, const Mesh& y) { return x == y; })
-      .def("__hash__", [](const Mesh& x) { return py::hash(py::str(x.to_string())); });
+      .def("__hash__", [](const Mesh& x) {
+        return py::hash(py::make_tuple(x.to_string(), std::string(to_string(x.split_rule()))));
+      });
 
   py::class_<PySpec>(m, "Spec")
       .def_static("parse",
@@ -304,14 +310,15 @@ PYBIND11_MODULE(_shardmm, m) {
         return x.mesh == y.mesh && x.spec == y.spec && x.spec.tensor == y.spec.tensor;
       });
 
-  m.def("check", [](const std::string& spec, const std::string& mesh, const std::optional<std::string>& dims,
-                    const std::optional<std::string>& dtype) {
-    return cli::check_json(cli::check_spec({spec, mesh, dims, dtype})).dump(2);
+  m.def("check", [](const std::string& spec, const std::string& mesh, const std::string& split,
+                    const std::optional<std::string>& dims, const std::optional<std::string>& dtype) {
+    return cli::check_json(cli::check_spec({spec, mesh, dims, dtype, split})).dump(2);
   });
-  const auto plan = [](const std::string& expr, const std::string& mesh, const std::string& dims,
-                       const std::optional<std::string>& dtype, const std::optional<std::string>& hw,
-                       const std::optional<std::string>& mem_limit, double tie_margin) {
-    const cli::Planning p = planning(mesh, dims, dtype, hw, mem_limit, tie_margin, nullptr);
+  const auto plan = [](const std::string& expr, const std::string& mesh, const std::string& split,
+                       const std::string& dims, const std::optional<std::string>& dtype,
+                       const std::optional<std::string>& hw, const std::optional<std::string>& mem_limit,
+                       double tie_margin) {
+    const cli::Planning p = planning(mesh, split, dims, dtype, hw, mem_limit, tie_margin, nullptr);
     const Contraction c = parse_contraction(expr, p.mesh);
     return cli::matmul_json(p, c, cli::plan_contraction(p, c)).dump(2);
   };
@@ -322,15 +329,16 @@ PYBIND11_MODULE(_shardmm, m) {
     std::vector<double> seconds;
     for (int i = 0; i < calls; ++i) {
       const auto start = std::chrono::steady_clock::now();
-      plan(expr, mesh, dims, std::nullopt, std::nullopt, std::nullopt, PlanOptions{}.tie_margin);
+      plan(expr, mesh, "array", dims, std::nullopt, std::nullopt, std::nullopt, PlanOptions{}.tie_margin);
       seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     }
     return seconds;
   });
-  m.def("reshard", [](const std::string& src, const std::string& dst, const std::string& mesh, const std::string& dims,
-                      const std::optional<std::string>& dtype, const std::optional<std::string>& hw,
-                      const std::optional<std::string>& mem_limit, double tie_margin) {
-    const cli::Planning p = planning(mesh, dims, dtype, hw, mem_limit, tie_margin, nullptr);
+  m.def("reshard", [](const std::string& src, const std::string& dst, const std::string& mesh,
+                      const std::string& split, const std::string& dims, const std::optional<std::string>& dtype,
+                      const std::optional<std::string>& hw, const std::optional<std::string>& mem_limit,
+                      double tie_margin) {
+    const cli::Planning p = planning(mesh, split, dims, dtype, hw, mem_limit, tie_margin, nullptr);
     const cli::Reshard r = cli::plan_reshard_specs(p, parse_spec(src, p.mesh), parse_spec(dst, p.mesh));
     return cli::reshard_json(p, r).dump(2);
   });

@@ -48,16 +48,17 @@ def _type_name(value):
 # --- arguments: each is turned into the text the command would take --------------------
 
 
-def _mesh_text(mesh):
+def _mesh_args(mesh):
+    """(the --mesh text, the --split rule): a str mesh splits as 'array'."""
     if isinstance(mesh, Mesh):
-        return str(mesh)
+        return str(mesh), mesh.split
     if isinstance(mesh, str):
-        return mesh
+        return mesh, "array"
     raise TypeError(f"mesh must be a shardmm.Mesh or a str such as 'X=4,Y=2', not {_type_name(mesh)}")
 
 
 def _mesh(mesh):
-    return mesh if isinstance(mesh, Mesh) else Mesh(_mesh_text(mesh))
+    return mesh if isinstance(mesh, Mesh) else Mesh(*_mesh_args(mesh))
 
 
 def _spec_text(spec, what="spec"):
@@ -135,19 +136,40 @@ class Mesh:
 
     Device ids are row-major over the axes, first axis major (device 5 is x=2, y=1), as
     ``jax.make_mesh`` lays them out; ``devices`` is that layout, as JAX's ``Mesh.devices``.
+
+    ``split`` says how an axis splits a dimension it does not divide, everywhere this mesh is
+    used (``check``, ``plan``, ``reshard``, ``run``, ``visualize``; ``shardmm --split``):
+    ``'array'`` (the default) as ``numpy.array_split``, the first n mod p blocks one longer
+    (10 over 4: 3, 3, 2, 2); ``'chunk'`` as ``torch.chunk``, which is how PyTorch DTensor's
+    ``Shard`` places a tensor: blocks of ceil(n/p), the last ones short or empty (10 over 4:
+    3, 3, 3, 1).
+
+    >>> Mesh("X=4", split="chunk")
+    Mesh('X=4', split='chunk')
+    >>> check("A[I_X]", Mesh("X=4", split="chunk"), {"I": 10}).shards[3]["block"]
+    [[9, 10]]
     """
 
-    def __init__(self, text):
+    def __init__(self, text, split=None):
         if isinstance(text, Mesh):
+            split = text.split if split is None else split
             text = str(text)
         if not isinstance(text, str):
             raise TypeError(f"Mesh takes a str such as 'X=4,Y=2', not {_type_name(text)}")
-        self._mesh = _core.Mesh(text)
+        split = "array" if split is None else split
+        if not isinstance(split, str):
+            raise TypeError(f"split must be 'array' or 'chunk', not {_type_name(split)}")
+        self._mesh = _core.Mesh(text, split)
 
     @property
     def axes(self):
         """{name: size}, in the mesh's order."""
         return dict(self._mesh.axes)
+
+    @property
+    def split(self):
+        """How uneven dimensions split: 'array' (numpy.array_split) or 'chunk' (torch.chunk)."""
+        return self._mesh.split
 
     @property
     def axis_names(self):
@@ -179,13 +201,14 @@ class Mesh:
         return str(self._mesh)
 
     def __repr__(self):
-        return f"Mesh({str(self)!r})"
+        split = "" if self.split == "array" else f", split={self.split!r}"
+        return f"Mesh({str(self)!r}{split})"
 
     def __eq__(self, other):
         return isinstance(other, Mesh) and self._mesh == other._mesh
 
     def __hash__(self):
-        return hash(str(self))
+        return hash((str(self), self.split))
 
 
 def _letters(letters, mesh):
@@ -257,7 +280,9 @@ class Spec:
         """The spec of DTensor placements, one per mesh axis in mesh order: ``Shard(d)``,
         ``Replicate()``, ``Partial()`` (a string such as ``'[Shard(0), Replicate()]'``, or
         the placement objects, read through their repr). Several ``Shard(d)`` of one
-        dimension nest in mesh order: ``[Shard(0), Shard(0)]`` is ``I_XY``."""
+        dimension nest in mesh order: ``[Shard(0), Shard(0)]`` is ``I_XY``. DTensor's
+        ``Shard`` splits an uneven dimension as ``torch.chunk`` (10 over 4: 3, 3, 3, 1):
+        for the same blocks as DTensor, use a ``Mesh(..., split='chunk')``."""
         mesh = _mesh(mesh)
         name, names = _letters(letters, mesh)
         core = _core.Spec.from_placements(_form_text(placements, "placements"), names, mesh._mesh)
@@ -269,7 +294,9 @@ class Spec:
 
     def to_placements(self):
         """DTensor placements' text, ``[Shard(0), Replicate()]``; InputError when a dimension
-        is split over axes out of mesh order (``I_YX``), which DTensor cannot express."""
+        is split over axes out of mesh order (``I_YX``), which DTensor cannot express. DTensor
+        places uneven blocks as ``torch.chunk`` does: the same blocks as this spec's where
+        its mesh has ``split='chunk'`` or the sizes divide evenly."""
         return self._spec.to_placements()
 
     @property
@@ -463,7 +490,7 @@ def check(spec, mesh, dims=None, dtype=None):
     no shards. ``dtype``: bf16 (the default), f16, f32 or f64 (a str or numpy type), for
     the bytes. Returns a Check; ``.to_json()`` is ``shardmm check ... --json``.
     """
-    return Check(_core.check(_spec_text(spec), _mesh_text(mesh), _dims_text(dims), _dtype_text(dtype)))
+    return Check(_core.check(_spec_text(spec), *_mesh_args(mesh), _dims_text(dims), _dtype_text(dtype)))
 
 
 def plan(expr, mesh, dims, dtype=None, hw=None, mem_limit=None, tie_margin=_core.default_tie_margin):
@@ -485,7 +512,7 @@ def plan(expr, mesh, dims, dtype=None, hw=None, mem_limit=None, tie_margin=_core
     bytes and predicted time) and ``total_time_s``; ``.to_json()`` is ``shardmm plan ...
     --json`` for the same arguments.
     """
-    return Plan(_core.plan(_spec_text(expr, "expr"), _mesh_text(mesh), _required_dims(dims), _dtype_text(dtype),
+    return Plan(_core.plan(_spec_text(expr, "expr"), *_mesh_args(mesh), _required_dims(dims), _dtype_text(dtype),
                            _optional_text(hw, "hw"), _optional_text(mem_limit, "mem_limit"), _tie_margin(tie_margin)))
 
 
@@ -499,7 +526,7 @@ def reshard(src, dst, mesh, dims, dtype=None, hw=None, mem_limit=None, tie_margi
     Arguments as for ``plan``. Returns a Reshard; ``.to_json()`` is ``shardmm reshard ...
     --json``.
     """
-    return Reshard(_core.reshard(_spec_text(src, "src"), _spec_text(dst, "dst"), _mesh_text(mesh),
+    return Reshard(_core.reshard(_spec_text(src, "src"), _spec_text(dst, "dst"), *_mesh_args(mesh),
                                  _required_dims(dims), _dtype_text(dtype), _optional_text(hw, "hw"),
                                  _optional_text(mem_limit, "mem_limit"), _tie_margin(tie_margin)))
 
@@ -535,6 +562,8 @@ def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=
     >>> bool((r.result == a @ b).all()), r.verified
     (True, True)
 
+    ``mesh``: a Mesh, whose ``split`` says where uneven blocks lie (``Mesh('X=4',
+    split='chunk')`` for torch.chunk's, as DTensor's Shard), or a str (split 'array').
     ``a`` and ``b`` are the GLOBAL arrays, shaped as the letters say (``dims``, optional,
     must agree; without it the arrays' shapes give the sizes). Each device's thread copies
     its own block out of them (the scatter: no other copy is made; an operand replicated
@@ -572,7 +601,7 @@ def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=
     if not isinstance(return_shards, bool) or not isinstance(verify, bool):
         raise TypeError("return_shards and verify are True or False")
     result, shards, plan_doc, _, verification = _core.run(
-        _spec_text(expr, "expr"), _mesh_text(mesh), _dims_text(dims), a, b, dtype_text, return_shards, verify,
+        _spec_text(expr, "expr"), *_mesh_args(mesh), _dims_text(dims), a, b, dtype_text, return_shards, verify,
         _optional_text(hw, "hw"))
     if verify and not verification["verified"]:
         raise RuntimeError("the result does not match the dense reference (max abs error "

@@ -8,6 +8,7 @@
 
 #include "autodiff/local_ops.h"
 #include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
 
 namespace shardmm::autodiff {
 
@@ -194,6 +195,14 @@ std::string uneven_rows(const Mesh& mesh, const std::string& sharded, const Axis
                         std::int64_t size, std::int64_t rest) {
   const std::int64_t p = mesh.group_size(axes);
   if (size % p == 0 || rest <= 1) return "";
+  // An uneven split can still cut whole rows under torch.chunk (7 rows of 2 over 4: 4,4,4,2
+  // elements are 2,2,2,1 rows; array_split's 4,4,3,3 are not): ask the geometry.
+  bool whole_rows = true;
+  for (std::int64_t device : mesh.group_members(0, axes)) {
+    const Range rows = shard_range(mesh, size, axes, device), elements = shard_range(mesh, size * rest, axes, device);
+    whole_rows = whole_rows && elements.offset == rows.offset * rest && elements.extent == rows.extent * rest;
+  }
+  if (whole_rows) return "";
   return sharded + " is sharded over " + mesh.axis_names(axes) + " (" + std::to_string(p) + " devices), and " + first +
          "'s size " + std::to_string(size) + " is not a multiple of " + std::to_string(p) +
          ", so the shards would not hold whole rows of " + first + "; all_gather " + sharded + " first";

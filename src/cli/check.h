@@ -16,6 +16,7 @@ struct CheckArgs {
   std::string mesh;
   std::optional<std::string> dims;   // unset: no sizes, no shards
   std::optional<std::string> dtype;  // unset: kDefaultDType
+  std::string split = "array";       // --split
 };
 
 struct Checked {

@@ -1,4 +1,4 @@
-// shardmm check SPEC --mesh M [--dims ...] [--dtype ...] [--json]
+// shardmm check SPEC --mesh M [--split array|chunk] [--dims ...] [--dtype ...] [--json]
 #include <map>
 #include <memory>
 #include <ostream>
@@ -44,7 +44,7 @@ void print_text(std::ostream& out, const Checked& c) {
   const std::string no_placements = placements_problem(c.spec, mesh);
   out << "  jax       " << to_partition_spec(c.spec, mesh) << "\n";
   out << "  dtensor   " << (no_placements.empty() ? to_placements(c.spec, mesh) : "none: " + no_placements) << "\n";
-  out << "  mesh      " << mesh.to_string() << " (" << mesh.device_count() << " devices)\n";
+  out << "  mesh      " << describe_mesh(mesh) << "\n";
   for (const DimSpec& d : c.spec.dims) {
     out << "  " << d.name << std::string(d.name.size() < 8 ? 8 - d.name.size() : 0, ' ') << "  ";
     if (d.axes.empty()) {
@@ -132,7 +132,7 @@ constexpr std::int64_t kMaxShardsInJson = 4096;
 
 Checked check_spec(const CheckArgs& args) {
   Checked c;
-  c.mesh = parse_mesh(args.mesh);
+  c.mesh = parse_mesh(args.mesh, args.split);
   c.spec = parse_spec(args.spec, c.mesh);
   c.dtype = args.dtype ? parse_dtype(*args.dtype) : kDefaultDType;
   c.default_dtype = !args.dtype;
@@ -154,7 +154,7 @@ Json check_json(const Checked& c) {
   const std::string no_placements = placements_problem(c.spec, mesh);
   j["placements"] = no_placements.empty() ? Json(to_placements(c.spec, mesh)) : Json(nullptr);
   j["placements_problem"] = no_placements.empty() ? Json(nullptr) : Json(no_placements);
-  j["mesh"] = mesh_json(mesh);
+  add_mesh_json(j, mesh);
   j["device_count"] = mesh.device_count();
   j["tensor"] = c.spec.tensor;
   j["dimensions"] = Json::array();
@@ -221,6 +221,7 @@ Command add_check_command(CLI::App& root) {
                   "'A[I, J] = [Shard(0), Replicate()]'")
       ->required();
   add_mesh_flag(*app, flags->args.mesh);
+  add_split_flag(*app, flags->args.split);
   add_dims_flag(*app, flags->args.dims, false);
   add_dtype_flag(*app, flags->args.dtype);
   add_json_flag(*app, flags->json);

@@ -1,4 +1,4 @@
-// shardmm model LAYER --strategy S --mesh M --dims ... [--train|--infer] [--run] [--backend]
+// shardmm model LAYER --strategy S --mesh M [--split array|chunk] --dims ... [--train|--infer] [--run] [--backend]
 //                     [--causal] [--activation] [--capacity-factor] [--dtype] [--hw] [--json]
 // One training (or inference) step of a parallel layer: its collectives, bytes, memory and
 // time predicted by the symbolic autodiff tape, and with --run the same program executed,
@@ -129,9 +129,10 @@ std::string strategy_line(const nn::ModelConfig& m) {
 
 void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const nn::ModelConfig& m,
                 const nn::LayerPrediction& pred, const nn::LayerStep* step) {
-  out << "shardmm model " << f.layer << " --strategy " << f.strategy << " --mesh " << m.mesh.to_string() << " --dims "
-      << f.dims << ": one " << (m.train ? "training step (forward, backward, SGD)" : "inference step (forward)")
-      << "\n\n";
+  out << "shardmm model " << f.layer << " --strategy " << f.strategy << " --mesh " << m.mesh.to_string()
+      << (m.mesh.split_rule() == SplitRule::array ? "" : " --split " + std::string(to_string(m.mesh.split_rule())))
+      << " --dims " << f.dims << ": one "
+      << (m.train ? "training step (forward, backward, SGD)" : "inference step (forward)") << "\n\n";
   out << "  strategy  " << strategy_line(m) << "\n";
   out << "  dtype     " << to_string(p.options.dtype) << "\n";
   print_hardware(out, p);
@@ -215,7 +216,7 @@ Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m
   doc["command"] = "model";
   doc["layer"] = f.layer;
   doc["strategy"] = f.strategy;
-  doc["mesh"] = mesh_json(m.mesh);
+  add_mesh_json(doc, m.mesh);
   doc["dims"] = dims_json(m.dims);
   doc["train"] = m.train;
   doc["dtype"] = to_string(p.options.dtype);
@@ -273,6 +274,7 @@ Command add_model_command(CLI::App& root) {
   app->add_option("--strategy", flags->strategy, "tp, sp, dp, fsdp, ep, or two joined by '+', e.g. --strategy dp+tp")
       ->required();
   add_mesh_flag(*app, flags->common.mesh);
+  add_split_flag(*app, flags->common.split);
   app->add_option("--dims", flags->dims,
                   "the layer's sizes: B batch, T sequence, D model width, F MLP width, H heads, E experts, K experts "
                   "per token, e.g. --dims B=8,T=1024,D=4096,F=16384,H=32")

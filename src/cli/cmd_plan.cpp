@@ -1,4 +1,4 @@
-// shardmm plan EXPR --mesh M --dims ... [--dtype] [--hw] [--mem-limit] [--all] [--show] [--json]
+// shardmm plan EXPR --mesh M [--split array|chunk] --dims ... [--dtype] [--hw] [--mem-limit] [--all] [--show] [--json]
 #include <memory>
 #include <ostream>
 

@@ -1,4 +1,4 @@
-// shardmm program FILE [--mesh M] [--dims ...] [--spec NAME=SPEC ...] [--train|--infer]
+// shardmm program FILE [--mesh M] [--split array|chunk] [--dims ...] [--spec NAME=SPEC ...] [--train|--infer]
 //                      [--optimizer sgd|adam] [--run] [--backend] [--seed] [--dtype] [--hw] [--json]
 // A whole program (docs/programs.md): every tensor's sharding and where it came from, each
 // op's collectives forward and backward with the reason for every reshard, bytes, predicted
@@ -148,7 +148,7 @@ void print_text(std::ostream& out, const ProgramFlags& f, const Planning& p, con
   out << "shardmm program " << f.file << ": one "
       << (train ? std::string("training step (forward, backward, ") + nn::to_string(nn::parse_optimizer(f.optimizer)) + ")"
                 : std::string("inference step (forward)"))
-      << " on mesh " << g.mesh.to_string() << " (" << g.mesh.device_count() << " devices)\n\n";
+      << " on mesh " << describe_mesh(g.mesh) << "\n\n";
   out << "  dims      " << format_sizes(g.dims) << "\n";
   out << "  dtype     " << to_string(p.options.dtype) << "\n";
   print_hardware(out, p);
@@ -240,7 +240,7 @@ Json program_json(const ProgramFlags& f, const Planning& p, const program::Graph
   Json doc = Json::object();
   doc["command"] = "program";
   doc["file"] = f.file;
-  doc["mesh"] = mesh_json(g.mesh);
+  add_mesh_json(doc, g.mesh);
   doc["dims"] = dims_json(g.dims);
   doc["train"] = train;
   doc["optimizer"] = train ? Json(f.optimizer) : Json(nullptr);
@@ -303,6 +303,7 @@ Command add_program_command(CLI::App& root) {
                  "backward, memory and time; --run executes and verifies it");
   app->add_option("FILE", flags->file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
   app->add_option("--mesh", flags->mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
+  add_split_flag(*app, flags->common.split);
   app->add_option("--dims", flags->common.dims,
                   "letter sizes, each replacing the file's (the others stay), e.g. --dims B=4,T=16");
   app->add_option("--spec", flags->specs,
@@ -364,7 +365,7 @@ Command add_program_command(CLI::App& root) {
             const nn::Optimizer optimizer = nn::parse_optimizer(f.optimizer);
             if (f.trace) check_writable_file(*f.trace, "--trace '" + *f.trace + "'");
             const program::Graph g =
-                program::bind(read_program(f.file), program_bind_options(f.mesh, f.common.dims, f.specs, "--spec"));
+                program::bind(read_program(f.file), program_bind_options(f.mesh, f.common.split, f.common.dims, f.specs, "--spec"));
             if (!f.common.dtype && f.run) f.common.dtype = "f64";
             PlanningFlags planning = f.common;
             planning.mesh = g.mesh.to_string();

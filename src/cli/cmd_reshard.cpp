@@ -1,4 +1,4 @@
-// shardmm reshard SRC DST --mesh M --dims ... [--dtype] [--hw] [--mem-limit] [--show] [--json]
+// shardmm reshard SRC DST --mesh M [--split array|chunk] --dims ... [--dtype] [--hw] [--mem-limit] [--show] [--json]
 #include <memory>
 #include <ostream>
 

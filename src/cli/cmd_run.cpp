@@ -1,4 +1,5 @@
-// shardmm run EXPR --mesh M --dims ... [--backend threads|mpi] [--dtype f32|f64] [--repeat N] [--json]
+// shardmm run EXPR --mesh M [--split array|chunk] --dims ... [--backend threads|mpi] [--dtype f32|f64]
+//             [--repeat N] [--json]
 #include <memory>
 #include <ostream>
 

@@ -1,4 +1,4 @@
-// shardmm solve FILE [--mesh M] [--dims ...] [--mem-limit BYTES] [--train|--infer]
+// shardmm solve FILE [--mesh M] [--split array|chunk] [--dims ...] [--mem-limit BYTES] [--train|--infer]
 //                    [--optimizer sgd|adam] [--pin NAME=SPEC ...] [--top K] [--explain]
 //                    [--emit FILE] [--run] [--backend] [--seconds S] [--dtype] [--hw] [--json]
 // The fastest sharding of a whole program within a memory limit (solve/solve.h), said to be
@@ -74,7 +74,7 @@ void print_text(std::ostream& out, const SolveFlags& f, const Planning& p, const
   out << "shardmm solve " << f.file << ": the fastest sharding of one "
       << (train ? std::string("training step (forward, backward, ") + nn::to_string(o.program.optimizer) + ")"
                 : std::string("inference step (forward)"))
-      << " on mesh " << g.mesh.to_string() << " (" << g.mesh.device_count() << " devices)\n\n";
+      << " on mesh " << describe_mesh(g.mesh) << "\n\n";
   out << "  dims      " << format_sizes(g.dims) << "\n";
   out << "  dtype     " << to_string(p.options.dtype) << "\n";
   print_hardware(out, p);
@@ -206,7 +206,7 @@ Json solve_json(const SolveFlags& f, const Planning& p, const program::Graph& g,
   Json doc = Json::object();
   doc["command"] = "solve";
   doc["file"] = f.file;
-  doc["mesh"] = mesh_json(g.mesh);
+  add_mesh_json(doc, g.mesh);
   doc["dims"] = dims_json(g.dims);
   doc["train"] = train;
   doc["optimizer"] = train ? Json(nn::to_string(o.program.optimizer)) : Json(nullptr);
@@ -271,6 +271,7 @@ Command add_solve_command(CLI::App& root) {
                "beside the named strategies; --emit writes it pinned, --run executes and verifies it");
   app->add_option("FILE", flags->file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
   app->add_option("--mesh", flags->mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
+  add_split_flag(*app, flags->common.split);
   app->add_option("--dims", flags->common.dims, "letter sizes, each replacing the file's, e.g. --dims B=4,T=16");
   app->add_option("--mem-limit", flags->mem_limit,
                   "memory per device the step may use (params, gradients, optimizer state, activations), "
@@ -286,7 +287,7 @@ Command add_solve_command(CLI::App& root) {
   app->add_flag("--explain", flags->explain,
                 "for each chosen tensor, the runner-up layout and the time and memory it would add, e.g. --explain");
   app->add_option("--emit", flags->emit,
-                  "write the program with every spec pinned (shardmm program accepts it as is), e.g. --emit best.prog");
+                  "write the program with every spec pinned (shardmm program accepts it as is; a program file has no split line: give --split chunk again), e.g. --emit best.prog");
   app->add_flag("--run", flags->run, "execute the chosen sharding on real ranks and verify it against the dense f64 "
                                      "step (small --dims), e.g. --run");
   app->add_option("--backend", flags->backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
@@ -316,7 +317,7 @@ Command add_solve_command(CLI::App& root) {
             const nn::Optimizer optimizer = nn::parse_optimizer(f.optimizer);
             if (f.emit) check_writable_file(*f.emit, "--emit '" + *f.emit + "'");
             const program::Program parsed = read_program(f.file);
-            const program::Graph g = program::bind(parsed, program_bind_options(f.mesh, f.common.dims, f.pins, "--pin"));
+            const program::Graph g = program::bind(parsed, program_bind_options(f.mesh, f.common.split, f.common.dims, f.pins, "--pin"));
             if (!f.common.dtype && f.run) f.common.dtype = "f64";
             PlanningFlags planning = f.common;
             planning.mesh = g.mesh.to_string();

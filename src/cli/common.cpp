@@ -33,6 +33,8 @@ void add_mesh_flag(CLI::App& app, std::string& mesh) {
       ->required();
 }
 
+void add_split_flag(CLI::App& app, std::string& split) { app.add_option("--split", split, kSplitHelp); }
+
 void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool required) {
   auto* option = add_optional(app, "--dims", dims,
                               "size of every dimension named in the specs, e.g. --dims I=8192,J=4096,K=16384");
@@ -57,6 +59,7 @@ void add_json_flag(CLI::App& app, bool& json) {
 
 void add_planning_flags(CLI::App& app, PlanningFlags& flags, bool dims_required) {
   add_mesh_flag(app, flags.mesh);
+  add_split_flag(app, flags.split);
   add_dims_flag(app, flags.dims, dims_required);
   add_dtype_flag(app, flags.dtype);
   add_hw_flag(app, flags.hw);
@@ -73,7 +76,7 @@ void add_planning_flags(CLI::App& app, PlanningFlags& flags, bool dims_required)
 
 Planning make_planning(const PlanningFlags& flags) {
   Planning p;
-  p.mesh = parse_mesh(flags.mesh);
+  p.mesh = parse_mesh(flags.mesh, flags.split);
   if (flags.dims) p.sizes = parse_dims(*flags.dims);
   p.default_hw = !flags.hw;
   // Without --hw: the calibrated profile when one exists (a broken one is an error, not
@@ -103,8 +106,10 @@ Planning make_planning(const PlanningFlags& flags) {
   return p;
 }
 
-Mesh parse_mesh(std::string_view text) {
-  Mesh mesh = Mesh::parse(text);
+Mesh parse_mesh(std::string_view text, std::string_view split) { return parse_mesh(text, parse_split_rule(split)); }
+
+Mesh parse_mesh(std::string_view text, SplitRule split) {
+  Mesh mesh = Mesh::parse(text, split);
   if (mesh.device_count() > kMaxDevices) {
     throw InputError("mesh " + mesh.to_string() + " has " + std::to_string(mesh.device_count()) +
                      " devices; shardmm handles meshes of up to " + std::to_string(kMaxDevices) +
@@ -377,6 +382,16 @@ Json mesh_json(const Mesh& mesh) {
   Json j = Json::object();
   for (const MeshAxis& a : mesh.axes()) j[a.name] = a.size;
   return j;
+}
+
+std::string describe_mesh(const Mesh& mesh) {
+  return mesh.to_string() + " (" + std::to_string(mesh.device_count()) + " devices" +
+         (mesh.split_rule() == SplitRule::array ? "" : "; --split " + std::string(to_string(mesh.split_rule()))) + ")";
+}
+
+void add_mesh_json(Json& doc, const Mesh& mesh) {
+  doc["mesh"] = mesh_json(mesh);
+  doc["split"] = to_string(mesh.split_rule());
 }
 
 Json dims_json(const DimSizes& sizes) {

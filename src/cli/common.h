@@ -36,6 +36,11 @@ struct Command {
 inline constexpr const char* kDocsHint =
     "Docs: docs/cli.md (commands), docs/notation.md (specs), docs/json-schema.md (--json), "
     "docs/cost-model.md (costs).";
+// What --split chooses, for the help of the commands that take it.
+inline constexpr const char* kSplitHelp =
+    "how a mesh axis splits a dimension it does not divide: 'array' as numpy.array_split, the first n mod p "
+    "blocks one longer (10 over 4: 3,3,2,2; the default), or 'chunk' as torch.chunk and PyTorch DTensor's "
+    "Shard, blocks of ceil(n/p) with the last ones short or empty (10 over 4: 3,3,3,1), e.g. --split chunk";
 // The notation in two lines, for --help footers.
 inline constexpr const char* kNotationHint =
     "Notation: A[I_X, J_Y] shards I over mesh axis X and J over Y; a bare dimension is replicated;\n"
@@ -46,6 +51,7 @@ inline constexpr const char* kNotationHint =
 
 struct PlanningFlags {
   std::string mesh;
+  std::string split = "array";           // --split: how the mesh splits uneven dimensions
   std::optional<std::string> dims;       // unset when --dims is not given
   std::optional<std::string> dtype;      // unset: bf16
   std::optional<std::string> hw;         // unset: the calibrated profile if there is one, else fallback_hw
@@ -61,11 +67,12 @@ inline constexpr DType kDefaultDType = DType::bf16;
 
 // One flag each, with its help text (an example included).
 void add_mesh_flag(CLI::App& app, std::string& mesh);
+void add_split_flag(CLI::App& app, std::string& split);
 void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool required);
 void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype);
 void add_hw_flag(CLI::App& app, std::optional<std::string>& hw);
 void add_json_flag(CLI::App& app, bool& json);
-// All of the above plus --mem-limit and --show.
+// All of the above (--split too) plus --mem-limit and --show.
 void add_planning_flags(CLI::App& app, PlanningFlags& flags, bool dims_required);
 
 // The parsed planning context.
@@ -85,7 +92,9 @@ Planning make_planning(const PlanningFlags& flags);
 // about a second per million devices.
 inline constexpr std::int64_t kMaxDevices = std::int64_t{1} << 24;
 // Mesh::parse, and the device limit.
-Mesh parse_mesh(std::string_view text);
+Mesh parse_mesh(std::string_view text, SplitRule split = SplitRule::array);
+// parse_mesh with --split's text.
+Mesh parse_mesh(std::string_view text, std::string_view split);
 
 // The threads backend runs one thread per device on this machine; past about a thousand
 // threads the run is slow and its memory grows with the square of the device count.
@@ -134,12 +143,16 @@ std::string join(const std::vector<std::string>& parts, std::string_view separat
 
 // "I=8192, J=4096"
 std::string format_sizes(const DimSizes& sizes);
+// "X=4,Y=2 (8 devices)", and "; --split chunk" inside the parentheses on a chunk mesh.
+std::string describe_mesh(const Mesh& mesh);
 // The hardware profile: name and origin, its description, its key figures.
 void print_hardware(std::ostream& out, const Planning& p);
 
 // --- JSON (docs/json-schema.md) ---
 
 Json mesh_json(const Mesh& mesh);
+// `mesh` (mesh_json) and, after it, `split` (the rule's name): where a document records its mesh.
+void add_mesh_json(Json& doc, const Mesh& mesh);
 Json dims_json(const DimSizes& sizes);
 Json step_json(const Step& step, const Mesh& mesh);
 Json plan_json(const Plan& plan, const Mesh& mesh);

@@ -27,7 +27,7 @@ Range block_range(const Mesh& mesh, std::int64_t n, const AxisList& axes, std::i
     k /= mesh.size(axes[i]);
   }
   Range r{0, n};
-  for (std::size_t i = 0; i < axes.size(); ++i) r = split_range(r, mesh.size(axes[i]), index[i]);
+  for (std::size_t i = 0; i < axes.size(); ++i) r = split_range(r, mesh.size(axes[i]), index[i], mesh.split_rule());
   return r;
 }
 
@@ -66,7 +66,7 @@ std::string block_list(const Mesh& mesh, std::int64_t n, const AxisList& axes, b
   return join(parts, " ");
 }
 
-// "2048 each" or "from 3 down to 2" (array_split puts the larger blocks first).
+// "2048 each" or "uneven: 2 to 3" (either split rule puts the larger blocks first).
 std::string extents(const Mesh& mesh, std::int64_t n, const AxisList& axes) {
   const std::int64_t count = mesh.group_size(axes);
   const std::int64_t first = block_range(mesh, n, axes, 0).extent;

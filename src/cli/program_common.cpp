@@ -20,10 +20,12 @@ program::Program read_program(const std::string& file) {
   return program::parse_program(text, file);
 }
 
-program::BindOptions program_bind_options(const std::optional<std::string>& mesh, const std::optional<std::string>& dims,
-                                          const std::vector<std::string>& pins, const std::string& pin_flag) {
+program::BindOptions program_bind_options(const std::optional<std::string>& mesh, const std::string& split,
+                                          const std::optional<std::string>& dims, const std::vector<std::string>& pins,
+                                          const std::string& pin_flag) {
   program::BindOptions o;
-  if (mesh) o.mesh = parse_mesh(*mesh);
+  o.split = parse_split_rule(split);
+  if (mesh) o.mesh = parse_mesh(*mesh, o.split);
   if (dims) o.dims = parse_dims(*dims);
   for (const std::string& s : pins) {
     const std::size_t eq = s.find('=');

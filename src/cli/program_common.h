@@ -16,9 +16,10 @@ namespace shardmm::cli {
 // The file's text, parsed: InputError for a missing, binary or oversized file or bad grammar.
 program::Program read_program(const std::string& file);
 
-// --mesh, --dims, and the NAME=SPEC pins of `pin_flag` (--spec, --pin) as bind options.
-program::BindOptions program_bind_options(const std::optional<std::string>& mesh, const std::optional<std::string>& dims,
-                                          const std::vector<std::string>& pins, const std::string& pin_flag);
+// --mesh, --split, --dims, and the NAME=SPEC pins of `pin_flag` (--spec, --pin) as bind options.
+program::BindOptions program_bind_options(const std::optional<std::string>& mesh, const std::string& split,
+                                          const std::optional<std::string>& dims, const std::vector<std::string>& pins,
+                                          const std::string& pin_flag);
 
 // The step's collectives per phase, as a table (text) and as rows (JSON).
 void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events);

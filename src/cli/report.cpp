@@ -183,11 +183,11 @@ void print_plan(std::ostream& out, const Plan& plan, const Mesh& mesh, const Pla
 void print_header(std::ostream& out, const Planning& p, const std::string& expr, bool compact) {
   out << "  expr      " << expr << "\n";
   if (compact) {
-    out << "  on        mesh " << p.mesh.to_string() << " (" << p.mesh.device_count() << " devices), "
+    out << "  on        mesh " << describe_mesh(p.mesh) << ", "
         << format_sizes(p.sizes) << ", " << to_string(p.options.dtype) << ", " << p.options.hw.name << "\n";
     return;
   }
-  out << "  mesh      " << p.mesh.to_string() << " (" << p.mesh.device_count() << " devices)\n";
+  out << "  mesh      " << describe_mesh(p.mesh) << "\n";
   out << "  dims      " << format_sizes(p.sizes) << "\n";
   out << "  dtype     " << to_string(p.options.dtype) << " (" << dtype_bytes(p.options.dtype) << " B per element"
       << (p.default_dtype ? "; the default, choose another with --dtype" : "") << ")\n";
@@ -348,7 +348,7 @@ namespace {
 Json planning_json(const Planning& p, const std::string& expr) {
   Json j;
   j["expr"] = expr;
-  j["mesh"] = mesh_json(p.mesh);
+  add_mesh_json(j, p.mesh);
   j["dims"] = dims_json(p.sizes);
   j["dtype"] = to_string(p.options.dtype);
   j["hardware"] = p.options.hw.name;

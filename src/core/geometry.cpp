@@ -7,20 +7,41 @@
 
 namespace shardmm {
 
-Range split_range(std::int64_t n, std::int64_t parts, std::int64_t index) {
+namespace {
+
+// torch.chunk's piece length: ceil(n / parts), written so that it cannot overflow.
+std::int64_t chunk_length(std::int64_t n, std::int64_t parts) { return n / parts + (n % parts != 0 ? 1 : 0); }
+
+}  // namespace
+
+Range split_range(std::int64_t n, std::int64_t parts, std::int64_t index, SplitRule rule) {
+  if (rule == SplitRule::chunk) {
+    const std::int64_t c = chunk_length(n, parts);
+    // index * c < n + parts (c < n / parts + 1): no overflow for any size that fits.
+    const std::int64_t begin = std::min(index * c, n);
+    return {begin, std::min(begin + c, n) - begin};
+  }
   const std::int64_t base = n / parts, extra = n % parts;
   return {index * base + std::min(index, extra), base + (index < extra ? 1 : 0)};
 }
 
-Range split_range(Range whole, std::int64_t parts, std::int64_t index) {
-  Range r = split_range(whole.extent, parts, index);
+Range split_range(Range whole, std::int64_t parts, std::int64_t index, SplitRule rule) {
+  Range r = split_range(whole.extent, parts, index, rule);
   r.offset += whole.offset;
   return r;
 }
 
+std::int64_t split_index(std::int64_t n, std::int64_t parts, std::int64_t position, SplitRule rule) {
+  if (rule == SplitRule::chunk) return position / chunk_length(n, parts);
+  // array: the first `extra` pieces are base + 1 long, the rest base.
+  const std::int64_t base = n / parts, extra = n % parts;
+  const std::int64_t long_part = extra * (base + 1);
+  return position < long_part ? position / (base + 1) : extra + (position - long_part) / base;
+}
+
 Range shard_range(const Mesh& mesh, std::int64_t n, const AxisList& axes, std::int64_t device) {
   Range r{0, n};
-  for (int a : axes) r = split_range(r, mesh.size(a), mesh.coord(device, a));
+  for (int a : axes) r = split_range(r, mesh.size(a), mesh.coord(device, a), mesh.split_rule());
   return r;
 }
 
@@ -47,9 +68,10 @@ std::int64_t local_elements(const Mesh& mesh, const Spec& spec, const std::vecto
 }
 
 std::int64_t max_local_elements(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape) {
-  // The largest shard of each dimension is its first one (array_split puts the extra elements
-  // first, at every level of a nested split), and the dimensions vary independently, so the
-  // product of the first shards' extents is the maximum.
+  // The largest shard of each dimension is its first one (both rules put the longer pieces
+  // first, and a longer piece's first piece is no shorter, at every level of a nested
+  // split), and the dimensions vary independently, so the product of the first shards'
+  // extents is the maximum.
   std::int64_t n = 1;
   for (std::size_t d = 0; d < spec.dims.size(); ++d) n *= shard_range(mesh, shape[d], spec.dims[d].axes, 0).extent;
   return n;

@@ -5,7 +5,19 @@
 
 namespace shardmm {
 
-Mesh::Mesh(std::vector<MeshAxis> axes) : axes_(std::move(axes)) {
+std::string_view to_string(SplitRule rule) {
+  return rule == SplitRule::chunk ? "chunk" : "array";
+}
+
+SplitRule parse_split_rule(std::string_view text) {
+  if (text == "array") return SplitRule::array;
+  if (text == "chunk") return SplitRule::chunk;
+  throw InputError("unknown split rule '" + std::string(text) +
+                   "'; the rules are array (numpy.array_split: 10 over 4 is 3,3,2,2) and chunk (torch.chunk, "
+                   "DTensor's Shard: 10 over 4 is 3,3,3,1)");
+}
+
+Mesh::Mesh(std::vector<MeshAxis> axes, SplitRule split) : axes_(std::move(axes)), split_(split) {
   if (axes_.empty()) throw InputError("a mesh needs at least one axis, e.g. X=4");
   for (std::size_t i = 0; i < axes_.size(); ++i) {
     const MeshAxis& a = axes_[i];
@@ -31,7 +43,7 @@ Mesh::Mesh(std::vector<MeshAxis> axes) : axes_(std::move(axes)) {
   }
 }
 
-Mesh Mesh::parse(std::string_view src) {
+Mesh Mesh::parse(std::string_view src, SplitRule split) {
   std::vector<MeshAxis> axes;
   std::size_t pos = 0;
   auto fail = [&](const std::string& why, std::size_t at, std::size_t len) -> Mesh {
@@ -82,7 +94,7 @@ Mesh Mesh::parse(std::string_view src) {
                        "': the device count overflows 64 bits; the product of the axis sizes must fit");
     }
   }
-  return Mesh(std::move(axes));
+  return Mesh(std::move(axes), split);
 }
 
 std::optional<int> Mesh::find(std::string_view name) const {

@@ -84,8 +84,8 @@ Step make_exchange(const Spec& from, const Spec& to) {
   s.to = to;
   s.to.tensor = from.tensor;
   // An axis in the prefix a dimension keeps splits both layouts the same way (nested
-  // array_split), so devices that differ on it never need each other's data; an axis only
-  // `to` uses selects within what the group holds. The rest is the group.
+  // splits, under the mesh's one rule), so devices that differ on it never need each other's
+  // data; an axis only `to` uses selects within what the group holds. The rest is the group.
   for (std::size_t d = 0; d < from.dims.size(); ++d) {
     const AxisList& have = from.dims[d].axes;
     const std::size_t keep = common_prefix(have, to.dims[d].axes);
@@ -135,9 +135,9 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
   const std::int64_t group = mesh_.group_size(step.axes);
   // Local sizes factor over dimensions, and each dimension's extent depends only on the
   // coordinates of its own axes. Dimensions the step leaves alone contribute the same
-  // factor before and after, largest on device 0 (array_split puts the extra elements
-  // first); so the largest figures come from device-0 coordinates on those axes and a walk
-  // over the coordinates of the axes of the dimensions that change.
+  // factor before and after, largest on device 0 (either split rule puts the longer pieces
+  // first: geometry.h); so the largest figures come from device-0 coordinates on those axes
+  // and a walk over the coordinates of the axes of the dimensions that change.
   std::vector<std::size_t> changed;
   AxisList walk;
   std::int64_t unchanged = 1;
@@ -298,18 +298,22 @@ class GroupOverlap {
     }
     const int axis = split[level];
     const std::int64_t parts = mesh_.size(axis);
-    if (!varies(axis)) return overlap_with_shards(split_range(r, parts, mesh_.coord(device, axis)), split, level + 1, varying, device, mine);
-    // The children of r that meet `mine`: the first ones are one longer (split_range).
-    const std::int64_t base = r.extent / parts, extra = r.extent % parts;
+    const SplitRule rule = mesh_.split_rule();
+    if (!varies(axis)) {
+      return overlap_with_shards(split_range(r, parts, mesh_.coord(device, axis), rule), split, level + 1, varying,
+                                 device, mine);
+    }
+    // The children of r that meet `mine`: those holding its first and last elements in r, and
+    // the ones between.
     const auto child_at = [&](std::int64_t position) {
-      const std::int64_t offset = position - r.offset;
-      return offset < extra * (base + 1) ? offset / (base + 1) : extra + (offset - extra * (base + 1)) / base;
+      return split_index(r.extent, parts, position - r.offset, rule);
     };
     const std::int64_t first = child_at(std::max(r.offset, mine.offset));
     const std::int64_t last = child_at(std::min(r.end(), mine.end()) - 1);
     std::int64_t sum = 0;
     for (std::int64_t c = first; c <= last; ++c) {
-      sum = checked_add(sum, overlap_with_shards(split_range(r, parts, c), split, level + 1, varying, device, mine), kWhat);
+      const Range child = split_range(r, parts, c, rule);
+      sum = checked_add(sum, overlap_with_shards(child, split, level + 1, varying, device, mine), kWhat);
     }
     return sum;
   }
@@ -404,7 +408,7 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
 namespace {
 
 // The ring's members and the share of the einsum one chunk carries: the largest chunk
-// (device 0's, as array_split puts the extra elements first) over the whole extent.
+// (device 0's, as either split rule puts the longer pieces first) over the whole extent.
 struct Ring {
   std::int64_t members;
   double chunk_share;

@@ -152,7 +152,7 @@ class Binder {
       throw InputError(program_.file + ": the program has no mesh: add a line like 'mesh X=4' or give the " + field("mesh"));
     }
     try {
-      graph_.mesh = Mesh::parse(*program_.mesh);
+      graph_.mesh = Mesh::parse(*program_.mesh, options_.split);
     } catch (const InputError& e) {
       fail(program_.mesh_where, e.headline(), program_.mesh->size());
     }

@@ -357,8 +357,10 @@ class ThreadsCommunicator final : public Communicator {
     offsets({count}, eb);  // checks that the byte count fits
     if (g.size() == 1) return;
     const auto n = static_cast<std::int64_t>(g.size());
-    auto chunk = [&](std::size_t m) {  // split as numpy.array_split, as the mpi backend does
-      const Range part = split_range(count, n, static_cast<std::int64_t>(m));
+    // The buffer's own split, not a shard geometry (whatever the mesh's rule): array_split
+    // balances the members' work, and the mpi backend splits the same way.
+    auto chunk = [&](std::size_t m) {
+      const Range part = split_range(count, n, static_cast<std::int64_t>(m), SplitRule::array);
       return std::pair{part.offset * eb, part.extent};
     };
     auto reduce_own_chunk = [&](std::size_t me) {

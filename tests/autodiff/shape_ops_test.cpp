@@ -268,6 +268,25 @@ TEST(ShapeOps, SplitTakesTheShardingWhenShardsHoldWholeRows) {
   }
 }
 
+// torch.chunk can cut whole rows where the size is uneven: 14 = 7 rows of 2 over 4 is
+// 4,4,4,2 elements, 2,2,2,1 rows; numpy.array_split's 4,4,3,3 are not whole rows.
+TEST(ShapeOps, SplitAndMergeFollowTheMeshsRule) {
+  const Mesh array = Mesh::parse("X=4"), chunk = Mesh::parse("X=4", SplitRule::chunk);
+  EXPECT_TRUE(can_split_locally(chunk, parse_spec("x[D_X]", chunk), {14}, "D", {{"H", 7}, {"A", 2}}));
+  EXPECT_FALSE(can_split_locally(array, parse_spec("x[D_X]", array), {14}, "D", {{"H", 7}, {"A", 2}}));
+  EXPECT_TRUE(can_merge_locally(chunk, parse_spec("x[H_X, A]", chunk), {7, 2}, {"H", "A"}));
+  // 10 = 5 rows of 2: chunk's 3,3,3,1 elements against 2,2,1,0 rows.
+  EXPECT_FALSE(can_split_locally(chunk, parse_spec("x[D_X]", chunk), {10}, "D", {{"H", 5}, {"A", 2}}));
+  // Executed on the chunk mesh, with its gradient, against the dense step.
+  Program p{chunk, {leaf(chunk, "x[B, D_X]", {2, 14}, 1), leaf(chunk, "c[B, H_X, A]", {2, 7, 2}, 2)}, {}, ""};
+  Instr split{Kind::split, {0}};
+  split.dim = "D";
+  split.parts = {{"H", 7}, {"A", 2}};
+  p.ops = {split, op(Kind::tanh, {2}), op(Kind::mul, {3, 1}), op(Kind::sum, {4})};
+  EXPECT_EQ(specs_of(p)[2], "x[B, H_X, A]");
+  testing::check_program(p);
+}
+
 TEST(ShapeOps, MergeNeedsOnlyTheFirstLetterSharded) {
   const Mesh x2 = Mesh::parse("X=2");
   EXPECT_TRUE(can_merge_locally(x2, parse_spec("[B, H_X, A]", x2), {2, 4, 3}, {"H", "A"}));

@@ -1009,6 +1009,80 @@ TEST(CliRun, BadExecutionInputs) {
                      "execution computes in f32 or f64");
 }
 
+// ---------------------------------------------------------------- --split
+
+// --split chunk places blocks as torch.chunk (DTensor's Shard): 10 over X=4 is 3,3,3,1, and
+// nested over X=3 then Y=2, 10 is 4,4,2 and each piece 2,2 | 2,2 | 1,1. Without the flag,
+// numpy.array_split: 3,3,2,2.
+TEST(CliSplit, CheckPlacesChunkBlocks) {
+  const auto rows = [](const json& doc) {
+    std::vector<std::pair<int, int>> out;
+    for (const json& s : doc["shards"]) out.emplace_back(s["block"][0][0].get<int>(), s["block"][0][1].get<int>());
+    return out;
+  };
+  using Rows = std::vector<std::pair<int, int>>;
+  const json chunk = parse_stdout(
+      run({"check", "A[I_X, J]", "--mesh", "X=4", "--split", "chunk", "--dims", "I=10,J=2", "--json"}));
+  EXPECT_EQ(chunk["split"], "chunk");
+  EXPECT_EQ(rows(chunk), (Rows{{0, 3}, {3, 6}, {6, 9}, {9, 10}}));
+  const json array = parse_stdout(run({"check", "A[I_X, J]", "--mesh", "X=4", "--dims", "I=10,J=2", "--json"}));
+  EXPECT_EQ(array["split"], "array");
+  EXPECT_EQ(rows(array), (Rows{{0, 3}, {3, 6}, {6, 8}, {8, 10}}));
+  const json nested = parse_stdout(
+      run({"check", "A[I_XY, J]", "--mesh", "X=3,Y=2", "--split", "chunk", "--dims", "I=10,J=2", "--json"}));
+  EXPECT_EQ(rows(nested), (Rows{{0, 2}, {2, 4}, {4, 6}, {6, 8}, {8, 9}, {9, 10}}));
+  const Result text = run({"check", "A[I_X, J]", "--mesh", "X=4", "--split", "chunk", "--dims", "I=5,J=2"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("X=4 (4 devices; --split chunk)"));
+  EXPECT_THAT(text.out, HasSubstr("I[5:5) J[0:2)"));  // 5 over 4: 2,2,1,0
+}
+
+// The planner costs chunk's blocks: gathering I=5 over X=4 sends device 3, which holds
+// nothing under chunk (2,2,1,0), all 5 rows; under array_split (2,1,1,1) at most 4.
+TEST(CliSplit, PlanCostsTheRulesBlocks) {
+  const auto received = [](const std::string& split) {
+    const json j = parse_stdout(run({"reshard", "A[I_X, J]", "A[I, J]", "--mesh", "X=4", "--split", split, "--dims",
+                                     "I=5,J=1", "--dtype", "f32", "--json"}));
+    EXPECT_EQ(j["split"], split);
+    return j["candidates"][0]["steps"][0]["bytes_received"].get<std::int64_t>();
+  };
+  EXPECT_EQ(received("chunk"), 5 * 4);
+  EXPECT_EQ(received("array"), 4 * 4);
+}
+
+// Executed and verified against the dense reference under chunk, with empty blocks.
+TEST(CliSplit, RunAndReshardVerifyUnderChunk) {
+  const Result r = run({"run", "A[I_X, J] @ B[J, K_Y] -> C[I_XY, K]", "--mesh", "X=3,Y=2", "--split", "chunk",
+                        "--dims", "I=10,J=7,K=4", "--repeat", "1", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(r.out);
+  EXPECT_EQ(doc["verified"], true);
+  EXPECT_EQ(doc["split"], "chunk");
+  const Result text = run({"run", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--split", "chunk", "--dims", "I=5,J=3,K=2",
+                           "--repeat", "1"});
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("verified"));
+  EXPECT_THAT(text.out, HasSubstr("--split chunk"));
+  const Result reshard = run({"reshard", "A[I_XY, J]", "A[I, J_YX]", "--mesh", "X=3,Y=2", "--split", "chunk", "--dims",
+                              "I=10,J=7", "--dtype", "f64", "--run", "--repeat", "1"});
+  ASSERT_EQ(reshard.status, 0) << reshard.err;
+  EXPECT_THAT(reshard.out, HasSubstr("verified"));
+  EXPECT_THAT(reshard.out, Not(HasSubstr("NOT VERIFIED")));
+}
+
+TEST(CliSplit, AnUnknownRuleIsOneLineAndExit2) {
+  const std::string want = "unknown split rule 'bogus'; the rules are array (numpy.array_split";
+  expect_input_error({"run", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--dims", "I=5,J=3,K=2", "--split", "bogus"},
+                     want);
+  expect_input_error({"check", "A[I_X]", "--mesh", "X=4", "--split", "bogus"}, want);
+  expect_input_error({"plan", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--dims", "I=5,J=3,K=2", "--split", "bogus"},
+                     want);
+  expect_input_error({"reshard", "A[I_X]", "A[I]", "--mesh", "X=4", "--dims", "I=5", "--split", "bogus"}, want);
+  expect_input_error({"model", "mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--split",
+                      "bogus"},
+                     want);
+}
+
 TEST(CliBench, CollectivesTableAndJson) {
   const Result r = run({"bench", "collectives", "--mesh", "X=2", "--sizes", "4KiB,64KiB", "--trials", "2", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;

@@ -54,6 +54,24 @@ TEST(ProgramCli, TheMlpReportShowsEachOpsCollectivesAndWhy) {
   EXPECT_EQ(doc["tensors"][0]["name"], "x");
 }
 
+// --split chunk reaches the program's mesh, the file's line or --mesh: blocks as torch.chunk
+// places them (F=7 over X=3: 3,3,1, not 3,2,2), the run verified against the dense step.
+TEST(ProgramCli, SplitChunkPlacesAndVerifies) {
+  for (const std::vector<std::string>& mesh : {std::vector<std::string>{}, std::vector<std::string>{"--mesh", "X=3"}}) {
+    std::vector<std::string> args{example("mlp.prog"), "--dims", "B=2,T=2,D=4,F=7", "--split", "chunk", "--run",
+                                  "--json"};
+    args.insert(args.end(), mesh.begin(), mesh.end());
+    const Result r = program(args);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json doc = json::parse(r.out);
+    EXPECT_EQ(doc["split"], "chunk");
+    EXPECT_EQ(doc["run"]["verified"], true);
+  }
+  EXPECT_THAT(program({example("mlp.prog"), "--split", "chunk"}).out,
+              HasSubstr("on mesh X=4 (4 devices; --split chunk)"));
+  EXPECT_THAT(program({example("mlp.prog"), "--split", "torch"}).err, HasSubstr("unknown split rule 'torch'"));
+}
+
 // Every example of `program --help` (but mpirun's) runs as written from the repository root.
 TEST(ProgramCli, HelpExamplesRun) {
   const Result help = program({"--help"});

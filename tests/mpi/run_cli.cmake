@@ -1,8 +1,9 @@
-# ctest driver: `shardmm run --backend mpi` as a 4-rank job, checked (the default) and with
-# --no-check. Passes when each job exits 0, prints exactly one JSON document (rank 0 alone
-# prints) and that document says verified.
+# ctest driver: `shardmm run --backend mpi` as a 4-rank job, checked (the default), with
+# --no-check, and with --split chunk (I=37 over 4: 10,10,10,7, not 10,9,9,9). Passes when each
+# job exits 0, prints exactly one JSON document (rank 0 alone prints) and that document says
+# verified.
 # Variables: MPIEXEC, SHARDMM.
-foreach(check_flag "" "--no-check")
+foreach(check_flag "" "--no-check" "--split=chunk")
   execute_process(
     COMMAND ${MPIEXEC} --allow-run-as-root --oversubscribe -n 4 ${SHARDMM} run "A[I, J_X] @ B[J_X, K] -> C[I_X, K]"
             --mesh X=4 --dims I=37,J=64,K=9 --backend mpi --repeat 2 --json ${check_flag}

@@ -1,5 +1,6 @@
 // Programs executed on real ranks against the dense f64 step: the example programs (even,
-// uneven and empty shards), hundreds of random programs on random meshes, and the symbolic
+// uneven and empty shards), hundreds of random programs on random meshes (under both split
+// rules), and the symbolic
 // prediction against what the executed run records.
 #include <gtest/gtest.h>
 
@@ -86,8 +87,11 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
     testing::ProgramWriter writer(rng, mesh);
     const testing::RandomProgram p = writer.write(testing::uniform(rng, 2, 6));
     for (const std::string& k : p.ops) ++seen[k];
-    SCOPED_TRACE("case " + std::to_string(c) + ":\n" + p.text);
-    const program::Graph g = bind_text(p.text);
+    // Half the programs split as torch.chunk (the same draws either way).
+    program::BindOptions bind;
+    bind.split = c % 2 ? SplitRule::chunk : SplitRule::array;
+    SCOPED_TRACE("case " + std::to_string(c) + ", split " + std::string(to_string(bind.split)) + ":\n" + p.text);
+    const program::Graph g = bind_text(p.text, bind);
     nn::ProgramOptions options;
     options.seed = static_cast<std::uint64_t>(c);
     const nn::ProgramRun r = run_threads_program(g, options);

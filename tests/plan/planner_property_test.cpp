@@ -237,8 +237,9 @@ Costs expected_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const 
       case OpKind::reduce_scatter: snd = rcv = in - out; break;  // every block but my own
       case OpKind::all_reduce: {
         // reduce_scatter then all_gather of the local buffer split `group` ways: twice
-        // everything but my piece; the smallest piece makes the largest transfer.
-        const std::int64_t piece = split_range(in, group, group - 1).extent;
+        // everything but my piece; the smallest piece makes the largest transfer. The buffer
+        // splits as array_split whatever the mesh's rule (the backends' own split).
+        const std::int64_t piece = split_range(in, group, group - 1, SplitRule::array).extent;
         snd = rcv = 2 * (in - piece);
         break;
       }
@@ -557,7 +558,8 @@ std::vector<std::string> serialized_signature(const Plan& p, const Mesh& m) {
 }
 
 // A random contraction: letters of every role in random orders, several contracted ones,
-// sizes 1..max_size, random input specs (maybe unreduced), half the time a random output.
+// sizes 1..max_size, random input specs (maybe unreduced), half the time a random output; the
+// mesh splits by `rule`.
 struct Case {
   Mesh mesh;
   std::string text;
@@ -565,12 +567,12 @@ struct Case {
   Contraction c;
 };
 
-Case random_case(Rng& rng, int max_axes, int max_axis_size, int max_size) {
+Case random_case(Rng& rng, int max_axes, int max_axis_size, int max_size, SplitRule rule) {
   Case k;
   std::vector<MeshAxis> axes;
   const int rank = uniform(rng, 1, max_axes);
   for (int i = 0; i < rank; ++i) axes.push_back({std::string(1, "XYZW"[i]), uniform(rng, 1, max_axis_size)});
-  k.mesh = Mesh(axes);
+  k.mesh = Mesh(axes, rule);
   std::vector<std::string> letters{"I", "J", "K", "L", "M", "N", "P", "Q", "R", "S", "T"};
   std::shuffle(letters.begin(), letters.end(), rng);
   std::size_t next = 0;
@@ -723,11 +725,15 @@ void check_planning(const Case& k, PlanOptions opt, Rng& rng) {
   expect_near_tie_rule(q, opt.tie_margin);
 }
 
+// Half the random cases split as numpy.array_split, half as torch.chunk.
+SplitRule rule_of(unsigned seed) { return seed % 2 ? SplitRule::array : SplitRule::chunk; }
+
 TEST(PlannerProperty, RandomContractionsOnSmallMeshes) {
   for (unsigned seed = 1; seed <= testing::scaled_cases(1500); ++seed) {
     Rng rng(seed);
-    const Case k = random_case(rng, 3, 4, 12);
-    SCOPED_TRACE("seed " + std::to_string(seed) + ": mesh " + k.mesh.to_string() + ", " + k.text + ", dims " +
+    const Case k = random_case(rng, 3, 4, 12, rule_of(seed));
+    SCOPED_TRACE("seed " + std::to_string(seed) + ": mesh " + k.mesh.to_string() + " split " +
+                 std::string(to_string(k.mesh.split_rule())) + ", " + k.text + ", dims " +
                  [&] {
                    std::string s;
                    for (const auto& [n, v] : k.sizes) s += n + "=" + std::to_string(v) + " ";
@@ -747,8 +753,9 @@ TEST(PlannerProperty, RandomContractionsOnSmallMeshes) {
 TEST(PlannerProperty, RandomContractionsOnLargeMeshes) {
   for (unsigned seed = 100001; seed <= 100000 + testing::scaled_cases(150); ++seed) {
     Rng rng(seed);
-    const Case k = random_case(rng, 4, 8, 100);
-    SCOPED_TRACE("seed " + std::to_string(seed) + ": mesh " + k.mesh.to_string() + ", " + k.text);
+    const Case k = random_case(rng, 4, 8, 100, rule_of(seed));
+    SCOPED_TRACE("seed " + std::to_string(seed) + ": mesh " + k.mesh.to_string() + " split " +
+                 std::string(to_string(k.mesh.split_rule())) + ", " + k.text);
     check_planning(k, options(rng), rng);
     if (::testing::Test::HasFailure()) return;
   }
@@ -888,8 +895,10 @@ TEST(PlannerProperty, PlansFor8192Devices) {
 // plan_reshard between every pair of layouts of a small mesh ends at the target through
 // legal steps with consistent costs.
 TEST(PlannerProperty, ReshardBetweenEveryPair) {
-  for (const char* mesh : {"X=2,Y=2", "X=2,Y=1,Z=3", "X=3,Y=2"}) {
-    const Mesh m = Mesh::parse(mesh);
+  // One mesh splits as torch.chunk (7 over 3: 3,3,1), the others as numpy.array_split.
+  for (const auto& [mesh, rule] : {std::pair{"X=2,Y=2", SplitRule::array}, std::pair{"X=2,Y=1,Z=3", SplitRule::chunk},
+                                   std::pair{"X=3,Y=2", SplitRule::array}}) {
+    const Mesh m = Mesh::parse(mesh, rule);
     for (const std::vector<std::string>& dims : std::vector<std::vector<std::string>>{{"I", "J"}, {"I", "J", "K"}}) {
       if (m.rank() == 3 && dims.size() == 3) continue;  // keeps the run short; covered by 2 dims
       const auto specs = testing::all_specs(m, dims, true);

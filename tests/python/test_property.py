@@ -83,6 +83,7 @@ def test_random_arguments_never_crash_the_entry_points(expr, mesh, dims, extra):
     only_input_or_type_errors(lambda: shardmm.check(expr, mesh, dims, extra))
     only_input_or_type_errors(lambda: shardmm.visualize(expr, mesh, extra))
     only_input_or_type_errors(lambda: shardmm.Mesh(mesh))
+    only_input_or_type_errors(lambda: shardmm.Mesh("X=4", split=extra))
 
 
 ARRAYS = st.one_of(
@@ -93,7 +94,8 @@ ARRAYS = st.one_of(
 
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(["A[I, J_X] @ B[J_X, K]", "A[I_X, J] @ B[J, K_X] -> C[I_X, K]", "A[I] @ B[I]", "x"]),
-       st.sampled_from(["X=2", "X=2,Y=2", "X=0", "Y=2", 7]), st.one_of(st.none(), ANYTHING), ARRAYS, ARRAYS,
+       st.sampled_from(["X=2", "X=2,Y=2", "X=0", "Y=2", 7, shardmm.Mesh("X=3", split="chunk")]),
+       st.one_of(st.none(), ANYTHING), ARRAYS, ARRAYS,
        st.sampled_from([None, "f32", "f64", "bf16", "f7", 3, np.int8, np.float32]))
 def test_random_run_arguments_never_crash(expr, mesh, dims, a, b, dtype):
     only_input_or_type_errors(lambda: shardmm.run(expr, mesh, dims, a=a, b=b, dtype=dtype))

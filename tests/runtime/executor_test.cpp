@@ -366,7 +366,9 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
   for (int i = 0; i < cases; ++i) {
     const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(i);
     testing::Rng rng(seed);
-    const Mesh mesh = testing::random_mesh(rng, 4, 8);
+    // Half the cases under each split rule (the same draws either way).
+    const SplitRule rule = (i / 4) % 2 ? SplitRule::chunk : SplitRule::array;
+    const Mesh mesh(testing::random_mesh(rng, 4, 8).axes(), rule);
     const auto rc = testing::random_contraction(rng, mesh);
     const DType dtype = i % 2 ? DType::f32 : DType::f64;
     // Half the f32 cases planned for a torus (tpu-v5e, which has no f64 rate), where the
@@ -380,8 +382,8 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
         dense_einsum(dim_names(c.a), dense_tensor(mesh, c.a, global_shape(c.a, rc.sizes), 1), dim_names(c.b),
                      dense_tensor(mesh, c.b, global_shape(c.b, rc.sizes), 2), c.out_dims, rc.sizes);
     for (const Plan& plan : testing::sampled_candidates(p.candidates, c.out.has_value(), p.chosen)) {
-      const std::string context = "seed " + std::to_string(seed) + " mesh " + mesh.to_string() + ": " + rc.text +
-                                  " [" + plan.description + "]";
+      const std::string context = "seed " + std::to_string(seed) + " mesh " + mesh.to_string() + " split " +
+                                  std::string(to_string(rule)) + ": " + rc.text + " [" + plan.description + "]";
       const RunResult r = run_plan(mesh, plan, rc.sizes, dtype, c.a, &c.b);
       ASSERT_EQ(r.global, expected) << context;
       expect_trace_matches(plan, r, context);
@@ -432,16 +434,18 @@ std::vector<Spec> all_specs(const Mesh& mesh) {
   return specs;
 }
 
-void check_all_reshards(const Mesh& mesh, const DimSizes& sizes, DType dtype, int stride) {
+// The pairs numbered `first` mod `stride`, in the order the specs list them.
+void check_all_reshards(const Mesh& mesh, const DimSizes& sizes, DType dtype, int stride, int first = 0) {
   const std::vector<Spec> specs = all_specs(mesh);
   int pair = 0, exchanges = 0;
   for (const Spec& from : specs) {
     for (const Spec& to : specs) {
-      if (pair++ % stride != 0) continue;
+      if (pair++ % stride != first) continue;
       const Shape shape = global_shape(from, sizes);
       const Plan plan = plan_reshard(mesh, from, to, shape, options(dtype));
-      const std::string context = mesh.to_string() + " " + format_spec(from, mesh) + " -> " + format_spec(to, mesh) +
-                                  " [" + plan.description + "]";
+      const std::string context = mesh.to_string() + " split " + std::string(to_string(mesh.split_rule())) + " " +
+                                  format_spec(from, mesh) + " -> " + format_spec(to, mesh) + " [" + plan.description +
+                                  "]";
       ASSERT_EQ(plan.output, to) << context;
       const RunResult r = run_plan(mesh, plan, sizes, dtype, from, nullptr);
       ASSERT_EQ(r.global, dense_tensor(mesh, from, shape, 1)) << context;
@@ -454,7 +458,8 @@ void check_all_reshards(const Mesh& mesh, const DimSizes& sizes, DType dtype, in
       exchange.output = to;
       const PlanOptions o = options(dtype);
       detail::StepCoster(mesh, o).cost(exchange.steps[0], shape);
-      const std::string exchanged = mesh.to_string() + " " + format_spec(from, mesh) + " -> " +
+      const std::string exchanged = mesh.to_string() + " split " + std::string(to_string(mesh.split_rule())) + " " +
+                                    format_spec(from, mesh) + " -> " +
                                     format_spec(to, mesh) + " [exchange over " + mesh.axis_names(exchange.steps[0].axes) +
                                     "]";
       const RunResult x = run_plan(mesh, exchange, sizes, dtype, from, nullptr);
@@ -466,16 +471,22 @@ void check_all_reshards(const Mesh& mesh, const DimSizes& sizes, DType dtype, in
   EXPECT_GT(exchanges, 0);
 }
 
+// Each test's pairs split between the rules: the even-numbered ones under array_split, the odd
+// ones under torch.chunk, on sizes where chunk's blocks differ from array's (a split in two is
+// the same under both): 7 over 3 is 3,3,1 (not 3,2,2), 4 over 3 is 2,2,0 (not 2,1,1).
 TEST(ExecutorTest, EveryReshardPairOnTwoAxes) {
-  check_all_reshards(Mesh::parse("X=2,Y=3"), parse_dims("I=5,J=7"), DType::f64, 1);
+  check_all_reshards(Mesh::parse("X=2,Y=3"), parse_dims("I=5,J=7"), DType::f64, 2, 0);
+  check_all_reshards(Mesh::parse("X=2,Y=3", SplitRule::chunk), parse_dims("I=4,J=7"), DType::f64, 2, 1);
 }
 
 TEST(ExecutorTest, EveryReshardPairOnTwoByTwoWithEmptyShards) {
-  check_all_reshards(Mesh::parse("X=2,Y=2"), parse_dims("I=3,J=1"), DType::f32, 1);
+  check_all_reshards(Mesh::parse("X=2,Y=2"), parse_dims("I=3,J=1"), DType::f32, 2, 0);
+  check_all_reshards(Mesh::parse("X=3,Y=2", SplitRule::chunk), parse_dims("I=4,J=1"), DType::f32, 2, 1);
 }
 
 TEST(ExecutorTest, ReshardPairsOnThreeAxes) {
-  check_all_reshards(Mesh::parse("X=2,Y=2,Z=2"), parse_dims("I=9,J=6"), DType::f64, 7);
+  check_all_reshards(Mesh::parse("X=2,Y=2,Z=2"), parse_dims("I=9,J=6"), DType::f64, 14, 0);
+  check_all_reshards(Mesh::parse("X=3,Y=2,Z=2", SplitRule::chunk), parse_dims("I=10,J=7"), DType::f64, 14, 7);
 }
 
 }  // namespace

@@ -158,6 +158,7 @@ struct Graph {
 
 struct BindOptions {
   std::optional<Mesh> mesh;                 // overrides the file's `mesh` line
+  SplitRule split = SplitRule::array;       // how the file's `mesh` line splits (`mesh` has its own)
   std::optional<DimSizes> dims;             // overrides (entry by entry) the file's `dims`
   std::map<std::string, std::string> specs; // NAME -> spec text, overriding the file's pins; a
                                             // repeat's tensor by its written name pins every copy

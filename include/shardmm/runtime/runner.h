@@ -106,7 +106,7 @@ struct RunReport {
 };
 
 // What a run holds in memory at once, worked out from the plan alone. Device 0 is the
-// largest: the first shards of an uneven split take the extra elements.
+// largest: under either split rule the first shards of an uneven split are the longest.
 struct MemoryNeed {
   // Device 0's inputs and its executor's buffers: every step's output block, staging
   // copies and einsum workspace, all kept between repeats (Executor::bytes_needed).

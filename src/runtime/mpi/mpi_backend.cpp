@@ -240,11 +240,14 @@ MPI_Datatype mpi_type(DType dtype) {
 }
 
 // Offsets of the concatenated chunks, in elements.
-// `count` elements split over `members` as shards are (split_range: the first count % members
-// take one extra).
+// `count` elements split over `members` as numpy.array_split does (the first count % members
+// take one extra): an all_reduce's own split of its buffer, not a shard geometry, so the same
+// whatever the mesh's rule (as the threads backend splits).
 Counts even_split(std::int64_t count, std::int64_t members) {
   Counts split(static_cast<std::size_t>(members));
-  for (std::size_t m = 0; m < split.size(); ++m) split[m] = split_range(count, members, static_cast<std::int64_t>(m)).extent;
+  for (std::size_t m = 0; m < split.size(); ++m) {
+    split[m] = split_range(count, members, static_cast<std::int64_t>(m), SplitRule::array).extent;
+  }
   return split;
 }
 
