@@ -3,8 +3,13 @@
 // combination of its operands' and result's specs, and a factor per leaf for the memory it
 // holds (the leaf, its gradient, Adam's moments).
 #include <algorithm>
+#include <atomic>
+#include <exception>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
@@ -170,7 +175,7 @@ class OpRecorder {
   OpRecorder(const Graph& g, const nn::ProgramOptions& options) : g_(g), options_(options) {}
 
   OpCost cost(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-              const std::optional<Spec>& result_pin, std::optional<int> result_partial) {
+              const std::optional<Spec>& result_pin, std::optional<int> result_partial) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     Graph mini;
     mini.file = g_.file;
@@ -199,7 +204,6 @@ class OpRecorder {
     }
     mini.ops.push_back(only);
     OpCost out;
-    ++evaluations;
     nn::ProgramOptions forward_only = options_;
     forward_only.train = false;
     try {
@@ -241,12 +245,47 @@ class OpRecorder {
     return time;
   }
 
-  std::int64_t evaluations = 0;
-
  private:
   const Graph& g_;
   const nn::ProgramOptions& options_;
 };
+
+// One combination of an op's specs to record, and what recording it gave.
+struct Recording {
+  std::vector<int> tuple;            // the operands' values
+  std::vector<Spec> specs;           // the operands' specs
+  std::optional<Spec> pin;           // the result's, when chosen
+  std::optional<int> partial;        // the result's gradient's pending axes (differentiated ops)
+  OpCost cost;
+};
+
+// fn(0) .. fn(n - 1) on the machine's cores: recordings are independent (each its own
+// symbolic tape) and they are what solving a program on a 2-D mesh spends its time on.
+void for_each_parallel(std::size_t n, const std::function<void(std::size_t)>& fn) {
+  const std::size_t threads = std::min<std::size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  if (threads <= 1) {
+    for (std::size_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  std::atomic<std::size_t> next{0};
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
+  const auto work = [&] {
+    for (std::size_t i; (i = next++) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(failure_mutex);
+        if (!failure) failure = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
 
 }  // namespace
 
@@ -396,6 +435,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       bool any_empty = false;
       for (int v : f.operand_vars) any_empty = any_empty || c.values[static_cast<std::size_t>(v)].empty();
       if (any_empty) continue;
+      // Every new combination of this op's specs, recorded in parallel, then entered in order.
+      std::vector<Recording> jobs;
       while (true) {
         if (f.done.insert(tuple).second) {
           std::vector<Spec> specs;
@@ -416,79 +457,87 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
             pins.push_back(std::nullopt);
           }
           for (const std::optional<Spec>& pin : pins) {
-            for (const std::optional<int>& partial : result_partials) {
-              const OpCost cost = recorder.cost(f.op, f.operands, specs, pin, partial);
-              if (!cost.allowed) continue;
-              if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
-              const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
-              std::map<int, int> value_of;
-              for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
-              value_of[f.result_var] = value_index(f.result_var, cost.result);
-              grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
-              if (result_gradient >= 0 && partial) value_of[result_gradient] = *partial;
-              // Each operand's gradient is partial over what this op leaves it partial over,
-              // or (a tensor several ops read) over a set that includes it: their union.
-              std::vector<std::pair<int, std::vector<int>>> operand_partials;
-              if (differentiated) {
-                for (std::size_t i = 0; i < f.operands.size(); ++i) {
-                  const int v = f.operand_vars[i];
-                  const int gv = c.gradient_var[static_cast<std::size_t>(v)];
-                  if (gv < 0) continue;
-                  const int left = cost.operand_partial[i];
-                  const int used = used_mask(specs[i]);
-                  std::vector<int> allowed;
-                  for (int mask = 0; mask < masks; ++mask) {
-                    const bool fits = readers[static_cast<std::size_t>(v)] > 1 ? (mask & left) == left : mask == left;
-                    if (fits && !(mask & used)) allowed.push_back(mask);
-                  }
-                  operand_partials.push_back({gv, allowed});
-                }
-              }
-              FactorEntry e;
-              e.time = cost.time * f.count;
-              if (train) {
-                e.memory = cost.internal_memory * f.count;
-                for (std::size_t i = 0; i < f.operands.size(); ++i) {
-                  if (cost.operand_saved[i] && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
-                    e.shared.push_back(shared_term(f.operand_vars[i]));
-                  }
-                }
-                if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
-              }
-              // One entry per combination of the operands' gradient variables' values.
-              std::vector<std::size_t> at(operand_partials.size(), 0);
-              while (true) {
-                std::map<int, int> full = value_of;
-                bool consistent = true;
-                for (std::size_t j = 0; j < operand_partials.size(); ++j) {
-                  const auto& [gv, allowed] = operand_partials[j];
-                  if (allowed.empty()) {
-                    consistent = false;
-                    break;
-                  }
-                  const int mask = allowed[at[j]];
-                  const auto [it, fresh] = full.emplace(gv, mask);
-                  consistent = consistent && (fresh || it->second == mask);
-                }
-                if (consistent) {
-                  FactorEntry entry = e;
-                  for (int v : f.factor.vars) entry.values.push_back(full.at(v));
-                  f.factor.entries.push_back(std::move(entry));
-                }
-                std::size_t j = 0;
-                while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size()) at[j++] = 0;
-                if (j == at.size() || operand_partials[j].second.empty()) break;
-              }
-            }
+            for (const std::optional<int>& partial : result_partials) jobs.push_back({tuple, specs, pin, partial, {}});
           }
         }
         std::size_t i = 0;
         while (i < tuple.size() && ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size())) tuple[i++] = 0;
         if (i == tuple.size()) break;
       }
+      for_each_parallel(jobs.size(), [&](std::size_t j) {
+        jobs[j].cost = recorder.cost(f.op, f.operands, jobs[j].specs, jobs[j].pin, jobs[j].partial);
+      });
+      c.evaluations += static_cast<std::int64_t>(jobs.size());
+      for (const Recording& job : jobs) {
+        const OpCost& cost = job.cost;
+        const std::vector<int>& tuple = job.tuple;
+        const std::vector<Spec>& specs = job.specs;
+        const std::optional<Spec>& pin = job.pin;
+        const std::optional<int>& partial = job.partial;
+        if (!cost.allowed) continue;
+        if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
+        const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
+        std::map<int, int> value_of;
+        for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
+        value_of[f.result_var] = value_index(f.result_var, cost.result);
+        grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
+        if (result_gradient >= 0 && partial) value_of[result_gradient] = *partial;
+        // Each operand's gradient is partial over what this op leaves it partial over,
+        // or (a tensor several ops read) over a set that includes it: their union.
+        std::vector<std::pair<int, std::vector<int>>> operand_partials;
+        if (differentiated) {
+          for (std::size_t i = 0; i < f.operands.size(); ++i) {
+            const int v = f.operand_vars[i];
+            const int gv = c.gradient_var[static_cast<std::size_t>(v)];
+            if (gv < 0) continue;
+            const int left = cost.operand_partial[i];
+            const int used = used_mask(specs[i]);
+            std::vector<int> allowed;
+            for (int mask = 0; mask < masks; ++mask) {
+              const bool fits = readers[static_cast<std::size_t>(v)] > 1 ? (mask & left) == left : mask == left;
+              if (fits && !(mask & used)) allowed.push_back(mask);
+            }
+            operand_partials.push_back({gv, allowed});
+          }
+        }
+        FactorEntry e;
+        e.time = cost.time * f.count;
+        if (train) {
+          e.memory = cost.internal_memory * f.count;
+          for (std::size_t i = 0; i < f.operands.size(); ++i) {
+            if (cost.operand_saved[i] && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
+              e.shared.push_back(shared_term(f.operand_vars[i]));
+            }
+          }
+          if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
+        }
+        // One entry per combination of the operands' gradient variables' values.
+        std::vector<std::size_t> at(operand_partials.size(), 0);
+        while (true) {
+          std::map<int, int> full = value_of;
+          bool consistent = true;
+          for (std::size_t j = 0; j < operand_partials.size(); ++j) {
+            const auto& [gv, allowed] = operand_partials[j];
+            if (allowed.empty()) {
+              consistent = false;
+              break;
+            }
+            const int mask = allowed[at[j]];
+            const auto [it, fresh] = full.emplace(gv, mask);
+            consistent = consistent && (fresh || it->second == mask);
+          }
+          if (consistent) {
+            FactorEntry entry = e;
+            for (int v : f.factor.vars) entry.values.push_back(full.at(v));
+            f.factor.entries.push_back(std::move(entry));
+          }
+          std::size_t j = 0;
+          while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size()) at[j++] = 0;
+          if (j == at.size() || operand_partials[j].second.empty()) break;
+        }
+      }
     }
   }
-  c.evaluations = recorder.evaluations;
 
   for (std::size_t v = 0; v < c.values.size(); ++v) {
     c.problem.domain.push_back(std::max<int>(1, static_cast<int>(c.values[v].size())));
