@@ -93,9 +93,12 @@ fi
 
 if [[ "$which" == tsan || "$which" == all ]]; then
   start=$SECONDS
-  # Only the tests that start threads are built: not core's and plan's (no thread there; the
-  # ASan build runs them), nor the mpirun tests (not run here, below).
-  build tsan "-fsanitize=thread" -DSHARDMM_BUILD_MPIRUN_TESTS=OFF "-DSHARDMM_TEST_DIRS=runtime;autodiff;nn;cli"
+  # Only the tests of the code that starts threads are built: the runtime (ranks, the copy
+  # engine, the executor's poller), autodiff and nn on it, and solve (its recordings run in
+  # parallel). Not core's, plan's, program's (no thread there), nor cli's, whose commands
+  # start no thread of their own and run the runtime's, which these tests drive (the ASan
+  # build runs them all); nor the mpirun tests (not run here, below).
+  build tsan "-fsanitize=thread" -DSHARDMM_BUILD_MPIRUN_TESTS=OFF "-DSHARDMM_TEST_DIRS=runtime;autodiff;nn;solve"
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   # Not the MPI tests (label mpi): Open MPI is not built with ThreadSanitizer, so the
   # synchronization inside it (shared-memory transport, progress thread) is invisible and
