@@ -49,7 +49,8 @@ void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<au
   }
   Table table({"phase", "collective", "count", "bytes", "time"});
   for (const nn::CollectiveTally& t : tallies) {
-    table.add({autodiff::to_string(t.phase), std::string(to_string(t.op)) + " over " + mesh.axis_names(t.axes),
+    const std::string reduce = t.reduce == ReduceOp::max ? "(max)" : "";
+    table.add({autodiff::to_string(t.phase), std::string(to_string(t.op)) + reduce + " over " + mesh.axis_names(t.axes),
                std::to_string(t.count), format_bytes(static_cast<double>(t.bytes)), format_time(t.time_s)});
   }
   for (std::size_t c : {2u, 3u, 4u}) table.right_align(c);
@@ -62,6 +63,7 @@ Json collectives_json(const Mesh& mesh, const std::vector<autodiff::TapeEvent>& 
     Json row = {{"phase", autodiff::to_string(t.phase)}, {"op", to_string(t.op)}, {"axes", Json::array()},
                 {"count", t.count}, {"bytes", t.bytes}, {"time_s", t.time_s}};
     for (int a : t.axes) row["axes"].push_back(mesh.axis(a).name);
+    if (t.op == OpKind::all_reduce) row["reduce"] = to_string(t.reduce);
     collectives.push_back(row);
   }
   return collectives;

@@ -4,7 +4,6 @@
 // activations.
 #include <gtest/gtest.h>
 
-
 #include "repo_files.h"
 #include "shardmm/nn/layers.h"
 #include "shardmm/nn/program.h"
@@ -20,7 +19,8 @@ program::Graph load(const std::string& file, program::BindOptions o = {}) {
 std::map<std::string, int> collectives(const nn::ProgramPrediction& p, autodiff::Phase phase, const Mesh& mesh) {
   std::map<std::string, int> out;
   for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) {
-    if (t.phase == phase) out[std::string(to_string(t.op)) + " over " + mesh.axis_names(t.axes)] += t.count;
+    const std::string reduce = t.reduce == ReduceOp::max ? "(max)" : "";
+    if (t.phase == phase) out[std::string(to_string(t.op)) + reduce + " over " + mesh.axis_names(t.axes)] += t.count;
   }
   return out;
 }
@@ -41,6 +41,20 @@ TEST(ProgramClaims, TensorParallelMlpAllReducesOnceEachWay) {
   // The hidden activations stay split: u and a are [B, T, F_X].
   EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("a"))], g.mesh), "a[B, T, F_X]");
   EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("y"))], g.mesh), "y[B, T, D]{U_X}");
+}
+
+// A softmax over a split letter all-reduces its rows' max and their sums: tallied apart.
+TEST(ProgramClaims, ASoftmaxOverASplitLetterAllReducesTheMaxAndTheSumApart) {
+  const program::Graph g = program::bind(program::parse_program(R"(
+mesh X=2
+dims T=4, S=8
+input s[T, S] : s[T, S_X]
+p[T, S] = softmax(s, over=S)
+)", "softmax.prog"), {});
+  nn::ProgramOptions o{DType::bf16, builtin_profile("h100")};
+  o.train = false;
+  const nn::ProgramPrediction p = nn::predict_program(g, o);
+  EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce(max) over X", 1}, {"all_reduce over X", 1}}));
 }
 
 TEST(ProgramClaims, TensorParallelBlockAllReducesFourTimesInTrainingTwiceInInference) {

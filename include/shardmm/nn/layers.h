@@ -90,8 +90,9 @@ struct CollectiveTally {
   int count = 0;
   std::int64_t bytes = 0;
   double time_s = 0;  // predicted
+  ReduceOp reduce = ReduceOp::sum;  // all_reduce: sums, or the max of a softmax's or max's rows
 };
-// In order of first appearance. `bytes` (same length as events, optional) overrides the
+// One per phase, collective, axes and (all_reduce) reduction, in order of first appearance. `bytes` (same length as events, optional) overrides the
 // events' own predicted bytes (a run's measured figures).
 std::vector<CollectiveTally> tally_collectives(const std::vector<autodiff::TapeEvent>& events,
                                                const std::vector<std::int64_t>* bytes = nullptr);
