@@ -8,7 +8,7 @@
 //   sum y * memory + sum w * bytes <= limit                                  (with a limit)
 //   each excluded assignment: sum_{v in distinct_on} x[v][A_v] <= |distinct_on| - 1
 // Objective: sum y * time, in microseconds (CBC's tolerances are absolute), plus the memory
-// tie-break (choices.h) on y's and w's bytes.
+// tie-break (choices.h) on y's and w's bytes; or (minimize_memory) the memory row itself.
 #include <coin/Cbc_C_Interface.h>
 
 #include <algorithm>
@@ -61,7 +61,9 @@ SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
   std::vector<std::vector<int>> y(p.factors.size());
   for (std::size_t f = 0; f < p.factors.size(); ++f) {
     for (const FactorEntry& e : p.factors[f].entries) {
-      y[f].push_back(column(0, 1, (e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory)) * kScale, true));
+      const double cost = limits.minimize_memory ? static_cast<double>(e.memory)
+                                                 : (e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory)) * kScale;
+      y[f].push_back(column(0, 1, cost, true));
     }
   }
   std::vector<std::vector<int>> w(p.shared.size());
@@ -69,7 +71,7 @@ SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
     const int dom = p.domain[static_cast<std::size_t>(p.shared[s].var)];
     for (int d = 0; d < dom; ++d) {
       const double bytes = static_cast<double>(p.shared[s].bytes[static_cast<std::size_t>(d)]);
-      w[s].push_back(column(0, 1, kSecondsPerByteTieBreak * bytes * kScale, false));
+      w[s].push_back(column(0, 1, limits.minimize_memory ? bytes : kSecondsPerByteTieBreak * bytes * kScale, false));
     }
   }
 
@@ -174,7 +176,8 @@ SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
     }
     out.value = evaluate(p, out.best);
     out.status = Cbc_isProvenOptimal(m) ? SolveStatus::optimal : SolveStatus::feasible;
-    out.lower_bound = out.status == SolveStatus::optimal ? out.value.time : std::min(out.value.time, time_bound());
+    out.lower_bound = out.status == SolveStatus::optimal || limits.minimize_memory ? out.value.time
+                                                                                  : std::min(out.value.time, time_bound());
   } else {
     out.status = SolveStatus::unknown;
     out.lower_bound = time_bound();

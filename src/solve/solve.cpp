@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
 
 namespace shardmm::solve {
 
@@ -19,14 +20,39 @@ namespace {
 std::string bytes_text(std::int64_t b) {
   std::ostringstream os;
   os.precision(3);
-  if (b >= (1LL << 30)) {
-    os << static_cast<double>(b) / static_cast<double>(1LL << 30) << " GiB";
-  } else if (b >= (1LL << 20)) {
-    os << static_cast<double>(b) / static_cast<double>(1LL << 20) << " MiB";
-  } else {
-    os << b << " bytes";
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
   }
+  os << v << " " << units[u];
   return os.str();
+}
+
+// "the least any sharding needs is 1.20 GiB (params 512 MiB, ...); its largest tensors: ...",
+// for a memory limit nothing fits.
+std::string least_memory_text(const Graph& g, const ProgramChoices& c, const SolveOutcome& least,
+                              const nn::ProgramOptions& options) {
+  const std::vector<Spec> specs = specs_of(c, least.best);
+  const nn::ProgramMemory m = nn::predict_program(pinned_graph(g, specs), options).memory;
+  std::string out = "the least any sharding needs is " + bytes_text(m.total()) + " (params " + bytes_text(m.params) +
+                    ", inputs " + bytes_text(m.inputs) + ", gradients " + bytes_text(m.gradients) + ", optimizer state " +
+                    bytes_text(m.optimizer_state) + ", activations " + bytes_text(m.activations) + "); its largest tensors, per device:";
+  std::vector<std::pair<std::int64_t, std::string>> sizes;
+  for (std::size_t v = 0; v < c.values.size(); ++v) {
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+    const Spec& s = specs[static_cast<std::size_t>(c.tensor_of_var[v])];
+    Spec named = s;
+    named.tensor = t.source_name;
+    sizes.emplace_back(local_elements(g.mesh, s, t.shape, 0) * dtype_bytes(options.dtype), format_spec(named, g.mesh));
+  }
+  std::sort(sizes.begin(), sizes.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (std::size_t i = 0; i < std::min<std::size_t>(3, sizes.size()); ++i) {
+    out += std::string(i ? "," : "") + " " + sizes[i].second + " " + bytes_text(sizes[i].first);
+  }
+  return out;
 }
 
 // The best assignment of `p` within the limits: dynamic programming first (exact, fast, blind
@@ -146,11 +172,18 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     r.unconstrained = best_of(c.problem, free);
   }
   if (r.outcome.best.empty()) {
-    std::string why = r.outcome.status == SolveStatus::unknown ? "the solver found no sharding within its time limit"
-                                                               : "no sharding of the program fits";
-    if (options.memory_limit && r.unconstrained && !r.unconstrained->best.empty()) {
-      why += " in --mem-limit " + bytes_text(*options.memory_limit) + " per device (the fastest sharding needs " +
-             bytes_text(r.unconstrained->value.memory) + ")";
+    if (r.outcome.status == SolveStatus::unknown) {
+      throw InputError("solve: no sharding found within --time-limit " + std::to_string(options.seconds) +
+                       " s; give more time, pin some tensors (--pin) or fewer mesh axes");
+    }
+    std::string why = "no sharding of the program fits";
+    if (options.memory_limit) {
+      why += " in --mem-limit " + bytes_text(*options.memory_limit) + " per device";
+      SolveLimits least;
+      least.minimize_memory = true;
+      least.seconds = options.seconds;
+      const SolveOutcome o = solve_mip(c.problem, least);
+      if (!o.best.empty()) why += ": " + least_memory_text(g, c, o, options.program);
     }
     throw InputError("solve: " + why);
   }

@@ -306,8 +306,18 @@ TEST(Solve, AMemoryLimitThatBindsIsHonouredByTheIntegerProgram) {
   limits.memory_limit = o.memory_limit;
   const SolveOutcome truth = solve_exhaustive(r.choices.problem, limits);
   EXPECT_NEAR(r.outcome.value.time, truth.value.time, 1e-15);
+  // Nothing fits 1 KiB: the message names the least memory any sharding needs, which is
+  // no more than what the limited answer needs.
   o.memory_limit = 1 << 10;
-  EXPECT_THROW(solve_program(g, o), InputError);
+  try {
+    solve_program(g, o);
+    ADD_FAILURE() << "1 KiB fits";
+  } catch (const InputError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no sharding of the program fits in --mem-limit 1 KiB per device: the least any sharding needs is "),
+              std::string::npos) << m;
+    EXPECT_NE(m.find("its largest tensors, per device: "), std::string::npos) << m;
+  }
 }
 
 // The solver's optimum on a whole program equals exhaustive search over the same choices,

@@ -63,6 +63,9 @@ struct SolveLimits {
   // variables listed in `distinct_on` (all when empty).
   std::vector<Assignment> excluded;
   std::vector<int> distinct_on;
+  // The integer program only: minimize memory instead of time (the least memory any
+  // assignment needs, for a limit nothing fits).
+  bool minimize_memory = false;
 };
 
 enum class SolveStatus {
