@@ -457,7 +457,12 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
             pins.push_back(std::nullopt);
           }
           for (const std::optional<Spec>& pin : pins) {
-            for (const std::optional<int>& partial : result_partials) jobs.push_back({tuple, specs, pin, partial, {}});
+            for (const std::optional<int>& partial : result_partials) {
+              // A gradient is never partial over an axis that shards its value: known before
+              // recording when the result is pinned.
+              if (pin && partial && (*partial & used_mask(*pin))) continue;
+              jobs.push_back({tuple, specs, pin, partial, {}});
+            }
           }
         }
         std::size_t i = 0;
