@@ -42,9 +42,7 @@ class Rows {
   Cbc_Model* m_;
 };
 
-}  // namespace
-
-SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
+SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   const auto start = std::chrono::steady_clock::now();
   std::unique_ptr<Cbc_Model, ModelDeleter> owner(Cbc_newModel());
   Cbc_Model* m = owner.get();
@@ -183,6 +181,43 @@ SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
     out.lower_bound = time_bound();
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace
+
+SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits) {
+  const Reduced r = reduce_domains(p);
+  if (r.empty) {
+    SolveOutcome out;
+    out.method = "integer program (CBC)";
+    out.status = SolveStatus::infeasible;
+    return out;
+  }
+  // Exclusions in the reduced values; one with a value no assignment can take excludes nothing.
+  SolveLimits reduced = limits;
+  reduced.excluded.clear();
+  std::vector<int> on = limits.distinct_on;
+  if (on.empty()) {
+    for (std::size_t v = 0; v < p.domain.size(); ++v) on.push_back(static_cast<int>(v));
+  }
+  for (const Assignment& a : limits.excluded) {
+    Assignment x(a.size(), 0);
+    bool live = true;
+    for (std::size_t i = 0; i < on.size() && live; ++i) {
+      const auto v = static_cast<std::size_t>(on[i]);
+      const std::vector<int>& kept = r.kept[v];
+      const auto at = std::find(kept.begin(), kept.end(), a[v]);
+      live = at != kept.end();
+      if (live) x[v] = static_cast<int>(at - kept.begin());
+    }
+    if (live) reduced.excluded.push_back(std::move(x));
+  }
+  SolveOutcome out = mip(r.problem, reduced);
+  if (!out.best.empty()) {
+    out.best = r.original(out.best);
+    out.value = evaluate(p, out.best);
+  }
   return out;
 }
 

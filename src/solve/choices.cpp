@@ -221,7 +221,9 @@ void for_each_tuple(const ChoiceProblem& p, const std::vector<int>& vars, std::v
 
 }  // namespace
 
-std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table) {
+namespace {
+
+std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_table) {
   const auto start = std::chrono::steady_clock::now();
   const std::size_t n = p.domain.size();
   std::vector<Table> tables;
@@ -315,6 +317,94 @@ std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64
   out.status = SolveStatus::optimal;
   out.lower_bound = out.value.time;
   out.seconds = seconds_since(start);
+  return out;
+}
+
+}  // namespace
+
+Reduced reduce_domains(const ChoiceProblem& p) {
+  const std::size_t n = p.domain.size();
+  std::vector<std::vector<char>> alive(n);
+  for (std::size_t v = 0; v < n; ++v) alive[v].assign(static_cast<std::size_t>(p.domain[v]), 1);
+  // A value no entry of some factor of its variable supports (among entries whose values are
+  // all alive) is never part of an allowed assignment: drop it, until nothing changes.
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const Factor& f : p.factors) {
+      std::vector<std::vector<char>> supported(f.vars.size());
+      for (std::size_t i = 0; i < f.vars.size(); ++i) supported[i].assign(alive[static_cast<std::size_t>(f.vars[i])].size(), 0);
+      for (const FactorEntry& e : f.entries) {
+        bool ok = true;
+        for (std::size_t i = 0; i < f.vars.size() && ok; ++i) ok = alive[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])];
+        if (!ok) continue;
+        for (std::size_t i = 0; i < f.vars.size(); ++i) supported[i][static_cast<std::size_t>(e.values[i])] = 1;
+      }
+      for (std::size_t i = 0; i < f.vars.size(); ++i) {
+        std::vector<char>& a = alive[static_cast<std::size_t>(f.vars[i])];
+        for (std::size_t x = 0; x < a.size(); ++x) {
+          if (a[x] && !supported[i][x]) {
+            a[x] = 0;
+            changed = true;
+          }
+        }
+      }
+    }
+  }
+  Reduced r;
+  r.kept.resize(n);
+  std::vector<std::vector<int>> index(n);
+  for (std::size_t v = 0; v < n; ++v) {
+    index[v].assign(alive[v].size(), -1);
+    for (std::size_t x = 0; x < alive[v].size(); ++x) {
+      if (!alive[v][x]) continue;
+      index[v][x] = static_cast<int>(r.kept[v].size());
+      r.kept[v].push_back(static_cast<int>(x));
+    }
+    if (r.kept[v].empty()) return {};  // nothing allowed: `empty` says so
+    r.problem.domain.push_back(static_cast<int>(r.kept[v].size()));
+  }
+  for (const Factor& f : p.factors) {
+    Factor g;
+    g.vars = f.vars;
+    for (const FactorEntry& e : f.entries) {
+      FactorEntry x = e;
+      bool ok = true;
+      for (std::size_t i = 0; i < f.vars.size() && ok; ++i) {
+        x.values[i] = index[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])];
+        ok = x.values[i] >= 0;
+      }
+      if (ok) g.entries.push_back(std::move(x));
+    }
+    r.problem.factors.push_back(std::move(g));
+  }
+  for (const SharedTerm& s : p.shared) {
+    SharedTerm t{s.var, {}};
+    for (int x : r.kept[static_cast<std::size_t>(s.var)]) t.bytes.push_back(s.bytes[static_cast<std::size_t>(x)]);
+    r.problem.shared.push_back(std::move(t));
+  }
+  r.empty = false;
+  return r;
+}
+
+Assignment Reduced::original(const Assignment& a) const {
+  Assignment out(a.size());
+  for (std::size_t v = 0; v < a.size(); ++v) out[v] = kept[v][static_cast<std::size_t>(a[v])];
+  return out;
+}
+
+std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table) {
+  const Reduced r = reduce_domains(p);
+  if (r.empty) {
+    SolveOutcome out;
+    out.method = "dynamic programming";
+    out.status = SolveStatus::infeasible;
+    return out;
+  }
+  std::optional<SolveOutcome> out = eliminate(r.problem, max_table);
+  if (out && !out->best.empty()) {
+    out->best = r.original(out->best);
+    out->value = evaluate(p, out->best);
+  }
   return out;
 }
 

@@ -100,6 +100,17 @@ SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits,
 // Returns nullopt when a joined table would exceed `max_table` entries.
 std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table = 4'000'000);
 
+// The problem without the values no allowed assignment can take (a value some factor of its
+// variable allows with no tuple of live values), repeated until nothing changes: what both
+// solvers work on. `empty`: some variable has no value left (nothing is allowed).
+struct Reduced {
+  ChoiceProblem problem;
+  std::vector<std::vector<int>> kept;  // by variable: its original values, in order
+  bool empty = true;
+  Assignment original(const Assignment& a) const;  // back to the original values
+};
+Reduced reduce_domains(const ChoiceProblem& p);
+
 // The integer program (one-hot values, one-hot tuples per factor, marginal consistency,
 // memory as a linear row with the shared terms as OR variables), solved by CBC. Its status
 // and lower bound are CBC's.
