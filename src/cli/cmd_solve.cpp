@@ -283,7 +283,7 @@ SolveReport evaluate_solve(const SolveRequest& request) {
   o.program.hw = b.planning.options.hw;
   o.program.train = b.train;
   o.program.optimizer = b.optimizer;
-  if (request.mem_limit) o.memory_limit = parse_byte_size(*request.mem_limit, "--mem-limit");
+  if (request.mem_limit) o.memory_limit = parse_byte_size(*request.mem_limit, field("mem_limit"));
   o.top = request.top;
   o.explain = request.explain;
   o.seconds = request.seconds;
