@@ -693,7 +693,7 @@ def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=
 # --- programs ----------------------------------------------------------------------------
 
 
-def _program_input(source, text, mesh, dims, pins, pins_name, train, optimizer, dtype, hw, split):
+def _program_input(source, text, mesh, dims, pins, pins_name, train, optimizer, dtype, hw, split, run):
     """The ProgramInput of ``shardmm program``/``solve``'s FILE and flags."""
     if text is not None:
         if source is not None:
@@ -734,12 +734,23 @@ def _program_input(source, text, mesh, dims, pins, pins_name, train, optimizer, 
                         f"program has a loss), not {_type_name(train)}")
     if not isinstance(optimizer, str):
         raise TypeError(f"optimizer must be 'sgd' or 'adam', not {_type_name(optimizer)}")
+    if not isinstance(run, bool):
+        raise TypeError(f"run must be True or False, not {_type_name(run)}")
     return _core.ProgramInput(file, text, mesh_text, split, _dims_text(dims), pin_list, train, optimizer,
-                              _dtype_text(dtype), _optional_text(hw, "hw"))
+                              _dtype_text(dtype), _optional_text(hw, "hw"), run)
+
+
+def _verified(document):
+    """``document``, once its step (run=True) matched the dense reference."""
+    step = document._doc["run"]
+    if step is not None and not step["verified"]:
+        raise RuntimeError(f"the step does not match the dense reference (max abs error {step['max_abs_error']:.3g}, "
+                           f"tolerance {step['tolerance']:.3g}; {step['detail']})")
+    return document
 
 
 def program(source=None, mesh=None, dims=None, specs=None, train=None, optimizer="sgd", dtype=None, hw=None,
-            split=None, *, text=None):
+            split=None, run=False, *, text=None):
     """Costs one step of a whole program (docs/programs.md), as ``shardmm program`` does.
 
     >>> p = program(text='''
@@ -763,17 +774,20 @@ def program(source=None, mesh=None, dims=None, specs=None, train=None, optimizer
     'w_in[D, F_X]'}`` (a str or Spec each). ``train``: True for a training step (forward,
     backward and the ``optimizer``'s update: 'sgd' or 'adam'), False for inference, None
     (default) for training when the program has a loss. ``dtype``: bf16 (default), f16, f32,
-    f64. ``hw``: a profile (h100 by default, or this machine's calibrated one).
+    f64. ``hw``: a profile (h100 by default, or this machine's calibrated one). ``run``: also
+    execute the step on one thread per device, in f64 unless ``dtype`` is f32, and check every
+    computed tensor, gradient and updated param against the dense f64 step (small ``dims``):
+    ``.run['verified']``, ``.run['max_abs_error']``; a mismatch raises RuntimeError.
 
     Returns a Program: ``specs`` {tensor: spec}, ``tensors``, ``ops``, ``collectives``,
     ``memory``, ``time_s``; ``.to_json()`` is ``shardmm program FILE ... --json``.
     """
-    return Program(_core.program(_program_input(source, text, mesh, dims, specs, "specs", train, optimizer, dtype, hw,
-                                                split)))
+    return _verified(Program(_core.program(_program_input(source, text, mesh, dims, specs, "specs", train, optimizer,
+                                                          dtype, hw, split, run))))
 
 
 def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=None, optimizer="sgd", top=1,
-          explain=False, dtype=None, hw=None, split=None, seconds=60, *, text=None):
+          explain=False, dtype=None, hw=None, split=None, seconds=60, run=False, *, text=None):
     """Finds the fastest sharding of a whole program within a memory limit, as ``shardmm
     solve`` does (docs/solve.md), and says whether it is proven optimal.
 
@@ -799,7 +813,8 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     an int of bytes; InputError when no sharding fits); ``top``, also list the K best distinct
     shardings (1 to 100); ``explain``, each chosen tensor's runner-up layout and what it would
     add; ``seconds``, each integer program's time limit (past it the answer is 'feasible'
-    with its proven gap). The GIL is released while the solver runs.
+    with its proven gap); ``run``, execute the answer and check it, as ``program``'s. The
+    GIL is released while the solver runs.
 
     Returns a Solution: ``status``, ``method``, ``objective_s``, ``lower_bound_s``, ``specs``,
     ``named_strategies``, ``alternatives``, ``top`` and ``pinned_program()`` (what ``--emit``
@@ -814,9 +829,10 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
         raise TypeError(f"seconds must be a number, not {_type_name(seconds)}")
     if not -2**31 <= top < 2**31:
         raise InputError(f"top {top}: lists 1 to 100 shardings, e.g. top 3")
-    doc, pinned = _core.solve(_program_input(source, text, mesh, dims, pins, "pins", train, optimizer, dtype, hw, split),
-                              _optional_text(mem_limit, "mem_limit"), int(top), explain, float(seconds))
-    return Solution(doc, pinned)
+    doc, pinned = _core.solve(
+        _program_input(source, text, mesh, dims, pins, "pins", train, optimizer, dtype, hw, split, run),
+        _optional_text(mem_limit, "mem_limit"), int(top), explain, float(seconds))
+    return _verified(Solution(doc, pinned))
 
 
 

@@ -46,6 +46,22 @@ def test_the_books_ffn_reduces_once_each_way():
         ("forward", "all_reduce", ["X"], 1), ("backward", "all_reduce", ["X"], 1)]
 
 
+def test_run_executes_and_verifies_the_step(cli):
+    p = shardmm.program(MLP, mesh=shardmm.Mesh("X=3", split="chunk"), dims="B=2,T=2,D=4,F=7", optimizer="adam",
+                        run=True)
+    assert p.run["verified"] and p.run["backend"] == "threads" and p.dtype == "f64"
+    assert 0 <= p.run["max_abs_error"] <= p.run["tolerance"]
+    status, out, err = cli("program", MLP, "--mesh", "X=3", "--split", "chunk", "--dims", "B=2,T=2,D=4,F=7",
+                           "--optimizer", "adam", "--run", "--json")
+    assert status == 0, err
+    assert p.to_json() + "\n" == out
+    s = shardmm.solve(MLP_FREE, mesh="X=2", dims="B=2,T=4,D=8,F=16", pins={"w_in": "w_in[D, F_X]"}, dtype="f32",
+                      run=True)
+    assert s.run["verified"] and s.dtype == "f32" and s.specs["w_in"] == "w_in[D, F_X]"
+    with pytest.raises(shardmm.InputError, match="give smaller dims with run"):
+        shardmm.solve(MLP_FREE, run=True)
+
+
 def test_text_is_the_file_under_another_name():
     with open(MLP, encoding="utf-8") as f:
         text = f.read()
@@ -155,18 +171,19 @@ def test_errors_carry_the_commands_message(cli, tmp_path, call, flags, fields):
     assert err == "shardmm: error: " + flags_spelled(expected, fields) + "\n"
 
 
-@pytest.mark.parametrize("command, text, kwargs, flags", [
-    ("program", "mesh X=2\ninput x[N]\ny[N] = frob(x)\n", {}, []),
-    ("solve", "mesh X=2\ndims N=4\ninput x[N]\ny[N] = relu(x)\n", {"train": True}, ["--train"]),
+@pytest.mark.parametrize("command, text, kwargs, flags, fields", [
+    ("program", "mesh X=2\ninput x[N]\ny[N] = frob(x)\n", {}, [], []),
+    ("solve", "mesh X=2\ndims N=4\ninput x[N]\ny[N] = relu(x)\n", {"train": True}, ["--train"],
+     [("train:", "--train:")]),
 ])
-def test_text_errors_are_the_files_under_its_name(cli, tmp_path, command, text, kwargs, flags):
+def test_text_errors_are_the_files_under_its_name(cli, tmp_path, command, text, kwargs, flags, fields):
     with pytest.raises(shardmm.InputError) as e:
         getattr(shardmm, command)(text=text, **kwargs)
     path = tmp_path / "p.prog"
     path.write_text(text, encoding="utf-8")
     status, out, err = cli(command, str(path), *flags)
     assert status == 2 and out == ""
-    assert err == "shardmm: error: " + str(e.value).replace("<program>", str(path)) + "\n"
+    assert err == "shardmm: error: " + flags_spelled(str(e.value).replace("<program>", str(path)), fields) + "\n"
 
 
 def test_wrong_types_raise_type_error():
@@ -185,7 +202,8 @@ def test_wrong_types_raise_type_error():
                  lambda: shardmm.solve(MLP_FREE, top=True),
                  lambda: shardmm.solve(MLP_FREE, explain=1),
                  lambda: shardmm.solve(MLP_FREE, seconds="10"),
-                 lambda: shardmm.solve(MLP_FREE, mem_limit=1.5)):
+                 lambda: shardmm.solve(MLP_FREE, mem_limit=1.5),
+                 lambda: shardmm.program(MLP, run="yes")):
         with pytest.raises(TypeError):
             call()
 

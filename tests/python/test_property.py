@@ -111,9 +111,12 @@ DTYPES = mostly(st.sampled_from([None, "f32", "bf16", "f7", np.float64]))
 
 
 @settings(max_examples=100, deadline=None)
-@given(SOURCES, PROGRAM_MESHES, PROGRAM_DIMS, PINS, TRAIN, OPTIMIZERS, DTYPES, mostly(st.sampled_from(["array", "chunk"])))
-def test_random_arguments_never_crash_program(source, mesh, dims, specs, train, optimizer, dtype, split):
-    only_input_or_type_errors(lambda: shardmm.program(source, mesh, dims, specs, train, optimizer, dtype, split=split))
+@given(SOURCES, PROGRAM_MESHES, PROGRAM_DIMS, PINS, TRAIN, OPTIMIZERS, DTYPES, mostly(st.sampled_from(["array", "chunk"])),
+       mostly(st.booleans()))
+def test_random_arguments_never_crash_program(source, mesh, dims, specs, train, optimizer, dtype, split, run):
+    # run=True runs only what the dense reference allows (tp_ffn's sizes, here).
+    only_input_or_type_errors(lambda: shardmm.program(source, mesh, dims, specs, train, optimizer, dtype, split=split,
+                                                      run=run))
     only_input_or_type_errors(lambda: shardmm.program(text=source, mesh=mesh, dims=dims, train=train))
 
 
