@@ -14,6 +14,7 @@
 
 #include "cli/check.h"
 #include "cli/common.h"
+#include "cli/program_common.h"
 #include "cli/report.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -52,6 +53,33 @@ cli::Planning planning(const std::string& mesh, const std::string& split, const 
   flags.tie_margin = tie_margin;
   flags.fallback_hw = fallback_hw;
   return cli::make_planning(flags);
+}
+
+// --- program, solve ---
+
+// The flags `shardmm program FILE` and `shardmm solve FILE` take, from the package's
+// arguments (already text): `file` a path, or with `text` the name the program goes by.
+// train: unset as neither --train nor --infer, true as --train, false as --infer. run: --run on
+// the threads backend.
+cli::ProgramInput program_input(const std::string& file, const std::optional<std::string>& text,
+                                const std::optional<std::string>& mesh, const std::string& split,
+                                const std::optional<std::string>& dims, const std::vector<std::string>& pins,
+                                std::optional<bool> train, const std::string& optimizer,
+                                const std::optional<std::string>& dtype, const std::optional<std::string>& hw, bool run) {
+  cli::ProgramInput in;
+  in.file = file;
+  in.text = text;
+  in.mesh = mesh;
+  in.pins = pins;
+  in.common.split = split;
+  in.common.dims = dims;
+  in.common.dtype = dtype;
+  in.common.hw = hw;
+  in.train = train.value_or(false);
+  in.infer = !train.value_or(true);
+  in.optimizer = optimizer;
+  in.run = run;
+  return in;
 }
 
 // --- run ---
@@ -343,5 +371,26 @@ PYBIND11_MODULE(_shardmm, m) {
     return cli::reshard_json(p, r).dump(2);
   });
   m.def("run", &run);
+  m.def("program", [](const cli::ProgramInput& in) {
+    cli::ProgramRequest request;
+    request.input = in;
+    py::gil_scoped_release released;
+    return cli::program_json(request, cli::evaluate_program(request)).dump(2);
+  });
+  // The document and the program with every spec pinned (what --emit writes). The GIL is
+  // released while the solver runs: an integer program may take up to `seconds`.
+  m.def("solve", [](const cli::ProgramInput& in, const std::optional<std::string>& mem_limit, int top, bool explain,
+                    double seconds) {
+    cli::SolveRequest request;
+    request.input = in;
+    request.mem_limit = mem_limit;
+    request.top = top;
+    request.explain = explain;
+    request.seconds = seconds;
+    py::gil_scoped_release released;
+    const cli::SolveReport report = cli::evaluate_solve(request);
+    return std::make_pair(cli::solve_json(request, report).dump(2), cli::pinned_program_text(report));
+  });
+  py::class_<cli::ProgramInput>(m, "ProgramInput").def(py::init(&program_input));
   m.attr("default_tie_margin") = PlanOptions{}.tie_margin;
 }

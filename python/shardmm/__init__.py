@@ -16,8 +16,8 @@ PartitionSpec or as PyTorch DTensor placements:
 >>> shardmm.Spec.from_partition_spec("P('X', None)", mesh, letters="A[I, J]")
 Spec('A[I_X, J]', Mesh('X=4,Y=2'))
 
-``check``, ``plan`` and ``reshard`` return objects whose ``to_json()`` is what the
-``shardmm`` command prints with ``--json``; ``run`` multiplies numpy arrays on one thread
+``check``, ``plan``, ``reshard``, ``program`` and ``solve`` return objects whose
+``to_json()`` is what the ``shardmm`` command prints with ``--json``; ``run`` multiplies numpy arrays on one thread
 per device and checks the answer; ``visualize`` draws which devices hold which tile.
 Every mistake in the arguments raises ``shardmm.InputError`` (a ``ValueError``) with the
 command's message, or ``TypeError`` for an argument of the wrong Python type.
@@ -25,6 +25,7 @@ command's message, or ``TypeError`` for an argument of the wrong Python type.
 
 import json as _json
 import numbers as _numbers
+import os as _os
 
 import numpy as _np
 
@@ -37,8 +38,8 @@ InputError.__doc__ = """A mistake in the input: the message names the offending 
 The ``shardmm`` command reports the same mistake with the same line and exits 2. It is a
 ``ValueError``, so ``except ValueError`` catches it too."""
 
-__all__ = ["InputError", "Mesh", "Spec", "Step", "Candidate", "Check", "Plan", "Reshard", "RunResult",
-           "check", "plan", "reshard", "run", "visualize"]
+__all__ = ["InputError", "Mesh", "Spec", "Step", "Candidate", "Check", "Plan", "Reshard", "RunResult", "Program",
+           "Solution", "Strategy", "check", "plan", "reshard", "run", "program", "solve", "visualize"]
 
 
 def _type_name(value):
@@ -458,6 +459,86 @@ class Reshard(_Planned):
         return f"<Reshard {self._doc['expr']} on {_mesh_from_doc(self._doc)}: {self.chosen.description}>"
 
 
+def _specs_by_tensor(doc):
+    return {t["name"]: t["spec"] for t in doc["tensors"]}
+
+
+class Program(_Document):
+    """A whole program's step, costed: ``tensors`` (each with ``name``, ``role``, ``spec``,
+    ``how`` it got it, ``shape`` and ``device0_shape``), ``ops`` (each op's ``steps`` forward
+    and backward, with the ``reshards`` it needs and why), ``collectives`` per phase,
+    ``memory`` per device and ``predicted_time_s`` per phase (docs/json-schema.md lists every
+    key). ``specs`` and ``time_s`` are the main figures at hand."""
+
+    @property
+    def specs(self):
+        """{tensor: spec} of every tensor, as the step shards it."""
+        return _specs_by_tensor(self._doc)
+
+    @property
+    def time_s(self):
+        """The predicted step time, every op serialized."""
+        return self._doc["predicted_time_s"]["serialized"]
+
+    @property
+    def memory_bytes(self):
+        """Per device: params, inputs, gradients, optimizer state and activations, held at once."""
+        return self._doc["memory"]["total_bytes"]
+
+    def __repr__(self):
+        return (f"<Program {self._doc['file']} on {_mesh_from_doc(self._doc)}: {self.time_s:.3g} s, "
+                f"{self.memory_bytes} bytes per device>")
+
+
+class Strategy(_Record):
+    """A solver's answer: ``status`` ('optimal', 'feasible', 'infeasible'), ``method``,
+    ``time_s`` (its objective), ``memory_bytes``, ``lower_bound_s`` and ``specs`` {tensor:
+    spec} of the tensors it chose; a named strategy has its ``name`` too."""
+
+    def __repr__(self):
+        name = f"{self._doc['name']}: " if "name" in self._doc else ""
+        return f"<Strategy {name}{self._doc['status']}, {self._doc['time_s']:.3g} s>"
+
+
+class Solution(_Document):
+    """The fastest sharding ``solve`` found: ``status`` ('optimal', or 'feasible' with a
+    proven gap), ``method``, ``objective_s`` and ``lower_bound_s``, ``specs`` {tensor: spec}
+    of every tensor, ``tensors`` (each with how it got its spec), ``predicted`` (the step's
+    time and memory as ``program`` costs it), ``named_strategies``, ``alternatives`` (with
+    ``explain``), ``top`` (the best distinct shardings), ``unconstrained`` (with a memory
+    limit: the fastest without it). ``pinned_program()`` is the program with every spec
+    pinned."""
+
+    def __init__(self, text, pinned):
+        super().__init__(text)
+        self._pinned = pinned
+
+    @property
+    def specs(self):
+        """{tensor: spec} of every tensor of the answer (chosen, pinned or following from its op)."""
+        return _specs_by_tensor(self._doc)
+
+    @property
+    def named_strategies(self):
+        """The named strategies (fsdp(X), tp(X), dp(X), ...), each solved the same way."""
+        return [Strategy(s) for s in self._doc["named_strategies"]]
+
+    @property
+    def top(self):
+        """The best distinct shardings, the answer first (``top`` of them)."""
+        return [Strategy(s) for s in self._doc["top"]]
+
+    def pinned_program(self):
+        """The program text with every spec pinned, as ``shardmm solve --emit FILE`` writes it;
+        ``program(text=...)`` costs it as this answer. A program file has no split line: a
+        chunk mesh's program needs ``split='chunk'`` again."""
+        return self._pinned
+
+    def __repr__(self):
+        return (f"<Solution {self._doc['file']} on {_mesh_from_doc(self._doc)}: {self._doc['status']}, "
+                f"{self._doc['objective_s']:.3g} s>")
+
+
 class RunResult:
     """What ``run`` returns: ``result`` (the global numpy array), ``shards`` (per device,
     its block of the result, when asked for), ``plan`` (the Plan that ran), and the
@@ -608,6 +689,151 @@ def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=
                            f"{verification['max_abs_error']:.3g}, tolerance {verification['tolerance']:.3g}"
                            f"{'; ' + verification['detail'] if verification['detail'] else ''})")
     return RunResult(result, shards, Plan(plan_doc), verification)
+
+# --- programs ----------------------------------------------------------------------------
+
+
+def _program_input(source, text, mesh, dims, pins, pins_name, train, optimizer, dtype, hw, split, run):
+    """The ProgramInput of ``shardmm program``/``solve``'s FILE and flags."""
+    if text is not None:
+        if source is not None:
+            raise TypeError("give the program as a path or as text=, not both")
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str (the program itself), not {_type_name(text)}")
+        file = "<program>"
+    else:
+        if source is None:
+            raise TypeError("give the program: a .prog file's path, or the program itself as text=...")
+        if not isinstance(source, (str, _os.PathLike)):
+            raise TypeError(f"source must be a path (str or os.PathLike) of a .prog file, not {_type_name(source)}")
+        file = _os.fspath(source)
+        if not isinstance(file, str):
+            raise TypeError(f"source must be a str path, not {_type_name(file)}")
+    mesh_text = None
+    if mesh is not None:
+        mesh_text, mesh_split = _mesh_args(mesh)
+        if isinstance(mesh, Mesh):
+            if split is not None and split != mesh_split:
+                raise InputError(f"split={split!r} contradicts {mesh!r}; give one of them")
+            split = mesh_split
+    if split is None:
+        split = "array"
+    if not isinstance(split, str):
+        raise TypeError(f"split must be 'array' or 'chunk', not {_type_name(split)}")
+    if pins is None:
+        pins = {}
+    if not hasattr(pins, "items"):
+        raise TypeError(f"{pins_name} must be a dict such as {{'w_in': 'w_in[D, F_X]'}}, not {_type_name(pins)}")
+    pin_list = []
+    for name, spec in pins.items():
+        if not isinstance(name, str):
+            raise TypeError(f"{pins_name}: a tensor's name is a str, not {_type_name(name)}")
+        pin_list.append(f"{name}={_spec_text(spec, f'{pins_name}[{name!r}]')}")
+    if train is not None and not isinstance(train, bool):
+        raise TypeError(f"train must be True (a training step), False (inference) or None (training when the "
+                        f"program has a loss), not {_type_name(train)}")
+    if not isinstance(optimizer, str):
+        raise TypeError(f"optimizer must be 'sgd' or 'adam', not {_type_name(optimizer)}")
+    if not isinstance(run, bool):
+        raise TypeError(f"run must be True or False, not {_type_name(run)}")
+    return _core.ProgramInput(file, text, mesh_text, split, _dims_text(dims), pin_list, train, optimizer,
+                              _dtype_text(dtype), _optional_text(hw, "hw"), run)
+
+
+def _verified(document):
+    """``document``, once its step (run=True) matched the dense reference."""
+    step = document._doc["run"]
+    if step is not None and not step["verified"]:
+        raise RuntimeError(f"the step does not match the dense reference (max abs error {step['max_abs_error']:.3g}, "
+                           f"tolerance {step['tolerance']:.3g}; {step['detail']})")
+    return document
+
+
+def program(source=None, mesh=None, dims=None, specs=None, train=None, optimizer="sgd", dtype=None, hw=None,
+            split=None, run=False, *, text=None):
+    """Costs one step of a whole program (docs/programs.md), as ``shardmm program`` does.
+
+    >>> p = program(text='''
+    ... mesh   X=2
+    ... dims   N=8, D=16, F=32
+    ... input  x[N, D]
+    ... param  a[D, F]  : a[D, F_X]
+    ... param  b[F, D]  : b[F_X, D]
+    ... h[N, F] = x @ a
+    ... y[N, D] = relu(h) @ b  : y[N, D]
+    ... loss sum(y)
+    ... ''')
+    >>> p.specs["y"], [(c["phase"], c["op"]) for c in p.collectives]
+    ('y[N, D]', [('forward', 'all_reduce'), ('backward', 'all_reduce')])
+
+    ``source``: the path of a ``.prog`` file (a str or ``os.PathLike``); or give the program
+    itself as ``text=`` (then its messages call it ``<program>``). ``mesh`` (a Mesh or 'X=4')
+    replaces the file's mesh line; ``split`` ('array' or 'chunk') is how its axes split
+    uneven letters (a Mesh brings its own). ``dims`` ('B=4,T=16' or a dict) replaces those
+    letters' sizes. ``specs`` pins tensors, replacing the file's pins: ``{'w_in':
+    'w_in[D, F_X]'}`` (a str or Spec each). ``train``: True for a training step (forward,
+    backward and the ``optimizer``'s update: 'sgd' or 'adam'), False for inference, None
+    (default) for training when the program has a loss. ``dtype``: bf16 (default), f16, f32,
+    f64. ``hw``: a profile (h100 by default, or this machine's calibrated one). ``run``: also
+    execute the step on one thread per device, in f64 unless ``dtype`` is f32, and check every
+    computed tensor, gradient and updated param against the dense f64 step (small ``dims``):
+    ``.run['verified']``, ``.run['max_abs_error']``; a mismatch raises RuntimeError.
+
+    Returns a Program: ``specs`` {tensor: spec}, ``tensors``, ``ops``, ``collectives``,
+    ``memory``, ``time_s``; ``.to_json()`` is ``shardmm program FILE ... --json``.
+    """
+    return _verified(Program(_core.program(_program_input(source, text, mesh, dims, specs, "specs", train, optimizer,
+                                                          dtype, hw, split, run))))
+
+
+def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=None, optimizer="sgd", top=1,
+          explain=False, dtype=None, hw=None, split=None, seconds=60, run=False, *, text=None):
+    """Finds the fastest sharding of a whole program within a memory limit, as ``shardmm
+    solve`` does (docs/solve.md), and says whether it is proven optimal.
+
+    >>> s = solve(text='''
+    ... mesh   X=4
+    ... dims   B=8, T=1024, D=4096, F=16384
+    ... input  x[B, T, D]
+    ... param  w_in[D, F]
+    ... param  w_out[F, D]
+    ... u[B, T, F] = x @ w_in
+    ... y[B, T, D] = gelu(u) @ w_out
+    ... loss sum(y)
+    ... ''', pins={"x": "x[B, T, D]"})
+    >>> s.status, s.specs["w_in"], s.specs["w_out"]
+    ('optimal', 'w_in[D, F_X]', 'w_out[F_X, D]')
+    >>> [(n.name, n.status) for n in s.named_strategies]  # x pinned replicated: no data parallelism
+    [('tp(X)', 'optimal'), ('dp(X)', 'infeasible'), ('fsdp(X)', 'infeasible'), ('sp(X)', 'infeasible')]
+    >>> print(s.pinned_program().splitlines()[4])
+    param w_out[F, D] : w_out[F_X, D]
+
+    Arguments as for ``program`` (``pins`` is its ``specs``: the tensors whose sharding is
+    fixed), and: ``mem_limit``, the memory per device the step may use ('16GiB', '512MiB' or
+    an int of bytes; InputError when no sharding fits); ``top``, also list the K best distinct
+    shardings (1 to 100); ``explain``, each chosen tensor's runner-up layout and what it would
+    add; ``seconds``, each integer program's time limit (past it the answer is 'feasible'
+    with its proven gap); ``run``, execute the answer and check it, as ``program``'s. The
+    GIL is released while the solver runs.
+
+    Returns a Solution: ``status``, ``method``, ``objective_s``, ``lower_bound_s``, ``specs``,
+    ``named_strategies``, ``alternatives``, ``top`` and ``pinned_program()`` (what ``--emit``
+    writes); ``.to_json()`` is ``shardmm solve FILE ... --json`` (but ``solve_seconds``, the
+    time the solver took).
+    """
+    if isinstance(top, bool) or not isinstance(top, _numbers.Integral):
+        raise TypeError(f"top must be an int, not {_type_name(top)}")
+    if not isinstance(explain, bool):
+        raise TypeError(f"explain must be True or False, not {_type_name(explain)}")
+    if isinstance(seconds, bool) or not isinstance(seconds, _numbers.Real):
+        raise TypeError(f"seconds must be a number, not {_type_name(seconds)}")
+    if not -2**31 <= top < 2**31:
+        raise InputError(f"top {top}: lists 1 to 100 shardings, e.g. top 3")
+    doc, pinned = _core.solve(
+        _program_input(source, text, mesh, dims, pins, "pins", train, optimizer, dtype, hw, split, run),
+        _optional_text(mem_limit, "mem_limit"), int(top), explain, float(seconds))
+    return _verified(Solution(doc, pinned))
+
 
 
 def _device_list(devices):

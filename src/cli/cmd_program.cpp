@@ -29,24 +29,16 @@ namespace {
 inline constexpr std::size_t kMaxInputBytes = std::size_t{1} << 30;
 
 struct ProgramFlags {
-  std::string file;
-  std::optional<std::string> mesh;
-  std::vector<std::string> specs;
-  PlanningFlags common;
-  bool infer = false, train = false, run = false;
-  std::string optimizer = "sgd";
-  std::uint64_t seed = 1;
-  std::vector<std::string> inputs;  // NAME=FILE.npy
-  std::optional<std::string> save;  // a directory
+  ProgramRequest request;
+  std::optional<std::string> save;   // a directory
   std::optional<std::string> trace;  // a Chrome trace file
-  std::string backend = "threads";
   bool backend_given = false;
 };
 
 // --input NAME=FILE: the arrays, read and checked against the program's leaves.
-std::map<std::string, nn::DenseTensor> read_inputs(const ProgramFlags& f, const program::Graph& g) {
+std::map<std::string, nn::DenseTensor> read_inputs(const ProgramRequest& r, const program::Graph& g) {
   std::map<std::string, nn::DenseTensor> out;
-  for (const std::string& item : f.inputs) {
+  for (const std::string& item : r.inputs) {
     const std::size_t eq = item.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
       throw InputError("--input '" + item + "': expected NAME=FILE.npy, e.g. --input x=x.npy");
@@ -143,10 +135,17 @@ std::string role_text(const program::Tensor& t) {
   return t.temporary ? "(nested)" : program::to_string(t.role);
 }
 
-void print_text(std::ostream& out, const ProgramFlags& f, const Planning& p, const program::Graph& g, bool train,
-                const nn::ProgramPrediction& pred, const nn::ProgramRun* run) {
+}  // namespace
+
+void print_program_report(std::ostream& out, const ProgramRequest& request, const ProgramReport& report) {
+  const ProgramInput& f = request.input;
+  const Planning& p = report.bound.planning;
+  const program::Graph& g = report.bound.graph;
+  const bool train = report.bound.train;
+  const nn::ProgramPrediction& pred = report.prediction;
+  const nn::ProgramRun* run = report.run ? &*report.run : nullptr;
   out << "shardmm program " << f.file << ": one "
-      << (train ? std::string("training step (forward, backward, ") + nn::to_string(nn::parse_optimizer(f.optimizer)) + ")"
+      << (train ? std::string("training step (forward, backward, ") + nn::to_string(report.bound.optimizer) + ")"
                 : std::string("inference step (forward)"))
       << " on mesh " << describe_mesh(g.mesh) << "\n\n";
   out << "  dims      " << format_sizes(g.dims) << "\n";
@@ -228,6 +227,8 @@ void print_text(std::ostream& out, const ProgramFlags& f, const Planning& p, con
   }
 }
 
+namespace {
+
 Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
   Json j = {{"phase", autodiff::to_string(e.phase)}, {"op", to_string(e.step.op)}, {"tensor", e.step.tensor},
             {"axes", Json::array()}, {"bytes", e.step.bytes_sent}, {"flops", e.step.flops}, {"time_s", e.step.time_s}};
@@ -235,15 +236,22 @@ Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
   return j;
 }
 
-Json program_json(const ProgramFlags& f, const Planning& p, const program::Graph& g, bool train,
-                  const nn::ProgramPrediction& pred, const nn::ProgramRun* run) {
+}  // namespace
+
+Json program_json(const ProgramRequest& request, const ProgramReport& report) {
+  const ProgramInput& f = request.input;
+  const Planning& p = report.bound.planning;
+  const program::Graph& g = report.bound.graph;
+  const bool train = report.bound.train;
+  const nn::ProgramPrediction& pred = report.prediction;
+  const nn::ProgramRun* run = report.run ? &*report.run : nullptr;
   Json doc = Json::object();
   doc["command"] = "program";
   doc["file"] = f.file;
   add_mesh_json(doc, g.mesh);
   doc["dims"] = dims_json(g.dims);
   doc["train"] = train;
-  doc["optimizer"] = train ? Json(f.optimizer) : Json(nullptr);
+  doc["optimizer"] = train ? Json(nn::to_string(report.bound.optimizer)) : Json(nullptr);
   doc["dtype"] = to_string(p.options.dtype);
   doc["hardware"] = p.options.hw.name;
   Json tensors = Json::array();
@@ -293,33 +301,52 @@ Json program_json(const ProgramFlags& f, const Planning& p, const program::Graph
   return doc;
 }
 
-}  // namespace
+ProgramReport evaluate_program(const ProgramRequest& request) {
+  const ProgramInput& in = request.input;
+  if (!request.inputs.empty() && !in.run) throw InputError("--input works with --run; add --run");
+  BoundProgram b = bind_program(in, "--spec");
+  const program::Graph& g = b.graph;
+  nn::ProgramOptions options;
+  options.dtype = b.planning.options.dtype;
+  options.hw = b.planning.options.hw;
+  options.train = b.train;
+  options.optimizer = b.optimizer;
+  options.seed = request.seed;
+  options.inputs = read_inputs(request, g);
+  nn::ProgramPrediction pred = nn::predict_program(g, options);
+  std::optional<nn::ProgramRun> run;
+  if (in.run) {
+    check_run_size(g, pred, options.dtype);
+    run = run_program_step(in.backend, g, options);
+  }
+  return {std::move(b), std::move(pred), std::move(run)};
+}
 
 Command add_program_command(CLI::App& root) {
   auto flags = std::make_shared<ProgramFlags>();
-  flags->common.fallback_hw = "h100";
+  ProgramInput& input = flags->request.input;
   CLI::App* app = root.add_subcommand(
       "program", "a whole sharded program from a file: every tensor's sharding, each op's collectives forward and "
                  "backward, memory and time; --run executes and verifies it");
-  app->add_option("FILE", flags->file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
-  app->add_option("--mesh", flags->mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
-  add_split_flag(*app, flags->common.split);
-  app->add_option("--dims", flags->common.dims,
+  app->add_option("FILE", input.file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
+  app->add_option("--mesh", input.mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
+  add_split_flag(*app, input.common.split);
+  app->add_option("--dims", input.common.dims,
                   "letter sizes, each replacing the file's (the others stay), e.g. --dims B=4,T=16");
-  app->add_option("--spec", flags->specs,
+  app->add_option("--spec", input.pins,
                   "pin a tensor's sharding, replacing the file's pin (a repeat block's tensor: every copy); "
                   "repeatable, e.g. --spec w_in='w_in[D, F_X]'");
-  app->add_flag("--train", flags->train, "a training step: forward, backward and the update (the default when the "
+  app->add_flag("--train", input.train, "a training step: forward, backward and the update (the default when the "
                                          "program has a loss), e.g. --train");
-  app->add_flag("--infer", flags->infer, "an inference step: forward only, e.g. --infer");
-  app->add_option("--optimizer", flags->optimizer, "the update: sgd (default) or adam, e.g. --optimizer adam");
-  app->add_flag("--run", flags->run, "also execute the step on real ranks and verify it against the dense f64 step, "
+  app->add_flag("--infer", input.infer, "an inference step: forward only, e.g. --infer");
+  app->add_option("--optimizer", input.optimizer, "the update: sgd (default) or adam, e.g. --optimizer adam");
+  app->add_flag("--run", input.run, "also execute the step on real ranks and verify it against the dense f64 step, "
                                      "e.g. --run");
-  app->add_option("--backend", flags->backend,
+  app->add_option("--backend", input.backend,
                   "where --run executes: threads (default) or mpi (under mpirun -n <devices>), e.g. --backend mpi")
       ->each([flags](const std::string&) { flags->backend_given = true; });
-  app->add_option("--seed", flags->seed, "the seed of the inputs' and params' values (--run), e.g. --seed 7");
-  app->add_option("--input", flags->inputs,
+  app->add_option("--seed", flags->request.seed, "the seed of the inputs' and params' values (--run), e.g. --seed 7");
+  app->add_option("--input", flags->request.inputs,
                   "a leaf's values from a .npy file (--run; float64/32, int64/32 or bool, C order, the leaf's shape), "
                   "repeatable, e.g. --input x=x.npy");
   app->add_option("--save", flags->save,
@@ -328,9 +355,9 @@ Command add_program_command(CLI::App& root) {
   app->add_option("--trace", flags->trace,
                   "write device 0's step as a Chrome trace (Perfetto): the predicted timeline, or with --run the "
                   "measured one, e.g. --trace step.json");
-  add_dtype_flag(*app, flags->common.dtype);
-  add_hw_flag(*app, flags->common.hw);
-  add_json_flag(*app, flags->common.json);
+  add_dtype_flag(*app, input.common.dtype);
+  add_hw_flag(*app, input.common.hw);
+  add_json_flag(*app, input.common.json);
   app->footer(
       "A program is one op per line in the Scaling Book's notation: einsums (a @ b), elementwise ops with\n"
       "broadcasting by letter, reductions, softmax and norms over a letter, reshapes, repeat blocks and a loss.\n"
@@ -347,11 +374,9 @@ Command add_program_command(CLI::App& root) {
       "  mpirun -n 4 shardmm program examples/programs/gpt.prog --run --backend mpi\n\n" +
       std::string(kDocsHint) + " docs/programs.md (the language and this command).");
   return {app, [flags](std::ostream& out) {
-            ProgramFlags& f = *flags;
-            if (f.train && f.infer) throw InputError("--train and --infer exclude each other; give one");
-            if ((!f.inputs.empty() || f.save) && !f.run) {
-              throw InputError(std::string(f.save ? "--save" : "--input") + " works with --run; add --run");
-            }
+            const ProgramFlags& f = *flags;
+            const ProgramInput& in = f.request.input;
+            if (f.save && !in.run) throw InputError("--save works with --run; add --run");
             if (f.save) {
               std::error_code ec;
               if (f.save->empty() || (std::filesystem::exists(*f.save, ec) && !std::filesystem::is_directory(*f.save, ec))) {
@@ -359,46 +384,19 @@ Command add_program_command(CLI::App& root) {
                                  "e.g. --save out/");
               }
             }
-            if (f.backend_given && !f.run) {
-              throw InputError("--backend " + f.backend + " chooses where --run executes the step; add --run or drop --backend");
+            if (f.backend_given && !in.run) {
+              throw InputError("--backend " + in.backend + " chooses where --run executes the step; add --run or drop --backend");
             }
-            const nn::Optimizer optimizer = nn::parse_optimizer(f.optimizer);
             if (f.trace) check_writable_file(*f.trace, "--trace '" + *f.trace + "'");
-            const program::Graph g =
-                program::bind(read_program(f.file), program_bind_options(f.mesh, f.common.split, f.common.dims, f.specs, "--spec"));
-            if (!f.common.dtype && f.run) f.common.dtype = "f64";
-            PlanningFlags planning = f.common;
-            planning.mesh = g.mesh.to_string();
-            planning.dims.reset();
-            const Planning p = make_planning(planning);
-            if (f.train && g.loss < 0) throw InputError("--train: the program has no loss line; add one (loss sum(...))");
-            const bool train = !f.infer && g.loss >= 0;
-            nn::ProgramOptions options;
-            options.dtype = p.options.dtype;
-            options.hw = p.options.hw;
-            options.train = train;
-            options.optimizer = optimizer;
-            options.seed = f.seed;
-            options.inputs = read_inputs(f, g);
-            const nn::ProgramPrediction pred = nn::predict_program(g, options);
-            std::optional<nn::ProgramRun> run;
-            if (f.run) {
-              check_backend(f.backend, g.mesh);
-              if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
-                throw InputError(std::string("--run computes in f32 or f64, not ") + to_string(p.options.dtype) +
-                                 "; pass --dtype f32 or --dtype f64");
-              }
-              check_run_size(g, pred, p.options.dtype);
-              run = run_program_step(f.backend, g, options);
-              if (process_rank(f.backend) != 0) return run->verification.verified ? 0 : 3;
-            }
-            const nn::ProgramRun* r = run ? &*run : nullptr;
+            const ProgramReport report = evaluate_program(f.request);
+            const nn::ProgramRun* r = report.run ? &*report.run : nullptr;
+            if (r && process_rank(in.backend) != 0) return r->verification.verified ? 0 : 3;
             if (r && f.save) save_results(*f.save, *r);
-            if (f.trace) write_chrome_trace_file(*f.trace, trace_events(g, pred, r));
-            if (f.common.json) {
-              out << program_json(f, p, g, train, pred, r).dump(2) << "\n";
+            if (f.trace) write_chrome_trace_file(*f.trace, trace_events(report.bound.graph, report.prediction, r));
+            if (in.common.json) {
+              out << program_json(f.request, report).dump(2) << "\n";
             } else {
-              print_text(out, f, p, g, train, pred, r);
+              print_program_report(out, f.request, report);
             }
             if (r && !r->verification.verified) {
               std::cerr << "shardmm: error: the step does not match the dense reference: " + r->verification.detail + "\n";

@@ -21,18 +21,6 @@
 namespace shardmm::cli {
 namespace {
 
-struct SolveFlags {
-  std::string file;
-  std::optional<std::string> mesh, mem_limit, emit;
-  std::vector<std::string> pins;
-  PlanningFlags common;
-  bool infer = false, train = false, explain = false, run = false;
-  std::string optimizer = "sgd";
-  std::string backend = "threads";
-  int top = 1;
-  double seconds = 60;
-};
-
 double serialized(const std::vector<autodiff::TapeEvent>& events) {
   double s = 0;
   for (const autodiff::TapeEvent& e : events) s += e.step.time_s;
@@ -68,8 +56,16 @@ std::string how_text(const program::Graph& g, const solve::ProgramChoices& c, in
   return c.chosen[v] ? "chosen (of " + std::to_string(c.values[v].size()) + ")" : "follows from its op";
 }
 
-void print_text(std::ostream& out, const SolveFlags& f, const Planning& p, const program::Graph& g, bool train,
-                const solve::SolveOptions& o, const solve::SolveResult& r, const nn::ProgramRun* run) {
+}  // namespace
+
+void print_solve_report(std::ostream& out, const SolveRequest& request, const SolveReport& report) {
+  const ProgramInput& f = request.input;
+  const Planning& p = report.bound.planning;
+  const program::Graph& g = report.bound.graph;
+  const bool train = report.bound.train;
+  const solve::SolveOptions& o = report.options;
+  const solve::SolveResult& r = report.result;
+  const nn::ProgramRun* run = report.run ? &*report.run : nullptr;
   const solve::ProgramChoices& c = r.choices;
   out << "shardmm solve " << f.file << ": the fastest sharding of one "
       << (train ? std::string("training step (forward, backward, ") + nn::to_string(o.program.optimizer) + ")"
@@ -173,7 +169,7 @@ void print_text(std::ostream& out, const SolveFlags& f, const Planning& p, const
           << format_bytes(static_cast<double>(r.top[k].value.memory)) << ": " << join(parts, " ") << "\n";
     }
   }
-  if (f.emit) out << "\nWrote " << *f.emit << ": the program with every spec pinned (shardmm program " << *f.emit << ").\n";
+  if (request.emit) out << "\nWrote " << *request.emit << ": the program with every spec pinned (shardmm program " << *request.emit << ").\n";
   if (run) {
     const Verification& v = run->verification;
     out << "\nRun (" << f.backend << ", " << g.mesh.device_count() << " ranks): " << (v.verified ? "verified" : "WRONG")
@@ -184,6 +180,8 @@ void print_text(std::ostream& out, const SolveFlags& f, const Planning& p, const
   }
 }
 
+
+namespace {
 
 Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const solve::SolveOutcome& o) {
   Json j = {{"status", solve::to_string(o.status)}, {"method", o.method}, {"time_s", o.value.time},
@@ -200,8 +198,16 @@ Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const
   return j;
 }
 
-Json solve_json(const SolveFlags& f, const Planning& p, const program::Graph& g, bool train, const solve::SolveOptions& o,
-                const solve::SolveResult& r, const nn::ProgramRun* run) {
+}  // namespace
+
+Json solve_json(const SolveRequest& request, const SolveReport& report) {
+  const ProgramInput& f = request.input;
+  const Planning& p = report.bound.planning;
+  const program::Graph& g = report.bound.graph;
+  const bool train = report.bound.train;
+  const solve::SolveOptions& o = report.options;
+  const solve::SolveResult& r = report.result;
+  const nn::ProgramRun* run = report.run ? &*report.run : nullptr;
   const solve::ProgramChoices& c = r.choices;
   Json doc = Json::object();
   doc["command"] = "solve";
@@ -251,7 +257,7 @@ Json solve_json(const SolveFlags& f, const Planning& p, const program::Graph& g,
   Json top = Json::array();
   for (const solve::SolveOutcome& t : r.top) top.push_back(outcome_json(c, g, t));
   doc["top"] = top;
-  doc["emitted"] = f.emit ? Json(*f.emit) : Json(nullptr);
+  doc["emitted"] = request.emit ? Json(*request.emit) : Json(nullptr);
   doc["run"] = nullptr;
   if (run) {
     const Verification& v = run->verification;
@@ -261,42 +267,72 @@ Json solve_json(const SolveFlags& f, const Planning& p, const program::Graph& g,
   return doc;
 }
 
-}  // namespace
+SolveReport evaluate_solve(const SolveRequest& request) {
+  const ProgramInput& in = request.input;
+  if (request.top < 1 || request.top > kMaxTop) {
+    throw InputError(field("top") + " " + std::to_string(request.top) + ": lists 1 to " + std::to_string(kMaxTop) +
+                     " shardings, e.g. " + field("top") + " 3");
+  }
+  if (!(request.seconds > 0) || !std::isfinite(request.seconds)) {
+    throw InputError(field("seconds") + " " + format_given(request.seconds) +
+                     ": an integer program's time limit is a positive number of seconds, e.g. " + field("seconds") + " 10");
+  }
+  BoundProgram b = bind_program(in, "--pin");
+  solve::SolveOptions o;
+  o.program.dtype = b.planning.options.dtype;
+  o.program.hw = b.planning.options.hw;
+  o.program.train = b.train;
+  o.program.optimizer = b.optimizer;
+  if (request.mem_limit) o.memory_limit = parse_byte_size(*request.mem_limit, field("mem_limit"));
+  o.top = request.top;
+  o.explain = request.explain;
+  o.seconds = request.seconds;
+  solve::SolveResult r = solve::solve_program(b.graph, o);
+  std::optional<nn::ProgramRun> run;
+  if (in.run) {
+    check_run_size(b.graph, r.prediction, o.program.dtype);
+    run = run_program_step(in.backend, solve::pinned_graph(b.graph, r.specs), o.program);
+  }
+  return {std::move(b), std::move(o), std::move(r), std::move(run)};
+}
+
+std::string pinned_program_text(const SolveReport& report) {
+  return program::format_program(solve::pinned_program(report.bound.parsed, report.bound.graph, report.result.specs));
+}
 
 Command add_solve_command(CLI::App& root) {
-  auto flags = std::make_shared<SolveFlags>();
-  flags->common.fallback_hw = "h100";
+  auto flags = std::make_shared<SolveRequest>();
+  ProgramInput& input = flags->input;
   CLI::App* app = root.add_subcommand(
       "solve", "the fastest sharding of a whole program within a memory limit, proven optimal (or with its gap), "
                "beside the named strategies; --emit writes it pinned, --run executes and verifies it");
-  app->add_option("FILE", flags->file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
-  app->add_option("--mesh", flags->mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
-  add_split_flag(*app, flags->common.split);
-  app->add_option("--dims", flags->common.dims, "letter sizes, each replacing the file's, e.g. --dims B=4,T=16");
+  app->add_option("FILE", input.file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
+  app->add_option("--mesh", input.mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
+  add_split_flag(*app, input.common.split);
+  app->add_option("--dims", input.common.dims, "letter sizes, each replacing the file's, e.g. --dims B=4,T=16");
   app->add_option("--mem-limit", flags->mem_limit,
                   "memory per device the step may use (params, gradients, optimizer state, activations), "
                   "e.g. --mem-limit 16GiB (also 512MiB, 1.5GB, 1e9 = bytes)");
-  app->add_option("--pin", flags->pins,
+  app->add_option("--pin", input.pins,
                   "fix a tensor's sharding, replacing the file's pin (a repeat block's tensor: every copy); "
                   "repeatable, e.g. --pin x='x[B_X, T, D]'");
-  app->add_flag("--train", flags->train, "solve a training step (the default when the program has a loss), e.g. --train");
-  app->add_flag("--infer", flags->infer, "solve an inference step: forward only, e.g. --infer");
-  app->add_option("--optimizer", flags->optimizer, "the update: sgd (default) or adam (two moments per param "
+  app->add_flag("--train", input.train, "solve a training step (the default when the program has a loss), e.g. --train");
+  app->add_flag("--infer", input.infer, "solve an inference step: forward only, e.g. --infer");
+  app->add_option("--optimizer", input.optimizer, "the update: sgd (default) or adam (two moments per param "
                                                    "element count against memory), e.g. --optimizer adam");
-  app->add_option("--top", flags->top, "also list the K best distinct shardings, e.g. --top 3")->check(CLI::Range(1, 100));
+  app->add_option("--top", flags->top, "also list the K best distinct shardings (1 to 100), e.g. --top 3");
   app->add_flag("--explain", flags->explain,
                 "for each chosen tensor, the runner-up layout and the time and memory it would add, e.g. --explain");
   app->add_option("--emit", flags->emit,
                   "write the program with every spec pinned (shardmm program accepts it as is; a program file has no split line: give --split chunk again), e.g. --emit best.prog");
-  app->add_flag("--run", flags->run, "execute the chosen sharding on real ranks and verify it against the dense f64 "
+  app->add_flag("--run", input.run, "execute the chosen sharding on real ranks and verify it against the dense f64 "
                                      "step (small --dims), e.g. --run");
-  app->add_option("--backend", flags->backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
+  app->add_option("--backend", input.backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
   app->add_option("--seconds", flags->seconds, "each integer program's time limit; past it the answer says its "
-                                               "proven gap, e.g. --seconds 10")
-      ->check(CLI::PositiveNumber);
-  add_dtype_flag(*app, flags->common.dtype);
-  add_hw_flag(*app, flags->common.hw);
-  add_json_flag(*app, flags->common.json);
+                                               "proven gap, e.g. --seconds 10");
+  add_dtype_flag(*app, input.common.dtype);
+  add_hw_flag(*app, input.common.hw);
+  add_json_flag(*app, input.common.json);
   app->footer(
       "The search: a spec for every input, param and einsum result (each mesh axis shards one letter, holds an\n"
       "einsum's partial sums, or is unused; uneven splits legal); every other tensor follows from its op. Each op is\n"
@@ -312,54 +348,19 @@ Command add_solve_command(CLI::App& root) {
       "  shardmm solve examples/programs/tp_ffn.prog --run --emit /tmp/tp_ffn.solved.prog\n\n" +
       std::string(kDocsHint) + " docs/solve.md.");
   return {app, [flags](std::ostream& out) {
-            SolveFlags& f = *flags;
-            if (f.train && f.infer) throw InputError("--train and --infer exclude each other; give one");
-            const nn::Optimizer optimizer = nn::parse_optimizer(f.optimizer);
+            const SolveRequest& f = *flags;
             if (f.emit) check_writable_file(*f.emit, "--emit '" + *f.emit + "'");
-            const program::Program parsed = read_program(f.file);
-            const program::Graph g = program::bind(parsed, program_bind_options(f.mesh, f.common.split, f.common.dims, f.pins, "--pin"));
-            if (!f.common.dtype && f.run) f.common.dtype = "f64";
-            PlanningFlags planning = f.common;
-            planning.mesh = g.mesh.to_string();
-            planning.dims.reset();
-            const Planning p = make_planning(planning);
-            if (f.train && g.loss < 0) throw InputError("--train: the program has no loss line; add one (loss sum(...))");
-            const bool train = !f.infer && g.loss >= 0;
-            solve::SolveOptions o;
-            o.program.dtype = p.options.dtype;
-            o.program.hw = p.options.hw;
-            o.program.train = train;
-            o.program.optimizer = optimizer;
-            if (f.mem_limit) o.memory_limit = parse_byte_size(*f.mem_limit, "--mem-limit");
-            o.top = f.top;
-            o.explain = f.explain;
-            o.seconds = f.seconds;
-            if (f.run) {
-              check_backend(f.backend, g.mesh);
-              if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
-                throw InputError(std::string("--run computes in f32 or f64, not ") + to_string(p.options.dtype) +
-                                 "; pass --dtype f32 or --dtype f64");
-              }
-            }
-            const solve::SolveResult r = solve::solve_program(g, o);
-            if (f.emit) {
-              write_file_atomically(*f.emit, program::format_program(solve::pinned_program(parsed, g, r.specs)),
-                                    "--emit '" + *f.emit + "'", false);
-            }
-            std::optional<nn::ProgramRun> run;
-            if (f.run) {
-              check_run_size(g, r.prediction, p.options.dtype);
-              run = run_program_step(f.backend, solve::pinned_graph(g, r.specs), o.program);
-              if (process_rank(f.backend) != 0) return run->verification.verified ? 0 : 3;
-            }
-            const nn::ProgramRun* rp = run ? &*run : nullptr;
-            if (f.common.json) {
-              out << solve_json(f, p, g, train, o, r, rp).dump(2) << "\n";
+            const SolveReport report = evaluate_solve(f);
+            if (f.emit) write_file_atomically(*f.emit, pinned_program_text(report), "--emit '" + *f.emit + "'", false);
+            const nn::ProgramRun* r = report.run ? &*report.run : nullptr;
+            if (r && process_rank(f.input.backend) != 0) return r->verification.verified ? 0 : 3;
+            if (f.input.common.json) {
+              out << solve_json(f, report).dump(2) << "\n";
             } else {
-              print_text(out, f, p, g, train, o, r, rp);
+              print_solve_report(out, f, report);
             }
-            if (rp && !rp->verification.verified) {
-              std::cerr << "shardmm: error: the step does not match the dense reference: " + rp->verification.detail + "\n";
+            if (r && !r->verification.verified) {
+              std::cerr << "shardmm: error: the step does not match the dense reference: " + r->verification.detail + "\n";
               return 3;
             }
             return 0;

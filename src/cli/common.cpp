@@ -97,7 +97,7 @@ Planning make_planning(const PlanningFlags& flags) {
   // The default dtype is bf16, except on a calibrated profile: measured on this machine,
   // whose runs compute in f32 or f64, it has no bf16 rate.
   p.options.dtype = flags.dtype ? parse_dtype(*flags.dtype) : p.options.hw.calibration ? DType::f32 : kDefaultDType;
-  if (flags.mem_limit) p.options.mem_limit_bytes = parse_byte_size(*flags.mem_limit, "--mem-limit");
+  if (flags.mem_limit) p.options.mem_limit_bytes = parse_byte_size(*flags.mem_limit, field("mem_limit"));
   if (!(flags.tie_margin >= 0 && flags.tie_margin <= 1)) {
     throw InputError("--tie-margin " + format_given(flags.tie_margin) +
                      ": must be a fraction from 0 to 1 (0.02: plans predicted within 2% of the cheapest are a tie)");

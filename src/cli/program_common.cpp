@@ -40,6 +40,30 @@ program::BindOptions program_bind_options(const std::optional<std::string>& mesh
   return o;
 }
 
+BoundProgram bind_program(const ProgramInput& in, const std::string& pin_flag) {
+  if (in.train && in.infer) throw InputError("--train and --infer exclude each other; give one");
+  const nn::Optimizer optimizer = nn::parse_optimizer(in.optimizer);
+  program::Program parsed = in.text ? program::parse_program(*in.text, in.file) : read_program(in.file);
+  program::Graph g = program::bind(parsed, program_bind_options(in.mesh, in.common.split, in.common.dims, in.pins, pin_flag));
+  PlanningFlags planning = in.common;
+  planning.mesh = g.mesh.to_string();
+  planning.dims.reset();
+  // Steps are predicted for a GPU unless this machine is calibrated; --run computes in f64.
+  planning.fallback_hw = "h100";
+  if (!planning.dtype && in.run) planning.dtype = "f64";
+  Planning p = make_planning(planning);
+  if (in.train && g.loss < 0) throw InputError(field("train") + ": the program has no loss line; add one (loss sum(...))");
+  const bool train = !in.infer && g.loss >= 0;
+  if (in.run) {
+    check_backend(in.backend, g.mesh);
+    if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
+      throw InputError(field("run") + " computes in f32 or f64, not " + to_string(p.options.dtype) + "; pass " +
+                       field("dtype") + " f32 or " + field("dtype") + " f64");
+    }
+  }
+  return {std::move(parsed), std::move(g), std::move(p), train, optimizer};
+}
+
 void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events) {
   const std::vector<nn::CollectiveTally> tallies = nn::tally_collectives(events);
   out << "\nCollectives per step:\n";
@@ -80,16 +104,16 @@ void check_run_size(const program::Graph& g, const nn::ProgramPrediction& pred, 
   for (const autodiff::TapeEvent& e : pred.events) flops += e.step.flops;
   flops *= static_cast<double>(g.mesh.device_count());
   if (flops > kMaxReferenceFlops) {
-    throw InputError("--run verifies the step against a dense single-device reference of about " + format_flops(flops) +
-                     ", more than --run computes (" + format_flops(kMaxReferenceFlops) +
-                     "); give smaller --dims with --run (the prediction alone has no size limit)");
+    throw InputError(field("run") + " verifies the step against a dense single-device reference of about " +
+                     format_flops(flops) + ", more than " + field("run") + " computes (" + format_flops(kMaxReferenceFlops) +
+                     "); give smaller " + field("dims") + " with " + field("run") + " (the prediction alone has no size limit)");
   }
   const double need = 2.0 * static_cast<double>(pred.memory.total()) * static_cast<double>(g.mesh.device_count()) * 8 /
                       dtype_bytes(dtype);
   if (need > static_cast<double>(available_memory())) {
-    throw InputError("--run needs about " + format_bytes(need) + " here (every device's shards and the dense f64 " +
-                     "reference) but " + format_bytes(static_cast<double>(available_memory())) +
-                     " is available; give smaller --dims with --run");
+    throw InputError(field("run") + " needs about " + format_bytes(need) + " here (every device's shards and the dense f64 " +
+                     "reference) but " + format_bytes(static_cast<double>(available_memory())) + " is available; give smaller " +
+                     field("dims") + " with " + field("run"));
   }
 }
 

@@ -1,7 +1,11 @@
 // What `program` and `solve` share: reading a program file and the flags that bind it, the
-// collectives table and JSON, and executing a step with --run.
+// collectives table and JSON, and executing a step with --run. And the two commands' work
+// without CLI11: a request holds their flags' values, evaluate_program/evaluate_solve do what
+// the command does, program_json/solve_json make the document --json prints. The Python
+// module (python/module.cpp) fills the same requests, so its documents are the command's.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -10,8 +14,79 @@
 #include "cli/common.h"
 #include "shardmm/nn/program.h"
 #include "shardmm/program/program.h"
+#include "shardmm/solve/solve.h"
 
 namespace shardmm::cli {
+
+// The flags `program` and `solve` share, as values.
+struct ProgramInput {
+  std::string file;                 // the program file; with `text`, the name messages and documents give it
+  std::optional<std::string> text;  // the program itself (Python's text=): no file is read
+  std::optional<std::string> mesh;  // replaces the file's mesh line
+  std::vector<std::string> pins;    // NAME=SPEC, each replacing the file's pin
+  PlanningFlags common;             // --split, --dims, --dtype, --hw, --json
+  bool train = false, infer = false, run = false;
+  std::string optimizer = "sgd";
+  std::string backend = "threads";  // where --run executes
+};
+
+// A program read and bound to its flags: the step to cost, solve or run.
+struct BoundProgram {
+  program::Program parsed;
+  program::Graph graph;
+  Planning planning;
+  bool train = false;  // else an inference step (forward only)
+  nn::Optimizer optimizer = nn::Optimizer::sgd;
+};
+
+// InputError as the command reports it; `pin_flag` names the pins (--spec, --pin).
+BoundProgram bind_program(const ProgramInput& in, const std::string& pin_flag);
+
+// --- shardmm program ---
+
+struct ProgramRequest {
+  ProgramInput input;
+  std::uint64_t seed = 1;           // the inputs' and params' values (--run)
+  std::vector<std::string> inputs;  // --input NAME=FILE.npy (--run)
+};
+
+struct ProgramReport {
+  BoundProgram bound;
+  nn::ProgramPrediction prediction;
+  std::optional<nn::ProgramRun> run;  // with run: this process's rank's (device 0's on threads)
+};
+
+// Binds, costs and (with run) executes one step.
+ProgramReport evaluate_program(const ProgramRequest& request);
+Json program_json(const ProgramRequest& request, const ProgramReport& report);
+void print_program_report(std::ostream& out, const ProgramRequest& request, const ProgramReport& report);
+
+// --- shardmm solve ---
+
+struct SolveRequest {
+  ProgramInput input;
+  std::optional<std::string> mem_limit;  // per device: "16GiB", "1e9"
+  std::optional<std::string> emit;       // the file the caller writes pinned_program_text to (the document names it)
+  int top = 1;                           // 1 to kMaxTop
+  bool explain = false;
+  double seconds = 60;                   // each integer program's time limit
+};
+
+inline constexpr int kMaxTop = 100;
+
+struct SolveReport {
+  BoundProgram bound;
+  solve::SolveOptions options;
+  solve::SolveResult result;
+  std::optional<nn::ProgramRun> run;  // with run: the chosen sharding's step, this process's rank's
+};
+
+// Solves (and with run executes) the program; InputError also when nothing fits the limit.
+SolveReport evaluate_solve(const SolveRequest& request);
+Json solve_json(const SolveRequest& request, const SolveReport& report);
+void print_solve_report(std::ostream& out, const SolveRequest& request, const SolveReport& report);
+// The program with every spec pinned, as --emit writes it (`shardmm program` costs it the same).
+std::string pinned_program_text(const SolveReport& report);
 
 // The file's text, parsed: InputError for a missing, binary or oversized file or bad grammar.
 program::Program read_program(const std::string& file);

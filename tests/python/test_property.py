@@ -1,9 +1,12 @@
 # Hypothesis: random meshes and specs through the converters and back; random bad arguments
 # through the API raise InputError or TypeError, never anything else.
+import os
+
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
 import shardmm
+from conftest import TESTS_DIR
 
 AXIS_NAMES = ["X", "Y", "Z", "dp", "tp", "ep"]
 LETTERS = ["I", "J", "K", "L"]
@@ -84,6 +87,48 @@ def test_random_arguments_never_crash_the_entry_points(expr, mesh, dims, extra):
     only_input_or_type_errors(lambda: shardmm.visualize(expr, mesh, extra))
     only_input_or_type_errors(lambda: shardmm.Mesh(mesh))
     only_input_or_type_errors(lambda: shardmm.Mesh("X=4", split=extra))
+
+
+def mostly(valid):
+    """`valid` nine times in ten, else anything: a call gets past its first argument's check."""
+    return st.sampled_from([True] * 9 + [False]).flatmap(lambda ok: valid if ok else ANYTHING)
+
+
+PROGRAM_FILES = [os.path.join(os.path.dirname(TESTS_DIR), "examples", "programs", name)
+                 for name in ("tp_ffn.prog", "mlp_free.prog")]
+# Arguments near the programs' own (their letters, tensors and specs).
+SOURCES = mostly(st.one_of(st.sampled_from(PROGRAM_FILES), TEXT))
+PROGRAM_DIMS = mostly(st.one_of(st.none(), st.dictionaries(st.sampled_from(list("BTDFNE")), st.integers(1, 64),
+                                                           max_size=3)))
+PINS = mostly(st.one_of(st.none(), st.dictionaries(
+    st.sampled_from(["x", "w_in", "a", "b", "zz", ""]),
+    st.one_of(TEXT, st.sampled_from(["w_in[D, F_X]", "x[B_X, T, D]", "a[D_Y, F]", "b[F_X, E]{U_X}"])), max_size=2)))
+# Solving is dearer than costing: the meshes are small ones, or wrong ones.
+PROGRAM_MESHES = mostly(st.sampled_from([None, "X=2", "X=2,Y=2", "X=0", "Y", shardmm.Mesh("X=3", split="chunk")]))
+TRAIN = mostly(st.sampled_from([None, True, False]))
+OPTIMIZERS = mostly(st.sampled_from(["sgd", "adam", "lion"]))
+DTYPES = mostly(st.sampled_from([None, "f32", "bf16", "f7", np.float64]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(SOURCES, PROGRAM_MESHES, PROGRAM_DIMS, PINS, TRAIN, OPTIMIZERS, DTYPES, mostly(st.sampled_from(["array", "chunk"])),
+       mostly(st.booleans()))
+def test_random_arguments_never_crash_program(source, mesh, dims, specs, train, optimizer, dtype, split, run):
+    # run=True runs only what the dense reference allows (tp_ffn's sizes, here).
+    only_input_or_type_errors(lambda: shardmm.program(source, mesh, dims, specs, train, optimizer, dtype, split=split,
+                                                      run=run))
+    only_input_or_type_errors(lambda: shardmm.program(text=source, mesh=mesh, dims=dims, train=train))
+
+
+@settings(max_examples=60, deadline=None)
+@given(SOURCES, PROGRAM_MESHES, PROGRAM_DIMS, PINS,
+       mostly(st.one_of(st.none(), st.integers(-1, 2**30), st.sampled_from(["4MiB", "lots", "1e9", "-1"]))),
+       TRAIN, OPTIMIZERS, mostly(st.integers(1, 3)), mostly(st.booleans()), DTYPES, mostly(st.floats(0.5, 30)))
+def test_random_arguments_never_crash_solve(source, mesh, dims, pins, mem_limit, train, optimizer, top, explain, dtype,
+                                            seconds):
+    only_input_or_type_errors(lambda: shardmm.solve(source, mesh, dims, pins, mem_limit, train, optimizer, top, explain,
+                                                    dtype, seconds=seconds))
+    only_input_or_type_errors(lambda: shardmm.solve(text=source, mesh=mesh, mem_limit=mem_limit, top=top))
 
 
 ARRAYS = st.one_of(
