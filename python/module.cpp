@@ -378,7 +378,7 @@ PYBIND11_MODULE(_shardmm, m) {
     return cli::program_json(request, cli::evaluate_program(request)).dump(2);
   });
   // The document and the program with every spec pinned (what --emit writes). The GIL is
-  // released while the solver runs: an integer program may take up to `seconds`.
+  // released while the solver runs: an integer program may take up to its time limit.
   m.def("solve", [](const cli::ProgramInput& in, const std::optional<std::string>& mem_limit, int top, bool explain,
                     double seconds) {
     cli::SolveRequest request;

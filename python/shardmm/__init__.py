@@ -787,7 +787,7 @@ def program(source=None, mesh=None, dims=None, specs=None, train=None, optimizer
 
 
 def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=None, optimizer="sgd", top=1,
-          explain=False, dtype=None, hw=None, split=None, seconds=60, run=False, *, text=None):
+          explain=False, dtype=None, hw=None, split=None, time_limit=60, run=False, *, text=None):
     """Finds the fastest sharding of a whole program within a memory limit, as ``shardmm
     solve`` does (docs/solve.md), and says whether it is proven optimal.
 
@@ -812,7 +812,7 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     fixed), and: ``mem_limit``, the memory per device the step may use ('16GiB', '512MiB' or
     an int of bytes; InputError when no sharding fits); ``top``, also list the K best distinct
     shardings (1 to 100); ``explain``, each chosen tensor's runner-up layout and what it would
-    add; ``seconds``, each integer program's time limit (past it the answer is 'feasible'
+    add; ``time_limit``, each integer program's time limit (past it the answer is 'feasible'
     with its proven gap); ``run``, execute the answer and check it, as ``program``'s. The
     GIL is released while the solver runs.
 
@@ -825,13 +825,13 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
         raise TypeError(f"top must be an int, not {_type_name(top)}")
     if not isinstance(explain, bool):
         raise TypeError(f"explain must be True or False, not {_type_name(explain)}")
-    if isinstance(seconds, bool) or not isinstance(seconds, _numbers.Real):
-        raise TypeError(f"seconds must be a number, not {_type_name(seconds)}")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, _numbers.Real):
+        raise TypeError(f"time_limit must be a number, not {_type_name(time_limit)}")
     if not -2**31 <= top < 2**31:
         raise InputError(f"top {top}: lists 1 to 100 shardings, e.g. top 3")
     doc, pinned = _core.solve(
         _program_input(source, text, mesh, dims, pins, "pins", train, optimizer, dtype, hw, split, run),
-        _optional_text(mem_limit, "mem_limit"), int(top), explain, float(seconds))
+        _optional_text(mem_limit, "mem_limit"), int(top), explain, float(time_limit))
     return _verified(Solution(doc, pinned))
 
 

@@ -1,6 +1,6 @@
 // shardmm solve FILE [--mesh M] [--split array|chunk] [--dims ...] [--mem-limit BYTES] [--train|--infer]
 //                    [--optimizer sgd|adam] [--pin NAME=SPEC ...] [--top K] [--explain]
-//                    [--emit FILE] [--run] [--backend] [--seconds S] [--dtype] [--hw] [--json]
+//                    [--emit FILE] [--run] [--backend] [--time-limit S] [--dtype] [--hw] [--json]
 // The fastest sharding of a whole program within a memory limit (solve/solve.h), said to be
 // optimal or with its proven gap, costed as `shardmm program` costs it, beside the named
 // strategies; --emit writes the program with every spec pinned; --run executes and verifies it.
@@ -274,8 +274,9 @@ SolveReport evaluate_solve(const SolveRequest& request) {
                      " shardings, e.g. " + field("top") + " 3");
   }
   if (!(request.seconds > 0) || !std::isfinite(request.seconds)) {
-    throw InputError(field("seconds") + " " + format_given(request.seconds) +
-                     ": an integer program's time limit is a positive number of seconds, e.g. " + field("seconds") + " 10");
+    throw InputError(field("time_limit") + " " + format_given(request.seconds) +
+                     ": an integer program's time limit is a positive number of seconds, e.g. " + field("time_limit") +
+                     " 10");
   }
   BoundProgram b = bind_program(in, "--pin");
   solve::SolveOptions o;
@@ -328,8 +329,8 @@ Command add_solve_command(CLI::App& root) {
   app->add_flag("--run", input.run, "execute the chosen sharding on real ranks and verify it against the dense f64 "
                                      "step (small --dims), e.g. --run");
   app->add_option("--backend", input.backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
-  app->add_option("--seconds", flags->seconds, "each integer program's time limit; past it the answer says its "
-                                               "proven gap, e.g. --seconds 10");
+  app->add_option("--time-limit", flags->seconds, "each integer program's time limit in seconds (default 60); past "
+                                                  "it the answer says its proven gap, e.g. --time-limit 10");
   add_dtype_flag(*app, input.common.dtype);
   add_hw_flag(*app, input.common.hw);
   add_json_flag(*app, input.common.json);

@@ -211,7 +211,7 @@ class OpRecorder {
       const nn::ProgramRecord rec = nn::record_program(tape, mini, forward_only);
       const autodiff::Var y = rec.values[static_cast<std::size_t>(r)];
       out.result = rec.specs[static_cast<std::size_t>(r)];
-      out.result.tensor = g_.tensors[static_cast<std::size_t>(op.result)].name;
+      out.result.tensor = g_.tensors[static_cast<std::size_t>(op.result)].source_name;
       if (result_partial) {
         if (*result_partial & used_mask(out.result)) return out;  // a gradient cannot be partial over its sharding axes
         tape.backward_from(y, axes_of(*result_partial, g_.mesh.rank()));
@@ -326,7 +326,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     } else if (leaf || (einsum && !tensor.temporary)) {
       values = all_specs(tensor, g.mesh, /*allow_unreduced=*/!leaf);
     }
-    for (Spec& s : values) s.tensor = tensor.name;
+    for (Spec& s : values) s.tensor = tensor.source_name;  // as written: `wq`, not `wq.0`
     c.chosen.push_back(!tensor.pinned && (leaf || (einsum && !tensor.temporary)));
     c.values.push_back(std::move(values));  // a derived tensor's values come from its op
   }

@@ -109,7 +109,7 @@ TEST(SolveCli, BadInputIsOneMessageAndExitTwo) {
       {{mlp, "--pin", "w=[D]"}, "the program has no tensor 'w'"},
       {{mlp, "--pin", "w_in=w_in[D_Y, F]"}, "unknown mesh axis 'Y'"},
       {{mlp, "--top", "0"}, "--top"},
-      {{mlp, "--seconds", "-1"}, "--seconds"},
+      {{mlp, "--time-limit", "-1"}, "--time-limit -1: an integer program's time limit"},
       {{mlp, "--train", "--infer"}, "--train and --infer exclude each other"},
       {{mlp, "--optimizer", "lion"}, "unknown optimizer 'lion'"},
       {{mlp, "--run", "--dtype", "bf16"}, "--run computes in f32 or f64, not bf16"},

@@ -88,8 +88,8 @@ SOLVES = [
     (MLP_FREE, {"mesh": "X=2,Y=2", "dims": {"B": 8, "T": 64, "D": 256, "F": 1024}, "train": False, "dtype": "f32"},
      ["--mesh", "X=2,Y=2", "--dims", "B=8,T=64,D=256,F=1024", "--infer", "--dtype", "f32"]),
     # At these sizes the replicated step is fastest and needs 5.5 MiB: the limit binds (CBC).
-    (MLP_FREE, {"dims": "B=8,T=64,D=256,F=1024", "mem_limit": "4MiB", "optimizer": "adam", "seconds": 30},
-     ["--dims", "B=8,T=64,D=256,F=1024", "--mem-limit", "4MiB", "--optimizer", "adam", "--seconds", "30"]),
+    (MLP_FREE, {"dims": "B=8,T=64,D=256,F=1024", "mem_limit": "4MiB", "optimizer": "adam", "time_limit": 30},
+     ["--dims", "B=8,T=64,D=256,F=1024", "--mem-limit", "4MiB", "--optimizer", "adam", "--time-limit", "30"]),
 ]
 
 
@@ -158,8 +158,8 @@ def flags_spelled(message, fields):
     (lambda: shardmm.solve(MLP_FREE, mem_limit="lots"), ["solve", MLP_FREE, "--mem-limit", "lots"],
      [("bad mem_limit", "bad --mem-limit")]),
     (lambda: shardmm.solve(MLP_FREE, top=0), ["solve", MLP_FREE, "--top", "0"], [("top", "--top")]),
-    (lambda: shardmm.solve(MLP_FREE, seconds=-1), ["solve", MLP_FREE, "--seconds", "-1"],
-     [("seconds -1", "--seconds -1"), ("e.g. seconds", "e.g. --seconds")]),
+    (lambda: shardmm.solve(MLP_FREE, time_limit=-1), ["solve", MLP_FREE, "--time-limit", "-1"],
+     [("time_limit -1", "--time-limit -1"), ("e.g. time_limit", "e.g. --time-limit")]),
     (lambda: shardmm.solve(MLP_FREE, dtype="f7"), ["solve", MLP_FREE, "--dtype", "f7"], []),
 ])
 def test_errors_carry_the_commands_message(cli, tmp_path, call, flags, fields):
@@ -201,7 +201,7 @@ def test_wrong_types_raise_type_error():
                  lambda: shardmm.solve(MLP_FREE, top="2"),
                  lambda: shardmm.solve(MLP_FREE, top=True),
                  lambda: shardmm.solve(MLP_FREE, explain=1),
-                 lambda: shardmm.solve(MLP_FREE, seconds="10"),
+                 lambda: shardmm.solve(MLP_FREE, time_limit="10"),
                  lambda: shardmm.solve(MLP_FREE, mem_limit=1.5),
                  lambda: shardmm.program(MLP, run="yes")):
         with pytest.raises(TypeError):

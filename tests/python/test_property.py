@@ -125,9 +125,9 @@ def test_random_arguments_never_crash_program(source, mesh, dims, specs, train, 
        mostly(st.one_of(st.none(), st.integers(-1, 2**30), st.sampled_from(["4MiB", "lots", "1e9", "-1"]))),
        TRAIN, OPTIMIZERS, mostly(st.integers(1, 3)), mostly(st.booleans()), DTYPES, mostly(st.floats(0.5, 30)))
 def test_random_arguments_never_crash_solve(source, mesh, dims, pins, mem_limit, train, optimizer, top, explain, dtype,
-                                            seconds):
+                                            time_limit):
     only_input_or_type_errors(lambda: shardmm.solve(source, mesh, dims, pins, mem_limit, train, optimizer, top, explain,
-                                                    dtype, seconds=seconds))
+                                                    dtype, time_limit=time_limit))
     only_input_or_type_errors(lambda: shardmm.solve(text=source, mesh=mesh, mem_limit=mem_limit, top=top))
 
 
