@@ -10,11 +10,15 @@
 2. run: Python-side allocations of shardmm.run on arrays of the right dtype and layout
    (tracemalloc counts numpy's), against the arrays' size: only the result is allocated;
    the ranks' blocks (the scatter) are allocated in C++, one block per device.
+3. run, the whole process: the peak resident memory a run adds (Linux's VmHWM, reset through
+   /proc/self/clear_refs), against the bytes the ranks' blocks of A and B take (the scatter)
+   and the result: a copy of the global array beyond the scatter would add its size again.
 """
 import argparse
 import statistics
 import time
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 
@@ -63,6 +67,42 @@ def main():
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     print(f"run with a Fortran-ordered a: Python-side peak {peak / 2**20:.1f} MiB (a is copied to C order once)")
+    whole_process()
+
+
+def status_kib(field):
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def peak_added_by(fn):
+    """Bytes of resident memory fn() adds at its peak (0 where the kernel cannot reset the peak)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    except OSError:
+        return 0
+    before = status_kib("VmRSS")
+    fn()
+    return (status_kib("VmHWM") - before) * 1024
+
+
+def whole_process():
+    # A tall A split over X, a thin replicated B: the scatter is A's size (each rank its rows)
+    # plus B once per rank; the result is small; the GEMMs are cheap.
+    print("run, the whole process: peak resident memory a run adds")
+    expr, mesh, k = "A[I_X, J] @ B[J, K] -> C[I_X, K]", "X=2", 8
+    for mib in (256, 512, 1024):
+        n = int((mib * 2**20 / 8) ** 0.5)
+        a, b = np.ones((n, n)), np.ones((n, k))
+        shardmm.run(expr, mesh, a=np.ones((64, 64)), b=np.ones((64, k)), verify=False)  # threads, BLAS warm
+        added = peak_added_by(lambda: shardmm.run(expr, mesh, a=a, b=b, verify=False))
+        scatter = a.nbytes + 2 * b.nbytes
+        result = n * k * 8
+        print(f"  A {n}x{n} f64 ({a.nbytes / 2**20:.0f} MiB): added {added / 2**20:.0f} MiB; the scatter "
+              f"{scatter / 2**20:.0f} MiB and the result {result / 2**20:.1f} MiB: "
+              f"{added / (scatter + result):.2f}x what a run must hold")
 
 
 if __name__ == "__main__":
