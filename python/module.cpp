@@ -348,7 +348,9 @@ PYBIND11_MODULE(_shardmm, m) {
                        double tie_margin) {
     const cli::Planning p = planning(mesh, split, dims, dtype, hw, mem_limit, tie_margin, nullptr);
     const Contraction c = parse_contraction(expr, p.mesh);
-    return cli::matmul_json(p, c, cli::plan_contraction(p, c)).dump(2);
+    // bytes, not str: a caller that reads a figure parses it (json takes bytes) and only
+    // to_json() decodes it, so a plan call pays for no UTF-8 check of the whole document.
+    return py::bytes(cli::matmul_json(p, c, cli::plan_contraction(p, c)).dump(2));
   };
   m.def("plan", plan);
   // bench/python_plan_overhead.py: the seconds each of `calls` plans takes in C++ alone, to

@@ -51,6 +51,8 @@ def _type_name(value):
 
 def _mesh_args(mesh):
     """(the --mesh text, the --split rule): a str mesh splits as 'array'."""
+    if type(mesh) is str:
+        return mesh, "array"
     if isinstance(mesh, Mesh):
         return str(mesh), mesh.split
     if isinstance(mesh, str):
@@ -111,6 +113,8 @@ def _optional_text(value, what):
 
 
 def _tie_margin(value):
+    if type(value) is float:  # the common case, without the numbers.Real check's cost
+        return value
     if isinstance(value, bool) or not isinstance(value, _numbers.Real):
         raise TypeError(f"tie_margin must be a number, not {_type_name(value)}")
     return float(value)
@@ -407,7 +411,8 @@ class _Document(_Record):
     def to_json(self):
         """The document ``shardmm ... --json`` prints for the same arguments (without its
         final newline)."""
-        return self._text
+        text = self._text
+        return text.decode() if isinstance(text, bytes) else text
 
 
 class Check(_Document):
