@@ -6,7 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <functional>
-#include <map>
+#include <limits>
 
 #include "shardmm/core/error.h"
 #include "solve/factor_index.h"
@@ -218,10 +218,6 @@ void for_each_tuple(const ChoiceProblem& p, const std::vector<int>& vars, std::v
     if (i == vars.size()) return;
   }
 }
-
-}  // namespace
-
-namespace {
 
 std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_table) {
   const auto start = std::chrono::steady_clock::now();

@@ -1,9 +1,11 @@
-// A program as a choice problem: a variable per tensor (a repeat's copies share one), a
-// factor per op whose entries are the op recorded alone on a symbolic tape in each
-// combination of its operands' and result's specs, and a factor per leaf for the memory it
-// holds (the leaf, its gradient, Adam's moments).
+// A program as a choice problem: a variable per tensor (a repeat's copies share one) and one
+// per differentiated tensor for the axes its gradient arrives partial over; a factor per op
+// whose entries are the op recorded alone on a symbolic tape in each combination of those
+// variables' values; a factor per leaf for the memory it holds (the leaf, its gradient,
+// Adam's moments) and one for reducing its gradient into its spec.
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <exception>
 #include <functional>
 #include <map>

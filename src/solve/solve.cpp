@@ -173,12 +173,14 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   }
   if (r.outcome.best.empty()) {
     if (r.outcome.status == SolveStatus::unknown) {
-      throw InputError("solve: no sharding found within --time-limit " + std::to_string(options.seconds) +
-                       " s; give more time, pin some tensors (--pin) or fewer mesh axes");
+      std::ostringstream seconds;
+      seconds << options.seconds;
+      throw InputError("solve: no sharding found within " + field("time_limit") + " " + seconds.str() +
+                       " s; give more time, pin some tensors or use fewer mesh axes");
     }
     std::string why = "no sharding of the program fits";
     if (options.memory_limit) {
-      why += " in --mem-limit " + bytes_text(*options.memory_limit) + " per device";
+      why += " in " + field("mem_limit") + " " + bytes_text(*options.memory_limit) + " per device";
       SolveLimits least;
       least.minimize_memory = true;
       least.seconds = options.seconds;

@@ -314,7 +314,7 @@ TEST(Solve, AMemoryLimitThatBindsIsHonouredByTheIntegerProgram) {
     ADD_FAILURE() << "1 KiB fits";
   } catch (const InputError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("no sharding of the program fits in --mem-limit 1 KiB per device: the least any sharding needs is "),
+    EXPECT_NE(m.find("no sharding of the program fits in mem_limit 1 KiB per device: the least any sharding needs is "),
               std::string::npos) << m;
     EXPECT_NE(m.find("its largest tensors, per device: "), std::string::npos) << m;
   }
