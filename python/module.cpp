@@ -268,6 +268,8 @@ PYBIND11_MODULE(_shardmm, m) {
   // The CLI's exit 2: a user's mistake, with the CLI's one-line message (and the caret
   // lines, when the text has them).
   py::register_exception<InputError>(m, "InputError", PyExc_ValueError);
+  // A bug in the caller (here: in the wrapper), never the user's input.
+  py::register_exception<UsageError>(m, "UsageError", PyExc_RuntimeError);
 
   py::class_<Mesh>(m, "Mesh")
       .def(py::init([](const std::string& text, const std::string& split) { return cli::parse_mesh(text, split); }),

@@ -37,8 +37,11 @@ InputError.__doc__ = """A mistake in the input: the message names the offending 
 
 The ``shardmm`` command reports the same mistake with the same line and exits 2. It is a
 ``ValueError``, so ``except ValueError`` catches it too."""
+UsageError = _core.UsageError
+UsageError.__module__ = "shardmm"
+UsageError.__doc__ = """A bug in the code calling shardmm's library, not in the input (a ``RuntimeError``)."""
 
-__all__ = ["InputError", "Mesh", "Spec", "Step", "Candidate", "Check", "Plan", "Reshard", "RunResult", "Program",
+__all__ = ["InputError", "UsageError", "Mesh", "Spec", "Step", "Candidate", "Check", "Plan", "Reshard", "RunResult", "Program",
            "Solution", "Strategy", "check", "plan", "reshard", "run", "program", "solve", "visualize"]
 
 

@@ -1,7 +1,6 @@
 #include "shardmm/core/geometry.h"
 
 #include <algorithm>
-#include <stdexcept>
 
 #include "shardmm/core/error.h"
 
@@ -92,7 +91,7 @@ std::int64_t overlap_elements(const std::vector<Range>& a, const std::vector<Ran
 }
 
 std::vector<Range> intersect_boxes(const std::vector<Range>& a, const std::vector<Range>& within) {
-  if (a.size() != within.size()) throw std::invalid_argument("intersect_boxes: the boxes differ in rank");
+  if (a.size() != within.size()) throw UsageError("intersect_boxes: the boxes differ in rank");
   std::vector<Range> box;
   box.reserve(a.size());
   for (std::size_t d = 0; d < a.size(); ++d) {

@@ -1,7 +1,6 @@
 #include "shardmm/nn/model.h"
 
 #include <algorithm>
-#include <stdexcept>
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -135,7 +134,7 @@ int ModelConfig::axis_of(Strategy s) const {
   for (std::size_t i = 0; i < strategies.size(); ++i) {
     if (strategies[i] == s) return axes[i];
   }
-  throw std::logic_error(std::string("the model does not use strategy ") + to_string(s));
+  throw UsageError(std::string("the model does not use strategy ") + to_string(s));
 }
 
 MoeConfig ModelConfig::moe() const {

@@ -118,21 +118,21 @@ double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op, c
 CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
                                std::int64_t array_bytes) {
   if (!is_collective(op) || op == OpKind::exchange) {
-    throw std::invalid_argument(std::string("collective_time: ") + to_string(op) +
+    throw UsageError(std::string("collective_time: ") + to_string(op) +
                                 " is not one of the four collectives (an exchange is costed by its traffic, "
                                 "StepCoster)");
   }
-  if (array_bytes < 0) throw std::invalid_argument("collective_time: negative array_bytes");
+  if (array_bytes < 0) throw UsageError("collective_time: negative array_bytes");
   std::vector<double> sizes;  // the group's axes that have links to use
   for (std::size_t i = 0; i < group.size(); ++i) {
     const int axis = group[i];
     if (axis < 0 || axis >= mesh.rank()) {
-      throw std::invalid_argument("collective_time: axis index " + std::to_string(axis) + " is not in mesh " +
+      throw UsageError("collective_time: axis index " + std::to_string(axis) + " is not in mesh " +
                                   mesh.to_string());
     }
     if (std::find(group.begin(), group.begin() + static_cast<std::ptrdiff_t>(i), axis) !=
         group.begin() + static_cast<std::ptrdiff_t>(i)) {
-      throw std::invalid_argument("collective_time: axis " + mesh.axis(axis).name + " repeats in the group");
+      throw UsageError("collective_time: axis " + mesh.axis(axis).name + " repeats in the group");
     }
     if (mesh.size(axis) > 1) sizes.push_back(static_cast<double>(mesh.size(axis)));
   }
@@ -151,8 +151,8 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
 }
 
 double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {
-  if (!std::isfinite(flops) || flops < 0) throw std::invalid_argument("einsum_time: flops must be finite and >= 0");
-  if (bytes < 0) throw std::invalid_argument("einsum_time: negative bytes");
+  if (!std::isfinite(flops) || flops < 0) throw UsageError("einsum_time: flops must be finite and >= 0");
+  if (bytes < 0) throw UsageError("einsum_time: negative bytes");
   const double peak = hw.flops_for(dtype);
   detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
   const double measured = bytes > 0 ? calibrated_gemm_rate(hw, dtype, flops / static_cast<double>(bytes)) : 0;
@@ -166,13 +166,13 @@ Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::in
 }
 
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes) {
-  if (bytes < 0) throw std::invalid_argument("local_copy_time: negative bytes");
+  if (bytes < 0) throw UsageError("local_copy_time: negative bytes");
   detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
   return 2 * static_cast<double>(bytes) / hw.hbm_bandwidth;
 }
 
 double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes) {
-  if (bytes < 0) throw std::invalid_argument("ring_hop_time: negative bytes");
+  if (bytes < 0) throw UsageError("ring_hop_time: negative bytes");
   detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
   return hw.hop_latency_s + static_cast<double>(bytes) / hw.link_bandwidth;
 }
@@ -184,7 +184,7 @@ Bound ring_hop_bound(const HardwareProfile& hw, std::int64_t bytes) {
 }
 
 std::vector<int> ring_chunks(std::int64_t members, bool bidirectional) {
-  if (members < 1) throw std::invalid_argument("ring_chunks: a ring has at least one member");
+  if (members < 1) throw UsageError("ring_chunks: a ring has at least one member");
   if (!bidirectional) return std::vector<int>(static_cast<std::size_t>(members), 1);
   // The shards from the left travel ceil((n-1)/2) hops, those from the right floor((n-1)/2).
   const std::int64_t from_left = members / 2, from_right = (members - 1) / 2;
@@ -194,8 +194,8 @@ std::vector<int> ring_chunks(std::int64_t members, bool bidirectional) {
 }
 
 double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s, double overlap) {
-  if (chunks.empty()) throw std::invalid_argument("overlapped_ring_time: a ring has at least one step");
-  if (!(overlap >= 0 && overlap <= 1)) throw std::invalid_argument("overlapped_ring_time: overlap is 0..1");
+  if (chunks.empty()) throw UsageError("overlapped_ring_time: a ring has at least one step");
+  if (!(overlap >= 0 && overlap <= 1)) throw UsageError("overlapped_ring_time: overlap is 0..1");
   double total = 0;
   for (std::size_t s = 0; s + 1 < chunks.size(); ++s) {
     total += std::max(overlap * hop_s, chunks[s] * chunk_compute_s) + (1 - overlap) * hop_s;

@@ -4,20 +4,20 @@
 #include <cmath>
 #include <functional>
 #include <optional>
-#include <stdexcept>
 #include <vector>
 
+#include "shardmm/core/error.h"
 #include "shardmm/plan/cost.h"
 
 namespace shardmm {
 
 AlphaBetaFit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<double>& seconds) {
-  if (bytes.size() != seconds.size()) throw std::invalid_argument("fit_alpha_beta: sizes and times differ in count");
+  if (bytes.size() != seconds.size()) throw UsageError("fit_alpha_beta: sizes and times differ in count");
   if (std::adjacent_find(bytes.begin(), bytes.end(), std::not_equal_to<>()) == bytes.end()) {
-    throw std::invalid_argument("fit_alpha_beta: needs at least two distinct sizes");
+    throw UsageError("fit_alpha_beta: needs at least two distinct sizes");
   }
   for (double t : seconds) {
-    if (!(t > 0) || !std::isfinite(t)) throw std::invalid_argument("fit_alpha_beta: times must be positive");
+    if (!(t > 0) || !std::isfinite(t)) throw UsageError("fit_alpha_beta: times must be positive");
   }
   // Weighted normal equations for t = a + b x with weights w = 1 / t^2.
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
@@ -59,11 +59,11 @@ AlphaBetaFit fit_alpha_beta(const std::vector<double>& bytes, const std::vector<
 std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>& bytes,
                                                       const std::vector<double>& seconds) {
   if (bytes.size() != seconds.size()) {
-    throw std::invalid_argument("fit_alpha_beta_segments: sizes and times differ in count");
+    throw UsageError("fit_alpha_beta_segments: sizes and times differ in count");
   }
   if (!std::is_sorted(bytes.begin(), bytes.end()) ||
       std::adjacent_find(bytes.begin(), bytes.end()) != bytes.end()) {
-    throw std::invalid_argument("fit_alpha_beta_segments: sizes must be distinct and ascending");
+    throw UsageError("fit_alpha_beta_segments: sizes must be distinct and ascending");
   }
   const auto fit_range = [&](std::size_t from, std::size_t to) {
     const std::vector<double> x(bytes.begin() + static_cast<std::ptrdiff_t>(from),

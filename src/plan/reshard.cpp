@@ -190,12 +190,12 @@ Plan detail::plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, 
   // The shape comes from the caller, not from global_shape: check it the same way, so that
   // no shard size below can overflow.
   if (shape.size() != from.dims.size()) {
-    throw std::invalid_argument("plan_reshard: a shape of " + std::to_string(shape.size()) + " extents for " +
+    throw UsageError("plan_reshard: a shape of " + std::to_string(shape.size()) + " extents for " +
                                 format_spec(from, mesh));
   }
   std::int64_t elements = 1;
   for (std::int64_t n : shape) {
-    if (n < 0) throw std::invalid_argument("plan_reshard: negative extent " + std::to_string(n));
+    if (n < 0) throw UsageError("plan_reshard: negative extent " + std::to_string(n));
     elements = checked_mul(elements, n, "the element count of " + (from.tensor.empty() ? std::string("the tensor") : from.tensor));
   }
   const auto costed = [&](std::vector<Step> steps) {

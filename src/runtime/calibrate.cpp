@@ -250,7 +250,7 @@ double gemm_spread(const std::vector<GemmRate>& a, const std::vector<GemmRate>& 
 
 std::vector<GemmRate> combine_gemm_passes(const std::vector<std::vector<GemmRate>>& passes) {
   if (passes.size() != 2 && passes.size() != 3) {
-    throw std::invalid_argument("combine_gemm_passes: two or three passes, got " + std::to_string(passes.size()));
+    throw UsageError("combine_gemm_passes: two or three passes, got " + std::to_string(passes.size()));
   }
   std::vector<GemmRate> out = passes[0];
   for (std::size_t i = 0; i < out.size(); ++i) {

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli_in_process.h"
+#include "shardmm/core/error.h"
 #include "shardmm/plan/cost.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/calibrate.h"
@@ -120,7 +121,7 @@ TEST(GemmPasses, TwoAreAveragedAndThreeVoteByTheirMedian) {
   const std::vector<GemmRate> three = combine_gemm_passes({pass(60, 50), pass(100, 70), pass(95, 68)});
   EXPECT_DOUBLE_EQ(three[0].flops_per_s, 95);
   EXPECT_DOUBLE_EQ(three[1].flops_per_s, 68);
-  EXPECT_THROW(combine_gemm_passes({pass(1, 1)}), std::invalid_argument);
+  EXPECT_THROW(combine_gemm_passes({pass(1, 1)}), UsageError);
 }
 
 TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {

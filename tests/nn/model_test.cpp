@@ -57,7 +57,7 @@ TEST(ModelConfigTest, AxesByNameThenInOrder) {
   EXPECT_EQ(specs(ordered)[2], "X[B_X, T, D]");
   const ModelConfig mixed = make_model_config("mlp", "dp+tp", Mesh::parse("X=3,tp=2"), parse_dims(dims));
   EXPECT_EQ(mixed.axis_of(Strategy::dp), 0);
-  EXPECT_THROW(mixed.axis_of(Strategy::fsdp), std::logic_error);
+  EXPECT_THROW(mixed.axis_of(Strategy::fsdp), UsageError);
 }
 
 TEST(ModelConfigTest, DerivedDimsAndMoeDefaults) {

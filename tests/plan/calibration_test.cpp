@@ -84,11 +84,11 @@ TEST(FitAlphaBeta, NegativeInterceptIsRefittedThroughTheOrigin) {
 }
 
 TEST(FitAlphaBeta, RejectsWhatCannotBeFitted) {
-  EXPECT_THROW(fit_alpha_beta({1024, 1024}, {1e-6, 2e-6}), std::invalid_argument);
-  EXPECT_THROW(fit_alpha_beta({1024}, {1e-6}), std::invalid_argument);
-  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6}), std::invalid_argument);
-  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6, 0}), std::invalid_argument);
-  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6, NAN}), std::invalid_argument);
+  EXPECT_THROW(fit_alpha_beta({1024, 1024}, {1e-6, 2e-6}), UsageError);
+  EXPECT_THROW(fit_alpha_beta({1024}, {1e-6}), UsageError);
+  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6}), UsageError);
+  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6, 0}), UsageError);
+  EXPECT_THROW(fit_alpha_beta({1024, 2048}, {1e-6, NAN}), UsageError);
 }
 
 // Equal times give no cost per byte at all, not the rounding of the normal equations (which
@@ -148,8 +148,8 @@ TEST(FitAlphaBetaSegments, TwoKneesGiveThreeExactLines) {
 }
 
 TEST(FitAlphaBetaSegments, NeedsAscendingDistinctSizes) {
-  EXPECT_THROW(fit_alpha_beta_segments({2, 1, 3}, {1, 1, 1}), std::invalid_argument);
-  EXPECT_THROW(fit_alpha_beta_segments({1, 1, 3}, {1, 1, 1}), std::invalid_argument);
+  EXPECT_THROW(fit_alpha_beta_segments({2, 1, 3}, {1, 1, 1}), UsageError);
+  EXPECT_THROW(fit_alpha_beta_segments({1, 1, 3}, {1, 1, 1}), UsageError);
 }
 
 // ---- the cost model on a calibrated profile ----

@@ -311,10 +311,10 @@ TEST(SwitchCollectives, LatencyStepsAndAxesDoNotMatter) {
 TEST(CollectiveTime, RejectsProgrammingErrors) {
   const HardwareProfile v5e = builtin_profile("tpu-v5e");
   const Mesh mesh = Mesh::parse("X=4");
-  EXPECT_THROW(collective_time(v5e, mesh, OpKind::einsum, {0}, 8), std::invalid_argument);
-  EXPECT_THROW(collective_time(v5e, mesh, OpKind::all_gather, {1}, 8), std::invalid_argument);
-  EXPECT_THROW(collective_time(v5e, mesh, OpKind::all_gather, {0, 0}, 8), std::invalid_argument);
-  EXPECT_THROW(collective_time(v5e, mesh, OpKind::all_gather, {0}, -1), std::invalid_argument);
+  EXPECT_THROW(collective_time(v5e, mesh, OpKind::einsum, {0}, 8), UsageError);
+  EXPECT_THROW(collective_time(v5e, mesh, OpKind::all_gather, {1}, 8), UsageError);
+  EXPECT_THROW(collective_time(v5e, mesh, OpKind::all_gather, {0, 0}, 8), UsageError);
+  EXPECT_THROW(collective_time(v5e, mesh, OpKind::all_gather, {0}, -1), UsageError);
   EXPECT_EQ(collective_time(v5e, mesh, OpKind::all_gather, {0}, 0), 0.0);
 }
 

@@ -66,7 +66,7 @@ struct ModelConfig {
   double capacity_factor = 1.25;
 
   bool has(Strategy s) const;
-  // The mesh axis of `s`; throws std::logic_error when the config does not use it.
+  // The mesh axis of `s`; throws UsageError when the config does not use it.
   int axis_of(Strategy s) const;
   MoeConfig moe() const;
 };

@@ -116,7 +116,7 @@ std::string calibrated_profile_path();
 // The least-squares line `seconds = alpha + beta * bytes` through measured points,
 // weighted by 1 / seconds^2 so that every size counts by its relative error (the sizes
 // span decades); a negative alpha (noise at small sizes) is refitted as alpha = 0.
-// Needs at least two distinct sizes and positive times (else std::invalid_argument).
+// Needs at least two distinct sizes and positive times (else UsageError).
 struct AlphaBetaFit {
   double alpha_s = 0;
   double beta_s_per_byte = 0;

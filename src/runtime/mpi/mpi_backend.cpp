@@ -214,7 +214,7 @@ void ensure_initialized() {
   if (initialized) {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized) throw std::logic_error("the mpi backend was used after MPI_Finalize");
+    if (finalized) throw UsageError("the mpi backend was used after MPI_Finalize");
     return;
   }
   mpi_launched();  // reads the environment before MPI_Init adds to it
@@ -1505,7 +1505,7 @@ int mpi_world_rank() {
 
 std::int64_t set_mpi_count_limit(std::int64_t limit) {
   if (limit < 1 || limit > INT_MAX) {
-    throw std::invalid_argument("the mpi count limit must be in [1, INT_MAX]; got " + std::to_string(limit));
+    throw UsageError("the mpi count limit must be in [1, INT_MAX]; got " + std::to_string(limit));
   }
   return count_limit.exchange(limit);
 }
