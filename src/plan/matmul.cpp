@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <map>
 #include <set>
+#include <vector>
 
 #include "plan/steps.h"
 #include "shardmm/core/error.h"
@@ -83,6 +85,9 @@ class MatmulPlanner {
     out_dims_only.tensor = c.out_tensor;
     for (const std::string& d : c.out_dims) out_dims_only.dims.push_back({d, {}});
     c_shape_ = global_shape(out_dims_only, sizes);
+    for (const Spec& s : {c.a, c.b, out_dims_only}) {
+      for (const DimSpec& d : s.dims) letter_ids_.try_emplace(d.name, static_cast<int>(letter_ids_.size()));
+    }
   }
 
   std::vector<Plan> candidates() {
@@ -104,11 +109,11 @@ class MatmulPlanner {
     enumerate_roles(options, chosen, 0);
     // Cheapest first; ties go to the smaller footprint, then to fewer steps, then by name.
     std::stable_sort(plans_.begin(), plans_.end(), [this](const Plan& p, const Plan& q) {
-      const auto key = [this](const Plan& x) {
-        return std::make_tuple(x.total_time_s, x.peak_bytes_per_device, x.steps.size(), x.description,
-                               format_spec(x.output, mesh_));
-      };
-      return key(p) < key(q);
+      if (p.total_time_s != q.total_time_s) return p.total_time_s < q.total_time_s;
+      if (p.peak_bytes_per_device != q.peak_bytes_per_device) return p.peak_bytes_per_device < q.peak_bytes_per_device;
+      if (p.steps.size() != q.steps.size()) return p.steps.size() < q.steps.size();
+      if (p.description != q.description) return p.description < q.description;
+      return format_spec(p.output, mesh_) < format_spec(q.output, mesh_);
     });
     return std::move(plans_);
   }
@@ -284,10 +289,25 @@ class MatmulPlanner {
     }
   }
 
+  // A spec as numbers (each dimension's letter and axes, then the pending sums), for keys:
+  // the planner looks its reshards and plans up thousands of times per call.
+  void append_layout(std::vector<int>& key, const Spec& s) const {
+    for (const DimSpec& d : s.dims) {
+      key.push_back(letter_ids_.at(d.name));
+      key.insert(key.end(), d.axes.begin(), d.axes.end());
+      key.push_back(-1);
+    }
+    key.insert(key.end(), s.unreduced.begin(), s.unreduced.end());
+    key.push_back(-2);
+  }
+
   // Remembered: the role combinations share most of their reshards.
   const std::vector<std::vector<Step>>& reshard_options(const Spec& from, const Spec& to,
                                                         const std::vector<std::int64_t>& shape) {
-    auto [it, added] = reshards_.try_emplace(format_spec(from, mesh_) + ">" + format_spec(to, mesh_));
+    std::vector<int> key;
+    append_layout(key, from);
+    append_layout(key, to);
+    auto [it, added] = reshards_.try_emplace(std::move(key));
     if (!added) return it->second;
     std::vector<std::vector<Step>>& options = it->second;
     // plan_reshard's steps are the chain itself unless it took an exchange.
@@ -308,13 +328,17 @@ class MatmulPlanner {
     einsum.from_b = b;
     einsum.to = local;
 
-    std::string signature;
+    std::vector<int> signature;
     for (const auto* steps : {&a_steps, &b_steps, &c_steps}) {
-      for (const Step& s : *steps) signature += format_spec(s.from, mesh_) + ">" + format_spec(s.to, mesh_) + to_string(s.op) + ";";
-      signature += "|";
+      for (const Step& s : *steps) {
+        append_layout(signature, s.from);
+        append_layout(signature, s.to);
+        signature.push_back(static_cast<int>(s.op));
+      }
+      signature.push_back(-3);
     }
-    signature += format_spec(local, mesh_);
-    if (!seen_.insert(signature).second) return;
+    append_layout(signature, local);
+    if (!seen_.insert(std::move(signature)).second) return;
 
     // Peak: the caller's inputs stay allocated; an intermediate lives until its consumer ran.
     // Saturating: sizes that fit 64 bits each can overflow in sum; the memory limit refuses those.
@@ -450,9 +474,10 @@ class MatmulPlanner {
   detail::StepCoster coster_;
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
   std::vector<Plan> plans_;
-  std::set<std::string> seen_;
+  std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered
+  std::set<std::vector<int>> seen_;  // plans added, by their steps' layouts
   bool every_output_layout_ = true;
-  std::map<std::string, std::vector<std::vector<Step>>> reshards_;
+  std::map<std::vector<int>, std::vector<std::vector<Step>>> reshards_;  // by append_layout(from), (to)
 };
 
 // PlanOptions::tie_margin: the model's error on a real machine is larger than a percent or
