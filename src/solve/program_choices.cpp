@@ -176,8 +176,78 @@ class OpRecorder {
  public:
   OpRecorder(const Graph& g, const nn::ProgramOptions& options) : g_(g), options_(options) {}
 
+  // Ops alike in everything the tape sees (a transformer's q, k and v projections; a
+  // block's two residual adds) are recorded once: the tape's cost does not depend on names.
   OpCost cost(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
               const std::optional<Spec>& result_pin, std::optional<int> result_partial) const {
+    const std::string key = signature(k, operands, operand_specs, result_pin, result_partial);
+    {
+      const std::lock_guard<std::mutex> lock(memo_mutex_);
+      if (const auto it = memo_.find(key); it != memo_.end()) return named(it->second, k);
+    }
+    OpCost out = record(k, operands, operand_specs, result_pin, result_partial);
+    const std::lock_guard<std::mutex> lock(memo_mutex_);
+    memo_.emplace(key, out);
+    return out;
+  }
+
+  std::int64_t recordings() const {
+    const std::lock_guard<std::mutex> lock(memo_mutex_);
+    return static_cast<std::int64_t>(memo_.size());
+  }
+
+  // Reducing a leaf's gradient, partial over `partial`, into the leaf's spec `s`.
+  double reduce_time(const program::Tensor& t, const Spec& s, int partial) const {
+    autodiff::Tape tape(g_.mesh, {options_.dtype, options_.hw, 0});
+    Spec from = s;
+    from.unreduced = axes_of(partial, g_.mesh.rank());
+    const autodiff::Var v = tape.input(from, t.shape, {}, false);
+    autodiff::reshard(v, s);
+    double time = 0;
+    for (const autodiff::TapeEvent& e : tape.events()) time += e.step.time_s;
+    return time;
+  }
+
+ private:
+  // Everything of op k and its specs that the tape sees: the op, each operand's role,
+  // letters and spec (by position, repeats included), the result's letters, pin and
+  // gradient; no tensor names.
+  std::string signature(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
+                        const std::optional<Spec>& result_pin, std::optional<int> result_partial) const {
+    const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
+    const auto unnamed = [&](Spec s) {
+      s.tensor.clear();
+      return format_spec(s, g_.mesh);
+    };
+    const auto letters = [](const program::Tensor& t) {
+      std::string out;
+      for (const std::string& l : t.letters) out += l + ",";
+      return out;
+    };
+    std::string key = std::string(program::to_string(op.op.kind)) + " " + op.op.function + " " + op.op.over + " " +
+                      std::to_string(op.op.constant);
+    for (const std::string& l : op.op.from) key += " <" + l;
+    for (const std::string& l : op.op.to) key += " >" + l;
+    for (int x : op.operands) {
+      const auto i = static_cast<std::size_t>(std::find(operands.begin(), operands.end(), x) - operands.begin());
+      const program::Tensor& t = g_.tensors[static_cast<std::size_t>(x)];
+      key += " | " + std::to_string(i) + " " + program::to_string(t.role) + " " + letters(t) + " " +
+             unnamed(operand_specs[i]);
+    }
+    key += " -> " + letters(g_.tensors[static_cast<std::size_t>(op.result)]) + " " +
+           (result_pin ? unnamed(*result_pin) : "free") + " " +
+           (result_partial ? std::to_string(*result_partial) : "none");
+    return key;
+  }
+
+  // A recording for one op, labelled for op k.
+  OpCost named(OpCost cost, int k) const {
+    cost.result.tensor = g_.tensors[static_cast<std::size_t>(g_.ops[static_cast<std::size_t>(k)].result)].source_name;
+    return cost;
+  }
+
+  OpCost record(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
+                const std::optional<Spec>& result_pin, std::optional<int> result_partial) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     Graph mini;
     mini.file = g_.file;
@@ -235,21 +305,10 @@ class OpRecorder {
     return out;
   }
 
-  // Reducing a leaf's gradient, partial over `partial`, into the leaf's spec `s`.
-  double reduce_time(const program::Tensor& t, const Spec& s, int partial) const {
-    autodiff::Tape tape(g_.mesh, {options_.dtype, options_.hw, 0});
-    Spec from = s;
-    from.unreduced = axes_of(partial, g_.mesh.rank());
-    const autodiff::Var v = tape.input(from, t.shape, {}, false);
-    autodiff::reshard(v, s);
-    double time = 0;
-    for (const autodiff::TapeEvent& e : tape.events()) time += e.step.time_s;
-    return time;
-  }
-
- private:
   const Graph& g_;
   const nn::ProgramOptions& options_;
+  mutable std::mutex memo_mutex_;
+  mutable std::map<std::string, OpCost> memo_;  // by signature()
 };
 
 // One combination of an op's specs to record, and what recording it gave.
@@ -474,7 +533,6 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       for_each_parallel(jobs.size(), [&](std::size_t j) {
         jobs[j].cost = recorder.cost(f.op, f.operands, jobs[j].specs, jobs[j].pin, jobs[j].partial);
       });
-      c.evaluations += static_cast<std::int64_t>(jobs.size());
       for (const Recording& job : jobs) {
         const OpCost& cost = job.cost;
         const std::vector<int>& tuple = job.tuple;
@@ -586,6 +644,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     }
     c.problem.factors.push_back(std::move(reduce));
   }
+  c.evaluations = recorder.recordings();
   return c;
 }
 

@@ -47,7 +47,7 @@ struct ProgramChoices {
   // gradient is partial over when it reaches its producer or its reduction (a bit mask), or
   // -1 when it gets no gradient.
   std::vector<int> gradient_var;
-  std::int64_t evaluations = 0;           // ops recorded to fill the factors
+  std::int64_t evaluations = 0;           // distinct op recordings that filled the factors
 };
 ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options);
 
