@@ -187,22 +187,29 @@ Var planned_einsum(Var a, Var b, const Spec& out) {
   for (const DimSpec& d : out.dims) c.out_dims.push_back(d.name);
   check_letters(t.mesh, c.a, c.b, c.out_dims);
   const DimSizes sizes = letter_sizes(t.mesh, c.a, a.shape(), c.b, b.shape());
-  const MatmulPlanning planning = plan_matmul(t.mesh, c, sizes, t.plan_options);
-  // The tape records steps one at a time, so a collective matmul ring is no step of its; the
-  // planner's choice when it has none, else the cheapest candidate without one.
-  const auto ringless = [](const Plan& p) {
-    return std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
+  const auto make_plan = [&] {
+    const MatmulPlanning planning = plan_matmul(t.mesh, c, sizes, t.plan_options);
+    // The tape records steps one at a time, so a collective matmul ring is no step of its; the
+    // planner's choice when it has none, else the cheapest candidate without one.
+    const auto ringless = [](const Plan& p) {
+      return std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
+    };
+    if (planning.chosen >= 0 && ringless(planning.candidates[static_cast<std::size_t>(planning.chosen)])) {
+      return planning.candidates[static_cast<std::size_t>(planning.chosen)];
+    }
+    for (const Plan& p : planning.candidates) {
+      if (p.fits_memory && ringless(p)) return p;
+    }
+    throw InputError("planned_einsum: no plan for " + format_contraction(c, t.mesh));
   };
-  const Plan* plan = nullptr;
-  if (planning.chosen >= 0 && ringless(planning.candidates[static_cast<std::size_t>(planning.chosen)])) {
-    plan = &planning.candidates[static_cast<std::size_t>(planning.chosen)];
+  std::string key;
+  if (t.options.plans) {
+    key = format_contraction(c, t.mesh) + " " + to_string(t.plan_options.dtype);
+    for (const auto& [letter, size] : sizes) key += " " + letter + "=" + std::to_string(size);
   }
-  for (const Plan& p : planning.candidates) {
-    if (!plan && p.fits_memory && ringless(p)) plan = &p;
-  }
-  if (!plan) throw InputError("planned_einsum: no plan for " + format_contraction(c, t.mesh));
+  const Plan plan = t.options.plans ? t.options.plans->plan(key, make_plan) : make_plan();
   Var current[3] = {a, b, Var()};
-  for (const Step& step : plan->steps) {
+  for (const Step& step : plan.steps) {
     if (step.op == OpKind::einsum) {
       current[2] = einsum(current[0], current[1], c.out_dims);
       t.node(current[2]).value.spec.tensor = c.out_tensor;

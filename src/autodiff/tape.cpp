@@ -12,6 +12,16 @@ namespace shardmm::autodiff {
 
 const char* to_string(Phase phase) { return phase == Phase::forward ? "forward" : "backward"; }
 
+Plan EinsumPlanCache::plan(const std::string& key, const std::function<Plan()>& make) {
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
+  }
+  Plan made = make();  // outside the lock: tapes on other threads plan other contractions meanwhile
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return plans_.emplace(key, std::move(made)).first->second;
+}
+
 AxisList sharding_axes(const Spec& spec) {
   AxisList out;
   for (const DimSpec& d : spec.dims) out.insert(out.end(), d.axes.begin(), d.axes.end());

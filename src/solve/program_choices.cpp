@@ -279,7 +279,7 @@ class OpRecorder {
     nn::ProgramOptions forward_only = options_;
     forward_only.train = false;
     try {
-      autodiff::Tape tape(mini.mesh, {options_.dtype, options_.hw, 0});
+      autodiff::Tape tape(mini.mesh, {options_.dtype, options_.hw, 0, &plans_});
       const nn::ProgramRecord rec = nn::record_program(tape, mini, forward_only);
       const autodiff::Var y = rec.values[static_cast<std::size_t>(r)];
       out.result = rec.specs[static_cast<std::size_t>(r)];
@@ -307,6 +307,7 @@ class OpRecorder {
 
   const Graph& g_;
   const nn::ProgramOptions& options_;
+  mutable autodiff::EinsumPlanCache plans_;  // the forward repeats for each gradient layout
   mutable std::mutex memo_mutex_;
   mutable std::map<std::string, OpCost> memo_;  // by signature()
 };

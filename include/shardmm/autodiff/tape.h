@@ -43,7 +43,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -103,10 +106,24 @@ struct TapeMemory {
   std::int64_t gradients = 0;     // leaf gradients, in the leaves' specs (after backward)
 };
 
+// The plans of planned_einsum shared by tapes that record the same contraction again (solve
+// records each op once per combination of specs, the forward pass again for every layout of
+// its gradient): the plan by the contraction, its sizes and the dtype. Thread-safe; one cache
+// serves tapes of one mesh, hardware profile and memory limit.
+class EinsumPlanCache {
+ public:
+  Plan plan(const std::string& key, const std::function<Plan()>& make);
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, Plan> plans_;
+};
+
 struct TapeOptions {
   DType dtype = DType::f32;  // executed: f32 or f64; symbolic: any (it sizes bytes and FLOP/s)
   HardwareProfile hw = builtin_profile("h100");  // for predicted times
   std::int64_t device = 0;   // symbolic only: whose shards the memory figures count
+  EinsumPlanCache* plans = nullptr;  // shared with other tapes when given (kept alive by the caller)
 };
 
 // How all_gather keeps its output for the backward pass.
