@@ -258,6 +258,22 @@ Var rename(Var x, std::string_view from, std::string_view to) {
   });
 }
 
+Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill) {
+  Tape& tape = x.tape();
+  Tape::Impl& t = tape.impl();
+  validate_spec(spec, t.mesh);
+  require_whole(t.mesh, spec, "data_from");
+  Value y{spec, nullptr};
+  if (const Node& nx = t.node(x); nx.value.data) {
+    auto data = t.make_shard(spec, shape);
+    std::memset(data->data(), 0, static_cast<std::size_t>(data->buffer().bytes()));
+    fill(*nx.value.data, *data);
+    y.data = std::move(data);
+  }
+  // No inputs: backward never reaches x through this value.
+  return t.add_node(tape, std::move(y), std::move(shape), {}, nullptr);
+}
+
 Var add(Var a, Var b) {
   require_same_spec(same_tape(a, b, "add").mesh(), a, b, "add");
   return binary(a, b, BinaryOp::add, dim_names(a.spec()));

@@ -130,7 +130,9 @@ std::vector<char> loss_path(const Graph& g) {
   std::vector<char> needed(g.tensors.size(), 0);
   needed[static_cast<std::size_t>(g.loss)] = 1;
   for (std::size_t k = g.ops.size(); k-- > 0;) {
-    if (!needed[static_cast<std::size_t>(g.ops[k].result)]) continue;
+    // A route's dispatch, and what only it feeds, get no gradient: their ops run no backward.
+    const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[k].result)];
+    if (!needed[static_cast<std::size_t>(g.ops[k].result)] || !result.differentiable) continue;
     on[k] = 1;
     for (int x : g.ops[k].operands) needed[static_cast<std::size_t>(x)] = 1;
   }

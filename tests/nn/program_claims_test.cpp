@@ -43,6 +43,24 @@ TEST(ProgramClaims, TensorParallelMlpAllReducesOnceEachWay) {
   EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("y"))], g.mesh), "y[B, T, D]{U_X}");
 }
 
+// Expert parallelism from a program: the experts' weights pinned E-split and the batch split
+// on the same axis, the planner sends the tokens to their experts and back by all_to_all
+// (B -> E and E -> B), and backward runs the duals; routing itself moves nothing.
+TEST(ProgramClaims, ExpertParallelMoeSendsTokensByAllToAllEachWay) {
+  const program::Graph g = load("examples/programs/moe.prog");
+  const nn::ProgramPrediction p = nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
+  EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_to_all over X", 2}}));
+  // The router's weight is replicated: its gradient's all_reduce is data parallel's.
+  EXPECT_EQ(collectives(p, autodiff::Phase::backward, g.mesh), (Counts{{"all_to_all over X", 2}, {"all_reduce over X", 1}}));
+  EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("d"))], g.mesh), "d[B_X, T, E, C]");
+  EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("h"))], g.mesh), "h[B, E_X, C, F]");
+  // Each all_to_all moves (N-1)/N of a device's [B/N, E, C, D] buffer.
+  const std::int64_t buffer = 2 * 8 * 320 * 1024 * 2;  // bf16
+  for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) {
+    if (t.op == OpKind::all_to_all) EXPECT_EQ(t.bytes, t.count * buffer * 3 / 4);
+  }
+}
+
 // A softmax over a split letter all-reduces its rows' max and their sums: tallied apart.
 TEST(ProgramClaims, ASoftmaxOverASplitLetterAllReducesTheMaxAndTheSumApart) {
   const program::Graph g = program::bind(program::parse_program(R"(

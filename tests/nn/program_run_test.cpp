@@ -61,6 +61,11 @@ TEST(ProgramRun, ExamplesVerifyEvenUnevenAndEmptyShards) {
       {"examples/programs/mlp.prog", "X=4", {{"B", 1}, {"T", 2}, {"D", 3}, {"F", 3}}},   // F=3 over 4: an empty shard
       {"examples/programs/gpt.prog", "X=2,Y=2", {{"B", 2}, {"T", 4}, {"D", 8}, {"H", 2}, {"A", 4}, {"S", 4}, {"F", 8}}},
       {"examples/programs/gpt.prog", "X=2,Y=2", {{"B", 3}, {"T", 3}, {"D", 9}, {"H", 3}, {"A", 3}, {"S", 3}, {"F", 5}}},
+      // MoE, experts and batch split (ep): B=5 over 4, E=3 over 2, E=3 over 4 (an empty shard);
+      // the capacities drop tokens (C < T K / E) or not.
+      {"examples/programs/moe.prog", "X=4", {{"B", 5}, {"T", 6}, {"D", 4}, {"F", 6}, {"E", 8}, {"C", 2}}},
+      {"examples/programs/moe.prog", "X=2", {{"B", 4}, {"T", 8}, {"D", 5}, {"F", 3}, {"E", 3}, {"C", 4}}},
+      {"examples/programs/moe.prog", "X=4", {{"B", 4}, {"T", 5}, {"D", 3}, {"F", 4}, {"E", 3}, {"C", 5}}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.file) + " on " + c.mesh);

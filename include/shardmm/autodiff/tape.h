@@ -43,6 +43,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -228,6 +229,13 @@ Var scale(Var x, double factor);
 // The same tensor with dimension `from` named `to` (self-attention contracts a sequence
 // with itself: rename T to S for the keys). No communication.
 Var rename(Var x, std::string_view from, std::string_view to);
+// Data each rank computes from its own shard of x, outside differentiation: x gets no
+// gradient through it, nor does what is computed from such data alone (MoE routing's
+// dispatch mask: which slot a token takes is a choice, not a function to differentiate).
+// `fill` writes this rank's shard of the result (`spec`, global `shape`, zeros to start) from
+// x's shard; symbolic tapes record the layout only. No communication.
+using LocalData = std::function<void(const DistTensor& x, DistTensor& out)>;
+Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill);
 
 // Over the last dimension; no unreduced axes. The last dimension may be sharded: its rows'
 // statistics are then all-reduced (reductions.h has these over any dimension).

@@ -54,6 +54,7 @@ enum class OpKind {
   split,        // split(x, D -> H A)
   merge,        // merge(x, H A -> D)
   rename,       // rename(x, T -> S)
+  route,        // route(p, over=E, tokens=T, top=K): MoE's one-hot dispatch, a new capacity letter last
 };
 const char* to_string(OpKind kind);
 
@@ -64,7 +65,8 @@ struct Op {
   std::string over;                   // reduce / normalize: the letter ("" for a scalar sum)
   double constant = 0;                // scale's factor
   std::vector<std::string> from, to;  // split, merge, rename: letters before -> after;
-                                      // causal_mask: from = {row}, to = {col}
+                                      // causal_mask: from = {row}, to = {col}; route: from = {tokens}
+  int top = 0;                        // route: the experts each token goes to
 };
 
 // An expression as written: a tensor name, or an op applied to expressions.
@@ -128,6 +130,8 @@ struct Tensor {
   int producer = -1;                 // index into Graph::ops (computed tensors)
   std::vector<int> consumers;        // ops that read it
   bool temporary = false;
+  bool differentiable = true;        // false: no gradient reaches it (a route's dispatch, and
+                                     // what is computed from such values alone)
   Location where;
 };
 
