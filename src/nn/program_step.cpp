@@ -175,7 +175,7 @@ class Recorder {
         if (out.pinned) {
           Spec to = *out.pinned;
           to.tensor = out.name;
-          y = autodiff::planned_einsum(in[0], in[1], to);
+          y = autodiff::planned_einsum(in[0], in[1], to, keep(op.operands[0]), keep(op.operands[1]));
           tape_.set_name(y, out.name);
           r_.specs[static_cast<std::size_t>(op.result)] = to;
           r_.origin[static_cast<std::size_t>(op.result)] = "pinned";
@@ -269,8 +269,14 @@ class Recorder {
       r_.notes[static_cast<std::size_t>(k)].push_back("the operands' shardings cannot contract locally (" +
                                                       std::string(local.headline()) + "); planned to " +
                                                       format_spec(to, mesh()));
-      return autodiff::planned_einsum(a, b, to);
+      const GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
+      return autodiff::planned_einsum(a, b, to, keep(op.operands[0]), keep(op.operands[1]));
     }
+  }
+
+  // A regathered param's all_gathers for an einsum drop their output after the forward pass.
+  autodiff::Gathered keep(int tensor_index) const {
+    return tensor(tensor_index).regathered ? autodiff::Gathered::regathered : autodiff::Gathered::kept;
   }
 
   // Routing compares a group's tokens for each expert's slots, so the tokens and the experts

@@ -279,6 +279,7 @@ class Binder {
       return;
     }
     t.pinned = pinned(s, t.letters, /*leaf=*/true);
+    t.regathered = s.regathered;
     const int index = add_tensor(std::move(t));
     scope.names[s.name] = index;
     scope.defined_here.insert(s.name);

@@ -506,6 +506,14 @@ class ProgramParser {
       if (body.at_end()) body.fail("expected an expression after '='", body.pos());
       s.expr = body.expression();
     }
+    if (s.role == Role::param && body.peek_name()) {
+      const std::size_t at = body.pos();
+      if (body.name("'regathered'") != "regathered") {
+        body.fail("after a param's letters: 'regathered' (FSDP: its gathered copy is dropped after the forward pass and "
+                  "gathered again for backward) or ':' and its pinned spec", at, body.pos() - at);
+      }
+      s.regathered = true;
+    }
     if (!body.at_end()) {
       body.fail("unexpected " + body.found() +
                     (s.role == Role::computed ? " after the expression" : "; a pinned spec follows ':', e.g. : w[D, F_X]"),
@@ -597,6 +605,7 @@ void format_items(std::ostringstream& os, const std::vector<Item>& items, const 
         os << indent;
         if (s.role != Role::computed) os << to_string(s.role) << " ";
         os << s.name << "[" << join(s.letters, ", ") << "]";
+        if (s.regathered) os << " regathered";
         if (s.role == Role::computed) os << " = " << format_expr(s.expr);
         if (s.spec) os << " : " << *s.spec;
         os << "\n";

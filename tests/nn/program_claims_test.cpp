@@ -87,6 +87,46 @@ TEST(ProgramClaims, TensorParallelBlockAllReducesFourTimesInTrainingTwiceInInfer
   EXPECT_TRUE(collectives(infer, autodiff::Phase::backward, g.mesh).empty());
 }
 
+// The MLP with its batch split on X=4, its weights replicated (data parallel) or split on X
+// and regathered (FSDP); `regathered` off, FSDP keeps its gathered weights as activations.
+std::string fsdp_mlp(const std::string& weights) {
+  const bool fsdp = weights != "dp";
+  const std::string keep = weights == "fsdp" ? " regathered" : "";
+  return "mesh X=4\ndims B=16, T=1024, D=1024, F=4096\ninput x[B, T, D] : x[B_X, T, D]\n"
+         "param w_in[D, F]" + keep + (fsdp ? " : w_in[D_X, F]" : "") + "\n"
+         "param w_out[F, D]" + keep + (fsdp ? " : w_out[F_X, D]" : "") + "\n"
+         "input g[B, T, D] : g[B_X, T, D]\nu[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y * g)\n";
+}
+
+// The Scaling Book: FSDP moves 1.5x data parallelism's bytes (an all_gather of each weight
+// forward, again backward, and a reduce_scatter of its gradient, against DP's all_reduce of
+// the gradient, which moves two of those) for 1/N of the parameters, their gradients and the
+// optimizer's state; regathering keeps no gathered weight for backward.
+TEST(ProgramClaims, FsdpMovesOneAndAHalfTimesDataParallelsBytesForAQuarterOfTheParameterMemory) {
+  nn::ProgramOptions o{DType::bf16, builtin_profile("h100")};
+  o.optimizer = nn::Optimizer::adam;
+  const auto predict = [&](const std::string& w) {
+    return nn::predict_program(program::bind(program::parse_program(fsdp_mlp(w), w + ".prog"), {}), o);
+  };
+  const nn::ProgramPrediction dp = predict("dp"), fsdp = predict("fsdp"), kept = predict("fsdp_kept");
+  const Mesh mesh = Mesh::parse("X=4");
+  EXPECT_EQ(collectives(dp, autodiff::Phase::forward, mesh), Counts{});
+  EXPECT_EQ(collectives(dp, autodiff::Phase::backward, mesh), (Counts{{"all_reduce over X", 2}}));
+  EXPECT_EQ(collectives(fsdp, autodiff::Phase::forward, mesh), (Counts{{"all_gather over X", 2}}));
+  EXPECT_EQ(collectives(fsdp, autodiff::Phase::backward, mesh),
+            (Counts{{"all_gather over X", 2}, {"reduce_scatter over X", 2}}));
+  EXPECT_EQ(2 * collective_bytes(fsdp), 3 * collective_bytes(dp));
+  EXPECT_GT(collective_bytes(dp), 0);
+  EXPECT_EQ(4 * fsdp.memory.params, dp.memory.params);
+  EXPECT_EQ(4 * fsdp.memory.optimizer_state, dp.memory.optimizer_state);
+  // Gradients: the params' (the inputs' are in the inputs' own spec, the same in both).
+  EXPECT_EQ(4 * (fsdp.memory.gradients - fsdp.memory.inputs), dp.memory.gradients - dp.memory.inputs);
+  EXPECT_EQ(fsdp.memory.activations, dp.memory.activations);
+  // Kept: DP's bytes, and a gathered copy of both weights (bf16) held for backward.
+  EXPECT_EQ(collective_bytes(kept), collective_bytes(dp));
+  EXPECT_EQ(kept.memory.activations - fsdp.memory.activations, 2 * 1024 * 4096 * 2);
+}
+
 TEST(ProgramClaims, SequenceParallelMovesTensorParallelsBytesForAQuarterOfTheNormActivations) {
   const program::Graph tp = load("examples/programs/mlp.prog");
   program::BindOptions o;

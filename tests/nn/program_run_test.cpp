@@ -110,6 +110,28 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
   }
 }
 
+// FSDP's regathered weights: executed, the backward all_gathers run again and move what the
+// prediction says; no gathered weight is held for backward, on either tape.
+TEST(ProgramRun, RegatheredParamsGatherAgainInBackwardAsPredicted) {
+  const program::Graph g = bind_text(
+      "mesh X=4\ndims B=5, T=3, D=7, F=6\ninput x[B, T, D] : x[B_X, T, D]\n"
+      "param w_in[D, F] regathered : w_in[D_X, F]\nparam w_out[F, D] regathered : w_out[F_X, D]\n"
+      "u[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y)\n");
+  for (nn::Optimizer opt : {nn::Optimizer::sgd, nn::Optimizer::adam}) {
+    nn::ProgramOptions options;
+    options.optimizer = opt;
+    const nn::ProgramRun r = run_threads_program(g, options);
+    EXPECT_TRUE(r.verification.verified) << r.verification.detail;
+    expect_prediction_matches(g, options, r);
+    int gathers = 0;
+    for (const autodiff::TapeEvent& e : r.events) gathers += e.phase == autodiff::Phase::backward && e.step.op == OpKind::all_gather;
+    EXPECT_EQ(gathers, 2);
+    const nn::ProgramMemory predicted = nn::predict_program(g, options).memory;
+    EXPECT_EQ(r.memory.activations, predicted.activations);
+    EXPECT_EQ(r.memory.total(), predicted.total());
+  }
+}
+
 TEST(ProgramRun, InferenceRunsTheForwardPassOnly) {
   program::BindOptions o;
   o.mesh = Mesh::parse("X=2");

@@ -49,6 +49,10 @@ TEST(Program, PrintingIsCanonicalAndParsesBack) {
     const std::string once = format_program(p);
     EXPECT_EQ(format_program(parse_program(once)), once) << file;
   }
+  const Program fsdp = parse_program("mesh X=2\ndims D=4, F=4\nparam w[D, F]  regathered  :  w[D_X, F]\n"
+                                     "input x[D]\ny[F] = x @ w\n");
+  EXPECT_EQ(format_program(fsdp), "mesh X=2\ndims D=4,F=4\nparam w[D, F] regathered : w[D_X, F]\ninput x[D]\ny[F] = x @ w\n");
+  EXPECT_TRUE(bind(fsdp, {}).tensors[0].regathered);
   const std::string text = "mesh X=2\ndims I=4, J=4\ninput a[I, J]\nb[I, J] = a - (a - a) * scale(a, -0.5)\n";
   const std::string once = format_program(parse_program(text));
   EXPECT_EQ(once, "mesh X=2\ndims I=4,J=4\ninput a[I, J]\nb[I, J] = a - (a - a) * scale(a, -0.5)\n");
@@ -185,6 +189,11 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
       {"input a[I, J]\nb[I, K, J] = split(a, J -> K)\n", "t.prog:4:14: split takes one letter into two or more: split(x, D -> H A)"},
       {"input a[I, J]\nb[I, J, K] = split(a, J -> J K)\n", "t.prog:4:14: split: 'J' has size 6 but the parts multiply to 48"},
       {"input a[I, J]\nb[I, J] = relu(a) junk\n", "t.prog:4:19: unexpected 'j' after the expression"},
+      {"param a[I, J] kept\nb[I, J] = relu(a)\n",
+       "t.prog:3:15: after a param's letters: 'regathered' (FSDP: its gathered copy is dropped after the forward pass "
+       "and gathered again for backward) or ':' and its pinned spec"},
+      {"input a[I, J] regathered\nb[I, J] = relu(a)\n",
+       "t.prog:3:15: unexpected 'r'; a pinned spec follows ':', e.g. : w[D, F_X]"},
       {"input a[I, J]\nb[I, J] = relu(a)\nfoo bar\n",
        "t.prog:5:1: unknown statement 'foo'; a line is mesh, dims, input, param, loss, repeat N {, } or NAME[...] = ..."},
       {"input a[I, J]\nb[I, J] = relu(a)\nloss sum(b)\nloss sum(b)\n", "t.prog:6:1: a second loss; a program has one"},

@@ -195,8 +195,9 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims);
 // The planner's cheapest plan (plan_matmul) for A @ B -> `out`, recorded step by step
 // (reshards, local einsum, reshards) so that its backward is automatic. A collective matmul
 // ring is not a step the tape records: where the planner chose one, the cheapest plan
-// without one runs instead.
-Var planned_einsum(Var a, Var b, const Spec& out);
+// without one runs instead. `keep_a` and `keep_b`: how each operand's all_gathers keep their
+// output for the backward pass (regathered: FSDP's weights, gathered again in backward).
+Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a = Gathered::kept, Gathered keep_b = Gathered::kept);
 
 // The collectives (plan/step.h's transitions), each one step.
 //   all_gather(x, d, G)        [.., D_{P G}, ..]  -> [.., D_P, ..]    G a suffix of d's axes

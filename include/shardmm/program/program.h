@@ -88,6 +88,7 @@ struct Statement {
   std::string name;
   std::vector<std::string> letters;
   std::optional<std::string> spec;  // pinned, as written after ':'
+  bool regathered = false;          // param: `param w[D, F] regathered`, FSDP's gather again in backward
   Expr expr;                        // computed only
   Location where;                   // the name
   Location spec_where;              // the pinned spec
@@ -130,6 +131,8 @@ struct Tensor {
   int producer = -1;                 // index into Graph::ops (computed tensors)
   std::vector<int> consumers;        // ops that read it
   bool temporary = false;
+  bool regathered = false;           // a param whose einsums' all_gathers are dropped after
+                                     // forward and run again in backward (FSDP), not kept
   bool differentiable = true;        // false: no gradient reaches it (a route's dispatch, and
                                      // what is computed from such values alone)
   Location where;
