@@ -212,7 +212,7 @@ Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep
       }
     } else {
       Var& x = current[static_cast<std::size_t>(step.operand)];
-      const Gathered keep = step.operand == 0 ? keep_a : keep_b;
+      const Gathered keep = step.operand == 0 ? keep_a : step.operand == 1 ? keep_b : Gathered::kept;
       x = step_node(x, step, step.op == OpKind::all_gather ? keep : Gathered::kept);
     }
   }

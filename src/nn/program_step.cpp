@@ -144,7 +144,8 @@ class Recorder {
     // A leaf of a program is differentiable; solve's one-op graphs make a route's dispatch a leaf.
     r_.values[static_cast<std::size_t>(i)] = tape_.input(spec, t.shape, leaf_values(g_, i, options_), t.differentiable);
     r_.specs[static_cast<std::size_t>(i)] = spec;
-    r_.origin[static_cast<std::size_t>(i)] = t.pinned ? "pinned" : "replicated (not pinned)";
+    r_.origin[static_cast<std::size_t>(i)] =
+        std::string(t.pinned ? "pinned" : "replicated (not pinned)") + (t.regathered ? ", regathered" : "");
   }
 
   // x resharded to `to`, noted with the reason, when it is not there already.

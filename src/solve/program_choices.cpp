@@ -171,6 +171,7 @@ struct OpCost {
   std::int64_t internal_memory = 0;  // activations its own intermediate values keep
   std::vector<char> operand_saved;   // by distinct operand: kept for the backward pass
   std::vector<int> operand_partial;  // by distinct operand: the axes its gradient is left partial over
+  std::vector<char> operand_regathered;  // by distinct operand: gathered again in backward
   bool result_saved = false;         // its own backward keeps its result (softmax)
 };
 
@@ -179,7 +180,8 @@ class OpRecorder {
   OpRecorder(const Graph& g, const nn::ProgramOptions& options) : g_(g), options_(options) {}
 
   OpCost cost(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-              const std::optional<Spec>& result_pin, std::optional<int> result_partial) const {
+              const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
+              std::optional<int> result_partial) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     Graph mini;
     mini.file = g_.file;
@@ -189,6 +191,7 @@ class OpRecorder {
       program::Tensor t = g_.tensors[static_cast<std::size_t>(operands[i])];
       if (t.role == Role::computed) t.role = Role::input;
       t.pinned = operand_specs[i];
+      t.regathered = operand_regathered[i] != 0;
       t.producer = -1;
       t.consumers = {0};
       t.temporary = false;
@@ -229,6 +232,12 @@ class OpRecorder {
       for (std::size_t i = 0; i < operands.size(); ++i) {
         out.operand_saved.push_back(tape.bytes_saved_for_backward(rec.values[i]) > 0);
         out.operand_partial.push_back(result_partial ? mask_of(tape.gradient_arrived_unreduced(rec.values[i])) : 0);
+        // A regathered param's gather run again in backward is a step on the param itself
+        // (the gradients' steps move `d` + its name).
+        const std::string& name = mini.tensors[i].name;
+        out.operand_regathered.push_back(std::any_of(tape.events().begin(), tape.events().end(), [&](const autodiff::TapeEvent& e) {
+          return e.phase == autodiff::Phase::backward && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
+        }));
       }
       out.allowed = true;
     } catch (const InputError&) {
@@ -258,6 +267,7 @@ class OpRecorder {
 struct Recording {
   std::vector<int> tuple;            // the operands' values
   std::vector<Spec> specs;           // the operands' specs
+  std::vector<char> regathered;      // the operands' (params: FSDP's regather)
   std::optional<Spec> pin;           // the result's, when chosen
   std::optional<int> partial;        // the result's gradient's pending axes (differentiated ops)
   OpCost cost;
@@ -302,6 +312,15 @@ std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a) {
   return out;
 }
 
+std::vector<char> regathered_of(const ProgramChoices& c, const Assignment& a) {
+  std::vector<char> out;
+  for (std::size_t t = 0; t < c.var_of_tensor.size(); ++t) {
+    const auto v = static_cast<std::size_t>(c.var_of_tensor[t]);
+    out.push_back(c.regathered[v][static_cast<std::size_t>(a[v])]);
+  }
+  return out;
+}
+
 ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) {
   ProgramChoices c;
   const bool train = options.train && g.loss >= 0;
@@ -331,8 +350,19 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       values = all_specs(tensor, g.mesh, /*allow_unreduced=*/!leaf);
     }
     for (Spec& s : values) s.tensor = tensor.source_name;  // as written: `wq`, not `wq.0`
+    std::vector<char> regathered(values.size(), tensor.regathered ? 1 : 0);
+    // A split param either keeps the copies its einsums gather for backward or gathers them
+    // again there (FSDP): both, unless the file says which.
+    if (tensor.role == Role::param && train && !tensor.regathered) {
+      for (std::size_t i = 0, n = values.size(); i < n; ++i) {
+        if (used_mask(values[i]) == 0) continue;
+        values.push_back(values[i]);
+        regathered.push_back(1);
+      }
+    }
     c.chosen.push_back(!tensor.pinned && (leaf || (einsum && !tensor.temporary)));
     c.values.push_back(std::move(values));  // a derived tensor's values come from its op
+    c.regathered.push_back(std::move(regathered));
   }
   const auto value_index = [&](int var, const Spec& s) {
     std::vector<Spec>& vals = c.values[static_cast<std::size_t>(var)];
@@ -340,6 +370,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       if (vals[i] == s) return static_cast<int>(i);
     }
     vals.push_back(s);
+    c.regathered[static_cast<std::size_t>(var)].push_back(0);
     return static_cast<int>(vals.size()) - 1;
   };
 
@@ -414,6 +445,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     return it->second;
   };
 
+  // By variable and value: a regathered param value that some recording gathered again in
+  // backward. One that none did costs what its kept twin costs: dropped below.
+  std::vector<std::vector<char>> regather_matters(c.values.size());
+  for (std::size_t v = 0; v < c.values.size(); ++v) regather_matters[v].assign(c.values[v].size(), 0);
+
   OpRecorder recorder(g, options);
   // Fill the factors in program order until no derived variable gains a value (a repeat's
   // later iterations can feed values back to an earlier factor's operands).
@@ -444,8 +480,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       while (true) {
         if (f.done.insert(tuple).second) {
           std::vector<Spec> specs;
+          std::vector<char> regathered;
           for (std::size_t i = 0; i < tuple.size(); ++i) {
-            specs.push_back(c.values[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])]);
+            const auto v = static_cast<std::size_t>(f.operand_vars[i]);
+            specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
+            regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
           }
           // The result's spec: its own variable's when that is an operand too (a value carried
           // into the next iteration), else each of its choices, else what the op's rule gives.
@@ -465,7 +504,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
               // A gradient is never partial over an axis that shards its value: known before
               // recording when the result is pinned.
               if (pin && partial && (*partial & used_mask(*pin))) continue;
-              jobs.push_back({tuple, specs, pin, partial, {}});
+              jobs.push_back({tuple, specs, regathered, pin, partial, {}});
             }
           }
         }
@@ -474,7 +513,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         if (i == tuple.size()) break;
       }
       for_each_parallel(jobs.size(), [&](std::size_t j) {
-        jobs[j].cost = recorder.cost(f.op, f.operands, jobs[j].specs, jobs[j].pin, jobs[j].partial);
+        jobs[j].cost = recorder.cost(f.op, f.operands, jobs[j].specs, jobs[j].regathered, jobs[j].pin, jobs[j].partial);
       });
       c.evaluations += static_cast<std::int64_t>(jobs.size());
       for (const Recording& job : jobs) {
@@ -485,6 +524,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         const std::optional<int>& partial = job.partial;
         if (!cost.allowed) continue;
         if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
+        for (std::size_t i = 0; i < tuple.size(); ++i) {
+          if (cost.operand_regathered[i]) regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
+        }
         const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
         std::map<int, int> value_of;
         for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
@@ -546,6 +588,31 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         }
       }
     }
+  }
+
+  // Regathered twins that regather nothing leave the problem (they would only tie their twins).
+  for (std::size_t v = 0; v < c.tensor_of_var.size(); ++v) {
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+    if (t.role != Role::param || t.regathered) continue;
+    std::vector<int> renumbered(c.values[v].size(), -1);
+    std::vector<Spec> values;
+    std::vector<char> regathered;
+    for (std::size_t i = 0; i < c.values[v].size(); ++i) {
+      if (c.regathered[v][i] && !regather_matters[v][i]) continue;
+      renumbered[i] = static_cast<int>(values.size());
+      values.push_back(c.values[v][i]);
+      regathered.push_back(c.regathered[v][i]);
+    }
+    if (values.size() == c.values[v].size()) continue;
+    for (auto& [key, f] : factors) {
+      const auto at = std::find(f.factor.vars.begin(), f.factor.vars.end(), static_cast<int>(v));
+      if (at == f.factor.vars.end()) continue;
+      const auto j = static_cast<std::size_t>(at - f.factor.vars.begin());
+      std::erase_if(f.factor.entries, [&](const FactorEntry& e) { return renumbered[static_cast<std::size_t>(e.values[j])] < 0; });
+      for (FactorEntry& e : f.factor.entries) e.values[j] = renumbered[static_cast<std::size_t>(e.values[j])];
+    }
+    c.values[v] = std::move(values);
+    c.regathered[v] = std::move(regathered);
   }
 
   for (std::size_t v = 0; v < c.values.size(); ++v) {
