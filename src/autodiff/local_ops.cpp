@@ -110,7 +110,7 @@ Var unary(Var x, Activation f) {
   Spec spec = nx.value.spec;
   spec.tensor = std::string(name(f)) + "(" + nx.value.spec.tensor + ")";
   Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, [f](double v, double) { return apply(f, v); });
-  t.node(x).saved = t.node(x).requires_grad;
+  t.node(x).saved = t.node(x).saved || t.node(x).requires_grad;  // another reader may keep it already
   const Shape shape = nx.shape;
   return t.add_node(tape, std::move(y), shape, {x.id()}, [f](Tape::Impl& impl, const Node& self, const Value& grad) {
     const int ix = self.inputs[0];

@@ -105,7 +105,7 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
   }
   for (const char* k : {"relu", "gelu", "silu", "tanh", "exp", "scale", "add", "sub", "mul", "einsum", "sum", "mean",
                         "max", "softmax", "layer_norm", "rms_norm", "transpose", "split", "merge", "rename",
-                        "causal_mask"}) {
+                        "causal_mask", "route"}) {
     EXPECT_GE(seen[k], 3) << "op " << k << " rarely generated";
   }
 }
