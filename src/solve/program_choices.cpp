@@ -10,8 +10,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
@@ -171,6 +173,7 @@ struct OpCost {
   std::int64_t internal_memory = 0;  // activations its own intermediate values keep
   std::vector<char> operand_saved;   // by distinct operand: kept for the backward pass
   std::vector<int> operand_partial;  // by distinct operand: the axes its gradient is left partial over
+  std::vector<char> operand_gathered;    // by distinct operand: all-gathered in forward
   std::vector<char> operand_regathered;  // by distinct operand: gathered again in backward
   bool result_saved = false;         // its own backward keeps its result (softmax)
 };
@@ -235,9 +238,13 @@ class OpRecorder {
         // A regathered param's gather run again in backward is a step on the param itself
         // (the gradients' steps move `d` + its name).
         const std::string& name = mini.tensors[i].name;
-        out.operand_regathered.push_back(std::any_of(tape.events().begin(), tape.events().end(), [&](const autodiff::TapeEvent& e) {
-          return e.phase == autodiff::Phase::backward && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
-        }));
+        const auto gathered_in = [&](autodiff::Phase phase) {
+          return std::any_of(tape.events().begin(), tape.events().end(), [&](const autodiff::TapeEvent& e) {
+            return e.phase == phase && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
+          });
+        };
+        out.operand_gathered.push_back(gathered_in(autodiff::Phase::forward));
+        out.operand_regathered.push_back(gathered_in(autodiff::Phase::backward));
       }
       out.allowed = true;
     } catch (const InputError&) {
@@ -329,6 +336,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
 
   // Variables: one per group key.
   std::map<std::string, int> var_by_key;
+  std::vector<std::vector<int>> kept_twin;  // by variable and value: the kept value of its spec
   std::vector<int> copies;  // by variable: how many tensors share it
   for (std::size_t t = 0; t < g.tensors.size(); ++t) {
     const program::Tensor& tensor = g.tensors[t];
@@ -351,6 +359,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     }
     for (Spec& s : values) s.tensor = tensor.source_name;  // as written: `wq`, not `wq.0`
     std::vector<char> regathered(values.size(), tensor.regathered ? 1 : 0);
+    std::vector<int> twin(values.size());
+    std::iota(twin.begin(), twin.end(), 0);
     // A split param either keeps the copies its einsums gather for backward or gathers them
     // again there (FSDP): both, unless the file says which.
     if (tensor.role == Role::param && train && !tensor.regathered) {
@@ -358,8 +368,10 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         if (used_mask(values[i]) == 0) continue;
         values.push_back(values[i]);
         regathered.push_back(1);
+        twin.push_back(static_cast<int>(i));
       }
     }
+    kept_twin.push_back(std::move(twin));
     c.chosen.push_back(!tensor.pinned && (leaf || (einsum && !tensor.temporary)));
     c.values.push_back(std::move(values));  // a derived tensor's values come from its op
     c.regathered.push_back(std::move(regathered));
@@ -512,10 +524,44 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         while (i < tuple.size() && ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size())) tuple[i++] = 0;
         if (i == tuple.size()) break;
       }
-      for_each_parallel(jobs.size(), [&](std::size_t j) {
+      // The kept combinations first; one with regathered params then takes its kept twin's
+      // cost where that gathers none of them (regathering changes nothing there).
+      using JobKey = std::tuple<std::vector<int>, std::string, int>;
+      const auto key = [&](const Recording& r, bool kept) {
+        std::vector<int> t = r.tuple;
+        for (std::size_t i = 0; kept && i < t.size(); ++i) {
+          if (r.regathered[i]) t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
+        }
+        return JobKey{t, r.pin ? format_spec(*r.pin, g.mesh) : std::string(), r.partial ? *r.partial : -1};
+      };
+      std::vector<std::size_t> kept_jobs, twin_jobs;
+      std::map<JobKey, std::size_t> job_of;
+      for (std::size_t j = 0; j < jobs.size(); ++j) {
+        const bool any = std::any_of(jobs[j].regathered.begin(), jobs[j].regathered.end(), [](char r) { return r != 0; });
+        (any ? twin_jobs : kept_jobs).push_back(j);
+        if (!any) job_of.emplace(key(jobs[j], false), j);
+      }
+      const auto record = [&](std::size_t j) {
         jobs[j].cost = recorder.cost(f.op, f.operands, jobs[j].specs, jobs[j].regathered, jobs[j].pin, jobs[j].partial);
+      };
+      for_each_parallel(kept_jobs.size(), [&](std::size_t k) { record(kept_jobs[k]); });
+      std::atomic<std::int64_t> recorded{static_cast<std::int64_t>(kept_jobs.size())};
+      for_each_parallel(twin_jobs.size(), [&](std::size_t k) {
+        Recording& job = jobs[twin_jobs[k]];
+        const auto kept = job_of.find(key(job, true));
+        if (kept != job_of.end()) {
+          const OpCost& twin = jobs[kept->second].cost;
+          bool gathers = false;
+          for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i) gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
+          if (!gathers) {
+            job.cost = twin;
+            return;
+          }
+        }
+        record(twin_jobs[k]);
+        ++recorded;
       });
-      c.evaluations += static_cast<std::int64_t>(jobs.size());
+      c.evaluations += recorded;
       for (const Recording& job : jobs) {
         const OpCost& cost = job.cost;
         const std::vector<int>& tuple = job.tuple;
