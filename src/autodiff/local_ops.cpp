@@ -110,7 +110,7 @@ Var unary(Var x, Activation f) {
   Spec spec = nx.value.spec;
   spec.tensor = std::string(name(f)) + "(" + nx.value.spec.tensor + ")";
   Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, [f](double v, double) { return apply(f, v); });
-  t.node(x).saved = t.node(x).requires_grad;
+  t.node(x).saved = t.node(x).saved || t.node(x).requires_grad;  // another reader may keep it already
   const Shape shape = nx.shape;
   return t.add_node(tape, std::move(y), shape, {x.id()}, [f](Tape::Impl& impl, const Node& self, const Value& grad) {
     const int ix = self.inputs[0];
@@ -256,6 +256,22 @@ Var rename(Var x, std::string_view from, std::string_view to) {
                                                                     const Value& grad) {
     impl.accumulate(self.inputs[0], relabeled(impl, grad, renamed(grad.spec, to, from), self.shape));
   });
+}
+
+Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill) {
+  Tape& tape = x.tape();
+  Tape::Impl& t = tape.impl();
+  validate_spec(spec, t.mesh);
+  require_whole(t.mesh, spec, "data_from");
+  Value y{spec, nullptr};
+  if (const Node& nx = t.node(x); nx.value.data) {
+    auto data = t.make_shard(spec, shape);
+    std::memset(data->data(), 0, static_cast<std::size_t>(data->buffer().bytes()));
+    fill(*nx.value.data, *data);
+    y.data = std::move(data);
+  }
+  // No inputs: backward never reaches x through this value.
+  return t.add_node(tape, std::move(y), std::move(shape), {}, nullptr);
 }
 
 Var add(Var a, Var b) {

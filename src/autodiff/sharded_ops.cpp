@@ -175,7 +175,7 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
   });
 }
 
-Var planned_einsum(Var a, Var b, const Spec& out) {
+Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep_b) {
   Tape& tape = same_tape(a, b, "planned_einsum");
   Tape::Impl& t = tape.impl();
   validate_spec(out, t.mesh);
@@ -219,7 +219,8 @@ Var planned_einsum(Var a, Var b, const Spec& out) {
       }
     } else {
       Var& x = current[static_cast<std::size_t>(step.operand)];
-      x = step_node(x, step);
+      const Gathered keep = step.operand == 0 ? keep_a : step.operand == 1 ? keep_b : Gathered::kept;
+      x = step_node(x, step, step.op == OpKind::all_gather ? keep : Gathered::kept);
     }
   }
   return current[2];

@@ -50,10 +50,13 @@ std::vector<int> shown_tensors(const program::Graph& g, const solve::ProgramChoi
   return out;
 }
 
-std::string how_text(const program::Graph& g, const solve::ProgramChoices& c, int t) {
+// How the answer came by tensor t's layout; a param it regathers (FSDP) says so.
+std::string how_text(const program::Graph& g, const solve::SolveResult& r, int t) {
+  const solve::ProgramChoices& c = r.choices;
   const auto v = static_cast<std::size_t>(c.var_of_tensor[static_cast<std::size_t>(t)]);
-  if (g.tensors[static_cast<std::size_t>(t)].pinned) return "pinned";
-  return c.chosen[v] ? "chosen (of " + std::to_string(c.values[v].size()) + ")" : "follows from its op";
+  const std::string regathered = r.regathered[static_cast<std::size_t>(t)] ? ", regathered" : "";
+  if (g.tensors[static_cast<std::size_t>(t)].pinned) return "pinned" + regathered;
+  return (c.chosen[v] ? "chosen (of " + std::to_string(c.values[v].size()) + ")" : "follows from its op") + regathered;
 }
 
 }  // namespace
@@ -89,7 +92,7 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
   for (int t : shown_tensors(g, c)) {
     const program::Tensor& tensor = g.tensors[static_cast<std::size_t>(t)];
     const Spec& s = r.specs[static_cast<std::size_t>(t)];
-    tensors.add({tensor.source_name, program::to_string(tensor.role), format_spec(s, g.mesh), how_text(g, c, t),
+    tensors.add({tensor.source_name, program::to_string(tensor.role), format_spec(s, g.mesh), how_text(g, r, t),
                  "[" + join([&] {
                    std::vector<std::string> parts;
                    for (std::int64_t n : local_shape(g.mesh, s, tensor.shape, 0)) parts.push_back(std::to_string(n));
@@ -224,7 +227,7 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
     const program::Tensor& tensor = g.tensors[static_cast<std::size_t>(t)];
     const Spec& s = r.specs[static_cast<std::size_t>(t)];
     tensors.push_back({{"name", tensor.source_name}, {"role", program::to_string(tensor.role)},
-                       {"spec", format_spec(s, g.mesh)}, {"how", how_text(g, c, t)}, {"shape", tensor.shape},
+                       {"spec", format_spec(s, g.mesh)}, {"how", how_text(g, r, t)}, {"shape", tensor.shape},
                        {"device0_shape", local_shape(g.mesh, s, tensor.shape, 0)}});
   }
   doc["tensors"] = tensors;
@@ -286,13 +289,14 @@ SolveReport evaluate_solve(const SolveRequest& request) {
   std::optional<nn::ProgramRun> run;
   if (in.run) {
     check_run_size(b.graph, r.prediction, o.program.dtype);
-    run = run_program_step(in.backend, solve::pinned_graph(b.graph, r.specs), o.program);
+    run = run_program_step(in.backend, solve::pinned_graph(b.graph, r.specs, r.regathered), o.program);
   }
   return {std::move(b), std::move(o), std::move(r), std::move(run)};
 }
 
 std::string pinned_program_text(const SolveReport& report) {
-  return program::format_program(solve::pinned_program(report.bound.parsed, report.bound.graph, report.result.specs));
+  return program::format_program(solve::pinned_program(report.bound.parsed, report.bound.graph, report.result.specs,
+                                                        report.result.regathered));
 }
 
 Command add_solve_command(CLI::App& root) {

@@ -199,6 +199,7 @@ class DenseProgram {
           y.values = va;  // the same elements in the same order under other letters
         }
         break;
+      case OpKind::route: route(op, la, va, out, y.values); break;
       case OpKind::reduce: {
         const std::string& f = op.op.function;
         for_each_row(a, op.op.over, &out, [&](std::int64_t base, std::int64_t st, std::int64_t n, std::int64_t o) {
@@ -217,6 +218,33 @@ class DenseProgram {
         });
         break;
     }
+  }
+
+  // Each group's (every index of the letters besides the tokens and the experts) routing:
+  // a 1 at (token, expert, slot) for every choice an expert keeps.
+  void route(const GraphOp& op, const Layout& probs, const std::vector<double>& p, const Layout& out,
+             std::vector<double>& y) const {
+    const std::string &experts = op.op.over, &tokens = op.op.from[0], &slots = out.letters.back();
+    std::vector<std::string> groups;
+    for (const std::string& l : probs.letters) {
+      if (l != experts && l != tokens) groups.push_back(l);
+    }
+    const std::int64_t nt = g_.dims.at(tokens), ne = g_.dims.at(experts), nc = g_.dims.at(slots);
+    for_each_index(groups, g_.dims, [&](std::map<std::string, std::int64_t>& i) {
+      std::vector<double> mine(static_cast<std::size_t>(nt * ne));
+      for (i[tokens] = 0; i[tokens] < nt; ++i[tokens]) {
+        for (i[experts] = 0; i[experts] < ne; ++i[experts]) mine[static_cast<std::size_t>(i[tokens] * ne + i[experts])] = p[probs.offset(i)];
+      }
+      const auto choices = moe_assign(mine, nt, ne, op.op.top, nc);
+      for (i[tokens] = 0; i[tokens] < nt; ++i[tokens]) {
+        for (const MoeChoice& c : choices[static_cast<std::size_t>(i[tokens])]) {
+          if (!c.kept) continue;
+          i[experts] = c.expert;
+          i[slots] = c.slot;
+          y[out.offset(i)] = 1.0;
+        }
+      }
+    });
   }
 
   // A norm's row statistics: the mean it subtracts (0 for rms_norm) and 1 / the scale it divides by.
@@ -291,6 +319,7 @@ class DenseProgram {
       case OpKind::merge:
         for (std::size_t i = 0; i < va.size(); ++i) ga[i] += gy[i];
         break;
+      case OpKind::route: break;  // routing is data: no gradient
       case OpKind::reduce: {
         const std::string& f = op.op.function;
         for_each_row(a, op.op.over, &out, [&](std::int64_t base, std::int64_t st, std::int64_t n, std::int64_t o) {

@@ -69,6 +69,51 @@ Spec unsharded(const Spec& x, const std::vector<std::string>& letters) {
   return out;
 }
 
+// A route's dispatch on one rank: every group of `probs`' shard (its indices besides the
+// tokens and the experts, which the shard holds whole) routed by moe_assign, a 1 at (token,
+// expert, slot) for each kept choice in `out`, probs' letters then the capacity letter.
+void route_shard(const DistTensor& probs, int tokens_dim, int experts_dim, int top, std::int64_t capacity,
+                 DistTensor& out) {
+  const Shape& local = probs.local_shape();
+  const std::int64_t nt = local[static_cast<std::size_t>(tokens_dim)], ne = local[static_cast<std::size_t>(experts_dim)];
+  if (probs.elements() == 0) return;
+  const std::int64_t groups = probs.elements() / (nt * ne);
+  // By group: the local offset of each (token, expert) element, and its probability.
+  std::vector<std::vector<std::int64_t>> offset(static_cast<std::size_t>(groups),
+                                                std::vector<std::int64_t>(static_cast<std::size_t>(nt * ne)));
+  std::vector<std::vector<double>> p(static_cast<std::size_t>(groups), std::vector<double>(static_cast<std::size_t>(nt * ne)));
+  std::vector<std::int64_t> index(local.size(), 0);
+  for (std::int64_t i = 0; i < probs.elements(); ++i) {
+    std::int64_t group = 0;
+    for (std::size_t d = 0; d < local.size(); ++d) {
+      if (static_cast<int>(d) != tokens_dim && static_cast<int>(d) != experts_dim) group = group * local[d] + index[d];
+    }
+    const auto at = static_cast<std::size_t>(index[static_cast<std::size_t>(tokens_dim)] * ne +
+                                             index[static_cast<std::size_t>(experts_dim)]);
+    offset[static_cast<std::size_t>(group)][at] = i;
+    p[static_cast<std::size_t>(group)][at] = probs.dtype() == DType::f32 ? probs.buffer().as<float>()[i]
+                                                                          : probs.buffer().as<double>()[i];
+    for (std::size_t d = local.size(); d-- > 0;) {
+      if (++index[d] < local[d]) break;
+      index[d] = 0;
+    }
+  }
+  for (std::size_t group = 0; group < p.size(); ++group) {
+    const auto choices = moe_assign(p[group], nt, ne, top, capacity);
+    for (std::int64_t t = 0; t < nt; ++t) {
+      for (const MoeChoice& c : choices[static_cast<std::size_t>(t)]) {
+        if (!c.kept) continue;
+        const std::int64_t o = offset[group][static_cast<std::size_t>(t * ne + c.expert)] * capacity + c.slot;
+        if (out.dtype() == DType::f32) {
+          out.buffer().as<float>()[o] = 1.0f;
+        } else {
+          out.buffer().as<double>()[o] = 1.0;
+        }
+      }
+    }
+  }
+}
+
 class Recorder {
  public:
   Recorder(autodiff::Tape& tape, const Graph& g, const ProgramOptions& options) : tape_(tape), g_(g), options_(options) {
@@ -96,9 +141,11 @@ class Recorder {
     const program::Tensor& t = tensor(i);
     Spec spec = t.pinned ? *t.pinned : program::replicated_spec(t);
     spec.tensor = t.name;
-    r_.values[static_cast<std::size_t>(i)] = tape_.input(spec, t.shape, leaf_values(g_, i, options_), /*requires_grad=*/true);
+    // A leaf of a program is differentiable; solve's one-op graphs make a route's dispatch a leaf.
+    r_.values[static_cast<std::size_t>(i)] = tape_.input(spec, t.shape, leaf_values(g_, i, options_), t.differentiable);
     r_.specs[static_cast<std::size_t>(i)] = spec;
-    r_.origin[static_cast<std::size_t>(i)] = t.pinned ? "pinned" : "replicated (not pinned)";
+    r_.origin[static_cast<std::size_t>(i)] =
+        std::string(t.pinned ? "pinned" : "replicated (not pinned)") + (t.regathered ? ", regathered" : "");
   }
 
   // x resharded to `to`, noted with the reason, when it is not there already.
@@ -129,7 +176,7 @@ class Recorder {
         if (out.pinned) {
           Spec to = *out.pinned;
           to.tensor = out.name;
-          y = autodiff::planned_einsum(in[0], in[1], to);
+          y = autodiff::planned_einsum(in[0], in[1], to, keep(op.operands[0]), keep(op.operands[1]));
           tape_.set_name(y, out.name);
           r_.specs[static_cast<std::size_t>(op.result)] = to;
           r_.origin[static_cast<std::size_t>(op.result)] = "pinned";
@@ -166,6 +213,7 @@ class Recorder {
       case OpKind::causal_mask: y = autodiff::causal_mask(whole_operand(k, in[0], f), op.op.from[0], op.op.to[0]); break;
       case OpKind::transpose: y = autodiff::transpose(in[0], out.letters); break;
       case OpKind::rename: y = autodiff::rename(in[0], op.op.from[0], op.op.to[0]); break;
+      case OpKind::route: y = route(k, in[0], out); break;
       case OpKind::split: {
         std::vector<std::pair<std::string, std::int64_t>> parts;
         for (const std::string& l : op.op.to) parts.emplace_back(l, g_.dims.at(l));
@@ -222,8 +270,31 @@ class Recorder {
       r_.notes[static_cast<std::size_t>(k)].push_back("the operands' shardings cannot contract locally (" +
                                                       std::string(local.headline()) + "); planned to " +
                                                       format_spec(to, mesh()));
-      return autodiff::planned_einsum(a, b, to);
+      const GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
+      return autodiff::planned_einsum(a, b, to, keep(op.operands[0]), keep(op.operands[1]));
     }
+  }
+
+  // A regathered param's all_gathers for an einsum drop their output after the forward pass.
+  autodiff::Gathered keep(int tensor_index) const {
+    return tensor(tensor_index).regathered ? autodiff::Gathered::regathered : autodiff::Gathered::kept;
+  }
+
+  // Routing compares a group's tokens for each expert's slots, so the tokens and the experts
+  // are whole on each device; the other letters (the groups: sequences) keep their sharding.
+  Var route(int k, Var probs, const program::Tensor& out) {
+    const program::Op& o = g_.ops[static_cast<std::size_t>(k)].op;
+    probs = whole_operand(k, probs, "route");
+    probs = moved(k, probs, unsharded(probs.spec(), {o.over, o.from[0]}),
+                  "route needs each group's tokens ('" + o.from[0] + "') and experts ('" + o.over + "') whole");
+    Spec spec = probs.spec();
+    spec.tensor = out.name;
+    spec.dims.push_back({out.letters.back(), {}});
+    const int tokens = probs.spec().find_dim(o.from[0]), experts = probs.spec().find_dim(o.over), top = o.top;
+    const std::int64_t capacity = g_.dims.at(out.letters.back());
+    return autodiff::data_from(probs, spec, out.shape, [=](const DistTensor& p, DistTensor& d) {
+      route_shard(p, tokens, experts, top, capacity, d);
+    });
   }
 
   // add, sub, mul with broadcasting: the operands agree letter by letter on the first

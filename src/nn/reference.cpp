@@ -425,9 +425,13 @@ DenseStep block_step(const BlockConfig& config, const Params& params, const Dens
 
 std::vector<std::vector<MoeChoice>> moe_assign(const MoeConfig& config, const std::vector<double>& probs,
                                                std::int64_t tokens, std::int64_t experts) {
-  if (config.top_k < 1 || config.top_k > experts) {
-    throw InputError("top-k routing needs 1 <= K <= E; got K=" + std::to_string(config.top_k) +
-                     ", E=" + std::to_string(experts));
+  return moe_assign(probs, tokens, experts, config.top_k, moe_capacity(config, tokens, experts));
+}
+
+std::vector<std::vector<MoeChoice>> moe_assign(const std::vector<double>& probs, std::int64_t tokens,
+                                               std::int64_t experts, std::int64_t top_k, std::int64_t capacity) {
+  if (top_k < 1 || top_k > experts) {
+    throw InputError("top-k routing needs 1 <= K <= E; got K=" + std::to_string(top_k) + ", E=" + std::to_string(experts));
   }
   std::vector<std::vector<MoeChoice>> route(static_cast<std::size_t>(tokens));
   for (std::int64_t t = 0; t < tokens; ++t) {
@@ -435,11 +439,10 @@ std::vector<std::vector<MoeChoice>> moe_assign(const MoeConfig& config, const st
     std::vector<std::int64_t> order(static_cast<std::size_t>(experts));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](std::int64_t i, std::int64_t j) { return p[i] > p[j]; });
-    for (std::int64_t k = 0; k < config.top_k; ++k) route[t].push_back({order[k], p[order[k]], false, 0});
+    for (std::int64_t k = 0; k < top_k; ++k) route[t].push_back({order[k], p[order[k]], false, 0});
   }
-  const std::int64_t capacity = moe_capacity(config, tokens, experts);
   std::vector<std::int64_t> load(static_cast<std::size_t>(experts), 0);
-  for (std::int64_t k = 0; k < config.top_k; ++k) {
+  for (std::int64_t k = 0; k < top_k; ++k) {
     for (std::int64_t t = 0; t < tokens; ++t) {
       MoeChoice& c = route[t][k];
       c.kept = load[c.expert] < capacity;

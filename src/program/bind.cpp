@@ -279,6 +279,7 @@ class Binder {
       return;
     }
     t.pinned = pinned(s, t.letters, /*leaf=*/true);
+    t.regathered = s.regathered;
     const int index = add_tensor(std::move(t));
     scope.names[s.name] = index;
     scope.defined_here.insert(s.name);
@@ -364,6 +365,11 @@ class Binder {
     }
     t.role = Role::computed;
     t.letters = result_letters(op, declared ? &declared->letters : nullptr);
+    // Routing is data: no gradient flows through a route, nor into what only it feeds.
+    t.differentiable = op.op.kind != OpKind::route &&
+                       std::any_of(op.operands.begin(), op.operands.end(), [&](int x) {
+                         return graph_.tensors[static_cast<std::size_t>(x)].differentiable;
+                       });
     if (declared) {
       const Statement* s = statement_of(declared->source_name, declared->where);
       if (s) t.pinned = pinned(*s, t.letters, false);
@@ -490,6 +496,26 @@ class Binder {
         std::vector<std::string> out = a;
         *std::find(out.begin(), out.end(), op.from[0]) = op.to[0];
         return same_as_declared(out);
+      }
+      case OpKind::route: {
+        if (!declared) {
+          fail(at, "route inside an expression has no capacity letter; give it a line of its own "
+                   "(d[B, T, E, C] = route(p, over=E, tokens=T, top=2))", len);
+        }
+        need_letter(op.over, a, "experts' letter");
+        need_letter(op.from[0], a, "tokens' letter");
+        if (op.over == op.from[0]) fail(at, "route needs different letters for the experts (over=) and the tokens (tokens=)", len);
+        if (op.top > size_of(op.over, at)) {
+          fail(at, "route: top=" + std::to_string(op.top) + " but there are " + std::to_string(size_of(op.over, at)) +
+                       " experts ('" + op.over + "'); a token goes to 1 <= top <= " + op.over + " experts", len);
+        }
+        if (declared->size() != a.size() + 1 || !std::equal(a.begin(), a.end(), declared->begin()) ||
+            contains(a, declared->back())) {
+          fail(at, "route gives its operand's letters " + join(a) + " then a new capacity letter (each expert's slots), "
+                   "but the line declares " + join(*declared), len);
+        }
+        size_of(declared->back(), at);
+        return *declared;
       }
       case OpKind::split:
       case OpKind::merge: {

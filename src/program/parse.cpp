@@ -25,6 +25,7 @@ const char* to_string(OpKind kind) {
     case OpKind::split: return "split";
     case OpKind::merge: return "merge";
     case OpKind::rename: return "rename";
+    case OpKind::route: return "route";
   }
   return "?";
 }
@@ -44,7 +45,7 @@ constexpr std::array kKeywords = {"mesh", "dims", "input", "param", "loss", "rep
 constexpr std::array kUnary = {"relu", "gelu", "silu", "tanh", "exp"};
 constexpr std::array kReduce = {"sum", "mean", "max"};
 constexpr std::array kNormalize = {"softmax", "layer_norm", "rms_norm"};
-constexpr std::array kShape = {"transpose", "split", "merge", "rename", "causal_mask", "scale"};
+constexpr std::array kShape = {"transpose", "split", "merge", "rename", "causal_mask", "scale", "route"};
 // The most repeat blocks nest, and the most iterations a program unrolls to (bind()).
 constexpr int kMaxRepeatDepth = 8;
 
@@ -309,6 +310,29 @@ class LineParser {
       e.op.from = {letter("the row (query) letter")};
       expect(',', "before the column letter, e.g. causal_mask(s, T, S)");
       e.op.to = {letter("the column (key) letter")};
+    } else if (f == "route") {
+      e.op.kind = OpKind::route;
+      e.args.push_back(expression());
+      const auto keyword = [&](const char* kw) {
+        expect(',', std::string("before '") + kw + "=', e.g. route(p, over=E, tokens=T, top=2)");
+        const std::size_t at_kw = (skip_space(), pos_);
+        if (name(std::string("'") + kw + "='") != kw) {
+          fail(std::string("expected '") + kw + "=' here: route(p, over=E, tokens=T, top=2)", at_kw);
+        }
+        expect('=', std::string("after '") + kw + "'");
+      };
+      keyword("over");
+      e.op.over = letter("the experts' letter");
+      keyword("tokens");
+      e.op.from = {letter("the tokens' letter")};
+      keyword("top");
+      const std::size_t at_top = (skip_space(), pos_);
+      const double top = number();
+      if (top < 1 || top != std::floor(top) || top > 1e9) {
+        fail("route's top (the experts each token goes to) is a whole number >= 1, got " + rest(at_top, pos_), at_top,
+             pos_ - at_top);
+      }
+      e.op.top = static_cast<int>(top);
     } else {
       fail("unknown op '" + f + "'; the ops are " + function_list() + ", and a @ b, a + b, a - b, a * b", start,
            f.size());
@@ -482,6 +506,14 @@ class ProgramParser {
       if (body.at_end()) body.fail("expected an expression after '='", body.pos());
       s.expr = body.expression();
     }
+    if (s.role == Role::param && body.peek_name()) {
+      const std::size_t at = body.pos();
+      if (body.name("'regathered'") != "regathered") {
+        body.fail("after a param's letters: 'regathered' (FSDP: its gathered copy is dropped after the forward pass and "
+                  "gathered again for backward) or ':' and its pinned spec", at, body.pos() - at);
+      }
+      s.regathered = true;
+    }
     if (!body.at_end()) {
       body.fail("unexpected " + body.found() +
                     (s.role == Role::computed ? " after the expression" : "; a pinned spec follows ':', e.g. : w[D, F_X]"),
@@ -553,6 +585,7 @@ std::string format_expr(const Expr& e) {
     case OpKind::merge:
     case OpKind::rename: out += ", " + join(op.from, " ") + " -> " + join(op.to, " "); break;
     case OpKind::causal_mask: out += ", " + op.from[0] + ", " + op.to[0]; break;
+    case OpKind::route: out += ", over=" + op.over + ", tokens=" + op.from[0] + ", top=" + std::to_string(op.top); break;
     default: break;
   }
   return out + ")";
@@ -572,6 +605,7 @@ void format_items(std::ostringstream& os, const std::vector<Item>& items, const 
         os << indent;
         if (s.role != Role::computed) os << to_string(s.role) << " ";
         os << s.name << "[" << join(s.letters, ", ") << "]";
+        if (s.regathered) os << " regathered";
         if (s.role == Role::computed) os << " = " << format_expr(s.expr);
         if (s.spec) os << " : " << *s.spec;
         os << "\n";

@@ -145,6 +145,9 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   Cbc_setMaximumSeconds(m, limits.seconds);
   Cbc_setAllowableGap(m, 1e-7);          // microseconds: 0.1 ps, below any step's resolution
   Cbc_setAllowableFractionGap(m, 1e-9);
+  // CBC prunes what cannot beat the incumbent by its cutoff increment (1e-5 by default: 10 ps
+  // here), which is more than the memory tie-break separates equally fast shardings by.
+  Cbc_setParameter(m, "increment", "1e-9");
   Cbc_solve(m);
 
   // CBC's bound is on time plus the tie-break; no assignment's tie-break exceeds the largest

@@ -10,8 +10,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
@@ -130,7 +132,9 @@ std::vector<char> loss_path(const Graph& g) {
   std::vector<char> needed(g.tensors.size(), 0);
   needed[static_cast<std::size_t>(g.loss)] = 1;
   for (std::size_t k = g.ops.size(); k-- > 0;) {
-    if (!needed[static_cast<std::size_t>(g.ops[k].result)]) continue;
+    // A route's dispatch, and what only it feeds, get no gradient: their ops run no backward.
+    const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[k].result)];
+    if (!needed[static_cast<std::size_t>(g.ops[k].result)] || !result.differentiable) continue;
     on[k] = 1;
     for (int x : g.ops[k].operands) needed[static_cast<std::size_t>(x)] = 1;
   }
@@ -169,6 +173,8 @@ struct OpCost {
   std::int64_t internal_memory = 0;  // activations its own intermediate values keep
   std::vector<char> operand_saved;   // by distinct operand: kept for the backward pass
   std::vector<int> operand_partial;  // by distinct operand: the axes its gradient is left partial over
+  std::vector<char> operand_gathered;    // by distinct operand: all-gathered in forward
+  std::vector<char> operand_regathered;  // by distinct operand: gathered again in backward
   bool result_saved = false;         // its own backward keeps its result (softmax)
 };
 
@@ -179,13 +185,14 @@ class OpRecorder {
   // Ops alike in everything the tape sees (a transformer's q, k and v projections; a
   // block's two residual adds) are recorded once: the tape's cost does not depend on names.
   OpCost cost(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-              const std::optional<Spec>& result_pin, std::optional<int> result_partial) const {
-    const std::string key = signature(k, operands, operand_specs, result_pin, result_partial);
+              const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
+              std::optional<int> result_partial) const {
+    const std::string key = signature(k, operands, operand_specs, operand_regathered, result_pin, result_partial);
     {
       const std::lock_guard<std::mutex> lock(memo_mutex_);
       if (const auto it = memo_.find(key); it != memo_.end()) return named(it->second, k);
     }
-    OpCost out = record(k, operands, operand_specs, result_pin, result_partial);
+    OpCost out = record(k, operands, operand_specs, operand_regathered, result_pin, result_partial);
     const std::lock_guard<std::mutex> lock(memo_mutex_);
     memo_.emplace(key, out);
     return out;
@@ -210,10 +217,11 @@ class OpRecorder {
 
  private:
   // Everything of op k and its specs that the tape sees: the op, each operand's role,
-  // letters and spec (by position, repeats included), the result's letters, pin and
-  // gradient; no tensor names.
+  // letters, spec, whether it is differentiable and regathered (by position, repeats
+  // included), the result's letters, pin and gradient; no tensor names.
   std::string signature(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-                        const std::optional<Spec>& result_pin, std::optional<int> result_partial) const {
+                        const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
+                        std::optional<int> result_partial) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     const auto unnamed = [&](Spec s) {
       s.tensor.clear();
@@ -225,14 +233,14 @@ class OpRecorder {
       return out;
     };
     std::string key = std::string(program::to_string(op.op.kind)) + " " + op.op.function + " " + op.op.over + " " +
-                      std::to_string(op.op.constant);
+                      std::to_string(op.op.constant) + " " + std::to_string(op.op.top);
     for (const std::string& l : op.op.from) key += " <" + l;
     for (const std::string& l : op.op.to) key += " >" + l;
     for (int x : op.operands) {
       const auto i = static_cast<std::size_t>(std::find(operands.begin(), operands.end(), x) - operands.begin());
       const program::Tensor& t = g_.tensors[static_cast<std::size_t>(x)];
-      key += " | " + std::to_string(i) + " " + program::to_string(t.role) + " " + letters(t) + " " +
-             unnamed(operand_specs[i]);
+      key += " | " + std::to_string(i) + " " + program::to_string(t.role) + (t.differentiable ? " d " : " n ") +
+             (operand_regathered[i] ? "r " : "k ") + letters(t) + " " + unnamed(operand_specs[i]);
     }
     key += " -> " + letters(g_.tensors[static_cast<std::size_t>(op.result)]) + " " +
            (result_pin ? unnamed(*result_pin) : "free") + " " +
@@ -247,7 +255,8 @@ class OpRecorder {
   }
 
   OpCost record(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-                const std::optional<Spec>& result_pin, std::optional<int> result_partial) const {
+                const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
+                std::optional<int> result_partial) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     Graph mini;
     mini.file = g_.file;
@@ -257,6 +266,7 @@ class OpRecorder {
       program::Tensor t = g_.tensors[static_cast<std::size_t>(operands[i])];
       if (t.role == Role::computed) t.role = Role::input;
       t.pinned = operand_specs[i];
+      t.regathered = operand_regathered[i] != 0;
       t.producer = -1;
       t.consumers = {0};
       t.temporary = false;
@@ -297,6 +307,16 @@ class OpRecorder {
       for (std::size_t i = 0; i < operands.size(); ++i) {
         out.operand_saved.push_back(tape.bytes_saved_for_backward(rec.values[i]) > 0);
         out.operand_partial.push_back(result_partial ? mask_of(tape.gradient_arrived_unreduced(rec.values[i])) : 0);
+        // A regathered param's gather run again in backward is a step on the param itself
+        // (the gradients' steps move `d` + its name).
+        const std::string& name = mini.tensors[i].name;
+        const auto gathered_in = [&](autodiff::Phase phase) {
+          return std::any_of(tape.events().begin(), tape.events().end(), [&](const autodiff::TapeEvent& e) {
+            return e.phase == phase && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
+          });
+        };
+        out.operand_gathered.push_back(gathered_in(autodiff::Phase::forward));
+        out.operand_regathered.push_back(gathered_in(autodiff::Phase::backward));
       }
       out.allowed = true;
     } catch (const InputError&) {
@@ -316,6 +336,7 @@ class OpRecorder {
 struct Recording {
   std::vector<int> tuple;            // the operands' values
   std::vector<Spec> specs;           // the operands' specs
+  std::vector<char> regathered;      // the operands' (params: FSDP's regather)
   std::optional<Spec> pin;           // the result's, when chosen
   std::optional<int> partial;        // the result's gradient's pending axes (differentiated ops)
   OpCost cost;
@@ -360,6 +381,15 @@ std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a) {
   return out;
 }
 
+std::vector<char> regathered_of(const ProgramChoices& c, const Assignment& a) {
+  std::vector<char> out;
+  for (std::size_t t = 0; t < c.var_of_tensor.size(); ++t) {
+    const auto v = static_cast<std::size_t>(c.var_of_tensor[t]);
+    out.push_back(c.regathered[v][static_cast<std::size_t>(a[v])]);
+  }
+  return out;
+}
+
 ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) {
   ProgramChoices c;
   const bool train = options.train && g.loss >= 0;
@@ -368,6 +398,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
 
   // Variables: one per group key.
   std::map<std::string, int> var_by_key;
+  std::vector<std::vector<int>> kept_twin;  // by variable and value: the kept value of its spec
   std::vector<int> copies;  // by variable: how many tensors share it
   for (std::size_t t = 0; t < g.tensors.size(); ++t) {
     const program::Tensor& tensor = g.tensors[t];
@@ -389,8 +420,23 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       values = all_specs(tensor, g.mesh, /*allow_unreduced=*/!leaf);
     }
     for (Spec& s : values) s.tensor = tensor.source_name;  // as written: `wq`, not `wq.0`
+    std::vector<char> regathered(values.size(), tensor.regathered ? 1 : 0);
+    std::vector<int> twin(values.size());
+    std::iota(twin.begin(), twin.end(), 0);
+    // A split param either keeps the copies its einsums gather for backward or gathers them
+    // again there (FSDP): both, unless the file says which.
+    if (tensor.role == Role::param && train && !tensor.regathered) {
+      for (std::size_t i = 0, n = values.size(); i < n; ++i) {
+        if (used_mask(values[i]) == 0) continue;
+        values.push_back(values[i]);
+        regathered.push_back(1);
+        twin.push_back(static_cast<int>(i));
+      }
+    }
+    kept_twin.push_back(std::move(twin));
     c.chosen.push_back(!tensor.pinned && (leaf || (einsum && !tensor.temporary)));
     c.values.push_back(std::move(values));  // a derived tensor's values come from its op
+    c.regathered.push_back(std::move(regathered));
   }
   const auto value_index = [&](int var, const Spec& s) {
     std::vector<Spec>& vals = c.values[static_cast<std::size_t>(var)];
@@ -398,6 +444,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       if (vals[i] == s) return static_cast<int>(i);
     }
     vals.push_back(s);
+    c.regathered[static_cast<std::size_t>(var)].push_back(0);
     return static_cast<int>(vals.size()) - 1;
   };
 
@@ -472,6 +519,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     return it->second;
   };
 
+  // By variable and value: a regathered param value that some recording gathered again in
+  // backward. One that none did costs what its kept twin costs: dropped below.
+  std::vector<std::vector<char>> regather_matters(c.values.size());
+  for (std::size_t v = 0; v < c.values.size(); ++v) regather_matters[v].assign(c.values[v].size(), 0);
+
   OpRecorder recorder(g, options);
   // Fill the factors in program order until no derived variable gains a value (a repeat's
   // later iterations can feed values back to an earlier factor's operands).
@@ -502,8 +554,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       while (true) {
         if (f.done.insert(tuple).second) {
           std::vector<Spec> specs;
+          std::vector<char> regathered;
           for (std::size_t i = 0; i < tuple.size(); ++i) {
-            specs.push_back(c.values[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])]);
+            const auto v = static_cast<std::size_t>(f.operand_vars[i]);
+            specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
+            regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
           }
           // The result's spec: its own variable's when that is an operand too (a value carried
           // into the next iteration), else each of its choices, else what the op's rule gives.
@@ -523,7 +578,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
               // A gradient is never partial over an axis that shards its value: known before
               // recording when the result is pinned.
               if (pin && partial && (*partial & used_mask(*pin))) continue;
-              jobs.push_back({tuple, specs, pin, partial, {}});
+              jobs.push_back({tuple, specs, regathered, pin, partial, {}});
             }
           }
         }
@@ -531,8 +586,40 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         while (i < tuple.size() && ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size())) tuple[i++] = 0;
         if (i == tuple.size()) break;
       }
-      for_each_parallel(jobs.size(), [&](std::size_t j) {
-        jobs[j].cost = recorder.cost(f.op, f.operands, jobs[j].specs, jobs[j].pin, jobs[j].partial);
+      // The kept combinations first; one with regathered params then takes its kept twin's
+      // cost where that gathers none of them (regathering changes nothing there).
+      using JobKey = std::tuple<std::vector<int>, std::string, int>;
+      const auto key = [&](const Recording& r, bool kept) {
+        std::vector<int> t = r.tuple;
+        for (std::size_t i = 0; kept && i < t.size(); ++i) {
+          if (r.regathered[i]) t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
+        }
+        return JobKey{t, r.pin ? format_spec(*r.pin, g.mesh) : std::string(), r.partial ? *r.partial : -1};
+      };
+      std::vector<std::size_t> kept_jobs, twin_jobs;
+      std::map<JobKey, std::size_t> job_of;
+      for (std::size_t j = 0; j < jobs.size(); ++j) {
+        const bool any = std::any_of(jobs[j].regathered.begin(), jobs[j].regathered.end(), [](char r) { return r != 0; });
+        (any ? twin_jobs : kept_jobs).push_back(j);
+        if (!any) job_of.emplace(key(jobs[j], false), j);
+      }
+      const auto record = [&](std::size_t j) {
+        jobs[j].cost = recorder.cost(f.op, f.operands, jobs[j].specs, jobs[j].regathered, jobs[j].pin, jobs[j].partial);
+      };
+      for_each_parallel(kept_jobs.size(), [&](std::size_t k) { record(kept_jobs[k]); });
+      for_each_parallel(twin_jobs.size(), [&](std::size_t k) {
+        Recording& job = jobs[twin_jobs[k]];
+        const auto kept = job_of.find(key(job, true));
+        if (kept != job_of.end()) {
+          const OpCost& twin = jobs[kept->second].cost;
+          bool gathers = false;
+          for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i) gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
+          if (!gathers) {
+            job.cost = twin;
+            return;
+          }
+        }
+        record(twin_jobs[k]);
       });
       for (const Recording& job : jobs) {
         const OpCost& cost = job.cost;
@@ -542,6 +629,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         const std::optional<int>& partial = job.partial;
         if (!cost.allowed) continue;
         if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
+        for (std::size_t i = 0; i < tuple.size(); ++i) {
+          if (cost.operand_regathered[i]) regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
+        }
         const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
         std::map<int, int> value_of;
         for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
@@ -603,6 +693,31 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         }
       }
     }
+  }
+
+  // Regathered twins that regather nothing leave the problem (they would only tie their twins).
+  for (std::size_t v = 0; v < c.tensor_of_var.size(); ++v) {
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+    if (t.role != Role::param || t.regathered) continue;
+    std::vector<int> renumbered(c.values[v].size(), -1);
+    std::vector<Spec> values;
+    std::vector<char> regathered;
+    for (std::size_t i = 0; i < c.values[v].size(); ++i) {
+      if (c.regathered[v][i] && !regather_matters[v][i]) continue;
+      renumbered[i] = static_cast<int>(values.size());
+      values.push_back(c.values[v][i]);
+      regathered.push_back(c.regathered[v][i]);
+    }
+    if (values.size() == c.values[v].size()) continue;
+    for (auto& [key, f] : factors) {
+      const auto at = std::find(f.factor.vars.begin(), f.factor.vars.end(), static_cast<int>(v));
+      if (at == f.factor.vars.end()) continue;
+      const auto j = static_cast<std::size_t>(at - f.factor.vars.begin());
+      std::erase_if(f.factor.entries, [&](const FactorEntry& e) { return renumbered[static_cast<std::size_t>(e.values[j])] < 0; });
+      for (FactorEntry& e : f.factor.entries) e.values[j] = renumbered[static_cast<std::size_t>(e.values[j])];
+    }
+    c.values[v] = std::move(values);
+    c.regathered[v] = std::move(regathered);
   }
 
   for (std::size_t v = 0; v < c.values.size(); ++v) {

@@ -36,7 +36,7 @@ std::string bytes_text(std::int64_t b) {
 std::string least_memory_text(const Graph& g, const ProgramChoices& c, const SolveOutcome& least,
                               const nn::ProgramOptions& options) {
   const std::vector<Spec> specs = specs_of(c, least.best);
-  const nn::ProgramMemory m = nn::predict_program(pinned_graph(g, specs), options).memory;
+  const nn::ProgramMemory m = nn::predict_program(pinned_graph(g, specs, regathered_of(c, least.best)), options).memory;
   std::string out = "the least any sharding needs is " + bytes_text(m.total()) + " (params " + bytes_text(m.params) +
                     ", inputs " + bytes_text(m.inputs) + ", gradients " + bytes_text(m.gradients) + ", optimizer state " +
                     bytes_text(m.optimizer_state) + ", activations " + bytes_text(m.activations) + "); its largest tensors, per device:";
@@ -82,29 +82,49 @@ ChoiceProblem restricted(const ChoiceProblem& p, int v, const std::function<bool
 // ---- Named strategies: a role per mesh axis, as restrictions on the leaves' specs.
 //   dp    inputs split by the axis along their batch letter (the first input's first letter);
 //         params not split by it
-//   fsdp  inputs as dp; params split by the axis along some letter (gathered where used)
+//   fsdp  inputs as dp; params split by the axis along some letter, gathered where used and
+//         regathered in backward (no gathered copy kept between the passes)
 //   tp    inputs not split by the axis; params split by it (Megatron's tensor parallelism)
 //   sp    inputs split by the axis along their sequence letter (the first input's second);
 //         params split by it
+//   ep    (a program with a route) inputs as dp; params with the experts' letter (the route's
+//         over=) split by the axis along it, the others not split by it
+// A param the file does not mark regathered is regathered exactly when some axis is fsdp's.
 const std::vector<std::string> kRoles = {"dp", "fsdp", "tp", "sp"};
 
-bool leaf_allows(const program::Tensor& t, const Spec& s, int axis, const std::string& role, const std::string& batch,
-                 const std::string& sequence) {
+struct Letters {
+  std::string batch, sequence, experts;
+};
+
+bool leaf_allows(const program::Tensor& t, const Spec& s, int axis, const std::string& role, const Letters& l) {
   const int dim = s.dim_of_axis(axis);
   const std::string letter = dim >= 0 ? s.dims[static_cast<std::size_t>(dim)].name : "";
-  if (t.role == Role::param) return role == "dp" ? dim < 0 : dim >= 0;
-  const std::string& want = role == "sp" ? sequence : role == "tp" ? std::string() : batch;
+  if (t.role == Role::param) {
+    if (role == "ep") {
+      const bool expert = std::find(t.letters.begin(), t.letters.end(), l.experts) != t.letters.end();
+      return expert ? letter == l.experts : dim < 0;
+    }
+    return role == "dp" ? dim < 0 : dim >= 0;
+  }
+  const std::string& want = role == "sp" ? l.sequence : role == "tp" ? std::string() : l.batch;
   const bool has = !want.empty() && std::find(t.letters.begin(), t.letters.end(), want) != t.letters.end();
   return has ? letter == want : dim < 0;
 }
 
 std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices& c, const SolveLimits& limits) {
-  std::string batch, sequence;
+  Letters letters;
   for (int i : g.leaves()) {
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(i)];
     if (t.role != Role::input || t.letters.empty()) continue;
-    batch = t.letters[0];
-    sequence = t.letters.size() > 1 ? t.letters[1] : "";
+    letters.batch = t.letters[0];
+    letters.sequence = t.letters.size() > 1 ? t.letters[1] : "";
+    break;
+  }
+  std::vector<std::string> roles_here = kRoles;
+  for (const program::GraphOp& op : g.ops) {
+    if (op.op.kind != program::OpKind::route) continue;
+    letters.experts = op.op.over;
+    roles_here.push_back("ep");
     break;
   }
   const int m = g.mesh.rank();
@@ -114,14 +134,14 @@ std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices
     std::vector<std::string> roles(static_cast<std::size_t>(m));
     std::vector<std::size_t> at(static_cast<std::size_t>(m), 0);
     while (true) {
-      for (int a = 0; a < m; ++a) roles[static_cast<std::size_t>(a)] = kRoles[at[static_cast<std::size_t>(a)]];
+      for (int a = 0; a < m; ++a) roles[static_cast<std::size_t>(a)] = roles_here[at[static_cast<std::size_t>(a)]];
       plans.push_back(roles);
       int a = 0;
-      while (a < m && ++at[static_cast<std::size_t>(a)] == kRoles.size()) at[static_cast<std::size_t>(a++)] = 0;
+      while (a < m && ++at[static_cast<std::size_t>(a)] == roles_here.size()) at[static_cast<std::size_t>(a++)] = 0;
       if (a == m) break;
     }
   } else {
-    for (const std::string& r : kRoles) plans.push_back(std::vector<std::string>(static_cast<std::size_t>(m), r));
+    for (const std::string& r : roles_here) plans.push_back(std::vector<std::string>(static_cast<std::size_t>(m), r));
   }
   std::vector<NamedStrategy> out;
   for (const std::vector<std::string>& roles : plans) {
@@ -129,14 +149,19 @@ std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices
     for (int a = 0; a < m; ++a) {
       s.name += (a ? "+" : "") + roles[static_cast<std::size_t>(a)] + "(" + g.mesh.axis(a).name + ")";
     }
+    const bool fsdp = std::find(roles.begin(), roles.end(), "fsdp") != roles.end();
     ChoiceProblem p = c.problem;
     for (std::size_t v = 0; v < c.values.size(); ++v) {
       const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
       if (t.role == Role::computed) continue;
       p = restricted(p, static_cast<int>(v), [&](int value) {
         const Spec& spec = c.values[v][static_cast<std::size_t>(value)];
+        if (t.role == Role::param && !t.regathered && (c.regathered[v][static_cast<std::size_t>(value)] != 0) != fsdp &&
+            std::any_of(c.regathered[v].begin(), c.regathered[v].end(), [](char r) { return r != 0; })) {
+          return false;
+        }
         for (int a = 0; a < m; ++a) {
-          if (!leaf_allows(t, spec, a, roles[static_cast<std::size_t>(a)], batch, sequence)) return false;
+          if (!leaf_allows(t, spec, a, roles[static_cast<std::size_t>(a)], letters)) return false;
         }
         return true;
       });
@@ -190,7 +215,19 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     throw InputError("solve: " + why);
   }
   r.specs = specs_of(c, r.outcome.best);
-  r.prediction = nn::predict_program(pinned_graph(g, r.specs), options.program);
+  r.regathered = regathered_of(c, r.outcome.best);
+  r.prediction = nn::predict_program(pinned_graph(g, r.specs, r.regathered), options.program);
+  // Where the answer's regathered param gathers nothing again (its kept twin tied), it is
+  // reported kept: the same step, and a file that says only what matters.
+  std::vector<char> gathers_again(c.values.size(), 0);
+  for (const autodiff::TapeEvent& e : r.prediction.events) {
+    if (e.phase != autodiff::Phase::backward || e.step.op != OpKind::all_gather) continue;
+    const int t = g.find(e.step.tensor);
+    if (t >= 0) gathers_again[static_cast<std::size_t>(c.var_of_tensor[static_cast<std::size_t>(t)])] = 1;
+  }
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    if (!g.tensors[t].regathered && !gathers_again[static_cast<std::size_t>(c.var_of_tensor[t])]) r.regathered[t] = 0;
+  }
 
   r.top.push_back(r.outcome);
   SolveLimits next = limits;
@@ -208,7 +245,11 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
       Alternative alt;
       alt.tensor = c.tensor_of_var[static_cast<std::size_t>(v)];
       const int chosen = r.outcome.best[static_cast<std::size_t>(v)];
-      const SolveOutcome o = best_of(restricted(c.problem, v, [&](int value) { return value != chosen; }), limits);
+      // Another layout: a param's regathered twin is its chosen spec again.
+      const std::vector<Spec>& values = c.values[static_cast<std::size_t>(v)];
+      const SolveOutcome o = best_of(restricted(c.problem, v, [&](int value) {
+        return !(values[static_cast<std::size_t>(value)] == values[static_cast<std::size_t>(chosen)]);
+      }), limits);
       if (!o.best.empty()) {
         alt.exists = true;
         alt.spec = c.values[static_cast<std::size_t>(v)][static_cast<std::size_t>(o.best[static_cast<std::size_t>(v)])];
@@ -223,15 +264,17 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
 
 // Every tensor pinned as `specs` says except the nested expressions (a program file cannot
 // pin them; their ops' rules give them the same layouts again).
-Graph pinned_graph(const Graph& g, const std::vector<Spec>& specs) {
+Graph pinned_graph(const Graph& g, const std::vector<Spec>& specs, const std::vector<char>& regathered) {
   Graph out = g;
   for (std::size_t t = 0; t < out.tensors.size(); ++t) {
     if (!out.tensors[t].temporary) out.tensors[t].pinned = specs[t];
+    if (!regathered.empty()) out.tensors[t].regathered = regathered[t] != 0;
   }
   return out;
 }
 
-program::Program pinned_program(const program::Program& program, const Graph& g, const std::vector<Spec>& specs) {
+program::Program pinned_program(const program::Program& program, const Graph& g, const std::vector<Spec>& specs,
+                                const std::vector<char>& regathered) {
   program::Program out = program;
   out.mesh = g.mesh.to_string();
   std::string dims;
@@ -246,6 +289,7 @@ program::Program pinned_program(const program::Program& program, const Graph& g,
       Spec spec = specs[t];
       spec.tensor = s.name;
       s.spec = format_spec(spec, g.mesh);
+      if (!regathered.empty() && s.role == Role::param) s.regathered = regathered[t] != 0;
       return;
     }
   };

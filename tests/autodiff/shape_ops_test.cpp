@@ -140,6 +140,18 @@ TEST(ShapeOps, BroadcastMulByHand) {
   }
 }
 
+// A value without a gradient (data: a route's dispatch) that a mul keeps for its weight's
+// gradient stays kept when an activation reads it too (which keeps nothing of it).
+TEST(ShapeOps, AValueAMulKeepsStaysKeptWhenAnActivationReadsItAfter) {
+  Tape tape(Mesh::parse("X=2"), {DType::f64});
+  Var d = tape.input("d[B, D]", {{"B", 4}, {"D", 2}}, {}, /*requires_grad=*/false);
+  Var w = tape.input("w[D]", {{"D", 2}}, {}, /*requires_grad=*/true);
+  binary(d, w, BinaryOp::mul, {"B", "D"});
+  relu(d);
+  EXPECT_EQ(tape.bytes_saved_for_backward(d), 8 * 8);
+  EXPECT_EQ(tape.bytes_saved_for_backward(w), 0);
+}
+
 TEST(ShapeOps, MulGradientsOnTwoAxes) {
   // x[B_X, D_Y] * y[D_Y]: dy sums over B (split by X), so it is [D_Y]{U_X}; dx needs nothing.
   const Mesh mesh = Mesh::parse("X=2,Y=2");

@@ -43,6 +43,24 @@ TEST(ProgramClaims, TensorParallelMlpAllReducesOnceEachWay) {
   EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("y"))], g.mesh), "y[B, T, D]{U_X}");
 }
 
+// Expert parallelism from a program: the experts' weights pinned E-split and the batch split
+// on the same axis, the planner sends the tokens to their experts and back by all_to_all
+// (B -> E and E -> B), and backward runs the duals; routing itself moves nothing.
+TEST(ProgramClaims, ExpertParallelMoeSendsTokensByAllToAllEachWay) {
+  const program::Graph g = load("examples/programs/moe.prog");
+  const nn::ProgramPrediction p = nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
+  EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_to_all over X", 2}}));
+  // The router's weight is replicated: its gradient's all_reduce is data parallel's.
+  EXPECT_EQ(collectives(p, autodiff::Phase::backward, g.mesh), (Counts{{"all_to_all over X", 2}, {"all_reduce over X", 1}}));
+  EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("d"))], g.mesh), "d[B_X, T, E, C]");
+  EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("h"))], g.mesh), "h[B, E_X, C, F]");
+  // Each all_to_all moves (N-1)/N of a device's [B/N, E, C, D] buffer.
+  const std::int64_t buffer = 2 * 8 * 320 * 1024 * 2;  // bf16
+  for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) {
+    if (t.op == OpKind::all_to_all) EXPECT_EQ(t.bytes, t.count * buffer * 3 / 4);
+  }
+}
+
 // A softmax over a split letter all-reduces its rows' max and their sums: tallied apart.
 TEST(ProgramClaims, ASoftmaxOverASplitLetterAllReducesTheMaxAndTheSumApart) {
   const program::Graph g = program::bind(program::parse_program(R"(
@@ -67,6 +85,46 @@ TEST(ProgramClaims, TensorParallelBlockAllReducesFourTimesInTrainingTwiceInInfer
   const nn::ProgramPrediction infer = nn::predict_program(g, o);
   EXPECT_EQ(collectives(infer, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce over X", 2}}));
   EXPECT_TRUE(collectives(infer, autodiff::Phase::backward, g.mesh).empty());
+}
+
+// The MLP with its batch split on X=4, its weights replicated (data parallel) or split on X
+// and regathered (FSDP); `regathered` off, FSDP keeps its gathered weights as activations.
+std::string fsdp_mlp(const std::string& weights) {
+  const bool fsdp = weights != "dp";
+  const std::string keep = weights == "fsdp" ? " regathered" : "";
+  return "mesh X=4\ndims B=16, T=1024, D=1024, F=4096\ninput x[B, T, D] : x[B_X, T, D]\n"
+         "param w_in[D, F]" + keep + (fsdp ? " : w_in[D_X, F]" : "") + "\n"
+         "param w_out[F, D]" + keep + (fsdp ? " : w_out[F_X, D]" : "") + "\n"
+         "input g[B, T, D] : g[B_X, T, D]\nu[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y * g)\n";
+}
+
+// The Scaling Book: FSDP moves 1.5x data parallelism's bytes (an all_gather of each weight
+// forward, again backward, and a reduce_scatter of its gradient, against DP's all_reduce of
+// the gradient, which moves two of those) for 1/N of the parameters, their gradients and the
+// optimizer's state; regathering keeps no gathered weight for backward.
+TEST(ProgramClaims, FsdpMovesOneAndAHalfTimesDataParallelsBytesForAQuarterOfTheParameterMemory) {
+  nn::ProgramOptions o{DType::bf16, builtin_profile("h100")};
+  o.optimizer = nn::Optimizer::adam;
+  const auto predict = [&](const std::string& w) {
+    return nn::predict_program(program::bind(program::parse_program(fsdp_mlp(w), w + ".prog"), {}), o);
+  };
+  const nn::ProgramPrediction dp = predict("dp"), fsdp = predict("fsdp"), kept = predict("fsdp_kept");
+  const Mesh mesh = Mesh::parse("X=4");
+  EXPECT_EQ(collectives(dp, autodiff::Phase::forward, mesh), Counts{});
+  EXPECT_EQ(collectives(dp, autodiff::Phase::backward, mesh), (Counts{{"all_reduce over X", 2}}));
+  EXPECT_EQ(collectives(fsdp, autodiff::Phase::forward, mesh), (Counts{{"all_gather over X", 2}}));
+  EXPECT_EQ(collectives(fsdp, autodiff::Phase::backward, mesh),
+            (Counts{{"all_gather over X", 2}, {"reduce_scatter over X", 2}}));
+  EXPECT_EQ(2 * collective_bytes(fsdp), 3 * collective_bytes(dp));
+  EXPECT_GT(collective_bytes(dp), 0);
+  EXPECT_EQ(4 * fsdp.memory.params, dp.memory.params);
+  EXPECT_EQ(4 * fsdp.memory.optimizer_state, dp.memory.optimizer_state);
+  // Gradients: the params' (the inputs' are in the inputs' own spec, the same in both).
+  EXPECT_EQ(4 * (fsdp.memory.gradients - fsdp.memory.inputs), dp.memory.gradients - dp.memory.inputs);
+  EXPECT_EQ(fsdp.memory.activations, dp.memory.activations);
+  // Kept: DP's bytes, and a gathered copy of both weights (bf16) held for backward.
+  EXPECT_EQ(collective_bytes(kept), collective_bytes(dp));
+  EXPECT_EQ(kept.memory.activations - fsdp.memory.activations, 2 * 1024 * 4096 * 2);
 }
 
 TEST(ProgramClaims, SequenceParallelMovesTensorParallelsBytesForAQuarterOfTheNormActivations) {

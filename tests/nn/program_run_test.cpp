@@ -61,6 +61,11 @@ TEST(ProgramRun, ExamplesVerifyEvenUnevenAndEmptyShards) {
       {"examples/programs/mlp.prog", "X=4", {{"B", 1}, {"T", 2}, {"D", 3}, {"F", 3}}},   // F=3 over 4: an empty shard
       {"examples/programs/gpt.prog", "X=2,Y=2", {{"B", 2}, {"T", 4}, {"D", 8}, {"H", 2}, {"A", 4}, {"S", 4}, {"F", 8}}},
       {"examples/programs/gpt.prog", "X=2,Y=2", {{"B", 3}, {"T", 3}, {"D", 9}, {"H", 3}, {"A", 3}, {"S", 3}, {"F", 5}}},
+      // MoE, experts and batch split (ep): B=5 over 4, E=3 over 2, E=3 over 4 (an empty shard);
+      // the capacities drop tokens (C < T K / E) or not.
+      {"examples/programs/moe.prog", "X=4", {{"B", 5}, {"T", 6}, {"D", 4}, {"F", 6}, {"E", 8}, {"C", 2}}},
+      {"examples/programs/moe.prog", "X=2", {{"B", 4}, {"T", 8}, {"D", 5}, {"F", 3}, {"E", 3}, {"C", 4}}},
+      {"examples/programs/moe.prog", "X=4", {{"B", 4}, {"T", 5}, {"D", 3}, {"F", 4}, {"E", 3}, {"C", 5}}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(c.file) + " on " + c.mesh);
@@ -100,8 +105,30 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
   }
   for (const char* k : {"relu", "gelu", "silu", "tanh", "exp", "scale", "add", "sub", "mul", "einsum", "sum", "mean",
                         "max", "softmax", "layer_norm", "rms_norm", "transpose", "split", "merge", "rename",
-                        "causal_mask"}) {
+                        "causal_mask", "route"}) {
     EXPECT_GE(seen[k], 3) << "op " << k << " rarely generated";
+  }
+}
+
+// FSDP's regathered weights: executed, the backward all_gathers run again and move what the
+// prediction says; no gathered weight is held for backward, on either tape.
+TEST(ProgramRun, RegatheredParamsGatherAgainInBackwardAsPredicted) {
+  const program::Graph g = bind_text(
+      "mesh X=4\ndims B=5, T=3, D=7, F=6\ninput x[B, T, D] : x[B_X, T, D]\n"
+      "param w_in[D, F] regathered : w_in[D_X, F]\nparam w_out[F, D] regathered : w_out[F_X, D]\n"
+      "u[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y)\n");
+  for (nn::Optimizer opt : {nn::Optimizer::sgd, nn::Optimizer::adam}) {
+    nn::ProgramOptions options;
+    options.optimizer = opt;
+    const nn::ProgramRun r = run_threads_program(g, options);
+    EXPECT_TRUE(r.verification.verified) << r.verification.detail;
+    expect_prediction_matches(g, options, r);
+    int gathers = 0;
+    for (const autodiff::TapeEvent& e : r.events) gathers += e.phase == autodiff::Phase::backward && e.step.op == OpKind::all_gather;
+    EXPECT_EQ(gathers, 2);
+    const nn::ProgramMemory predicted = nn::predict_program(g, options).memory;
+    EXPECT_EQ(r.memory.activations, predicted.activations);
+    EXPECT_EQ(r.memory.total(), predicted.total());
   }
 }
 

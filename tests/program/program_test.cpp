@@ -44,14 +44,37 @@ TEST(Program, TheIssuesMlpParsesAndBinds) {
 TEST(Program, PrintingIsCanonicalAndParsesBack) {
   for (const char* file : {"examples/programs/mlp.prog", "examples/programs/gpt.prog", "examples/programs/gpt96.prog",
                            "examples/programs/attention.prog", "examples/programs/block.prog",
-                           "examples/programs/tp_ffn.prog"}) {
+                           "examples/programs/tp_ffn.prog", "examples/programs/moe.prog"}) {
     const Program p = parse_program(testing::read_repo_file(file), file);
     const std::string once = format_program(p);
     EXPECT_EQ(format_program(parse_program(once)), once) << file;
   }
+  const Program fsdp = parse_program("mesh X=2\ndims D=4, F=4\nparam w[D, F]  regathered  :  w[D_X, F]\n"
+                                     "input x[D]\ny[F] = x @ w\n");
+  EXPECT_EQ(format_program(fsdp), "mesh X=2\ndims D=4,F=4\nparam w[D, F] regathered : w[D_X, F]\ninput x[D]\ny[F] = x @ w\n");
+  EXPECT_TRUE(bind(fsdp, {}).tensors[0].regathered);
   const std::string text = "mesh X=2\ndims I=4, J=4\ninput a[I, J]\nb[I, J] = a - (a - a) * scale(a, -0.5)\n";
   const std::string once = format_program(parse_program(text));
   EXPECT_EQ(once, "mesh X=2\ndims I=4,J=4\ninput a[I, J]\nb[I, J] = a - (a - a) * scale(a, -0.5)\n");
+}
+
+TEST(Program, MoeRoutesWithANewCapacityLetterAndNoGradient) {
+  const Graph g = bind(parse_program(testing::read_repo_file("examples/programs/moe.prog"), "moe.prog"), {});
+  const Tensor& d = g.tensors[static_cast<std::size_t>(g.find("d"))];
+  EXPECT_EQ(d.letters, (std::vector<std::string>{"B", "T", "E", "C"}));
+  EXPECT_EQ(d.shape, (Shape{8, 1024, 8, 320}));
+  const Op& route = g.ops[static_cast<std::size_t>(d.producer)].op;
+  EXPECT_EQ(route.kind, OpKind::route);
+  EXPECT_EQ(route.over, "E");
+  EXPECT_EQ(route.from, (std::vector<std::string>{"T"}));
+  EXPECT_EQ(route.top, 2);
+  // The dispatch is data; what it meets with differentiable values is differentiated.
+  EXPECT_FALSE(d.differentiable);
+  EXPECT_TRUE(g.tensors[static_cast<std::size_t>(g.find("xe"))].differentiable);
+  EXPECT_TRUE(g.tensors[static_cast<std::size_t>(g.find("probs"))].differentiable);
+  const Graph only = bind(parse_program("mesh X=2\ndims T=4, E=3, C=2\ninput p[T, E]\nd[T, E, C] = route(p, over=E, tokens=T, top=1)\n"
+                                        "s[T, E, C] = scale(d, 2)\n"), {});
+  EXPECT_FALSE(only.tensors[static_cast<std::size_t>(only.find("s"))].differentiable);
 }
 
 TEST(Program, RepeatUnrollsAndCarriesRebindingValues) {
@@ -107,7 +130,32 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
   const BadProgram cases[] = {
       {"input a[I, J]\nb[I, J] = gelux(a)\n",
        "t.prog:4:11: unknown op 'gelux'; the ops are relu, gelu, silu, tanh, exp, sum, mean, max, softmax, layer_norm, "
-       "rms_norm, transpose, split, merge, rename, causal_mask, scale, and a @ b, a + b, a - b, a * b"},
+       "rms_norm, transpose, split, merge, rename, causal_mask, scale, route, and a @ b, a + b, a - b, a * b"},
+      {"input a[I, J]\nb[I, J, K] = route(a, over=Q, tokens=I, top=1)\n",
+       "t.prog:4:14: route: experts' letter 'Q' is not a letter of its operand [I, J]"},
+      {"input a[I, J]\nb[I, J, K] = route(a, over=J, tokens=T, top=1)\n",
+       "t.prog:4:14: route: tokens' letter 'T' is not a letter of its operand [I, J]"},
+      {"input a[I, J]\nb[I, J, K] = route(a, over=J, tokens=J, top=1)\n",
+       "t.prog:4:14: route needs different letters for the experts (over=) and the tokens (tokens=)"},
+      {"input a[I, J]\nb[I, J, K] = route(a, over=J, tokens=I, top=0)\n",
+       "t.prog:4:45: route's top (the experts each token goes to) is a whole number >= 1, got 0"},
+      {"input a[I, J]\nb[I, J, K] = route(a, over=J, tokens=I, top=1.5)\n",
+       "t.prog:4:45: route's top (the experts each token goes to) is a whole number >= 1, got 1.5"},
+      {"input a[I, J]\nb[I, J, K] = route(a, over=J, tokens=I, top=7)\n",
+       "t.prog:4:14: route: top=7 but there are 6 experts ('J'); a token goes to 1 <= top <= J experts"},
+      {"input a[I, J]\nb[I, J, K] = route(a, J, tokens=I, top=1)\n",
+       "t.prog:4:23: expected 'over=' here: route(p, over=E, tokens=T, top=2)"},
+      {"input a[I, J]\nb[I, J, K] = route(a, over=J, top=1)\n",
+       "t.prog:4:31: expected 'tokens=' here: route(p, over=E, tokens=T, top=2)"},
+      {"input a[I, J]\nb[I, J] = route(a, over=J, tokens=I, top=1)\n",
+       "t.prog:4:11: route gives its operand's letters [I, J] then a new capacity letter (each expert's slots), but "
+       "the line declares [I, J]"},
+      {"input a[I, J]\nb[K, I, J] = route(a, over=J, tokens=I, top=1)\n",
+       "t.prog:4:14: route gives its operand's letters [I, J] then a new capacity letter (each expert's slots), but "
+       "the line declares [K, I, J]"},
+      {"input a[I, J]\nb[I, J, K] = relu(route(a, over=J, tokens=I, top=1))\n",
+       "t.prog:4:19: route inside an expression has no capacity letter; give it a line of its own "
+       "(d[B, T, E, C] = route(p, over=E, tokens=T, top=2))"},
       {"input a[I, J]\nb[I, K] = relu(a)\n", "t.prog:4:11: relu gives [I, J] but the line declares [I, K]"},
       {"input a[I, J]\nb[J, I] = relu(a)\n",
        "t.prog:4:11: relu gives [I, J] but the line declares [J, I]; reorder letters with transpose(...) on a line of its own"},
@@ -141,6 +189,11 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
       {"input a[I, J]\nb[I, K, J] = split(a, J -> K)\n", "t.prog:4:14: split takes one letter into two or more: split(x, D -> H A)"},
       {"input a[I, J]\nb[I, J, K] = split(a, J -> J K)\n", "t.prog:4:14: split: 'J' has size 6 but the parts multiply to 48"},
       {"input a[I, J]\nb[I, J] = relu(a) junk\n", "t.prog:4:19: unexpected 'j' after the expression"},
+      {"param a[I, J] kept\nb[I, J] = relu(a)\n",
+       "t.prog:3:15: after a param's letters: 'regathered' (FSDP: its gathered copy is dropped after the forward pass "
+       "and gathered again for backward) or ':' and its pinned spec"},
+      {"input a[I, J] regathered\nb[I, J] = relu(a)\n",
+       "t.prog:3:15: unexpected 'r'; a pinned spec follows ':', e.g. : w[D, F_X]"},
       {"input a[I, J]\nb[I, J] = relu(a)\nfoo bar\n",
        "t.prog:5:1: unknown statement 'foo'; a line is mesh, dims, input, param, loss, repeat N {, } or NAME[...] = ..."},
       {"input a[I, J]\nb[I, J] = relu(a)\nloss sum(b)\nloss sum(b)\n", "t.prog:6:1: a second loss; a program has one"},

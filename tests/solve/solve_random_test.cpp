@@ -48,7 +48,7 @@ TEST(SolveRandom, OptimumIsExhaustiveSearchsAndRunsVerified) {
     ASSERT_EQ(dp->status, SolveStatus::optimal);
 
     // The answer costs, under `shardmm program`, exactly what the solver says.
-    const program::Graph answer = pinned_graph(g, specs_of(choices, dp->best));
+    const program::Graph answer = pinned_graph(g, specs_of(choices, dp->best), regathered_of(choices, dp->best));
     const nn::ProgramPrediction pred = nn::predict_program(answer, options);
     EXPECT_NEAR(dp->value.time, predicted_time(pred), 1e-9 * predicted_time(pred) + 1e-15);
     EXPECT_EQ(dp->value.memory, pred.memory.total());

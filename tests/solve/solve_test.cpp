@@ -87,7 +87,7 @@ void expect_factors_add_up(const program::Graph& g, int samples) {
       const Evaluation e = evaluate(c.problem, a);
       ASSERT_TRUE(e.allowed);
       ++checked;
-      const nn::ProgramPrediction p = nn::predict_program(pinned_graph(g, specs_of(c, a)), o);
+      const nn::ProgramPrediction p = nn::predict_program(pinned_graph(g, specs_of(c, a), regathered_of(c, a)), o);
       EXPECT_NEAR(e.time, predicted_time(p), 1e-9 * predicted_time(p) + 1e-15) << "train " << train << " trial " << trial;
       EXPECT_EQ(e.memory, p.memory.total()) << "train " << train << " trial " << trial;
     }
@@ -341,22 +341,113 @@ TEST(Solve, ProgramOptimumEqualsExhaustiveSearch) {
   }
 }
 
-// --emit's program parses, binds and costs as the solver's answer.
+// --emit's program (`p` with the answer pinned) parses, binds and costs as the solver's answer.
+void expect_emitted_costs_the_answer(const program::Program& p, const program::Graph& g, const SolveOptions& o,
+                                     const SolveResult& r) {
+  const std::string text = program::format_program(pinned_program(p, g, r.specs, r.regathered));
+  const program::Graph again = program::bind(program::parse_program(text, "emitted.prog"), {});
+  const nn::ProgramPrediction q = nn::predict_program(again, o.program);
+  EXPECT_NEAR(predicted_time(q), predicted_time(r.prediction), 1e-15) << text;
+  EXPECT_NEAR(predicted_time(q), r.outcome.value.time, 1e-9 * r.outcome.value.time) << text;
+  EXPECT_EQ(q.memory.total(), r.prediction.memory.total()) << text;
+  EXPECT_EQ(q.memory.total(), r.outcome.value.memory) << text;
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) EXPECT_EQ(q.record.specs[t], r.prediction.record.specs[t]) << g.tensors[t].name;
+}
+
 TEST(Solve, PinnedProgramCostsWhatTheSolverFound) {
   for (const char* file : {"examples/programs/mlp_free.prog", "examples/programs/gpt.prog"}) {
+    SCOPED_TRACE(file);
     const program::Program p = free_program(file);
     const program::Graph g = program::bind(p, on_mesh("X=2"));
     SolveOptions o;
     o.program = bf16();
     o.named = false;
-    const SolveResult r = solve_program(g, o);
-    const std::string text = program::format_program(pinned_program(p, g, r.specs));
-    const program::Graph again = program::bind(program::parse_program(text, "emitted.prog"), {});
-    const nn::ProgramPrediction q = nn::predict_program(again, o.program);
-    EXPECT_NEAR(predicted_time(q), predicted_time(r.prediction), 1e-15) << file << "\n" << text;
-    EXPECT_EQ(q.memory.total(), r.prediction.memory.total()) << file;
-    for (std::size_t t = 0; t < g.tensors.size(); ++t) EXPECT_EQ(q.record.specs[t], r.prediction.record.specs[t]) << file << " " << g.tensors[t].name;
+    expect_emitted_costs_the_answer(p, g, o, solve_program(g, o));
   }
+}
+
+// The optimum is no worse than any named strategy that fits.
+void expect_no_named_strategy_beats(const SolveResult& r) {
+  ASSERT_FALSE(r.named.empty());
+  for (const NamedStrategy& s : r.named) {
+    if (!s.outcome.best.empty()) EXPECT_GE(s.outcome.value.time, r.outcome.value.time - 1e-15) << s.name;
+  }
+}
+
+std::int64_t collective_bytes(const nn::ProgramPrediction& p) {
+  std::int64_t bytes = 0;
+  for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) bytes += t.bytes;
+  return bytes;
+}
+
+// MoE with many experts and large expert weights on X=4, within a memory limit that the
+// replicated experts (dp) do not fit: the optimum splits the experts E and the batch B on X
+// (expert parallelism), the tokens travel to their experts by all_to_all and back, and the
+// named ep strategy is costed beside the others.
+TEST(Solve, FindsExpertParallelismForMoe) {
+  const program::Program p = free_program("examples/programs/moe.prog");
+  program::BindOptions b = on_mesh("X=4");
+  b.dims = DimSizes{{"E", 16}, {"C", 160}, {"D", 2048}, {"F", 8192}};
+  const program::Graph g = program::bind(p, b);
+  SolveOptions o;
+  o.program = bf16();
+  o.program.optimizer = nn::Optimizer::adam;
+  o.memory_limit = std::int64_t{2} << 30;
+  const SolveResult r = solve_program(g, o);
+  EXPECT_EQ(r.outcome.status, SolveStatus::optimal);
+  EXPECT_EQ(spec_of(r, g, "w_in"), "w_in[E_X, D, F]");
+  EXPECT_EQ(spec_of(r, g, "w_out"), "w_out[E_X, F, D]");
+  EXPECT_EQ(spec_of(r, g, "x"), "x[B_X, T, D]");
+  EXPECT_EQ(spec_of(r, g, "h"), "h[B, E_X, C, F]");
+  EXPECT_EQ(count_of(r.prediction, OpKind::all_to_all), 4);
+  expect_no_named_strategy_beats(r);
+  const auto named = [&](const std::string& name) {
+    const auto it = std::find_if(r.named.begin(), r.named.end(), [&](const NamedStrategy& s) { return s.name == name; });
+    EXPECT_NE(it, r.named.end()) << name;
+    return it == r.named.end() ? SolveOutcome{} : it->outcome;
+  };
+  EXPECT_NEAR(named("ep(X)").value.time, r.outcome.value.time, 1e-12);
+  EXPECT_TRUE(named("dp(X)").best.empty());  // the replicated experts exceed the limit
+  expect_emitted_costs_the_answer(p, g, o, r);
+}
+
+// The MLP with a large batch on X=4 whose weights fit only split and not even gathered for
+// backward: the optimum is FSDP (batch split, weights split and regathered), moving 1.5x what
+// data parallelism moves, as the Scaling Book counts.
+TEST(Solve, FindsFsdpWithItsRegatherWhenTheWeightsDoNotFit) {
+  const auto mlp = [](const std::string& pins) {
+    return "mesh X=4\ndims B=64, T=1024, D=4096, F=16384\ninput x[B, T, D]" + pins +
+           "\nparam w_in[D, F]\nparam w_out[F, D]\ninput g[B, T, D]" + pins +
+           "\nu[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y * g)\n";
+  };
+  SolveOptions o;
+  o.program = bf16();
+  o.program.optimizer = nn::Optimizer::adam;
+  const std::string dp_text = mlp(" : [B_X, T, D]");
+  const nn::ProgramPrediction dp = nn::predict_program(graph(dp_text), o.program);
+  std::string fsdp_text = dp_text;
+  fsdp_text.replace(fsdp_text.find("param w_in[D, F]"), 16, "param w_in[D, F] regathered : w_in[D_X, F]");
+  fsdp_text.replace(fsdp_text.find("param w_out[F, D]"), 17, "param w_out[F, D] regathered : w_out[F_X, D]");
+  const nn::ProgramPrediction fsdp = nn::predict_program(graph(fsdp_text), o.program);
+  ASSERT_EQ(2 * collective_bytes(fsdp), 3 * collective_bytes(dp));
+
+  const program::Program p = program::parse_program(mlp(""), "mlp.prog");
+  const program::Graph g = program::bind(p, {});
+  o.memory_limit = fsdp.memory.total();
+  const SolveResult r = solve_program(g, o);
+  EXPECT_EQ(r.outcome.status, SolveStatus::optimal);
+  for (const char* w : {"w_in", "w_out"}) {
+    EXPECT_TRUE(r.regathered[static_cast<std::size_t>(g.find(w))]) << w;
+    EXPECT_GE(r.specs[static_cast<std::size_t>(g.find(w))].dim_of_axis(0), 0) << w;
+  }
+  EXPECT_GE(r.specs[static_cast<std::size_t>(g.find("x"))].dim_of_axis(0), 0);
+  EXPECT_EQ(2 * collective_bytes(r.prediction), 3 * collective_bytes(dp));
+  // The limit binds: without it the weights stay gathered for backward (DP's bytes).
+  ASSERT_TRUE(r.unconstrained.has_value());
+  EXPECT_GT(r.unconstrained->value.memory, *o.memory_limit);
+  EXPECT_GT(dp.memory.total(), *o.memory_limit);
+  expect_no_named_strategy_beats(r);
+  expect_emitted_costs_the_answer(p, g, o, r);
 }
 
 // A repeat block is solved once: 2 or 6 layers make the same problem, costs scaled.

@@ -29,6 +29,7 @@ class ProgramWriter {
     sizes_["Q"] = uniform(rng, 2, 3);
     sizes_["R"] = sizes_["P"] * sizes_["Q"];
     sizes_["S"] = sizes_["I"];
+    sizes_["C"] = uniform(rng, 1, 4);  // a route's capacity
   }
 
   RandomProgram write(int ops) {
@@ -133,7 +134,7 @@ class ProgramWriter {
     const std::string a = operand();
     const std::vector<std::string> la = letters_[a];
     const auto has = [&](const std::string& x) { return std::find(la.begin(), la.end(), x) != la.end(); };
-    switch (uniform(rng_, 0, 12)) {
+    switch (uniform(rng_, 0, 13)) {
       case 0: {
         const char* f[] = {"relu", "gelu", "silu", "tanh", "exp"};
         const std::string fn = f[uniform(rng_, 0, 4)];
@@ -249,6 +250,19 @@ class ProgramWriter {
         const std::string t = fresh();
         finish(t, scores, a + " * rename(" + a + ", I -> S)", "mul");
         finish(fresh(), scores, "softmax(causal_mask(" + t + ", I, S), over=S)", "causal_mask");
+        return;
+      }
+      case 13: {
+        // MoE routing by a's values (tokens along one letter, experts along another), the
+        // dispatch then gating a itself, so that a's gradient flows past the route.
+        if (la.size() < 2 || la.size() > 3 || has("C")) break;
+        const std::vector<std::string> two = pick_letters(2, la);
+        std::vector<std::string> out = la;
+        out.push_back("C");
+        const std::string d = fresh();
+        finish(d, out, "route(" + a + ", over=" + two[0] + ", tokens=" + two[1] + ", top=" +
+                           std::to_string(uniform(rng_, 1, static_cast<int>(sizes_[two[0]]))) + ")", "route");
+        finish(fresh(), out, d + " * " + a, "mul");
         return;
       }
     }

@@ -211,8 +211,9 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims);
 // The planner's cheapest plan (plan_matmul) for A @ B -> `out`, recorded step by step
 // (reshards, local einsum, reshards) so that its backward is automatic. A collective matmul
 // ring is not a step the tape records: where the planner chose one, the cheapest plan
-// without one runs instead.
-Var planned_einsum(Var a, Var b, const Spec& out);
+// without one runs instead. `keep_a` and `keep_b`: how each operand's all_gathers keep their
+// output for the backward pass (regathered: FSDP's weights, gathered again in backward).
+Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a = Gathered::kept, Gathered keep_b = Gathered::kept);
 
 // The collectives (plan/step.h's transitions), each one step.
 //   all_gather(x, d, G)        [.., D_{P G}, ..]  -> [.., D_P, ..]    G a suffix of d's axes
@@ -245,6 +246,13 @@ Var scale(Var x, double factor);
 // The same tensor with dimension `from` named `to` (self-attention contracts a sequence
 // with itself: rename T to S for the keys). No communication.
 Var rename(Var x, std::string_view from, std::string_view to);
+// Data each rank computes from its own shard of x, outside differentiation: x gets no
+// gradient through it, nor does what is computed from such data alone (MoE routing's
+// dispatch mask: which slot a token takes is a choice, not a function to differentiate).
+// `fill` writes this rank's shard of the result (`spec`, global `shape`, zeros to start) from
+// x's shard; symbolic tapes record the layout only. No communication.
+using LocalData = std::function<void(const DistTensor& x, DistTensor& out)>;
+Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill);
 
 // Over the last dimension; no unreduced axes. The last dimension may be sharded: its rows'
 // statistics are then all-reduced (reductions.h has these over any dimension).

@@ -113,6 +113,11 @@ struct MoeChoice {
 // rule above. The sharded layer routes its own sequences with it.
 std::vector<std::vector<MoeChoice>> moe_assign(const MoeConfig& config, const std::vector<double>& probs,
                                                std::int64_t tokens, std::int64_t experts);
+// The same rule with each expert's capacity given (a program's route: its capacity letter's
+// size): each token's top_k experts by probability (ties to the lower index), slots taken in
+// token order for each choice rank in turn, choices past an expert's capacity dropped.
+std::vector<std::vector<MoeChoice>> moe_assign(const std::vector<double>& probs, std::int64_t tokens,
+                                               std::int64_t experts, std::int64_t top_k, std::int64_t capacity);
 // The routing of every token of X [B, T, D], in row-major token order.
 std::vector<std::vector<MoeChoice>> moe_route(const MoeConfig& config, const DenseTensor& x,
                                               const DenseTensor& w_router);

@@ -54,6 +54,7 @@ enum class OpKind {
   split,        // split(x, D -> H A)
   merge,        // merge(x, H A -> D)
   rename,       // rename(x, T -> S)
+  route,        // route(p, over=E, tokens=T, top=K): MoE's one-hot dispatch, a new capacity letter last
 };
 const char* to_string(OpKind kind);
 
@@ -64,7 +65,8 @@ struct Op {
   std::string over;                   // reduce / normalize: the letter ("" for a scalar sum)
   double constant = 0;                // scale's factor
   std::vector<std::string> from, to;  // split, merge, rename: letters before -> after;
-                                      // causal_mask: from = {row}, to = {col}
+                                      // causal_mask: from = {row}, to = {col}; route: from = {tokens}
+  int top = 0;                        // route: the experts each token goes to
 };
 
 // An expression as written: a tensor name, or an op applied to expressions.
@@ -86,6 +88,7 @@ struct Statement {
   std::string name;
   std::vector<std::string> letters;
   std::optional<std::string> spec;  // pinned, as written after ':'
+  bool regathered = false;          // param: `param w[D, F] regathered`, FSDP's gather again in backward
   Expr expr;                        // computed only
   Location where;                   // the name
   Location spec_where;              // the pinned spec
@@ -128,6 +131,10 @@ struct Tensor {
   int producer = -1;                 // index into Graph::ops (computed tensors)
   std::vector<int> consumers;        // ops that read it
   bool temporary = false;
+  bool regathered = false;           // a param whose einsums' all_gathers are dropped after
+                                     // forward and run again in backward (FSDP), not kept
+  bool differentiable = true;        // false: no gradient reaches it (a route's dispatch, and
+                                     // what is computed from such values alone)
   Location where;
 };
 

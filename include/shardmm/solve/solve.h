@@ -38,6 +38,10 @@ namespace shardmm::solve {
 struct ProgramChoices {
   ChoiceProblem problem;
   std::vector<std::vector<Spec>> values;  // by variable: the specs it may take
+  // By variable, beside values: 1 where a param's value regathers its gathered copies in
+  // backward (FSDP; `param w[..] regathered`) rather than keeping them. A split param (train)
+  // has each of its specs twice, kept and regathered, unless the file says regathered.
+  std::vector<std::vector<char>> regathered;
   std::vector<int> tensor_of_var;         // by variable: its first tensor in the graph
   std::vector<int> var_of_tensor;         // by graph tensor
   std::vector<char> chosen;               // by variable: a choice (leaf or einsum result), not
@@ -51,8 +55,9 @@ struct ProgramChoices {
 };
 ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options);
 
-// A named strategy: a role per mesh axis ("dp", "fsdp", "tp", "sp"), as restrictions on the
-// leaves' specs (docs/solve.md); the rest of the program is solved within them.
+// A named strategy: a role per mesh axis ("dp", "fsdp", "tp", "sp", and "ep" for a program
+// with a route), as restrictions on the leaves' specs (docs/solve.md); the rest of the program
+// is solved within them.
 struct NamedStrategy {
   std::string name;                 // "dp(X)+tp(Y)"
   SolveOutcome outcome;             // infeasible when the roles do not apply to the program
@@ -79,6 +84,7 @@ struct SolveResult {
   ProgramChoices choices;
   SolveOutcome outcome;             // the best
   std::vector<Spec> specs;          // by graph tensor, the best's
+  std::vector<char> regathered;     // by graph tensor, the best's: the params it regathers
   nn::ProgramPrediction prediction; // the best, costed as `shardmm program` costs it
   std::vector<SolveOutcome> top;    // the best first, then the next distinct ones (top > 1)
   std::vector<NamedStrategy> named;
@@ -91,14 +97,19 @@ SolveResult solve_program(const program::Graph& g, const SolveOptions& options);
 
 // The graph's tensors in the specs of an assignment (by graph tensor).
 std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a);
+// The graph's params an assignment regathers (by graph tensor: 1 or 0).
+std::vector<char> regathered_of(const ProgramChoices& c, const Assignment& a);
 
 // `g` with every tensor pinned to `specs` except the nested expressions (a program file
 // cannot pin them; their ops' rules give them the same layouts again).
-program::Graph pinned_graph(const program::Graph& g, const std::vector<Spec>& specs);
+// `regathered` (by tensor, when given) sets which params regather.
+program::Graph pinned_graph(const program::Graph& g, const std::vector<Spec>& specs,
+                            const std::vector<char>& regathered = {});
 
 // `program` with every statement's spec pinned to `specs` (by tensor of `g`, the graph bound
 // from it): `shardmm program` accepts it as is and costs it as the solver did. The mesh and
-// dims lines are `g`'s.
-program::Program pinned_program(const program::Program& program, const program::Graph& g, const std::vector<Spec>& specs);
+// dims lines are `g`'s; `regathered` (when given) marks the params the answer regathers.
+program::Program pinned_program(const program::Program& program, const program::Graph& g, const std::vector<Spec>& specs,
+                                const std::vector<char>& regathered = {});
 
 }  // namespace shardmm::solve
