@@ -229,7 +229,7 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   }
   doc["tensors"] = tensors;
   const nn::ProgramMemory& m = r.prediction.memory;
-  doc["predicted"] = {{"time_s", serialized(r.prediction.events)}, {"memory", memory_json(m)}};
+  doc["predicted"] = {{"time_s", serialized(r.prediction.events)}, {"memory", memory_json(g, m)}};
   doc["unconstrained"] = r.unconstrained ? outcome_json(c, g, *r.unconstrained) : Json(nullptr);
   doc["collectives"] = collectives_json(g.mesh, r.prediction.events);
   Json named = Json::array();

@@ -99,7 +99,7 @@ program::BindOptions program_bind_options(const std::optional<std::string>& mesh
 // The step's collectives per phase, as a table (text) and as rows (JSON).
 void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events);
 Json collectives_json(const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events);
-Json memory_json(const nn::ProgramMemory& m);
+Json memory_json(const program::Graph& g, const nn::ProgramMemory& m);
 
 // --run: InputError when the dense f64 reference would be too large to compute or to hold here.
 void check_run_size(const program::Graph& g, const nn::ProgramPrediction& pred, DType dtype);
