@@ -130,7 +130,7 @@ Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a
     ev.measured.start_s = start;
     ev.measured.end_s = seconds();
   }
-  if (phase == Phase::backward && !regathering && !units.empty()) {
+  if (phase == Phase::backward && !regathering && !merging && !units.empty()) {
     units.back().transient = std::max(units.back().transient, held_bytes(out, shape));
   }
   events.push_back(std::move(ev));
@@ -216,8 +216,11 @@ void Tape::Impl::accumulate(int id, Value grad) {
     if (!contains(target.unreduced, a)) target.unreduced.push_back(a);
   }
   std::sort(target.unreduced.begin(), target.unreduced.end());
+  // Adding a contribution is no op's transient (an op costed alone never adds one: solve/).
+  merging = true;
   const Value x = reshard(have, target, n.shape);
   const Value y = reshard(grad, target, n.shape);
+  merging = false;
   Value sum{target, nullptr};
   if (!symbolic()) {
     auto data = make_shard(target, n.shape);
@@ -449,6 +452,54 @@ AxisList Tape::gradient_arrived_unreduced(Var leaf) const {
   return n.arrived_unreduced;
 }
 
+namespace {
+
+// The most bytes at once of an op's `internal` nodes (each live from its making to its last
+// reader, all inside the op), over the op's nodes in recording order.
+std::int64_t internal_peak(const Tape::Impl& t, const ForwardOp& op, const std::vector<int>& internal) {
+  std::int64_t peak = 0;
+  for (int m = op.first_node; m <= op.last_node; ++m) {
+    std::int64_t live = 0;
+    for (int id : internal) {
+      const Node& n = t.node(id);
+      if (id <= m && m <= std::max(id, n.last_reader)) live += n.bytes;
+    }
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+}  // namespace
+
+Tape::OpMemory Tape::op_memory(int scope, Var result, bool train) const {
+  const Impl& t = *impl_;
+  OpMemory out;
+  const auto op = std::find_if(t.ops.begin(), t.ops.end(), [scope](const ForwardOp& o) { return o.scope == scope; });
+  if (op == t.ops.end()) return out;
+  const int index = static_cast<int>(op - t.ops.begin());
+  std::vector<int> internal;
+  for (int id = op->first_node; id <= op->last_node; ++id) {
+    const Node& n = t.node(id);
+    if (n.leaf || n.op != index) continue;
+    const bool kept = train && n.saved && !n.regather;
+    if (train) out.kept += n.extra_saved_bytes;
+    if (id == result.id()) continue;
+    if (kept) out.kept += n.bytes;
+    const bool read_later = n.last_reader >= 0 && t.node(n.last_reader).op != index;
+    if (!kept && !read_later) internal.push_back(id);
+    if (n.grad_from >= 0) out.backward += n.grad_bytes;
+  }
+  out.transient = internal_peak(t, *op, internal);
+  const Node& r = t.node(result.id());
+  if (!(train && r.saved && !r.regather)) internal.push_back(result.id());
+  std::sort(internal.begin(), internal.end());
+  out.transient_with_result = internal_peak(t, *op, internal);
+  for (const BackwardUnit& u : t.units) {
+    if (!t.node(u.node).leaf && t.node(u.node).op == index) out.backward += u.transient;
+  }
+  return out;
+}
+
 std::vector<MemoryPoint> Tape::memory_timeline() const {
   const Impl& t = *impl_;
   const auto ops = static_cast<int>(t.ops.size());
@@ -499,15 +550,7 @@ std::vector<MemoryPoint> Tape::memory_timeline() const {
     if (n.grad_from >= 0) add(bwd_grads, n.grad_from, n.grad_to, n.grad_bytes);
   }
   for (int g = 0; g < ops; ++g) {
-    const ForwardOp& op = t.ops[static_cast<std::size_t>(g)];
-    for (int m = op.first_node; m <= op.last_node; ++m) {
-      std::int64_t live = 0;
-      for (int id : internal[static_cast<std::size_t>(g)]) {
-        const Node& n = t.nodes[static_cast<std::size_t>(id)];
-        if (id <= m && m <= std::max(id, n.last_reader)) live += n.bytes;
-      }
-      fwd_transient[static_cast<std::size_t>(g)] = std::max(fwd_transient[static_cast<std::size_t>(g)], live);
-    }
+    fwd_transient[static_cast<std::size_t>(g)] = internal_peak(t, t.ops[static_cast<std::size_t>(g)], internal[static_cast<std::size_t>(g)]);
   }
   std::vector<MemoryPoint> out;
   std::int64_t values = 0, grads = 0;

@@ -228,17 +228,16 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
     out << "  optimizer state   " << bytes(m.optimizer_state) << " ("
         << (m.optimizer_state ? "adam: two moments per param element" : "sgd keeps none") << ")\n";
     out << "  activations       " << bytes(m.activations) << " kept for the backward pass\n";
-    out << "  if nothing freed  " << bytes(m.total()) << " (all of the above held at once)\n";
   }
+  // The peak of the step's timeline (docs/programs.md: what is live when), and what it holds.
   if (!m.timeline.empty()) {
     const nn::ProgramMemoryPoint& peak = m.timeline[m.peak_point];
-    out << "  peak              " << bytes(peak.total()) << " during " << memory_point_text(g, peak) << ": params "
-        << bytes(peak.params) << ", inputs " << bytes(peak.inputs);
+    out << "  peak              " << bytes(peak.total()) << " during " << memory_point_text(g, peak) << "\n";
+    out << "                    = params " << bytes(peak.params) << " + inputs " << bytes(peak.inputs);
     if (train) {
-      out << ", gradients " << bytes(peak.gradients) << ", optimizer state " << bytes(peak.optimizer_state);
+      out << " + gradients " << bytes(peak.gradients) << " + optimizer state " << bytes(peak.optimizer_state);
     }
-    out << ", activations " << bytes(peak.activations) << ", transient " << bytes(peak.transient)
-        << " (the timeline: --json)\n";
+    out << " + activations " << bytes(peak.activations) << " + transient " << bytes(peak.transient) << "\n";
   }
 
   const auto times = phase_times(pred.events);

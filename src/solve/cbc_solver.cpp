@@ -6,14 +6,18 @@
 //   for each variable u of f and value d: sum_{e: u = d} y[f][e] = x[u][d]   (marginals agree)
 //   for each shared term s, factor f naming it, value d: w[s][d] >= sum_{e in f names s, var = d} y[f][e]
 //   sum y * memory + sum w * bytes <= limit                                  (with a limit)
+//   or, with a timeline: F[f][i] = sum_e y[f][e] * figures_e[i] (a column per figure a point
+//   names), and for each point that can be the peak: its terms <= P, P <= limit
+//   (P: the peak, a column)
 //   each excluded assignment: sum_{v in distinct_on} x[v][A_v] <= |distinct_on| - 1
 // Objective: sum y * time, in microseconds (CBC's tolerances are absolute), plus the memory
-// tie-break (choices.h) on y's and w's bytes; or (minimize_memory) the memory row itself.
+// tie-break (choices.h) on y's and w's bytes; or (minimize_memory) the memory row itself, or P.
 #include <coin/Cbc_C_Interface.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +30,35 @@ namespace shardmm::solve {
 namespace {
 
 constexpr double kScale = 1e6;  // seconds -> microseconds
+constexpr double kUnbounded = std::numeric_limits<double>::max();  // CBC reads it as infinity (COIN_DBL_MAX)
+
+using SparseRow = std::vector<std::pair<int, double>>;  // (column, coefficient), by column
+
+// Whether every coefficient of `a` is at most `b`'s (a column `b` lacks counts as 0).
+bool dominated(const SparseRow& a, const SparseRow& b) {
+  std::size_t j = 0;
+  for (const auto& [col, coef] : a) {
+    while (j < b.size() && b[j].first < col) ++j;
+    if (j == b.size() || b[j].first != col || b[j].second < coef) return false;
+  }
+  return true;
+}
+
+// The timeline's points as rows over the columns, without those another point's row implies:
+// every column is non-negative (x, y, w in [0, 1], a figure column a sum of them times bytes),
+// so a row whose every coefficient is at most another's never binds first. Points that differ
+// only in a repeat's iteration (their live values the same, fewer kept ones) go this way.
+std::vector<SparseRow> peak_candidates(std::vector<SparseRow> rows) {
+  std::sort(rows.begin(), rows.end(), [](const SparseRow& a, const SparseRow& b) { return a.size() > b.size(); });
+  std::vector<SparseRow> kept;
+  for (SparseRow& r : rows) {
+    const bool implied = std::any_of(kept.begin(), kept.end(), [&](const SparseRow& k) {
+      return k.size() >= r.size() && dominated(r, k);
+    });
+    if (!implied) kept.push_back(std::move(r));
+  }
+  return kept;
+}
 
 struct ModelDeleter {
   void operator()(Cbc_Model* m) const { Cbc_deleteModel(m); }
@@ -52,6 +85,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     Cbc_addCol(m, "", lb, ub, obj, integer ? 1 : 0, 0, nullptr, nullptr);
     return next++;
   };
+  const bool timeline = !p.points.empty();
   std::vector<std::vector<int>> x(p.domain.size());
   for (std::size_t v = 0; v < p.domain.size(); ++v) {
     for (int d = 0; d < p.domain[v]; ++d) x[v].push_back(column(0, 1, 0, true));
@@ -59,7 +93,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   std::vector<std::vector<int>> y(p.factors.size());
   for (std::size_t f = 0; f < p.factors.size(); ++f) {
     for (const FactorEntry& e : p.factors[f].entries) {
-      const double cost = limits.minimize_memory ? static_cast<double>(e.memory)
+      const double cost = limits.minimize_memory ? (timeline ? 0.0 : static_cast<double>(e.memory))
                                                  : (e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory)) * kScale;
       y[f].push_back(column(0, 1, cost, true));
     }
@@ -69,7 +103,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     const int dom = p.domain[static_cast<std::size_t>(p.shared[s].var)];
     for (int d = 0; d < dom; ++d) {
       const double bytes = static_cast<double>(p.shared[s].bytes[static_cast<std::size_t>(d)]);
-      w[s].push_back(column(0, 1, limits.minimize_memory ? bytes : kSecondsPerByteTieBreak * bytes * kScale, false));
+      w[s].push_back(column(0, 1, limits.minimize_memory ? (timeline ? 0.0 : bytes) : kSecondsPerByteTieBreak * bytes * kScale,
+                            false));
     }
   }
 
@@ -114,7 +149,57 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       rows.add(cols, coefs, 'G', 0);
     }
   }
-  if (limits.memory_limit) {
+  if (timeline && (limits.memory_limit || limits.minimize_memory)) {
+    std::map<std::pair<int, int>, int> figure_column;
+    const auto figure = [&](int f, int i) {
+      const auto [it, fresh] = figure_column.emplace(std::pair{f, i}, -1);
+      if (!fresh) return it->second;
+      it->second = column(0, kUnbounded, 0, false);
+      std::vector<int> c = {it->second};
+      std::vector<double> k = {-1.0};
+      const auto& entries = p.factors[static_cast<std::size_t>(f)].entries;
+      for (std::size_t e = 0; e < entries.size(); ++e) {
+        const auto bytes = static_cast<double>(entries[e].figures[static_cast<std::size_t>(i)]);
+        if (bytes == 0) continue;
+        c.push_back(y[static_cast<std::size_t>(f)][e]);
+        k.push_back(bytes);
+      }
+      rows.add(c, k, 'E', 0);
+      return it->second;
+    };
+    std::vector<SparseRow> points;
+    for (const TimelinePoint& point : p.points) {
+      std::map<int, double> row;
+      for (const PointTerm& t : point.terms) {
+        const auto at = static_cast<std::size_t>(t.index);
+        const auto count = static_cast<double>(t.count);
+        if (t.kind == PointTerm::Kind::figure) {
+          row[figure(t.index, t.figure)] += count;
+          continue;
+        }
+        const auto var = t.kind == PointTerm::Kind::value ? at : static_cast<std::size_t>(p.shared[at].var);
+        for (std::size_t d = 0; d < p.value_bytes[var].size(); ++d) {
+          row[(t.kind == PointTerm::Kind::value ? x[var] : w[at])[d]] += count * static_cast<double>(p.value_bytes[var][d]);
+        }
+      }
+      SparseRow sparse;
+      for (const auto& [col, coef] : row) {
+        if (coef != 0) sparse.emplace_back(col, coef);
+      }
+      points.push_back(std::move(sparse));
+    }
+    const int peak = column(0, limits.memory_limit ? static_cast<double>(*limits.memory_limit) : kUnbounded,
+                            limits.minimize_memory ? 1.0 : 0.0, false);
+    for (const SparseRow& r : peak_candidates(std::move(points))) {
+      cols = {peak};
+      coefs = {-1.0};
+      for (const auto& [col, coef] : r) {
+        cols.push_back(col);
+        coefs.push_back(coef);
+      }
+      rows.add(cols, coefs, 'L', 0);
+    }
+  } else if (limits.memory_limit) {
     cols.clear();
     coefs.clear();
     for (std::size_t f = 0; f < p.factors.size(); ++f) {

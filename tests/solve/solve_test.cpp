@@ -89,7 +89,7 @@ void expect_factors_add_up(const program::Graph& g, int samples) {
       ++checked;
       const nn::ProgramPrediction p = nn::predict_program(pinned_graph(g, specs_of(c, a)), o);
       EXPECT_NEAR(e.time, predicted_time(p), 1e-9 * predicted_time(p) + 1e-15) << "train " << train << " trial " << trial;
-      EXPECT_EQ(e.memory, p.memory.total()) << "train " << train << " trial " << trial;
+      EXPECT_EQ(e.memory, p.memory.peak()) << "train " << train << " trial " << trial;
     }
     EXPECT_GE(checked, samples / 2);
   }
@@ -270,7 +270,7 @@ TEST(Solve, FindsMegatronTensorAndSequenceParallelismForTheMlp) {
   EXPECT_LT(sp.prediction.memory.activations, tp.prediction.memory.activations);
   // The program costs the answer as the solver did, and no named strategy beats it.
   EXPECT_NEAR(predicted_time(sp.prediction), sp.outcome.value.time, 1e-12);
-  EXPECT_EQ(sp.prediction.memory.total(), sp.outcome.value.memory);
+  EXPECT_EQ(sp.prediction.memory.peak(), sp.outcome.value.memory);
   ASSERT_EQ(sp.named.size(), 4u);
   for (const NamedStrategy& s : sp.named) {
     if (!s.outcome.best.empty()) EXPECT_GE(s.outcome.value.time, sp.outcome.value.time - 1e-15) << s.name;
@@ -298,7 +298,7 @@ TEST(Solve, AMemoryLimitThatBindsIsHonouredByTheIntegerProgram) {
   const SolveResult r = solve_program(g, o);
   EXPECT_EQ(r.outcome.method, "integer program (CBC)");
   EXPECT_EQ(r.outcome.status, SolveStatus::optimal);
-  EXPECT_LE(r.prediction.memory.total(), *o.memory_limit);
+  EXPECT_LE(r.prediction.memory.peak(), *o.memory_limit);
   EXPECT_GT(r.outcome.value.time, free.outcome.value.time);
   ASSERT_TRUE(r.unconstrained.has_value());
   EXPECT_NEAR(r.unconstrained->value.time, free.outcome.value.time, 1e-15);
@@ -314,7 +314,7 @@ TEST(Solve, AMemoryLimitThatBindsIsHonouredByTheIntegerProgram) {
     ADD_FAILURE() << "1 KiB fits";
   } catch (const InputError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("no sharding of the program fits in mem_limit 1 KiB per device: the least any sharding needs is "),
+    EXPECT_NE(m.find("no sharding of the program fits in mem_limit 1 KiB per device: the least peak any sharding reaches is "),
               std::string::npos) << m;
     EXPECT_NE(m.find("its largest tensors, per device: "), std::string::npos) << m;
   }
@@ -354,7 +354,7 @@ TEST(Solve, PinnedProgramCostsWhatTheSolverFound) {
     const program::Graph again = program::bind(program::parse_program(text, "emitted.prog"), {});
     const nn::ProgramPrediction q = nn::predict_program(again, o.program);
     EXPECT_NEAR(predicted_time(q), predicted_time(r.prediction), 1e-15) << file << "\n" << text;
-    EXPECT_EQ(q.memory.total(), r.prediction.memory.total()) << file;
+    EXPECT_EQ(q.memory.peak(), r.prediction.memory.peak()) << file;
     for (std::size_t t = 0; t < g.tensors.size(); ++t) EXPECT_EQ(q.record.specs[t], r.prediction.record.specs[t]) << file << " " << g.tensors[t].name;
   }
 }

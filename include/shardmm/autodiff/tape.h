@@ -118,7 +118,8 @@ struct TapeMemory {
 //                it on (its maker); a leaf's to the end of the step
 //   transient    forward: the most bytes at once of the op's own values that die inside it (a
 //                gathered operand, a product nobody keeps); backward: the largest buffer one of
-//                its steps makes (a resharded gradient, a product before it is added)
+//                its steps makes (a resharded gradient, a product before it is added; not
+//                the relabelling of partial sums when two contributions to one gradient add)
 // A value the op reads or makes counts in the whole op: points are what is live at the op's
 // start and end together, plus its transient. Executed tapes count their buffers' bytes,
 // symbolic ones the specs' shards: the same figures.
@@ -202,6 +203,16 @@ class Tape {
   // The memory timeline so far (MemoryPoint): forward only until backward() has run, and then
   // values some backward reads count as kept through the forward pass too.
   std::vector<MemoryPoint> memory_timeline() const;
+  // For costing one op alone (solve/): what the nodes recorded under `scope` add to the
+  // timeline's points beside `result` (which its consumers count) and the leaves, as when
+  // backward runs (`train`) or not. Their figures where the op sits in a whole program:
+  struct OpMemory {
+    std::int64_t kept = 0;                   // its own values and statistics kept for backward
+    std::int64_t transient = 0;              // forward: its transient, result not counted
+    std::int64_t transient_with_result = 0;  // forward: its transient when nothing reads result
+    std::int64_t backward = 0;               // its backward's transient and its own values' gradients
+  };
+  OpMemory op_memory(int scope, Var result, bool train) const;
   // The bytes of `v`'s shard (as memory() counts it) when some op's backward reads `v`, else 0.
   std::int64_t bytes_saved_for_backward(Var v) const;
 
