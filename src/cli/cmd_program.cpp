@@ -124,14 +124,6 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
   return out;
 }
 
-// Where a point of the memory timeline is: "line 12 (u = h @ w_in), backward".
-std::string memory_point_text(const program::Graph& g, const nn::ProgramMemoryPoint& m) {
-  if (m.phase == autodiff::Phase::update) return "the update";
-  if (m.op < 0) return "reducing d" + m.tensor + " into " + m.tensor + "'s spec (backward)";
-  const program::GraphOp& op = g.ops[static_cast<std::size_t>(m.op)];
-  return "line " + std::to_string(op.where.line) + " (" + g.tensors[static_cast<std::size_t>(op.result)].name + " = " +
-         op.expression + "), " + autodiff::to_string(m.phase);
-}
 
 std::string shape_text(const Shape& s) {
   std::vector<std::string> parts;

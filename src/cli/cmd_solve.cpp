@@ -102,14 +102,13 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
   out << "\nThe step, as `shardmm program` costs it (" << p.options.hw.name << "):\n";
   // The solver's objective is this figure (tests/solve: the factors add up to the program's cost).
   out << "  time      " << format_time(serialized(pred.events)) << " serialized\n";
-  out << "  memory    " << format_bytes(static_cast<double>(pred.memory.total())) << " per device (params "
-      << format_bytes(static_cast<double>(pred.memory.params)) << ", inputs " << format_bytes(static_cast<double>(pred.memory.inputs));
-  if (train) {
-    out << ", gradients " << format_bytes(static_cast<double>(pred.memory.gradients)) << ", optimizer state "
-        << format_bytes(static_cast<double>(pred.memory.optimizer_state)) << ", activations "
-        << format_bytes(static_cast<double>(pred.memory.activations));
-  }
-  out << ")\n";
+  // The peak of the step's timeline: what --mem-limit bounds, and the solver's memory figure.
+  const nn::ProgramMemoryPoint& peak = pred.memory.timeline.at(pred.memory.peak_point);
+  const auto bytes = [](std::int64_t b) { return format_bytes(static_cast<double>(b)); };
+  out << "  memory    peak " << bytes(peak.total()) << " per device, during " << memory_point_text(g, peak) << " (params "
+      << bytes(peak.params) << ", inputs " << bytes(peak.inputs);
+  if (train) out << ", gradients " << bytes(peak.gradients) << ", optimizer state " << bytes(peak.optimizer_state);
+  out << ", activations " << bytes(peak.activations) << ", transient " << bytes(peak.transient) << ")\n";
   if (o.memory_limit && r.unconstrained) {
     const bool binds = r.unconstrained->value.time < r.outcome.value.time;
     out << "  limit     " << (binds ? "binds: the fastest sharding without it takes " + format_time(r.unconstrained->value.time) +

@@ -93,6 +93,14 @@ Json collectives_json(const Mesh& mesh, const std::vector<autodiff::TapeEvent>& 
   return collectives;
 }
 
+std::string memory_point_text(const program::Graph& g, const nn::ProgramMemoryPoint& m) {
+  if (m.phase == autodiff::Phase::update) return "the update";
+  if (m.op < 0) return "reducing d" + m.tensor + " into " + m.tensor + "'s spec (backward)";
+  const program::GraphOp& op = g.ops[static_cast<std::size_t>(m.op)];
+  return "line " + std::to_string(op.where.line) + " (" + g.tensors[static_cast<std::size_t>(op.result)].name + " = " +
+         op.expression + "), " + autodiff::to_string(m.phase);
+}
+
 Json memory_json(const program::Graph& g, const nn::ProgramMemory& m) {
   Json timeline = Json::array();
   for (const nn::ProgramMemoryPoint& p : m.timeline) {

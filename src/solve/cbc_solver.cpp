@@ -11,7 +11,8 @@
 //   (P: the peak, a column)
 //   each excluded assignment: sum_{v in distinct_on} x[v][A_v] <= |distinct_on| - 1
 // Objective: sum y * time, in microseconds (CBC's tolerances are absolute), plus the memory
-// tie-break (choices.h) on y's and w's bytes; or (minimize_memory) the memory row itself, or P.
+// tie-break (choices.h) on y's and w's bytes, or with a timeline on P; or (minimize_memory)
+// the memory row itself, or P.
 #include <coin/Cbc_C_Interface.h>
 
 #include <algorithm>
@@ -93,8 +94,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   std::vector<std::vector<int>> y(p.factors.size());
   for (std::size_t f = 0; f < p.factors.size(); ++f) {
     for (const FactorEntry& e : p.factors[f].entries) {
-      const double cost = limits.minimize_memory ? (timeline ? 0.0 : static_cast<double>(e.memory))
-                                                 : (e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory)) * kScale;
+      const double memory = timeline ? 0.0 : static_cast<double>(e.memory);  // with a timeline P has it
+      const double cost = limits.minimize_memory ? memory : (e.time + kSecondsPerByteTieBreak * memory) * kScale;
       y[f].push_back(column(0, 1, cost, true));
     }
   }
@@ -103,8 +104,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     const int dom = p.domain[static_cast<std::size_t>(p.shared[s].var)];
     for (int d = 0; d < dom; ++d) {
       const double bytes = static_cast<double>(p.shared[s].bytes[static_cast<std::size_t>(d)]);
-      w[s].push_back(column(0, 1, limits.minimize_memory ? (timeline ? 0.0 : bytes) : kSecondsPerByteTieBreak * bytes * kScale,
-                            false));
+      const double memory = timeline ? 0.0 : bytes;
+      w[s].push_back(column(0, 1, limits.minimize_memory ? memory : kSecondsPerByteTieBreak * memory * kScale, false));
     }
   }
 
@@ -149,7 +150,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       rows.add(cols, coefs, 'G', 0);
     }
   }
-  if (timeline && (limits.memory_limit || limits.minimize_memory)) {
+  double most_peak = 0;  // no point holds more, whatever the choices (for the time bound)
+  if (timeline) {
     std::map<std::pair<int, int>, int> figure_column;
     const auto figure = [&](int f, int i) {
       const auto [it, fresh] = figure_column.emplace(std::pair{f, i}, -1);
@@ -188,8 +190,23 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       }
       points.push_back(std::move(sparse));
     }
+    for (const TimelinePoint& point : p.points) {
+      double most = 0;
+      for (const PointTerm& t : point.terms) {
+        const auto at = static_cast<std::size_t>(t.index);
+        std::int64_t m = 0;
+        if (t.kind == PointTerm::Kind::figure) {
+          for (const FactorEntry& e : p.factors[at].entries) m = std::max(m, e.figures[static_cast<std::size_t>(t.figure)]);
+        } else {
+          const auto& bytes = p.value_bytes[t.kind == PointTerm::Kind::value ? at : static_cast<std::size_t>(p.shared[at].var)];
+          m = *std::max_element(bytes.begin(), bytes.end());
+        }
+        most += static_cast<double>(t.count) * static_cast<double>(m);
+      }
+      most_peak = std::max(most_peak, most);
+    }
     const int peak = column(0, limits.memory_limit ? static_cast<double>(*limits.memory_limit) : kUnbounded,
-                            limits.minimize_memory ? 1.0 : 0.0, false);
+                            limits.minimize_memory ? 1.0 : kSecondsPerByteTieBreak * kScale, false);
     for (const SparseRow& r : peak_candidates(std::move(points))) {
       cols = {peak};
       coefs = {-1.0};
@@ -233,15 +250,17 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   Cbc_solve(m);
 
   // CBC's bound is on time plus the tie-break; no assignment's tie-break exceeds the largest
-  // memory every factor and shared term could add.
+  // peak any point could hold, or the largest memory every factor and shared term could add.
   const auto time_bound = [&] {
-    double most = 0;
-    for (const Factor& f : p.factors) {
-      std::int64_t m = 0;
-      for (const FactorEntry& e : f.entries) m = std::max(m, e.memory);
-      most += static_cast<double>(m);
+    double most = most_peak;
+    if (!timeline) {
+      for (const Factor& f : p.factors) {
+        std::int64_t m = 0;
+        for (const FactorEntry& e : f.entries) m = std::max(m, e.memory);
+        most += static_cast<double>(m);
+      }
+      for (const SharedTerm& s : p.shared) most += static_cast<double>(*std::max_element(s.bytes.begin(), s.bytes.end()));
     }
-    for (const SharedTerm& s : p.shared) most += static_cast<double>(*std::max_element(s.bytes.begin(), s.bytes.end()));
     return std::max(0.0, Cbc_getBestPossibleObjValue(m) / kScale - kSecondsPerByteTieBreak * most);
   };
   SolveOutcome out;
