@@ -11,7 +11,7 @@
 //   (P: the peak, a column)
 //   each excluded assignment: sum_{v in distinct_on} x[v][A_v] <= |distinct_on| - 1
 // Objective: sum y * time, in microseconds (CBC's tolerances are absolute), plus the memory
-// tie-break (choices.h) on y's and w's bytes, or with a timeline on P; or (minimize_memory)
+// tie-break (choices.h) on y's and w's bytes, or on P where it has a row per point; or (minimize_memory)
 // the memory row itself, or P.
 #include <coin/Cbc_C_Interface.h>
 
@@ -86,7 +86,9 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     Cbc_addCol(m, "", lb, ub, obj, integer ? 1 : 0, 0, nullptr, nullptr);
     return next++;
   };
-  const bool timeline = !p.points.empty();
+  // The timeline's rows only where memory is constrained or minimized: they cost CBC time, and
+  // without them ties between equally fast shardings go to the memory held at once.
+  const bool peak_rows = !p.points.empty() && (limits.memory_limit || limits.minimize_memory);
   std::vector<std::vector<int>> x(p.domain.size());
   for (std::size_t v = 0; v < p.domain.size(); ++v) {
     for (int d = 0; d < p.domain[v]; ++d) x[v].push_back(column(0, 1, 0, true));
@@ -94,7 +96,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   std::vector<std::vector<int>> y(p.factors.size());
   for (std::size_t f = 0; f < p.factors.size(); ++f) {
     for (const FactorEntry& e : p.factors[f].entries) {
-      const double memory = timeline ? 0.0 : static_cast<double>(e.memory);  // with a timeline P has it
+      const double memory = peak_rows ? 0.0 : static_cast<double>(e.memory);  // else P has it
       const double cost = limits.minimize_memory ? memory : (e.time + kSecondsPerByteTieBreak * memory) * kScale;
       y[f].push_back(column(0, 1, cost, true));
     }
@@ -104,7 +106,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     const int dom = p.domain[static_cast<std::size_t>(p.shared[s].var)];
     for (int d = 0; d < dom; ++d) {
       const double bytes = static_cast<double>(p.shared[s].bytes[static_cast<std::size_t>(d)]);
-      const double memory = timeline ? 0.0 : bytes;
+      const double memory = peak_rows ? 0.0 : bytes;
       w[s].push_back(column(0, 1, limits.minimize_memory ? memory : kSecondsPerByteTieBreak * memory * kScale, false));
     }
   }
@@ -151,11 +153,16 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     }
   }
   double most_peak = 0;  // no point holds more, whatever the choices (for the time bound)
-  if (timeline) {
+  if (peak_rows) {
     std::map<std::pair<int, int>, int> figure_column;
+    // -1: every entry's figure is 0 (no column).
     const auto figure = [&](int f, int i) {
       const auto [it, fresh] = figure_column.emplace(std::pair{f, i}, -1);
       if (!fresh) return it->second;
+      const auto& all = p.factors[static_cast<std::size_t>(f)].entries;
+      if (std::all_of(all.begin(), all.end(), [i](const FactorEntry& e) { return e.figures[static_cast<std::size_t>(i)] == 0; })) {
+        return -1;
+      }
       it->second = column(0, kUnbounded, 0, false);
       std::vector<int> c = {it->second};
       std::vector<double> k = {-1.0};
@@ -176,7 +183,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
         const auto at = static_cast<std::size_t>(t.index);
         const auto count = static_cast<double>(t.count);
         if (t.kind == PointTerm::Kind::figure) {
-          row[figure(t.index, t.figure)] += count;
+          if (const int col = figure(t.index, t.figure); col >= 0) row[col] += count;
           continue;
         }
         const auto var = t.kind == PointTerm::Kind::value ? at : static_cast<std::size_t>(p.shared[at].var);
@@ -253,7 +260,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   // peak any point could hold, or the largest memory every factor and shared term could add.
   const auto time_bound = [&] {
     double most = most_peak;
-    if (!timeline) {
+    if (!peak_rows) {
       for (const Factor& f : p.factors) {
         std::int64_t m = 0;
         for (const FactorEntry& e : f.entries) m = std::max(m, e.memory);
