@@ -305,7 +305,8 @@ Command add_solve_command(CLI::App& root) {
   add_split_flag(*app, input.common.split);
   app->add_option("--dims", input.common.dims, "letter sizes, each replacing the file's, e.g. --dims B=4,T=16");
   app->add_option("--mem-limit", flags->mem_limit,
-                  "memory per device the step may use (params, gradients, optimizer state, activations), "
+                  "the most memory a device may hold at any point of the step (params, gradients, optimizer "
+                  "state, live activations and transients: docs/programs.md's timeline), "
                   "e.g. --mem-limit 16GiB (also 512MiB, 1.5GB, 1e9 = bytes)");
   app->add_option("--pin", input.pins,
                   "fix a tensor's sharding, replacing the file's pin (a repeat block's tensor: every copy); "
@@ -338,7 +339,7 @@ Command add_solve_command(CLI::App& root) {
       "  shardmm solve examples/programs/mlp_free.prog\n"
       "  shardmm solve examples/programs/mlp_free.prog --pin x='x[B_X, T, D]' --explain\n"
       "  shardmm solve examples/programs/mlp_free.prog --mesh X=2,Y=2 --dims B=8,T=64,D=256,F=1024\n"
-      "  shardmm solve examples/programs/mlp_free.prog --mem-limit 600MiB --optimizer adam --top 3\n"
+      "  shardmm solve examples/programs/mlp_free.prog --mem-limit 700MiB --optimizer adam --top 3\n"
       "  shardmm solve examples/programs/tp_ffn.prog --run --emit /tmp/tp_ffn.solved.prog\n\n" +
       std::string(kDocsHint) + " docs/solve.md.");
   return {app, [flags](std::ostream& out) {
