@@ -299,6 +299,50 @@ void for_each_parallel(std::size_t n, const std::function<void(std::size_t)>& fn
   if (failure) std::rethrow_exception(failure);
 }
 
+// A timeline point's terms being summed up: counts by variable, shared term and (factor, figure).
+struct Terms {
+  std::map<int, std::int64_t> value, shared;
+  std::map<std::pair<int, int>, std::int64_t> figure;
+  TimelinePoint point() const {
+    TimelinePoint p;
+    for (const auto& [v, n] : value) p.terms.push_back({PointTerm::Kind::value, v, 0, n});
+    for (const auto& [s, n] : shared) p.terms.push_back({PointTerm::Kind::shared, s, 0, n});
+    for (const auto& [f, n] : figure) p.terms.push_back({PointTerm::Kind::figure, f.first, f.second, n});
+    return p;
+  }
+  // Whether this point is the midpoint of a and b: each count the mean of theirs.
+  bool midpoint(const Terms& a, const Terms& b) const {
+    const auto mean_of = [](const auto& m, const auto& x, const auto& y) {
+      auto keys = m;
+      for (const auto& [k, n] : x) keys.emplace(k, 0);
+      for (const auto& [k, n] : y) keys.emplace(k, 0);
+      const auto at = [](const auto& map, const auto& k) {
+        const auto it = map.find(k);
+        return it == map.end() ? std::int64_t{0} : it->second;
+      };
+      for (const auto& [k, n] : keys) {
+        if (2 * at(m, k) != at(x, k) + at(y, k)) return false;
+      }
+      return true;
+    };
+    return mean_of(value, a.value, b.value) && mean_of(shared, a.shared, b.shared) && mean_of(figure, a.figure, b.figure);
+  }
+};
+
+// Each run's points into the problem, but those midway between their neighbours: a repeat's
+// middle iterations, whose counts grow by the same step each iteration (kept values one way,
+// gradients in flight the other). A point's bytes are linear in the counts, so a midpoint holds
+// at most what one of its neighbours holds, and each dropped point lies between the two kept
+// ends of its run of midpoints: the peak is the same.
+void add_runs(ProgramChoices& c, const std::map<std::pair<int, int>, std::vector<Terms>>& runs) {
+  for (const auto& [key, points] : runs) {
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      if (i > 0 && i + 1 < points.size() && points[i].midpoint(points[i - 1], points[i + 1])) continue;
+      c.problem.points.push_back(points[i].point());
+    }
+  }
+}
+
 // The step's timeline as points of the choice problem, each point's bytes as
 // autodiff::MemoryPoint defines them for the whole program's tape: the terms a program's
 // structure fixes (which values are live at an op, whose gradients are in flight) over the
@@ -315,21 +359,12 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
       if (c.on_loss_path[static_cast<std::size_t>(k)]) last_grad_reader[t] = std::max(last_grad_reader[t], k);
     }
   }
-  struct Terms {
-    std::map<int, std::int64_t> value, shared;
-    std::map<std::pair<int, int>, std::int64_t> figure;
-    TimelinePoint point() const {
-      TimelinePoint p;
-      for (const auto& [v, n] : value) p.terms.push_back({PointTerm::Kind::value, v, 0, n});
-      for (const auto& [s, n] : shared) p.terms.push_back({PointTerm::Kind::shared, s, 0, n});
-      for (const auto& [f, n] : figure) p.terms.push_back({PointTerm::Kind::figure, f.first, f.second, n});
-      return p;
-    }
-  };
   const auto var = [&](std::size_t t) { return c.var_of_tensor[t]; };
   const auto kept = [&](Terms& terms, std::size_t t) {
     if (const auto s = shared_of_var.find(var(t)); train && s != shared_of_var.end()) ++terms.shared[s->second];
   };
+  // The points of one op statement in one phase, in step order: a repeat's copies.
+  std::map<std::pair<int, int>, std::vector<Terms>> runs;
   // Every point: the leaves, and Adam's moments of the params.
   Terms base;
   for (int t : g.leaves()) {
@@ -355,9 +390,9 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
     for (int j = 0; j <= k && train; ++j) ++terms.figure[{factor_of[static_cast<std::size_t>(j)], kKept}];
     const auto result = static_cast<std::size_t>(g.ops[static_cast<std::size_t>(k)].result);
     ++terms.figure[{factor_of[static_cast<std::size_t>(k)], last_reader[result] > k ? kTransient : kTransientWithResult}];
-    c.problem.points.push_back(terms.point());
+    runs[{0, factor_of[static_cast<std::size_t>(k)]}].push_back(std::move(terms));
   }
-  if (!train) return;
+  if (!train) return add_runs(c, runs);
   for (int k = ops - 1; k >= 0; --k) {
     if (!c.on_loss_path[static_cast<std::size_t>(k)]) continue;
     Terms terms = base;
@@ -372,8 +407,9 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
     }
     for (int j = 0; j <= k; ++j) ++terms.figure[{factor_of[static_cast<std::size_t>(j)], kKept}];
     ++terms.figure[{factor_of[static_cast<std::size_t>(k)], kBackward}];
-    c.problem.points.push_back(terms.point());
+    runs[{1, factor_of[static_cast<std::size_t>(k)]}].push_back(std::move(terms));
   }
+  add_runs(c, runs);
   // Each leaf's reduction (one point per leaf variable: its copies' points are alike), then the update.
   Terms reduced = base;
   leaf_gradients(reduced, 0);
