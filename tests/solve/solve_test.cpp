@@ -146,7 +146,7 @@ ChoiceProblem random_problem(std::mt19937& rng) {
     std::vector<int> t(f.vars.size(), 0);
     while (true) {
       if (std::uniform_real_distribution<double>(0, 1)(rng) < 0.8) {
-        FactorEntry e{t, std::uniform_int_distribution<int>(0, 1000)(rng) * 1e-6, std::uniform_int_distribution<int>(0, 100)(rng), {}};
+        FactorEntry e{t, std::uniform_int_distribution<int>(0, 1000)(rng) * 1e-6, std::uniform_int_distribution<int>(0, 100)(rng), {}, {}};
         for (std::size_t s = 0; s < p.shared.size(); ++s) {
           const bool holds = std::find(f.vars.begin(), f.vars.end(), p.shared[s].var) != f.vars.end();
           if (holds && std::uniform_int_distribution<int>(0, 1)(rng)) e.shared.push_back(static_cast<int>(s));
