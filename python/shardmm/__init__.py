@@ -493,6 +493,12 @@ class Program(_Document):
         """Per device: params, inputs, gradients, optimizer state and activations, held at once."""
         return self._doc["memory"]["total_bytes"]
 
+    @property
+    def peak_bytes(self):
+        """Per device: the peak of the step's memory timeline (``memory["timeline"]``), what
+        ``solve``'s ``mem_limit`` bounds."""
+        return self._doc["memory"]["peak_bytes"]
+
     def __repr__(self):
         return (f"<Program {self._doc['file']} on {_mesh_from_doc(self._doc)}: {self.time_s:.3g} s, "
                 f"{self.memory_bytes} bytes per device>")
@@ -500,8 +506,9 @@ class Program(_Document):
 
 class Strategy(_Record):
     """A solver's answer: ``status`` ('optimal', 'feasible', 'infeasible'), ``method``,
-    ``time_s`` (its objective), ``memory_bytes``, ``lower_bound_s`` and ``specs`` {tensor:
-    spec} of the tensors it chose; a named strategy has its ``name`` too."""
+    ``time_s`` (its objective), ``memory_bytes`` (the step's peak per device),
+    ``lower_bound_s`` and ``specs`` {tensor: spec} of the tensors it chose; a named strategy
+    has its ``name`` too."""
 
     def __repr__(self):
         name = f"{self._doc['name']}: " if "name" in self._doc else ""

@@ -270,8 +270,9 @@ Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill) {
     fill(*nx.value.data, *data);
     y.data = std::move(data);
   }
-  // No inputs: backward never reaches x through this value.
-  return t.add_node(tape, std::move(y), std::move(shape), {}, nullptr);
+  // No inputs: backward never reaches x through this value. A backward that does nothing
+  // still makes the value an op's, which the memory timeline counts within its op.
+  return t.add_node(tape, std::move(y), std::move(shape), {}, [](Tape::Impl&, const Node&, const Value&) {});
 }
 
 Var add(Var a, Var b) {

@@ -10,7 +10,14 @@
 
 namespace shardmm::autodiff {
 
-const char* to_string(Phase phase) { return phase == Phase::forward ? "forward" : "backward"; }
+const char* to_string(Phase phase) {
+  switch (phase) {
+    case Phase::forward: return "forward";
+    case Phase::backward: return "backward";
+    case Phase::update: return "update";
+  }
+  return "?";
+}
 
 Plan EinsumPlanCache::plan(const std::string& key, const std::function<Plan()>& make) {
   {
@@ -75,8 +82,16 @@ Var Tape::Impl::add_node(Tape& tape, Value value, Shape shape, std::vector<int> 
   n.inputs = std::move(inputs);
   n.backward = std::move(backward);
   n.scope = scope;
+  n.bytes = held_bytes(n.value, n.shape);
+  const int id = static_cast<int>(nodes.size());
+  for (int i : n.inputs) nodes[static_cast<std::size_t>(i)].last_reader = id;
+  if (n.backward) {
+    if (ops.empty() || scope < 0 || ops.back().scope != scope) ops.push_back({scope, id, id});
+    ops.back().last_node = id;
+    n.op = static_cast<int>(ops.size()) - 1;
+  }
   nodes.push_back(std::move(n));
-  return make_var(&tape, static_cast<int>(nodes.size()) - 1);
+  return make_var(&tape, id);
 }
 
 std::shared_ptr<DistTensor> Tape::Impl::make_shard(const Spec& spec, const Shape& shape) const {
@@ -85,6 +100,19 @@ std::shared_ptr<DistTensor> Tape::Impl::make_shard(const Spec& spec, const Shape
 
 std::int64_t Tape::Impl::local_bytes(const Spec& spec, const Shape& shape) const {
   return checked_mul(local_elements(mesh, spec, shape, device()), dtype_bytes(options.dtype), "a shard's bytes");
+}
+
+std::int64_t Tape::Impl::held_bytes(const Value& v, const Shape& shape) const {
+  return v.data ? v.data->buffer().bytes() : local_bytes(v.spec, shape);
+}
+
+void Tape::Impl::enter_unit(int id) {
+  const Node& n = node(id);
+  const bool same = !units.empty() && (n.leaf ? units.back().node == id
+                                              : !node(units.back().node).leaf && node(units.back().node).op == n.op);
+  if (!same) units.push_back({n.scope, id, id, 0});
+  units.back().node = id;
+  units.back().lowest_node = id;
 }
 
 void Tape::Impl::cost(Step& step, const Shape& shape) const {
@@ -111,6 +139,9 @@ Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a
     ev.measured = exec.trace().at(0);
     ev.measured.start_s = start;
     ev.measured.end_s = seconds();
+  }
+  if (phase == Phase::backward && !regathering && !merging && !units.empty()) {
+    units.back().transient = std::max(units.back().transient, held_bytes(out, shape));
   }
   events.push_back(std::move(ev));
   return out;
@@ -184,6 +215,8 @@ void Tape::Impl::accumulate(int id, Value grad) {
   }
   grad = reshard(grad, mine, n.shape);
   if (!n.grad) {
+    n.grad_bytes = held_bytes(grad, n.shape);
+    n.grad_from = static_cast<int>(units.size()) - 1;
     n.grad = std::move(grad);
     return;
   }
@@ -193,8 +226,11 @@ void Tape::Impl::accumulate(int id, Value grad) {
     if (!contains(target.unreduced, a)) target.unreduced.push_back(a);
   }
   std::sort(target.unreduced.begin(), target.unreduced.end());
+  // Adding a contribution is no op's transient (an op costed alone never adds one: solve/).
+  merging = true;
   const Value x = reshard(have, target, n.shape);
   const Value y = reshard(grad, target, n.shape);
+  merging = false;
   Value sum{target, nullptr};
   if (!symbolic()) {
     auto data = make_shard(target, n.shape);
@@ -213,8 +249,12 @@ const Value& Tape::Impl::saved_value(int id) {
   Node& n = nodes[static_cast<std::size_t>(id)];
   if (n.regather && phase == Phase::backward && !n.regathered) {
     const int source = n.inputs.at(0);
-    n.value = run_step(*n.regather, saved_value(source), node(source).shape);
+    const Value& from = saved_value(source);
+    regathering = true;
+    n.value = run_step(*n.regather, from, node(source).shape);
+    regathering = false;
     n.regathered = true;
+    n.regathered_in = static_cast<int>(units.size()) - 1;
   }
   return n.value;
 }
@@ -349,11 +389,13 @@ void Tape::run_backward(Var from, Value seed) {
   for (Node& n : t.nodes) {
     if (n.regather) n.value.data.reset();
   }
+  t.enter_unit(from.id());
   t.accumulate(from.id(), std::move(seed));
   for (int id = static_cast<int>(t.nodes.size()) - 1; id >= 0; --id) {
     Node& n = t.nodes[static_cast<std::size_t>(id)];
     if (!n.grad) continue;
     t.scope = n.scope;
+    t.enter_unit(id);
     if (n.leaf) {
       n.arrived_unreduced = n.grad->spec.unreduced;
       *n.grad = t.reshard(*n.grad, n.value.spec, n.shape);
@@ -361,6 +403,7 @@ void Tape::run_backward(Var from, Value seed) {
     }
     const Value grad = std::move(*n.grad);
     n.grad.reset();  // an intermediate's gradient is not kept once passed on
+    n.grad_to = static_cast<int>(t.units.size()) - 1;
     n.backward(t, n, grad);
   }
   // Leaves the loss does not reach get zeros in their own spec.
@@ -373,6 +416,8 @@ void Tape::run_backward(Var from, Value seed) {
       std::memset(data->data(), 0, static_cast<std::size_t>(data->buffer().bytes()));
       zero.data = std::move(data);
     }
+    n.grad_bytes = t.held_bytes(zero, n.shape);
+    n.grad_from = static_cast<int>(t.units.size());  // made after backward: live at the update only
     n.grad = std::move(zero);
   }
 }
@@ -415,6 +460,127 @@ AxisList Tape::gradient_arrived_unreduced(Var leaf) const {
   const Node& n = impl_->node(leaf);
   if (!n.leaf) throw InputError("gradient_arrived_unreduced(): only a leaf's gradient is delivered");
   return n.arrived_unreduced;
+}
+
+namespace {
+
+// The most bytes at once of an op's `internal` nodes (each live from its making to its last
+// reader, all inside the op), over the op's nodes in recording order.
+std::int64_t internal_peak(const Tape::Impl& t, const ForwardOp& op, const std::vector<int>& internal) {
+  std::int64_t peak = 0;
+  for (int m = op.first_node; m <= op.last_node; ++m) {
+    std::int64_t live = 0;
+    for (int id : internal) {
+      const Node& n = t.node(id);
+      if (id <= m && m <= std::max(id, n.last_reader)) live += n.bytes;
+    }
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+}  // namespace
+
+Tape::OpMemory Tape::op_memory(int scope, Var result, bool train) const {
+  const Impl& t = *impl_;
+  OpMemory out;
+  const auto op = std::find_if(t.ops.begin(), t.ops.end(), [scope](const ForwardOp& o) { return o.scope == scope; });
+  if (op == t.ops.end()) return out;
+  const int index = static_cast<int>(op - t.ops.begin());
+  std::vector<int> internal;
+  for (int id = op->first_node; id <= op->last_node; ++id) {
+    const Node& n = t.node(id);
+    if (n.leaf || n.op != index) continue;
+    const bool kept = train && n.saved && !n.regather;
+    if (train) out.kept += n.extra_saved_bytes;
+    // A regathered copy (FSDP) lives again in the op's own backward, from its gather on.
+    if (n.regathered_in >= 0) out.backward += n.bytes;
+    if (id == result.id()) continue;
+    if (kept) out.kept += n.bytes;
+    const bool read_later = n.last_reader >= 0 && t.node(n.last_reader).op != index;
+    if (!kept && !read_later) internal.push_back(id);
+    if (n.grad_from >= 0) out.backward += n.grad_bytes;
+  }
+  out.transient = internal_peak(t, *op, internal);
+  const Node& r = t.node(result.id());
+  if (!(train && r.saved && !r.regather)) internal.push_back(result.id());
+  std::sort(internal.begin(), internal.end());
+  out.transient_with_result = internal_peak(t, *op, internal);
+  for (const BackwardUnit& u : t.units) {
+    if (!t.node(u.node).leaf && t.node(u.node).op == index) out.backward += u.transient;
+  }
+  return out;
+}
+
+std::vector<MemoryPoint> Tape::memory_timeline() const {
+  const Impl& t = *impl_;
+  const auto ops = static_cast<int>(t.ops.size());
+  const auto units = static_cast<int>(t.units.size());
+  std::int64_t leaves = 0;
+  // Bytes added over a range of forward points (diff arrays), and per backward unit.
+  std::vector<std::int64_t> fwd_values(static_cast<std::size_t>(ops) + 1, 0), fwd_transient(static_cast<std::size_t>(ops), 0);
+  std::vector<std::int64_t> bwd_values(static_cast<std::size_t>(units) + 1, 0), bwd_grads(static_cast<std::size_t>(units) + 2, 0);
+  const auto add = [](std::vector<std::int64_t>& diff, int from, int to, std::int64_t bytes) {
+    if (from > to) return;
+    diff[static_cast<std::size_t>(from)] += bytes;
+    diff[static_cast<std::size_t>(to) + 1] -= bytes;
+  };
+  // A kept value is freed once backward has run the op that made it (every op reading it ran
+  // backward before): it lives through the units whose nodes are not below that op's first.
+  const auto kept_until = [&](const Node& n) {
+    const int first = t.ops[static_cast<std::size_t>(n.op)].first_node;
+    const auto past = std::partition_point(t.units.begin(), t.units.end(),
+                                           [first](const BackwardUnit& b) { return b.lowest_node >= first; });
+    return static_cast<int>(past - t.units.begin()) - 1;
+  };
+  // The nodes of each op that die inside it, for its transient peak: live from their making to
+  // their last reader, all within the op.
+  std::vector<std::vector<int>> internal(static_cast<std::size_t>(ops));
+  for (std::size_t id = 0; id < t.nodes.size(); ++id) {
+    const Node& n = t.nodes[id];
+    if (n.leaf) {
+      leaves += n.bytes;
+      if (n.grad_from >= 0) add(bwd_grads, std::min(n.grad_from, units), units, n.grad_bytes);
+      continue;
+    }
+    const bool kept = t.backward_done && n.saved && !n.regather;
+    const int read_until = n.last_reader >= 0 ? t.nodes[static_cast<std::size_t>(n.last_reader)].op : n.op;
+    const int freed = t.backward_done ? kept_until(n) : -1;
+    if (kept) {
+      add(fwd_values, n.op, ops - 1, n.bytes);
+      add(bwd_values, 0, freed, n.bytes);
+    } else if (read_until > n.op) {
+      add(fwd_values, n.op, read_until, n.bytes);
+    } else {
+      internal[static_cast<std::size_t>(n.op)].push_back(static_cast<int>(id));
+    }
+    if (t.backward_done && n.extra_saved_bytes > 0) {
+      add(fwd_values, n.op, ops - 1, n.extra_saved_bytes);
+      add(bwd_values, 0, freed, n.extra_saved_bytes);
+    }
+    if (n.regathered_in >= 0) add(bwd_values, n.regathered_in, freed, n.bytes);
+    if (n.grad_from >= 0) add(bwd_grads, n.grad_from, n.grad_to, n.grad_bytes);
+  }
+  for (int g = 0; g < ops; ++g) {
+    fwd_transient[static_cast<std::size_t>(g)] = internal_peak(t, t.ops[static_cast<std::size_t>(g)], internal[static_cast<std::size_t>(g)]);
+  }
+  std::vector<MemoryPoint> out;
+  std::int64_t values = 0, grads = 0;
+  for (int g = 0; g < ops; ++g) {
+    const ForwardOp& op = t.ops[static_cast<std::size_t>(g)];
+    values += fwd_values[static_cast<std::size_t>(g)];
+    out.push_back({Phase::forward, op.scope, t.nodes[static_cast<std::size_t>(op.last_node)].value.spec.tensor, leaves,
+                   values, 0, fwd_transient[static_cast<std::size_t>(g)]});
+  }
+  values = 0;
+  for (int u = 0; u < units; ++u) {
+    const BackwardUnit& unit = t.units[static_cast<std::size_t>(u)];
+    values += bwd_values[static_cast<std::size_t>(u)];
+    grads += bwd_grads[static_cast<std::size_t>(u)];
+    out.push_back({Phase::backward, unit.scope, t.nodes[static_cast<std::size_t>(unit.node)].value.spec.tensor, leaves,
+                   values, grads, unit.transient});
+  }
+  return out;
 }
 
 std::int64_t Tape::bytes_saved_for_backward(Var v) const {

@@ -44,6 +44,33 @@ struct Node {
   int scope = -1;  // Tape::set_scope's label when recorded
   std::optional<Value> grad;  // accumulated during backward
   AxisList arrived_unreduced;  // a leaf's: what its gradient was partial over before its reduction
+  // The memory timeline (tape.h: Tape::memory_timeline), from what the tape holds: the bytes
+  // of this rank's shard when it was made (executed: its buffer's), the forward op it is part
+  // of, the last node that reads it, and the backward units its gradient lived in.
+  std::int64_t bytes = 0;
+  int op = -1;             // index into Impl::ops; leaves belong to none
+  int last_reader = -1;    // the highest node id with this one among its inputs
+  std::int64_t grad_bytes = 0;
+  int grad_from = -1;      // index into Impl::units where its gradient appeared
+  int grad_to = -1;        // where a non-leaf's gradient was passed on (a leaf's lives to the update)
+  int regathered_in = -1;  // where a regathered value was gathered again
+};
+
+// A forward op on the timeline: consecutive nodes recorded under one scope (>= 0), or a single
+// node recorded under none.
+struct ForwardOp {
+  int scope = -1;
+  int first_node = 0;
+  int last_node = 0;
+};
+
+// A backward unit on the timeline: a forward op's nodes run backwards, or a leaf's gradient
+// brought into the leaf's spec.
+struct BackwardUnit {
+  int scope = -1;
+  int node = -1;             // the node whose backward (or reduction) ran last
+  int lowest_node = 0;       // the lowest node id it ran
+  std::int64_t transient = 0;  // the largest buffer a step of it made
 };
 
 struct Tape::Impl {
@@ -54,6 +81,10 @@ struct Tape::Impl {
   // A deque: references to nodes (Var::spec(), a backward's `self`) survive new nodes.
   std::deque<Node> nodes;
   std::vector<TapeEvent> events;
+  std::vector<ForwardOp> ops;
+  std::vector<BackwardUnit> units;
+  bool regathering = false;  // a regather's step is no transient: its node counts it
+  bool merging = false;      // nor are the steps that bring two contributions to one layout
   Phase phase = Phase::forward;
   int scope = -1;  // the label of what is recorded now (tape.h: set_scope)
   bool backward_done = false;
@@ -93,6 +124,11 @@ struct Tape::Impl {
   // A new shard on this rank (executed tapes only).
   std::shared_ptr<DistTensor> make_shard(const Spec& spec, const Shape& shape) const;
   std::int64_t local_bytes(const Spec& spec, const Shape& shape) const;
+  // The bytes `v` holds on this rank: its buffer's on executed tapes, its spec's shard's on
+  // symbolic ones (the same figure: tests compare the two timelines).
+  std::int64_t held_bytes(const Value& v, const Shape& shape) const;
+  // The backward unit that `id`'s backward belongs to, opened when it is not the current one.
+  void enter_unit(int id);
 };
 
 // The output spec of a local einsum on compatible shards (see einsum in tape.h); throws

@@ -94,8 +94,36 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
       out.push_back(t);
     }
   }
+  // The memory timeline as a counter track: each point from the start of its op's first step
+  // (its steps run in the timeline's order; an op without steps starts where the last ended).
+  std::size_t next = 0;
+  double at = 0;
+  const auto start = [&](std::size_t i) { return run && i < run->events.size() ? run->events[i].measured.start_s : 0.0; };
+  const auto end = [&](std::size_t i) {
+    return run && i < run->events.size() ? run->events[i].measured.end_s : 0.0;
+  };
+  double clock_at = 0;  // the predicted clock at event `next`
+  for (const nn::ProgramMemoryPoint& m : pred.memory.timeline) {
+    const auto belongs = [&](const autodiff::TapeEvent& e) {
+      return e.phase == m.phase && e.scope == m.op && (m.op >= 0 || e.step.tensor == "d" + m.tensor);
+    };
+    if (next < pred.events.size() && belongs(pred.events[next])) at = run ? start(next) : clock_at;
+    ChromeTraceEvent c;
+    c.name = "memory (bytes)";
+    c.counter = true;
+    c.start_s = at;
+    c.args = {{"params", m.params},       {"inputs", m.inputs},           {"gradients", m.gradients},
+              {"optimizer_state", m.optimizer_state}, {"activations", m.activations}, {"transient", m.transient}};
+    out.push_back(std::move(c));
+    while (next < pred.events.size() && belongs(pred.events[next])) {
+      clock_at += pred.events[next].step.time_s;
+      at = run ? end(next) : clock_at;
+      ++next;
+    }
+  }
   return out;
 }
+
 
 std::string shape_text(const Shape& s) {
   std::vector<std::string> parts;
@@ -183,16 +211,25 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
   print_collectives(out, g.mesh, pred.events);
 
   const nn::ProgramMemory& m = pred.memory;
+  const auto bytes = [](std::int64_t b) { return format_bytes(static_cast<double>(b)); };
   out << "\nMemory per device (device 0, the largest shards):\n";
-  out << "  params            " << format_bytes(static_cast<double>(m.params)) << "\n";
-  out << "  inputs            " << format_bytes(static_cast<double>(m.inputs)) << "\n";
+  out << "  params            " << bytes(m.params) << "\n";
+  out << "  inputs            " << bytes(m.inputs) << "\n";
   if (train) {
-    out << "  gradients         " << format_bytes(static_cast<double>(m.gradients)) << " (every leaf's, in its spec)\n";
-    out << "  optimizer state   " << format_bytes(static_cast<double>(m.optimizer_state)) << " ("
+    out << "  gradients         " << bytes(m.gradients) << " (every leaf's, in its spec)\n";
+    out << "  optimizer state   " << bytes(m.optimizer_state) << " ("
         << (m.optimizer_state ? "adam: two moments per param element" : "sgd keeps none") << ")\n";
-    out << "  activations       " << format_bytes(static_cast<double>(m.activations)) << " kept for the backward pass\n";
-    out << "  total             " << format_bytes(static_cast<double>(m.total()))
-        << " (an upper bound on the peak: everything counted as held at once)\n";
+    out << "  activations       " << bytes(m.activations) << " kept for the backward pass\n";
+  }
+  // The peak of the step's timeline (docs/programs.md: what is live when), and what it holds.
+  if (!m.timeline.empty()) {
+    const nn::ProgramMemoryPoint& peak = m.timeline[m.peak_point];
+    out << "  peak              " << bytes(peak.total()) << " during " << memory_point_text(g, peak) << "\n";
+    out << "                    = params " << bytes(peak.params) << " + inputs " << bytes(peak.inputs);
+    if (train) {
+      out << " + gradients " << bytes(peak.gradients) << " + optimizer state " << bytes(peak.optimizer_state);
+    }
+    out << " + activations " << bytes(peak.activations) << " + transient " << bytes(peak.transient) << "\n";
   }
 
   const auto times = phase_times(pred.events);
@@ -281,7 +318,7 @@ Json program_json(const ProgramRequest& request, const ProgramReport& report) {
   doc["leaf_gradient_steps"] = events[-1].is_null() ? Json::array() : events[-1];
   doc["collectives"] = collectives_json(g.mesh, pred.events);
   const nn::ProgramMemory& m = pred.memory;
-  doc["memory"] = memory_json(m);
+  doc["memory"] = memory_json(g, m);
   Json time = Json::object();
   double comm = 0, compute = 0;
   for (const auto& [phase, t] : phase_times(pred.events)) {

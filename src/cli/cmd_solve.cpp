@@ -105,14 +105,13 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
   out << "\nThe step, as `shardmm program` costs it (" << p.options.hw.name << "):\n";
   // The solver's objective is this figure (tests/solve: the factors add up to the program's cost).
   out << "  time      " << format_time(serialized(pred.events)) << " serialized\n";
-  out << "  memory    " << format_bytes(static_cast<double>(pred.memory.total())) << " per device (params "
-      << format_bytes(static_cast<double>(pred.memory.params)) << ", inputs " << format_bytes(static_cast<double>(pred.memory.inputs));
-  if (train) {
-    out << ", gradients " << format_bytes(static_cast<double>(pred.memory.gradients)) << ", optimizer state "
-        << format_bytes(static_cast<double>(pred.memory.optimizer_state)) << ", activations "
-        << format_bytes(static_cast<double>(pred.memory.activations));
-  }
-  out << ")\n";
+  // The peak of the step's timeline: what --mem-limit bounds, and the solver's memory figure.
+  const nn::ProgramMemoryPoint& peak = pred.memory.timeline.at(pred.memory.peak_point);
+  const auto bytes = [](std::int64_t b) { return format_bytes(static_cast<double>(b)); };
+  out << "  memory    peak " << bytes(peak.total()) << " per device, during " << memory_point_text(g, peak) << " (params "
+      << bytes(peak.params) << ", inputs " << bytes(peak.inputs);
+  if (train) out << ", gradients " << bytes(peak.gradients) << ", optimizer state " << bytes(peak.optimizer_state);
+  out << ", activations " << bytes(peak.activations) << ", transient " << bytes(peak.transient) << ")\n";
   if (o.memory_limit && r.unconstrained) {
     const bool binds = r.unconstrained->value.time < r.outcome.value.time;
     out << "  limit     " << (binds ? "binds: the fastest sharding without it takes " + format_time(r.unconstrained->value.time) +
@@ -232,7 +231,7 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   }
   doc["tensors"] = tensors;
   const nn::ProgramMemory& m = r.prediction.memory;
-  doc["predicted"] = {{"time_s", serialized(r.prediction.events)}, {"memory", memory_json(m)}};
+  doc["predicted"] = {{"time_s", serialized(r.prediction.events)}, {"memory", memory_json(g, m)}};
   doc["unconstrained"] = r.unconstrained ? outcome_json(c, g, *r.unconstrained) : Json(nullptr);
   doc["collectives"] = collectives_json(g.mesh, r.prediction.events);
   Json named = Json::array();
@@ -310,7 +309,8 @@ Command add_solve_command(CLI::App& root) {
   add_split_flag(*app, input.common.split);
   app->add_option("--dims", input.common.dims, "letter sizes, each replacing the file's, e.g. --dims B=4,T=16");
   app->add_option("--mem-limit", flags->mem_limit,
-                  "memory per device the step may use (params, gradients, optimizer state, activations), "
+                  "the most memory a device may hold at any point of the step (params, gradients, optimizer "
+                  "state, live activations and transients: docs/programs.md's timeline), "
                   "e.g. --mem-limit 16GiB (also 512MiB, 1.5GB, 1e9 = bytes)");
   app->add_option("--pin", input.pins,
                   "fix a tensor's sharding, replacing the file's pin (a repeat block's tensor: every copy); "
@@ -343,7 +343,7 @@ Command add_solve_command(CLI::App& root) {
       "  shardmm solve examples/programs/mlp_free.prog\n"
       "  shardmm solve examples/programs/mlp_free.prog --pin x='x[B_X, T, D]' --explain\n"
       "  shardmm solve examples/programs/mlp_free.prog --mesh X=2,Y=2 --dims B=8,T=64,D=256,F=1024\n"
-      "  shardmm solve examples/programs/mlp_free.prog --mem-limit 600MiB --optimizer adam --top 3\n"
+      "  shardmm solve examples/programs/mlp_free.prog --mem-limit 700MiB --optimizer adam --top 3\n"
       "  shardmm solve examples/programs/tp_ffn.prog --run --emit /tmp/tp_ffn.solved.prog\n\n" +
       std::string(kDocsHint) + " docs/solve.md.");
   return {app, [flags](std::ostream& out) {

@@ -93,10 +93,39 @@ Json collectives_json(const Mesh& mesh, const std::vector<autodiff::TapeEvent>& 
   return collectives;
 }
 
-Json memory_json(const nn::ProgramMemory& m) {
-  return {{"param_bytes", m.params},         {"input_bytes", m.inputs},
-          {"gradient_bytes", m.gradients},   {"optimizer_state_bytes", m.optimizer_state},
-          {"activation_bytes", m.activations}, {"total_bytes", m.total()}};
+std::string memory_point_text(const program::Graph& g, const nn::ProgramMemoryPoint& m) {
+  if (m.phase == autodiff::Phase::update) return "the update";
+  if (m.op < 0) return "reducing d" + m.tensor + " into " + m.tensor + "'s spec (backward)";
+  const program::GraphOp& op = g.ops[static_cast<std::size_t>(m.op)];
+  return "line " + std::to_string(op.where.line) + " (" + g.tensors[static_cast<std::size_t>(op.result)].name + " = " +
+         op.expression + "), " + autodiff::to_string(m.phase);
+}
+
+Json memory_json(const program::Graph& g, const nn::ProgramMemory& m) {
+  Json timeline = Json::array();
+  for (const nn::ProgramMemoryPoint& p : m.timeline) {
+    const program::GraphOp* op = p.op >= 0 ? &g.ops[static_cast<std::size_t>(p.op)] : nullptr;
+    timeline.push_back({{"phase", autodiff::to_string(p.phase)},
+                        {"line", op ? Json(op->where.line) : Json(nullptr)},
+                        {"op", op ? Json(op->expression) : Json(nullptr)},
+                        {"tensor", op ? g.tensors[static_cast<std::size_t>(op->result)].name : p.tensor},
+                        {"param_bytes", p.params},
+                        {"input_bytes", p.inputs},
+                        {"gradient_bytes", p.gradients},
+                        {"optimizer_state_bytes", p.optimizer_state},
+                        {"activation_bytes", p.activations},
+                        {"transient_bytes", p.transient},
+                        {"total_bytes", p.total()}});
+  }
+  return {{"param_bytes", m.params},
+          {"input_bytes", m.inputs},
+          {"gradient_bytes", m.gradients},
+          {"optimizer_state_bytes", m.optimizer_state},
+          {"activation_bytes", m.activations},
+          {"total_bytes", m.total()},
+          {"peak_bytes", m.peak()},
+          {"peak_point", m.timeline.empty() ? Json(nullptr) : Json(m.peak_point)},
+          {"timeline", timeline}};
 }
 
 void check_run_size(const program::Graph& g, const nn::ProgramPrediction& pred, DType dtype) {

@@ -99,7 +99,11 @@ program::BindOptions program_bind_options(const std::optional<std::string>& mesh
 // The step's collectives per phase, as a table (text) and as rows (JSON).
 void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events);
 Json collectives_json(const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events);
-Json memory_json(const nn::ProgramMemory& m);
+// Device 0's memory: the breakdown, the peak and the timeline (a point per op forward and
+// backward, per leaf reduction, and the update).
+Json memory_json(const program::Graph& g, const nn::ProgramMemory& m);
+// Where a point of the memory timeline is: "line 12 (u = h @ w_in), backward".
+std::string memory_point_text(const program::Graph& g, const nn::ProgramMemoryPoint& m);
 
 // --run: InputError when the dense f64 reference would be too large to compute or to hold here.
 void check_run_size(const program::Graph& g, const nn::ProgramPrediction& pred, DType dtype);

@@ -326,11 +326,37 @@ ProgramMemory memory_of(const autodiff::Tape& tape, const Graph& g, const Progra
     const std::int64_t bytes = local_elements(g.mesh, r.specs[u], g.tensors[u].shape, device) * dtype_bytes(o.dtype);
     (g.tensors[u].role == Role::param ? out.params : out.inputs) += bytes;
   }
-  if (o.train && g.loss >= 0) {
+  const bool train = o.train && g.loss >= 0;
+  if (train) {
     const autodiff::TapeMemory m = tape.memory();
     out.gradients = m.gradients;
     out.activations = m.activations;
     if (o.optimizer == Optimizer::adam) out.optimizer_state = 2 * out.params;
+  }
+  const auto point = [&](autodiff::Phase phase, int op, std::string tensor) {
+    ProgramMemoryPoint p;
+    p.phase = phase;
+    p.op = op;
+    p.tensor = std::move(tensor);
+    p.params = out.params;
+    p.inputs = out.inputs;
+    p.optimizer_state = out.optimizer_state;
+    return p;
+  };
+  for (const autodiff::MemoryPoint& m : tape.memory_timeline()) {
+    ProgramMemoryPoint p = point(m.phase, m.scope, m.tensor);
+    p.gradients = m.gradients;
+    p.activations = m.activations;
+    p.transient = m.transient;
+    out.timeline.push_back(std::move(p));
+  }
+  if (train) {
+    ProgramMemoryPoint p = point(autodiff::Phase::update, -1, "");
+    p.gradients = out.gradients;
+    out.timeline.push_back(std::move(p));
+  }
+  for (std::size_t i = 0; i < out.timeline.size(); ++i) {
+    if (out.timeline[i].total() > out.timeline[out.peak_point].total()) out.peak_point = i;
   }
   return out;
 }

@@ -62,6 +62,10 @@ void write_chrome_trace(std::ostream& out, const std::vector<ChromeTraceEvent>& 
   for (const ChromeTraceEvent& e : events) {
     json args = json::object();
     for (const auto& [key, value] : e.args) std::visit([&, k = key](const auto& v) { args[k] = v; }, value);
+    if (e.counter) {
+      list.push_back({{"name", e.name}, {"ph", "C"}, {"pid", e.pid}, {"ts", e.start_s * 1e6}, {"args", args}});
+      continue;
+    }
     list.push_back({{"name", e.name},
                     {"cat", e.category},
                     {"ph", "X"},

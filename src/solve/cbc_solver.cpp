@@ -6,14 +6,19 @@
 //   for each variable u of f and value d: sum_{e: u = d} y[f][e] = x[u][d]   (marginals agree)
 //   for each shared term s, factor f naming it, value d: w[s][d] >= sum_{e in f names s, var = d} y[f][e]
 //   sum y * memory + sum w * bytes <= limit                                  (with a limit)
+//   or, with a timeline: F[f][i] = sum_e y[f][e] * figures_e[i] (a column per figure a point
+//   names), and for each point that can be the peak: its terms <= P, P <= limit
+//   (P: the peak, a column)
 //   each excluded assignment: sum_{v in distinct_on} x[v][A_v] <= |distinct_on| - 1
 // Objective: sum y * time, in microseconds (CBC's tolerances are absolute), plus the memory
-// tie-break (choices.h) on y's and w's bytes; or (minimize_memory) the memory row itself.
+// tie-break (choices.h) on y's and w's bytes, or on P where it has a row per point; or (minimize_memory)
+// the memory row itself, or P.
 #include <coin/Cbc_C_Interface.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -26,6 +31,35 @@ namespace shardmm::solve {
 namespace {
 
 constexpr double kScale = 1e6;  // seconds -> microseconds
+constexpr double kUnbounded = std::numeric_limits<double>::max();  // CBC reads it as infinity (COIN_DBL_MAX)
+
+using SparseRow = std::vector<std::pair<int, double>>;  // (column, coefficient), by column
+
+// Whether every coefficient of `a` is at most `b`'s (a column `b` lacks counts as 0).
+bool dominated(const SparseRow& a, const SparseRow& b) {
+  std::size_t j = 0;
+  for (const auto& [col, coef] : a) {
+    while (j < b.size() && b[j].first < col) ++j;
+    if (j == b.size() || b[j].first != col || b[j].second < coef) return false;
+  }
+  return true;
+}
+
+// The timeline's points as rows over the columns, without those another point's row implies:
+// every column is non-negative (x, y, w in [0, 1], a figure column a sum of them times bytes),
+// so a row whose every coefficient is at most another's never binds first. Points that differ
+// only in a repeat's iteration (their live values the same, fewer kept ones) go this way.
+std::vector<SparseRow> peak_candidates(std::vector<SparseRow> rows) {
+  std::sort(rows.begin(), rows.end(), [](const SparseRow& a, const SparseRow& b) { return a.size() > b.size(); });
+  std::vector<SparseRow> kept;
+  for (SparseRow& r : rows) {
+    const bool implied = std::any_of(kept.begin(), kept.end(), [&](const SparseRow& k) {
+      return k.size() >= r.size() && dominated(r, k);
+    });
+    if (!implied) kept.push_back(std::move(r));
+  }
+  return kept;
+}
 
 struct ModelDeleter {
   void operator()(Cbc_Model* m) const { Cbc_deleteModel(m); }
@@ -52,6 +86,9 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     Cbc_addCol(m, "", lb, ub, obj, integer ? 1 : 0, 0, nullptr, nullptr);
     return next++;
   };
+  // The timeline's rows only where memory is constrained or minimized: they cost CBC time, and
+  // without them ties between equally fast shardings go to the memory held at once.
+  const bool peak_rows = !p.points.empty() && (limits.memory_limit || limits.minimize_memory);
   std::vector<std::vector<int>> x(p.domain.size());
   for (std::size_t v = 0; v < p.domain.size(); ++v) {
     for (int d = 0; d < p.domain[v]; ++d) x[v].push_back(column(0, 1, 0, true));
@@ -59,8 +96,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   std::vector<std::vector<int>> y(p.factors.size());
   for (std::size_t f = 0; f < p.factors.size(); ++f) {
     for (const FactorEntry& e : p.factors[f].entries) {
-      const double cost = limits.minimize_memory ? static_cast<double>(e.memory)
-                                                 : (e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory)) * kScale;
+      const double memory = peak_rows ? 0.0 : static_cast<double>(e.memory);  // else P has it
+      const double cost = limits.minimize_memory ? memory : (e.time + kSecondsPerByteTieBreak * memory) * kScale;
       y[f].push_back(column(0, 1, cost, true));
     }
   }
@@ -69,7 +106,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     const int dom = p.domain[static_cast<std::size_t>(p.shared[s].var)];
     for (int d = 0; d < dom; ++d) {
       const double bytes = static_cast<double>(p.shared[s].bytes[static_cast<std::size_t>(d)]);
-      w[s].push_back(column(0, 1, limits.minimize_memory ? bytes : kSecondsPerByteTieBreak * bytes * kScale, false));
+      const double memory = peak_rows ? 0.0 : bytes;
+      w[s].push_back(column(0, 1, limits.minimize_memory ? memory : kSecondsPerByteTieBreak * memory * kScale, false));
     }
   }
 
@@ -114,7 +152,78 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       rows.add(cols, coefs, 'G', 0);
     }
   }
-  if (limits.memory_limit) {
+  double most_peak = 0;  // no point holds more, whatever the choices (for the time bound)
+  if (peak_rows) {
+    std::map<std::pair<int, int>, int> figure_column;
+    // -1: every entry's figure is 0 (no column).
+    const auto figure = [&](int f, int i) {
+      const auto [it, fresh] = figure_column.emplace(std::pair{f, i}, -1);
+      if (!fresh) return it->second;
+      const auto& all = p.factors[static_cast<std::size_t>(f)].entries;
+      if (std::all_of(all.begin(), all.end(), [i](const FactorEntry& e) { return e.figures[static_cast<std::size_t>(i)] == 0; })) {
+        return -1;
+      }
+      it->second = column(0, kUnbounded, 0, false);
+      std::vector<int> c = {it->second};
+      std::vector<double> k = {-1.0};
+      const auto& entries = p.factors[static_cast<std::size_t>(f)].entries;
+      for (std::size_t e = 0; e < entries.size(); ++e) {
+        const auto bytes = static_cast<double>(entries[e].figures[static_cast<std::size_t>(i)]);
+        if (bytes == 0) continue;
+        c.push_back(y[static_cast<std::size_t>(f)][e]);
+        k.push_back(bytes);
+      }
+      rows.add(c, k, 'E', 0);
+      return it->second;
+    };
+    std::vector<SparseRow> points;
+    for (const TimelinePoint& point : p.points) {
+      std::map<int, double> row;
+      for (const PointTerm& t : point.terms) {
+        const auto at = static_cast<std::size_t>(t.index);
+        const auto count = static_cast<double>(t.count);
+        if (t.kind == PointTerm::Kind::figure) {
+          if (const int col = figure(t.index, t.figure); col >= 0) row[col] += count;
+          continue;
+        }
+        const auto var = t.kind == PointTerm::Kind::value ? at : static_cast<std::size_t>(p.shared[at].var);
+        for (std::size_t d = 0; d < p.value_bytes[var].size(); ++d) {
+          row[(t.kind == PointTerm::Kind::value ? x[var] : w[at])[d]] += count * static_cast<double>(p.value_bytes[var][d]);
+        }
+      }
+      SparseRow sparse;
+      for (const auto& [col, coef] : row) {
+        if (coef != 0) sparse.emplace_back(col, coef);
+      }
+      points.push_back(std::move(sparse));
+    }
+    for (const TimelinePoint& point : p.points) {
+      double most = 0;
+      for (const PointTerm& t : point.terms) {
+        const auto at = static_cast<std::size_t>(t.index);
+        std::int64_t m = 0;
+        if (t.kind == PointTerm::Kind::figure) {
+          for (const FactorEntry& e : p.factors[at].entries) m = std::max(m, e.figures[static_cast<std::size_t>(t.figure)]);
+        } else {
+          const auto& bytes = p.value_bytes[t.kind == PointTerm::Kind::value ? at : static_cast<std::size_t>(p.shared[at].var)];
+          m = *std::max_element(bytes.begin(), bytes.end());
+        }
+        most += static_cast<double>(t.count) * static_cast<double>(m);
+      }
+      most_peak = std::max(most_peak, most);
+    }
+    const int peak = column(0, limits.memory_limit ? static_cast<double>(*limits.memory_limit) : kUnbounded,
+                            limits.minimize_memory ? 1.0 : kSecondsPerByteTieBreak * kScale, false);
+    for (const SparseRow& r : peak_candidates(std::move(points))) {
+      cols = {peak};
+      coefs = {-1.0};
+      for (const auto& [col, coef] : r) {
+        cols.push_back(col);
+        coefs.push_back(coef);
+      }
+      rows.add(cols, coefs, 'L', 0);
+    }
+  } else if (limits.memory_limit) {
     cols.clear();
     coefs.clear();
     for (std::size_t f = 0; f < p.factors.size(); ++f) {
@@ -151,15 +260,17 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   Cbc_solve(m);
 
   // CBC's bound is on time plus the tie-break; no assignment's tie-break exceeds the largest
-  // memory every factor and shared term could add.
+  // peak any point could hold, or the largest memory every factor and shared term could add.
   const auto time_bound = [&] {
-    double most = 0;
-    for (const Factor& f : p.factors) {
-      std::int64_t m = 0;
-      for (const FactorEntry& e : f.entries) m = std::max(m, e.memory);
-      most += static_cast<double>(m);
+    double most = most_peak;
+    if (!peak_rows) {
+      for (const Factor& f : p.factors) {
+        std::int64_t m = 0;
+        for (const FactorEntry& e : f.entries) m = std::max(m, e.memory);
+        most += static_cast<double>(m);
+      }
+      for (const SharedTerm& s : p.shared) most += static_cast<double>(*std::max_element(s.bytes.begin(), s.bytes.end()));
     }
-    for (const SharedTerm& s : p.shared) most += static_cast<double>(*std::max_element(s.bytes.begin(), s.bytes.end()));
     return std::max(0.0, Cbc_getBestPossibleObjValue(m) / kScale - kSecondsPerByteTieBreak * most);
   };
   SolveOutcome out;

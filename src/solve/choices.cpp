@@ -45,13 +45,42 @@ int FactorIndex::entry(const Assignment& a) const {
 
 namespace {
 
+// The peak over the timeline's points: `chosen` has each factor's entry.
+void timeline_peak(const ChoiceProblem& p, const Assignment& a, const std::vector<int>& chosen,
+                   const std::vector<char>& used_shared, Evaluation& out) {
+  out.memory = 0;
+  for (std::size_t i = 0; i < p.points.size(); ++i) {
+    std::int64_t bytes = 0;
+    for (const PointTerm& t : p.points[i].terms) {
+      const auto at = static_cast<std::size_t>(t.index);
+      switch (t.kind) {
+        case PointTerm::Kind::figure:
+          bytes += t.count * p.factors[at].entries[static_cast<std::size_t>(chosen[at])].figures[static_cast<std::size_t>(t.figure)];
+          break;
+        case PointTerm::Kind::value: bytes += t.count * p.value_bytes[at][static_cast<std::size_t>(a[at])]; break;
+        case PointTerm::Kind::shared: {
+          const auto var = static_cast<std::size_t>(p.shared[at].var);
+          if (used_shared[at]) bytes += t.count * p.value_bytes[var][static_cast<std::size_t>(a[var])];
+          break;
+        }
+      }
+    }
+    if (out.peak_point < 0 || bytes > out.memory) {
+      out.memory = bytes;
+      out.peak_point = static_cast<int>(i);
+    }
+  }
+}
+
 Evaluation evaluate_indexed(const ChoiceProblem& p, const std::vector<FactorIndex>& index, const Assignment& a,
                             std::vector<char>& used_shared) {
   Evaluation out;
   std::fill(used_shared.begin(), used_shared.end(), 0);
+  std::vector<int> chosen(p.factors.size());
   for (std::size_t k = 0; k < p.factors.size(); ++k) {
     const int e = index[k].entry(a);
     if (e < 0) return out;
+    chosen[k] = e;
     const FactorEntry& entry = p.factors[k].entries[static_cast<std::size_t>(e)];
     out.time += entry.time;
     out.memory += entry.memory;
@@ -60,6 +89,7 @@ Evaluation evaluate_indexed(const ChoiceProblem& p, const std::vector<FactorInde
   for (std::size_t s = 0; s < p.shared.size(); ++s) {
     if (used_shared[s]) out.memory += p.shared[s].bytes[static_cast<std::size_t>(a[static_cast<std::size_t>(p.shared[s].var)])];
   }
+  if (!p.points.empty()) timeline_peak(p, a, chosen, used_shared, out);
   out.allowed = true;
   return out;
 }
@@ -377,6 +407,11 @@ Reduced reduce_domains(const ChoiceProblem& p) {
     SharedTerm t{s.var, {}};
     for (int x : r.kept[static_cast<std::size_t>(s.var)]) t.bytes.push_back(s.bytes[static_cast<std::size_t>(x)]);
     r.problem.shared.push_back(std::move(t));
+  }
+  r.problem.points = p.points;
+  for (std::size_t v = 0; v < p.value_bytes.size(); ++v) {
+    std::vector<std::int64_t>& bytes = r.problem.value_bytes.emplace_back();
+    for (int x : r.kept[v]) bytes.push_back(p.value_bytes[v][static_cast<std::size_t>(x)]);
   }
   r.empty = false;
   return r;

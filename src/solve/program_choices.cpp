@@ -176,7 +176,11 @@ struct OpCost {
   std::vector<char> operand_gathered;    // by distinct operand: all-gathered in forward
   std::vector<char> operand_regathered;  // by distinct operand: gathered again in backward
   bool result_saved = false;         // its own backward keeps its result (softmax)
+  autodiff::Tape::OpMemory memory;   // its figures on the step's timeline (factor entries' figures)
 };
+
+// The figures an op factor's entries carry (FactorEntry::figures), from Tape::OpMemory.
+enum Figure { kKept, kTransient, kTransientWithResult, kBackward };
 
 class OpRecorder {
  public:
@@ -203,16 +207,21 @@ class OpRecorder {
     return static_cast<std::int64_t>(memo_.size());
   }
 
-  // Reducing a leaf's gradient, partial over `partial`, into the leaf's spec `s`.
-  double reduce_time(const program::Tensor& t, const Spec& s, int partial) const {
+  // Reducing a leaf's gradient, partial over `partial`, into the leaf's spec `s`: its time,
+  // and its largest step's output (the transient of the leaf's backward point).
+  std::pair<double, std::int64_t> reduce(const program::Tensor& t, const Spec& s, int partial) const {
     autodiff::Tape tape(g_.mesh, {options_.dtype, options_.hw, 0});
     Spec from = s;
     from.unreduced = axes_of(partial, g_.mesh.rank());
     const autodiff::Var v = tape.input(from, t.shape, {}, false);
     autodiff::reshard(v, s);
     double time = 0;
-    for (const autodiff::TapeEvent& e : tape.events()) time += e.step.time_s;
-    return time;
+    std::int64_t largest = 0;
+    for (const autodiff::TapeEvent& e : tape.events()) {
+      time += e.step.time_s;
+      largest = std::max(largest, local_bytes(g_, e.step.to, t.shape, options_.dtype));
+    }
+    return {time, largest};
   }
 
  private:
@@ -304,6 +313,7 @@ class OpRecorder {
       const std::int64_t result_kept = tape.bytes_saved_for_backward(y);
       out.result_saved = result_kept > 0;
       out.internal_memory = tape.memory().activations - result_kept;
+      out.memory = tape.op_memory(0, y, options_.train && g_.loss >= 0);
       for (std::size_t i = 0; i < operands.size(); ++i) {
         out.operand_saved.push_back(tape.bytes_saved_for_backward(rec.values[i]) > 0);
         out.operand_partial.push_back(result_partial ? mask_of(tape.gradient_arrived_unreduced(rec.values[i])) : 0);
@@ -368,6 +378,132 @@ void for_each_parallel(std::size_t n, const std::function<void(std::size_t)>& fn
   work();
   for (std::thread& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
+}
+
+// A timeline point's terms being summed up: counts by variable, shared term and (factor, figure).
+struct Terms {
+  std::map<int, std::int64_t> value, shared;
+  std::map<std::pair<int, int>, std::int64_t> figure;
+  TimelinePoint point() const {
+    TimelinePoint p;
+    for (const auto& [v, n] : value) p.terms.push_back({PointTerm::Kind::value, v, 0, n});
+    for (const auto& [s, n] : shared) p.terms.push_back({PointTerm::Kind::shared, s, 0, n});
+    for (const auto& [f, n] : figure) p.terms.push_back({PointTerm::Kind::figure, f.first, f.second, n});
+    return p;
+  }
+  // Whether this point is the midpoint of a and b: each count the mean of theirs.
+  bool midpoint(const Terms& a, const Terms& b) const {
+    const auto mean_of = [](const auto& m, const auto& x, const auto& y) {
+      auto keys = m;
+      for (const auto& [k, n] : x) keys.emplace(k, 0);
+      for (const auto& [k, n] : y) keys.emplace(k, 0);
+      const auto at = [](const auto& map, const auto& k) {
+        const auto it = map.find(k);
+        return it == map.end() ? std::int64_t{0} : it->second;
+      };
+      for (const auto& [k, n] : keys) {
+        if (2 * at(m, k) != at(x, k) + at(y, k)) return false;
+      }
+      return true;
+    };
+    return mean_of(value, a.value, b.value) && mean_of(shared, a.shared, b.shared) && mean_of(figure, a.figure, b.figure);
+  }
+};
+
+// Each run's points into the problem, but those midway between their neighbours: a repeat's
+// middle iterations, whose counts grow by the same step each iteration (kept values one way,
+// gradients in flight the other). A point's bytes are linear in the counts, so a midpoint holds
+// at most what one of its neighbours holds, and each dropped point lies between the two kept
+// ends of its run of midpoints: the peak is the same.
+void add_runs(ProgramChoices& c, const std::map<std::pair<int, int>, std::vector<Terms>>& runs) {
+  for (const auto& [key, points] : runs) {
+    for (std::size_t i = 0; i < points.size(); ++i) {
+      if (i > 0 && i + 1 < points.size() && points[i].midpoint(points[i - 1], points[i + 1])) continue;
+      c.problem.points.push_back(points[i].point());
+    }
+  }
+}
+
+// The step's timeline as points of the choice problem, each point's bytes as
+// autodiff::MemoryPoint defines them for the whole program's tape: the terms a program's
+// structure fixes (which values are live at an op, whose gradients are in flight) over the
+// variables' bytes, and each op's own figures (kept values, transients) from its factor.
+void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& options, const std::vector<int>& factor_of,
+                  const std::map<int, int>& shared_of_var, const std::vector<int>& reduce_factor) {
+  const bool train = options.train && g.loss >= 0;
+  const auto ops = static_cast<int>(g.ops.size());
+  // By tensor: the last op reading it, and the last one on the loss path (its gradient's first).
+  std::vector<int> last_reader(g.tensors.size(), -1), last_grad_reader(g.tensors.size(), -1);
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    for (int k : g.tensors[t].consumers) {
+      last_reader[t] = std::max(last_reader[t], k);
+      if (c.on_loss_path[static_cast<std::size_t>(k)]) last_grad_reader[t] = std::max(last_grad_reader[t], k);
+    }
+  }
+  const auto var = [&](std::size_t t) { return c.var_of_tensor[t]; };
+  const auto kept = [&](Terms& terms, std::size_t t) {
+    if (const auto s = shared_of_var.find(var(t)); train && s != shared_of_var.end()) ++terms.shared[s->second];
+  };
+  // The points of one op statement in one phase, in step order: a repeat's copies.
+  std::map<std::pair<int, int>, std::vector<Terms>> runs;
+  // Every point: the leaves, and Adam's moments of the params.
+  Terms base;
+  for (int t : g.leaves()) {
+    const bool moments = train && g.tensors[static_cast<std::size_t>(t)].role == Role::param && options.optimizer == nn::Optimizer::adam;
+    base.value[var(static_cast<std::size_t>(t))] += moments ? 3 : 1;
+  }
+  const auto leaf_gradients = [&](Terms& terms, int from_op) {
+    for (int t : g.leaves()) {
+      if (last_grad_reader[static_cast<std::size_t>(t)] >= from_op) ++terms.value[var(static_cast<std::size_t>(t))];
+    }
+  };
+  for (int k = 0; k < ops; ++k) {
+    Terms terms = base;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+      const int p = g.tensors[t].producer;
+      if (g.tensors[t].role != Role::computed || p > k) continue;
+      if (last_reader[t] > p && k <= last_reader[t]) {
+        ++terms.value[var(t)];
+      } else {
+        kept(terms, t);
+      }
+    }
+    for (int j = 0; j <= k && train; ++j) ++terms.figure[{factor_of[static_cast<std::size_t>(j)], kKept}];
+    const auto result = static_cast<std::size_t>(g.ops[static_cast<std::size_t>(k)].result);
+    ++terms.figure[{factor_of[static_cast<std::size_t>(k)], last_reader[result] > k ? kTransient : kTransientWithResult}];
+    runs[{0, factor_of[static_cast<std::size_t>(k)]}].push_back(std::move(terms));
+  }
+  if (!train) return add_runs(c, runs);
+  for (int k = ops - 1; k >= 0; --k) {
+    if (!c.on_loss_path[static_cast<std::size_t>(k)]) continue;
+    Terms terms = base;
+    leaf_gradients(terms, k);
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+      const int p = g.tensors[t].producer;
+      if (g.tensors[t].role != Role::computed || p > k) continue;
+      kept(terms, t);
+      // A gradient lives from its last reader's backward (the loss's: its own) to its maker's;
+      // a value no gradient reaches (a route's dispatch) has none.
+      const int first = static_cast<int>(t) == g.loss ? p : last_grad_reader[t];
+      if (k <= first && g.tensors[t].differentiable) ++terms.value[var(t)];
+    }
+    for (int j = 0; j <= k; ++j) ++terms.figure[{factor_of[static_cast<std::size_t>(j)], kKept}];
+    ++terms.figure[{factor_of[static_cast<std::size_t>(k)], kBackward}];
+    runs[{1, factor_of[static_cast<std::size_t>(k)]}].push_back(std::move(terms));
+  }
+  add_runs(c, runs);
+  // Each leaf's reduction (one point per leaf variable: its copies' points are alike), then the update.
+  Terms reduced = base;
+  leaf_gradients(reduced, 0);
+  for (std::size_t v = 0; v < reduce_factor.size(); ++v) {
+    if (reduce_factor[v] < 0) continue;
+    Terms terms = reduced;
+    ++terms.figure[{reduce_factor[v], 0}];
+    c.problem.points.push_back(terms.point());
+  }
+  Terms update = base;
+  for (int t : g.leaves()) ++update.value[var(static_cast<std::size_t>(t))];
+  c.problem.points.push_back(update.point());
 }
 
 }  // namespace
@@ -658,6 +794,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         }
         FactorEntry e;
         e.time = cost.time * f.count;
+        e.figures = {cost.memory.kept, cost.memory.transient, cost.memory.transient_with_result, cost.memory.backward};
         if (train) {
           e.memory = cost.internal_memory * f.count;
           for (std::size_t i = 0; i < f.operands.size(); ++i) {
@@ -729,12 +866,23 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     }
   }
   for (int v = tensor_vars; v < next_var; ++v) c.problem.domain.push_back(masks);
-  for (auto& [key, f] : factors) c.problem.factors.push_back(std::move(f.factor));
+  std::map<std::string, int> factor_index;
+  for (auto& [key, f] : factors) {
+    factor_index[key] = static_cast<int>(c.problem.factors.size());
+    c.problem.factors.push_back(std::move(f.factor));
+  }
   for (SharedTerm& s : c.problem.shared) {
     const auto v = static_cast<std::size_t>(s.var);
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
     for (const Spec& spec : c.values[v]) s.bytes.push_back(local_bytes(g, spec, t.shape, options.dtype) * copies[v]);
   }
+  c.problem.value_bytes.resize(c.problem.domain.size());
+  for (std::size_t v = 0; v < c.values.size(); ++v) {
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+    for (const Spec& spec : c.values[v]) c.problem.value_bytes[v].push_back(local_bytes(g, spec, t.shape, options.dtype));
+  }
+  for (int v = tensor_vars; v < next_var; ++v) c.problem.value_bytes[static_cast<std::size_t>(v)].assign(static_cast<std::size_t>(masks), 0);
+  std::vector<int> reduce_factor(c.values.size(), -1);  // by leaf variable
   // Leaves: the value, its gradient (train), Adam's two moments (params); and reducing the
   // gradient into the leaf's spec from the axes its readers left it partial over.
   for (std::size_t v = 0; v < c.values.size(); ++v) {
@@ -755,11 +903,16 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       const int used = used_mask(c.values[v][i]);
       for (int mask = 0; mask < masks; ++mask) {
         if (mask & used) continue;
-        reduce.entries.push_back({{static_cast<int>(i), mask}, recorder.reduce_time(t, c.values[v][i], mask) * copies[v], 0, {}});
+        const auto [time, largest] = recorder.reduce(t, c.values[v][i], mask);
+        reduce.entries.push_back({{static_cast<int>(i), mask}, time * copies[v], 0, {}, {largest}});
       }
     }
+    reduce_factor[v] = static_cast<int>(c.problem.factors.size());
     c.problem.factors.push_back(std::move(reduce));
   }
+  std::vector<int> factor_of(g.ops.size());
+  for (std::size_t k = 0; k < g.ops.size(); ++k) factor_of[k] = factor_index.at(factor_of_op[k]);
+  add_timeline(c, g, options, factor_of, shared_of_var, reduce_factor);
   c.evaluations = recorder.recordings();
   return c;
 }

@@ -37,9 +37,12 @@ std::string least_memory_text(const Graph& g, const ProgramChoices& c, const Sol
                               const nn::ProgramOptions& options) {
   const std::vector<Spec> specs = specs_of(c, least.best);
   const nn::ProgramMemory m = nn::predict_program(pinned_graph(g, specs, regathered_of(c, least.best)), options).memory;
-  std::string out = "the least any sharding needs is " + bytes_text(m.total()) + " (params " + bytes_text(m.params) +
-                    ", inputs " + bytes_text(m.inputs) + ", gradients " + bytes_text(m.gradients) + ", optimizer state " +
-                    bytes_text(m.optimizer_state) + ", activations " + bytes_text(m.activations) + "); its largest tensors, per device:";
+  const nn::ProgramMemoryPoint& peak = m.timeline.at(m.peak_point);
+  std::string out = "the least peak any sharding reaches is " + bytes_text(peak.total()) + " (params " +
+                    bytes_text(peak.params) + ", inputs " + bytes_text(peak.inputs) + ", gradients " +
+                    bytes_text(peak.gradients) + ", optimizer state " + bytes_text(peak.optimizer_state) +
+                    ", activations " + bytes_text(peak.activations) + ", transient " + bytes_text(peak.transient) +
+                    "); its largest tensors, per device:";
   std::vector<std::pair<std::int64_t, std::string>> sizes;
   for (std::size_t v = 0; v < c.values.size(); ++v) {
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];

@@ -10,6 +10,7 @@
 #include <iterator>
 #include <sstream>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "cli_in_process.h"
 #include "shardmm/core/npy.h"
@@ -52,6 +53,45 @@ TEST(ProgramCli, TheMlpReportShowsEachOpsCollectivesAndWhy) {
   }
   EXPECT_EQ(all_reduces, 2);  // one forward, its dual backward
   EXPECT_EQ(doc["tensors"][0]["name"], "x");
+}
+
+// The peak the report prints is the JSON timeline's largest point, and --trace draws the
+// timeline as a counter track: a sample per point, in order, its series the point's bytes.
+TEST(ProgramCli, ThePeakAndTheTraceFollowTheMemoryTimeline) {
+  const fs::path dir = fs::temp_directory_path() / ("shardmm_timeline_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path trace = dir / "step.json";
+  const Result r = program({example("mlp.prog"), "--optimizer", "adam", "--json", "--trace", trace.string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json memory = json::parse(r.out)["memory"];
+  const json& points = memory["timeline"];
+  ASSERT_FALSE(points.empty());
+  std::int64_t peak = 0;
+  for (const json& p : points) peak = std::max(peak, p["total_bytes"].get<std::int64_t>());
+  EXPECT_EQ(memory["peak_bytes"], peak);
+  EXPECT_EQ(points[memory["peak_point"].get<std::size_t>()]["total_bytes"], peak);
+  EXPECT_EQ(points.back()["phase"], "update");
+  const json events = json::parse(slurp(trace))["traceEvents"];
+  std::vector<json> samples;
+  for (const json& e : events) {
+    if (e["ph"] == "C") samples.push_back(e);
+  }
+  ASSERT_EQ(samples.size(), points.size());
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const json& a = samples[i]["args"];
+    std::int64_t total = 0;
+    for (const char* k : {"params", "inputs", "gradients", "optimizer_state", "activations", "transient"}) total += a[k].get<std::int64_t>();
+    EXPECT_EQ(total, points[i]["total_bytes"]) << i;
+    EXPECT_EQ(a["optimizer_state"], 2 * points[i]["param_bytes"].get<std::int64_t>()) << i;
+    if (i > 0) EXPECT_GE(samples[i]["ts"].get<double>(), samples[i - 1]["ts"].get<double>()) << i;
+  }
+  // The report's peak line names the same point.
+  const json& at = points[memory["peak_point"].get<std::size_t>()];
+  ASSERT_FALSE(at["line"].is_null());  // the MLP peaks inside an op
+  const Result text = program({example("mlp.prog"), "--optimizer", "adam"});
+  EXPECT_THAT(text.out, HasSubstr("during line " + std::to_string(at["line"].get<int>()) + " (" + at["tensor"].get<std::string>() +
+                                  " = " + at["op"].get<std::string>() + "), " + at["phase"].get<std::string>()));
+  fs::remove_all(dir);
 }
 
 // --split chunk reaches the program's mesh, the file's line or --mesh: blocks as torch.chunk

@@ -47,6 +47,26 @@ void expect_prediction_matches(const program::Graph& g, const nn::ProgramOptions
     }
   }
   for (std::size_t t = 0; t < g.tensors.size(); ++t) EXPECT_EQ(pred.record.specs[t], run.record.specs[t]) << g.tensors[t].name;
+  // The memory timeline the symbolic tape predicts from specs is the one rank 0's tape counts
+  // from the buffers it held.
+  const auto& want = pred.memory.timeline;
+  const auto& got = run.memory.timeline;
+  ASSERT_EQ(want.size(), got.size());
+  ASSERT_FALSE(want.empty());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const std::string at = "point " + std::to_string(i) + " (" + autodiff::to_string(want[i].phase) + ", op " +
+                           std::to_string(want[i].op) + ", " + want[i].tensor + ")";
+    EXPECT_EQ(want[i].phase, got[i].phase) << at;
+    EXPECT_EQ(want[i].op, got[i].op) << at;
+    EXPECT_EQ(want[i].tensor, got[i].tensor) << at;
+    EXPECT_EQ(want[i].params, got[i].params) << at;
+    EXPECT_EQ(want[i].inputs, got[i].inputs) << at;
+    EXPECT_EQ(want[i].gradients, got[i].gradients) << at;
+    EXPECT_EQ(want[i].optimizer_state, got[i].optimizer_state) << at;
+    EXPECT_EQ(want[i].activations, got[i].activations) << at;
+    EXPECT_EQ(want[i].transient, got[i].transient) << at;
+  }
+  EXPECT_EQ(pred.memory.peak_point, run.memory.peak_point);
 }
 
 TEST(ProgramRun, ExamplesVerifyEvenUnevenAndEmptyShards) {

@@ -35,6 +35,7 @@ def test_program_document_is_the_commands(cli, path, kwargs, flags):
     assert p.specs == {t["name"]: t["spec"] for t in doc["tensors"]}
     assert p.time_s == doc["predicted_time_s"]["serialized"] > 0
     assert p.memory_bytes == doc["memory"]["total_bytes"] > 0
+    assert p.peak_bytes == doc["memory"]["timeline"][doc["memory"]["peak_point"]]["total_bytes"] > 0
     assert [c["op"] for c in p.collectives] == [c["op"] for c in doc["collectives"]]
 
 
@@ -115,12 +116,13 @@ def test_solve_document_is_the_commands(cli, tmp_path, path, kwargs, flags):
                             optimizer=kwargs.get("optimizer", "sgd"))
     assert again.time_s == pytest.approx(s.predicted["time_s"], rel=1e-12)  # summed in another order
     assert again.memory_bytes == s.predicted["memory"]["total_bytes"]
+    assert again.peak_bytes == s.predicted["memory"]["peak_bytes"] == s.top[0].memory_bytes
 
 
 def test_a_binding_limit_is_kept_and_reported():
     s = shardmm.solve(MLP_FREE, dims="B=8,T=64,D=256,F=1024", mem_limit=4 << 20)
     assert s.method == "integer program (CBC)" and s.memory_limit_bytes == 4 << 20
-    assert s.predicted["memory"]["total_bytes"] <= 4 << 20
+    assert s.predicted["memory"]["peak_bytes"] <= 4 << 20
     assert s.unconstrained["time_s"] < s.objective_s
     assert s.unconstrained["memory_bytes"] > 4 << 20
 

@@ -51,7 +51,7 @@ TEST(SolveRandom, OptimumIsExhaustiveSearchsAndRunsVerified) {
     const program::Graph answer = pinned_graph(g, specs_of(choices, dp->best), regathered_of(choices, dp->best));
     const nn::ProgramPrediction pred = nn::predict_program(answer, options);
     EXPECT_NEAR(dp->value.time, predicted_time(pred), 1e-9 * predicted_time(pred) + 1e-15);
-    EXPECT_EQ(dp->value.memory, pred.memory.total());
+    EXPECT_EQ(dp->value.memory, pred.memory.peak());
 
     SolveOutcome truth;
     try {

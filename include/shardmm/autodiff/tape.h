@@ -82,7 +82,8 @@ class Var {
   int id_ = -1;
 };
 
-enum class Phase { forward, backward };
+// update: the optimizer's step after backward (programs add it; no tape event has it).
+enum class Phase { forward, backward, update };
 const char* to_string(Phase phase);
 
 // One step the program ran, or (symbolic) would run: a collective, a local slice or
@@ -117,6 +118,36 @@ class EinsumPlanCache {
  private:
   std::mutex mutex_;
   std::map<std::string, Plan> plans_;
+};
+
+// One point of the memory timeline (Tape::memory_timeline): the bytes one device holds while
+// an op runs, forward or backward. Forward ops are the nodes recorded under one scope in a row
+// (a single node where the scope is -1); backward runs them in reverse, each a point, and each
+// leaf's gradient brought into the leaf's spec is one more.
+//   leaves       every input and param, for the whole step
+//   activations  forward values live: from the op that makes one through its last reader in
+//                forward, or, when some op's backward reads it (and backward ran), until backward
+//                has run the op that made it; an op's statistics kept for backward (layer norm's)
+//                likewise; a regathered all_gather from its last forward reader's op only, and
+//                in backward again from where it is gathered again
+//   gradients    from the op whose backward makes a value's gradient through the op that passes
+//                it on (its maker); a leaf's to the end of the step
+//   transient    forward: the most bytes at once of the op's own values that die inside it (a
+//                gathered operand, a product nobody keeps); backward: the largest buffer one of
+//                its steps makes (a resharded gradient, a product before it is added; not
+//                the relabelling of partial sums when two contributions to one gradient add)
+// A value the op reads or makes counts in the whole op: points are what is live at the op's
+// start and end together, plus its transient. Executed tapes count their buffers' bytes,
+// symbolic ones the specs' shards: the same figures.
+struct MemoryPoint {
+  Phase phase = Phase::forward;
+  int scope = -1;        // Tape::set_scope's label of the op
+  std::string tensor;    // the value the op made last (forward), or whose backward ran last
+  std::int64_t leaves = 0;
+  std::int64_t activations = 0;
+  std::int64_t gradients = 0;
+  std::int64_t transient = 0;
+  std::int64_t total() const { return leaves + activations + gradients + transient; }
 };
 
 struct TapeOptions {
@@ -186,6 +217,19 @@ class Tape {
   // Everything run so far, forward then backward, in order.
   const std::vector<TapeEvent>& events() const;
   TapeMemory memory() const;
+  // The memory timeline so far (MemoryPoint): forward only until backward() has run, and then
+  // values some backward reads count as kept through the forward pass too.
+  std::vector<MemoryPoint> memory_timeline() const;
+  // For costing one op alone (solve/): what the nodes recorded under `scope` add to the
+  // timeline's points beside `result` (which its consumers count) and the leaves, as when
+  // backward runs (`train`) or not. Their figures where the op sits in a whole program:
+  struct OpMemory {
+    std::int64_t kept = 0;                   // its own values and statistics kept for backward
+    std::int64_t transient = 0;              // forward: its transient, result not counted
+    std::int64_t transient_with_result = 0;  // forward: its transient when nothing reads result
+    std::int64_t backward = 0;               // its backward's transient and its own values' gradients
+  };
+  OpMemory op_memory(int scope, Var result, bool train) const;
   // The bytes of `v`'s shard (as memory() counts it) when some op's backward reads `v`, else 0.
   std::int64_t bytes_saved_for_backward(Var v) const;
 

@@ -71,6 +71,23 @@ struct ProgramRecord {
 // InputError when a pin cannot be honoured.
 ProgramRecord record_program(autodiff::Tape& tape, const program::Graph& g, const ProgramOptions& options);
 
+// One point of a step's memory timeline, per device: the bytes held while a program op runs
+// forward or backward, while a leaf's gradient is brought into its spec, or at the update
+// (autodiff::MemoryPoint has what is live when).
+struct ProgramMemoryPoint {
+  autodiff::Phase phase = autodiff::Phase::forward;
+  int op = -1;                       // the program op (index into Graph::ops); -1: a leaf's
+                                     // gradient reduction (`tensor` names the leaf) or the update
+  std::string tensor;
+  std::int64_t params = 0;
+  std::int64_t inputs = 0;
+  std::int64_t gradients = 0;
+  std::int64_t optimizer_state = 0;  // adam's moments, for the whole step
+  std::int64_t activations = 0;      // forward values live (kept for backward, or not yet read)
+  std::int64_t transient = 0;        // the op's own buffers that come and go inside it
+  std::int64_t total() const { return params + inputs + gradients + optimizer_state + activations + transient; }
+};
+
 // Per device (the most loaded one: device 0), bytes.
 struct ProgramMemory {
   std::int64_t params = 0;
@@ -78,7 +95,14 @@ struct ProgramMemory {
   std::int64_t gradients = 0;        // of every leaf, in the leaf's spec (train)
   std::int64_t optimizer_state = 0;  // adam: two moments per param element (train)
   std::int64_t activations = 0;      // values kept for the backward pass (train)
+  // Everything above held at once: the memory if nothing were freed (an upper bound on the
+  // peak but for transients).
   std::int64_t total() const { return params + inputs + gradients + optimizer_state + activations; }
+  // The step's timeline: each forward op, each backward op (and leaf reduction), then the
+  // update (train); forward only in inference.
+  std::vector<ProgramMemoryPoint> timeline;
+  std::size_t peak_point = 0;        // the first point with the most bytes
+  std::int64_t peak() const { return timeline.empty() ? total() : timeline[peak_point].total(); }
 };
 
 struct ProgramPrediction {

@@ -35,6 +35,9 @@ struct ChromeTraceEvent {
   double start_s = 0;    // from the trace's zero
   double duration_s = 0;
   std::vector<std::pair<std::string, TraceArg>> args;  // shown when the span is selected
+  // A counter sample ("ph": "C") instead of a span: a track named `name` whose series (the
+  // numeric args) hold these values from start_s until the next sample; no lane, no duration.
+  bool counter = false;
 };
 
 // The lanes a step runs in: a collective's is communication, local work's is compute, and a

@@ -14,6 +14,10 @@
 // several factors may each need but that is held once (an activation that two consumers keep
 // for the backward pass): a tuple names the shared terms it needs, and the term's bytes,
 // which depend on its variable's value, count once if any chosen tuple names it.
+//
+// Memory is that sum unless the problem has a timeline (`points`): then it is the peak, the
+// most bytes any point holds, each point's bytes a sum of terms (PointTerm). A program's
+// step (solve.h) has a point per op forward and backward, per leaf reduction and the update.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +33,7 @@ struct FactorEntry {
   double time = 0;              // seconds
   std::int64_t memory = 0;      // bytes
   std::vector<int> shared;      // indices into ChoiceProblem::shared
+  std::vector<std::int64_t> figures;  // bytes the timeline's points may take (PointTerm::figure)
 };
 
 struct Factor {
@@ -41,10 +46,28 @@ struct SharedTerm {
   std::vector<std::int64_t> bytes;  // by the variable's value
 };
 
+// `count` times one of: the chosen entry's figures[figure] of factor `index` (figure); the
+// bytes of variable `index`'s value, value_bytes (value); the same when shared term `index`
+// is held, of its variable's value (shared).
+struct PointTerm {
+  enum class Kind { figure, value, shared };
+  Kind kind = Kind::value;
+  int index = -1;
+  int figure = 0;
+  std::int64_t count = 1;
+};
+
+struct TimelinePoint {
+  std::vector<PointTerm> terms;
+};
+
 struct ChoiceProblem {
   std::vector<int> domain;      // number of values per variable (each >= 1)
   std::vector<Factor> factors;
   std::vector<SharedTerm> shared;
+  // The timeline (empty: memory is the sum above); value_bytes by variable and value.
+  std::vector<TimelinePoint> points;
+  std::vector<std::vector<std::int64_t>> value_bytes;
 };
 
 using Assignment = std::vector<int>;  // a value per variable
@@ -52,7 +75,8 @@ using Assignment = std::vector<int>;  // a value per variable
 struct Evaluation {
   bool allowed = false;          // every factor lists the assignment's tuple
   double time = 0;
-  std::int64_t memory = 0;
+  std::int64_t memory = 0;      // the sum, or with a timeline its peak
+  int peak_point = -1;           // with a timeline: the first point that holds `memory`
 };
 Evaluation evaluate(const ChoiceProblem& p, const Assignment& a);
 
@@ -112,8 +136,8 @@ struct Reduced {
 Reduced reduce_domains(const ChoiceProblem& p);
 
 // The integer program (one-hot values, one-hot tuples per factor, marginal consistency,
-// memory as a linear row with the shared terms as OR variables), solved by CBC. Its status
-// and lower bound are CBC's.
+// memory as a linear row with the shared terms as OR variables, or a row per timeline point
+// that can be the peak), solved by CBC. Its status and lower bound are CBC's.
 SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits);
 
 }  // namespace shardmm::solve
