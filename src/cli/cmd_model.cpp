@@ -7,14 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <ostream>
 
 #include "cli/commands.h"
+#include "cli/program_common.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
-#include "cli/program_common.h"
 #include "shardmm/nn/collectives.h"
 #include "shardmm/nn/model.h"
 #include "shardmm/nn/program.h"
@@ -187,8 +186,9 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
   if (step) {
     const Verification& v = step->verification;
     out << "\nRun (" << f.backend << ", " << m.mesh.device_count() << (m.mesh.device_count() == 1 ? " rank): " : " ranks): ")
-        << (v.verified ? "verified" : "WRONG") << " against the dense f64 step of the layer's program (every computed tensor, "
-        << (m.train ? "the input's and every weight's gradient, every weight's update; " : "") << "max abs error " << format_error(v.max_abs_error)
+        << (v.verified ? "verified" : "WRONG") << " against the dense f64 step of the layer's program (every computed tensor"
+        << (m.train ? ", the input's and every weight's gradient, every weight's update" : "") << "; max abs error "
+        << format_error(v.max_abs_error)
         << ", tolerance " << format_error(v.tolerance) << ")\n";
   }
 }
@@ -328,7 +328,9 @@ Command add_model_command(CLI::App& root) {
               return 0;
             }
             const program::Graph g = nn::model_program(m);
-            nn::ProgramOptions options{p.options.dtype, p.options.hw};
+            nn::ProgramOptions options;
+            options.dtype = p.options.dtype;
+            options.hw = p.options.hw;
             options.train = m.train;
             const nn::ProgramPrediction pred = nn::predict_program(g, options);
             std::optional<nn::ProgramRun> step;

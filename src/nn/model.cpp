@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "shardmm/core/error.h"
-#include "shardmm/core/geometry.h"
 
 namespace shardmm::nn {
 namespace {
@@ -45,7 +44,6 @@ std::string dim_meaning(const std::string& name) {
   if (name == "K") return "experts per token";
   return name;
 }
-
 
 // The program's letters and their sizes, in the order the layers read them: S = T (the
 // keys' positions), A = D / H, C = the experts' slots per sequence.

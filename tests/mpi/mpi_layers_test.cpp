@@ -38,7 +38,7 @@ TEST(MpiLayersTest, EveryLayerStepVerifiesAndMatchesItsPrediction) {
     const std::string what = std::string(c.layer) + " " + c.strategy + " on " + c.mesh;
     EXPECT_TRUE(step.verification.verified) << what << ": " << step.verification.detail;
     const auto measured = nn::tally_collectives(step.events, &step.max_bytes_sent);
-    const auto predicted = nn::tally_collectives(nn::predict_program(g, {DType::f64}).events);
+    const auto predicted = nn::tally_collectives(nn::predict_program(g, nn::ProgramOptions{}).events);
     EXPECT_EQ(measured.size(), predicted.size()) << what;
     for (std::size_t i = 0; i < std::min(measured.size(), predicted.size()); ++i) {
       EXPECT_EQ(measured[i].op, predicted[i].op) << what;

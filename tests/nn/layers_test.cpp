@@ -39,7 +39,8 @@ ModelConfig config(const Case& c) {
 }
 
 ProgramOptions options(const ModelConfig& m, DType dtype) {
-  ProgramOptions o{dtype, builtin_profile("h100")};
+  ProgramOptions o;
+  o.dtype = dtype;
   o.train = m.train;
   o.seed = 7;
   return o;

@@ -91,9 +91,11 @@ TEST(ModelConfigTest, MoeCapacityIsAtMostTheSequence) {
 TEST(ModelConfigTest, UnevenShardsAreLegalAndParameterBytesCountDeviceZero) {
   // F=10 over 4: 3, 3, 2, 2; device 0 holds 3 columns of W_in and 3 rows of W_out.
   const ModelConfig m = make_model_config("mlp", "tp", Mesh::parse("X=4"), parse_dims("B=1,T=1,D=5,F=10"));
-  EXPECT_EQ(predict_program(model_program(m), {DType::f32}).memory.params, (5 * 3 + 3 * 5) * 4);
+  ProgramOptions f32;
+  f32.dtype = DType::f32;
+  EXPECT_EQ(predict_program(model_program(m), f32).memory.params, (5 * 3 + 3 * 5) * 4);
   const ModelConfig dp = make_model_config("mlp", "dp", Mesh::parse("X=4"), parse_dims("B=1,T=1,D=5,F=10"));
-  EXPECT_EQ(predict_program(model_program(dp), {DType::f64}).memory.params, 2 * 5 * 10 * 8);
+  EXPECT_EQ(predict_program(model_program(dp), ProgramOptions{}).memory.params, 2 * 5 * 10 * 8);
 }
 
 // The printed program is the one the model runs: it parses back, pins every tensor, reads
