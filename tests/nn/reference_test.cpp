@@ -6,10 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "shardmm/core/error.h"
 #include "shardmm/nn/model.h"
 #include "shardmm/nn/program.h"
+#include "shardmm/runtime/verify.h"
 
 namespace shardmm::nn {
 namespace {
@@ -80,6 +82,52 @@ void expect_gradients(const char* layer, const char* dims) {
       const double numeric = (loss_with(t.name, i, h) - loss_with(t.name, i, -h)) / (2 * h);
       EXPECT_NEAR(grad[i], numeric, 1e-6 * (1 + std::abs(numeric))) << layer << ": d" << t.name << " element " << i;
     }
+  }
+}
+
+// The values of `tensor` in the dense step of `m`'s program with the leaves given.
+std::vector<double> dense_values(const ModelConfig& m, const std::map<std::string, DenseTensor>& inputs,
+                                 const std::string& tensor) {
+  const program::Graph g = model_program(m);
+  ProgramOptions o;
+  o.inputs = inputs;
+  o.train = false;
+  return dense_program_step(g, o).values[static_cast<std::size_t>(g.find(tensor))].values;
+}
+
+// Capacity is per sequence (GShard's groups): two sequences of two tokens, all preferring
+// expert 0, capacity ceil(0.5 * 2 / 2) = 1: the first token of each sequence is kept, as if
+// the sequences were routed alone.
+TEST(ReferenceTest, MoeCapacityIsPerSequence) {
+  ModelConfig m = make_model_config("moe", "dp", Mesh::parse("X=2"), parse_dims("B=2,T=2,D=1,F=1,E=2"));
+  m.capacity_factor = 0.5;
+  const std::map<std::string, DenseTensor> in = {{"X", {{2, 2, 1}, {1, 2, 3, 4}}},
+                                                 {"W_router", {{1, 2}, {1, -1}}},
+                                                 {"W_in", {{2, 1, 1}, {1, 1}}},
+                                                 {"W_out", {{2, 1, 1}, {1, 1}}},
+                                                 {"G", {{2, 2, 1}, {1, 1, 1, 1}}}};
+  // dispatch[B, T, E, C] with C = 1: (b, t, e) -> b * 4 + t * 2 + e.
+  EXPECT_EQ(dense_values(m, in, "dispatch"), (std::vector<double>{1, 0, 0, 0, 1, 0, 0, 0}));
+}
+
+// Causal attention: the first position's output does not see the later positions' inputs.
+TEST(ReferenceTest, CausalAttentionIgnoresLaterPositions) {
+  ModelConfig m = make_model_config("attention", "tp", Mesh::parse("X=2"), parse_dims("B=1,T=3,D=2,H=1"));
+  const auto values = [](std::uint64_t seed, const Shape& shape) {
+    const auto gen = uniform_values(seed);
+    return dense(shape, [&](const std::vector<std::int64_t>& i) { return gen(i, 0); });
+  };
+  std::map<std::string, DenseTensor> in = {{"X", values(1, {1, 3, 2})},  {"Wq", values(2, {2, 1, 2})},
+                                           {"Wk", values(3, {2, 1, 2})}, {"Wv", values(4, {2, 1, 2})},
+                                           {"Wo", values(5, {1, 2, 2})}, {"G", values(6, {1, 3, 2})}};
+  for (bool causal : {true, false}) {
+    m.causal = causal;
+    const std::vector<double> before = dense_values(m, in, "Y");
+    std::map<std::string, DenseTensor> moved = in;
+    moved["X"].values[4] += 1;  // position 2
+    const std::vector<double> after = dense_values(m, moved, "Y");
+    EXPECT_EQ(before[0] == after[0] && before[1] == after[1], causal);
+    EXPECT_NE(before[4], after[4]);
   }
 }
 
