@@ -5,7 +5,7 @@
 //   Mesh mesh = Mesh::parse("dp=2,tp=4");
 //   nn::ModelConfig m = nn::make_model_config("block", "dp+tp", mesh,
 //                                             parse_dims("B=8,T=128,D=512,F=2048,H=8"));
-//   m.axis_of(nn::Strategy::tp);                // 0: the mesh axis named tp
+//   m.axis_of(nn::Strategy::tp);                // 1: the mesh axis named tp
 //   std::string text = nn::model_program_text(m);  // "param Wq[D, H, A] : Wq[D, H_tp, A]", ...
 //   program::Graph g = nn::model_program(m);     // the same text, bound
 //   nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
