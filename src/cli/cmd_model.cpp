@@ -1,19 +1,22 @@
 // shardmm model LAYER --strategy S --mesh M [--split array|chunk] --dims ... [--train|--infer] [--run] [--backend]
-//                     [--causal] [--activation] [--capacity-factor] [--dtype] [--hw] [--json]
-// One training (or inference) step of a parallel layer: its collectives, bytes, memory and
-// time predicted by the symbolic autodiff tape, and with --run the same program executed,
-// measured and verified against the dense step.
+//                     [--causal] [--activation] [--capacity-factor] [--dtype] [--hw] [--json] [--print-program]
+// One training (or inference) step of a parallel layer: the layer's program with every
+// tensor pinned by the strategy (nn::model_program), its collectives, bytes, memory and time
+// predicted by the symbolic autodiff tape, and with --run the same program executed,
+// measured and verified against its dense f64 step, as `shardmm program` does.
 #include <algorithm>
 #include <cmath>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <ostream>
 
 #include "cli/commands.h"
+#include "cli/program_common.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
-#include "shardmm/nn/layers.h"
+#include "shardmm/nn/collectives.h"
+#include "shardmm/nn/model.h"
+#include "shardmm/nn/program.h"
 #include "shardmm/runtime/runner.h"
 
 namespace shardmm::cli {
@@ -22,7 +25,7 @@ namespace {
 struct ModelFlags {
   std::string layer, strategy, dims;
   PlanningFlags common;
-  bool infer = false, train = false, run = false, causal = false;
+  bool infer = false, train = false, run = false, causal = false, print_program = false;
   std::optional<std::string> activation;
   std::optional<double> capacity_factor;
   std::string backend = "threads";
@@ -53,30 +56,6 @@ void check_layer_flags(const ModelFlags& f, nn::LayerKind layer) {
   }
 }
 
-// --run compares with a dense f64 reference computed by plain loops on one core, and every
-// rank's shards live in this process (threads): refuse sizes it cannot finish or hold.
-inline constexpr double kMaxReferenceFlops = 5e9;
-
-void check_run_size(const nn::ModelConfig& m, const nn::LayerPrediction& pred, DType dtype) {
-  double flops = 0;
-  for (const autodiff::TapeEvent& e : pred.events) flops += e.step.flops;
-  flops *= static_cast<double>(m.mesh.device_count());  // the most per device, times the devices: an upper bound
-  if (flops > kMaxReferenceFlops) {
-    throw InputError("--run verifies the step against a dense single-device reference of about " +
-                     format_flops(flops) + ", more than --run computes (" + format_flops(kMaxReferenceFlops) +
-                     "); give smaller --dims with --run (the prediction alone has no size limit)");
-  }
-  // Every device's shards and kept values, and about as much again for the f64 reference.
-  const double per_device = static_cast<double>(pred.memory.leaves + pred.memory.activations +
-                                                2 * nn::parameter_bytes_per_device(m, dtype));
-  const double need = 2 * per_device * static_cast<double>(m.mesh.device_count()) * 8 / dtype_bytes(dtype);
-  const double have = static_cast<double>(available_memory());
-  if (need > have) {
-    throw InputError("--run needs about " + format_bytes(need) + " here (every device's shards and the dense f64 " +
-                     "reference) but " + format_bytes(have) + " is available; give smaller --dims with --run");
-  }
-}
-
 struct Row {
   autodiff::Phase phase;
   OpKind op;
@@ -86,7 +65,7 @@ struct Row {
   double measured_time_s = 0;  // device 0's time inside these collectives
 };
 
-std::vector<Row> rows_of(const nn::LayerPrediction& p, const nn::LayerStep* s) {
+std::vector<Row> rows_of(const nn::ProgramPrediction& p, const nn::ProgramRun* s) {
   std::vector<Row> rows;
   for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) rows.push_back({t.phase, t.op, t.axes, t, {}, 0});
   if (!s) return rows;
@@ -111,7 +90,7 @@ struct Times {
   double comm = 0, compute = 0;
 };
 
-Times predicted_times(const nn::LayerPrediction& p) {
+Times predicted_times(const nn::ProgramPrediction& p) {
   Times t;
   for (const autodiff::TapeEvent& e : p.events) (is_collective(e.step.op) ? t.comm : t.compute) += e.step.time_s;
   return t;
@@ -127,8 +106,24 @@ std::string strategy_line(const nn::ModelConfig& m) {
   return join(parts, ", ");
 }
 
+// The layer's input, its params and its output, as the program holds them between steps.
+std::vector<int> stored_tensors(const program::Graph& g) {
+  std::vector<int> out = {g.find("X")};
+  for (int i : g.leaves()) {
+    if (g.tensors[static_cast<std::size_t>(i)].role == program::Role::param) out.push_back(i);
+  }
+  out.push_back(g.find("Y"));
+  return out;
+}
+
+std::string shape_text(const Shape& s) {
+  std::vector<std::string> parts;
+  for (std::int64_t x : s) parts.push_back(std::to_string(x));
+  return "[" + join(parts, ", ") + "]";
+}
+
 void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const nn::ModelConfig& m,
-                const nn::LayerPrediction& pred, const nn::LayerStep* step) {
+                const program::Graph& g, const nn::ProgramPrediction& pred, const nn::ProgramRun* step) {
   out << "shardmm model " << f.layer << " --strategy " << f.strategy << " --mesh " << m.mesh.to_string()
       << (m.mesh.split_rule() == SplitRule::array ? "" : " --split " + std::string(to_string(m.mesh.split_rule())))
       << " --dims " << f.dims << ": one "
@@ -139,18 +134,12 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
 
   out << "\nTensors, as stored between steps (device 0's shard):\n";
   Table tensors({"tensor", "sharding", "global", "device 0"});
-  auto add_tensor = [&](const nn::TensorLayout& t) {
-    const auto shape_text = [](const Shape& s) {
-      std::vector<std::string> parts;
-      for (std::int64_t x : s) parts.push_back(std::to_string(x));
-      return "[" + join(parts, ", ") + "]";
-    };
-    tensors.add({t.name, format_spec(t.spec, m.mesh), shape_text(t.shape),
-                 shape_text(local_shape(m.mesh, t.spec, t.shape, 0))});
-  };
-  add_tensor(nn::input_layout(m));
-  for (const nn::TensorLayout& t : nn::parameter_layouts(m)) add_tensor(t);
-  add_tensor(nn::output_layout(m));
+  for (int i : stored_tensors(g)) {
+    Spec spec = pred.record.specs[static_cast<std::size_t>(i)];
+    spec.tensor = g.tensors[static_cast<std::size_t>(i)].name;
+    const Shape& shape = g.tensors[static_cast<std::size_t>(i)].shape;
+    tensors.add({spec.tensor, format_spec(spec, m.mesh), shape_text(shape), shape_text(local_shape(m.mesh, spec, shape, 0))});
+  }
   tensors.print(out);
 
   const std::vector<Row> rows = rows_of(pred, step);
@@ -184,12 +173,12 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
     table.print(out);
   }
 
-  const std::int64_t params = nn::parameter_bytes_per_device(m, p.options.dtype);
   out << "\nMemory per device (device 0, the largest shards):\n";
-  out << "  parameters   " << format_bytes(static_cast<double>(params))
+  out << "  parameters   " << format_bytes(static_cast<double>(pred.memory.params))
       << (m.train ? " (and as much again for their gradients)" : "") << "\n";
   out << "  activations  " << format_bytes(static_cast<double>(pred.memory.activations))
       << (m.train ? " kept for the backward pass" : " (none kept: no backward pass)") << "\n";
+  out << "  inputs       " << format_bytes(static_cast<double>(pred.memory.inputs)) << " (X and the loss's G)\n";
 
   const Times t = predicted_times(pred);
   out << "\nPredicted time on " << p.options.hw.name << ": communication " << format_time(t.comm) << " + compute "
@@ -197,8 +186,9 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
   if (step) {
     const Verification& v = step->verification;
     out << "\nRun (" << f.backend << ", " << m.mesh.device_count() << (m.mesh.device_count() == 1 ? " rank): " : " ranks): ")
-        << (v.verified ? "verified" : "WRONG") << " against the dense single-device step (output, input gradient, "
-        << (m.train ? "every weight's gradient and update; " : "") << "max abs error " << format_error(v.max_abs_error)
+        << (v.verified ? "verified" : "WRONG") << " against the dense f64 step of the layer's program (every computed tensor"
+        << (m.train ? ", the input's and every weight's gradient, every weight's update" : "") << "; max abs error "
+        << format_error(v.max_abs_error)
         << ", tolerance " << format_error(v.tolerance) << ")\n";
   }
 }
@@ -210,8 +200,8 @@ Json tally_json(const nn::CollectiveTally& t) {
   return j;
 }
 
-Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m, const nn::LayerPrediction& pred,
-                const nn::LayerStep* step) {
+Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m, const program::Graph& g,
+                const nn::ProgramPrediction& pred, const nn::ProgramRun* step) {
   Json doc = Json::object();
   doc["command"] = "model";
   doc["layer"] = f.layer;
@@ -225,13 +215,13 @@ Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m
   for (std::size_t i = 0; i < m.strategies.size(); ++i) axes[nn::to_string(m.strategies[i])] = m.mesh.axis(m.axes[i]).name;
   doc["strategy_axes"] = axes;
   Json tensors = Json::array();
-  auto add_tensor = [&](const nn::TensorLayout& t) {
-    tensors.push_back({{"name", t.name}, {"spec", format_spec(t.spec, m.mesh)}, {"shape", t.shape},
-                       {"device0_shape", local_shape(m.mesh, t.spec, t.shape, 0)}});
-  };
-  add_tensor(nn::input_layout(m));
-  for (const nn::TensorLayout& t : nn::parameter_layouts(m)) add_tensor(t);
-  add_tensor(nn::output_layout(m));
+  for (int i : stored_tensors(g)) {
+    Spec spec = pred.record.specs[static_cast<std::size_t>(i)];
+    spec.tensor = g.tensors[static_cast<std::size_t>(i)].name;
+    const Shape& shape = g.tensors[static_cast<std::size_t>(i)].shape;
+    tensors.push_back({{"name", spec.tensor}, {"spec", format_spec(spec, m.mesh)}, {"shape", shape},
+                       {"device0_shape", local_shape(m.mesh, spec, shape, 0)}});
+  }
   doc["tensors"] = tensors;
   Json collectives = Json::array();
   for (const Row& r : rows_of(pred, step)) {
@@ -247,7 +237,7 @@ Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m
     collectives.push_back(row);
   }
   doc["collectives"] = collectives;
-  doc["memory"] = {{"parameter_bytes", nn::parameter_bytes_per_device(m, p.options.dtype)},
+  doc["memory"] = {{"parameter_bytes", pred.memory.params},
                    {"activation_bytes", pred.memory.activations}};
   const Times t = predicted_times(pred);
   doc["predicted_time_s"] = {{"communication", t.comm}, {"compute", t.compute}, {"total", t.comm + t.compute}};
@@ -294,6 +284,9 @@ Command add_model_command(CLI::App& root) {
   add_dtype_flag(*app, flags->common.dtype);
   add_hw_flag(*app, flags->common.hw);
   add_json_flag(*app, flags->common.json);
+  app->add_flag("--print-program", flags->print_program,
+                "print the layer's program, every tensor pinned by the strategy, and stop: 'shardmm program' and "
+                "'shardmm solve' take the text, e.g. --print-program > mlp_tp.prog");
   app->footer(
       "Strategies (each takes one mesh axis: the one named after it, else the axes in order):\n"
       "  tp    Megatron tensor parallel: W_in and Wq/Wk/Wv split by columns (F, heads), W_out and Wo by rows;\n"
@@ -306,7 +299,8 @@ Command add_model_command(CLI::App& root) {
       "  ep    expert parallel (moe): B and the experts split; tokens go to their experts and back by all_to_all.\n"
       "Layers take: mlp B,T,D,F; attention B,T,D,H (H divides D); block B,T,D,F,H; moe B,T,D,F,E[,K].\n"
       "Combinations: dp+tp, dp+sp (mlp, attention, block). Uneven shards are legal.\n"
-      "Without --run every figure comes from the symbolic autodiff tape of the same program the run executes.\n"
+      "Each layer is a program (docs/programs.md) with every tensor pinned by the strategy (--print-program shows\n"
+      "it); without --run every figure comes from the symbolic autodiff tape of the same program the run executes.\n"
       "Exit status: 0 (verified, with --run), 2 bad input, 3 wrong result. Defaults: --dtype f32, --hw calibrated when 'shardmm calibrate' has written a profile, else h100.\n\n"
       "Examples:\n"
       "  shardmm model mlp --strategy tp --mesh X=8 --dims B=8,T=2048,D=4096,F=16384\n"
@@ -322,32 +316,39 @@ Command add_model_command(CLI::App& root) {
             nn::ModelConfig m = nn::make_model_config(f.layer, f.strategy, p.mesh, p.sizes);
             check_layer_flags(f, m.layer);
             m.train = !f.infer;
-            m.attention.causal = f.causal;
-            if (f.activation) m.mlp.activation = nn::parse_activation(*f.activation);
+            m.causal = f.causal;
+            if (f.activation) m.activation = nn::parse_activation(*f.activation);
             if (f.capacity_factor) m.capacity_factor = *f.capacity_factor;
-            const nn::LayerPrediction pred = nn::predict_layer(m, p.options.dtype, p.options.hw);
-            std::optional<nn::LayerStep> step;
+            if (f.print_program) {
+              if (f.run || f.common.json) {
+                throw InputError(std::string("--print-program prints the layer's program and nothing else; drop ") +
+                                 (f.run ? "--run" : "--json") + " (run the printed text with 'shardmm program FILE')");
+              }
+              out << nn::model_program_text(m);
+              return 0;
+            }
+            const program::Graph g = nn::model_program(m);
+            nn::ProgramOptions options;
+            options.dtype = p.options.dtype;
+            options.hw = p.options.hw;
+            options.train = m.train;
+            const nn::ProgramPrediction pred = nn::predict_program(g, options);
+            std::optional<nn::ProgramRun> step;
             if (f.run) {
               check_backend(f.backend, m.mesh);
-              check_run_size(m, pred, p.options.dtype);
+              check_run_size(g, pred, p.options.dtype);
               if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
                 throw InputError(std::string("--run computes in f32 or f64, not ") + to_string(p.options.dtype) +
                                  "; pass --dtype f32 or --dtype f64");
               }
-              nn::LayerStep mine;
-              run_backend(f.backend, m.mesh, [&](Communicator& comm) {
-                nn::LayerStep s = nn::run_layer_step(comm, m, {p.options.dtype, 0.1, 1, p.options.hw});
-                // Threads: device 0's record; mpi: this process's only rank (all share the verdict).
-                if (comm.rank() == 0 || !comm.capabilities().ranks_in_one_process) mine = std::move(s);
-              });
-              step = std::move(mine);
+              step = run_program_step(f.backend, g, options);
               if (process_rank(f.backend) != 0) return step->verification.verified ? 0 : 3;
             }
-            const nn::LayerStep* s = step ? &*step : nullptr;
+            const nn::ProgramRun* s = step ? &*step : nullptr;
             if (f.common.json) {
-              out << model_json(f, p, m, pred, s).dump(2) << "\n";
+              out << model_json(f, p, m, g, pred, s).dump(2) << "\n";
             } else {
-              print_text(out, f, p, m, pred, s);
+              print_text(out, f, p, m, g, pred, s);
             }
             if (s && !s->verification.verified) {
               std::cerr << "shardmm: error: the step does not match the dense reference: " + s->verification.detail + "\n";

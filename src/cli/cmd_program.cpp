@@ -17,7 +17,7 @@
 #include "shardmm/core/files.h"
 #include "shardmm/core/geometry.h"
 #include "shardmm/core/npy.h"
-#include "shardmm/nn/layers.h"
+#include "shardmm/nn/collectives.h"
 #include "shardmm/nn/program.h"
 #include "shardmm/runtime/chrome_trace.h"
 #include "shardmm/runtime/runner.h"

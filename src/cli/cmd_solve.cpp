@@ -14,7 +14,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/core/files.h"
 #include "shardmm/core/geometry.h"
-#include "shardmm/nn/layers.h"
+#include "shardmm/nn/collectives.h"
 #include "shardmm/runtime/runner.h"
 #include "shardmm/solve/solve.h"
 

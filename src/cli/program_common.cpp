@@ -3,7 +3,7 @@
 #include "cli/common.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/files.h"
-#include "shardmm/nn/layers.h"
+#include "shardmm/nn/collectives.h"
 #include "shardmm/runtime/runner.h"
 
 namespace shardmm::cli {

@@ -1,9 +1,13 @@
 #include "shardmm/nn/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <iomanip>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
 
 #include "shardmm/core/error.h"
-#include "shardmm/core/geometry.h"
 
 namespace shardmm::nn {
 namespace {
@@ -41,20 +45,192 @@ std::string dim_meaning(const std::string& name) {
   return name;
 }
 
-// `dim` split over the strategy's axis when the config uses it: "F_tp", else "F".
-std::string dim_over(const ModelConfig& m, const char* dim, std::initializer_list<Strategy> strategies) {
-  for (Strategy s : strategies) {
-    if (m.has(s)) return std::string(dim) + "_{" + m.mesh.axis(m.axis_of(s)).name + "}";
+// The program's letters and their sizes, in the order the layers read them: S = T (the
+// keys' positions), A = D / H, C = the experts' slots per sequence.
+std::vector<std::pair<std::string, std::int64_t>> letters_of(const ModelConfig& m) {
+  const DimSizes& d = m.dims;
+  std::vector<std::pair<std::string, std::int64_t>> out = {{"B", d.at("B")}, {"T", d.at("T")}};
+  if (d.count("H")) out.emplace_back("S", d.at("T"));
+  out.emplace_back("D", d.at("D"));
+  if (d.count("H")) {
+    out.emplace_back("H", d.at("H"));
+    out.emplace_back("A", d.at("D") / d.at("H"));
   }
-  return dim;
+  if (d.count("F")) out.emplace_back("F", d.at("F"));
+  if (m.layer == LayerKind::moe) {
+    out.emplace_back("E", d.at("E"));
+    out.emplace_back("C", moe_capacity(m.capacity_factor, d.at("T"), m.top_k(), d.at("E")));
+  }
+  return out;
 }
 
-TensorLayout layout(const ModelConfig& m, const std::string& name, const std::vector<std::string>& dims) {
-  std::string text = name + "[" + joined(dims) + "]";
-  TensorLayout t{name, parse_spec(text, m.mesh), {}};
-  t.shape = global_shape(t.spec, m.dims);
-  return t;
-}
+// Writes a layer's program: its leaves, then one line per computed tensor, each pinned.
+class ProgramWriter {
+ public:
+  explicit ProgramWriter(const ModelConfig& m) : m_(m), letters_(letters_of(m)) {
+    for (Strategy s : {Strategy::tp, Strategy::sp}) {
+      if (m.has(s)) f_ = m.axis_of(s);
+    }
+    if (m.has(Strategy::sp)) s_ = m.axis_of(Strategy::sp);
+    for (Strategy s : {Strategy::dp, Strategy::fsdp, Strategy::ep}) {
+      if (m.has(s)) b_ = m.axis_of(s);
+    }
+    if (m.has(Strategy::fsdp)) fsdp_ = m.axis_of(Strategy::fsdp);
+    if (m.has(Strategy::ep)) e_ = m.axis_of(Strategy::ep);
+  }
+
+  std::string text() {
+    switch (m_.layer) {
+      case LayerKind::mlp: mlp(gathered_input(), "Y", true); break;
+      case LayerKind::attention: attention(gathered_input(), "Y", true); break;
+      case LayerKind::block: block(); break;
+      case LayerKind::moe: moe(); break;
+    }
+    std::string strategies, mesh, dims;
+    for (Strategy s : m_.strategies) strategies += (strategies.empty() ? "" : "+") + std::string(to_string(s));
+    for (const MeshAxis& a : m_.mesh.axes()) mesh += (mesh.empty() ? "" : ", ") + a.name + "=" + std::to_string(a.size);
+    for (const auto& [l, size] : letters_) dims += (dims.empty() ? "" : ", ") + l + "=" + std::to_string(size);
+    std::string out = "# shardmm model " + std::string(to_string(m_.layer)) + " --strategy " + strategies +
+                      (m_.mesh.split_rule() == SplitRule::array
+                           ? ""
+                           : " (uneven shards split by --split " + std::string(to_string(m_.mesh.split_rule())) + ")") +
+                      ": every tensor pinned by the strategy\nmesh " + mesh + "\ndims " + dims + "\n";
+    // The leaves first: X, the params in the order the layer reads them, G.
+    const auto computed = std::stable_partition(lines_.begin(), lines_.end(),
+                                                [](const auto& l) { return l.first.rfind("param ", 0) == 0; });
+    lines_.insert(computed, {"input " + declared("G", outer()), spec("G", outer())});
+    lines_.insert(lines_.begin(), {"input " + declared("X", outer()), spec("X", outer())});
+    std::size_t width = 0;
+    for (const auto& [statement, pin] : lines_) width = std::max(width, statement.size());
+    for (const auto& [statement, pin] : lines_) out += statement + std::string(width + 1 - statement.size(), ' ') + ": " + pin + "\n";
+    return out + "loss sum(Y * G)\n";
+  }
+
+ private:
+  using Axis = std::optional<int>;
+  using Letter = std::pair<std::string, Axis>;  // a letter and the axis splitting it (none: whole)
+
+  std::string spec(const std::string& name, const std::vector<Letter>& letters, Axis unreduced = {}) const {
+    Spec s{name, {}, {}};
+    for (const auto& [l, axis] : letters) s.dims.push_back({l, axis ? AxisList{*axis} : AxisList{}});
+    if (unreduced) s.unreduced = {*unreduced};
+    return format_spec(s, m_.mesh);
+  }
+  static std::string declared(const std::string& name, const std::vector<Letter>& letters) {
+    std::string out = name + "[";
+    for (std::size_t i = 0; i < letters.size(); ++i) out += (i ? ", " : "") + letters[i].first;
+    return out + "]";
+  }
+  void tensor(const std::string& name, const std::vector<Letter>& letters, const std::string& expr, Axis unreduced = {}) {
+    lines_.emplace_back(declared(name, letters) + " = " + expr, spec(name, letters, unreduced));
+  }
+  // FSDP's weights are stored split and `regathered`: gathered for each use, dropped after
+  // the forward pass and gathered again for the backward one.
+  void param(const std::string& name, const std::vector<Letter>& letters) {
+    lines_.emplace_back("param " + declared(name, letters) + (fsdp_ ? " regathered" : ""), spec(name, letters));
+  }
+
+  // The residual stream (the layer's input and output): B over the batch axis, T over sp's.
+  std::vector<Letter> outer() const { return {{"B", b_}, {"T", s_}, {"D", {}}}; }
+  // The same, T whole: what the tensor-parallel region reads.
+  std::vector<Letter> whole_t() const { return {{"B", b_}, {"T", {}}, {"D", {}}}; }
+  Axis weight_split() const { return f_ ? f_ : fsdp_; }
+  std::string activation() const { return to_string(m_.activation); }
+
+  // sp: the sequence-split input gathered once for the tensor-parallel region (a copy
+  // pinned whole), rather than once by each einsum that reads it.
+  std::string gathered_input() {
+    if (!s_) return "X";
+    tensor("Xg", whole_t(), "transpose(X)");
+    return "Xg";
+  }
+
+  // The row-parallel einsum: partial sums {U_f} (whole values without tp), then, as the
+  // layer's output, reduced to the stream's layout by a copy pinned there (all_reduce, or
+  // reduce_scatter over T under sp).
+  void row_parallel(const std::string& y, const std::string& einsum, bool output) {
+    if (output && f_) {
+      tensor("z", whole_t(), einsum, f_);
+      tensor(y, outer(), "transpose(z)");
+    } else {
+      tensor(y, output ? outer() : whole_t(), einsum, f_);
+    }
+  }
+
+  void mlp(const std::string& x, const std::string& y, bool output) {
+    param("W_in", {{"D", {}}, {"F", weight_split()}});
+    param("W_out", {{"F", weight_split()}, {"D", {}}});
+    tensor("h", {{"B", b_}, {"T", {}}, {"F", f_}}, x + " @ W_in");
+    row_parallel(y, activation() + "(h) @ W_out", output);
+  }
+
+  void attention(const std::string& x, const std::string& y, bool output) {
+    for (const char* w : {"Wq", "Wk", "Wv"}) param(w, {{"D", {}}, {"H", weight_split()}, {"A", {}}});
+    param("Wo", {{"H", weight_split()}, {"A", {}}, {"D", {}}});
+    const std::vector<Letter> heads = {{"B", b_}, {"T", {}}, {"H", f_}, {"A", {}}};
+    const std::vector<Letter> keys = {{"B", b_}, {"S", {}}, {"H", f_}, {"A", {}}};
+    const std::vector<Letter> scores = {{"B", b_}, {"H", f_}, {"T", {}}, {"S", {}}};
+    tensor("q", heads, x + " @ Wq");
+    tensor("kt", heads, x + " @ Wk");
+    tensor("vt", heads, x + " @ Wv");
+    tensor("k", keys, "rename(kt, T -> S)");
+    tensor("v", keys, "rename(vt, T -> S)");
+    tensor("s", scores, "q @ k");
+    std::ostringstream factor;
+    factor << std::setprecision(17) << 1.0 / std::sqrt(static_cast<double>(size("A")));
+    const std::string scaled = "scale(s, " + factor.str() + ")";
+    tensor("p", scores, "softmax(" + (m_.causal ? "causal_mask(" + scaled + ", T, S)" : scaled) + ", over=S)");
+    tensor("o", heads, "p @ v");
+    row_parallel(y, "o @ Wo", output);
+  }
+
+  // Pre-norm: each norm runs on the stream's layout (T/N rows under sp) and its output is
+  // gathered (pinned T whole) for the tensor-parallel region; each residual add reduces its
+  // branch's partial sums to the stream's layout.
+  void block() {
+    tensor("n1", whole_t(), "layer_norm(X, over=D)");
+    attention("n1", "att", false);
+    tensor("r", outer(), "X + att");
+    tensor("n2", whole_t(), "layer_norm(r, over=D)");
+    mlp("n2", "m", false);
+    tensor("Y", outer(), "r + m");
+  }
+
+  // Each device routes and fills its own sequences' slots; ep then sends the slots to their
+  // experts' devices (B split -> E split) and the experts' outputs back, by copies pinned
+  // there (all_to_all each way).
+  void moe() {
+    const std::vector<Letter> tokens = {{"B", b_}, {"T", {}}, {"E", {}}};
+    const std::vector<Letter> slots = {{"B", b_}, {"T", {}}, {"E", {}}, {"C", {}}};
+    const std::vector<Letter> local = {{"B", b_}, {"E", {}}, {"C", {}}, {"D", {}}};
+    const std::vector<Letter> at_experts = e_ ? std::vector<Letter>{{"B", {}}, {"E", e_}, {"C", {}}, {"D", {}}} : local;
+    param("W_router", {{"D", {}}, {"E", {}}});
+    param("W_in", {{"E", e_}, {"D", {}}, {"F", {}}});
+    param("W_out", {{"E", e_}, {"F", {}}, {"D", {}}});
+    tensor("logits", tokens, "X @ W_router");
+    tensor("probs", tokens, "softmax(logits, over=E)");
+    tensor("dispatch", slots, "route(probs, over=E, tokens=T, top=" + std::to_string(m_.top_k()) + ")");
+    tensor(e_ ? "xb" : "xe", local, "dispatch @ X");
+    if (e_) tensor("xe", at_experts, "transpose(xb)");
+    tensor("h", {at_experts[0], at_experts[1], {"C", {}}, {"F", {}}}, "xe @ W_in");
+    tensor("ye", at_experts, activation() + "(h) @ W_out");
+    if (e_) tensor("yb", local, "transpose(ye)");
+    tensor("gates", slots, "probs * dispatch");
+    tensor("Y", outer(), std::string("gates @ ") + (e_ ? "yb" : "ye"));
+  }
+
+  std::int64_t size(const std::string& letter) const {
+    for (const auto& [l, n] : letters_) {
+      if (l == letter) return n;
+    }
+    throw std::logic_error("no letter " + letter);
+  }
+
+  const ModelConfig& m_;
+  std::vector<std::pair<std::string, std::int64_t>> letters_;
+  Axis f_, s_, b_, fsdp_, e_;
+  std::vector<std::pair<std::string, std::string>> lines_;  // statement, pin
+};
 
 }  // namespace
 
@@ -137,9 +313,9 @@ int ModelConfig::axis_of(Strategy s) const {
   throw UsageError(std::string("the model does not use strategy ") + to_string(s));
 }
 
-MoeConfig ModelConfig::moe() const {
+std::int64_t ModelConfig::top_k() const {
   const auto k = dims.find("K");
-  return {k == dims.end() ? 1 : k->second, capacity_factor, mlp};
+  return k == dims.end() ? 1 : k->second;
 }
 
 ModelConfig make_model_config(std::string_view layer, std::string_view strategies, const Mesh& mesh,
@@ -208,10 +384,9 @@ ModelConfig make_model_config(std::string_view layer, std::string_view strategie
       throw InputError("H=" + std::to_string(dims.at("H")) + " does not divide D=" + std::to_string(dims.at("D")) +
                        ": attention splits the model width into H heads of D/H each");
     }
-    m.dims["A"] = dims.at("D") / dims.at("H");
   }
   if (m.layer == LayerKind::moe) {
-    const std::int64_t k = m.moe().top_k, e = dims.at("E");
+    const std::int64_t k = m.top_k(), e = dims.at("E");
     if (k > e) {
       throw InputError("K=" + std::to_string(k) + " exceeds E=" + std::to_string(e) +
                        ": each token picks K distinct experts of the E");
@@ -220,43 +395,20 @@ ModelConfig make_model_config(std::string_view layer, std::string_view strategie
   return m;
 }
 
-std::vector<TensorLayout> parameter_layouts(const ModelConfig& m) {
-  const auto model_split = {Strategy::tp, Strategy::sp, Strategy::fsdp};
-  std::vector<TensorLayout> out;
-  if (m.layer == LayerKind::attention || m.layer == LayerKind::block) {
-    const std::string h = dim_over(m, "H", model_split);
-    for (const char* w : {"Wq", "Wk", "Wv"}) out.push_back(layout(m, w, {"D", h, "A"}));
-    out.push_back(layout(m, "Wo", {h, "A", "D"}));
-  }
-  if (m.layer == LayerKind::mlp || m.layer == LayerKind::block) {
-    const std::string f = dim_over(m, "F", model_split);
-    out.push_back(layout(m, "W_in", {"D", f}));
-    out.push_back(layout(m, "W_out", {f, "D"}));
-  }
-  if (m.layer == LayerKind::moe) {
-    const std::string e = dim_over(m, "E", {Strategy::ep});
-    out.push_back(layout(m, "W_router", {"D", "E"}));
-    out.push_back(layout(m, "W_in", {e, "D", "F"}));
-    out.push_back(layout(m, "W_out", {e, "F", "D"}));
-  }
-  return out;
+std::int64_t moe_capacity(double capacity_factor, std::int64_t tokens, std::int64_t top_k, std::int64_t experts) {
+  if (experts < 1) throw InputError("an MoE layer needs at least one expert (E >= 1)");
+  // In double: a large factor must cap at `tokens`, not overflow on the way.
+  const double share = std::ceil(capacity_factor * static_cast<double>(tokens) * static_cast<double>(top_k) /
+                                 static_cast<double>(experts));
+  return share >= static_cast<double>(tokens) ? tokens : static_cast<std::int64_t>(share);
 }
 
-TensorLayout input_layout(const ModelConfig& m) {
-  return layout(m, "X", {dim_over(m, "B", {Strategy::dp, Strategy::fsdp, Strategy::ep}),
-                         dim_over(m, "T", {Strategy::sp}), "D"});
-}
+std::string model_program_text(const ModelConfig& m) { return ProgramWriter(m).text(); }
 
-TensorLayout output_layout(const ModelConfig& m) {
-  TensorLayout y = input_layout(m);
-  y.name = y.spec.tensor = "Y";
-  return y;
+program::Graph model_program(const ModelConfig& m) {
+  program::BindOptions o;
+  o.mesh = m.mesh;
+  o.split = m.mesh.split_rule();
+  return program::bind(program::parse_program(model_program_text(m), "shardmm model " + std::string(to_string(m.layer))), o);
 }
-
-std::int64_t parameter_bytes_per_device(const ModelConfig& m, DType dtype) {
-  std::int64_t elements = 0;
-  for (const TensorLayout& t : parameter_layouts(m)) elements += local_elements(m.mesh, t.spec, t.shape, 0);
-  return elements * dtype_bytes(dtype);
-}
-
 }  // namespace shardmm::nn

@@ -4,6 +4,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -116,8 +120,47 @@ TEST(ModelCliTest, RunVerifiesAndMeasuresWhatWasPredicted) {
     EXPECT_EQ(total(doc, "bytes", "", "", "measured"), total(doc, "bytes"));
     const Result text = model(run);
     EXPECT_EQ(text.status, 0);
-    EXPECT_THAT(text.out, HasSubstr("verified against the dense single-device step"));
+    EXPECT_THAT(text.out, HasSubstr("verified against the dense f64 step of the layer's program"));
   }
+}
+
+// Each layer is a program: `shardmm program` of the text --print-program prints predicts the
+// same collectives, bytes, memory and time as `shardmm model`.
+TEST(ModelCliTest, ThePrintedProgramPredictsWhatTheModelPredicts) {
+  namespace fs = std::filesystem;
+  const fs::path file = fs::temp_directory_path() / ("shardmm_model_cli_" + std::to_string(::getpid()) + ".prog");
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"block", "--strategy", "dp+sp", "--mesh", "X=2,Y=2", "--dims", "B=3,T=5,D=8,F=12,H=2", "--causal"},
+           {"moe", "--strategy", "ep", "--mesh", "X=4", "--dims", "B=8,T=16,D=16,F=32,E=8,K=2", "--capacity-factor", "2"},
+           {"mlp", "--strategy", "fsdp", "--mesh", "X=8", "--dims", "B=8,T=4,D=64,F=256", "--activation", "relu"},
+           {"attention", "--strategy", "tp", "--mesh", "X=4", "--dims", "B=8,T=1024,D=4096,H=32", "--infer"}}) {
+    std::vector<std::string> print = args;
+    print.push_back("--print-program");
+    const Result text = model(print);
+    ASSERT_EQ(text.status, 0) << text.err;
+    EXPECT_THAT(text.out, StartsWith("# shardmm model " + args[0] + " --strategy " + args[2]));
+    std::ofstream(file) << text.out;
+    const bool infer = args.back() == "--infer";
+    const Result r = testing::run_cli_in_process(
+        {"program", file.string(), "--json", "--dtype", "f32", "--hw", "h100", infer ? "--infer" : "--train"});
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json want = model_json(args), got = json::parse(r.out);
+    EXPECT_EQ(total(want, "count"), [&] {
+      std::int64_t n = 0;
+      for (const json& row : got["collectives"]) n += row["count"].get<std::int64_t>();
+      return n;
+    }()) << args[0];
+    for (const json& row : got["collectives"]) {
+      const std::string phase = row["phase"], op = row["op"];
+      EXPECT_EQ(total(want, "count", phase, op), row["count"].get<std::int64_t>()) << args[0] << " " << phase << " " << op;
+      EXPECT_EQ(total(want, "bytes", phase, op), row["bytes"].get<std::int64_t>()) << args[0] << " " << phase << " " << op;
+    }
+    EXPECT_EQ(want["memory"]["parameter_bytes"], got["memory"]["param_bytes"]) << args[0];
+    EXPECT_EQ(want["memory"]["activation_bytes"], got["memory"]["activation_bytes"]) << args[0];
+    EXPECT_DOUBLE_EQ(want["predicted_time_s"]["total"].get<double>(), got["predicted_time_s"]["serialized"].get<double>())
+        << args[0];
+  }
+  fs::remove(file);
 }
 
 TEST(ModelCliTest, TextReportNamesTensorsCollectivesMemoryAndTime) {
@@ -167,6 +210,8 @@ TEST(ModelCliTest, BadInputIsOneLineAndExitTwo) {
       {{"mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--run", "--backend", "nccl"},
        "nccl"},
       {{"mlp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4"}, "--strategy"},
+      {{"mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--print-program", "--run"},
+       "--print-program prints the layer's program and nothing else; drop --run"},
       {{"mlp", "--strategy", "tp", "--mesh", "X=8", "--dims", "B=8,T=2048,D=4096,F=16384", "--run"},
        "give smaller --dims with --run"},
   };

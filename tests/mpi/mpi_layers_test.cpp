@@ -1,10 +1,12 @@
-// The parallel layers' training steps on the mpi backend (a 4-process job): every layer and
-// strategy verified against the dense step on device 0, with the collectives the symbolic
-// prediction of the same program lists, byte for byte.
+// The parallel layers' programs (nn::model_program) stepped on the mpi backend (a 4-process
+// job): every layer and strategy verified against the dense step on device 0, with the
+// collectives the symbolic prediction of the same program lists, byte for byte.
 #include <gtest/gtest.h>
 
 #include "mpi/mpi_test.h"
-#include "shardmm/nn/layers.h"
+#include "shardmm/nn/collectives.h"
+#include "shardmm/nn/model.h"
+#include "shardmm/nn/program.h"
 #include "shardmm/runtime/communicator.h"
 
 namespace shardmm {
@@ -29,13 +31,14 @@ const Case kCases[] = {
 TEST(MpiLayersTest, EveryLayerStepVerifiesAndMatchesItsPrediction) {
   for (const Case& c : kCases) {
     nn::ModelConfig m = nn::make_model_config(c.layer, c.strategy, Mesh::parse(c.mesh), parse_dims(c.dims));
-    m.attention.causal = true;
-    nn::LayerStep step;
-    run_backend("mpi", m.mesh, [&](Communicator& comm) { step = nn::run_layer_step(comm, m, {}); });
+    m.causal = true;
+    const program::Graph g = nn::model_program(m);
+    nn::ProgramRun step;
+    run_backend("mpi", m.mesh, [&](Communicator& comm) { step = nn::run_program(comm, g, {}); });
     const std::string what = std::string(c.layer) + " " + c.strategy + " on " + c.mesh;
     EXPECT_TRUE(step.verification.verified) << what << ": " << step.verification.detail;
     const auto measured = nn::tally_collectives(step.events, &step.max_bytes_sent);
-    const auto predicted = nn::tally_collectives(nn::predict_layer(m, DType::f64, builtin_profile("h100")).events);
+    const auto predicted = nn::tally_collectives(nn::predict_program(g, nn::ProgramOptions{}).events);
     EXPECT_EQ(measured.size(), predicted.size()) << what;
     for (std::size_t i = 0; i < std::min(measured.size(), predicted.size()); ++i) {
       EXPECT_EQ(measured[i].op, predicted[i].op) << what;

@@ -1,10 +1,12 @@
-// The layer configurations of `shardmm model`: names, axes, dims and every tensor's layout.
+// The layer configurations of `shardmm model`: names, axes, dims, and the layer's program
+// with every tensor's layout pinned by the strategy.
 #include "shardmm/nn/model.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "shardmm/core/error.h"
+#include "shardmm/nn/program.h"
 
 namespace shardmm::nn {
 namespace {
@@ -20,11 +22,16 @@ std::string error_of(std::string_view layer, std::string_view strategy, const ch
   return "";
 }
 
+// The params' pins, then the input X's and the output Y's.
 std::vector<std::string> specs(const ModelConfig& m) {
+  const program::Graph g = model_program(m);
   std::vector<std::string> out;
-  for (const TensorLayout& t : parameter_layouts(m)) out.push_back(format_spec(t.spec, m.mesh));
-  out.push_back(format_spec(input_layout(m).spec, m.mesh));
-  out.push_back(format_spec(output_layout(m).spec, m.mesh));
+  const auto pin = [&](int i) { return format_spec(*g.tensors[static_cast<std::size_t>(i)].pinned, m.mesh); };
+  for (int i : g.leaves()) {
+    if (g.tensors[static_cast<std::size_t>(i)].role == program::Role::param) out.push_back(pin(i));
+  }
+  out.push_back(pin(g.find("X")));
+  out.push_back(pin(g.find("Y")));
   return out;
 }
 
@@ -61,18 +68,60 @@ TEST(ModelConfigTest, AxesByNameThenInOrder) {
 }
 
 TEST(ModelConfigTest, DerivedDimsAndMoeDefaults) {
-  const ModelConfig m = make_model_config("moe", "ep", Mesh::parse("X=2"), parse_dims("B=2,T=3,D=4,F=5,E=3"));
-  EXPECT_EQ(m.moe().top_k, 1);
+  ModelConfig m = make_model_config("moe", "ep", Mesh::parse("X=2"), parse_dims("B=2,T=8,D=4,F=5,E=3"));
+  EXPECT_EQ(m.top_k(), 1);
+  EXPECT_EQ(model_program(m).dims.at("C"), 4);  // ceil(1.25 * 8 * 1 / 3)
+  m.capacity_factor = 0.5;
+  EXPECT_EQ(model_program(m).dims.at("C"), 2);
   const ModelConfig a = make_model_config("attention", "tp", Mesh::parse("X=2"), parse_dims("B=1,T=2,D=12,H=3"));
-  EXPECT_EQ(a.dims.at("A"), 4);
+  const program::Graph g = model_program(a);
+  EXPECT_EQ(g.dims.at("A"), 4);
+  EXPECT_EQ(g.dims.at("S"), 2);
+}
+
+// No expert sees a token twice: capacity stops at the sequence's T tokens, however large the
+// factor (1e19 * T * k overflowed 64 bits before).
+TEST(ModelConfigTest, MoeCapacityIsAtMostTheSequence) {
+  EXPECT_EQ(moe_capacity(1e19, 4, 2, 2), 4);
+  EXPECT_EQ(moe_capacity(1e300, 7, 1, 3), 7);
+  EXPECT_EQ(moe_capacity(1.0, 4, 2, 2), 4);  // exactly T: the cap changes nothing
+  EXPECT_EQ(moe_capacity(1.25, 8, 1, 4), 3);
 }
 
 TEST(ModelConfigTest, UnevenShardsAreLegalAndParameterBytesCountDeviceZero) {
   // F=10 over 4: 3, 3, 2, 2; device 0 holds 3 columns of W_in and 3 rows of W_out.
   const ModelConfig m = make_model_config("mlp", "tp", Mesh::parse("X=4"), parse_dims("B=1,T=1,D=5,F=10"));
-  EXPECT_EQ(parameter_bytes_per_device(m, DType::f32), (5 * 3 + 3 * 5) * 4);
+  ProgramOptions f32;
+  f32.dtype = DType::f32;
+  EXPECT_EQ(predict_program(model_program(m), f32).memory.params, (5 * 3 + 3 * 5) * 4);
   const ModelConfig dp = make_model_config("mlp", "dp", Mesh::parse("X=4"), parse_dims("B=1,T=1,D=5,F=10"));
-  EXPECT_EQ(parameter_bytes_per_device(dp, DType::f64), 2 * 5 * 10 * 8);
+  EXPECT_EQ(predict_program(model_program(dp), ProgramOptions{}).memory.params, 2 * 5 * 10 * 8);
+}
+
+// The printed program is the one the model runs: it parses back, pins every tensor, reads
+// the options (causal mask, activation, top-K), and FSDP's weights are regathered.
+TEST(ModelConfigTest, TheProgramPinsEveryTensorAndCarriesTheOptions) {
+  ModelConfig m = make_model_config("block", "dp+sp", Mesh::parse("dp=2,tp=2"), parse_dims("B=4,T=6,D=8,F=12,H=2"));
+  m.causal = true;
+  m.activation = Activation::silu;
+  const std::string text = model_program_text(m);
+  EXPECT_NE(text.find("causal_mask("), std::string::npos) << text;
+  EXPECT_NE(text.find("silu(h) @ W_out"), std::string::npos) << text;
+  const program::Graph g = program::bind(program::parse_program(text, "block.prog"), {});
+  EXPECT_EQ(g.mesh, m.mesh);
+  for (const program::Tensor& t : g.tensors) {
+    if (!t.temporary && &t != &g.tensors[static_cast<std::size_t>(g.loss)]) EXPECT_TRUE(t.pinned.has_value()) << t.name;
+  }
+  EXPECT_EQ(format_spec(*g.tensors[static_cast<std::size_t>(g.find("h"))].pinned, g.mesh), "h[B_dp, T, F_tp]");
+  m.causal = false;
+  EXPECT_EQ(model_program_text(m).find("causal_mask("), std::string::npos);
+
+  ModelConfig moe = make_model_config("moe", "ep", Mesh::parse("X=2"), parse_dims("B=2,T=3,D=4,F=5,E=3,K=2"));
+  EXPECT_NE(model_program_text(moe).find("top=2"), std::string::npos);
+  const program::Graph fsdp =
+      model_program(make_model_config("mlp", "fsdp", Mesh::parse("X=2"), parse_dims("B=4,T=6,D=8,F=12")));
+  EXPECT_TRUE(fsdp.tensors[static_cast<std::size_t>(fsdp.find("W_in"))].regathered);
+  EXPECT_TRUE(fsdp.tensors[static_cast<std::size_t>(fsdp.find("W_out"))].regathered);
 }
 
 TEST(ModelConfigTest, BadInputNamesTheTextAndTheRule) {

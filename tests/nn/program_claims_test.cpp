@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "repo_files.h"
-#include "shardmm/nn/layers.h"
+#include "shardmm/nn/collectives.h"
 #include "shardmm/nn/program.h"
 
 namespace shardmm {

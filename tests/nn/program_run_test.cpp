@@ -8,7 +8,7 @@
 
 #include "repo_files.h"
 #include "random_programs.h"
-#include "shardmm/nn/layers.h"
+#include "shardmm/nn/collectives.h"
 #include "shardmm/nn/program.h"
 #include "shardmm/program/program.h"
 #include "shardmm/runtime/runner.h"

@@ -9,7 +9,7 @@
 #include "random_cases.h"
 #include "repo_files.h"
 #include "shardmm/core/error.h"
-#include "shardmm/nn/layers.h"
+#include "shardmm/nn/collectives.h"
 #include "shardmm/solve/solve.h"
 
 namespace shardmm::solve {
