@@ -70,10 +70,13 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
   const std::int64_t per_device = saturating_add(need.device_bytes, need.verify_copy_bytes);
   // The limit is the devices' memory; verification is the host's check, outside it.
   if (req.mem_limit_bytes && need.device_bytes > *req.mem_limit_bytes) {
-    throw InputError("the run needs " + format_bytes(need.device_bytes) + " (" + std::to_string(need.device_bytes) +
-                     " bytes) per device, the plan's peak (its inputs, and every step's buffers, which the executor " +
-                     "keeps between repeats), over the memory limit of " + format_bytes(*req.mem_limit_bytes) + " (" +
-                     std::to_string(*req.mem_limit_bytes) + " bytes) per device" +
+    // Exact where rounded, as the planner prints its limit and peaks: one byte over shows.
+    const auto exact = [](std::int64_t bytes) {
+      return format_bytes(bytes) + (bytes < 1024 ? "" : " (" + std::to_string(bytes) + " B)");
+    };
+    throw InputError("the run needs " + exact(need.device_bytes) + " per device, the plan's peak (its inputs, and " +
+                     "every step's buffers, which the executor keeps between repeats), over the memory limit of " +
+                     exact(*req.mem_limit_bytes) + " per device" +
                      (need.verify_bytes ? " (verifying takes " +
                                               format_bytes(saturating_add(need.verify_copy_bytes, need.verify_bytes)) +
                                               " more on device 0, not counted against the limit)"
