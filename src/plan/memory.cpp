@@ -133,13 +133,18 @@ RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& s
 namespace detail {
 
 StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes, DType dtype,
-                       const ExchangeTraffic* traffic) {
+                       const ExchangeTraffic* traffic, EinsumWorkspaces* workspaces) {
   StepMemory m;
+  const auto workspace = [&](const EinsumLayout& layout, const std::map<std::string, std::int64_t>& extents,
+                             const OperandBuffers& buffers) {
+    return workspaces ? workspaces->bytes(layout, extents, dtype, buffers)
+                      : plan_local_einsum(layout, extents, dtype, buffers).workspace_bytes;
+  };
   const auto hold = [&](std::int64_t bytes) { m.held = saturating_add(m.held, bytes); };
   const auto buffer = [&](std::int64_t elements) { hold(buffer_bytes(elements, dtype)); };
-  const Shape in_local = local_shape(mesh, step.from, global_shape(step.from, sizes), 0);
   const Shape out_local = local_shape(mesh, step.to, global_shape(step.to, sizes), 0);
   buffer(elements_of(out_local));
+  const auto in_local = [&] { return local_shape(mesh, step.from, global_shape(step.from, sizes), 0); };
   switch (step.op) {
     case OpKind::exchange: {
       const ExchangeTraffic t = traffic ? *traffic : exchange_traffic(mesh, step, global_shape(step.from, sizes));
@@ -148,8 +153,8 @@ StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes
       break;
     }
     case OpKind::einsum: {
-      auto [layout, extents] = local_einsum_shape(mesh, step, sizes, 0);
-      hold(plan_local_einsum(std::move(layout), extents, dtype).workspace_bytes);
+      const auto [layout, extents] = local_einsum_shape(mesh, step, sizes, 0);
+      hold(workspace(layout, extents, {}));
       break;
     }
     case OpKind::all_gather_einsum:
@@ -164,13 +169,13 @@ StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes
       std::set<std::int64_t> chunk_extents;  // one einsum per distinct extent of D
       for (std::size_t i = 0; i < g.members.size(); ++i) {
         if (chunk_extents.insert(g.pieces[i].extent).second) {
-          hold(plan_local_einsum(g.layout, g.chunk_extents(i), dtype, g.chunk_buffers()).workspace_bytes);
+          hold(workspace(g.layout, g.chunk_extents(i), g.chunk_buffers()));
         }
       }
       break;
     }
     default: {
-      const Staging stage = staging_of(step, in_local, out_local);
+      const Staging stage = staging_of(step, in_local(), out_local);
       if (stage.send) buffer(*stage.send);
       if (stage.recv) buffer(*stage.recv);
       break;
@@ -183,7 +188,7 @@ StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes
   std::int64_t mine = 0;
   if (step.op == OpKind::reduce_scatter) mine = elements_of(out_local);
   if (step.op == OpKind::all_reduce && others > 0) {
-    const std::int64_t block = elements_of(in_local);
+    const std::int64_t block = elements_of(in_local());
     mine = block / (others + 1) + (block % (others + 1) > 0 ? 1 : 0);
   }
   m.reduction_workspace = saturating_mul(saturating_mul(others, mine), dtype_bytes(dtype));
@@ -193,7 +198,29 @@ StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes
 }  // namespace detail
 
 StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes, DType dtype) {
-  return detail::step_memory(mesh, step, sizes, dtype, nullptr);
+  return detail::step_memory(mesh, step, sizes, dtype, nullptr, nullptr);
+}
+
+std::int64_t EinsumWorkspaces::bytes(const EinsumLayout& layout, const std::map<std::string, std::int64_t>& extents,
+                                     DType dtype, const OperandBuffers& buffers) {
+  // Every name with its extent (and its buffer's, where given), operand by operand.
+  std::string key = to_string(dtype);
+  const auto add = [&](const std::vector<std::string>& names, const std::map<std::string, std::int64_t>* held) {
+    key += '|';
+    for (const std::string& name : names) {
+      key += name + '=' + std::to_string(extents.at(name));
+      if (const auto it = held ? held->find(name) : extents.end(); held && it != held->end()) {
+        key += '/' + std::to_string(it->second);
+      }
+      key += ',';
+    }
+  };
+  add(layout.a, &buffers.a);
+  add(layout.b, &buffers.b);
+  add(layout.c, nullptr);
+  const auto [it, added] = memo_.try_emplace(std::move(key), 0);
+  if (added) it->second = plan_local_einsum(layout, extents, dtype, buffers).workspace_bytes;
+  return it->second;
 }
 
 std::int64_t peak_bytes(std::int64_t inputs, const std::vector<StepMemory>& steps, bool reduction_workspace) {

@@ -136,7 +136,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
   if (step.op == OpKind::exchange) {
     const ExchangeTraffic traffic = exchange_traffic(mesh_, step, shape);
     Cost c = cost_exchange(step, traffic);
-    c.memory = step_memory(mesh_, step, sizes, options_.dtype, &traffic);
+    c.memory = step_memory(mesh_, step, sizes, options_.dtype, &traffic, &workspaces_);
     return fill(memo_[key] = c);
   }
   const std::int64_t elem = dtype_bytes(options_.dtype);
@@ -221,7 +221,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
     if (c.bound == Bound::none && c.time > 0) c.bound = Bound::memory;  // copies and no traffic
   }
-  c.memory = step_memory(mesh_, step, sizes, options_.dtype, nullptr);
+  c.memory = step_memory(mesh_, step, sizes, options_.dtype, nullptr, &workspaces_);
   return fill(memo_[key] = c);
 }
 
@@ -229,9 +229,12 @@ StepMemory StepCoster::memory(const Step& step, const DimSizes& sizes) {
   std::string key = std::string(to_string(step.op)) + "|" + format_spec(step.from, mesh_) + "|" +
                     format_spec(step.from_b, mesh_) + "|" + format_spec(step.to, mesh_) + "|" +
                     mesh_.axis_names(step.axes) + "|" + std::to_string(step.dim) + "," +
-                    std::to_string(step.ring_operand) + "," + (step.bidirectional ? "2" : "1");
+                    std::to_string(step.ring_operand);
+  // An all_gather_einsum holds the same buffers one way round or both; einsum_reduce_scatter
+  // keeps running sums per way.
+  if (step.op == OpKind::einsum_reduce_scatter && step.bidirectional) key += ",both";
   const auto [it, added] = multiplying_memo_.try_emplace(std::move(key));
-  if (added) it->second = step_memory(mesh_, step, sizes, options_.dtype, nullptr);
+  if (added) it->second = step_memory(mesh_, step, sizes, options_.dtype, nullptr, &workspaces_);
   return it->second;
 }
 

@@ -29,9 +29,10 @@ struct ExchangeTraffic {
 };
 ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape);
 
-// plan/memory.h's step_memory, given an exchange's traffic where it is known already.
+// plan/memory.h's step_memory, given an exchange's traffic where it is known already, and
+// with the einsums' workspaces remembered in `workspaces` where given.
 StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes, DType dtype,
-                       const ExchangeTraffic* traffic);
+                       const ExchangeTraffic* traffic, EinsumWorkspaces* workspaces);
 
 // Fills bytes, FLOPs and predicted times of steps, remembering results: candidate plans
 // share most of their steps.
@@ -64,6 +65,7 @@ class StepCoster {
   const PlanOptions& options_;
   std::map<std::string, Cost> memo_;
   std::map<std::string, StepMemory> multiplying_memo_;
+  EinsumWorkspaces workspaces_;
 };
 
 // The collective matmul that fuses `gather` (a costed all_gather of the einsum's operand

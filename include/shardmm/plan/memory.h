@@ -79,6 +79,17 @@ struct RingGeometry {
 };
 RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& sizes, std::int64_t device);
 
+// plan_local_einsum's workspace_bytes, remembered by layout, extents and buffers: a planner's
+// candidates share most of their local einsums (the same letters, extents and orders).
+class EinsumWorkspaces {
+ public:
+  std::int64_t bytes(const EinsumLayout& layout, const std::map<std::string, std::int64_t>& extents, DType dtype,
+                     const OperandBuffers& buffers = {});
+
+ private:
+  std::map<std::string, std::int64_t, std::less<>> memo_;
+};
+
 // One step's memory: the buffers the executor keeps for it, and the workspace a backend that
 // reduces through one needs for it (0 for steps that do not reduce).
 struct StepMemory {
