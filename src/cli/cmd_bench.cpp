@@ -425,7 +425,7 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
               "--backend mpi --dtype f64 --sizes 512,1024\n\n" +
               kDocsHint);
   return [flags](std::ostream& out) {
-    const Planning p = make_planning(flags->common);
+    Planning p = make_planning(flags->common);
     MatmulBenchOptions o;
     o.backend = flags->exec.backend;
     o.mesh = p.mesh;

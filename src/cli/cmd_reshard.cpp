@@ -32,7 +32,7 @@ Command add_reshard_command(CLI::App& root) {
               kDocsHint);
   return {app, [flags, app](std::ostream& out) {
             require_run(*app, flags->run);
-            const Planning p = make_planning(flags->common);
+            Planning p = make_planning(flags->common);
             const Spec from = parse_spec(flags->from, p.mesh);
             const Spec to = parse_spec(flags->to, p.mesh);
             if (flags->run) check_execution(flags->exec, p);

@@ -35,7 +35,7 @@ Command add_run_command(CLI::App& root) {
               "  mpirun -n 4 shardmm run 'A[I, J_X] @ B[J_X, K]' --mesh X=4 --dims I=512,J=512,K=512 --backend mpi\n\n" +
               kDocsHint);
   return {app, [flags](std::ostream& out) {
-            const Planning p = make_planning(flags->common);
+            Planning p = make_planning(flags->common);
             const Contraction c = parse_contraction(flags->expr, p.mesh);
             check_execution(flags->exec, p);
             const MatmulPlanning m = plan_contraction(p, c);

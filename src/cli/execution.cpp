@@ -61,8 +61,9 @@ void require_run(const CLI::App& app, bool run) {
   }
 }
 
-void check_execution(const ExecutionFlags& flags, const Planning& p) {
+void check_execution(const ExecutionFlags& flags, Planning& p) {
   check_backend(flags.backend, p.mesh);
+  p.options.reduction_workspace = backend_capabilities(flags.backend).reduces_into_workspace;
   if (p.options.dtype != DType::f32 && p.options.dtype != DType::f64) {
     throw InputError(std::string("cannot run in ") + to_string(p.options.dtype) +
                      ": execution computes in f32 or f64; pass --dtype f32 or --dtype f64");

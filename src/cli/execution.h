@@ -30,8 +30,9 @@ void add_execution_flags(CLI::App& app, ExecutionFlags& flags);
 void require_run(const CLI::App& app, bool run);
 
 // Checks the backend name, the dtype (runs compute in f32 or f64) and the --trace path
-// before anything runs, so that every MPI rank rejects bad input alike.
-void check_execution(const ExecutionFlags& flags, const Planning& p);
+// before anything runs, so that every MPI rank rejects bad input alike; then plans for that
+// backend (p.options.reduction_workspace: the peak counts its reduction workspace).
+void check_execution(const ExecutionFlags& flags, Planning& p);
 
 // The candidate to run: flags.candidate, or `chosen`.
 std::size_t pick_candidate(const ExecutionFlags& flags, std::size_t count, int chosen);

@@ -88,6 +88,7 @@ class MatmulPlanner {
     for (const Spec& s : {c.a, c.b, out_dims_only}) {
       for (const DimSpec& d : s.dims) letter_ids_.try_emplace(d.name, static_cast<int>(letter_ids_.size()));
     }
+    inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype), input_bytes(mesh, c.b, b_shape_, options.dtype));
   }
 
   std::vector<Plan> candidates() {
@@ -340,37 +341,27 @@ class MatmulPlanner {
     append_layout(signature, local);
     if (!seen_.insert(std::move(signature)).second) return;
 
-    // Peak: the caller's inputs stay allocated; an intermediate lives until its consumer ran.
-    // Saturating: sizes that fit 64 bits each can overflow in sum; the memory limit refuses those.
-    const std::int64_t inputs = saturating_add(coster_.max_bytes(c_.a, a_shape_), coster_.max_bytes(c_.b, b_shape_));
-    std::int64_t peak = inputs;
-    std::int64_t a_live = 0, b_live = 0;
-    const auto run = [&](const std::vector<Step>& steps, const std::vector<std::int64_t>& shape, std::int64_t held,
-                         std::int64_t first_input, int operand) {
-      std::int64_t current = first_input;
+    // Every step's buffers are held for the whole run, beside the caller's inputs (plan/memory.h).
+    std::vector<StepMemory> memory;
+    const auto run = [&](const std::vector<Step>& steps, const std::vector<std::int64_t>& shape, int operand) {
       for (Step s : steps) {
         s.operand = operand;
-        coster_.cost(s, shape);
-        const std::int64_t out = coster_.max_bytes(s.to, shape);
-        peak = std::max(peak, saturating_add(saturating_add(inputs, held), saturating_add(current, out)));
-        current = out;
+        memory.push_back(coster_.cost(s, shape));
         plan.steps.push_back(s);
       }
-      return current;
     };
-    a_live = run(a_steps, a_shape_, 0, 0, 0);
-    b_live = run(b_steps, b_shape_, a_live, 0, 1);
+    run(a_steps, a_shape_, 0);
+    run(b_steps, b_shape_, 1);
     coster_.cost_einsum(einsum, sizes_);
-    const std::int64_t local_bytes = coster_.max_bytes(local, c_shape_);
-    peak = std::max(peak, saturating_add(saturating_add(inputs, a_live), saturating_add(b_live, local_bytes)));
+    memory.push_back(coster_.memory(einsum, sizes_));
     plan.steps.push_back(einsum);
-    run(c_steps, c_shape_, 0, local_bytes, 2);
-    plan.peak_bytes_per_device = peak;
+    run(c_steps, c_shape_, 2);
+    plan.peak_bytes_per_device = peak_bytes(inputs_, memory, options_.reduction_workspace);
     plan.output = target;
     plan.output.tensor = c_.out_tensor;
     plan.description = describe(plan);
     detail::total_up(plan, options_);
-    add_collective_matmuls(plan, a_steps.size() + b_steps.size(), a_steps.size());
+    add_collective_matmuls(plan, memory, a_steps.size() + b_steps.size(), a_steps.size());
     plans_.push_back(std::move(plan));
   }
 
@@ -388,16 +379,24 @@ class MatmulPlanner {
   // The collective matmul variants of `serial` (plan/step.h): its operand's last all_gather
   // fused into the einsum, or the einsum fused into the reduce_scatter that follows it.
   // Each is a candidate of its own, costed as a ring; the serialized plan stays one too.
-  void add_collective_matmuls(const Plan& serial, std::size_t einsum_at, std::size_t a_steps) {
+  void add_collective_matmuls(const Plan& serial, const std::vector<StepMemory>& serial_memory, std::size_t einsum_at,
+                              std::size_t a_steps) {
     const std::vector<Step>& steps = serial.steps;
     const Step& einsum = steps[einsum_at];
     // The fused step takes the einsum's place; B's steps, when A is gathered, run before it.
     const auto add = [&](std::size_t collective_at, const Step& fused) {
       Plan plan = serial;
-      plan.steps.erase(plan.steps.begin() + static_cast<std::ptrdiff_t>(std::max(collective_at, einsum_at)));
-      plan.steps.erase(plan.steps.begin() + static_cast<std::ptrdiff_t>(std::min(collective_at, einsum_at)));
-      const std::size_t at = collective_at < einsum_at ? einsum_at - 1 : einsum_at;
-      plan.steps.insert(plan.steps.begin() + static_cast<std::ptrdiff_t>(at), fused);
+      std::vector<StepMemory> memory = serial_memory;
+      const auto first = static_cast<std::ptrdiff_t>(std::min(collective_at, einsum_at));
+      const auto last = static_cast<std::ptrdiff_t>(std::max(collective_at, einsum_at));
+      for (const std::ptrdiff_t i : {last, first}) {
+        plan.steps.erase(plan.steps.begin() + i);
+        memory.erase(memory.begin() + i);
+      }
+      const auto at = static_cast<std::ptrdiff_t>(collective_at < einsum_at ? einsum_at - 1 : einsum_at);
+      plan.steps.insert(plan.steps.begin() + at, fused);
+      memory.insert(memory.begin() + at, coster_.memory(fused, sizes_));
+      plan.peak_bytes_per_device = peak_bytes(inputs_, memory, options_.reduction_workspace);
       plan.description = describe(plan);
       detail::total_up(plan, options_);
       plans_.push_back(std::move(plan));
@@ -473,6 +472,7 @@ class MatmulPlanner {
   PlanOptions unlimited_;
   detail::StepCoster coster_;
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
+  std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::vector<Plan> plans_;
   std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered
   std::set<std::vector<int>> seen_;  // plans added, by their steps' layouts

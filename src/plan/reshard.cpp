@@ -203,18 +203,14 @@ Plan detail::plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, 
     plan.steps = std::move(steps);
     plan.output = to;
     plan.output.tensor = from.tensor;
-    // The source stays allocated (it is the caller's); each step's input is freed after it.
-    const std::int64_t source = coster.max_bytes(from, shape);
-    plan.peak_bytes_per_device = source;
-    for (std::size_t i = 0; i < plan.steps.size(); ++i) {
-      Step& s = plan.steps[i];
+    // The caller's source and every step's buffers, all held for the whole run (plan/memory.h).
+    std::vector<StepMemory> memory;
+    for (Step& s : plan.steps) {
       s.tensor = from.tensor;
-      coster.cost(s, shape);
-      // Saturating (core/error.h): each block fits 64 bits, their sum may not; the limit refuses it.
-      const std::int64_t live = saturating_add(
-          source, saturating_add(i > 0 ? coster.max_bytes(s.from, shape) : 0, coster.max_bytes(s.to, shape)));
-      plan.peak_bytes_per_device = std::max(plan.peak_bytes_per_device, live);
+      memory.push_back(coster.cost(s, shape));
     }
+    plan.peak_bytes_per_device =
+        peak_bytes(input_bytes(mesh, from, shape, options.dtype), memory, options.reduction_workspace);
     plan.description = plan.steps.empty() ? "nothing to do: the layouts are equal" : "";
     for (const Step& s : plan.steps) {
       if (!plan.description.empty()) plan.description += ", then ";

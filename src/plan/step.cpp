@@ -78,7 +78,7 @@ int synchronizations(const Plan& plan) {
 }
 
 bool contiguous_along(const std::vector<std::int64_t>& block, int dim) {
-  return elements(block, 0, static_cast<std::size_t>(dim)) == 1;
+  return elements(block, 0, static_cast<std::size_t>(dim)) <= 1;
 }
 
 Staging staging_of(const Step& step, const std::vector<std::int64_t>& in_local,

@@ -114,13 +114,35 @@ void for_each_device_on(const Mesh& mesh, const AxisList& walk, Fn fn) {
 
 }  // namespace
 
+namespace {
+
+// Memo keys: a layout as its letters and axis numbers (format_spec, with the mesh's axis
+// names, took a tenth of a planner's time).
+void append_key(std::string& key, const AxisList& axes) {
+  key += '[';
+  for (int a : axes) key += std::to_string(a) + ',';
+  key += ']';
+}
+
+void append_key(std::string& key, const Spec& spec) {
+  key += '|';
+  for (const DimSpec& d : spec.dims) {
+    key += d.name;
+    append_key(key, d.axes);
+  }
+  append_key(key, spec.unreduced);
+}
+
+}  // namespace
+
 std::int64_t StepCoster::max_bytes(const Spec& spec, const std::vector<std::int64_t>& shape) const {
   return checked_mul(max_local_elements(mesh_, spec, shape), dtype_bytes(options_.dtype), "bytes per device");
 }
 
-void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
-  std::string key = std::string(to_string(step.op)) + "|" + format_spec(step.from, mesh_) + "|" +
-                    format_spec(step.to, mesh_) + "|" + mesh_.axis_names(step.axes) + "|";
+StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
+  std::string key = std::string(to_string(step.op));
+  for (const Spec* spec : {&step.from, &step.to}) append_key(key, *spec);
+  append_key(key, step.axes);
   for (std::int64_t n : shape) key += std::to_string(n) + ",";
   const auto fill = [&step](const Cost& c) {
     step.bytes_sent = c.sent;
@@ -128,9 +150,17 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     step.flops = c.flops;
     step.time_s = c.time;
     step.bound = c.bound;
+    return c.memory;
   };
   if (auto it = memo_.find(key); it != memo_.end()) return fill(it->second);
-  if (step.op == OpKind::exchange) return fill(memo_[key] = cost_exchange(step, shape));
+  DimSizes sizes;
+  for (std::size_t d = 0; d < shape.size(); ++d) sizes[step.from.dims[d].name] = shape[d];
+  if (step.op == OpKind::exchange) {
+    const ExchangeTraffic traffic = exchange_traffic(mesh_, step, shape);
+    Cost c = cost_exchange(step, traffic);
+    c.memory = step_memory(mesh_, step, sizes, options_.dtype, &traffic, &workspaces_);
+    return fill(memo_[key] = c);
+  }
   const std::int64_t elem = dtype_bytes(options_.dtype);
   const std::int64_t group = mesh_.group_size(step.axes);
   // Local sizes factor over dimensions, and each dimension's extent depends only on the
@@ -182,7 +212,7 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     received = std::max(received, r);
   });
   Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"),
-         0, 0, Bound::none};
+         0, 0, Bound::none, {}};
   in_max = checked_mul(in_max, elem, "bytes per device");
   out_max = checked_mul(out_max, elem, "bytes per device");
   const auto collective = [&](std::int64_t array_bytes) {
@@ -213,7 +243,21 @@ void StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
     c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
     if (c.bound == Bound::none && c.time > 0) c.bound = Bound::memory;  // copies and no traffic
   }
-  fill(memo_[key] = c);
+  c.memory = step_memory(mesh_, step, sizes, options_.dtype, nullptr, &workspaces_);
+  return fill(memo_[key] = c);
+}
+
+StepMemory StepCoster::memory(const Step& step, const DimSizes& sizes) {
+  std::string key = std::string(to_string(step.op));
+  for (const Spec* spec : {&step.from, &step.from_b, &step.to}) append_key(key, *spec);
+  append_key(key, step.axes);
+  key += std::to_string(step.dim) + "," + std::to_string(step.ring_operand);
+  // An all_gather_einsum holds the same buffers one way round or both; einsum_reduce_scatter
+  // keeps running sums per way.
+  if (step.op == OpKind::einsum_reduce_scatter && step.bidirectional) key += ",both";
+  const auto [it, added] = multiplying_memo_.try_emplace(std::move(key));
+  if (added) it->second = step_memory(mesh_, step, sizes, options_.dtype, nullptr, &workspaces_);
+  return it->second;
 }
 
 namespace {
@@ -330,9 +374,8 @@ class GroupOverlap {
 
 // Each device's traffic, member by member: a block that several members' new blocks cover
 // goes to each of them, so what a device sends is not its block less what it keeps.
-StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<std::int64_t>& shape) const {
-  const std::int64_t elem = dtype_bytes(options_.dtype);
-  GroupOverlap sends(mesh_, step.from, step.to, shape, step.axes), receives(mesh_, step.to, step.from, shape, step.axes);
+ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape) {
+  GroupOverlap sends(mesh, step.from, step.to, shape, step.axes), receives(mesh, step.to, step.from, shape, step.axes);
   // A device's figures depend only on its coordinates on the axes that split a dimension
   // under either layout (GroupOverlap's keys): one device per combination of those.
   AxisList walk;
@@ -343,21 +386,26 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<s
       }
     }
   }
-  std::int64_t sent = 0, received = 0, copied = 0;
-  for_each_device_on(mesh_, walk, [&](std::int64_t device) {
+  ExchangeTraffic t;
+  for_each_device_on(mesh, walk, [&](std::int64_t device) {
     // What the device keeps is in both sums; it neither sends nor receives it.
     const auto [wanted_by_group, kept] = sends.of(device);
     const std::int64_t s = wanted_by_group - kept;
     const std::int64_t r = receives.of(device).first - kept;
-    sent = std::max(sent, s);
-    received = std::max(received, r);
+    t.sent = std::max(t.sent, s);
+    t.received = std::max(t.received, r);
     // The executor packs what it sends, unpacks what it receives, and copies what it keeps
     // from block to block.
-    copied = std::max<std::int64_t>(
-        copied, checked_add(checked_add(s, r, "elements an exchange copies"), kept, "elements an exchange copies"));
+    t.copied = std::max<std::int64_t>(
+        t.copied, checked_add(checked_add(s, r, "elements an exchange copies"), kept, "elements an exchange copies"));
   });
-  Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"), 0,
-         0, Bound::none};
+  return t;
+}
+
+StepCoster::Cost StepCoster::cost_exchange(const Step& step, const ExchangeTraffic& traffic) const {
+  const std::int64_t elem = dtype_bytes(options_.dtype);
+  Cost c{checked_mul(traffic.sent, elem, "bytes sent per device"),
+         checked_mul(traffic.received, elem, "bytes received per device"), 0, 0, Bound::none, {}};
   // Timed as the all_to_all that moves as much per device: one of n members sends (n - 1) / n
   // of its array.
   const std::int64_t n = mesh_.group_size(step.axes);
@@ -370,7 +418,7 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const std::vector<s
     c.bound = cc.bound();
   }
   if (options_.hw.calibration) {
-    c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
+    c.time += local_copy_time(options_.hw, checked_mul(traffic.copied, elem, "bytes copied per device"));
     if (c.bound == Bound::none && c.time > 0) c.bound = Bound::memory;  // copies and no traffic
   }
   return c;

@@ -9,6 +9,7 @@
 
 #include "shardmm/core/contraction.h"
 #include "shardmm/plan/cost.h"
+#include "shardmm/plan/memory.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/plan/step.h"
 #include "shardmm/plan/step_builder.h"
@@ -20,15 +21,31 @@ std::size_t common_prefix(const AxisList& a, const AxisList& b);
 // The exchange from `from` to `to` (plan/step.h), which must have the same pending sums.
 Step make_exchange(const Spec& from, const Spec& to);
 
+// An exchange's traffic in elements, each the most any device has: what it sends (its
+// staging for the sends), receives (for the receives), and copies (packs, unpacks, and keeps
+// from block to block).
+struct ExchangeTraffic {
+  std::int64_t sent = 0, received = 0, copied = 0;
+};
+ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape);
+
+// plan/memory.h's step_memory, given an exchange's traffic where it is known already, and
+// with the einsums' workspaces remembered in `workspaces` where given.
+StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes, DType dtype,
+                       const ExchangeTraffic* traffic, EinsumWorkspaces* workspaces);
+
 // Fills bytes, FLOPs and predicted times of steps, remembering results: candidate plans
 // share most of their steps.
 class StepCoster {
  public:
   StepCoster(const Mesh& mesh, const PlanOptions& options) : mesh_(mesh), options_(options) {}
 
-  void cost(Step& step, const std::vector<std::int64_t>& shape);
+  // Returns the step's memory (plan/memory.h) in the options' dtype.
+  StepMemory cost(Step& step, const std::vector<std::int64_t>& shape);
   // `sizes` gives each letter's global size.
   void cost_einsum(Step& step, const DimSizes& sizes);
+  // The memory of a multiplying step (einsum or collective matmul), remembered.
+  StepMemory memory(const Step& step, const DimSizes& sizes);
 
   // Largest per-device bytes of `spec` over `shape`.
   std::int64_t max_bytes(const Spec& spec, const std::vector<std::int64_t>& shape) const;
@@ -41,11 +58,14 @@ class StepCoster {
     std::int64_t sent, received;
     double flops, time;
     Bound bound;
+    StepMemory memory;
   };
-  Cost cost_exchange(const Step& step, const std::vector<std::int64_t>& shape) const;
+  Cost cost_exchange(const Step& step, const ExchangeTraffic& traffic) const;
   const Mesh& mesh_;
   const PlanOptions& options_;
   std::map<std::string, Cost> memo_;
+  std::map<std::string, StepMemory> multiplying_memo_;
+  EinsumWorkspaces workspaces_;
 };
 
 // The collective matmul that fuses `gather` (a costed all_gather of the einsum's operand
@@ -59,7 +79,7 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bi
                                 const StepCoster& coster);
 
 // Totals of a plan's steps (times, and `fits_memory` against the options' limit; the
-// peak is computed by the caller, who knows which buffers are live).
+// peak_bytes_per_device is set by the caller, from its steps' memory).
 void total_up(Plan& plan, const PlanOptions& options);
 
 }  // namespace shardmm::detail

@@ -11,6 +11,7 @@
 #include <tuple>
 
 #include "shardmm/core/error.h"
+#include "shardmm/plan/memory.h"
 #include "shardmm/runtime/kernels.h"
 #include "ordered_sum.h"
 
@@ -28,9 +29,6 @@ Shape with_extent(Shape s, int dim, std::int64_t extent) {
   s[static_cast<std::size_t>(dim)] = extent;
   return s;
 }
-
-// Elements of a block per unit of dimension `dim`: the product of the other extents.
-std::int64_t elements_across(const Shape& s, int dim) { return product(with_extent(s, dim, 1), 0, s.size()); }
 
 Shape zeros(std::size_t rank) { return Shape(rank, 0); }
 
@@ -79,22 +77,6 @@ void unpack(const T* staging, T* block, const Shape& shape, int dim, const std::
   }
 }
 
-// An einsum step's operand orders and this device's extents, for LocalEinsum.
-std::pair<EinsumLayout, std::map<std::string, std::int64_t>> einsum_shape(const Mesh& mesh, const Step& step,
-                                                                          const DimSizes& sizes, std::int64_t device) {
-  EinsumLayout layout;
-  std::map<std::string, std::int64_t> extents;
-  for (const auto& [spec, names] :
-       {std::pair{&step.from, &layout.a}, std::pair{&step.from_b, &layout.b}, std::pair{&step.to, &layout.c}}) {
-    const std::vector<Range> box = shard_box(mesh, *spec, global_shape(*spec, sizes), device);
-    for (std::size_t i = 0; i < spec->dims.size(); ++i) {
-      names->push_back(spec->dims[i].name);
-      extents[spec->dims[i].name] = box[i].extent;
-    }
-  }
-  return {std::move(layout), std::move(extents)};
-}
-
 // The ring tags of the collective matmuls, one per direction round the ring; apart from the
 // runner's (0x71e) and gather_global's (0x5e7f), and within any MPI's tag range (>= 32767).
 constexpr int kRingTags[2] = {0x7a10, 0x7a11};
@@ -107,113 +89,6 @@ void complete(Request& r) {
   if (!r) return;
   r->wait();
   r.reset();
-}
-
-// `spec` without the trailing `group` axes of dimension `dim` (an all_gather's result).
-Spec gathered(Spec spec, int dim, const AxisList& group) {
-  AxisList& axes = spec.dims[static_cast<std::size_t>(dim)].axes;
-  axes.resize(axes.size() - group.size());
-  return spec;
-}
-
-// What a collective matmul does on one device: the operand split into per-member chunks
-// along the ring's dimension D, where each chunk lands in C (D free: its own rows of C; D
-// contracted: added into all of C, times the other operand's rows of D), and the buffers it
-// needs.
-struct RingGeometry {
-  std::vector<std::int64_t> members;  // device ids by group rank
-  std::size_t me = 0;
-  int operand = 0;                    // the chunked operand: 0 A (step.from), 1 B (step.from_b)
-  int operand_dim = 0;                // D in that operand
-  std::string letter;                 // D's name
-  int out_dim = 0;                    // D in C; -1 where D is contracted (all_gather_einsum only)
-  std::int64_t other_stride = 0;      // D contracted: D's row-major stride in the other operand's block
-  Shape operand_local;                // the chunked operand's whole local block (gathered, for all_gather_einsum)
-  Shape out_local;                    // C's whole local block (before the scatter, for einsum_reduce_scatter)
-  std::vector<Range> pieces;          // per member: its range of D, relative to the whole block
-  std::vector<std::int64_t> chunk_at; // per member: element offset of its chunk in the chunk buffer
-  std::int64_t chunk_elements = 0;    // the chunk buffer (0: the chunks are read in place)
-  std::int64_t product_elements = 0;  // all_gather_einsum: a chunk's product when C's rows are not
-                                      // contiguous; einsum_reduce_scatter: one running sum
-  EinsumLayout layout;
-  std::map<std::string, std::int64_t> extents;  // of the whole blocks; D varies per chunk
-
-  bool contracted() const { return out_dim < 0; }
-  std::map<std::string, std::int64_t> chunk_extents(std::size_t m) const {
-    std::map<std::string, std::int64_t> e = extents;
-    e[letter] = pieces[m].extent;
-    return e;
-  }
-  // D contracted: a chunk's einsum reads its rows of D in place in the other operand's
-  // whole block.
-  OperandBuffers chunk_buffers() const {
-    OperandBuffers held;
-    if (!contracted()) return held;
-    std::map<std::string, std::int64_t>& other = operand == 0 ? held.b : held.a;
-    for (const std::string& name : operand == 0 ? layout.b : layout.a) other[name] = extents.at(name);
-    return held;
-  }
-  // Where member m's rows of D start in the other operand's block (0 where D is free).
-  std::int64_t other_offset(std::size_t m) const { return contracted() ? pieces[m].offset * other_stride : 0; }
-};
-
-RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& sizes, std::int64_t device) {
-  RingGeometry g;
-  g.members = mesh.group_members(device, step.axes);
-  g.me = static_cast<std::size_t>(mesh.group_rank(device, step.axes));
-  Step einsum = step;  // the einsum's own view: whole operands, C before any scatter
-  if (step.op == OpKind::all_gather_einsum) {
-    g.operand = step.ring_operand;
-    g.operand_dim = step.dim;
-    Spec& x = g.operand == 0 ? einsum.from : einsum.from_b;
-    x = gathered(x, step.dim, step.axes);
-  } else {
-    Spec& c = einsum.to;
-    const std::string letter = c.dims[static_cast<std::size_t>(step.dim)].name;
-    c = gathered(c, step.dim, step.axes);
-    c.unreduced.insert(c.unreduced.end(), step.axes.begin(), step.axes.end());
-    g.operand = step.from.find_dim(letter) >= 0 ? 0 : 1;
-    g.operand_dim = (g.operand == 0 ? step.from : step.from_b).find_dim(letter);
-  }
-  const Spec& x = g.operand == 0 ? einsum.from : einsum.from_b;
-  const DimSpec& d = x.dims[static_cast<std::size_t>(g.operand_dim)];
-  g.letter = d.name;
-  g.out_dim = einsum.to.find_dim(d.name);
-  if (g.contracted()) {
-    const Spec& other = g.operand == 0 ? einsum.from_b : einsum.from;
-    const Shape other_local = local_shape(mesh, other, global_shape(other, sizes), device);
-    g.other_stride = product(other_local, static_cast<std::size_t>(other.find_dim(d.name)) + 1, other_local.size());
-  }
-  g.operand_local = local_shape(mesh, x, global_shape(x, sizes), device);
-  g.out_local = local_shape(mesh, einsum.to, global_shape(einsum.to, sizes), device);
-  // Member m's chunk: D sharded over the ring's axes too, at m's coordinates on them.
-  const Spec& split = step.op == OpKind::all_gather_einsum ? (g.operand == 0 ? step.from : step.from_b) : step.to;
-  const std::int64_t whole_offset = shard_range(mesh, sizes.at(d.name), d.axes, device).offset;
-  const std::int64_t across = elements_across(g.operand_local, g.operand_dim);
-  std::int64_t at = 0;
-  for (std::int64_t m : g.members) {
-    Range r = shard_range(mesh, sizes.at(d.name), split.dims[static_cast<std::size_t>(step.dim)].axes, m);
-    r.offset -= whole_offset;
-    g.pieces.push_back(r);
-    g.chunk_at.push_back(at);
-    at += r.extent * across;
-  }
-  const std::int64_t largest =
-      std::max_element(g.pieces.begin(), g.pieces.end(), [](const Range& p, const Range& q) {
-        return p.extent < q.extent;
-      })->extent;
-  if (step.op == OpKind::all_gather_einsum) {
-    g.chunk_elements = at;
-    if (!g.contracted() && !contiguous_along(g.out_local, g.out_dim)) {
-      g.product_elements = largest * elements_across(g.out_local, g.out_dim);
-    }
-  } else {
-    const std::int64_t out_across = elements_across(g.out_local, g.out_dim);
-    if (!contiguous_along(g.operand_local, g.operand_dim)) g.chunk_elements = at;
-    g.product_elements = largest * out_across;
-  }
-  std::tie(g.layout, g.extents) = einsum_shape(mesh, einsum, sizes, device);
-  return g;
 }
 
 }  // namespace
@@ -359,7 +234,7 @@ struct Executor::Impl {
         break;
       }
       case OpKind::einsum: {
-        auto [layout, extents] = einsum_shape(mesh, step, sizes, me);
+        auto [layout, extents] = local_einsum_shape(mesh, step, sizes, me);
         st.einsum = std::make_unique<LocalEinsum>(std::move(layout), std::move(extents), dtype);
         break;
       }
@@ -747,6 +622,26 @@ struct Executor::Impl {
 
   double now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count(); }
 
+  std::int64_t bytes_held() const {
+    std::int64_t total = 0;
+    const auto buffer = [&](const Buffer& b) {
+      if (b.data()) total += buffer_bytes(b.elements(), b.dtype());
+    };
+    for (const StepState& st : states) {
+      buffer(st.out.buffer());
+      for (const Buffer* b : {&st.send, &st.recv, &st.chunks, &st.product}) buffer(*b);
+      for (int w = 0; w < 2; ++w) {
+        for (int i = 0; i < 2; ++i) {
+          buffer(st.partial[w][i]);
+          buffer(st.incoming[w][i]);
+        }
+      }
+      if (st.einsum) total += st.einsum->workspace_bytes();
+      for (const auto& [extent, e] : st.chunk_einsum) total += e->workspace_bytes();
+    }
+    return total;
+  }
+
   void check_input(const DistTensor& t, const Spec& expected, const char* which) const {
     if (!(t.spec() == expected) || t.dtype() != dtype || t.device() != me) {
       throw UsageError(std::string("the plan starts from ") + which + " = " + format_spec(expected, mesh) +
@@ -799,44 +694,6 @@ const std::vector<TraceEvent>& Executor::trace() const { return impl_->events; }
 
 double Executor::clock() const { return impl_->now(); }
 
-std::int64_t Executor::bytes_needed(const Mesh& mesh, const Plan& plan, const DimSizes& sizes, DType dtype,
-                                    std::int64_t device) {
-  const std::int64_t eb = dtype_bytes(dtype);
-  // As Buffer allocates: whole 64-byte lines, at least one.
-  const auto buffer = [&](std::int64_t elements) {
-    return (std::max<std::int64_t>(checked_mul(elements, eb, "a buffer's size"), 1) + 63) / 64 * 64;
-  };
-  std::int64_t total = 0;
-  const auto add = [&](std::int64_t bytes) { total = checked_add(total, bytes, "an executor's bytes"); };
-  for (const Step& step : plan.steps) {
-    const Shape in_local = local_shape(mesh, step.from, global_shape(step.from, sizes), device);
-    const Shape out_local = local_shape(mesh, step.to, global_shape(step.to, sizes), device);
-    add(buffer(product(out_local, 0, out_local.size())));
-    const Staging stage = staging_of(step, in_local, out_local);
-    if (stage.send) add(buffer(*stage.send));
-    if (stage.recv) add(buffer(*stage.recv));
-    if (step.op == OpKind::einsum) {
-      auto [layout, extents] = einsum_shape(mesh, step, sizes, device);
-      add(LocalEinsum::workspace_bytes_for(std::move(layout), extents, dtype));
-    }
-    if (is_collective_matmul(step.op)) {  // as prepare() allocates them
-      const RingGeometry g = ring_geometry(mesh, step, sizes, device);
-      if (g.chunk_elements > 0) add(buffer(g.chunk_elements));
-      if (step.op == OpKind::einsum_reduce_scatter) {
-        const int buffers = 4 * (step.bidirectional ? 2 : 1);  // per way: two running sums, two arriving
-        for (int i = 0; i < buffers; ++i) add(buffer(g.product_elements));
-      } else if (g.product_elements > 0) {
-        add(buffer(g.product_elements));
-      }
-      std::set<std::int64_t> extents;
-      for (std::size_t m = 0; m < g.members.size(); ++m) {
-        if (extents.insert(g.pieces[m].extent).second) {
-          add(LocalEinsum::workspace_bytes_for(g.layout, g.chunk_extents(m), dtype, g.chunk_buffers()));
-        }
-      }
-    }
-  }
-  return total;
-}
+std::int64_t Executor::bytes_held() const { return impl_->bytes_held(); }
 
 }  // namespace shardmm

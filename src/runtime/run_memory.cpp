@@ -16,8 +16,8 @@
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
+#include "shardmm/plan/memory.h"
 #include "shardmm/runtime/communicator.h"
-#include "shardmm/runtime/executor.h"
 #include "shardmm/runtime/kernels.h"
 
 namespace shardmm {
@@ -31,11 +31,6 @@ std::int64_t elements_of(const Shape& shape) {
   std::int64_t n = 1;
   for (std::int64_t e : shape) n = saturating_mul(n, e);
   return n;
-}
-
-// As Buffer allocates: whole 64-byte lines, at least one.
-std::int64_t buffer_bytes(std::int64_t elements, DType dtype) {
-  return saturating_add(std::max<std::int64_t>(saturating_mul(elements, dtype_bytes(dtype)), 1), 63) / 64 * 64;
 }
 
 std::int64_t block_bytes(const Mesh& mesh, const Spec& spec, const DimSizes& sizes, DType dtype, std::int64_t device) {
@@ -75,9 +70,13 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
   const std::int64_t per_device = saturating_add(need.device_bytes, need.verify_copy_bytes);
   // The limit is the devices' memory; verification is the host's check, outside it.
   if (req.mem_limit_bytes && need.device_bytes > *req.mem_limit_bytes) {
-    throw InputError("the run needs " + format_bytes(need.device_bytes) + " on device 0 (its inputs, and every step's " +
-                     "buffers, which the executor keeps between repeats), over the memory limit of " +
-                     format_bytes(*req.mem_limit_bytes) + " per device" +
+    // Exact where rounded, as the planner prints its limit and peaks: one byte over shows.
+    const auto exact = [](std::int64_t bytes) {
+      return format_bytes(bytes) + (bytes < 1024 ? "" : " (" + std::to_string(bytes) + " B)");
+    };
+    throw InputError("the run needs " + exact(need.device_bytes) + " per device, the plan's peak (its inputs, and " +
+                     "every step's buffers, which the executor keeps between repeats), over the memory limit of " +
+                     exact(*req.mem_limit_bytes) + " per device" +
                      (need.verify_bytes ? " (verifying takes " +
                                               format_bytes(saturating_add(need.verify_copy_bytes, need.verify_bytes)) +
                                               " more on device 0, not counted against the limit)"
@@ -152,21 +151,12 @@ MemoryNeed memory_need(const RunRequest& req) {
   const Mesh& mesh = req.mesh;
   const Spec& a_spec = matmul ? req.contraction->a : *req.reshard_from;
   MemoryNeed need;
-  need.device_bytes = saturating_add(block_bytes(mesh, a_spec, req.sizes, req.dtype, 0),
-                              Executor::bytes_needed(mesh, req.plan, req.sizes, req.dtype, 0));
-  if (matmul) need.device_bytes = saturating_add(need.device_bytes, block_bytes(mesh, req.contraction->b, req.sizes, req.dtype, 0));
+  // The plan layer's formula (plan/memory.h), the one behind the plan's peak_bytes_per_device.
+  std::vector<Spec> inputs{a_spec};
+  if (matmul) inputs.push_back(req.contraction->b);
   const BackendCapabilities backend = backend_capabilities(req.backend);
-  if (backend.reduces_into_workspace) {
-    // The mpi backend's reductions receive the other members' chunks into a workspace
-    // (mpi_backend.cpp, reduce_scatter; all_reduce is one): about the input block.
-    std::int64_t workspace = 0;
-    for (const Step& s : req.plan.steps) {
-      if (s.op == OpKind::reduce_scatter || s.op == OpKind::all_reduce) {
-        workspace = std::max(workspace, block_bytes(mesh, s.from, req.sizes, req.dtype, 0));
-      }
-    }
-    need.device_bytes = saturating_add(need.device_bytes, workspace);
-  }
+  need.device_bytes =
+      plan_peak_bytes(mesh, req.plan, inputs, req.sizes, req.dtype, backend.reduces_into_workspace);
   if (req.verify) {
     // Every device sends device 0 a copy of its result block (verify.h), which device 0
     // keeps, with the dense reference in f64.

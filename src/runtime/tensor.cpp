@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "shardmm/core/error.h"
+#include "shardmm/plan/memory.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/kernels.h"
 #if SHARDMM_HAVE_MPI
@@ -25,7 +26,7 @@ void Buffer::Free::operator()(void* p) const {
 Buffer::Buffer(std::int64_t elements, DType dtype) : elements_(elements), dtype_(dtype) {
   const std::int64_t bytes = checked_mul(elements, dtype_bytes(dtype), "a buffer's size");
   // Never zero-sized, so that data() is a valid pointer even for an empty shard.
-  const std::int64_t rounded = (std::max<std::int64_t>(bytes, 1) + 63) / 64 * 64;
+  const std::int64_t rounded = buffer_bytes(elements, dtype);
 #if SHARDMM_HAVE_MPI
   if (detail::buffers_shareable() && static_cast<std::size_t>(rounded) >= detail::kShareableMinBytes) {
     data_.reset(detail::allocate_shareable(static_cast<std::size_t>(rounded)));

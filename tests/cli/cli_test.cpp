@@ -574,9 +574,10 @@ TEST(CliPlan, OtherHardwareAndDtype) {
 }
 
 TEST(CliPlan, MemoryLimit) {
-  // Case 3 to a replicated C: the all_reduce plan is the cheapest but holds C twice; gathering
-  // both inputs is slower and smaller.
-  const std::string expr = "A[I, J_X] @ B[J_X, K] -> C[I, K]";
+  // Case 3 onto a sharded C: the bidirectional ring is the cheapest but holds four running sums
+  // per way round; the one-way ring is a little slower (beyond the near-tie margin) and smaller.
+  const std::string expr = "A[I, J_X] @ B[J_X, K] -> C[I_X, K]";
+  const std::string kDims = "I=8192,J=16384,K=4096";
   const MatmulPlanning free = library_plan(expr, "X=4", kDims, v5e());
   ASSERT_GE(free.candidates.size(), 2u);
   std::int64_t smallest = free.candidates[0].peak_bytes_per_device;
@@ -616,10 +617,63 @@ TEST(CliPlan, MemoryLimit) {
   }
 }
 
+// Issue 29, item 7: a run was refused under a limit its plan's printed peak fit (the executor
+// holds every step's buffers, staging and ring buffers for the whole run). The peak is now
+// what the executor holds: the run fits a limit of exactly the peak, and one byte less is
+// refused naming that figure. The cheapest plan, a ring and an exchange where offered.
+TEST(CliRun, APlanRunsUnderALimitOfItsPeakAndIsRefusedOneByteBelow) {
+  const std::vector<std::array<std::string, 3>> cases{
+      {"A[I_X, J] @ B[J, K_X]", "X=2", "I=64,J=64,K=64"},
+      {"A[I_X, J] @ B[J, K_X] -> C[I_X, K]", "X=4", "I=64,J=96,K=64"},
+      {"A[I, J_X] @ B[J_X, K]", "X=4", "I=64,J=64,K=64"},
+      {"A[I_X, J_Y] @ B[J_X, K_Y] -> C[I_Y, K_X]", "X=2,Y=2", "I=64,J=32,K=48"},
+  };
+  int rings = 0, exchanges = 0;
+  for (const auto& [expr, mesh, dims] : cases) {
+    const std::vector<std::string> planning{expr, "--mesh", mesh, "--dims", dims, "--dtype", "f32", "--hw", "h100"};
+    std::vector<std::string> args{"plan"};
+    args.insert(args.end(), planning.begin(), planning.end());
+    args.push_back("--json");
+    const json plan = parse_stdout(run(args));
+    std::vector<std::size_t> picked{plan["chosen"].get<std::size_t>()};
+    for (const std::string& op : {"all_gather_einsum", "einsum_reduce_scatter", "exchange"}) {
+      for (std::size_t i = 0; i < plan["candidates"].size(); ++i) {
+        const json& steps = plan["candidates"][i]["steps"];
+        if (std::any_of(steps.begin(), steps.end(), [&](const json& s) { return s["op"] == op; })) {
+          picked.push_back(i);
+          (op == "exchange" ? exchanges : rings) += 1;
+          break;
+        }
+      }
+    }
+    for (std::size_t i : picked) {
+      const std::int64_t peak = plan["candidates"][i]["peak_bytes_per_device"].get<std::int64_t>();
+      SCOPED_TRACE(expr + " on " + mesh + ", candidate " + std::to_string(i + 1) + ", peak " + std::to_string(peak));
+      for (const std::int64_t limit : {peak, peak - 1}) {
+        std::vector<std::string> run_args{"run"};
+        run_args.insert(run_args.end(), planning.begin(), planning.end());
+        run_args.insert(run_args.end(), {"--candidate", std::to_string(i + 1), "--mem-limit", std::to_string(limit),
+                                         "--repeat", "1", "--warmup", "0"});
+        const Result r = run(run_args);
+        if (limit == peak) {
+          EXPECT_EQ(r.status, 0) << r.err;
+          EXPECT_THAT(r.out, HasSubstr("verified"));
+        } else {
+          EXPECT_EQ(r.status, 2) << r.out;
+          EXPECT_THAT(r.err, HasSubstr("(" + std::to_string(peak) + " B)"));
+          EXPECT_EQ(lines(r.err).size(), 1u) << r.err;
+        }
+      }
+    }
+  }
+  EXPECT_GT(rings, 0);
+  EXPECT_GT(exchanges, 0);
+}
+
 TEST(CliPlan, MemoryLimitForms) {
   const std::vector<std::pair<std::string, std::int64_t>> forms{
       {"16GiB", 16LL << 30},  {"512MiB", 512LL << 20}, {"1e9", 1000000000}, {"1.5GB", 1500000000}, {"2 KiB", 2048},
-      {"3TB", 3000000000000}, {"1TiB", 1LL << 40},     {"100B", 100},       {"7KB", 7000},         {"2MB", 2000000},
+      {"3TB", 3000000000000}, {"1TiB", 1LL << 40},     {"300B", 300},       {"7KB", 7000},         {"2MB", 2000000},
   };
   for (const auto& [text, bytes] : forms) {
     SCOPED_TRACE(text);

@@ -43,7 +43,8 @@ TEST_F(Reshard, NothingToDo) {
   EXPECT_TRUE(p.steps.empty());
   EXPECT_EQ(p.description, "nothing to do: the layouts are equal");
   EXPECT_EQ(p.total_time_s, 0);
-  EXPECT_EQ(p.peak_bytes_per_device, 3 * 6 * 4 * 4);  // the largest shard of I: 3 rows
+  // The largest shard of I, 3 rows (288 bytes), in whole 64-byte lines as allocated.
+  EXPECT_EQ(p.peak_bytes_per_device, 320);
   EXPECT_EQ(format_spec(p.output, mesh), "T[I_X, J, K]");
 }
 
@@ -56,8 +57,9 @@ TEST_F(Reshard, AllGather) {
   EXPECT_EQ(p.description, "all_gather over X");
   EXPECT_EQ(p.comm_time_s, p.steps[0].time_s);
   EXPECT_GT(p.comm_time_s, 0);
-  // The source stays, the gathered copy is added: 3 rows + 10 rows.
-  EXPECT_EQ(p.peak_bytes_per_device, (3 + 10) * 6 * 4 * 4);
+  // The source (3 rows, 320 bytes as allocated) and the gathered copy (10 rows, in place along
+  // the leading dimension: no staging).
+  EXPECT_EQ(p.peak_bytes_per_device, 320 + 10 * 6 * 4 * 4);
 }
 
 TEST_F(Reshard, MinorAxisGather) {
@@ -129,8 +131,9 @@ TEST_F(Reshard, PermutationIsOneExchange) {
   EXPECT_EQ(p.steps[0].bytes_sent, 2 * 6 * 4 * 4);
   // Device (x=1, y=0) holds block 2 (1 row) and needs block 1 (2 rows), the most received.
   EXPECT_EQ(p.steps[0].bytes_received, 2 * 6 * 4 * 4);
-  // Source and target blocks only: no gathered copy of I.
-  EXPECT_EQ(p.peak_bytes_per_device, (2 + 2) * 6 * 4 * 4);
+  // Source and target blocks, and the exchange's send and receive staging (2 rows each at
+  // most): no gathered copy of I.
+  EXPECT_EQ(p.peak_bytes_per_device, (2 + 2 + 2 + 2) * 6 * 4 * 4);
   EXPECT_EQ(p.description, "exchange over XY");
   EXPECT_EQ(format_spec(p.steps[0].to, mesh), "T[I_YX, J, K]");
 }
@@ -142,7 +145,9 @@ TEST_F(Reshard, ExchangeGroupHoldsOnlyTheAxesThatMove) {
   const Plan p = plan("T[I_Y, J, K]", "T[I_X, J, K]");
   EXPECT_EQ(ops(p, mesh), (std::vector<std::string>{"exchange over Y"}));
   EXPECT_EQ(p.steps[0].bytes_received, 3 * 6 * 4 * 4);  // device (x=0, y=1): holds rows 5-9, needs 0-2
-  EXPECT_EQ(p.peak_bytes_per_device, (5 + 3) * 6 * 4 * 4);  // no gathered copy of I (10 rows)
+  // Source 5 rows, target 3, staging 3 sent and 3 received at most, each 96 bytes a row in
+  // whole 64-byte lines: no gathered copy of I (10 rows).
+  EXPECT_EQ(p.peak_bytes_per_device, 512 + 3 * 320);
   // A kept prefix stays out of the group: X splits I the same way in both.
   EXPECT_EQ(ops(plan("T[I_XY, J, K]", "T[I_X, J_Y, K]"), mesh),
             (std::vector<std::string>{"all_to_all over Y dim 0->1"}));
@@ -259,21 +264,29 @@ TEST(Matmul, HeaderExample) {
   EXPECT_NEAR(chosen.steps[1].time_s, 2.0 * 8192 * 16384 * 2 / 9e10, 1e-15);
 }
 
-// Case 2's candidates on X=4, bf16, I = J = K = 1024. The peak counts the inputs (A's 512 KiB
-// shard, B's 2 MiB), each intermediate until its consumer ran, and the result:
-//   gather:        inputs + A gathered (2 MiB) + C (2 MiB)                 = 6.5 MiB
-//   slice+reduce:  inputs + C{U_X} (2 MiB) + the all_reduced C (2 MiB)     = 6.5 MiB
+// Case 2's candidates on X=4, bf16, I = J = K = 1024. The peak counts what the executor holds
+// for the whole run: the inputs (A's 512 KiB shard, B's 2 MiB) and every step's buffers.
+//   gather:        inputs + A gathered (2 MiB) and its receive staging (J is not leading in A,
+//                  2 MiB) + C (2 MiB)                                             = 8.5 MiB
+//   slice+reduce:  inputs + B's slice (512 KiB) + C{U_X} (2 MiB) + the all_reduced C (2 MiB)
+//                                                                                  = 7 MiB
 TEST(Matmul, PeakAndMemoryLimit) {
   const Mesh mesh = Mesh::parse("X=4");
   const Contraction c = parse_contraction("A[I, J_X] @ B[J, K] -> C[I, K]", mesh);
   const DimSizes sizes = parse_dims("I=1024,J=1024,K=1024");
   PlanOptions opt{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
   const MatmulPlanning p = plan_matmul(mesh, c, sizes, opt);
+  const std::int64_t MiB = 1 << 20;
   ASSERT_EQ(p.candidates.size(), 2u);
-  for (const Plan& plan : p.candidates) EXPECT_EQ(plan.peak_bytes_per_device, 6.5 * (1 << 20)) << plan.description;
-  opt.mem_limit_bytes = 6.5 * (1 << 20);
+  EXPECT_EQ(p.candidates[0].description, "all_gather A over X, then local einsum");
+  EXPECT_EQ(p.candidates[0].peak_bytes_per_device, 8.5 * MiB);
+  EXPECT_EQ(p.candidates[1].description, "slice B over X, then local einsum, then all_reduce C over X");
+  EXPECT_EQ(p.candidates[1].peak_bytes_per_device, 7 * MiB);
+  opt.mem_limit_bytes = 8.5 * MiB;
   EXPECT_EQ(plan_matmul(mesh, c, sizes, opt).chosen, 0);
-  opt.mem_limit_bytes = 6.5 * (1 << 20) - 1;
+  opt.mem_limit_bytes = 8.5 * MiB - 1;
+  EXPECT_EQ(plan_matmul(mesh, c, sizes, opt).chosen, 1);
+  opt.mem_limit_bytes = 7 * MiB - 1;
   const MatmulPlanning none = plan_matmul(mesh, c, sizes, opt);
   EXPECT_EQ(none.chosen, -1);
   ASSERT_EQ(none.candidates.size(), 2u);
@@ -283,10 +296,10 @@ TEST(Matmul, PeakAndMemoryLimit) {
 // A tighter memory limit picks a slower plan that fits. Case 2 with I = K = 1024, J = 1536,
 // bf16 on X=4: A is 3 MiB, B 3 MiB, C 2 MiB; the inputs hold A/4 + B = 3.75 MiB.
 //   gather:        AG(3 MiB) = 3 MiB / W = 34.95 us, einsum 2 I J K / P = 16.35 us (compute-bound)
-//                  peak = inputs + A (3) + C (2)                     = 8.75 MiB
+//                  peak = inputs + A (3) + its receive staging (3) + C (2)      = 11.75 MiB
 //   slice+reduce:  slice 2 x 0.75 MiB / H = 1.94 us, einsum (0.75 + 0.75 + 2) MiB / H = 4.53 us
 //                  (memory-bound), AR(2 MiB) = 2 x 2 MiB / W = 46.60 us
-//                  peak = inputs + max(B/4 + C, C + C) = 3.75 + 4     = 7.75 MiB
+//                  peak = inputs + B/4 + C{U_X} + C = 3.75 + 0.75 + 2 + 2       = 8.5 MiB
 TEST(Matmul, MemoryLimitPicksASlowerPlan) {
   const Mesh mesh = Mesh::parse("X=4");
   const Contraction c = parse_contraction("A[I, J_X] @ B[J, K] -> C[I, K]", mesh);
@@ -297,12 +310,12 @@ TEST(Matmul, MemoryLimitPicksASlowerPlan) {
   const std::int64_t MiB = 1 << 20;
   EXPECT_EQ(free.chosen, 0);
   EXPECT_EQ(free.candidates[0].description, "all_gather A over X, then local einsum");
-  EXPECT_EQ(free.candidates[0].peak_bytes_per_device, 8.75 * MiB);
+  EXPECT_EQ(free.candidates[0].peak_bytes_per_device, 11.75 * MiB);
   EXPECT_EQ(free.candidates[1].description, "slice B over X, then local einsum, then all_reduce C over X");
-  EXPECT_EQ(free.candidates[1].peak_bytes_per_device, 7.75 * MiB);
+  EXPECT_EQ(free.candidates[1].peak_bytes_per_device, 8.5 * MiB);
   EXPECT_NEAR(free.candidates[0].total_time_s, 3.0 * MiB / 9e10 + 2.0 * 1024 * 1536 * 1024 / 1.97e14, 1e-15);
   EXPECT_NEAR(free.candidates[1].total_time_s, 1.5 * MiB / 8.1e11 + 3.5 * MiB / 8.1e11 + 4.0 * MiB / 9e10, 1e-15);
-  opt.mem_limit_bytes = 8 * MiB;
+  opt.mem_limit_bytes = 10 * MiB;
   const MatmulPlanning tight = plan_matmul(mesh, c, sizes, opt);
   EXPECT_EQ(tight.chosen, 1);
   EXPECT_FALSE(tight.candidates[0].fits_memory);

@@ -132,7 +132,7 @@ TEST(MemoryTest, MatmulCountsBothInputsAndTheDenseReference) {
   EXPECT_EQ(need.verify_copy_bytes, 256);
   // Two result blocks; dense A (24), B (48), expected and assembled C (2 * 32) in f64.
   EXPECT_EQ(need.verify_bytes, 2 * 256 + 8 * (24 + 48 + 2 * 32));
-  EXPECT_GE(need.device_bytes, req.plan.peak_bytes_per_device);
+  EXPECT_EQ(need.device_bytes, req.plan.peak_bytes_per_device);
 }
 
 TEST(MemoryTest, EinsumWorkspaceIsKnownWithoutAllocatingIt) {
@@ -165,9 +165,9 @@ TEST(MemoryTest, RefusesARunOverTheDeviceLimitWithTheFigures) {
     ADD_FAILURE() << "no error";
   } catch (const InputError& e) {
     EXPECT_EQ(e.headline(),
-              "the run needs 768 B on device 0 (its inputs, and every step's buffers, which the executor keeps "
-              "between repeats), over the memory limit of 767 B per device (verifying takes 5.06 KiB more on device "
-              "0, not counted against the limit); use smaller dims or more devices");
+              "the run needs 768 B per device, the plan's peak (its inputs, and every step's buffers, which the "
+              "executor keeps between repeats), over the memory limit of 767 B per device (verifying takes 5.06 KiB "
+              "more on device 0, not counted against the limit); use smaller dims or more devices");
   }
   r.req.mem_limit_bytes = 768;
   EXPECT_TRUE(run_plan(r.req).verification.verified);

@@ -27,7 +27,11 @@ namespace shardmm {
 struct PlanOptions {
   DType dtype = DType::bf16;
   HardwareProfile hw;
-  std::optional<std::int64_t> mem_limit_bytes;  // per device
+  std::optional<std::int64_t> mem_limit_bytes;  // per device, against Plan::peak_bytes_per_device
+  // The backend that will run the plan reduces through a workspace (the mpi backend:
+  // BackendCapabilities::reduces_into_workspace), which the peak then counts (plan/memory.h).
+  // false: the threads backend, which reduces in place.
+  bool reduction_workspace = false;
   // Candidates predicted within this fraction of the cheapest one's time are a near tie, which
   // goes to the one with the fewest synchronizations (plan/step.h). 0: the cheapest, always.
   double tie_margin = 0.02;

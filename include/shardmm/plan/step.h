@@ -124,7 +124,8 @@ std::string op_name(const Step& step);
 bool gathers_contracted(const Step& step);
 
 // Whether every range of dimension `dim` of a block with extents `block` is one contiguous
-// run (row-major): the dimensions before `dim` have extent 1.
+// run (row-major): the dimensions before `dim` have extent 1, or one of them 0 (an empty
+// block, whose ranges are all empty: no device stages what the largest one does not).
 bool contiguous_along(const std::vector<std::int64_t>& block, int dim);
 
 // The staging buffers the executor uses around a collective step on a device whose blocks

@@ -55,11 +55,10 @@ class Executor {
   // Seconds since the executor was built: the clock of the trace's start_s and end_s.
   double clock() const;
 
-  // The bytes an executor for `plan` allocates on `device` (every step's output block,
-  // its staging copies and the einsum's workspace; they stay allocated between runs),
-  // worked out without allocating: run_plan's memory check (runner.h).
-  static std::int64_t bytes_needed(const Mesh& mesh, const Plan& plan, const DimSizes& sizes, DType dtype,
-                                   std::int64_t device);
+  // The bytes this executor holds: every step's buffers and einsum workspaces, as allocated
+  // (whole 64-byte lines), kept between runs. plan/memory.h works out the same from the plan
+  // alone, without building an executor: a plan's peak, and run_plan's memory check.
+  std::int64_t bytes_held() const;
 
  private:
   struct Impl;

@@ -20,10 +20,9 @@
 #include <vector>
 
 #include "shardmm/core/dtype.h"
+#include "shardmm/plan/local_einsum.h"  // EinsumLayout, OperandBuffers: the einsum planned here
 
 namespace shardmm {
-
-using Shape = std::vector<std::int64_t>;
 
 // Copies the box of `extent` at `src_offset` in src into dst at `dst_offset`.
 // A zero extent copies nothing.
@@ -39,21 +38,6 @@ void add_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* d
 // so dst's shape is {shape[perm[0]], shape[perm[1]], ...}. src and dst must not overlap.
 template <class T>
 void permute(const T* src, const Shape& shape, const std::vector<int>& perm, T* dst);
-
-// The dimension names of an einsum's operands, each in its buffer's (row-major) order.
-struct EinsumLayout {
-  std::vector<std::string> a, b, c;
-};
-
-// Where operands A and B lie when each is a box of a larger row-major buffer (a chunk of a
-// contracted dimension, say): per name, the buffer's extent, at least the einsum's own; a
-// name left out (or an empty map) has the einsum's extent. run() and accumulate() then take
-// a pointer to the box's first element. GEMM reads a box in place where the buffer's order
-// lets it (the buffer's leading dimension is GEMM's); otherwise the box is copied as any
-// operand whose order GEMM cannot read.
-struct OperandBuffers {
-  std::map<std::string, std::int64_t> a, b;
-};
 
 // C = A (x) B for one fixed layout, extents and dtype, planned once and run many times.
 // A name in a, b and c is a batch dimension; in a and b only, contracted; in one input

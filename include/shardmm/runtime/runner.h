@@ -105,13 +105,13 @@ struct RunReport {
   int cores = 1;
 };
 
-// What a run holds in memory at once, worked out from the plan alone. Device 0 is the
-// largest: under either split rule the first shards of an uneven split are the longest.
+// What a run holds in memory at once, worked out from the plan alone. Device 0 holds the
+// most: under either split rule the first shards of an uneven split are the longest.
 struct MemoryNeed {
-  // Device 0's inputs and its executor's buffers: every step's output block, staging
-  // copies and einsum workspace, all kept between repeats (Executor::bytes_needed).
-  // At least the plan's peak_bytes_per_device, which assumes each intermediate is freed
-  // after use.
+  // The most a device holds: its inputs and its executor's buffers, all kept between repeats,
+  // and the backend's reduction workspace (plan/memory.h's plan_peak_bytes): the plan's
+  // peak_bytes_per_device when it was planned in this dtype for this backend. The memory
+  // limit weighs this figure alone.
   std::int64_t device_bytes = 0;
   // When verifying, on every device: the copy of its result block it sends device 0.
   std::int64_t verify_copy_bytes = 0;
