@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
   try {
     const DType dtype = parse_dtype(dtype_text);
     if (contracted == 0) contracted = inner;
-    const auto chosen = std::find_if(std::begin(kKinds), std::end(kKinds), [&](const Kind& k) { return k.name == kind; });
+    const auto chosen =
+        std::find_if(std::begin(kKinds), std::end(kKinds), [&](const Kind& k) { return k.name == kind; });
     if (chosen == std::end(kKinds)) throw InputError("--kind " + kind + ": gather, panel or scatter");
     const bool gather = kind != "scatter";
     const bool root = process_rank(backend) == 0;
@@ -100,20 +101,19 @@ int main(int argc, char** argv) {
     // The sharded contraction, the same one with the collective done beforehand (gather) or
     // left undone (scatter), and the collective alone as a reshard.
     const Contraction fused = parse_contraction(chosen->contraction, mesh);
-    const Contraction local = parse_contraction(
-        gather ? "A[I_X, J] @ B[J, K] -> C[I_X, K]" : "A[I, J_X] @ B[J_X, K] -> C[I, K]{U_X}", mesh);
+    const Contraction local =
+        parse_contraction(gather ? "A[I_X, J] @ B[J, K] -> C[I_X, K]" : "A[I, J_X] @ B[J_X, K] -> C[I, K]{U_X}", mesh);
     const Spec comm_from = gather ? fused.b : *local.out, comm_to = gather ? local.b : *fused.out;
     const OpKind ring = gather ? OpKind::all_gather_einsum : OpKind::einsum_reduce_scatter;
-    const std::vector<OpKind> serial =
-        gather ? std::vector<OpKind>{OpKind::all_gather, OpKind::einsum} : std::vector<OpKind>{OpKind::einsum, OpKind::reduce_scatter};
+    const std::vector<OpKind> serial = gather ? std::vector<OpKind>{OpKind::all_gather, OpKind::einsum}
+                                              : std::vector<OpKind>{OpKind::einsum, OpKind::reduce_scatter};
     PlanOptions opt;
     opt.dtype = dtype;
     opt.hw = builtin_profile("h100");
     if (root) {
-      std::printf("%s %s, J = %lld, K = %lld, %d ranks on %s, %s; medians of %d x %d runs\n",
-                  chosen->title, format_contraction(fused, mesh).c_str(),
-                  static_cast<long long>(contracted), static_cast<long long>(inner), ranks, backend.c_str(),
-                  to_string(dtype), rounds, repeat);
+      std::printf("%s %s, J = %lld, K = %lld, %d ranks on %s, %s; medians of %d x %d runs\n", chosen->title,
+                  format_contraction(fused, mesh).c_str(), static_cast<long long>(contracted),
+                  static_cast<long long>(inner), ranks, backend.c_str(), to_string(dtype), rounds, repeat);
       std::printf("%7s %12s %12s %12s %12s %9s %9s %8s %9s\n", "I", "overlap (s)", "serial (s)", "compute (s)",
                   "comm (s)", "hidden", "ser/ovl", "comp/comm", "verified");
     }

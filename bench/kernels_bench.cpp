@@ -31,16 +31,15 @@ struct Operands {
 };
 
 void set_rate(benchmark::State& state, std::int64_t n) {
-  state.counters["GFLOP"] = benchmark::Counter(2e-9 * static_cast<double>(n * n * n),
-                                                 benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP"] =
+      benchmark::Counter(2e-9 * static_cast<double>(n * n * n), benchmark::Counter::kIsIterationInvariantRate);
 }
 
 template <class T>
 void bm_gemm(benchmark::State& state, std::int64_t n) {
   Operands<T> x(n);
   for (auto _ : state) {
-    shardmm::blas::gemm(false, false, n, n, n, T(1), x.a.data(), n, x.b.data(), n, T(0),
-                        x.c.data(), n);
+    shardmm::blas::gemm(false, false, n, n, n, T(1), x.a.data(), n, x.b.data(), n, T(0), x.c.data(), n);
     benchmark::DoNotOptimize(x.c.data());
     benchmark::ClobberMemory();
   }
@@ -65,8 +64,7 @@ void bm_einsum(benchmark::State& state, std::int64_t n) {
 // ratios: on a shared machine the best run is the one least disturbed by other load.
 class RatioReporter : public benchmark::ConsoleReporter {
  public:
-  RatioReporter()
-      : ConsoleReporter(isatty(fileno(stdout)) ? OO_ColorTabular : OO_Tabular) {}
+  RatioReporter() : ConsoleReporter(isatty(fileno(stdout)) ? OO_ColorTabular : OO_Tabular) {}
   void ReportRuns(const std::vector<Run>& runs) override {
     ConsoleReporter::ReportRuns(runs);
     for (const Run& run : runs) {
@@ -90,8 +88,7 @@ int main(int argc, char** argv) {
     const char* dtype;
     Bench gemm, einsum;
   };
-  const Kind kinds[] = {{"f32", bm_gemm<float>, bm_einsum<float>},
-                        {"f64", bm_gemm<double>, bm_einsum<double>}};
+  const Kind kinds[] = {{"f32", bm_gemm<float>, bm_einsum<float>}, {"f64", bm_gemm<double>, bm_einsum<double>}};
   std::vector<std::string> keys;
   for (std::int64_t n : {1024, 2048}) {
     for (const Kind& kind : kinds) {
@@ -114,8 +111,8 @@ int main(int argc, char** argv) {
     auto g = reporter.gflops.find("gemm/" + key);
     auto e = reporter.gflops.find("einsum/" + key);
     if (g == reporter.gflops.end() || e == reporter.gflops.end()) continue;
-    std::printf("einsum/gemm %-8s %7.2f / %7.2f GFLOP/s = %.3f\n", key.c_str(), e->second,
-                g->second, e->second / g->second);
+    std::printf("einsum/gemm %-8s %7.2f / %7.2f GFLOP/s = %.3f\n", key.c_str(), e->second, g->second,
+                e->second / g->second);
   }
   return 0;
 }

@@ -65,13 +65,13 @@ struct Options {
   int calls = 0;  // per timing; 0 calibrates
   bool check = false;
   bool json = false;
-  bool heap = false;   // arrays in std::vectors rather than Buffers
-  bool fresh = false;  // each call's send array rewritten first, that time subtracted
+  bool heap = false;              // arrays in std::vectors rather than Buffers
+  bool fresh = false;             // each call's send array rewritten first, that time subtracted
   std::vector<std::string> only;  // MPI calls whose rows run; empty: all
 };
 
-constexpr const char* kMpiCalls[] = {"MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Reduce_scatter",
-                                     "MPI_Allreduce", "MPI_Alltoall"};
+constexpr const char* kMpiCalls[] = {"MPI_Allgather", "MPI_Reduce_scatter_block", "MPI_Reduce_scatter", "MPI_Allreduce",
+                                     "MPI_Alltoall"};
 
 // "1MiB", "64 KiB", "4M", "1048576": bytes, binary units as nccl-tests reads them.
 std::int64_t parse_size(const std::string& text) {
@@ -81,8 +81,14 @@ std::int64_t parse_size(const std::string& text) {
   std::string unit(end);
   unit.erase(0, unit.find_first_not_of(' '));
   int shift = -1;
-  for (const auto& [name, s] : {std::pair<const char*, int>{"", 0}, {"B", 0}, {"K", 10}, {"KiB", 10}, {"M", 20},
-                                {"MiB", 20}, {"G", 30}, {"GiB", 30}}) {
+  for (const auto& [name, s] : {std::pair<const char*, int>{"", 0},
+                                {"B", 0},
+                                {"K", 10},
+                                {"KiB", 10},
+                                {"M", 20},
+                                {"MiB", 20},
+                                {"G", 30},
+                                {"GiB", 30}}) {
     if (unit == name) shift = s;
   }
   if (end == text.c_str() || errno != 0 || number <= 0 || shift < 0 || number > (LLONG_MAX >> shift)) {
@@ -127,7 +133,8 @@ Options parse_options(int argc, char** argv) {
     } else if (arg == "--only") {
       for (const std::string& call : shardmm::bench::split_list(flags.value())) {
         if (std::find(std::begin(kMpiCalls), std::end(kMpiCalls), call) == std::end(kMpiCalls)) {
-          throw std::invalid_argument("--only: '" + call + "' is not one of MPI_Allgather, MPI_Reduce_scatter_block, "
+          throw std::invalid_argument("--only: '" + call +
+                                      "' is not one of MPI_Allgather, MPI_Reduce_scatter_block, "
                                       "MPI_Reduce_scatter, MPI_Allreduce, MPI_Alltoall");
         }
         o.only.push_back(call);
@@ -228,7 +235,8 @@ void print_row(const Row& r, int ranks, const Options& o) {
   std::printf("%-9s %-15s %-26s %6d %10.3f %10.3f %9s\n", format_size(r.bytes).c_str(), r.op, r.mpi_call, r.calls,
               r.ours_s * 1e3, r.mpi_s * 1e3, ratio);
   if (r.noisy) {
-    std::printf("  (noisy: with the send array's rewrite subtracted, a timing came to <= 0; rerun with more --calls)\n");
+    std::printf(
+        "  (noisy: with the send array's rewrite subtracted, a timing came to <= 0; rerun with more --calls)\n");
   }
   if (o.json) {
     std::snprintf(ratio, sizeof ratio, r.noisy ? "null" : "%.4f", r.ratio);
@@ -261,9 +269,10 @@ void run(Communicator& comm, int ranks, const Options& o) {
   const shardmm::AxisList x = {0};
   const bool root = comm.rank() == 0;
   if (root) {
-    std::printf("mpi backend (%s) vs MPI called directly: %d ranks, f32, size = bytes of the whole array per rank,\n"
-                "median of %d interleaved timings; MPI/ours >= 1: the backend is not slower\n",
-                o.check ? "checked" : "unchecked", ranks, o.repeat);
+    std::printf(
+        "mpi backend (%s) vs MPI called directly: %d ranks, f32, size = bytes of the whole array per rank,\n"
+        "median of %d interleaved timings; MPI/ours >= 1: the backend is not slower\n",
+        o.check ? "checked" : "unchecked", ranks, o.repeat);
     std::printf("%-9s %-15s %-26s %6s %10s %10s %9s\n", "size", "op", "MPI call", "calls", "ours ms", "MPI ms",
                 "MPI/ours");
   }
@@ -287,20 +296,18 @@ void run(Communicator& comm, int ranks, const Options& o) {
       return [in, elements] { std::fill_n(in, elements, 1.0f); };
     };
     const Pair pairs[] = {
-        {"all_gather", "MPI_Allgather",
-         [&] { comm.all_gather(in, out, blocks, DType::f32, x); },
+        {"all_gather", "MPI_Allgather", [&] { comm.all_gather(in, out, blocks, DType::f32, x); },
          [&] { MPI_Allgather(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }, rewrite(block)},
-        {"reduce_scatter", "MPI_Reduce_scatter_block",
-         [&] { comm.reduce_scatter(in, out, blocks, DType::f32, x); },
+        {"reduce_scatter", "MPI_Reduce_scatter_block", [&] { comm.reduce_scatter(in, out, blocks, DType::f32, x); },
          [&] { MPI_Reduce_scatter_block(in, out, b, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, rewrite(count)},
-        {"reduce_scatter", "MPI_Reduce_scatter",
-         [&] { comm.reduce_scatter(in, out, blocks, DType::f32, x); },
+        {"reduce_scatter", "MPI_Reduce_scatter", [&] { comm.reduce_scatter(in, out, blocks, DType::f32, x); },
          [&] { MPI_Reduce_scatter(in, out, int_blocks.data(), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, rewrite(count)},
-        {"all_reduce", "MPI_Allreduce",
+        {"all_reduce",
+         "MPI_Allreduce",
          [&] { comm.all_reduce(data.data(), count, DType::f32, x); },
-         [&] { MPI_Allreduce(MPI_IN_PLACE, data.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); }, {}},
-        {"all_to_all", "MPI_Alltoall",
-         [&] { comm.all_to_all(in, blocks, out, blocks, DType::f32, x); },
+         [&] { MPI_Allreduce(MPI_IN_PLACE, data.data(), c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD); },
+         {}},
+        {"all_to_all", "MPI_Alltoall", [&] { comm.all_to_all(in, blocks, out, blocks, DType::f32, x); },
          [&] { MPI_Alltoall(in, b, MPI_FLOAT, out, b, MPI_FLOAT, MPI_COMM_WORLD); }, rewrite(count)},
     };
     for (const Pair& p : pairs) {
@@ -338,8 +345,9 @@ int main(int argc, char** argv) {
     }
     shardmm::BackendOptions backend;
     backend.check = o.check;
-    shardmm::run_backend("mpi", shardmm::Mesh::parse("X=" + std::to_string(ranks)),
-                         [&](Communicator& comm) { run(comm, ranks, o); }, backend);
+    shardmm::run_backend(
+        "mpi", shardmm::Mesh::parse("X=" + std::to_string(ranks)), [&](Communicator& comm) { run(comm, ranks, o); },
+        backend);
   } catch (const shardmm::bench::HelpWanted&) {
     if (rank == 0) std::fputs(kUsage, stdout);
   } catch (const std::exception& e) {

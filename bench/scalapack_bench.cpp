@@ -122,49 +122,52 @@ Side run_pdgemm(const Options& o, int context, const Mesh& mesh, const Contracti
   side.verified = true;
   BackendOptions unchecked;
   unchecked.check = false;
-  run_backend("mpi", mesh, [&](Communicator& comm) {
-    const std::int64_t n = sizes.at("I");
-    const auto a_values = uniform_values(1), b_values = uniform_values(2);  // run_plan's inputs
-    const DistTensor a = DistTensor::filled(mesh, comm.rank(), c.a, {n, n}, DType::f64, a_values);
-    const DistTensor b = DistTensor::filled(mesh, comm.rank(), c.b, {n, n}, DType::f64, b_values);
-    DistTensor result(mesh, comm.rank(), *c.out, {n, n}, DType::f64);
-    // Row-major blocks to and from ScaLAPACK's column-major local storage.
-    const auto column_major = [](const DistTensor& t) {
-      const std::int64_t rows = t.local_shape()[0], cols = t.local_shape()[1];
-      std::vector<double> out(static_cast<std::size_t>(rows * cols));
-      const double* in = static_cast<const double*>(t.data());
-      for (std::int64_t i = 0; i < rows; ++i)
-        for (std::int64_t j = 0; j < cols; ++j) out[static_cast<std::size_t>(i + j * rows)] = in[i * cols + j];
-      return out;
-    };
-    const std::vector<double> local_a = column_major(a), local_b = column_major(b);
-    std::vector<double> local_c(static_cast<std::size_t>(result.elements()));
+  run_backend(
+      "mpi", mesh,
+      [&](Communicator& comm) {
+        const std::int64_t n = sizes.at("I");
+        const auto a_values = uniform_values(1), b_values = uniform_values(2);  // run_plan's inputs
+        const DistTensor a = DistTensor::filled(mesh, comm.rank(), c.a, {n, n}, DType::f64, a_values);
+        const DistTensor b = DistTensor::filled(mesh, comm.rank(), c.b, {n, n}, DType::f64, b_values);
+        DistTensor result(mesh, comm.rank(), *c.out, {n, n}, DType::f64);
+        // Row-major blocks to and from ScaLAPACK's column-major local storage.
+        const auto column_major = [](const DistTensor& t) {
+          const std::int64_t rows = t.local_shape()[0], cols = t.local_shape()[1];
+          std::vector<double> out(static_cast<std::size_t>(rows * cols));
+          const double* in = static_cast<const double*>(t.data());
+          for (std::int64_t i = 0; i < rows; ++i)
+            for (std::int64_t j = 0; j < cols; ++j) out[static_cast<std::size_t>(i + j * rows)] = in[i * cols + j];
+          return out;
+        };
+        const std::vector<double> local_a = column_major(a), local_b = column_major(b);
+        std::vector<double> local_c(static_cast<std::size_t>(result.elements()));
 
-    const int size = static_cast<int>(n), row_block = static_cast<int>(n / o.grid_rows),
-              column_block = static_cast<int>(n / o.grid_columns), zero = 0, one = 1;
-    const int lld = std::max(1, row_block);
-    int desc[9], info = 0;
-    descinit_(desc, &size, &size, &row_block, &column_block, &zero, &zero, &context, &lld, &info);
-    if (info != 0) throw std::runtime_error("descinit failed: info " + std::to_string(info));
-    const double alpha = 1, beta = 0;
-    std::vector<double> times;
-    for (int r = 0; r < o.warmup + o.repeat; ++r) {
-      // Timed as run_plan times ours: from the first rank's start to the last one's finish.
-      const double t = detail::group_span_s(comm, [&] {
-        pdgemm_("N", "N", &size, &size, &size, &alpha, local_a.data(), &one, &one, desc, local_b.data(), &one, &one,
-                desc, &beta, local_c.data(), &one, &one, desc);
-      });
-      if (r >= o.warmup) times.push_back(t);
-    }
-    const std::int64_t rows = result.local_shape()[0], cols = result.local_shape()[1];
-    double* out = static_cast<double*>(result.data());
-    for (std::int64_t i = 0; i < rows; ++i)
-      for (std::int64_t j = 0; j < cols; ++j) out[i * cols + j] = local_c[static_cast<std::size_t>(i + j * rows)];
-    const Verification v =
-        verify ? verify_contraction(comm, c, sizes, DType::f64, result, a_values, b_values) : Verification{true};
-    if (comm.rank() == 0) side = {median(times), v.verified, v.max_rel_error};
-    if (comm.rank() != 0) side.verified = v.verified;
-  }, unchecked);
+        const int size = static_cast<int>(n), row_block = static_cast<int>(n / o.grid_rows),
+                  column_block = static_cast<int>(n / o.grid_columns), zero = 0, one = 1;
+        const int lld = std::max(1, row_block);
+        int desc[9], info = 0;
+        descinit_(desc, &size, &size, &row_block, &column_block, &zero, &zero, &context, &lld, &info);
+        if (info != 0) throw std::runtime_error("descinit failed: info " + std::to_string(info));
+        const double alpha = 1, beta = 0;
+        std::vector<double> times;
+        for (int r = 0; r < o.warmup + o.repeat; ++r) {
+          // Timed as run_plan times ours: from the first rank's start to the last one's finish.
+          const double t = detail::group_span_s(comm, [&] {
+            pdgemm_("N", "N", &size, &size, &size, &alpha, local_a.data(), &one, &one, desc, local_b.data(), &one, &one,
+                    desc, &beta, local_c.data(), &one, &one, desc);
+          });
+          if (r >= o.warmup) times.push_back(t);
+        }
+        const std::int64_t rows = result.local_shape()[0], cols = result.local_shape()[1];
+        double* out = static_cast<double*>(result.data());
+        for (std::int64_t i = 0; i < rows; ++i)
+          for (std::int64_t j = 0; j < cols; ++j) out[i * cols + j] = local_c[static_cast<std::size_t>(i + j * rows)];
+        const Verification v =
+            verify ? verify_contraction(comm, c, sizes, DType::f64, result, a_values, b_values) : Verification{true};
+        if (comm.rank() == 0) side = {median(times), v.verified, v.max_rel_error};
+        if (comm.rank() != 0) side.verified = v.verified;
+      },
+      unchecked);
   return side;
 }
 
@@ -189,13 +192,14 @@ int compare(const Options& o, int world_rank, int world_size) {
   const int ranks = o.grid_rows * o.grid_columns;
   if (world_size != ranks) {
     throw InputError("--grid " + std::to_string(o.grid_rows) + "x" + std::to_string(o.grid_columns) + " needs " +
-                     std::to_string(ranks) + " ranks; this job has " + std::to_string(world_size) +
-                     " (mpirun -n " + std::to_string(ranks) + ")");
+                     std::to_string(ranks) + " ranks; this job has " + std::to_string(world_size) + " (mpirun -n " +
+                     std::to_string(ranks) + ")");
   }
   const char* blas_threads = std::getenv("OPENBLAS_NUM_THREADS");
   if (!blas_threads || std::string(blas_threads) != "1") {
-    throw InputError("run with OPENBLAS_NUM_THREADS=1 in the environment (mpirun -x OPENBLAS_NUM_THREADS=1 ...): "
-                     "both OpenBLAS copies, shardmm's and ScaLAPACK's libblas.so.3, read it when they load");
+    throw InputError(
+        "run with OPENBLAS_NUM_THREADS=1 in the environment (mpirun -x OPENBLAS_NUM_THREADS=1 ...): "
+        "both OpenBLAS copies, shardmm's and ScaLAPACK's libblas.so.3, read it when they load");
   }
   for (const std::int64_t n : o.sizes) {
     if (n % o.grid_rows != 0 || n % o.grid_columns != 0) {
@@ -221,9 +225,10 @@ int compare(const Options& o, int world_rank, int world_size) {
 
   const bool root = world_rank == 0;
   if (root && !o.json) {
-    std::printf("%s on mesh %s (BLACS grid %dx%d), f64, OpenBLAS 1 thread per rank, median of %d (after %d warm-up) "
-                "in each of %d alternating rounds\n",
-                expr.c_str(), mesh.to_string().c_str(), o.grid_rows, o.grid_columns, o.repeat, o.warmup, o.rounds);
+    std::printf(
+        "%s on mesh %s (BLACS grid %dx%d), f64, OpenBLAS 1 thread per rank, median of %d (after %d warm-up) "
+        "in each of %d alternating rounds\n",
+        expr.c_str(), mesh.to_string().c_str(), o.grid_rows, o.grid_columns, o.repeat, o.warmup, o.rounds);
     std::printf("%6s  %-66s %11s %11s %11s %11s %12s %9s\n", "N", "our plan", "ours (s)", "pdgemm (s)", "ours GF/s",
                 "pdgemm GF/s", "ours/pdgemm", "verified");
   }
@@ -269,10 +274,11 @@ int compare(const Options& o, int world_rank, int world_size) {
     }
   }
   if (root && o.json) {
-    std::printf("{\n  \"expression\": \"%s\",\n  \"mesh\": \"%s\",\n  \"grid\": [%d, %d],\n  \"dtype\": \"f64\",\n"
-                "  \"repeat\": %d,\n  \"warmup\": %d,\n  \"rounds\": %d,\n  \"points\": [\n%s\n  ]\n}\n",
-                expr.c_str(), mesh.to_string().c_str(), o.grid_rows, o.grid_columns, o.repeat, o.warmup, o.rounds,
-                json_points.c_str());
+    std::printf(
+        "{\n  \"expression\": \"%s\",\n  \"mesh\": \"%s\",\n  \"grid\": [%d, %d],\n  \"dtype\": \"f64\",\n"
+        "  \"repeat\": %d,\n  \"warmup\": %d,\n  \"rounds\": %d,\n  \"points\": [\n%s\n  ]\n}\n",
+        expr.c_str(), mesh.to_string().c_str(), o.grid_rows, o.grid_columns, o.repeat, o.warmup, o.rounds,
+        json_points.c_str());
   }
   Cblacs_gridexit(context);
   if (!all_verified && root) std::fprintf(stderr, "scalapack_bench: a result does not match the dense reference\n");

@@ -74,8 +74,8 @@ int main(int argc, char** argv) {
                 "verified");
     for (std::int64_t n : sizes) {
       const double flops = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n);
-      const double reference = dtype == DType::f32 ? single_gemm_time<float>(n, ranks, repeat)
-                                                   : single_gemm_time<double>(n, ranks, repeat);
+      const double reference =
+          dtype == DType::f32 ? single_gemm_time<float>(n, ranks, repeat) : single_gemm_time<double>(n, ranks, repeat);
       PlanOptions opt;
       opt.dtype = dtype;
       opt.hw = builtin_profile("h100");
@@ -92,7 +92,10 @@ int main(int argc, char** argv) {
       const RunReport r = run_plan(req);
       std::printf("%8lld %14.6f %14.6f %12.1f %12.1f %8.3f %9s\n", static_cast<long long>(n), reference,
                   r.measured_time_s, flops / reference / 1e9, flops / r.measured_time_s / 1e9,
-                  reference / r.measured_time_s, !req.verify ? "skipped" : r.verification.verified ? "yes" : "NO");
+                  reference / r.measured_time_s,
+                  !req.verify               ? "skipped"
+                  : r.verification.verified ? "yes"
+                                            : "NO");
       std::fflush(stdout);
     }
   } catch (const std::exception& e) {

@@ -33,8 +33,8 @@ int main() {
     const Verification v = verify_contraction(comm, c, sizes, DType::f32, z, uniform_values(1), uniform_values(2));
     if (comm.rank() == 0) {
       std::cout << "device 0 holds Z rows [" << z.box()[0].offset << ", " << z.box()[0].end() << ") of "
-                << sizes.at("B") << "; " << (v.verified ? "verified" : "WRONG") << " (max abs error "
-                << v.max_abs_error << ")\n";
+                << sizes.at("B") << "; " << (v.verified ? "verified" : "WRONG") << " (max abs error " << v.max_abs_error
+                << ")\n";
       verified = v.verified;
     }
   });

@@ -71,7 +71,6 @@ int main() {
   for (const TapeEvent& e : plan.events()) seconds += e.step.time_s;
   std::cout << "Megatron MLP B=4096 D=8192 F=32768 on X=8 (bf16, h100), predicted:\n";
   print_collectives(plan);
-  std::cout << "  " << plan.memory().activations << " activation bytes per device; " << seconds
-            << " s serialized\n";
+  std::cout << "  " << plan.memory().activations << " activation bytes per device; " << seconds << " s serialized\n";
   return y == std::vector<double>{9, 6} && dx == std::vector<double>{9, 3} ? 0 : 1;
 }

@@ -106,7 +106,8 @@ void checked_dims(std::string_view text, std::string_view input) {
 
 void plan_contraction(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options) {
   const MatmulPlanning m = plan_matmul(mesh, c, sizes, options);
-  if (m.chosen >= static_cast<int>(m.candidates.size())) violated("chosen plan out of range", format_contraction(c, mesh));
+  if (m.chosen >= static_cast<int>(m.candidates.size()))
+    violated("chosen plan out of range", format_contraction(c, mesh));
   if (m.chosen >= 0 && c.out && !(m.candidates[static_cast<std::size_t>(m.chosen)].output == *c.out)) {
     violated("the chosen plan's output is not the requested spec", format_contraction(c, mesh));
   }

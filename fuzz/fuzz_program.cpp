@@ -48,7 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const program::Program p = program::parse_program(input, "fuzz.prog");
     const std::string text = program::format_program(p);
     const std::string again = program::format_program(program::parse_program(text, "fuzz.prog"));
-    if (again != text) violated("the canonical text does not print back to itself:\n" + text + "\n---\n" + again, input);
+    if (again != text)
+      violated("the canonical text does not print back to itself:\n" + text + "\n---\n" + again, input);
     const program::Graph g = program::bind(p, {});
     if (small(g)) nn::predict_program(g, {DType::f32, builtin_profile("h100")});
   } catch (const InputError&) {

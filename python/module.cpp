@@ -65,7 +65,8 @@ cli::ProgramInput program_input(const std::string& file, const std::optional<std
                                 const std::optional<std::string>& mesh, const std::string& split,
                                 const std::optional<std::string>& dims, const std::vector<std::string>& pins,
                                 std::optional<bool> train, const std::string& optimizer,
-                                const std::optional<std::string>& dtype, const std::optional<std::string>& hw, bool run) {
+                                const std::optional<std::string>& dtype, const std::optional<std::string>& hw,
+                                bool run) {
   cli::ProgramInput in;
   in.file = file;
   in.text = text;
@@ -282,13 +283,14 @@ PYBIND11_MODULE(_shardmm, m) {
                                return out;
                              })
       .def_property_readonly("device_count", &Mesh::device_count)
-      .def("coords", [](const Mesh& mesh, std::int64_t device) {
-        if (device < 0 || device >= mesh.device_count()) {
-          throw InputError("device " + std::to_string(device) + " is not on mesh " + mesh.to_string() + " (0 to " +
-                           std::to_string(mesh.device_count() - 1) + ")");
-        }
-        return mesh.coords(device);
-      })
+      .def("coords",
+           [](const Mesh& mesh, std::int64_t device) {
+             if (device < 0 || device >= mesh.device_count()) {
+               throw InputError("device " + std::to_string(device) + " is not on mesh " + mesh.to_string() + " (0 to " +
+                                std::to_string(mesh.device_count() - 1) + ")");
+             }
+             return mesh.coords(device);
+           })
       .def("__str__", &Mesh::to_string)
       .def("__eq__", [](const Mesh& x, const Mesh& y) { return x == y; })
       .def("__hash__", [](const Mesh& x) {
@@ -297,7 +299,9 @@ PYBIND11_MODULE(_shardmm, m) {
 
   py::class_<PySpec>(m, "Spec")
       .def_static("parse",
-                  [](const std::string& text, const Mesh& mesh) { return PySpec{parse_spec(text, mesh), mesh}; })
+                  [](const std::string& text, const Mesh& mesh) {
+                    return PySpec{parse_spec(text, mesh), mesh};
+                  })
       .def_static("from_partition_spec",
                   [](const std::string& text, const std::vector<std::string>& letters, const Mesh& mesh) {
                     return PySpec{from_partition_spec(text, letters, mesh), mesh};
@@ -366,14 +370,14 @@ PYBIND11_MODULE(_shardmm, m) {
     }
     return seconds;
   });
-  m.def("reshard", [](const std::string& src, const std::string& dst, const std::string& mesh,
-                      const std::string& split, const std::string& dims, const std::optional<std::string>& dtype,
-                      const std::optional<std::string>& hw, const std::optional<std::string>& mem_limit,
-                      double tie_margin) {
-    const cli::Planning p = planning(mesh, split, dims, dtype, hw, mem_limit, tie_margin, nullptr);
-    const cli::Reshard r = cli::plan_reshard_specs(p, parse_spec(src, p.mesh), parse_spec(dst, p.mesh));
-    return cli::reshard_json(p, r).dump(2);
-  });
+  m.def("reshard",
+        [](const std::string& src, const std::string& dst, const std::string& mesh, const std::string& split,
+           const std::string& dims, const std::optional<std::string>& dtype, const std::optional<std::string>& hw,
+           const std::optional<std::string>& mem_limit, double tie_margin) {
+          const cli::Planning p = planning(mesh, split, dims, dtype, hw, mem_limit, tie_margin, nullptr);
+          const cli::Reshard r = cli::plan_reshard_specs(p, parse_spec(src, p.mesh), parse_spec(dst, p.mesh));
+          return cli::reshard_json(p, r).dump(2);
+        });
   m.def("run", &run);
   m.def("program", [](const cli::ProgramInput& in) {
     cli::ProgramRequest request;

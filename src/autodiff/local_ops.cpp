@@ -50,11 +50,16 @@ enum class Activation { relu, gelu, silu, tanh, exp };
 
 const char* name(Activation f) {
   switch (f) {
-    case Activation::relu: return "relu";
-    case Activation::gelu: return "gelu";
-    case Activation::silu: return "silu";
-    case Activation::tanh: return "tanh";
-    case Activation::exp: return "exp";
+    case Activation::relu:
+      return "relu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::silu:
+      return "silu";
+    case Activation::tanh:
+      return "tanh";
+    case Activation::exp:
+      return "exp";
   }
   return "?";
 }
@@ -66,18 +71,24 @@ double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 double apply(Activation f, double x) {
   switch (f) {
-    case Activation::relu: return x > 0 ? x : 0.0;
-    case Activation::gelu: return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x)));
-    case Activation::silu: return x * sigmoid(x);
-    case Activation::tanh: return std::tanh(x);
-    case Activation::exp: return std::exp(x);
+    case Activation::relu:
+      return x > 0 ? x : 0.0;
+    case Activation::gelu:
+      return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x)));
+    case Activation::silu:
+      return x * sigmoid(x);
+    case Activation::tanh:
+      return std::tanh(x);
+    case Activation::exp:
+      return std::exp(x);
   }
   return 0;
 }
 
 double derivative(Activation f, double x) {
   switch (f) {
-    case Activation::relu: return x > 0 ? 1.0 : 0.0;
+    case Activation::relu:
+      return x > 0 ? 1.0 : 0.0;
     case Activation::gelu: {
       const double t = std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x));
       return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 3.0 * kGeluC * x * x);
@@ -90,15 +101,16 @@ double derivative(Activation f, double x) {
       const double t = std::tanh(x);
       return 1.0 - t * t;
     }
-    case Activation::exp: return std::exp(x);
+    case Activation::exp:
+      return std::exp(x);
   }
   return 0;
 }
 
 void require_same_spec(const Mesh& mesh, Var a, Var b, const char* op) {
   if (!(a.spec() == b.spec()) || a.shape() != b.shape()) {
-    throw InputError(std::string(op) + " needs both operands in one layout and shape; got " + format_spec(a.spec(), mesh) +
-                     " and " + format_spec(b.spec(), mesh) + " (reshard one)");
+    throw InputError(std::string(op) + " needs both operands in one layout and shape; got " +
+                     format_spec(a.spec(), mesh) + " and " + format_spec(b.spec(), mesh) + " (reshard one)");
   }
 }
 
@@ -199,20 +211,21 @@ Var swiglu(Var gate, Var up) {
   const Shape shape = na.shape;
   return t.add_node(tape, std::move(y), shape, {gate.id(), up.id()},
                     [silu_of](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const int ia = self.inputs[0], ib = self.inputs[1];
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    const Value& av = impl.saved_value(ia);
-    const Value& bv = impl.saved_value(ib);
-    const Value slope = elementwise(impl, g.spec, self.shape, av, &bv,
-                                    [](double x, double z) { return z * derivative(Activation::silu, x); });
-    const Value gated =
-        elementwise(impl, g.spec, self.shape, av, nullptr, [silu_of](double x, double) { return silu_of(x); });
-    const auto times = [](double x, double z) { return x * z; };
-    Value da = elementwise(impl, g.spec, self.shape, g, &slope, times);
-    Value db = elementwise(impl, g.spec, self.shape, g, &gated, times);
-    impl.accumulate(ia, std::move(da));
-    impl.accumulate(ib, std::move(db));
-  });
+                      const int ia = self.inputs[0], ib = self.inputs[1];
+                      const Value g = impl.align(grad, self.value.spec, self.shape);
+                      const Value& av = impl.saved_value(ia);
+                      const Value& bv = impl.saved_value(ib);
+                      const Value slope = elementwise(impl, g.spec, self.shape, av, &bv, [](double x, double z) {
+                        return z * derivative(Activation::silu, x);
+                      });
+                      const Value gated = elementwise(impl, g.spec, self.shape, av, nullptr,
+                                                      [silu_of](double x, double) { return silu_of(x); });
+                      const auto times = [](double x, double z) { return x * z; };
+                      Value da = elementwise(impl, g.spec, self.shape, g, &slope, times);
+                      Value db = elementwise(impl, g.spec, self.shape, g, &gated, times);
+                      impl.accumulate(ia, std::move(da));
+                      impl.accumulate(ib, std::move(db));
+                    });
 }
 
 // mul and add keep their same-spec contract; binary does the work.
@@ -231,9 +244,10 @@ Var scale(Var x, double factor) {
   Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, times);
   const Shape shape = nx.shape;
   // Linear and elementwise: the gradient scales in whatever layout it came, partial sums too.
-  return t.add_node(tape, std::move(y), shape, {x.id()}, [times](Tape::Impl& impl, const Node& self, const Value& grad) {
-    impl.accumulate(self.inputs[0], elementwise(impl, grad.spec, self.shape, grad, nullptr, times));
-  });
+  return t.add_node(tape, std::move(y), shape, {x.id()},
+                    [times](Tape::Impl& impl, const Node& self, const Value& grad) {
+                      impl.accumulate(self.inputs[0], elementwise(impl, grad.spec, self.shape, grad, nullptr, times));
+                    });
 }
 
 Var rename(Var x, std::string_view from, std::string_view to) {
@@ -251,11 +265,11 @@ Var rename(Var x, std::string_view from, std::string_view to) {
   const Node& nx = t.node(x);
   const Shape shape = nx.shape;
   Value y = relabeled(t, nx.value, std::move(out), shape);
-  return t.add_node(tape, std::move(y), shape, {x.id()},
-                    [from = std::string(from), to = std::string(to)](Tape::Impl& impl, const Node& self,
-                                                                    const Value& grad) {
-    impl.accumulate(self.inputs[0], relabeled(impl, grad, renamed(grad.spec, to, from), self.shape));
-  });
+  return t.add_node(
+      tape, std::move(y), shape, {x.id()},
+      [from = std::string(from), to = std::string(to)](Tape::Impl& impl, const Node& self, const Value& grad) {
+        impl.accumulate(self.inputs[0], relabeled(impl, grad, renamed(grad.spec, to, from), self.shape));
+      });
 }
 
 Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill) {

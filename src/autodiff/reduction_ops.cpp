@@ -48,12 +48,12 @@ struct Rows {
 // What a reduction over dimension `dim` of a value works with.
 struct Reduced {
   int dim = -1;
-  AxisList axes;       // the axes sharding dim, sorted (the all_reduce group); empty: unsharded
-  Spec spec;           // the layout without dim, unreduced over `axes` (and x's own unreduced axes)
-  Shape shape;         // global, without dim
+  AxisList axes;            // the axes sharding dim, sorted (the all_reduce group); empty: unsharded
+  Spec spec;                // the layout without dim, unreduced over `axes` (and x's own unreduced axes)
+  Shape shape;              // global, without dim
   std::int64_t extent = 0;  // dim's global extent
   std::int64_t offset = 0;  // where this rank's block of dim starts
-  Rows rows;           // this rank's block, along dim
+  Rows rows;                // this rank's block, along dim
 };
 
 // How many rows' statistics a tape keeps: this rank's rows when it computes, none when it is
@@ -151,25 +151,24 @@ Var scaled_reduce(Var x, std::string_view dim, double scale, const char* op) {
     for_rows(t, nx.value, r.rows,
              [&](std::int64_t row, std::int64_t, double v) { sums[static_cast<std::size_t>(row)] += v; });
     const Rows one(Shape{r.rows.count, 1}, 1);
-    y.data = fill_rows(t, y.spec, r.shape, one, [&](std::int64_t row, std::int64_t) {
-      return sums[static_cast<std::size_t>(row)] * scale;
-    });
+    y.data = fill_rows(t, y.spec, r.shape, one,
+                       [&](std::int64_t row, std::int64_t) { return sums[static_cast<std::size_t>(row)] * scale; });
   }
-  return t.add_node(tape, std::move(y), r.shape, {x.id()}, [scale, d = r.dim](Tape::Impl& impl, const Node& self,
-                                                                              const Value& grad) {
-    // Each element's gradient is its row's, scaled: the output gradient spread along dim.
-    const int ix = self.inputs[0];
-    const Node& nx = impl.node(ix);
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    Value dx{nx.value.spec, nullptr};
-    dx.spec.unreduced = g.spec.unreduced;
-    if (g.data) {
-      const Rows rows(local_shape(impl.mesh, dx.spec, nx.shape, impl.device()), d);
-      dx.data = fill_rows(impl, dx.spec, nx.shape, rows,
-                          [&](std::int64_t r, std::int64_t) { return element(impl, g, r) * scale; });
-    }
-    impl.accumulate(ix, std::move(dx));
-  });
+  return t.add_node(tape, std::move(y), r.shape, {x.id()},
+                    [scale, d = r.dim](Tape::Impl& impl, const Node& self, const Value& grad) {
+                      // Each element's gradient is its row's, scaled: the output gradient spread along dim.
+                      const int ix = self.inputs[0];
+                      const Node& nx = impl.node(ix);
+                      const Value g = impl.align(grad, self.value.spec, self.shape);
+                      Value dx{nx.value.spec, nullptr};
+                      dx.spec.unreduced = g.spec.unreduced;
+                      if (g.data) {
+                        const Rows rows(local_shape(impl.mesh, dx.spec, nx.shape, impl.device()), d);
+                        dx.data = fill_rows(impl, dx.spec, nx.shape, rows,
+                                            [&](std::int64_t r, std::int64_t) { return element(impl, g, r) * scale; });
+                      }
+                      impl.accumulate(ix, std::move(dx));
+                    });
 }
 
 // The layer norm's optional scale and bias: 1-D over the normalized dimension, replicated.
@@ -232,80 +231,81 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
   }
   const Shape shape = nx.shape;
   const std::string name = y.spec.tensor;
-  Var out = t.add_node(tape, std::move(y), shape, std::move(inputs),
-                       [mean, rstd, center, r, name](Tape::Impl& impl, const Node& self, const Value& grad) {
-    // dx = rstd (g' - mean(g') - xhat mean(g' xhat)) with g' = g scale (mean(g') dropped
-    // without centering); the means over the whole row.
-    const int ix = self.inputs[0];
-    const bool has_affine = self.inputs.size() == 3;
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    const std::size_t rows = mean->size();
-    std::vector<double> sum_g(rows, 0.0), sum_g_xhat(rows, 0.0);
-    const Value* xv = g.data ? &impl.saved_value(ix) : nullptr;
-    const Value* gamma = g.data && has_affine ? &impl.saved_value(self.inputs[1]) : nullptr;
-    const auto xhat = [&](std::int64_t row, std::int64_t i) {
-      const auto k = static_cast<std::size_t>(row);
-      return (element(impl, *xv, r.rows.at(row, i)) - (*mean)[k]) * (*rstd)[k];
-    };
-    const auto scaled_g = [&](std::int64_t row, std::int64_t i) {
-      const double gr = element(impl, g, r.rows.at(row, i));
-      return gamma ? gr * element(impl, *gamma, r.offset + i) : gr;
-    };
-    if (g.data) {
-      for (std::int64_t row = 0; row < r.rows.count; ++row) {
-        for (std::int64_t i = 0; i < r.rows.n; ++i) {
-          const double gy = scaled_g(row, i);
-          sum_g[static_cast<std::size_t>(row)] += gy;
-          sum_g_xhat[static_cast<std::size_t>(row)] += gy * xhat(row, i);
-        }
-      }
-    }
-    const double n = static_cast<double>(r.extent);
-    if (center) {
-      complete(impl, r, ReduceOp::sum, "d" + name + ".sum", sum_g);
-      for (double& s : sum_g) s /= n;
-    } else {
-      std::fill(sum_g.begin(), sum_g.end(), 0.0);
-    }
-    complete(impl, r, ReduceOp::sum, "d" + name + ".dot", sum_g_xhat);
-    for (double& s : sum_g_xhat) s /= n;
-    Value dx{g.spec, nullptr};
-    if (g.data) {
-      dx.data = fill_rows(impl, g.spec, self.shape, r.rows, [&](std::int64_t row, std::int64_t i) {
-        const auto k = static_cast<std::size_t>(row);
-        return (*rstd)[k] * (scaled_g(row, i) - sum_g[k] - xhat(row, i) * sum_g_xhat[k]);
-      });
-    }
-    impl.accumulate(ix, std::move(dx));
-    if (!has_affine) return;
-    // The parameters' gradients sum over this rank's rows and its part of dim: partial over
-    // every axis that splits x (zeros outside its part of dim), and over g's own partial sums.
-    const int is = self.inputs[1], ib = self.inputs[2];
-    const Node& ns = impl.node(is);
-    Value dparam{ns.value.spec, nullptr};
-    dparam.spec.unreduced = sharding_axes(self.value.spec);
-    dparam.spec.unreduced.insert(dparam.spec.unreduced.end(), g.spec.unreduced.begin(), g.spec.unreduced.end());
-    std::sort(dparam.spec.unreduced.begin(), dparam.spec.unreduced.end());
-    Value dscale = dparam, dbias = dparam;
-    if (g.data) {
-      const auto size = static_cast<std::size_t>(ns.shape[0]);
-      std::vector<double> ds(size, 0.0), db(size, 0.0);
-      for (std::int64_t row = 0; row < r.rows.count; ++row) {
-        for (std::int64_t i = 0; i < r.rows.n; ++i) {
+  Var out = t.add_node(
+      tape, std::move(y), shape, std::move(inputs),
+      [mean, rstd, center, r, name](Tape::Impl& impl, const Node& self, const Value& grad) {
+        // dx = rstd (g' - mean(g') - xhat mean(g' xhat)) with g' = g scale (mean(g') dropped
+        // without centering); the means over the whole row.
+        const int ix = self.inputs[0];
+        const bool has_affine = self.inputs.size() == 3;
+        const Value g = impl.align(grad, self.value.spec, self.shape);
+        const std::size_t rows = mean->size();
+        std::vector<double> sum_g(rows, 0.0), sum_g_xhat(rows, 0.0);
+        const Value* xv = g.data ? &impl.saved_value(ix) : nullptr;
+        const Value* gamma = g.data && has_affine ? &impl.saved_value(self.inputs[1]) : nullptr;
+        const auto xhat = [&](std::int64_t row, std::int64_t i) {
+          const auto k = static_cast<std::size_t>(row);
+          return (element(impl, *xv, r.rows.at(row, i)) - (*mean)[k]) * (*rstd)[k];
+        };
+        const auto scaled_g = [&](std::int64_t row, std::int64_t i) {
           const double gr = element(impl, g, r.rows.at(row, i));
-          ds[static_cast<std::size_t>(r.offset + i)] += gr * xhat(row, i);
-          db[static_cast<std::size_t>(r.offset + i)] += gr;
+          return gamma ? gr * element(impl, *gamma, r.offset + i) : gr;
+        };
+        if (g.data) {
+          for (std::int64_t row = 0; row < r.rows.count; ++row) {
+            for (std::int64_t i = 0; i < r.rows.n; ++i) {
+              const double gy = scaled_g(row, i);
+              sum_g[static_cast<std::size_t>(row)] += gy;
+              sum_g_xhat[static_cast<std::size_t>(row)] += gy * xhat(row, i);
+            }
+          }
         }
-      }
-      const Rows whole(ns.shape, 0);
-      dscale.data = fill_rows(impl, dparam.spec, ns.shape, whole,
-                              [&](std::int64_t, std::int64_t i) { return ds[static_cast<std::size_t>(i)]; });
-      dbias.data = fill_rows(impl, dparam.spec, ns.shape, whole,
-                             [&](std::int64_t, std::int64_t i) { return db[static_cast<std::size_t>(i)]; });
-    }
-    impl.accumulate(is, std::move(dscale));
-    impl.accumulate(ib, std::move(dbias));
-  });
+        const double n = static_cast<double>(r.extent);
+        if (center) {
+          complete(impl, r, ReduceOp::sum, "d" + name + ".sum", sum_g);
+          for (double& s : sum_g) s /= n;
+        } else {
+          std::fill(sum_g.begin(), sum_g.end(), 0.0);
+        }
+        complete(impl, r, ReduceOp::sum, "d" + name + ".dot", sum_g_xhat);
+        for (double& s : sum_g_xhat) s /= n;
+        Value dx{g.spec, nullptr};
+        if (g.data) {
+          dx.data = fill_rows(impl, g.spec, self.shape, r.rows, [&](std::int64_t row, std::int64_t i) {
+            const auto k = static_cast<std::size_t>(row);
+            return (*rstd)[k] * (scaled_g(row, i) - sum_g[k] - xhat(row, i) * sum_g_xhat[k]);
+          });
+        }
+        impl.accumulate(ix, std::move(dx));
+        if (!has_affine) return;
+        // The parameters' gradients sum over this rank's rows and its part of dim: partial over
+        // every axis that splits x (zeros outside its part of dim), and over g's own partial sums.
+        const int is = self.inputs[1], ib = self.inputs[2];
+        const Node& ns = impl.node(is);
+        Value dparam{ns.value.spec, nullptr};
+        dparam.spec.unreduced = sharding_axes(self.value.spec);
+        dparam.spec.unreduced.insert(dparam.spec.unreduced.end(), g.spec.unreduced.begin(), g.spec.unreduced.end());
+        std::sort(dparam.spec.unreduced.begin(), dparam.spec.unreduced.end());
+        Value dscale = dparam, dbias = dparam;
+        if (g.data) {
+          const auto size = static_cast<std::size_t>(ns.shape[0]);
+          std::vector<double> ds(size, 0.0), db(size, 0.0);
+          for (std::int64_t row = 0; row < r.rows.count; ++row) {
+            for (std::int64_t i = 0; i < r.rows.n; ++i) {
+              const double gr = element(impl, g, r.rows.at(row, i));
+              ds[static_cast<std::size_t>(r.offset + i)] += gr * xhat(row, i);
+              db[static_cast<std::size_t>(r.offset + i)] += gr;
+            }
+          }
+          const Rows whole(ns.shape, 0);
+          dscale.data = fill_rows(impl, dparam.spec, ns.shape, whole,
+                                  [&](std::int64_t, std::int64_t i) { return ds[static_cast<std::size_t>(i)]; });
+          dbias.data = fill_rows(impl, dparam.spec, ns.shape, whole,
+                                 [&](std::int64_t, std::int64_t i) { return db[static_cast<std::size_t>(i)]; });
+        }
+        impl.accumulate(is, std::move(dscale));
+        impl.accumulate(ib, std::move(dbias));
+      });
   // The statistics kept per row: mean and 1 / sqrt(var + eps), or the latter alone.
   t.node(out).extra_saved_bytes = needs ? (center ? 2 : 1) * r.rows.count * dtype_bytes(t.options.dtype) : 0;
   return out;
@@ -355,30 +355,30 @@ Var reduce_max(Var x, std::string_view dim) {
                      [&](std::int64_t row, std::int64_t) { return peak[static_cast<std::size_t>(row)]; });
   const bool needs = nx.requires_grad;
   t.node(x).saved = t.node(x).saved || needs;
-  Var out = t.add_node(tape, std::move(y), r.shape, {x.id()},
-                       [r](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const int ix = self.inputs[0];
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    const Value* xv = g.data ? &impl.saved_value(ix) : nullptr;
-    const auto is_peak = [&](std::int64_t row, std::int64_t i) {
-      return element(impl, *xv, r.rows.at(row, i)) == element(impl, self.value, row);
-    };
-    std::vector<double> ties(stat_rows(impl, r.rows), 0.0);
-    if (g.data) {
-      for (std::int64_t row = 0; row < r.rows.count; ++row) {
-        for (std::int64_t i = 0; i < r.rows.n; ++i) ties[static_cast<std::size_t>(row)] += is_peak(row, i) ? 1 : 0;
-      }
-    }
-    complete(impl, r, ReduceOp::sum, "d" + self.value.spec.tensor + ".ties", ties);
-    Value dx{impl.node(ix).value.spec, nullptr};
-    dx.spec.tensor = "d" + dx.spec.tensor;
-    if (g.data) {
-      dx.data = fill_rows(impl, dx.spec, impl.node(ix).shape, r.rows, [&](std::int64_t row, std::int64_t i) {
-        return is_peak(row, i) ? element(impl, g, row) / ties[static_cast<std::size_t>(row)] : 0.0;
+  Var out =
+      t.add_node(tape, std::move(y), r.shape, {x.id()}, [r](Tape::Impl& impl, const Node& self, const Value& grad) {
+        const int ix = self.inputs[0];
+        const Value g = impl.align(grad, self.value.spec, self.shape);
+        const Value* xv = g.data ? &impl.saved_value(ix) : nullptr;
+        const auto is_peak = [&](std::int64_t row, std::int64_t i) {
+          return element(impl, *xv, r.rows.at(row, i)) == element(impl, self.value, row);
+        };
+        std::vector<double> ties(stat_rows(impl, r.rows), 0.0);
+        if (g.data) {
+          for (std::int64_t row = 0; row < r.rows.count; ++row) {
+            for (std::int64_t i = 0; i < r.rows.n; ++i) ties[static_cast<std::size_t>(row)] += is_peak(row, i) ? 1 : 0;
+          }
+        }
+        complete(impl, r, ReduceOp::sum, "d" + self.value.spec.tensor + ".ties", ties);
+        Value dx{impl.node(ix).value.spec, nullptr};
+        dx.spec.tensor = "d" + dx.spec.tensor;
+        if (g.data) {
+          dx.data = fill_rows(impl, dx.spec, impl.node(ix).shape, r.rows, [&](std::int64_t row, std::int64_t i) {
+            return is_peak(row, i) ? element(impl, g, row) / ties[static_cast<std::size_t>(row)] : 0.0;
+          });
+        }
+        impl.accumulate(ix, std::move(dx));
       });
-    }
-    impl.accumulate(ix, std::move(dx));
-  });
   t.node(out).saved = needs;
   return out;
 }

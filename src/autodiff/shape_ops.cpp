@@ -79,18 +79,24 @@ Value broadcast(Tape::Impl& t, Spec spec, const Shape& shape, const Value& a, co
 
 const char* name(BinaryOp op) {
   switch (op) {
-    case BinaryOp::add: return "add";
-    case BinaryOp::sub: return "sub";
-    case BinaryOp::mul: return "mul";
+    case BinaryOp::add:
+      return "add";
+    case BinaryOp::sub:
+      return "sub";
+    case BinaryOp::mul:
+      return "mul";
   }
   return "?";
 }
 
 double apply(BinaryOp op, double x, double z) {
   switch (op) {
-    case BinaryOp::add: return x + z;
-    case BinaryOp::sub: return x - z;
-    case BinaryOp::mul: return x * z;
+    case BinaryOp::add:
+      return x + z;
+    case BinaryOp::sub:
+      return x - z;
+    case BinaryOp::mul:
+      return x * z;
   }
   return 0;
 }
@@ -305,16 +311,16 @@ Var regroup(Var x, Regrouped r, Inverse inverse) {
   Value y = relabeled(t, t.node(x).value, std::move(r.spec), r.shape);
   return t.add_node(tape, std::move(y), r.shape, {x.id()},
                     [inverse = std::move(inverse)](Tape::Impl& impl, const Node& self, const Value& grad) {
-    Value g = grad;
-    Regrouped back = inverse(impl.mesh, g.spec, self.shape);
-    if (!back.refusal.empty()) {
-      // The gradient came sharded in a way the inverse cannot regroup locally; the output's
-      // own layout can (the forward ran on it).
-      g = impl.align(grad, self.value.spec, self.shape);
-      back = inverse(impl.mesh, g.spec, self.shape);
-    }
-    impl.accumulate(self.inputs[0], relabeled(impl, g, std::move(back.spec), back.shape));
-  });
+                      Value g = grad;
+                      Regrouped back = inverse(impl.mesh, g.spec, self.shape);
+                      if (!back.refusal.empty()) {
+                        // The gradient came sharded in a way the inverse cannot regroup locally; the output's
+                        // own layout can (the forward ran on it).
+                        g = impl.align(grad, self.value.spec, self.shape);
+                        back = inverse(impl.mesh, g.spec, self.shape);
+                      }
+                      impl.accumulate(self.inputs[0], relabeled(impl, g, std::move(back.spec), back.shape));
+                    });
 }
 
 std::vector<std::string> part_names(const Parts& parts) {
@@ -380,28 +386,29 @@ Var binary(Var a, Var b, BinaryOp op, const std::vector<std::string>& out_dims) 
   }
   return t.add_node(tape, std::move(y), shape, {a.id(), b.id()},
                     [op](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const int ia = self.inputs[0], ib = self.inputs[1];
-    if (op == BinaryOp::mul) {
-      const Value g = impl.align(grad, self.value.spec, self.shape);
-      for (const auto& [target, other] : {std::pair{ia, ib}, std::pair{ib, ia}}) {
-        if (!impl.node(target).requires_grad) continue;
-        const Value product =
-            broadcast(impl, g.spec, self.shape, g, impl.saved_value(other), [](double x, double z) { return x * z; });
-        impl.accumulate(target, to_operand(impl, product, self.shape, impl.node(target).value.spec));
-      }
-      return;
-    }
-    // Linear: the gradient is summed and negated in whatever layout it came.
-    if (impl.node(ia).requires_grad) impl.accumulate(ia, to_operand(impl, grad, self.shape, impl.node(ia).value.spec));
-    if (impl.node(ib).requires_grad) {
-      const Node& nb = impl.node(ib);
-      Value gb = to_operand(impl, grad, self.shape, nb.value.spec);
-      if (op == BinaryOp::sub) {
-        gb = elementwise(impl, gb.spec, nb.shape, gb, nullptr, [](double x, double) { return -x; });
-      }
-      impl.accumulate(ib, std::move(gb));
-    }
-  });
+                      const int ia = self.inputs[0], ib = self.inputs[1];
+                      if (op == BinaryOp::mul) {
+                        const Value g = impl.align(grad, self.value.spec, self.shape);
+                        for (const auto& [target, other] : {std::pair{ia, ib}, std::pair{ib, ia}}) {
+                          if (!impl.node(target).requires_grad) continue;
+                          const Value product = broadcast(impl, g.spec, self.shape, g, impl.saved_value(other),
+                                                          [](double x, double z) { return x * z; });
+                          impl.accumulate(target, to_operand(impl, product, self.shape, impl.node(target).value.spec));
+                        }
+                        return;
+                      }
+                      // Linear: the gradient is summed and negated in whatever layout it came.
+                      if (impl.node(ia).requires_grad)
+                        impl.accumulate(ia, to_operand(impl, grad, self.shape, impl.node(ia).value.spec));
+                      if (impl.node(ib).requires_grad) {
+                        const Node& nb = impl.node(ib);
+                        Value gb = to_operand(impl, grad, self.shape, nb.value.spec);
+                        if (op == BinaryOp::sub) {
+                          gb = elementwise(impl, gb.spec, nb.shape, gb, nullptr, [](double x, double) { return -x; });
+                        }
+                        impl.accumulate(ib, std::move(gb));
+                      }
+                    });
 }
 
 Var transpose(Var x, const std::vector<std::string>& dims) {
@@ -436,10 +443,10 @@ bool can_merge_locally(const Mesh& mesh, const Spec& spec, const Shape& shape, c
 
 Var split_dim(Var x, std::string_view dim, const Parts& parts) {
   const Regrouped r = split_layout(x.tape().mesh(), x.spec(), x.shape(), dim, parts);
-  return regroup(x, r, [names = part_names(parts), dim = std::string(dim)](const Mesh& mesh, const Spec& s,
-                                                                          const Shape& shape) {
-    return merge_layout(mesh, s, shape, names, dim);
-  });
+  return regroup(
+      x, r, [names = part_names(parts), dim = std::string(dim)](const Mesh& mesh, const Spec& s, const Shape& shape) {
+        return merge_layout(mesh, s, shape, names, dim);
+      });
 }
 
 Var merge_dims(Var x, const std::vector<std::string>& dims, std::string_view into) {

@@ -16,7 +16,8 @@ namespace {
 std::string label(const Spec& s) { return s.tensor.empty() ? std::string("the tensor") : s.tensor; }
 
 bool is_suffix(const AxisList& s, const AxisList& of) {
-  return !s.empty() && s.size() <= of.size() && std::equal(s.begin(), s.end(), of.end() - static_cast<std::ptrdiff_t>(s.size()));
+  return !s.empty() && s.size() <= of.size() &&
+         std::equal(s.begin(), s.end(), of.end() - static_cast<std::ptrdiff_t>(s.size()));
 }
 
 // Global sizes of every letter of a and b; InputError when a letter's sizes differ.
@@ -65,8 +66,9 @@ Var step_node(Var x, Step step, Gathered keep = Gathered::kept) {
   Value out = t.run_step(step, in.value, in.shape);
   out.spec.tensor = in.value.spec.tensor;
   const Shape shape = in.shape;
-  Var y = t.add_node(tape, std::move(out), shape, {x.id()},
-                     [](Tape::Impl& impl, const Node& self, const Value& grad) { impl.accumulate(self.inputs[0], grad); });
+  Var y = t.add_node(tape, std::move(out), shape, {x.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
+    impl.accumulate(self.inputs[0], grad);
+  });
   if (keep == Gathered::regathered) t.node(y).regather = step;
   return y;
 }
@@ -105,7 +107,8 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
     if (x != y) {
       throw InputError(what + " cannot run locally: " + role + " dimension '" + name +
                        "' must be sharded alike in both operands (" + (x.empty() ? "replicated" : mesh.axis_names(x)) +
-                       " vs " + (y.empty() ? "replicated" : mesh.axis_names(y)) + "); reshard one, or use planned_einsum");
+                       " vs " + (y.empty() ? "replicated" : mesh.axis_names(y)) +
+                       "); reshard one, or use planned_einsum");
     }
     return x;
   };
@@ -154,25 +157,26 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
   // Each operand's gradient is contracted from the other operand's value.
   if (nb.requires_grad) na.saved = true;
   if (na.requires_grad) nb.saved = true;
-  return t.add_node(tape, std::move(c), shape, {a.id(), b.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    const int ia = self.inputs[0], ib = self.inputs[1];
-    for (const auto& [target, other, target_first] : {std::tuple{ia, ib, true}, std::tuple{ib, ia, false}}) {
-      const Node& tn = impl.node(target);
-      if (!tn.requires_grad) continue;
-      const Value& ov = impl.saved_value(other);
-      const Shape& os = impl.node(other).shape;
-      const std::vector<std::string> names = dim_names(tn.value.spec);
-      // dA = dC (x) B and dB = A (x) dC, in the operand's own dimension order.
-      const Value& x = target_first ? g : ov;
-      const Value& y = target_first ? ov : g;
-      const Shape& xs = target_first ? self.shape : os;
-      const Shape& ys = target_first ? os : self.shape;
-      Spec spec = local_einsum_spec(impl.mesh, x.spec, xs, y.spec, ys, names, nullptr);
-      spec.tensor = "d" + tn.value.spec.tensor;
-      impl.accumulate(target, impl.run_einsum(x, xs, y, ys, spec, tn.shape));
-    }
-  });
+  return t.add_node(
+      tape, std::move(c), shape, {a.id(), b.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
+        const Value g = impl.align(grad, self.value.spec, self.shape);
+        const int ia = self.inputs[0], ib = self.inputs[1];
+        for (const auto& [target, other, target_first] : {std::tuple{ia, ib, true}, std::tuple{ib, ia, false}}) {
+          const Node& tn = impl.node(target);
+          if (!tn.requires_grad) continue;
+          const Value& ov = impl.saved_value(other);
+          const Shape& os = impl.node(other).shape;
+          const std::vector<std::string> names = dim_names(tn.value.spec);
+          // dA = dC (x) B and dB = A (x) dC, in the operand's own dimension order.
+          const Value& x = target_first ? g : ov;
+          const Value& y = target_first ? ov : g;
+          const Shape& xs = target_first ? self.shape : os;
+          const Shape& ys = target_first ? os : self.shape;
+          Spec spec = local_einsum_spec(impl.mesh, x.spec, xs, y.spec, ys, names, nullptr);
+          spec.tensor = "d" + tn.value.spec.tensor;
+          impl.accumulate(target, impl.run_einsum(x, xs, y, ys, spec, tn.shape));
+        }
+      });
 }
 
 Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep_b) {

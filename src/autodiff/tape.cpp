@@ -12,9 +12,12 @@ namespace shardmm::autodiff {
 
 const char* to_string(Phase phase) {
   switch (phase) {
-    case Phase::forward: return "forward";
-    case Phase::backward: return "backward";
-    case Phase::update: return "update";
+    case Phase::forward:
+      return "forward";
+    case Phase::backward:
+      return "backward";
+    case Phase::update:
+      return "update";
   }
   return "?";
 }
@@ -115,9 +118,7 @@ void Tape::Impl::enter_unit(int id) {
   units.back().lowest_node = id;
 }
 
-void Tape::Impl::cost(Step& step, const Shape& shape) const {
-  cost_step(step, mesh, shape, plan_options);
-}
+void Tape::Impl::cost(Step& step, const Shape& shape) const { cost_step(step, mesh, shape, plan_options); }
 
 Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
   TapeEvent ev{phase, step, false, {}, scope};
@@ -290,7 +291,8 @@ AxisList Tape::axes(std::string_view names) const {
   AxisList out;
   for (const std::string& p : parts) {
     const std::optional<int> a = mesh.find(p);
-    if (!a) throw InputError("mesh axis '" + p + "' in '" + std::string(names) + "' is not in mesh " + mesh.to_string());
+    if (!a)
+      throw InputError("mesh axis '" + p + "' in '" + std::string(names) + "' is not in mesh " + mesh.to_string());
     if (contains(out, *a)) throw InputError("mesh axis '" + p + "' appears twice in '" + std::string(names) + "'");
     out.push_back(*a);
   }
@@ -309,7 +311,8 @@ Var Tape::input(const Spec& spec, Shape shape, const DistTensor::Generator& valu
                      " dimensions but a shape of " + std::to_string(shape.size()) + " extents");
   }
   for (std::int64_t n : shape) {
-    if (n < 0) throw InputError("input " + format_spec(spec, impl_->mesh) + " has a negative extent " + std::to_string(n));
+    if (n < 0)
+      throw InputError("input " + format_spec(spec, impl_->mesh) + " has a negative extent " + std::to_string(n));
   }
   Value v{spec, nullptr};
   if (!impl_->symbolic()) {
@@ -332,13 +335,14 @@ Var Tape::input(std::string_view spec_text, const DimSizes& sizes, const DistTen
 Var Tape::input(DistTensor value, bool requires_grad) {
   if (impl_->symbolic()) throw InputError("a symbolic tape holds no data; use input(spec, shape, generator)");
   if (value.device() != impl_->device() || value.dtype() != impl_->options.dtype) {
-    throw InputError("input shard is for device " + std::to_string(value.device()) + " in " +
-                     to_string(value.dtype()) + "; this tape runs device " + std::to_string(impl_->device()) +
-                     " in " + to_string(impl_->options.dtype));
+    throw InputError("input shard is for device " + std::to_string(value.device()) + " in " + to_string(value.dtype()) +
+                     "; this tape runs device " + std::to_string(impl_->device()) + " in " +
+                     to_string(impl_->options.dtype));
   }
   const Spec spec = value.spec();
   const Shape shape = value.global_shape();
-  Var var = input(spec, shape, [](const Index&, std::int64_t) { return 0.0; }, requires_grad);
+  Var var = input(
+      spec, shape, [](const Index&, std::int64_t) { return 0.0; }, requires_grad);
   impl_->node(var).value.data = std::make_shared<DistTensor>(std::move(value));
   return var;
 }
@@ -518,8 +522,10 @@ std::vector<MemoryPoint> Tape::memory_timeline() const {
   const auto units = static_cast<int>(t.units.size());
   std::int64_t leaves = 0;
   // Bytes added over a range of forward points (diff arrays), and per backward unit.
-  std::vector<std::int64_t> fwd_values(static_cast<std::size_t>(ops) + 1, 0), fwd_transient(static_cast<std::size_t>(ops), 0);
-  std::vector<std::int64_t> bwd_values(static_cast<std::size_t>(units) + 1, 0), bwd_grads(static_cast<std::size_t>(units) + 2, 0);
+  std::vector<std::int64_t> fwd_values(static_cast<std::size_t>(ops) + 1, 0),
+      fwd_transient(static_cast<std::size_t>(ops), 0);
+  std::vector<std::int64_t> bwd_values(static_cast<std::size_t>(units) + 1, 0),
+      bwd_grads(static_cast<std::size_t>(units) + 2, 0);
   const auto add = [](std::vector<std::int64_t>& diff, int from, int to, std::int64_t bytes) {
     if (from > to) return;
     diff[static_cast<std::size_t>(from)] += bytes;
@@ -562,7 +568,8 @@ std::vector<MemoryPoint> Tape::memory_timeline() const {
     if (n.grad_from >= 0) add(bwd_grads, n.grad_from, n.grad_to, n.grad_bytes);
   }
   for (int g = 0; g < ops; ++g) {
-    fwd_transient[static_cast<std::size_t>(g)] = internal_peak(t, t.ops[static_cast<std::size_t>(g)], internal[static_cast<std::size_t>(g)]);
+    fwd_transient[static_cast<std::size_t>(g)] =
+        internal_peak(t, t.ops[static_cast<std::size_t>(g)], internal[static_cast<std::size_t>(g)]);
   }
   std::vector<MemoryPoint> out;
   std::int64_t values = 0, grads = 0;

@@ -41,15 +41,15 @@ struct Node {
   bool regathered = false;  // in this backward pass
   std::vector<int> inputs;
   Backward backward;
-  int scope = -1;  // Tape::set_scope's label when recorded
-  std::optional<Value> grad;  // accumulated during backward
+  int scope = -1;              // Tape::set_scope's label when recorded
+  std::optional<Value> grad;   // accumulated during backward
   AxisList arrived_unreduced;  // a leaf's: what its gradient was partial over before its reduction
   // The memory timeline (tape.h: Tape::memory_timeline), from what the tape holds: the bytes
   // of this rank's shard when it was made (executed: its buffer's), the forward op it is part
   // of, the last node that reads it, and the backward units its gradient lived in.
   std::int64_t bytes = 0;
-  int op = -1;             // index into Impl::ops; leaves belong to none
-  int last_reader = -1;    // the highest node id with this one among its inputs
+  int op = -1;           // index into Impl::ops; leaves belong to none
+  int last_reader = -1;  // the highest node id with this one among its inputs
   std::int64_t grad_bytes = 0;
   int grad_from = -1;      // index into Impl::units where its gradient appeared
   int grad_to = -1;        // where a non-leaf's gradient was passed on (a leaf's lives to the update)
@@ -68,8 +68,8 @@ struct ForwardOp {
 // brought into the leaf's spec.
 struct BackwardUnit {
   int scope = -1;
-  int node = -1;             // the node whose backward (or reduction) ran last
-  int lowest_node = 0;       // the lowest node id it ran
+  int node = -1;               // the node whose backward (or reduction) ran last
+  int lowest_node = 0;         // the lowest node id it ran
   std::int64_t transient = 0;  // the largest buffer a step of it made
 };
 

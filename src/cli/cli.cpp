@@ -108,7 +108,8 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
   for (std::size_t i = 1; i <= a.size(); ++i) {
     for (std::size_t j = 1; j <= b.size(); ++j) {
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   }
   return d[a.size()][b.size()];
@@ -231,9 +232,9 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
              kDocsHint);
 
   const std::vector<Command> commands = {
-      add_check_command(app), add_plan_command(app), add_reshard_command(app),
-      add_run_command(app),   add_bench_command(app), add_calibrate_command(app), add_demo_command(app),
-      add_model_command(app), add_program_command(app), add_solve_command(app),
+      add_check_command(app),   add_plan_command(app),      add_reshard_command(app), add_run_command(app),
+      add_bench_command(app),   add_calibrate_command(app), add_demo_command(app),    add_model_command(app),
+      add_program_command(app), add_solve_command(app),
   };
 
   const std::string fingerprint = launch_fingerprint(argc, argv);
@@ -246,7 +247,7 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       for (const Command& c : commands) known = known || c.app->get_name() == argv[1];
       if (!known) {
         return parse_failure("unknown command '" + std::string(argv[1]) + "'; the commands are " +
-                                    command_names(commands) + " (see 'shardmm --help')");
+                             command_names(commands) + " (see 'shardmm --help')");
       }
     }
     app.parse(argc, argv);
@@ -258,10 +259,9 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       const std::string extra = first_in_argv(extras, argc, argv);
       if (is_option(extra)) {
         return parse_failure(unknown_option(extra, app, "; shardmm takes a command first: " + command_names(commands)) +
-                                    " (see 'shardmm --help')");
+                             " (see 'shardmm --help')");
       }
-      return parse_failure("no command given; the commands are " + command_names(commands) +
-                                  " (see 'shardmm --help')");
+      return parse_failure("no command given; the commands are " + command_names(commands) + " (see 'shardmm --help')");
     }
     return parse_failure(explain(e, app, argc, argv));
   } catch (const CLI::ParseError& e) {
@@ -283,8 +283,9 @@ int run_cli(int argc, char** argv, std::ostream& out, std::ostream& err) {
       const int status = c.run(buffer);
       out << buffer.str() << std::flush;
       if (!out) {
-        return input_error(err, "cannot write the output: standard output refused it (a full disk or a closed "
-                                "file); nothing else went wrong");
+        return input_error(err,
+                           "cannot write the output: standard output refused it (a full disk or a closed "
+                           "file); nothing else went wrong");
       }
       return status;
     } catch (const InputError& e) {

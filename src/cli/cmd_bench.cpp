@@ -94,9 +94,10 @@ std::function<int(std::ostream&)> add_collectives(CLI::App& bench) {
     bool check = false;
   };
   auto flags = std::make_shared<Flags>();
-  CLI::App* app = bench.add_subcommand(
-      "collectives", "time all_gather, reduce_scatter, all_reduce and all_to_all over a mesh axis group, with "
-                     "memcpy and y += x references measured in the same run");
+  CLI::App* app =
+      bench.add_subcommand("collectives",
+                           "time all_gather, reduce_scatter, all_reduce and all_to_all over a mesh axis group, with "
+                           "memcpy and y += x references measured in the same run");
   add_mesh_flag(*app, flags->mesh);
   app->add_option("--axes", flags->axes,
                   "the mesh axes to run over, major to minor (default: all), e.g. --axes X or --axes XY");
@@ -120,87 +121,86 @@ std::function<int(std::ostream&)> add_collectives(CLI::App& bench) {
       "  mpirun -n 4 shardmm bench collectives --mesh X=4 --backend mpi --sizes 16MiB --json\n\n" +
       std::string(kDocsHint));
   return [flags](std::ostream& out) {
-            CollectiveBenchOptions o;
-            o.backend = flags->backend;
-            o.mesh = parse_mesh(flags->mesh);
-            if (flags->axes.empty()) {
-              for (int a = 0; a < o.mesh.rank(); ++a) o.group.push_back(a);
-            } else {
-              o.group = parse_axes(flags->axes, o.mesh);
-            }
-            o.sizes = parse_sizes(flags->sizes);
-            o.dtype = flags->dtype ? parse_dtype(*flags->dtype) : DType::f32;
-            o.trials = flags->trials;
-            o.check = flags->check;
-            if (o.trials < 1) throw InputError("--trials " + std::to_string(o.trials) + ": at least one trial is needed");
-            check_backend(o.backend, o.mesh);
-            o.progress = [](const CollectiveBenchProgress& p) {
-              std::cerr << "shardmm: bench " + std::to_string(p.index) + " of " + std::to_string(p.total) + ": " + p.op +
-                               " " + format_bytes(static_cast<double>(p.bytes)) + "\n";
-            };
-            const CollectiveBenchReport r = bench_collectives(o);
-            if (!r.is_root) return 0;
-            if (flags->json) {
-              Json doc;
-              doc["mesh"] = mesh_json(o.mesh);
-              doc["axes"] = Json::array();
-              for (int a : o.group) doc["axes"].push_back(o.mesh.axis(a).name);
-              doc["group_size"] = r.group_size;
-              doc["backend"] = o.backend;
-              doc["dtype"] = to_string(o.dtype);
-              doc["rows"] = Json::array();
-              for (const CollectiveBenchRow& row : r.rows) {
-                doc["rows"].push_back({{"op", row.op},
-                                       {"size_bytes", row.bytes},
-                                       {"count", row.count},
-                                       {"time_s", row.time_s},
-                                       {"algbw_bytes_per_s", row.algbw},
-                                       {"busbw_bytes_per_s", row.busbw},
-                                       {"min_time_s", row.min_time_s},
-                                       {"max_time_s", row.max_time_s}});
-              }
-              out << doc.dump(2) << "\n";
-              return 0;
-            }
-            out << "collectives over " << (o.group.empty() ? "no axes" : o.mesh.axis_names(o.group)) << " ("
-                << r.group_size << " ranks) of mesh " << o.mesh.to_string() << ", " << o.backend << " backend, "
-                << to_string(o.dtype) << ", median of " << o.trials << " trials (and the fastest - slowest)\n";
-            Table t({"size", "count", "op", "time", "min - max", "algbw", "busbw", "busbw / reference"});
-            double memcpy_bw = 0, add_bw = 0;
-            // Rows come per size: the collectives, then memcpy and y += x; ratios need the references first.
-            std::vector<std::vector<std::string>> pending;
-            std::vector<std::string> pending_ops;
-            std::vector<double> pending_bus;
-            const auto flush = [&] {
-              for (std::size_t i = 0; i < pending.size(); ++i) {
-                const std::string& op = pending_ops[i];
-                const double ref = op == "all_gather" || op == "all_to_all" || op == "memcpy" ? memcpy_bw : add_bw;
-                pending[i].push_back(op == "memcpy" || op == "y += x" ? "(reference)"
-                                                                       : format_sig3(pending_bus[i] / ref));
-                t.add(pending[i]);
-              }
-              pending.clear();
-              pending_ops.clear();
-              pending_bus.clear();
-            };
-            std::int64_t current = -1;
-            for (const CollectiveBenchRow& row : r.rows) {
-              if (row.bytes != current && current >= 0) flush();
-              current = row.bytes;
-              if (row.op == "memcpy") memcpy_bw = row.busbw;
-              if (row.op == "y += x") add_bw = row.busbw;
-              pending.push_back({format_bytes(static_cast<double>(row.bytes)), std::to_string(row.count), row.op,
-                                 format_time(row.time_s), format_time(row.min_time_s) + " - " + format_time(row.max_time_s),
-                                 format_bandwidth(row.algbw), format_bandwidth(row.busbw)});
-              pending_ops.push_back(row.op);
-              pending_bus.push_back(row.busbw);
-            }
-            flush();
-            for (std::size_t c : {0, 1, 3, 4, 5, 6, 7}) t.right_align(c);
-            t.print(out);
-            out << "  (all_gather and all_to_all are compared with memcpy, reduce_scatter and all_reduce with y += x)\n";
-            return 0;
-          };
+    CollectiveBenchOptions o;
+    o.backend = flags->backend;
+    o.mesh = parse_mesh(flags->mesh);
+    if (flags->axes.empty()) {
+      for (int a = 0; a < o.mesh.rank(); ++a) o.group.push_back(a);
+    } else {
+      o.group = parse_axes(flags->axes, o.mesh);
+    }
+    o.sizes = parse_sizes(flags->sizes);
+    o.dtype = flags->dtype ? parse_dtype(*flags->dtype) : DType::f32;
+    o.trials = flags->trials;
+    o.check = flags->check;
+    if (o.trials < 1) throw InputError("--trials " + std::to_string(o.trials) + ": at least one trial is needed");
+    check_backend(o.backend, o.mesh);
+    o.progress = [](const CollectiveBenchProgress& p) {
+      std::cerr << "shardmm: bench " + std::to_string(p.index) + " of " + std::to_string(p.total) + ": " + p.op + " " +
+                       format_bytes(static_cast<double>(p.bytes)) + "\n";
+    };
+    const CollectiveBenchReport r = bench_collectives(o);
+    if (!r.is_root) return 0;
+    if (flags->json) {
+      Json doc;
+      doc["mesh"] = mesh_json(o.mesh);
+      doc["axes"] = Json::array();
+      for (int a : o.group) doc["axes"].push_back(o.mesh.axis(a).name);
+      doc["group_size"] = r.group_size;
+      doc["backend"] = o.backend;
+      doc["dtype"] = to_string(o.dtype);
+      doc["rows"] = Json::array();
+      for (const CollectiveBenchRow& row : r.rows) {
+        doc["rows"].push_back({{"op", row.op},
+                               {"size_bytes", row.bytes},
+                               {"count", row.count},
+                               {"time_s", row.time_s},
+                               {"algbw_bytes_per_s", row.algbw},
+                               {"busbw_bytes_per_s", row.busbw},
+                               {"min_time_s", row.min_time_s},
+                               {"max_time_s", row.max_time_s}});
+      }
+      out << doc.dump(2) << "\n";
+      return 0;
+    }
+    out << "collectives over " << (o.group.empty() ? "no axes" : o.mesh.axis_names(o.group)) << " (" << r.group_size
+        << " ranks) of mesh " << o.mesh.to_string() << ", " << o.backend << " backend, " << to_string(o.dtype)
+        << ", median of " << o.trials << " trials (and the fastest - slowest)\n";
+    Table t({"size", "count", "op", "time", "min - max", "algbw", "busbw", "busbw / reference"});
+    double memcpy_bw = 0, add_bw = 0;
+    // Rows come per size: the collectives, then memcpy and y += x; ratios need the references first.
+    std::vector<std::vector<std::string>> pending;
+    std::vector<std::string> pending_ops;
+    std::vector<double> pending_bus;
+    const auto flush = [&] {
+      for (std::size_t i = 0; i < pending.size(); ++i) {
+        const std::string& op = pending_ops[i];
+        const double ref = op == "all_gather" || op == "all_to_all" || op == "memcpy" ? memcpy_bw : add_bw;
+        pending[i].push_back(op == "memcpy" || op == "y += x" ? "(reference)" : format_sig3(pending_bus[i] / ref));
+        t.add(pending[i]);
+      }
+      pending.clear();
+      pending_ops.clear();
+      pending_bus.clear();
+    };
+    std::int64_t current = -1;
+    for (const CollectiveBenchRow& row : r.rows) {
+      if (row.bytes != current && current >= 0) flush();
+      current = row.bytes;
+      if (row.op == "memcpy") memcpy_bw = row.busbw;
+      if (row.op == "y += x") add_bw = row.busbw;
+      pending.push_back({format_bytes(static_cast<double>(row.bytes)), std::to_string(row.count), row.op,
+                         format_time(row.time_s), format_time(row.min_time_s) + " - " + format_time(row.max_time_s),
+                         format_bandwidth(row.algbw), format_bandwidth(row.busbw)});
+      pending_ops.push_back(row.op);
+      pending_bus.push_back(row.busbw);
+    }
+    flush();
+    for (std::size_t c : {0, 1, 3, 4, 5, 6, 7}) t.right_align(c);
+    t.print(out);
+    out << "  (all_gather and all_to_all are compared with memcpy, reduce_scatter and all_reduce with y += x)\n";
+    return 0;
+  };
 }
 
 // "512,1024,2048": the size every dimension without a --dims entry takes, one point each.
@@ -266,12 +266,9 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
                      {"flop_rate", flop_rate(p.flops, p.gemm_time_s)}};
     point["speed_check"] = nullptr;
     if (const auto& sc = p.speed_check) {
-      point["speed_check"] = {{"m", sc->calibrated.m},
-                              {"n", sc->calibrated.n},
-                              {"k", sc->calibrated.k},
-                              {"profile_flop_rate", sc->calibrated.flops_per_s},
-                              {"flop_rate", sc->flops_per_s},
-                              {"now_over_profile", sc->ratio()}};
+      point["speed_check"] = {{"m", sc->calibrated.m},        {"n", sc->calibrated.n},
+                              {"k", sc->calibrated.k},        {"profile_flop_rate", sc->calibrated.flops_per_s},
+                              {"flop_rate", sc->flops_per_s}, {"now_over_profile", sc->ratio()}};
     }
     point["chosen"] = p.chosen;
     point["runs"] = Json::array();
@@ -334,16 +331,18 @@ void print_matmul_bench(std::ostream& out, const MatmulBenchOptions& o, const st
   for (const MatmulBenchPoint& p : r.points) {
     for (const MatmulBenchRun& run : p.runs) {
       const bool chosen = run.candidate == p.chosen;
-      const std::string mark = !o.all ? "" : chosen && &run == &fastest_run(p) ? " (chosen, fastest)"
-                                             : chosen                          ? " (chosen)"
-                                             : &run == &fastest_run(p)         ? " (fastest)"
-                                                                               : "";
+      const std::string mark = !o.all                              ? ""
+                               : chosen && &run == &fastest_run(p) ? " (chosen, fastest)"
+                               : chosen                            ? " (chosen)"
+                               : &run == &fastest_run(p)           ? " (fastest)"
+                                                                   : "";
       const double ratio = run.predicted_compute_s > 0 ? run.predicted_comm_s / run.predicted_compute_s : 0;
       t.add({format_sizes(p.sizes), std::to_string(run.candidate + 1), run.description + mark,
              format_time(run.predicted_time_s), format_time(run.measured_time_s),
              format_sig3(run.measured_time_s / run.predicted_time_s) + "x",
-             format_flop_rate(flop_rate(p.flops, run.measured_time_s)), format_flop_rate(flop_rate(p.flops, p.gemm_time_s)),
-             format_sig3(p.gemm_time_s / run.measured_time_s), format_sig3(ratio), run.verified ? "yes" : "NO"});
+             format_flop_rate(flop_rate(p.flops, run.measured_time_s)),
+             format_flop_rate(flop_rate(p.flops, p.gemm_time_s)), format_sig3(p.gemm_time_s / run.measured_time_s),
+             format_sig3(ratio), run.verified ? "yes" : "NO"});
     }
     if (o.all) within += choice_within_slack(p) ? 1 : 0;
   }
@@ -379,8 +378,9 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
   flags->exec.repeat = 7;
   flags->exec.check = false;
   CLI::App* app = bench.add_subcommand(
-      "matmul", "run a sharded contraction's plan (or every candidate) against one OpenBLAS GEMM of the same FLOPs "
-                "on the same cores, measured in the same run; verified against the dense reference");
+      "matmul",
+      "run a sharded contraction's plan (or every candidate) against one OpenBLAS GEMM of the same FLOPs "
+      "on the same cores, measured in the same run; verified against the dense reference");
   app->add_option("EXPR", flags->expr, "the contraction, e.g. 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]'")->required();
   add_mesh_flag(*app, flags->common.mesh);
   app->add_option("--sizes", flags->sizes,
@@ -391,8 +391,9 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
   add_hw_flag(*app, flags->common.hw);
   app->add_option("--backend", flags->exec.backend,
                   "threads (default) or mpi (under mpirun -n <devices>), e.g. --backend mpi");
-  app->add_option("--repeat", flags->exec.repeat, "timed runs of each plan and of the GEMM; medians are reported, "
-                                                  "e.g. --repeat 9 (default 7)");
+  app->add_option("--repeat", flags->exec.repeat,
+                  "timed runs of each plan and of the GEMM; medians are reported, "
+                  "e.g. --repeat 9 (default 7)");
   app->add_option("--warmup", flags->exec.warmup, "untimed runs before them, e.g. --warmup 2 (default 1)");
   app->add_option("--rounds", flags->rounds,
                   "run the reference GEMM and the plans in turn this many times, --repeat runs each per round, and "
@@ -407,23 +408,24 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
                 "run with the mpi backend's agreement check on, as `run` has it (off here, to time the plan alone), "
                 "e.g. --check");
   add_json_flag(*app, flags->common.json);
-  app->footer(std::string(kNotationHint) +
-              "\n\nEvery dimension without a --dims entry takes each --sizes value in turn. The reference is\n"
-              "C[m,n] = A[m,k] @ B[k,n] with m = A's free and batch dimensions, n = B's free ones, k = the contracted\n"
-              "ones: the same FLOPs, as one OpenBLAS GEMM with min(ranks, cores) threads (under mpirun, on rank 0\n"
-              "while the other ranks sleep). Every run is verified; exit status 3 when one is wrong.\n"
-              "With a --hw profile calibrated on this backend and mesh, each round also times the calibration's largest\n"
-              "GEMM again: 'speed now / at calibration' below the table (below 1 the machine runs slower than when it\n"
-              "was calibrated, and every prediction is that much too fast).\n"
-              "The defaults here are --dtype f32 and --hw calibrated when 'shardmm calibrate' has written a profile, else\n"
-              "h100 (the planner's profile: it picks the plan and predicts).\n\n"
-              "Examples:\n"
-              "  shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes 1024,2048\n"
-              "  shardmm bench matmul 'A[I_X, J] @ B[J, K_X]' --mesh X=2 --dims I=256,J=256 --sizes 64,1024,4096 "
-              "--all --json\n"
-              "  mpirun --bind-to none -n 2 shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 "
-              "--backend mpi --dtype f64 --sizes 512,1024\n\n" +
-              kDocsHint);
+  app->footer(
+      std::string(kNotationHint) +
+      "\n\nEvery dimension without a --dims entry takes each --sizes value in turn. The reference is\n"
+      "C[m,n] = A[m,k] @ B[k,n] with m = A's free and batch dimensions, n = B's free ones, k = the contracted\n"
+      "ones: the same FLOPs, as one OpenBLAS GEMM with min(ranks, cores) threads (under mpirun, on rank 0\n"
+      "while the other ranks sleep). Every run is verified; exit status 3 when one is wrong.\n"
+      "With a --hw profile calibrated on this backend and mesh, each round also times the calibration's largest\n"
+      "GEMM again: 'speed now / at calibration' below the table (below 1 the machine runs slower than when it\n"
+      "was calibrated, and every prediction is that much too fast).\n"
+      "The defaults here are --dtype f32 and --hw calibrated when 'shardmm calibrate' has written a profile, else\n"
+      "h100 (the planner's profile: it picks the plan and predicts).\n\n"
+      "Examples:\n"
+      "  shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes 1024,2048\n"
+      "  shardmm bench matmul 'A[I_X, J] @ B[J, K_X]' --mesh X=2 --dims I=256,J=256 --sizes 64,1024,4096 "
+      "--all --json\n"
+      "  mpirun --bind-to none -n 2 shardmm bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 "
+      "--backend mpi --dtype f64 --sizes 512,1024\n\n" +
+      kDocsHint);
   return [flags](std::ostream& out) {
     Planning p = make_planning(flags->common);
     MatmulBenchOptions o;
@@ -463,8 +465,9 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
 }  // namespace
 
 Command add_bench_command(CLI::App& root) {
-  CLI::App* bench = root.add_subcommand("bench", "measure this machine: collectives (nccl-tests style), sharded "
-                                                 "matmuls against one GEMM");
+  CLI::App* bench = root.add_subcommand("bench",
+                                        "measure this machine: collectives (nccl-tests style), sharded "
+                                        "matmuls against one GEMM");
   bench->require_subcommand(1);
   const auto run_collectives = add_collectives(*bench);
   CLI::App* collectives = bench->get_subcommand("collectives");

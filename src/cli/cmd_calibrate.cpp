@@ -35,10 +35,12 @@ std::filesystem::path output_path(const std::optional<std::string>& out) {
   if (out && out->empty()) throw InputError("--out '': give the profile's file name, e.g. --out profile.json");
   const std::string path = out ? *out : calibrated_profile_path();
   if (path.empty()) {
-    throw InputError("nowhere to write the calibrated profile: HOME, XDG_CONFIG_HOME and SHARDMM_PROFILE are unset; "
-                     "give --out FILE");
+    throw InputError(
+        "nowhere to write the calibrated profile: HOME, XDG_CONFIG_HOME and SHARDMM_PROFILE are unset; "
+        "give --out FILE");
   }
-  if (std::filesystem::path(path).has_parent_path() && !std::filesystem::exists(std::filesystem::path(path).parent_path())) {
+  if (std::filesystem::path(path).has_parent_path() &&
+      !std::filesystem::exists(std::filesystem::path(path).parent_path())) {
     return path;
   }
   check_writable_file(path, out ? "--out '" + path + "'" : "the calibrated profile '" + path + "'");
@@ -55,8 +57,9 @@ void print_calibration(std::ostream& out, const CalibrationResult& r, const std:
   out << "\nGEMM, per rank with every rank computing at once\n";
   Table gemm({"dtype", "shape", "m x n x k", "FLOP/byte", "rate"});
   for (const GemmRate& g : c.gemm) {
-    gemm.add({to_string(g.dtype), g.shape, std::to_string(g.m) + " x " + std::to_string(g.n) + " x " + std::to_string(g.k),
-              format_sig3(g.intensity), format_flop_rate(g.flops_per_s)});
+    gemm.add({to_string(g.dtype), g.shape,
+              std::to_string(g.m) + " x " + std::to_string(g.n) + " x " + std::to_string(g.k), format_sig3(g.intensity),
+              format_flop_rate(g.flops_per_s)});
   }
   gemm.right_align(3);
   gemm.right_align(4);
@@ -84,13 +87,15 @@ void print_calibration(std::ostream& out, const CalibrationResult& r, const std:
   out << "\nCollective matmul rings vs their serialized twins (medians; docs/calibration.md, 'Ring overlap')\n";
   Table rings({"ring", "contraction", "dims", "ring", "serialized", "ratio", "model: hidden..exposed", "overlap"});
   for (const RingOverlapSample& s : r.rings) {
-    rings.add({to_string(s.ring), s.expression, format_sizes(s.sizes), format_time(s.ring_s), format_time(s.serialized_s),
-               format_sig3(s.ring_s / s.serialized_s), format_sig3(s.predicted_hidden) + " .. " + format_sig3(s.predicted_exposed),
+    rings.add({to_string(s.ring), s.expression, format_sizes(s.sizes), format_time(s.ring_s),
+               format_time(s.serialized_s), format_sig3(s.ring_s / s.serialized_s),
+               format_sig3(s.predicted_hidden) + " .. " + format_sig3(s.predicted_exposed),
                format_sig3(100 * s.overlap) + "%"});
   }
   for (std::size_t col : {3, 4, 5, 6, 7}) rings.right_align(col);
   rings.print(out);
-  out << "  (overlap: the share of a ring's transfers the model hides behind its GEMMs, fitted to the measured ratio)\n";
+  out << "  (overlap: the share of a ring's transfers the model hides behind its GEMMs, fitted to the measured "
+         "ratio)\n";
   out << "  (one run on this machine as it is now; a busy machine shifts every figure: calibrate again when it "
          "changes)\n";
 }
@@ -108,19 +113,21 @@ Command add_calibrate_command(CLI::App& root) {
   };
   auto flags = std::make_shared<Flags>();
   CLI::App* app = root.add_subcommand(
-      "calibrate", "measure this machine (GEMM rates, memory bandwidth, each collective's latency and per-byte cost, "
-                   "how much of a collective matmul ring's transfers the backend hides) "
-                   "and write the hardware profile that plan and run then use");
+      "calibrate",
+      "measure this machine (GEMM rates, memory bandwidth, each collective's latency and per-byte cost, "
+      "how much of a collective matmul ring's transfers the backend hides) "
+      "and write the hardware profile that plan and run then use");
   app->add_option("--backend", flags->backend,
                   "the backend to measure the collectives of: threads (default) or mpi (under mpirun -n <devices>), "
                   "e.g. --backend mpi");
   app->add_option("--mesh", flags->mesh,
                   "the mesh to measure on: every mesh axis alone and all axes together give the group sizes fitted "
                   "(default X=<cores> on threads, X=<processes> under mpirun), e.g. --mesh X=2,Y=2");
-  app->add_option("--out", flags->out,
-                  "the profile file to write (default: $SHARDMM_PROFILE, else $XDG_CONFIG_HOME/shardmm/calibrated.json, "
-                  "else ~/.config/shardmm/calibrated.json: the one plan and run load by default), e.g. --out "
-                  "my-host.json");
+  app->add_option(
+      "--out", flags->out,
+      "the profile file to write (default: $SHARDMM_PROFILE, else $XDG_CONFIG_HOME/shardmm/calibrated.json, "
+      "else ~/.config/shardmm/calibrated.json: the one plan and run load by default), e.g. --out "
+      "my-host.json");
   app->add_flag("--quick", flags->quick,
                 "fewer sizes and trials and smaller GEMMs: seconds instead of about a minute, and rougher figures, "
                 "e.g. --quick");
@@ -131,7 +138,8 @@ Command add_calibrate_command(CLI::App& root) {
   add_json_flag(*app, flags->json);
   app->footer(
       "Progress goes to stderr; under mpirun only rank 0 prints and writes the file.\n"
-      "The profile is JSON (docs/json-schema.md, 'Calibrated profile files'); --hw FILE reads one written with --out.\n\n"
+      "The profile is JSON (docs/json-schema.md, 'Calibrated profile files'); --hw FILE reads one written with "
+      "--out.\n\n"
       "Examples:\n"
       "  shardmm calibrate --quick\n"
       "  shardmm calibrate --mesh X=2,Y=2 --out profiles/my-host.json\n"

@@ -195,7 +195,10 @@ Json check_json(const Checked& c) {
     for (int a = 0; a < mesh.rank(); ++a) coords[mesh.axis(a).name] = mesh.coord(d, a);
     Json block = Json::array();
     for (const Range& r : shard_box(mesh, c.spec, c.shape, d)) block.push_back({r.offset, r.end()});
-    shards.push_back({{"device", d}, {"coords", coords}, {"block", block}, {"local_shape", local},
+    shards.push_back({{"device", d},
+                      {"coords", coords},
+                      {"block", block},
+                      {"local_shape", local},
                       {"bytes", bytes_of(local, c.dtype)}});
   }
   j["max_bytes_per_device"] = largest;

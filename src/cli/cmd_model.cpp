@@ -50,7 +50,8 @@ void check_layer_flags(const ModelFlags& f, nn::LayerKind layer) {
                        ": must be a positive number (1.0 gives each expert its even share of a sequence's tokens)");
     }
   }
-  if (f.train && f.infer) throw InputError("--train and --infer exclude each other; give one (training is the default)");
+  if (f.train && f.infer)
+    throw InputError("--train and --infer exclude each other; give one (training is the default)");
   if (f.backend_given && !f.run) {
     throw InputError("--backend " + f.backend + " chooses where --run executes the step; add --run or drop --backend");
   }
@@ -67,7 +68,8 @@ struct Row {
 
 std::vector<Row> rows_of(const nn::ProgramPrediction& p, const nn::ProgramRun* s) {
   std::vector<Row> rows;
-  for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) rows.push_back({t.phase, t.op, t.axes, t, {}, 0});
+  for (const nn::CollectiveTally& t : nn::tally_collectives(p.events))
+    rows.push_back({t.phase, t.op, t.axes, t, {}, 0});
   if (!s) return rows;
   const auto row_of = [&rows](autodiff::Phase phase, OpKind op, const AxisList& axes) {
     auto it = std::find_if(rows.begin(), rows.end(),
@@ -138,24 +140,23 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
     Spec spec = pred.record.specs[static_cast<std::size_t>(i)];
     spec.tensor = g.tensors[static_cast<std::size_t>(i)].name;
     const Shape& shape = g.tensors[static_cast<std::size_t>(i)].shape;
-    tensors.add({spec.tensor, format_spec(spec, m.mesh), shape_text(shape), shape_text(local_shape(m.mesh, spec, shape, 0))});
+    tensors.add(
+        {spec.tensor, format_spec(spec, m.mesh), shape_text(shape), shape_text(local_shape(m.mesh, spec, shape, 0))});
   }
   tensors.print(out);
 
   const std::vector<Row> rows = rows_of(pred, step);
-  out << "\nCollectives per step (bytes: the most any device sends)" << (step ? ", predicted | measured" : "")
-      << ":\n";
+  out << "\nCollectives per step (bytes: the most any device sends)" << (step ? ", predicted | measured" : "") << ":\n";
   std::vector<std::string> header = {"phase", "collective", "count", "bytes", "time"};
   if (step) header.insert(header.end(), {"| count", "bytes", "device 0 time (with waits)"});
   Table table(header);
   int count = 0;
   std::int64_t bytes = 0;
   for (const Row& r : rows) {
-    std::vector<std::string> cells = {autodiff::to_string(r.phase),
-                                      std::string(to_string(r.op)) + " over " + m.mesh.axis_names(r.axes),
-                                      std::to_string(r.predicted.count),
-                                      format_bytes(static_cast<double>(r.predicted.bytes)),
-                                      format_time(r.predicted.time_s)};
+    std::vector<std::string> cells = {
+        autodiff::to_string(r.phase), std::string(to_string(r.op)) + " over " + m.mesh.axis_names(r.axes),
+        std::to_string(r.predicted.count), format_bytes(static_cast<double>(r.predicted.bytes)),
+        format_time(r.predicted.time_s)};
     if (step) {
       const nn::CollectiveTally got = r.measured.value_or(nn::CollectiveTally{r.phase, r.op, r.axes});
       cells.insert(cells.end(), {"| " + std::to_string(got.count), format_bytes(static_cast<double>(got.bytes)),
@@ -185,11 +186,11 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
       << format_time(t.compute) << " = " << format_time(t.comm + t.compute) << " (serialized, no overlap)\n";
   if (step) {
     const Verification& v = step->verification;
-    out << "\nRun (" << f.backend << ", " << m.mesh.device_count() << (m.mesh.device_count() == 1 ? " rank): " : " ranks): ")
-        << (v.verified ? "verified" : "WRONG") << " against the dense f64 step of the layer's program (every computed tensor"
+    out << "\nRun (" << f.backend << ", " << m.mesh.device_count()
+        << (m.mesh.device_count() == 1 ? " rank): " : " ranks): ") << (v.verified ? "verified" : "WRONG")
+        << " against the dense f64 step of the layer's program (every computed tensor"
         << (m.train ? ", the input's and every weight's gradient, every weight's update" : "") << "; max abs error "
-        << format_error(v.max_abs_error)
-        << ", tolerance " << format_error(v.tolerance) << ")\n";
+        << format_error(v.max_abs_error) << ", tolerance " << format_error(v.tolerance) << ")\n";
   }
 }
 
@@ -212,14 +213,17 @@ Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m
   doc["dtype"] = to_string(p.options.dtype);
   doc["hardware"] = p.options.hw.name;
   Json axes = Json::object();
-  for (std::size_t i = 0; i < m.strategies.size(); ++i) axes[nn::to_string(m.strategies[i])] = m.mesh.axis(m.axes[i]).name;
+  for (std::size_t i = 0; i < m.strategies.size(); ++i)
+    axes[nn::to_string(m.strategies[i])] = m.mesh.axis(m.axes[i]).name;
   doc["strategy_axes"] = axes;
   Json tensors = Json::array();
   for (int i : stored_tensors(g)) {
     Spec spec = pred.record.specs[static_cast<std::size_t>(i)];
     spec.tensor = g.tensors[static_cast<std::size_t>(i)].name;
     const Shape& shape = g.tensors[static_cast<std::size_t>(i)].shape;
-    tensors.push_back({{"name", spec.tensor}, {"spec", format_spec(spec, m.mesh)}, {"shape", shape},
+    tensors.push_back({{"name", spec.tensor},
+                       {"spec", format_spec(spec, m.mesh)},
+                       {"shape", shape},
                        {"device0_shape", local_shape(m.mesh, spec, shape, 0)}});
   }
   doc["tensors"] = tensors;
@@ -237,15 +241,17 @@ Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m
     collectives.push_back(row);
   }
   doc["collectives"] = collectives;
-  doc["memory"] = {{"parameter_bytes", pred.memory.params},
-                   {"activation_bytes", pred.memory.activations}};
+  doc["memory"] = {{"parameter_bytes", pred.memory.params}, {"activation_bytes", pred.memory.activations}};
   const Times t = predicted_times(pred);
   doc["predicted_time_s"] = {{"communication", t.comm}, {"compute", t.compute}, {"total", t.comm + t.compute}};
   doc["run"] = nullptr;
   if (step) {
     const Verification& v = step->verification;
-    doc["run"] = {{"backend", f.backend},       {"verified", v.verified},   {"max_abs_error", v.max_abs_error},
-                  {"tolerance", v.tolerance}, {"detail", v.detail}};
+    doc["run"] = {{"backend", f.backend},
+                  {"verified", v.verified},
+                  {"max_abs_error", v.max_abs_error},
+                  {"tolerance", v.tolerance},
+                  {"detail", v.detail}};
   }
   return doc;
 }
@@ -258,8 +264,9 @@ Command add_model_command(CLI::App& root) {
   flags->common.dtype = "f32";
   flags->common.fallback_hw = "h100";
   CLI::App* app = root.add_subcommand(
-      "model", "one training step of a parallel layer: predicted collectives, bytes, memory and time; --run executes "
-               "and verifies it");
+      "model",
+      "one training step of a parallel layer: predicted collectives, bytes, memory and time; --run executes "
+      "and verifies it");
   app->add_option("LAYER", flags->layer, "mlp, attention, block (attention + MLP with layer norms) or moe")->required();
   app->add_option("--strategy", flags->strategy, "tp, sp, dp, fsdp, ep, or two joined by '+', e.g. --strategy dp+tp")
       ->required();
@@ -272,12 +279,14 @@ Command add_model_command(CLI::App& root) {
   app->add_flag("--train", flags->train, "a training step: forward, backward and SGD (the default), e.g. --train");
   app->add_flag("--infer", flags->infer, "an inference step: forward only, e.g. --infer");
   app->add_flag("--causal", flags->causal, "attention sees only earlier positions (attention, block), e.g. --causal");
-  app->add_option("--activation", flags->activation, "the MLP's activation: relu, gelu (default) or silu, e.g. --activation relu");
+  app->add_option("--activation", flags->activation,
+                  "the MLP's activation: relu, gelu (default) or silu, e.g. --activation relu");
   app->add_option("--capacity-factor", flags->capacity_factor,
                   "moe: tokens an expert takes per sequence, as a multiple of its even share T*K/E (default 1.25; "
                   "at most T, as no expert sees a token twice), e.g. --capacity-factor 2");
-  app->add_flag("--run", flags->run, "also execute the step on real ranks, measure it and verify it against the "
-                                     "dense single-device step, e.g. --run");
+  app->add_flag("--run", flags->run,
+                "also execute the step on real ranks, measure it and verify it against the "
+                "dense single-device step, e.g. --run");
   app->add_option("--backend", flags->backend,
                   "where --run executes: threads (default) or mpi (under mpirun -n <devices>), e.g. --backend mpi")
       ->each([flags](const std::string&) { flags->backend_given = true; });
@@ -301,7 +310,8 @@ Command add_model_command(CLI::App& root) {
       "Combinations: dp+tp, dp+sp (mlp, attention, block). Uneven shards are legal.\n"
       "Each layer is a program (docs/programs.md) with every tensor pinned by the strategy (--print-program shows\n"
       "it); without --run every figure comes from the symbolic autodiff tape of the same program the run executes.\n"
-      "Exit status: 0 (verified, with --run), 2 bad input, 3 wrong result. Defaults: --dtype f32, --hw calibrated when 'shardmm calibrate' has written a profile, else h100.\n\n"
+      "Exit status: 0 (verified, with --run), 2 bad input, 3 wrong result. Defaults: --dtype f32, --hw calibrated when "
+      "'shardmm calibrate' has written a profile, else h100.\n\n"
       "Examples:\n"
       "  shardmm model mlp --strategy tp --mesh X=8 --dims B=8,T=2048,D=4096,F=16384\n"
       "  shardmm model block --strategy sp --mesh X=4 --dims B=8,T=1024,D=4096,F=16384,H=32 --causal\n"
@@ -351,7 +361,8 @@ Command add_model_command(CLI::App& root) {
               print_text(out, f, p, m, g, pred, s);
             }
             if (s && !s->verification.verified) {
-              std::cerr << "shardmm: error: the step does not match the dense reference: " + s->verification.detail + "\n";
+              std::cerr << "shardmm: error: the step does not match the dense reference: " + s->verification.detail +
+                               "\n";
               return 3;
             }
             return 0;

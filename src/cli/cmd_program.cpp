@@ -98,10 +98,10 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
   // (its steps run in the timeline's order; an op without steps starts where the last ended).
   std::size_t next = 0;
   double at = 0;
-  const auto start = [&](std::size_t i) { return run && i < run->events.size() ? run->events[i].measured.start_s : 0.0; };
-  const auto end = [&](std::size_t i) {
-    return run && i < run->events.size() ? run->events[i].measured.end_s : 0.0;
+  const auto start = [&](std::size_t i) {
+    return run && i < run->events.size() ? run->events[i].measured.start_s : 0.0;
   };
+  const auto end = [&](std::size_t i) { return run && i < run->events.size() ? run->events[i].measured.end_s : 0.0; };
   double clock_at = 0;  // the predicted clock at event `next`
   for (const nn::ProgramMemoryPoint& m : pred.memory.timeline) {
     const auto belongs = [&](const autodiff::TapeEvent& e) {
@@ -112,8 +112,9 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
     c.name = "memory (bytes)";
     c.counter = true;
     c.start_s = at;
-    c.args = {{"params", m.params},       {"inputs", m.inputs},           {"gradients", m.gradients},
-              {"optimizer_state", m.optimizer_state}, {"activations", m.activations}, {"transient", m.transient}};
+    c.args = {{"params", m.params},           {"inputs", m.inputs},
+              {"gradients", m.gradients},     {"optimizer_state", m.optimizer_state},
+              {"activations", m.activations}, {"transient", m.transient}};
     out.push_back(std::move(c));
     while (next < pred.events.size() && belongs(pred.events[next])) {
       clock_at += pred.events[next].step.time_s;
@@ -123,7 +124,6 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
   }
   return out;
 }
-
 
 std::string shape_text(const Shape& s) {
   std::vector<std::string> parts;
@@ -159,9 +159,7 @@ std::map<autodiff::Phase, PhaseTimes> phase_times(const std::vector<autodiff::Ta
 // A phase's name as a column: "forward   ", "backward  ".
 std::string pad(const std::string& word) { return word + std::string(word.size() < 10 ? 10 - word.size() : 1, ' '); }
 
-std::string role_text(const program::Tensor& t) {
-  return t.temporary ? "(nested)" : program::to_string(t.role);
-}
+std::string role_text(const program::Tensor& t) { return t.temporary ? "(nested)" : program::to_string(t.role); }
 
 }  // namespace
 
@@ -196,8 +194,9 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
   out << "\nOps, with every step they run (bytes: the most any device sends; times predicted):\n";
   for (std::size_t k = 0; k < g.ops.size(); ++k) {
     const program::GraphOp& op = g.ops[k];
-    out << "  line " << op.where.line << "  " << format_spec(pred.record.specs[static_cast<std::size_t>(op.result)], g.mesh)
-        << " = " << op.expression << "\n";
+    out << "  line " << op.where.line << "  "
+        << format_spec(pred.record.specs[static_cast<std::size_t>(op.result)], g.mesh) << " = " << op.expression
+        << "\n";
     for (const std::string& note : pred.record.notes[k]) out << "      reshard " << note << "\n";
     for (const autodiff::TapeEvent* e : by_op[static_cast<int>(k)]) {
       out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";
@@ -205,7 +204,8 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
   }
   if (!by_op[-1].empty()) {
     out << "  gradients delivered in the leaves' specs\n";
-    for (const autodiff::TapeEvent* e : by_op[-1]) out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";
+    for (const autodiff::TapeEvent* e : by_op[-1])
+      out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";
   }
 
   print_collectives(out, g.mesh, pred.events);
@@ -246,8 +246,9 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
       << " if every collective hid under compute (a lower bound)\n";
   if (run) {
     const Verification& v = run->verification;
-    out << "\nRun (" << f.backend << ", " << g.mesh.device_count() << (g.mesh.device_count() == 1 ? " rank): " : " ranks): ")
-        << (v.verified ? "verified" : "WRONG") << " against the dense f64 step of the program (every computed tensor"
+    out << "\nRun (" << f.backend << ", " << g.mesh.device_count()
+        << (g.mesh.device_count() == 1 ? " rank): " : " ranks): ") << (v.verified ? "verified" : "WRONG")
+        << " against the dense f64 step of the program (every computed tensor"
         << (train ? ", every leaf's gradient, every param after the update" : "") << "; max abs error "
         << format_error(v.max_abs_error) << ", tolerance " << format_error(v.tolerance) << ")\n";
     const auto measured = [&](autodiff::Phase phase) {
@@ -258,8 +259,8 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
       return s;
     };
     for (const auto& [phase, t] : times) {
-      out << "  " << pad(autodiff::to_string(phase)) << "measured " << format_time(measured(phase)) << " on device 0 vs "
-          << format_time(t.comm + t.compute) << " predicted\n";
+      out << "  " << pad(autodiff::to_string(phase)) << "measured " << format_time(measured(phase))
+          << " on device 0 vs " << format_time(t.comm + t.compute) << " predicted\n";
     }
   }
 }
@@ -267,8 +268,13 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
 namespace {
 
 Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
-  Json j = {{"phase", autodiff::to_string(e.phase)}, {"op", to_string(e.step.op)}, {"tensor", e.step.tensor},
-            {"axes", Json::array()}, {"bytes", e.step.bytes_sent}, {"flops", e.step.flops}, {"time_s", e.step.time_s}};
+  Json j = {{"phase", autodiff::to_string(e.phase)},
+            {"op", to_string(e.step.op)},
+            {"tensor", e.step.tensor},
+            {"axes", Json::array()},
+            {"bytes", e.step.bytes_sent},
+            {"flops", e.step.flops},
+            {"time_s", e.step.time_s}};
   for (int a : e.step.axes) j["axes"].push_back(mesh.axis(a).name);
   return j;
 }
@@ -295,8 +301,11 @@ Json program_json(const ProgramRequest& request, const ProgramReport& report) {
   for (std::size_t i = 0; i < g.tensors.size(); ++i) {
     const program::Tensor& t = g.tensors[i];
     const Spec& s = pred.record.specs[i];
-    tensors.push_back({{"name", t.name}, {"role", role_text(t)}, {"spec", format_spec(s, g.mesh)},
-                       {"how", pred.record.origin[i]}, {"shape", t.shape},
+    tensors.push_back({{"name", t.name},
+                       {"role", role_text(t)},
+                       {"spec", format_spec(s, g.mesh)},
+                       {"how", pred.record.origin[i]},
+                       {"shape", t.shape},
                        {"device0_shape", local_shape(g.mesh, s, t.shape, 0)}});
   }
   doc["tensors"] = tensors;
@@ -310,9 +319,11 @@ Json program_json(const ProgramRequest& request, const ProgramReport& report) {
   for (std::size_t k = 0; k < g.ops.size(); ++k) {
     const program::GraphOp& op = g.ops[k];
     const Json& ev = events[static_cast<int>(k)];
-    ops.push_back({{"line", op.where.line}, {"expression", op.expression},
+    ops.push_back({{"line", op.where.line},
+                   {"expression", op.expression},
                    {"result", g.tensors[static_cast<std::size_t>(op.result)].name},
-                   {"reshards", pred.record.notes[k]}, {"steps", ev.is_null() ? Json::array() : ev}});
+                   {"reshards", pred.record.notes[k]},
+                   {"steps", ev.is_null() ? Json::array() : ev}});
   }
   doc["ops"] = ops;
   doc["leaf_gradient_steps"] = events[-1].is_null() ? Json::array() : events[-1];
@@ -332,8 +343,11 @@ Json program_json(const ProgramRequest& request, const ProgramReport& report) {
   doc["run"] = nullptr;
   if (run) {
     const Verification& v = run->verification;
-    doc["run"] = {{"backend", f.backend},       {"verified", v.verified},   {"max_abs_error", v.max_abs_error},
-                  {"tolerance", v.tolerance}, {"detail", v.detail}};
+    doc["run"] = {{"backend", f.backend},
+                  {"verified", v.verified},
+                  {"max_abs_error", v.max_abs_error},
+                  {"tolerance", v.tolerance},
+                  {"detail", v.detail}};
   }
   return doc;
 }
@@ -363,8 +377,9 @@ Command add_program_command(CLI::App& root) {
   auto flags = std::make_shared<ProgramFlags>();
   ProgramInput& input = flags->request.input;
   CLI::App* app = root.add_subcommand(
-      "program", "a whole sharded program from a file: every tensor's sharding, each op's collectives forward and "
-                 "backward, memory and time; --run executes and verifies it");
+      "program",
+      "a whole sharded program from a file: every tensor's sharding, each op's collectives forward and "
+      "backward, memory and time; --run executes and verifies it");
   app->add_option("FILE", input.file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
   app->add_option("--mesh", input.mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
   add_split_flag(*app, input.common.split);
@@ -373,12 +388,14 @@ Command add_program_command(CLI::App& root) {
   app->add_option("--spec", input.pins,
                   "pin a tensor's sharding, replacing the file's pin (a repeat block's tensor: every copy); "
                   "repeatable, e.g. --spec w_in='w_in[D, F_X]'");
-  app->add_flag("--train", input.train, "a training step: forward, backward and the update (the default when the "
-                                         "program has a loss), e.g. --train");
+  app->add_flag("--train", input.train,
+                "a training step: forward, backward and the update (the default when the "
+                "program has a loss), e.g. --train");
   app->add_flag("--infer", input.infer, "an inference step: forward only, e.g. --infer");
   app->add_option("--optimizer", input.optimizer, "the update: sgd (default) or adam, e.g. --optimizer adam");
-  app->add_flag("--run", input.run, "also execute the step on real ranks and verify it against the dense f64 step, "
-                                     "e.g. --run");
+  app->add_flag("--run", input.run,
+                "also execute the step on real ranks and verify it against the dense f64 step, "
+                "e.g. --run");
   app->add_option("--backend", input.backend,
                   "where --run executes: threads (default) or mpi (under mpirun -n <devices>), e.g. --backend mpi")
       ->each([flags](const std::string&) { flags->backend_given = true; });
@@ -416,13 +433,16 @@ Command add_program_command(CLI::App& root) {
             if (f.save && !in.run) throw InputError("--save works with --run; add --run");
             if (f.save) {
               std::error_code ec;
-              if (f.save->empty() || (std::filesystem::exists(*f.save, ec) && !std::filesystem::is_directory(*f.save, ec))) {
-                throw InputError("--save '" + *f.save + "': not a directory; name one (it is created when missing), "
+              if (f.save->empty() ||
+                  (std::filesystem::exists(*f.save, ec) && !std::filesystem::is_directory(*f.save, ec))) {
+                throw InputError("--save '" + *f.save +
+                                 "': not a directory; name one (it is created when missing), "
                                  "e.g. --save out/");
               }
             }
             if (f.backend_given && !in.run) {
-              throw InputError("--backend " + in.backend + " chooses where --run executes the step; add --run or drop --backend");
+              throw InputError("--backend " + in.backend +
+                               " chooses where --run executes the step; add --run or drop --backend");
             }
             if (f.trace) check_writable_file(*f.trace, "--trace '" + *f.trace + "'");
             const ProgramReport report = evaluate_program(f.request);
@@ -436,7 +456,8 @@ Command add_program_command(CLI::App& root) {
               print_program_report(out, f.request, report);
             }
             if (r && !r->verification.verified) {
-              std::cerr << "shardmm: error: the step does not match the dense reference: " + r->verification.detail + "\n";
+              std::cerr << "shardmm: error: the step does not match the dense reference: " + r->verification.detail +
+                               "\n";
               return 3;
             }
             return 0;

@@ -24,16 +24,17 @@ Command add_run_command(CLI::App& root) {
   app->add_option("EXPR", flags->expr, "the contraction, e.g. 'A[I, J_X] @ B[J_X, K] -> C[I, K]'")->required();
   add_planning_flags(*app, flags->common, true);
   add_execution_flags(*app, flags->exec);
-  app->footer(std::string(kNotationHint) +
-              "\n\nInputs are deterministic values in [-1, 1) set by each element's global index, so the same\n"
-              "logical tensors result on any mesh. Exit status: 0 verified, 2 bad input, 3 wrong result.\n"
-              "The defaults here are --dtype f32 and, for the predictions, --hw calibrated when 'shardmm calibrate'\n"
-              "has written a profile (docs/calibration.md), else --hw h100.\n\n"
-              "Examples:\n"
-              "  shardmm run 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=4 --dims I=512,J=1024,K=256\n"
-              "  shardmm run 'A[I_X, J] @ B[J, K_Y]' --mesh X=2,Y=2 --dims I=1000,J=300,K=77 --dtype f64 --json\n"
-              "  mpirun -n 4 shardmm run 'A[I, J_X] @ B[J_X, K]' --mesh X=4 --dims I=512,J=512,K=512 --backend mpi\n\n" +
-              kDocsHint);
+  app->footer(
+      std::string(kNotationHint) +
+      "\n\nInputs are deterministic values in [-1, 1) set by each element's global index, so the same\n"
+      "logical tensors result on any mesh. Exit status: 0 verified, 2 bad input, 3 wrong result.\n"
+      "The defaults here are --dtype f32 and, for the predictions, --hw calibrated when 'shardmm calibrate'\n"
+      "has written a profile (docs/calibration.md), else --hw h100.\n\n"
+      "Examples:\n"
+      "  shardmm run 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=4 --dims I=512,J=1024,K=256\n"
+      "  shardmm run 'A[I_X, J] @ B[J, K_Y]' --mesh X=2,Y=2 --dims I=1000,J=300,K=77 --dtype f64 --json\n"
+      "  mpirun -n 4 shardmm run 'A[I, J_X] @ B[J_X, K]' --mesh X=4 --dims I=512,J=512,K=512 --backend mpi\n\n" +
+      kDocsHint);
   return {app, [flags](std::ostream& out) {
             Planning p = make_planning(flags->common);
             const Contraction c = parse_contraction(flags->expr, p.mesh);

@@ -77,8 +77,8 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
   out << "  dims      " << format_sizes(g.dims) << "\n";
   out << "  dtype     " << to_string(p.options.dtype) << "\n";
   print_hardware(out, p);
-  out << "  memory    " << (o.memory_limit ? format_bytes_exact(*o.memory_limit) + " per device" : std::string("no limit"))
-      << "\n";
+  out << "  memory    "
+      << (o.memory_limit ? format_bytes_exact(*o.memory_limit) + " per device" : std::string("no limit")) << "\n";
   std::size_t chosen = 0, entries = 0;
   for (char x : c.chosen) chosen += x ? 1 : 0;
   for (const solve::Factor& fac : c.problem.factors) entries += fac.entries.size();
@@ -93,11 +93,16 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
     const program::Tensor& tensor = g.tensors[static_cast<std::size_t>(t)];
     const Spec& s = r.specs[static_cast<std::size_t>(t)];
     tensors.add({tensor.source_name, program::to_string(tensor.role), format_spec(s, g.mesh), how_text(g, r, t),
-                 "[" + join([&] {
-                   std::vector<std::string> parts;
-                   for (std::int64_t n : local_shape(g.mesh, s, tensor.shape, 0)) parts.push_back(std::to_string(n));
-                   return parts;
-                 }(), ", ") + "]"});
+                 "[" +
+                     join(
+                         [&] {
+                           std::vector<std::string> parts;
+                           for (std::int64_t n : local_shape(g.mesh, s, tensor.shape, 0))
+                             parts.push_back(std::to_string(n));
+                           return parts;
+                         }(),
+                         ", ") +
+                     "]"});
   }
   tensors.print(out);
 
@@ -108,15 +113,16 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
   // The peak of the step's timeline: what --mem-limit bounds, and the solver's memory figure.
   const nn::ProgramMemoryPoint& peak = pred.memory.timeline.at(pred.memory.peak_point);
   const auto bytes = [](std::int64_t b) { return format_bytes(static_cast<double>(b)); };
-  out << "  memory    peak " << bytes(peak.total()) << " per device, during " << memory_point_text(g, peak) << " (params "
-      << bytes(peak.params) << ", inputs " << bytes(peak.inputs);
+  out << "  memory    peak " << bytes(peak.total()) << " per device, during " << memory_point_text(g, peak)
+      << " (params " << bytes(peak.params) << ", inputs " << bytes(peak.inputs);
   if (train) out << ", gradients " << bytes(peak.gradients) << ", optimizer state " << bytes(peak.optimizer_state);
   out << ", activations " << bytes(peak.activations) << ", transient " << bytes(peak.transient) << ")\n";
   if (o.memory_limit && r.unconstrained) {
     const bool binds = r.unconstrained->value.time < r.outcome.value.time;
-    out << "  limit     " << (binds ? "binds: the fastest sharding without it takes " + format_time(r.unconstrained->value.time) +
-                                          " and needs " + format_bytes(static_cast<double>(r.unconstrained->value.memory))
-                                    : std::string("does not bind: the fastest sharding fits"))
+    out << "  limit     "
+        << (binds ? "binds: the fastest sharding without it takes " + format_time(r.unconstrained->value.time) +
+                        " and needs " + format_bytes(static_cast<double>(r.unconstrained->value.memory))
+                  : std::string("does not bind: the fastest sharding fits"))
         << "\n";
   }
 
@@ -127,7 +133,8 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
     Table table({"strategy", "time", "memory", "vs the optimum"});
     for (const solve::NamedStrategy& s : r.named) {
       if (s.outcome.best.empty()) {
-        table.add({s.name, "-", "-", s.outcome.status == solve::SolveStatus::infeasible ? "does not apply or fit" : "not found"});
+        table.add({s.name, "-", "-",
+                   s.outcome.status == solve::SolveStatus::infeasible ? "does not apply or fit" : "not found"});
         continue;
       }
       table.add({s.name, format_time(s.outcome.value.time), format_bytes(static_cast<double>(s.outcome.value.memory)),
@@ -165,29 +172,36 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
           << format_bytes(static_cast<double>(r.top[k].value.memory)) << ": " << join(parts, " ") << "\n";
     }
   }
-  if (request.emit) out << "\nWrote " << *request.emit << ": the program with every spec pinned (shardmm program " << *request.emit << ").\n";
+  if (request.emit)
+    out << "\nWrote " << *request.emit << ": the program with every spec pinned (shardmm program " << *request.emit
+        << ").\n";
   if (run) {
     const Verification& v = run->verification;
     out << "\nRun (" << f.backend << ", " << g.mesh.device_count() << " ranks): " << (v.verified ? "verified" : "WRONG")
-        << " against the dense f64 step of the program (max abs error " << format_error(v.max_abs_error) << ", tolerance "
-        << format_error(v.tolerance) << ")\n";
+        << " against the dense f64 step of the program (max abs error " << format_error(v.max_abs_error)
+        << ", tolerance " << format_error(v.tolerance) << ")\n";
     out << "  measured " << format_time(serialized_measured(run->events)) << " on device 0 vs "
         << format_time(serialized(pred.events)) << " predicted\n";
   }
 }
 
-
 namespace {
 
 Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const solve::SolveOutcome& o) {
-  Json j = {{"status", solve::to_string(o.status)}, {"method", o.method}, {"time_s", o.value.time},
-            {"memory_bytes", o.value.memory}, {"lower_bound_s", o.lower_bound}, {"solve_seconds", o.seconds}};
+  Json j = {{"status", solve::to_string(o.status)},
+            {"method", o.method},
+            {"time_s", o.value.time},
+            {"memory_bytes", o.value.memory},
+            {"lower_bound_s", o.lower_bound},
+            {"solve_seconds", o.seconds}};
   Json specs = Json::object();
   if (!o.best.empty()) {
     const std::vector<Spec> all = solve::specs_of(c, o.best);
     for (std::size_t v = 0; v < c.chosen.size(); ++v) {
       const int t = c.tensor_of_var[v];
-      if (c.chosen[v]) specs[g.tensors[static_cast<std::size_t>(t)].source_name] = format_spec(all[static_cast<std::size_t>(t)], g.mesh);
+      if (c.chosen[v])
+        specs[g.tensors[static_cast<std::size_t>(t)].source_name] =
+            format_spec(all[static_cast<std::size_t>(t)], g.mesh);
     }
   }
   j["specs"] = specs;
@@ -225,8 +239,11 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   for (int t : shown_tensors(g, c)) {
     const program::Tensor& tensor = g.tensors[static_cast<std::size_t>(t)];
     const Spec& s = r.specs[static_cast<std::size_t>(t)];
-    tensors.push_back({{"name", tensor.source_name}, {"role", program::to_string(tensor.role)},
-                       {"spec", format_spec(s, g.mesh)}, {"how", how_text(g, r, t)}, {"shape", tensor.shape},
+    tensors.push_back({{"name", tensor.source_name},
+                       {"role", program::to_string(tensor.role)},
+                       {"spec", format_spec(s, g.mesh)},
+                       {"how", how_text(g, r, t)},
+                       {"shape", tensor.shape},
                        {"device0_shape", local_shape(g.mesh, s, tensor.shape, 0)}});
   }
   doc["tensors"] = tensors;
@@ -257,8 +274,12 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   doc["run"] = nullptr;
   if (run) {
     const Verification& v = run->verification;
-    doc["run"] = {{"backend", f.backend}, {"verified", v.verified}, {"max_abs_error", v.max_abs_error},
-                  {"tolerance", v.tolerance}, {"measured_s", serialized_measured(run->events)}, {"detail", v.detail}};
+    doc["run"] = {{"backend", f.backend},
+                  {"verified", v.verified},
+                  {"max_abs_error", v.max_abs_error},
+                  {"tolerance", v.tolerance},
+                  {"measured_s", serialized_measured(run->events)},
+                  {"detail", v.detail}};
   }
   return doc;
 }
@@ -294,16 +315,17 @@ SolveReport evaluate_solve(const SolveRequest& request) {
 }
 
 std::string pinned_program_text(const SolveReport& report) {
-  return program::format_program(solve::pinned_program(report.bound.parsed, report.bound.graph, report.result.specs,
-                                                        report.result.regathered));
+  return program::format_program(
+      solve::pinned_program(report.bound.parsed, report.bound.graph, report.result.specs, report.result.regathered));
 }
 
 Command add_solve_command(CLI::App& root) {
   auto flags = std::make_shared<SolveRequest>();
   ProgramInput& input = flags->input;
   CLI::App* app = root.add_subcommand(
-      "solve", "the fastest sharding of a whole program within a memory limit, proven optimal (or with its gap), "
-               "beside the named strategies; --emit writes it pinned, --run executes and verifies it");
+      "solve",
+      "the fastest sharding of a whole program within a memory limit, proven optimal (or with its gap), "
+      "beside the named strategies; --emit writes it pinned, --run executes and verifies it");
   app->add_option("FILE", input.file, "the program (docs/programs.md), e.g. examples/programs/mlp.prog")->required();
   app->add_option("--mesh", input.mesh, "the device mesh, replacing the file's mesh line, e.g. --mesh X=4,Y=2");
   add_split_flag(*app, input.common.split);
@@ -315,20 +337,25 @@ Command add_solve_command(CLI::App& root) {
   app->add_option("--pin", input.pins,
                   "fix a tensor's sharding, replacing the file's pin (a repeat block's tensor: every copy); "
                   "repeatable, e.g. --pin x='x[B_X, T, D]'");
-  app->add_flag("--train", input.train, "solve a training step (the default when the program has a loss), e.g. --train");
+  app->add_flag("--train", input.train,
+                "solve a training step (the default when the program has a loss), e.g. --train");
   app->add_flag("--infer", input.infer, "solve an inference step: forward only, e.g. --infer");
-  app->add_option("--optimizer", input.optimizer, "the update: sgd (default) or adam (two moments per param "
-                                                   "element count against memory), e.g. --optimizer adam");
+  app->add_option("--optimizer", input.optimizer,
+                  "the update: sgd (default) or adam (two moments per param "
+                  "element count against memory), e.g. --optimizer adam");
   app->add_option("--top", flags->top, "also list the K best distinct shardings (1 to 100), e.g. --top 3");
   app->add_flag("--explain", flags->explain,
                 "for each chosen tensor, the runner-up layout and the time and memory it would add, e.g. --explain");
   app->add_option("--emit", flags->emit,
-                  "write the program with every spec pinned (shardmm program accepts it as is; a program file has no split line: give --split chunk again), e.g. --emit best.prog");
-  app->add_flag("--run", input.run, "execute the chosen sharding on real ranks and verify it against the dense f64 "
-                                     "step (small --dims), e.g. --run");
+                  "write the program with every spec pinned (shardmm program accepts it as is; a program file has no "
+                  "split line: give --split chunk again), e.g. --emit best.prog");
+  app->add_flag("--run", input.run,
+                "execute the chosen sharding on real ranks and verify it against the dense f64 "
+                "step (small --dims), e.g. --run");
   app->add_option("--backend", input.backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
-  app->add_option("--time-limit", flags->seconds, "each integer program's time limit in seconds (default 60); past "
-                                                  "it the answer says its proven gap, e.g. --time-limit 10");
+  app->add_option("--time-limit", flags->seconds,
+                  "each integer program's time limit in seconds (default 60); past "
+                  "it the answer says its proven gap, e.g. --time-limit 10");
   add_dtype_flag(*app, input.common.dtype);
   add_hw_flag(*app, input.common.hw);
   add_json_flag(*app, input.common.json);
@@ -359,7 +386,8 @@ Command add_solve_command(CLI::App& root) {
               print_solve_report(out, f, report);
             }
             if (r && !r->verification.verified) {
-              std::cerr << "shardmm: error: the step does not match the dense reference: " + r->verification.detail + "\n";
+              std::cerr << "shardmm: error: the step does not match the dense reference: " + r->verification.detail +
+                               "\n";
               return 3;
             }
             return 0;

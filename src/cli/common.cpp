@@ -42,8 +42,9 @@ void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool require
 }
 
 void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype) {
-  add_optional(app, "--dtype", dtype, "element type: bf16, f16, f32 or f64, e.g. --dtype f32 (default: f32 where data is computed or the "
-                                      "profile is calibrated, else bf16)");
+  add_optional(app, "--dtype", dtype,
+               "element type: bf16, f16, f32 or f64, e.g. --dtype f32 (default: f32 where data is computed or the "
+               "profile is calibrated, else bf16)");
 }
 
 void add_hw_flag(CLI::App& app, std::optional<std::string>& hw) {
@@ -84,14 +85,14 @@ Planning make_planning(const PlanningFlags& flags) {
   const std::string calibrated_path = calibrated_profile_path();
   std::error_code ec;
   const bool have_calibrated = !calibrated_path.empty() && std::filesystem::exists(calibrated_path, ec);
-  const std::string hw = flags.hw ? *flags.hw
+  const std::string hw = flags.hw          ? *flags.hw
                          : have_calibrated ? std::string(kCalibratedProfileName)
                                            : std::string(flags.fallback_hw ? flags.fallback_hw : kDefaultProfile);
   const std::vector<std::string> builtins = builtin_profile_names();
   p.calibrated = hw == kCalibratedProfileName;
   p.hw_source = std::find(builtins.begin(), builtins.end(), hw) != builtins.end() ? "built-in"
-                : p.calibrated                                                  ? calibrated_path
-                                                                                : hw;
+                : p.calibrated                                                    ? calibrated_path
+                                                                                  : hw;
   p.options.hw = load_profile(hw);
   p.default_dtype = !flags.dtype;
   // The default dtype is bf16, except on a calibrated profile: measured on this machine,
@@ -351,7 +352,8 @@ void print_hardware(std::ostream& out, const Planning& p) {
   const HardwareProfile& hw = p.options.hw;
   std::string origin = p.hw_source == "built-in" ? "built-in" : "from " + p.hw_source;
   if (p.default_hw) {
-    origin += p.calibrated ? ", the calibrated default; choose another with --hw" : ", the default; choose another with --hw";
+    origin +=
+        p.calibrated ? ", the calibrated default; choose another with --hw" : ", the default; choose another with --hw";
   }
   out << "  hardware  " << hw.name << " (" << origin << ")\n";
   if (!hw.description.empty()) out << "            " << wrap(hw.description, 88, "            ") << "\n";
@@ -368,8 +370,9 @@ void print_hardware(std::ostream& out, const Planning& p) {
     std::vector<std::string> sizes;
     for (int n : group_sizes) sizes.push_back(std::to_string(n));
     out << "            "
-        << wrap("calibrated on the " + hw.calibration->backend + " backend: collectives by measured alpha-beta fit on " +
-                    join(sizes, ", ") + " ranks (other sizes by the formulas above); einsums at the measured GEMM "
+        << wrap("calibrated on the " + hw.calibration->backend +
+                    " backend: collectives by measured alpha-beta fit on " + join(sizes, ", ") +
+                    " ranks (other sizes by the formulas above); einsums at the measured GEMM "
                     "rate for their shape",
                 88, "            ")
         << "\n";

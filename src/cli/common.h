@@ -82,7 +82,7 @@ struct Planning {
   PlanOptions options;
   bool default_dtype = true;
   bool default_hw = true;
-  std::string hw_source;  // "built-in" or the profile file's path
+  std::string hw_source;    // "built-in" or the profile file's path
   bool calibrated = false;  // the profile came from calibrated_profile_path() (--hw calibrated or the default)
 };
 

@@ -46,7 +46,7 @@ void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
 
 namespace {
 
-constexpr const char* kExecutionFlags[] = {"--backend", "--repeat",    "--warmup", "--warmup-time",
+constexpr const char* kExecutionFlags[] = {"--backend",   "--repeat",   "--warmup", "--warmup-time",
                                            "--candidate", "--no-check", "--trace"};
 
 }  // namespace
@@ -68,11 +68,13 @@ void check_execution(const ExecutionFlags& flags, Planning& p) {
     throw InputError(std::string("cannot run in ") + to_string(p.options.dtype) +
                      ": execution computes in f32 or f64; pass --dtype f32 or --dtype f64");
   }
-  if (flags.repeat < 1) throw InputError("--repeat " + std::to_string(flags.repeat) + ": at least one timed run is needed");
+  if (flags.repeat < 1)
+    throw InputError("--repeat " + std::to_string(flags.repeat) + ": at least one timed run is needed");
   if (flags.warmup < 0) throw InputError("--warmup " + std::to_string(flags.warmup) + ": must be 0 or more");
   check_warmup_time(flags.warmup_time_s);
   if (flags.watchdog_s && !(*flags.watchdog_s > 0 && std::isfinite(*flags.watchdog_s))) {
-    throw InputError("--watchdog " + format_given(*flags.watchdog_s) + ": must be a positive number of seconds, e.g. --watchdog 30");
+    throw InputError("--watchdog " + format_given(*flags.watchdog_s) +
+                     ": must be a positive number of seconds, e.g. --watchdog 30");
   }
   if (flags.trace) {
     if (flags.trace->empty()) throw InputError("--trace '': give the trace file's name, e.g. --trace run.json");
@@ -84,9 +86,9 @@ std::size_t pick_candidate(const ExecutionFlags& flags, std::size_t count, int c
   if (!flags.candidate) return static_cast<std::size_t>(chosen);
   const int k = *flags.candidate;
   if (k < 1 || static_cast<std::size_t>(k) > count) {
-    const std::string numbered = count == 1 ? std::string("is 1 candidate (number 1)")
-                                            : "are " + std::to_string(count) + " candidates (numbered 1 to " +
-                                                  std::to_string(count) + ")";
+    const std::string numbered =
+        count == 1 ? std::string("is 1 candidate (number 1)")
+                   : "are " + std::to_string(count) + " candidates (numbered 1 to " + std::to_string(count) + ")";
     throw InputError("--candidate " + std::to_string(k) + ": there " + numbered +
                      " on this --hw and --dtype; 'plan --all' lists them when given the same two");
   }
@@ -113,8 +115,8 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   // A live line on a terminal, redrawn at most 10 times a second; in a log a line a second,
   // and the first of each phase (a run of short repeats must not write thousands of lines).
   const auto interval = std::chrono::milliseconds(tty ? 100 : 1000);
-  req.progress = [tty, interval, phase = std::string(), last = std::chrono::steady_clock::time_point()](
-                     const std::string& what) mutable {
+  req.progress = [tty, interval, phase = std::string(),
+                  last = std::chrono::steady_clock::time_point()](const std::string& what) mutable {
     const std::string this_phase = what.substr(0, what.find(' '));
     const auto now = std::chrono::steady_clock::now();
     if (this_phase == phase && now - last < interval) return;
@@ -177,7 +179,8 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
                      const RunReport& r) {
   const Mesh& mesh = p.mesh;
   out << "\nRun: " << r.ranks << " ranks on the " << flags.backend << " backend, " << to_string(p.options.dtype)
-      << ", median of " << flags.repeat << " (after " << r.warmup_runs << " warm-up run" << (r.warmup_runs == 1 ? "" : "s")
+      << ", median of " << flags.repeat << " (after " << r.warmup_runs << " warm-up run"
+      << (r.warmup_runs == 1 ? "" : "s")
       << (flags.warmup_time_s > 0 ? ", at least " + format_time(flags.warmup_time_s) : std::string()) << ")\n";
   out << "  plan      " << plan.description << "\n";
   // Only a profile calibrated here predicts this machine: another's prediction is shown as
@@ -191,9 +194,13 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
     const StepMeasurement& m = r.steps[i];
     const Step& s = plan.steps[i];
-    std::vector<std::string> row{std::to_string(i + 1), to_string(m.op), m.axes.empty() ? "-" : mesh.axis_names(m.axes),
-                                 m.tensor, format_bytes(static_cast<double>(m.bytes_sent)),
-                                 format_bytes(static_cast<double>(m.bytes_received)), format_time(s.time_s),
+    std::vector<std::string> row{std::to_string(i + 1),
+                                 to_string(m.op),
+                                 m.axes.empty() ? "-" : mesh.axis_names(m.axes),
+                                 m.tensor,
+                                 format_bytes(static_cast<double>(m.bytes_sent)),
+                                 format_bytes(static_cast<double>(m.bytes_received)),
+                                 format_time(s.time_s),
                                  format_time(m.measured_time_s)};
     if (here) row.push_back(s.time_s > 0 ? format_sig3(m.measured_time_s / s.time_s) + "x" : "-");
     steps.add(row);
@@ -202,8 +209,8 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
   steps.print(out);
   out << "  (per step: the slowest rank's time, a collective's from its last rank's arrival, median over repeats"
       << (here ? "; predicted on " + p.options.hw.name + ", calibrated on this machine" : std::string()) << ")\n";
-  out << "  total     measured " << format_time(r.measured_time_s) << " (first rank's start to last rank's finish); predicted "
-      << format_time(plan.total_time_s) << " serialized";
+  out << "  total     measured " << format_time(r.measured_time_s)
+      << " (first rank's start to last rank's finish); predicted " << format_time(plan.total_time_s) << " serialized";
   if (!here) {
     out << " on " << p.options.hw.name << "\n  profile   " << p.options.hw.name
         << " is another machine's, so no measured/predicted here: `shardmm calibrate --quick` measures this one in "

@@ -15,9 +15,9 @@ struct ExecutionFlags {
   std::string backend = "threads";
   int repeat = 5;
   int warmup = 1;
-  double warmup_time_s = 0.2;  // RunRequest::warmup_min_s
-  std::optional<int> candidate;  // 1-based index into the candidates as printed; none: the chosen one
-  bool check = true;  // BackendOptions::check; --no-check turns it off
+  double warmup_time_s = 0.2;        // RunRequest::warmup_min_s
+  std::optional<int> candidate;      // 1-based index into the candidates as printed; none: the chosen one
+  bool check = true;                 // BackendOptions::check; --no-check turns it off
   std::optional<double> watchdog_s;  // BackendOptions::watchdog_s (--watchdog; unset: SHARDMM_WATCHDOG_S or 300 s)
   std::optional<std::string> trace;  // --trace FILE: a Chrome trace of the run
 };

@@ -16,7 +16,8 @@ inline constexpr double kMaxReferenceFlops = 5e9;
 }  // namespace
 
 program::Program read_program(const std::string& file) {
-  const std::string text = read_small_file(file, kMaxProgramBytes, "program " + file, "is larger than a program can be (4 MiB)");
+  const std::string text =
+      read_small_file(file, kMaxProgramBytes, "program " + file, "is larger than a program can be (4 MiB)");
   return program::parse_program(text, file);
 }
 
@@ -44,7 +45,8 @@ BoundProgram bind_program(const ProgramInput& in, const std::string& pin_flag) {
   if (in.train && in.infer) throw InputError("--train and --infer exclude each other; give one");
   const nn::Optimizer optimizer = nn::parse_optimizer(in.optimizer);
   program::Program parsed = in.text ? program::parse_program(*in.text, in.file) : read_program(in.file);
-  program::Graph g = program::bind(parsed, program_bind_options(in.mesh, in.common.split, in.common.dims, in.pins, pin_flag));
+  program::Graph g =
+      program::bind(parsed, program_bind_options(in.mesh, in.common.split, in.common.dims, in.pins, pin_flag));
   PlanningFlags planning = in.common;
   planning.mesh = g.mesh.to_string();
   planning.dims.reset();
@@ -52,7 +54,8 @@ BoundProgram bind_program(const ProgramInput& in, const std::string& pin_flag) {
   planning.fallback_hw = "h100";
   if (!planning.dtype && in.run) planning.dtype = "f64";
   Planning p = make_planning(planning);
-  if (in.train && g.loss < 0) throw InputError(field("train") + ": the program has no loss line; add one (loss sum(...))");
+  if (in.train && g.loss < 0)
+    throw InputError(field("train") + ": the program has no loss line; add one (loss sum(...))");
   const bool train = !in.infer && g.loss >= 0;
   if (in.run) {
     check_backend(in.backend, g.mesh);
@@ -84,8 +87,12 @@ void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<au
 Json collectives_json(const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events) {
   Json collectives = Json::array();
   for (const nn::CollectiveTally& t : nn::tally_collectives(events)) {
-    Json row = {{"phase", autodiff::to_string(t.phase)}, {"op", to_string(t.op)}, {"axes", Json::array()},
-                {"count", t.count}, {"bytes", t.bytes}, {"time_s", t.time_s}};
+    Json row = {{"phase", autodiff::to_string(t.phase)},
+                {"op", to_string(t.op)},
+                {"axes", Json::array()},
+                {"count", t.count},
+                {"bytes", t.bytes},
+                {"time_s", t.time_s}};
     for (int a : t.axes) row["axes"].push_back(mesh.axis(a).name);
     if (t.op == OpKind::all_reduce) row["reduce"] = to_string(t.reduce);
     collectives.push_back(row);
@@ -134,19 +141,22 @@ void check_run_size(const program::Graph& g, const nn::ProgramPrediction& pred, 
   flops *= static_cast<double>(g.mesh.device_count());
   if (flops > kMaxReferenceFlops) {
     throw InputError(field("run") + " verifies the step against a dense single-device reference of about " +
-                     format_flops(flops) + ", more than " + field("run") + " computes (" + format_flops(kMaxReferenceFlops) +
-                     "); give smaller " + field("dims") + " with " + field("run") + " (the prediction alone has no size limit)");
+                     format_flops(flops) + ", more than " + field("run") + " computes (" +
+                     format_flops(kMaxReferenceFlops) + "); give smaller " + field("dims") + " with " + field("run") +
+                     " (the prediction alone has no size limit)");
   }
   const double need = 2.0 * static_cast<double>(pred.memory.total()) * static_cast<double>(g.mesh.device_count()) * 8 /
                       dtype_bytes(dtype);
   if (need > static_cast<double>(available_memory())) {
-    throw InputError(field("run") + " needs about " + format_bytes(need) + " here (every device's shards and the dense f64 " +
-                     "reference) but " + format_bytes(static_cast<double>(available_memory())) + " is available; give smaller " +
+    throw InputError(field("run") + " needs about " + format_bytes(need) +
+                     " here (every device's shards and the dense f64 " + "reference) but " +
+                     format_bytes(static_cast<double>(available_memory())) + " is available; give smaller " +
                      field("dims") + " with " + field("run"));
   }
 }
 
-nn::ProgramRun run_program_step(const std::string& backend, const program::Graph& g, const nn::ProgramOptions& options) {
+nn::ProgramRun run_program_step(const std::string& backend, const program::Graph& g,
+                                const nn::ProgramOptions& options) {
   nn::ProgramRun mine;
   run_backend(backend, g.mesh, [&](Communicator& comm) {
     nn::ProgramRun r = nn::run_program(comm, g, options);

@@ -69,7 +69,7 @@ struct SolveRequest {
   std::optional<std::string> emit;       // the file the caller writes pinned_program_text to (the document names it)
   int top = 1;                           // 1 to kMaxTop
   bool explain = false;
-  double seconds = 60;                   // each integer program's time limit
+  double seconds = 60;  // each integer program's time limit
 };
 
 inline constexpr int kMaxTop = 100;

@@ -40,8 +40,9 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
   const std::string g = mesh.axis_names(s.axes);
   const std::string d = dim_at(s.from, s.dim);
   if (!multiplies(s.op) && !s.axes.empty() && mesh.group_size(s.axes) == 1) {
-    return g + (s.axes.size() > 1 ? " span" : " spans") + " one device, so nothing moves or changes: " +
-           format_spec(s.from, mesh) + " and " + format_spec(s.to, mesh) + " are the same data, renamed";
+    return g + (s.axes.size() > 1 ? " span" : " spans") +
+           " one device, so nothing moves or changes: " + format_spec(s.from, mesh) + " and " +
+           format_spec(s.to, mesh) + " are the same data, renamed";
   }
   switch (s.op) {
     case OpKind::einsum: {
@@ -64,7 +65,8 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
     case OpKind::all_reduce:
       return "sums the partial sums over " + g + "; every device gets the whole sum (= reduce_scatter + all_gather)";
     case OpKind::exchange:
-      return "each device sends every member of " + g + " the part of its block that the member's new block "
+      return "each device sends every member of " + g +
+             " the part of its block that the member's new block "
              "covers, in one collective: each receives only what its new block lacks, with no gathered copy in "
              "between";
     case OpKind::to_partial:
@@ -90,8 +92,9 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
     case OpKind::einsum_reduce_scatter:
       return "collective matmul: computes the partial " + g + "-block of " + dim_at(s.to, s.dim) +
              " bound for each member in turn, adds the running sum that arrived from the previous member and "
-             "passes it on round a ring of " + std::to_string(s.ring_steps) + " steps (" + format_time(s.comm_time_s) +
-             " of transfers, " + format_time(s.compute_time_s) + " of compute)";
+             "passes it on round a ring of " +
+             std::to_string(s.ring_steps) + " steps (" + format_time(s.comm_time_s) + " of transfers, " +
+             format_time(s.compute_time_s) + " of compute)";
   }
   return "";
 }
@@ -183,8 +186,8 @@ void print_plan(std::ostream& out, const Plan& plan, const Mesh& mesh, const Pla
 void print_header(std::ostream& out, const Planning& p, const std::string& expr, bool compact) {
   out << "  expr      " << expr << "\n";
   if (compact) {
-    out << "  on        mesh " << describe_mesh(p.mesh) << ", "
-        << format_sizes(p.sizes) << ", " << to_string(p.options.dtype) << ", " << p.options.hw.name << "\n";
+    out << "  on        mesh " << describe_mesh(p.mesh) << ", " << format_sizes(p.sizes) << ", "
+        << to_string(p.options.dtype) << ", " << p.options.hw.name << "\n";
     return;
   }
   out << "  mesh      " << describe_mesh(p.mesh) << "\n";
@@ -319,16 +322,17 @@ void print_matmul_report(std::ostream& out, const Planning& p, const Contraction
   }
 
   const Plan& chosen = m.candidates.at(static_cast<std::size_t>(m.chosen));
-  const auto cheapest = std::find_if(m.candidates.begin(), m.candidates.end(), [](const Plan& x) { return x.fits_memory; });
+  const auto cheapest =
+      std::find_if(m.candidates.begin(), m.candidates.end(), [](const Plan& x) { return x.fits_memory; });
   out << "\nChosen plan (candidate " << m.chosen + 1 << " of " << m.candidates.size();
   if (&*cheapest == &chosen) {
     out << ", the cheapest" << (p.options.mem_limit_bytes ? " within the memory limit" : "");
   } else {
-    out << ": " << format_sig3(100 * (chosen.total_time_s / cheapest->total_time_s - 1)) << "% slower than the cheapest, #"
-        << cheapest - m.candidates.begin() + 1 << " (" << format_time(chosen.total_time_s) << " against "
-        << format_time(cheapest->total_time_s) << "), within --tie-margin " << format_given(p.options.tie_margin)
-        << ", with fewer synchronizations (" << synchronizations(chosen) << " against " << synchronizations(*cheapest)
-        << ")";
+    out << ": " << format_sig3(100 * (chosen.total_time_s / cheapest->total_time_s - 1))
+        << "% slower than the cheapest, #" << cheapest - m.candidates.begin() + 1 << " ("
+        << format_time(chosen.total_time_s) << " against " << format_time(cheapest->total_time_s)
+        << "), within --tie-margin " << format_given(p.options.tie_margin) << ", with fewer synchronizations ("
+        << synchronizations(chosen) << " against " << synchronizations(*cheapest) << ")";
   }
   out << "): " << chosen.description << "\n";
   print_plan(out, chosen, mesh, p.options);

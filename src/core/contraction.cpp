@@ -9,10 +9,14 @@ namespace shardmm {
 
 const char* to_string(DimRole role) {
   switch (role) {
-    case DimRole::batch: return "batch";
-    case DimRole::contracted: return "contracted";
-    case DimRole::free_a: return "free";
-    case DimRole::free_b: return "free";
+    case DimRole::batch:
+      return "batch";
+    case DimRole::contracted:
+      return "contracted";
+    case DimRole::free_a:
+      return "free";
+    case DimRole::free_b:
+      return "free";
   }
   return "?";
 }
@@ -56,12 +60,12 @@ std::size_t find_top_level(std::string_view s, std::string_view token, std::size
 }
 
 // Parses the operand in src[from, to) and re-raises errors with the whole expression quoted.
-Spec parse_operand(std::string_view src, std::size_t from, std::size_t to, const Mesh& mesh,
-                   const char* default_name) {
+Spec parse_operand(std::string_view src, std::size_t from, std::size_t to, const Mesh& mesh, const char* default_name) {
   text::trim(src, from, to);
   if (from == to) {
-    throw InputError("bad contraction '" + std::string(src) + "': an operand is missing; write A[I, J] @ B[J, K] -> C[I, K]",
-                     src, std::min(from, src.size() ? src.size() - 1 : 0), 1);
+    throw InputError(
+        "bad contraction '" + std::string(src) + "': an operand is missing; write A[I, J] @ B[J, K] -> C[I, K]", src,
+        std::min(from, src.size() ? src.size() - 1 : 0), 1);
   }
   const std::string_view part = src.substr(from, to - from);
   Spec spec;
@@ -138,7 +142,8 @@ Contraction parse_contraction(std::string_view src, const Mesh& mesh) {
       const bool in_out = std::find(c.out_dims.begin(), c.out_dims.end(), d.name) != c.out_dims.end();
       if (!in_out && other.find_dim(d.name) < 0) {
         throw InputError("bad contraction '" + std::string(src) + "': dimension '" + d.name + "' appears only in " +
-                         in->tensor + " and not in the output; a contracted dimension must appear in both inputs "
+                         in->tensor +
+                         " and not in the output; a contracted dimension must appear in both inputs "
                          "(sum it away first, or keep it in the output)");
       }
     }

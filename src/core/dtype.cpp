@@ -8,10 +8,14 @@ namespace shardmm {
 
 const char* to_string(DType dtype) {
   switch (dtype) {
-    case DType::bf16: return "bf16";
-    case DType::f16: return "f16";
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
+    case DType::bf16:
+      return "bf16";
+    case DType::f16:
+      return "f16";
+    case DType::f32:
+      return "f32";
+    case DType::f64:
+      return "f64";
   }
   return "?";
 }
@@ -19,17 +23,22 @@ const char* to_string(DType dtype) {
 int dtype_bytes(DType dtype) {
   switch (dtype) {
     case DType::bf16:
-    case DType::f16: return 2;
-    case DType::f32: return 4;
-    case DType::f64: return 8;
+    case DType::f16:
+      return 2;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
   }
   return 0;
 }
 
 const char* to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "max";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::max:
+      return "max";
   }
   return "?";
 }

@@ -38,7 +38,8 @@ std::string show(std::string_view text, Other other, std::vector<std::size_t>* c
 // a caret under the offending span.
 std::string quote_with_caret(std::string_view text, std::size_t pos, std::size_t len) {
   std::vector<std::size_t> columns;
-  const std::string shown = show(text, [](unsigned char) { return std::string("?"); }, &columns);
+  const std::string shown = show(
+      text, [](unsigned char) { return std::string("?"); }, &columns);
   pos = std::min(pos, text.size());
   const std::size_t end = std::min(pos + std::max<std::size_t>(len, 1), text.size());
   const std::size_t width = std::max<std::size_t>(1, columns[end] - columns[pos]);
@@ -106,8 +107,8 @@ std::string InputError::headline(const std::function<std::string(std::string_vie
 long long checked_mul(long long a, long long b, std::string_view what) {
   long long r = 0;
   if (__builtin_mul_overflow(a, b, &r)) {
-    throw InputError(std::string(what) + " overflows 64 bits (" + std::to_string(a) + " x " +
-                     std::to_string(b) + "); sizes must fit in a signed 64-bit integer");
+    throw InputError(std::string(what) + " overflows 64 bits (" + std::to_string(a) + " x " + std::to_string(b) +
+                     "); sizes must fit in a signed 64-bit integer");
   }
   return r;
 }
@@ -115,8 +116,8 @@ long long checked_mul(long long a, long long b, std::string_view what) {
 long long checked_add(long long a, long long b, std::string_view what) {
   long long r = 0;
   if (__builtin_add_overflow(a, b, &r)) {
-    throw InputError(std::string(what) + " overflows 64 bits (" + std::to_string(a) + " + " +
-                     std::to_string(b) + "); sizes must fit in a signed 64-bit integer");
+    throw InputError(std::string(what) + " overflows 64 bits (" + std::to_string(a) + " + " + std::to_string(b) +
+                     "); sizes must fit in a signed 64-bit integer");
   }
   return r;
 }

@@ -21,13 +21,20 @@ namespace fs = std::filesystem;
 // What a file that is not a regular one is, for a message ("" for a regular file).
 std::string kind_of_irregular(const fs::file_status& s) {
   switch (s.type()) {
-    case fs::file_type::regular: return "";
-    case fs::file_type::directory: return "a directory";
-    case fs::file_type::fifo: return "a FIFO (named pipe)";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::socket: return "a socket";
-    default: return "another kind of file";
+    case fs::file_type::regular:
+      return "";
+    case fs::file_type::directory:
+      return "a directory";
+    case fs::file_type::fifo:
+      return "a FIFO (named pipe)";
+    case fs::file_type::character:
+      return "a character device";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::socket:
+      return "a socket";
+    default:
+      return "another kind of file";
   }
 }
 
@@ -68,7 +75,8 @@ std::string read_small_file(const fs::path& path, std::size_t max_bytes, std::st
   // read: a large limit costs nothing for a small file.
   struct stat st {};
   const std::size_t limit = max_bytes + 1;
-  const std::size_t expected = ::fstat(fd, &st) == 0 && st.st_size >= 0 ? static_cast<std::size_t>(st.st_size) + 1 : 4096;
+  const std::size_t expected =
+      ::fstat(fd, &st) == 0 && st.st_size >= 0 ? static_cast<std::size_t>(st.st_size) + 1 : 4096;
   std::string text(std::min(limit, expected), '\0');
   std::size_t got = 0;
   for (;;) {
@@ -103,14 +111,16 @@ void check_writable_file(const fs::path& path, std::string_view label) {
   }
   const fs::path dir = directory_of(path);
   const fs::file_status d = fs::status(dir, ec);
-  if (!fs::exists(d)) fail(label, "the directory '" + dir.string() + "' does not exist; the file goes into an existing directory");
+  if (!fs::exists(d))
+    fail(label, "the directory '" + dir.string() + "' does not exist; the file goes into an existing directory");
   if (!fs::is_directory(d)) fail(label, "'" + dir.string() + "' is a file, not a directory");
   if (::access(dir.c_str(), W_OK | X_OK) != 0) {
     fail(label, "cannot write into the directory '" + dir.string() + "': " + std::strerror(errno));
   }
 }
 
-void write_file_atomically(const fs::path& path, std::string_view text, std::string_view label, bool create_directories) {
+void write_file_atomically(const fs::path& path, std::string_view text, std::string_view label,
+                           bool create_directories) {
   if (create_directories && path.has_parent_path()) {
     std::error_code ec;
     fs::create_directories(path.parent_path(), ec);

@@ -48,7 +48,8 @@ std::vector<Range> shard_box(const Mesh& mesh, const Spec& spec, const std::vect
                              std::int64_t device) {
   std::vector<Range> box;
   box.reserve(spec.dims.size());
-  for (std::size_t d = 0; d < spec.dims.size(); ++d) box.push_back(shard_range(mesh, shape[d], spec.dims[d].axes, device));
+  for (std::size_t d = 0; d < spec.dims.size(); ++d)
+    box.push_back(shard_range(mesh, shape[d], spec.dims[d].axes, device));
   return box;
 }
 

@@ -42,8 +42,7 @@ class FormParser {
 
   Spec partition_spec() {
     const Token head = take();
-    const bool named_p =
-        head.text == "P" || head.text == "PartitionSpec" || ends_with(head.text, ".PartitionSpec");
+    const bool named_p = head.text == "P" || head.text == "PartitionSpec" || ends_with(head.text, ".PartitionSpec");
     if (head.kind != Token::name || !named_p) {
       fail("a PartitionSpec is written P(...), e.g. P('X', None) or P(('X', 'Y'), None)", head);
     }
@@ -109,7 +108,9 @@ class FormParser {
       t.pos = pos;
       if (text::is_letter(c) || c == '_') {
         std::size_t end = pos;
-        const auto in_name = [](char ch) { return text::is_letter(ch) || text::is_digit(ch) || ch == '_' || ch == '.'; };
+        const auto in_name = [](char ch) {
+          return text::is_letter(ch) || text::is_digit(ch) || ch == '_' || ch == '.';
+        };
         while (end < src_.size() && in_name(src_[end])) ++end;
         t.kind = Token::name;
         t.text = std::string(src_.substr(pos, end - pos));

@@ -5,9 +5,7 @@
 
 namespace shardmm {
 
-std::string_view to_string(SplitRule rule) {
-  return rule == SplitRule::chunk ? "chunk" : "array";
-}
+std::string_view to_string(SplitRule rule) { return rule == SplitRule::chunk ? "chunk" : "array"; }
 
 SplitRule parse_split_rule(std::string_view text) {
   if (text == "array") return SplitRule::array;
@@ -22,8 +20,7 @@ Mesh::Mesh(std::vector<MeshAxis> axes, SplitRule split) : axes_(std::move(axes))
   for (std::size_t i = 0; i < axes_.size(); ++i) {
     const MeshAxis& a = axes_[i];
     if (!text::is_identifier(a.name)) {
-      throw InputError("bad mesh axis name '" + a.name +
-                       "'; an axis name is a letter followed by letters or digits");
+      throw InputError("bad mesh axis name '" + a.name + "'; an axis name is a letter followed by letters or digits");
     }
     if (a.size < 1) {
       throw InputError("mesh axis '" + a.name + "' has size " + std::to_string(a.size) +
@@ -60,16 +57,15 @@ Mesh Mesh::parse(std::string_view src, SplitRule split) {
     if (from == to) return fail("an axis is missing (a stray comma?); write NAME=SIZE", from, 1);
     const std::size_t eq = src.find('=', from);
     if (eq == std::string_view::npos || eq >= to) {
-      return fail("'" + std::string(src.substr(from, to - from)) + "' has no '='; write NAME=SIZE",
-                  from, to - from);
+      return fail("'" + std::string(src.substr(from, to - from)) + "' has no '='; write NAME=SIZE", from, to - from);
     }
     std::size_t nf = from, nt = eq;
     text::trim(src, nf, nt);
     const std::string name(src.substr(nf, nt - nf));
     if (name.empty()) return fail("an axis name is missing before '='; write NAME=SIZE", eq, 1);
     if (!text::is_identifier(name)) {
-      return fail("bad axis name '" + name + "'; an axis name is a letter followed by letters or digits",
-                  nf, std::max<std::size_t>(1, nt - nf));
+      return fail("bad axis name '" + name + "'; an axis name is a letter followed by letters or digits", nf,
+                  std::max<std::size_t>(1, nt - nf));
     }
     if (const auto run_on = text::run_on_entries(src, from, to)) return fail(run_on->message, run_on->at, run_on->len);
     std::size_t sf = eq + 1, st = to;
@@ -82,7 +78,8 @@ Mesh Mesh::parse(std::string_view src, SplitRule split) {
     }
     if (size < 1) return fail("axis '" + name + "' has size 0; a mesh axis size must be at least 1", sf, st - sf);
     for (const MeshAxis& a : axes) {
-      if (a.name == name) return fail("axis '" + name + "' is declared twice; axis names must be distinct", nf, nt - nf);
+      if (a.name == name)
+        return fail("axis '" + name + "' is declared twice; axis names must be distinct", nf, nt - nf);
     }
     axes.push_back({name, size});
     pos = end + 1;

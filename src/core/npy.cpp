@@ -40,7 +40,8 @@ std::string dict_value(std::string_view header, std::string_view key, std::strin
 }
 
 std::vector<std::int64_t> parse_shape(const std::string& text, std::string_view label) {
-  if (text.size() < 2 || text.front() != '(' || text.back() != ')') bad(label, "its shape '" + text + "' is not a tuple");
+  if (text.size() < 2 || text.front() != '(' || text.back() != ')')
+    bad(label, "its shape '" + text + "' is not a tuple");
   std::vector<std::int64_t> shape;
   std::size_t pos = 1;
   while (pos + 1 < text.size()) {
@@ -84,7 +85,8 @@ NpyArray parse_npy(std::string_view bytes, std::string_view label) {
   const unsigned major = static_cast<unsigned char>(bytes[6]);
   std::size_t header_length = 0, header_start = 0;
   if (major == 1) {
-    header_length = static_cast<unsigned char>(bytes[8]) | static_cast<std::size_t>(static_cast<unsigned char>(bytes[9])) << 8;
+    header_length =
+        static_cast<unsigned char>(bytes[8]) | static_cast<std::size_t>(static_cast<unsigned char>(bytes[9])) << 8;
     header_start = 10;
   } else if (major == 2 || major == 3) {
     if (bytes.size() < 12) bad(label, "it is truncated inside its header");

@@ -54,7 +54,8 @@ std::optional<Violation> find_violation(const Spec& spec, const Mesh& mesh, bool
   std::vector<int> owner(static_cast<std::size_t>(mesh.rank()), -1);  // dimension index
   for (std::size_t d = 0; d < spec.dims.size(); ++d) {
     for (int a : spec.dims[d].axes) {
-      if (a < 0 || a >= mesh.rank()) return Violation{"mesh axis index " + std::to_string(a) + " is out of range", static_cast<int>(d)};
+      if (a < 0 || a >= mesh.rank())
+        return Violation{"mesh axis index " + std::to_string(a) + " is out of range", static_cast<int>(d)};
       const std::string& name = mesh.axis(a).name;
       const int prev = owner[static_cast<std::size_t>(a)];
       if (prev == static_cast<int>(d)) {
@@ -124,8 +125,7 @@ class SpecParser {
     while (pos < src_.size() && (text::is_letter(src_[pos]) || text::is_digit(src_[pos]) || src_[pos] == '_')) ++pos;
     spec.tensor = std::string(src_.substr(name_begin, pos - name_begin));
     if (!spec.tensor.empty() && !text::is_letter(spec.tensor[0])) {
-      fail("bad tensor name '" + spec.tensor + "'; a tensor name starts with a letter", name_begin,
-           spec.tensor.size());
+      fail("bad tensor name '" + spec.tensor + "'; a tensor name starts with a letter", name_begin, spec.tensor.size());
     }
     skip_space(pos);
     if (pos >= src_.size()) {
@@ -210,8 +210,7 @@ class SpecParser {
       entries.push_back({from, to, mesh_.find(word), word == "None"});
       start = i + 1;
     }
-    const auto culprit =
-        std::find_if(entries.begin(), entries.end(), [](const Entry& e) { return e.axis || e.none; });
+    const auto culprit = std::find_if(entries.begin(), entries.end(), [](const Entry& e) { return e.axis || e.none; });
     if (culprit == entries.end()) return;
     // A fresh letter for each entry that is an axis or None: one no other entry starts with
     // and no mesh axis is named.
@@ -247,8 +246,9 @@ class SpecParser {
                               (all_axes ? " or " + tensor + "[" + letters + "] = P(" + form + ")" : std::string());
     const std::string word(src_.substr(culprit->from, culprit->to - culprit->from));
     fail((culprit->none ? "'None' is a PartitionSpec's word; here each dimension is a letter, bare when replicated"
-                        : "'" + word + "' is a mesh axis, written here as a dimension's name; a dimension is a letter, "
-                          "its mesh axes follow it") +
+                        : "'" + word +
+                              "' is a mesh axis, written here as a dimension's name; a dimension is a letter, "
+                              "its mesh axes follow it") +
              "; did you mean " + meant + "?",
          culprit->from, culprit->to - culprit->from);
   }
@@ -275,7 +275,8 @@ class SpecParser {
   void parse_dim(std::size_t begin, std::size_t end, Spec& spec) {
     std::size_t from = begin, to = end;
     text::trim(src_, from, to);
-    if (from == to) fail("a dimension is missing (a stray comma?); name every dimension", std::min(begin, src_.size() - 1), 1);
+    if (from == to)
+      fail("a dimension is missing (a stray comma?); name every dimension", std::min(begin, src_.size() - 1), 1);
     if (!text::is_letter(src_[from])) {
       fail("dimension names start with a letter, got '" + text::show_char(src_, from) + "'", from, 1);
     }
@@ -335,8 +336,9 @@ class SpecParser {
             std::size_t nf = start, nt = i;
             text::trim(src_, nf, nt);
             if (nf == nt) {
-              fail("empty axis name in " + what + "; separate axis names with single commas, e.g. " + label + "_{dp,tp}",
-                   std::min(nf, src_.size() - 1), 1);
+              fail(
+                  "empty axis name in " + what + "; separate axis names with single commas, e.g. " + label + "_{dp,tp}",
+                  std::min(nf, src_.size() - 1), 1);
             }
             const std::string name(src_.substr(nf, nt - nf));
             auto axis = mesh_.find(name);
@@ -444,8 +446,10 @@ class SpecParser {
            from, n);
     }
     if (cut) {
-      fail("'" + std::string(run) + "' can be split into mesh axis names in too many ways to search; separate "
-               "them with commas" + (legal.empty() ? "" : ", e.g. " + written(legal[0])),
+      fail("'" + std::string(run) +
+               "' can be split into mesh axis names in too many ways to search; separate "
+               "them with commas" +
+               (legal.empty() ? "" : ", e.g. " + written(legal[0])),
            from, n);
     }
     return legal.empty() ? first : legal[0];
@@ -528,14 +532,17 @@ DimSizes parse_dims(std::string_view src) {
     };
     if (from == to) fail("a dimension is missing (a stray comma?); write NAME=SIZE", std::min(from, src.size() - 1), 1);
     const std::size_t eq = src.find('=', from);
-    if (eq == std::string_view::npos || eq >= to) fail("'" + std::string(src.substr(from, to - from)) + "' has no '='; write NAME=SIZE", from, to - from);
+    if (eq == std::string_view::npos || eq >= to)
+      fail("'" + std::string(src.substr(from, to - from)) + "' has no '='; write NAME=SIZE", from, to - from);
     std::size_t nf = from, nt = eq;
     text::trim(src, nf, nt);
     const std::string name(src.substr(nf, nt - nf));
     if (name.empty()) fail("a dimension name is missing before '='; write NAME=SIZE", eq, 1);
     bool ok = text::is_letter(name[0]);
     for (std::size_t i = 1; ok && i < name.size(); ++i) ok = text::is_digit(name[i]);
-    if (!ok) fail("bad dimension name '" + name + "'; a dimension name is a letter, optionally followed by digits", nf, nt - nf);
+    if (!ok)
+      fail("bad dimension name '" + name + "'; a dimension name is a letter, optionally followed by digits", nf,
+           nt - nf);
     if (const auto run_on = text::run_on_entries(src, from, to)) fail(run_on->message, run_on->at, run_on->len);
     std::size_t sf = eq + 1, st = to;
     text::trim(src, sf, st);
@@ -545,7 +552,8 @@ DimSizes parse_dims(std::string_view src) {
       fail("size of dimension '" + name + "' " + why + "; a dimension size is a whole number >= 1", sf, st - sf);
     }
     if (size < 1) fail("dimension '" + name + "' has size 0; a dimension size must be at least 1", sf, st - sf);
-    if (sizes.count(name)) fail("dimension '" + name + "' is given twice; give each dimension's size once", nf, nt - nf);
+    if (sizes.count(name))
+      fail("dimension '" + name + "' is given twice; give each dimension's size once", nf, nt - nf);
     sizes[name] = size;
     pos = end + 1;
   }

@@ -7,7 +7,10 @@ namespace shardmm::text {
 
 std::size_t utf8_length(std::string_view s, std::size_t pos) {
   const auto uc = static_cast<unsigned char>(s[pos]);
-  const std::size_t len = uc >= 0xC2 && uc <= 0xDF ? 2 : uc >= 0xE0 && uc <= 0xEF ? 3 : uc >= 0xF0 && uc <= 0xF4 ? 4 : 0;
+  const std::size_t len = uc >= 0xC2 && uc <= 0xDF   ? 2
+                          : uc >= 0xE0 && uc <= 0xEF ? 3
+                          : uc >= 0xF0 && uc <= 0xF4 ? 4
+                                                     : 0;
   if (len == 0 || pos + len > s.size()) return 0;
   for (std::size_t i = 1; i < len; ++i) {
     if ((static_cast<unsigned char>(s[pos + i]) & 0xC0) != 0x80) return 0;
@@ -74,8 +77,8 @@ std::optional<RunOn> run_on_entries(std::string_view s, std::size_t from, std::s
   while (next_end < to && is_digit(s[next_end])) ++next_end;
   const std::string one(s.substr(from, at - from)), two(s.substr(next, next_end - next));
   return RunOn{at, std::max<std::size_t>(1, next - at),
-               "expected ',' between " + one + " and " + two +
-                   "; NAME=SIZE entries are separated by commas: " + one + "," + two};
+               "expected ',' between " + one + " and " + two + "; NAME=SIZE entries are separated by commas: " + one +
+                   "," + two};
 }
 
 void trim(std::string_view s, std::size_t& from, std::size_t& to) {

@@ -10,12 +10,11 @@ std::vector<CollectiveTally> tally_collectives(const std::vector<autodiff::TapeE
   for (std::size_t i = 0; i < events.size(); ++i) {
     const autodiff::TapeEvent& e = events[i];
     if (!is_collective(e.step.op)) continue;
-    auto it = std::find_if(out.begin(), out.end(),
-                           [&](const CollectiveTally& t) {
-                             return t.phase == e.phase && t.op == e.step.op && t.axes == e.step.axes &&
-                                    t.reduce == e.step.reduce;
-                           });
-    if (it == out.end()) it = out.insert(out.end(), CollectiveTally{e.phase, e.step.op, e.step.axes, 0, 0, 0, e.step.reduce});
+    auto it = std::find_if(out.begin(), out.end(), [&](const CollectiveTally& t) {
+      return t.phase == e.phase && t.op == e.step.op && t.axes == e.step.axes && t.reduce == e.step.reduce;
+    });
+    if (it == out.end())
+      it = out.insert(out.end(), CollectiveTally{e.phase, e.step.op, e.step.axes, 0, 0, 0, e.step.reduce});
     ++it->count;
     it->bytes += bytes ? (*bytes)[i] : e.step.bytes_sent;
     it->time_s += e.step.time_s;

@@ -81,10 +81,18 @@ class ProgramWriter {
 
   std::string text() {
     switch (m_.layer) {
-      case LayerKind::mlp: mlp(gathered_input(), "Y", true); break;
-      case LayerKind::attention: attention(gathered_input(), "Y", true); break;
-      case LayerKind::block: block(); break;
-      case LayerKind::moe: moe(); break;
+      case LayerKind::mlp:
+        mlp(gathered_input(), "Y", true);
+        break;
+      case LayerKind::attention:
+        attention(gathered_input(), "Y", true);
+        break;
+      case LayerKind::block:
+        block();
+        break;
+      case LayerKind::moe:
+        moe();
+        break;
     }
     std::string strategies, mesh, dims;
     for (Strategy s : m_.strategies) strategies += (strategies.empty() ? "" : "+") + std::string(to_string(s));
@@ -102,7 +110,8 @@ class ProgramWriter {
     lines_.insert(lines_.begin(), {"input " + declared("X", outer()), spec("X", outer())});
     std::size_t width = 0;
     for (const auto& [statement, pin] : lines_) width = std::max(width, statement.size());
-    for (const auto& [statement, pin] : lines_) out += statement + std::string(width + 1 - statement.size(), ' ') + ": " + pin + "\n";
+    for (const auto& [statement, pin] : lines_)
+      out += statement + std::string(width + 1 - statement.size(), ' ') + ": " + pin + "\n";
     return out + "loss sum(Y * G)\n";
   }
 
@@ -121,7 +130,8 @@ class ProgramWriter {
     for (std::size_t i = 0; i < letters.size(); ++i) out += (i ? ", " : "") + letters[i].first;
     return out + "]";
   }
-  void tensor(const std::string& name, const std::vector<Letter>& letters, const std::string& expr, Axis unreduced = {}) {
+  void tensor(const std::string& name, const std::vector<Letter>& letters, const std::string& expr,
+              Axis unreduced = {}) {
     lines_.emplace_back(declared(name, letters) + " = " + expr, spec(name, letters, unreduced));
   }
   // FSDP's weights are stored split and `regathered`: gathered for each use, dropped after
@@ -236,21 +246,30 @@ class ProgramWriter {
 
 const char* to_string(LayerKind k) {
   switch (k) {
-    case LayerKind::mlp: return "mlp";
-    case LayerKind::attention: return "attention";
-    case LayerKind::block: return "block";
-    case LayerKind::moe: return "moe";
+    case LayerKind::mlp:
+      return "mlp";
+    case LayerKind::attention:
+      return "attention";
+    case LayerKind::block:
+      return "block";
+    case LayerKind::moe:
+      return "moe";
   }
   return "?";
 }
 
 const char* to_string(Strategy s) {
   switch (s) {
-    case Strategy::tp: return "tp";
-    case Strategy::sp: return "sp";
-    case Strategy::fsdp: return "fsdp";
-    case Strategy::dp: return "dp";
-    case Strategy::ep: return "ep";
+    case Strategy::tp:
+      return "tp";
+    case Strategy::sp:
+      return "sp";
+    case Strategy::fsdp:
+      return "fsdp";
+    case Strategy::dp:
+      return "dp";
+    case Strategy::ep:
+      return "ep";
   }
   return "?";
 }
@@ -268,15 +287,16 @@ std::vector<Strategy> parse_strategies(std::string_view text) {
   while (true) {
     const std::size_t plus = text.find('+', from);
     const std::string_view part = text.substr(from, plus == std::string_view::npos ? text.npos : plus - from);
-    const auto it = std::find_if(std::begin(kStrategies), std::end(kStrategies),
-                                 [&](Strategy s) { return part == to_string(s); });
+    const auto it =
+        std::find_if(std::begin(kStrategies), std::end(kStrategies), [&](Strategy s) { return part == to_string(s); });
     if (it == std::end(kStrategies)) {
-      throw InputError("unknown strategy '" + std::string(part) + "' in " + field("strategy") + " '" + std::string(text) +
+      throw InputError("unknown strategy '" + std::string(part) + "' in " + field("strategy") + " '" +
+                       std::string(text) +
                        "'; the strategies are tp, sp, fsdp, dp, ep, combined with '+' (e.g. dp+tp)");
     }
     if (std::find(out.begin(), out.end(), *it) != out.end()) {
-      throw InputError("strategy '" + std::string(part) + "' appears twice in " + field("strategy") + " '" + std::string(text) +
-                       "'; each strategy takes one mesh axis, so name it once");
+      throw InputError("strategy '" + std::string(part) + "' appears twice in " + field("strategy") + " '" +
+                       std::string(text) + "'; each strategy takes one mesh axis, so name it once");
     }
     out.push_back(*it);
     if (plus == std::string_view::npos) return out;
@@ -291,10 +311,14 @@ std::vector<std::string> accepted_strategies(LayerKind layer) {
 
 std::vector<std::string> required_dims(LayerKind layer) {
   switch (layer) {
-    case LayerKind::mlp: return {"B", "T", "D", "F"};
-    case LayerKind::attention: return {"B", "T", "D", "H"};
-    case LayerKind::block: return {"B", "T", "D", "F", "H"};
-    case LayerKind::moe: return {"B", "T", "D", "F", "E"};
+    case LayerKind::mlp:
+      return {"B", "T", "D", "F"};
+    case LayerKind::attention:
+      return {"B", "T", "D", "H"};
+    case LayerKind::block:
+      return {"B", "T", "D", "F", "H"};
+    case LayerKind::moe:
+      return {"B", "T", "D", "F", "E"};
   }
   return {};
 }
@@ -304,7 +328,9 @@ std::vector<std::string> optional_dims(LayerKind layer) {
   return {};
 }
 
-bool ModelConfig::has(Strategy s) const { return std::find(strategies.begin(), strategies.end(), s) != strategies.end(); }
+bool ModelConfig::has(Strategy s) const {
+  return std::find(strategies.begin(), strategies.end(), s) != strategies.end();
+}
 
 int ModelConfig::axis_of(Strategy s) const {
   for (std::size_t i = 0; i < strategies.size(); ++i) {
@@ -336,8 +362,8 @@ ModelConfig make_model_config(std::string_view layer, std::string_view strategie
   const std::size_t n = m.strategies.size();
   if (static_cast<std::size_t>(mesh.rank()) != n) {
     throw InputError(field("strategy") + " " + written(m.strategies) + " needs a mesh of " + std::to_string(n) + " ax" +
-                     (n == 1 ? "is" : "es") + " (one per strategy), but " + field("mesh") + " " + mesh.to_string() + " has " +
-                     std::to_string(mesh.rank()) + "; e.g. " + field("mesh") + " " +
+                     (n == 1 ? "is" : "es") + " (one per strategy), but " + field("mesh") + " " + mesh.to_string() +
+                     " has " + std::to_string(mesh.rank()) + "; e.g. " + field("mesh") + " " +
                      (n == 1 ? std::string(to_string(m.strategies[0])) + "=4"
                              : std::string(to_string(m.strategies[0])) + "=2," + to_string(m.strategies[1]) + "=4"));
   }
@@ -364,8 +390,8 @@ ModelConfig make_model_config(std::string_view layer, std::string_view strategie
   for (const std::string& d : known) described.push_back(d + " (" + dim_meaning(d) + ")");
   for (const auto& [name, size] : dims) {
     if (std::find(known.begin(), known.end(), name) == known.end()) {
-      throw InputError(field("dims") + " names " + name + ", which layer " + to_string(m.layer) + " does not use; it takes " +
-                       joined(described));
+      throw InputError(field("dims") + " names " + name + ", which layer " + to_string(m.layer) +
+                       " does not use; it takes " + joined(described));
     }
     if (size < 1) {
       throw InputError(field("dims") + " " + name + "=" + std::to_string(size) + ": the " + dim_meaning(name) +
@@ -374,8 +400,8 @@ ModelConfig make_model_config(std::string_view layer, std::string_view strategie
   }
   for (const std::string& d : need) {
     if (!dims.count(d)) {
-      throw InputError("layer " + std::string(to_string(m.layer)) + " needs " + d + " (" + dim_meaning(d) +
-                       ") in " + field("dims") + "; it takes " + joined(described));
+      throw InputError("layer " + std::string(to_string(m.layer)) + " needs " + d + " (" + dim_meaning(d) + ") in " +
+                       field("dims") + "; it takes " + joined(described));
     }
   }
   m.dims = dims;
@@ -409,6 +435,7 @@ program::Graph model_program(const ModelConfig& m) {
   program::BindOptions o;
   o.mesh = m.mesh;
   o.split = m.mesh.split_rule();
-  return program::bind(program::parse_program(model_program_text(m), "shardmm model " + std::string(to_string(m.layer))), o);
+  return program::bind(
+      program::parse_program(model_program_text(m), "shardmm model " + std::string(to_string(m.layer))), o);
 }
 }  // namespace shardmm::nn

@@ -86,7 +86,8 @@ class DenseProgram {
     for (int i : g.leaves()) {
       const auto& t = g.tensors[static_cast<std::size_t>(i)];
       const DistTensor::Generator gen = leaf_values(g, i, o);
-      step_.values[static_cast<std::size_t>(i)] = dense(t.shape, [&](const std::vector<std::int64_t>& idx) { return gen(idx, 0); });
+      step_.values[static_cast<std::size_t>(i)] =
+          dense(t.shape, [&](const std::vector<std::int64_t>& idx) { return gen(idx, 0); });
     }
   }
 
@@ -104,7 +105,8 @@ class DenseProgram {
       step_.grads[u] = {step_.values[u].shape, grads_[u]};
       if (g_.tensors[u].role != program::Role::param) continue;
       DenseTensor w = step_.values[u];
-      for (std::size_t e = 0; e < w.values.size(); ++e) w.values[e] = updated_value(o_.optimizer, w.values[e], grads_[u][e], o_.lr);
+      for (std::size_t e = 0; e < w.values.size(); ++e)
+        w.values[e] = updated_value(o_.optimizer, w.values[e], grads_[u][e], o_.lr);
       step_.updated[u] = std::move(w);
     }
     return std::move(step_);
@@ -199,7 +201,9 @@ class DenseProgram {
           y.values = va;  // the same elements in the same order under other letters
         }
         break;
-      case OpKind::route: route(op, la, va, out, y.values); break;
+      case OpKind::route:
+        route(op, la, va, out, y.values);
+        break;
       case OpKind::reduce: {
         const std::string& f = op.op.function;
         for_each_row(a, op.op.over, &out, [&](std::int64_t base, std::int64_t st, std::int64_t n, std::int64_t o) {
@@ -233,7 +237,8 @@ class DenseProgram {
     for_each_index(groups, g_.dims, [&](std::map<std::string, std::int64_t>& i) {
       std::vector<double> mine(static_cast<std::size_t>(nt * ne));
       for (i[tokens] = 0; i[tokens] < nt; ++i[tokens]) {
-        for (i[experts] = 0; i[experts] < ne; ++i[experts]) mine[static_cast<std::size_t>(i[tokens] * ne + i[experts])] = p[probs.offset(i)];
+        for (i[experts] = 0; i[experts] < ne; ++i[experts])
+          mine[static_cast<std::size_t>(i[tokens] * ne + i[experts])] = p[probs.offset(i)];
       }
       const auto choices = moe_assign(mine, nt, ne, op.op.top, nc);
       for (i[tokens] = 0; i[tokens] < nt; ++i[tokens]) {
@@ -319,7 +324,8 @@ class DenseProgram {
       case OpKind::merge:
         for (std::size_t i = 0; i < va.size(); ++i) ga[i] += gy[i];
         break;
-      case OpKind::route: break;  // routing is data: no gradient
+      case OpKind::route:
+        break;  // routing is data: no gradient
       case OpKind::reduce: {
         const std::string& f = op.op.function;
         for_each_row(a, op.op.over, &out, [&](std::int64_t base, std::int64_t st, std::int64_t n, std::int64_t o) {

@@ -27,7 +27,8 @@ const char* to_string(Optimizer o) { return o == Optimizer::sgd ? "sgd" : "adam"
 Optimizer parse_optimizer(std::string_view text) {
   if (text == "sgd") return Optimizer::sgd;
   if (text == "adam") return Optimizer::adam;
-  throw InputError("unknown optimizer '" + std::string(text) + "' in " + field("optimizer") + "; the optimizers are sgd and adam");
+  throw InputError("unknown optimizer '" + std::string(text) + "' in " + field("optimizer") +
+                   "; the optimizers are sgd and adam");
 }
 
 namespace {
@@ -75,13 +76,15 @@ Spec unsharded(const Spec& x, const std::vector<std::string>& letters) {
 void route_shard(const DistTensor& probs, int tokens_dim, int experts_dim, int top, std::int64_t capacity,
                  DistTensor& out) {
   const Shape& local = probs.local_shape();
-  const std::int64_t nt = local[static_cast<std::size_t>(tokens_dim)], ne = local[static_cast<std::size_t>(experts_dim)];
+  const std::int64_t nt = local[static_cast<std::size_t>(tokens_dim)],
+                     ne = local[static_cast<std::size_t>(experts_dim)];
   if (probs.elements() == 0) return;
   const std::int64_t groups = probs.elements() / (nt * ne);
   // By group: the local offset of each (token, expert) element, and its probability.
   std::vector<std::vector<std::int64_t>> offset(static_cast<std::size_t>(groups),
                                                 std::vector<std::int64_t>(static_cast<std::size_t>(nt * ne)));
-  std::vector<std::vector<double>> p(static_cast<std::size_t>(groups), std::vector<double>(static_cast<std::size_t>(nt * ne)));
+  std::vector<std::vector<double>> p(static_cast<std::size_t>(groups),
+                                     std::vector<double>(static_cast<std::size_t>(nt * ne)));
   std::vector<std::int64_t> index(local.size(), 0);
   for (std::int64_t i = 0; i < probs.elements(); ++i) {
     std::int64_t group = 0;
@@ -91,8 +94,8 @@ void route_shard(const DistTensor& probs, int tokens_dim, int experts_dim, int t
     const auto at = static_cast<std::size_t>(index[static_cast<std::size_t>(tokens_dim)] * ne +
                                              index[static_cast<std::size_t>(experts_dim)]);
     offset[static_cast<std::size_t>(group)][at] = i;
-    p[static_cast<std::size_t>(group)][at] = probs.dtype() == DType::f32 ? probs.buffer().as<float>()[i]
-                                                                          : probs.buffer().as<double>()[i];
+    p[static_cast<std::size_t>(group)][at] =
+        probs.dtype() == DType::f32 ? probs.buffer().as<float>()[i] : probs.buffer().as<double>()[i];
     for (std::size_t d = local.size(); d-- > 0;) {
       if (++index[d] < local[d]) break;
       index[d] = 0;
@@ -116,7 +119,8 @@ void route_shard(const DistTensor& probs, int tokens_dim, int experts_dim, int t
 
 class Recorder {
  public:
-  Recorder(autodiff::Tape& tape, const Graph& g, const ProgramOptions& options) : tape_(tape), g_(g), options_(options) {
+  Recorder(autodiff::Tape& tape, const Graph& g, const ProgramOptions& options)
+      : tape_(tape), g_(g), options_(options) {
     r_.values.resize(g.tensors.size());
     r_.specs.resize(g.tensors.size());
     r_.origin.resize(g.tensors.size());
@@ -153,8 +157,8 @@ class Recorder {
     if (x.spec() == to) return x;
     Spec target = to;
     target.tensor = x.spec().tensor;
-    r_.notes[static_cast<std::size_t>(op)].push_back(format_spec(x.spec(), mesh()) + " -> " + format_spec(target, mesh()) +
-                                                     ": " + why);
+    r_.notes[static_cast<std::size_t>(op)].push_back(format_spec(x.spec(), mesh()) + " -> " +
+                                                     format_spec(target, mesh()) + ": " + why);
     return autodiff::reshard(x, target);
   }
 
@@ -186,14 +190,21 @@ class Recorder {
         y = einsum(k, in[0], in[1], out, origin);
         break;
       }
-      case OpKind::binary: y = binary(k, in[0], in[1], out.letters, f); break;
+      case OpKind::binary:
+        y = binary(k, in[0], in[1], out.letters, f);
+        break;
       case OpKind::unary: {
         const Var x = whole_operand(k, in[0], f);
-        y = f == "relu" ? autodiff::relu(x) : f == "gelu" ? autodiff::gelu(x) : f == "silu" ? autodiff::silu(x)
-            : f == "tanh" ? autodiff::tanh(x) : autodiff::exp(x);
+        y = f == "relu"   ? autodiff::relu(x)
+            : f == "gelu" ? autodiff::gelu(x)
+            : f == "silu" ? autodiff::silu(x)
+            : f == "tanh" ? autodiff::tanh(x)
+                          : autodiff::exp(x);
         break;
       }
-      case OpKind::scale: y = autodiff::scale(in[0], op.op.constant); break;
+      case OpKind::scale:
+        y = autodiff::scale(in[0], op.op.constant);
+        break;
       case OpKind::reduce: {
         if (op.op.over.empty()) {
           y = f == "sum" ? autodiff::sum(in[0]) : autodiff::mean(in[0]);
@@ -206,21 +217,30 @@ class Recorder {
       }
       case OpKind::normalize: {
         const Var x = whole_operand(k, in[0], f);
-        y = f == "softmax" ? autodiff::softmax(x, op.op.over)
-            : f == "layer_norm" ? autodiff::layer_norm(x, op.op.over) : autodiff::rms_norm(x, op.op.over);
+        y = f == "softmax"      ? autodiff::softmax(x, op.op.over)
+            : f == "layer_norm" ? autodiff::layer_norm(x, op.op.over)
+                                : autodiff::rms_norm(x, op.op.over);
         break;
       }
-      case OpKind::causal_mask: y = autodiff::causal_mask(whole_operand(k, in[0], f), op.op.from[0], op.op.to[0]); break;
-      case OpKind::transpose: y = autodiff::transpose(in[0], out.letters); break;
-      case OpKind::rename: y = autodiff::rename(in[0], op.op.from[0], op.op.to[0]); break;
-      case OpKind::route: y = route(k, in[0], out); break;
+      case OpKind::causal_mask:
+        y = autodiff::causal_mask(whole_operand(k, in[0], f), op.op.from[0], op.op.to[0]);
+        break;
+      case OpKind::transpose:
+        y = autodiff::transpose(in[0], out.letters);
+        break;
+      case OpKind::rename:
+        y = autodiff::rename(in[0], op.op.from[0], op.op.to[0]);
+        break;
+      case OpKind::route:
+        y = route(k, in[0], out);
+        break;
       case OpKind::split: {
         std::vector<std::pair<std::string, std::int64_t>> parts;
         for (const std::string& l : op.op.to) parts.emplace_back(l, g_.dims.at(l));
         Var x = in[0];
         if (!autodiff::can_split_locally(mesh(), x.spec(), x.shape(), op.op.from[0], parts)) {
-          x = moved(k, x, unsharded(x.spec(), op.op.from), "split needs '" + op.op.from[0] +
-                                                               "' whole or split along its first part's rows");
+          x = moved(k, x, unsharded(x.spec(), op.op.from),
+                    "split needs '" + op.op.from[0] + "' whole or split along its first part's rows");
         }
         y = autodiff::split_dim(x, op.op.from[0], parts);
         break;
@@ -266,7 +286,8 @@ class Recorder {
       if (planning.chosen < 0) throw;
       Spec to = planning.candidates[static_cast<std::size_t>(planning.chosen)].output;
       to.tensor = out.name;
-      origin = "chosen by the matmul planner (the cheapest of " + std::to_string(planning.candidates.size()) + " plans)";
+      origin =
+          "chosen by the matmul planner (the cheapest of " + std::to_string(planning.candidates.size()) + " plans)";
       r_.notes[static_cast<std::size_t>(k)].push_back("the operands' shardings cannot contract locally (" +
                                                       std::string(local.headline()) + "); planned to " +
                                                       format_spec(to, mesh()));
@@ -301,12 +322,16 @@ class Recorder {
   // operand's sharding (the second's where only it has the letter).
   Var binary(int k, Var a, Var b, const std::vector<std::string>& letters, const std::string& f) {
     const bool keep_partial = f != "mul" && a.spec().unreduced == b.spec().unreduced;
-    const std::string why = keep_partial ? "" : f == "mul" ? "mul needs whole values" : f + " needs matching partial sums";
+    const std::string why = keep_partial ? ""
+                            : f == "mul" ? "mul needs whole values"
+                                         : f + " needs matching partial sums";
     a = moved(k, a, keep_partial ? a.spec() : whole(a.spec()), why);
     b = moved(k, b, aligned_to(b.spec(), a.spec(), !keep_partial),
               why.empty() ? f + " needs both operands' letters sharded alike" : why);
-    return autodiff::binary(a, b, f == "add" ? autodiff::BinaryOp::add : f == "sub" ? autodiff::BinaryOp::sub
-                                                                          : autodiff::BinaryOp::mul,
+    return autodiff::binary(a, b,
+                            f == "add"   ? autodiff::BinaryOp::add
+                            : f == "sub" ? autodiff::BinaryOp::sub
+                                         : autodiff::BinaryOp::mul,
                             letters);
   }
 
@@ -392,8 +417,8 @@ void check_program_inputs(const Graph& g, const std::map<std::string, DenseTenso
       std::string want, got;
       for (std::int64_t n : t.shape) want += (want.empty() ? "" : ", ") + std::to_string(n);
       for (std::int64_t n : values.shape) got += (got.empty() ? "" : ", ") + std::to_string(n);
-      throw InputError(field("input") + " " + name + ": an array of shape (" + got + ") for " + format_spec(program::replicated_spec(t), g.mesh) +
-                       ", whose shape is (" + want + ")");
+      throw InputError(field("input") + " " + name + ": an array of shape (" + got + ") for " +
+                       format_spec(program::replicated_spec(t), g.mesh) + ", whose shape is (" + want + ")");
     }
   }
 }
@@ -416,7 +441,8 @@ ProgramPrediction predict_program(const Graph& g, const ProgramOptions& options)
 
 ProgramRun run_program(Communicator& comm, const Graph& g, const ProgramOptions& options) {
   if (options.dtype != DType::f32 && options.dtype != DType::f64) {
-    throw InputError(std::string("a program runs in f32 or f64; got ") + to_string(options.dtype) + " in " + field("dtype"));
+    throw InputError(std::string("a program runs in f32 or f64; got ") + to_string(options.dtype) + " in " +
+                     field("dtype"));
   }
   if (!(comm.mesh() == g.mesh)) throw InputError("run_program: the communicator's mesh is not the program's");
   const bool train = options.train && g.loss >= 0;
@@ -474,7 +500,8 @@ ProgramRun run_program(Communicator& comm, const Graph& g, const ProgramOptions&
       const DenseTensor& expected = kind == 0 ? want.values[u] : kind == 1 ? want.grads[u] : want.updated[u];
       detail::compare(verdict, got[k].first, got[k].second, expected.values, rel);
       if (kind != 2) {
-        run.results.emplace_back(g.tensors[u].name + (kind == 1 ? ".grad" : ""), DenseTensor{g.tensors[u].shape, got[k].second});
+        run.results.emplace_back(g.tensors[u].name + (kind == 1 ? ".grad" : ""),
+                                 DenseTensor{g.tensors[u].shape, got[k].second});
       }
     }
   }

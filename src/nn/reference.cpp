@@ -14,9 +14,7 @@ namespace {
 
 const double kGeluC = std::sqrt(2.0 / M_PI);
 
-std::int64_t count(const Shape& s) {
-  return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>());
-}
+std::int64_t count(const Shape& s) { return std::accumulate(s.begin(), s.end(), std::int64_t{1}, std::multiplies<>()); }
 
 }  // namespace
 
@@ -35,9 +33,12 @@ DenseTensor dense(const Shape& shape, const std::function<double(const std::vect
 
 const char* to_string(Activation a) {
   switch (a) {
-    case Activation::relu: return "relu";
-    case Activation::gelu: return "gelu";
-    case Activation::silu: return "silu";
+    case Activation::relu:
+      return "relu";
+    case Activation::gelu:
+      return "gelu";
+    case Activation::silu:
+      return "silu";
   }
   return "?";
 }
@@ -51,16 +52,20 @@ Activation parse_activation(const std::string& name) {
 
 double activate(Activation a, double x) {
   switch (a) {
-    case Activation::relu: return x > 0 ? x : 0.0;
-    case Activation::gelu: return 0.5 * x * (1.0 + std::tanh(kGeluC * (x + 0.044715 * x * x * x)));
-    case Activation::silu: return x / (1.0 + std::exp(-x));
+    case Activation::relu:
+      return x > 0 ? x : 0.0;
+    case Activation::gelu:
+      return 0.5 * x * (1.0 + std::tanh(kGeluC * (x + 0.044715 * x * x * x)));
+    case Activation::silu:
+      return x / (1.0 + std::exp(-x));
   }
   return 0;
 }
 
 double activate_grad(Activation a, double x) {
   switch (a) {
-    case Activation::relu: return x > 0 ? 1.0 : 0.0;
+    case Activation::relu:
+      return x > 0 ? 1.0 : 0.0;
     case Activation::gelu: {
       const double th = std::tanh(kGeluC * (x + 0.044715 * x * x * x));
       return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * kGeluC * (1.0 + 3 * 0.044715 * x * x);
@@ -76,7 +81,8 @@ double activate_grad(Activation a, double x) {
 std::vector<std::vector<MoeChoice>> moe_assign(const std::vector<double>& probs, std::int64_t tokens,
                                                std::int64_t experts, std::int64_t top_k, std::int64_t capacity) {
   if (top_k < 1 || top_k > experts) {
-    throw InputError("top-k routing needs 1 <= K <= E; got K=" + std::to_string(top_k) + ", E=" + std::to_string(experts));
+    throw InputError("top-k routing needs 1 <= K <= E; got K=" + std::to_string(top_k) +
+                     ", E=" + std::to_string(experts));
   }
   std::vector<std::vector<MoeChoice>> route(static_cast<std::size_t>(tokens));
   for (std::int64_t t = 0; t < tokens; ++t) {

@@ -43,7 +43,8 @@ std::vector<std::int64_t> max_bytes_sent(Communicator& comm, const std::vector<a
   const std::int64_t ranks = comm.mesh().device_count(), n = static_cast<std::int64_t>(events.size());
   std::vector<double> mine(static_cast<std::size_t>(n)), all(static_cast<std::size_t>(n * ranks));
   for (std::int64_t i = 0; i < n; ++i) mine[i] = static_cast<double>(events[i].measured.bytes_sent);
-  comm.all_gather(mine.data(), all.data(), Counts(static_cast<std::size_t>(ranks), n), DType::f64, comm.mesh().all_axes());
+  comm.all_gather(mine.data(), all.data(), Counts(static_cast<std::size_t>(ranks), n), DType::f64,
+                  comm.mesh().all_axes());
   std::vector<std::int64_t> out(static_cast<std::size_t>(n), 0);
   for (std::int64_t r = 0; r < ranks; ++r) {
     for (std::int64_t i = 0; i < n; ++i) out[i] = std::max(out[i], static_cast<std::int64_t>(all[r * n + i]));

@@ -40,15 +40,18 @@ Regimes torus(const HardwareProfile& hw, OpKind op, const std::vector<double>& s
   const auto axes = static_cast<double>(sizes.size());
   switch (op) {
     case OpKind::all_gather:
-    case OpKind::reduce_scatter: return {hops, ring_share * bytes / (axes * w)};
-    case OpKind::all_reduce: return {2 * hops, 2 * ring_share * bytes / (axes * w)};
+    case OpKind::reduce_scatter:
+      return {hops, ring_share * bytes / (axes * w)};
+    case OpKind::all_reduce:
+      return {2 * hops, 2 * ring_share * bytes / (axes * w)};
     case OpKind::all_to_all: {
       // Chunk-hops per device: every chunk (a shard of the shard, bytes / n) travels the ring
       // distance to its destination; the longest axis is the bottleneck.
       const double chunk_hops = bidi ? std::floor(longest * longest / 4) : longest * (longest - 1) / 2;
       return {hops, chunk_hops * bytes / (longest * w)};
     }
-    default: break;
+    default:
+      break;
   }
   throw std::logic_error("torus(): not a collective");
 }
@@ -59,10 +62,14 @@ Regimes switched(const HardwareProfile& hw, OpKind op, double n, double bytes) {
   const double moved = bytes * (n - 1) / n / hw.link_bandwidth;
   switch (op) {
     case OpKind::all_gather:
-    case OpKind::reduce_scatter: return {n - 1, moved};
-    case OpKind::all_reduce: return {2 * (n - 1), 2 * moved};
-    case OpKind::all_to_all: return {1, moved};
-    default: break;
+    case OpKind::reduce_scatter:
+      return {n - 1, moved};
+    case OpKind::all_reduce:
+      return {2 * (n - 1), 2 * moved};
+    case OpKind::all_to_all:
+      return {1, moved};
+    default:
+      break;
   }
   throw std::logic_error("switched(): not a collective");
 }
@@ -119,16 +126,15 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
                                std::int64_t array_bytes) {
   if (!is_collective(op) || op == OpKind::exchange) {
     throw UsageError(std::string("collective_time: ") + to_string(op) +
-                                " is not one of the four collectives (an exchange is costed by its traffic, "
-                                "StepCoster)");
+                     " is not one of the four collectives (an exchange is costed by its traffic, "
+                     "StepCoster)");
   }
   if (array_bytes < 0) throw UsageError("collective_time: negative array_bytes");
   std::vector<double> sizes;  // the group's axes that have links to use
   for (std::size_t i = 0; i < group.size(); ++i) {
     const int axis = group[i];
     if (axis < 0 || axis >= mesh.rank()) {
-      throw UsageError("collective_time: axis index " + std::to_string(axis) + " is not in mesh " +
-                                  mesh.to_string());
+      throw UsageError("collective_time: axis index " + std::to_string(axis) + " is not in mesh " + mesh.to_string());
     }
     if (std::find(group.begin(), group.begin() + static_cast<std::ptrdiff_t>(i), axis) !=
         group.begin() + static_cast<std::ptrdiff_t>(i)) {

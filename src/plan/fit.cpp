@@ -61,8 +61,7 @@ std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>&
   if (bytes.size() != seconds.size()) {
     throw UsageError("fit_alpha_beta_segments: sizes and times differ in count");
   }
-  if (!std::is_sorted(bytes.begin(), bytes.end()) ||
-      std::adjacent_find(bytes.begin(), bytes.end()) != bytes.end()) {
+  if (!std::is_sorted(bytes.begin(), bytes.end()) || std::adjacent_find(bytes.begin(), bytes.end()) != bytes.end()) {
     throw UsageError("fit_alpha_beta_segments: sizes must be distinct and ascending");
   }
   const auto fit_range = [&](std::size_t from, std::size_t to) {
@@ -92,8 +91,8 @@ std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>&
         if (!best || total < best->second) best.emplace(std::move(lines), total);
         return;
       }
-      for (std::size_t cut = cuts[k - 1] + kMinSegmentPoints;
-           cut + (ranges - k) * kMinSegmentPoints <= bytes.size(); ++cut) {
+      for (std::size_t cut = cuts[k - 1] + kMinSegmentPoints; cut + (ranges - k) * kMinSegmentPoints <= bytes.size();
+           ++cut) {
         cuts[k] = cut;
         self(self, k + 1);
       }

@@ -28,8 +28,7 @@ bool contains(const Names& names, const std::string& name) {
 // group's names (extent > 1 only, in the group's linear order) must be adjacent and in that
 // order in the buffer, so that the group is one strided dimension; one of the two must then
 // be contiguous.
-MatrixView matrix_view(const Names& names, const Shape& shape, const Shape& strides, const Names& g1,
-                       const Names& g2) {
+MatrixView matrix_view(const Names& names, const Shape& shape, const Shape& strides, const Names& g1, const Names& g2) {
   auto dim = [&](const std::string& name) {
     return static_cast<std::size_t>(std::find(names.begin(), names.end(), name) - names.begin());
   };
@@ -85,12 +84,11 @@ EinsumPlan plan_local_einsum(EinsumLayout layout, const std::map<std::string, st
       }
       auto it = extents.find(name);
       if (it == extents.end()) {
-        throw UsageError(where + ": no extent given for dimension '" + name +
-                         "': every dimension needs one");
+        throw UsageError(where + ": no extent given for dimension '" + name + "': every dimension needs one");
       }
       if (it->second < 0) {
-        throw UsageError(where + ": dimension '" + name + "' has extent " +
-                         std::to_string(it->second) + ": extents must be >= 0");
+        throw UsageError(where + ": dimension '" + name + "' has extent " + std::to_string(it->second) +
+                         ": extents must be >= 0");
       }
     }
   }
@@ -153,8 +151,7 @@ EinsumPlan plan_local_einsum(EinsumLayout layout, const std::map<std::string, st
   auto group = [&](const Names& names, bool in_a, bool in_b, bool in_c) {
     Names g;
     for (const std::string& name : names) {
-      if (ext(name) > 1 && contains(L.a, name) == in_a && contains(L.b, name) == in_b &&
-          contains(L.c, name) == in_c) {
+      if (ext(name) > 1 && contains(L.a, name) == in_a && contains(L.b, name) == in_b && contains(L.c, name) == in_c) {
         g.push_back(name);
       }
     }
@@ -177,8 +174,7 @@ EinsumPlan plan_local_einsum(EinsumLayout layout, const std::map<std::string, st
   for (int keep = 7; keep >= 0; --keep) {
     const bool ka = keep & 1, kb = keep & 2, kc = keep & 4;
     if ((ka && reduce_a) || (kb && reduce_b)) continue;
-    if ((ka && kc && m_in_a != m_in_c) || (ka && kb && k_in_a != k_in_b) ||
-        (kb && kc && n_in_b != n_in_c)) {
+    if ((ka && kc && m_in_a != m_in_c) || (ka && kb && k_in_a != k_in_b) || (kb && kc && n_in_b != n_in_c)) {
       continue;
     }
     const Names& m = kc ? m_in_c : m_in_a;
@@ -189,8 +185,8 @@ EinsumPlan plan_local_einsum(EinsumLayout layout, const std::map<std::string, st
         (kc && !matrix_view(L.c, c_shape, p.c.caller_strides, m, n).ok)) {
       continue;
     }
-    const std::int64_t cost = (ka || reduce_a ? 0 : a_elements) + (kb || reduce_b ? 0 : b_elements) +
-                              (kc ? 0 : c_elements);
+    const std::int64_t cost =
+        (ka || reduce_a ? 0 : a_elements) + (kb || reduce_b ? 0 : b_elements) + (kc ? 0 : c_elements);
     if (best < 0 || cost < best_cost) {
       best = keep;
       best_cost = cost;
@@ -203,8 +199,7 @@ EinsumPlan plan_local_einsum(EinsumLayout layout, const std::map<std::string, st
   // Workspace layouts are [batch, g1, g2]; the extent-1 names of each class follow.
   auto with_trivial = [&](Names g, const Names& names, bool in_a, bool in_b, bool in_c) {
     for (const std::string& name : names) {
-      if (ext(name) == 1 && contains(L.a, name) == in_a && contains(L.b, name) == in_b &&
-          contains(L.c, name) == in_c) {
+      if (ext(name) == 1 && contains(L.a, name) == in_a && contains(L.b, name) == in_b && contains(L.c, name) == in_c) {
         g.push_back(name);
       }
     }
@@ -263,8 +258,7 @@ EinsumPlan plan_local_einsum(EinsumLayout layout, const std::map<std::string, st
     }
   };
   // A copy that only permutes keeps the (extent-1) summed names; a reduction drops them.
-  auto order = [&](const Names& g1, const Names& g2, const Names& caller, bool in_a, bool in_b,
-                   bool reduce) {
+  auto order = [&](const Names& g1, const Names& g2, const Names& caller, bool in_a, bool in_b, bool reduce) {
     Names o = concat(batch_all, g1, g2);
     if (!reduce) {
       for (const std::string& name : caller) {
@@ -275,10 +269,8 @@ EinsumPlan plan_local_einsum(EinsumLayout layout, const std::map<std::string, st
     }
     return o;
   };
-  setup(p.a, L.a, best & 1, reduce_a, false, order(m_all, k_all, L.a, true, false, reduce_a),
-        ord_m, ord_k);
-  setup(p.b, L.b, best & 2, reduce_b, false, order(k_all, n_all, L.b, false, true, reduce_b),
-        ord_k, ord_n);
+  setup(p.a, L.a, best & 1, reduce_a, false, order(m_all, k_all, L.a, true, false, reduce_a), ord_m, ord_k);
+  setup(p.b, L.b, best & 2, reduce_b, false, order(k_all, n_all, L.b, false, true, reduce_b), ord_k, ord_n);
   setup(p.c, L.c, best & 4, false, true, concat(batch_all, m_all, n_all), ord_m, ord_n);
   p.swap = p.c.view.trans;
   for (const std::string& name : ord_m) p.m *= ext(name);

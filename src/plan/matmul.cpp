@@ -40,9 +40,9 @@ AxisCase classify_axis(const Mesh& mesh, const Contraction& c, int x) {
     const std::string& j = ca ? la : lb;
     const std::string& ol = ca ? lb : la;
     out.case_number = 2;
-    out.reason = "only " + sharded.tensor + " shards the contracting dimension " + j + " over " + X +
-                 ": all_gather " + sharded.tensor + "'s " + j + " before the einsum, or slice " + other.tensor + "'s " +
-                 j + " locally to match and reduce the partial sums after it";
+    out.reason = "only " + sharded.tensor + " shards the contracting dimension " + j + " over " + X + ": all_gather " +
+                 sharded.tensor + "'s " + j + " before the einsum, or slice " + other.tensor + "'s " + j +
+                 " locally to match and reduce the partial sums after it";
     if (!ol.empty()) {
       out.reason += " (" + other.tensor + " uses " + X + " for " + ol + ", which must give it up first)";
     }
@@ -88,7 +88,8 @@ class MatmulPlanner {
     for (const Spec& s : {c.a, c.b, out_dims_only}) {
       for (const DimSpec& d : s.dims) letter_ids_.try_emplace(d.name, static_cast<int>(letter_ids_.size()));
     }
-    inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype), input_bytes(mesh, c.b, b_shape_, options.dtype));
+    inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype),
+                             input_bytes(mesh, c.b, b_shape_, options.dtype));
   }
 
   std::vector<Plan> candidates() {
@@ -131,7 +132,8 @@ class MatmulPlanner {
       if (int d = s->dim_of_axis(x); d >= 0) roles.insert({Role::dim, s->dims[static_cast<std::size_t>(d)].name});
     }
     if (c_.out) {
-      if (int d = c_.out->dim_of_axis(x); d >= 0) roles.insert({Role::dim, c_.out->dims[static_cast<std::size_t>(d)].name});
+      if (int d = c_.out->dim_of_axis(x); d >= 0)
+        roles.insert({Role::dim, c_.out->dims[static_cast<std::size_t>(d)].name});
       // A requested partial sum can come straight from splitting a contracted dimension.
       if (c_.out->is_unreduced(x)) {
         for (const std::string& j : c_.contracted()) roles.insert({Role::dim, j});
@@ -160,7 +162,8 @@ class MatmulPlanner {
     if (combinations(options) > kMaxRoleCombinations) {
       throw InputError("cannot plan " + format_contraction(c_, mesh_) + ": its tensors use " + std::to_string(used) +
                        " mesh axes, whose roles (shard a dimension, hold partial sums, or neither) combine in more "
-                       "than " + std::to_string(kMaxRoleCombinations) +
+                       "than " +
+                       std::to_string(kMaxRoleCombinations) +
                        " ways, the most the planner weighs; shard over fewer, larger mesh axes");
     }
   }
@@ -180,7 +183,8 @@ class MatmulPlanner {
   // already order them, the rest in mesh order; without an output spec, every order.
   std::vector<AxisList> orders_for(const std::string& letter, const AxisList& axes) const {
     std::vector<const AxisList*> sources;
-    if (c_.out && c_.out->find_dim(letter) >= 0) sources.push_back(&c_.out->dims[static_cast<std::size_t>(c_.out->find_dim(letter))].axes);
+    if (c_.out && c_.out->find_dim(letter) >= 0)
+      sources.push_back(&c_.out->dims[static_cast<std::size_t>(c_.out->find_dim(letter))].axes);
     for (const Spec* s : {&c_.a, &c_.b}) {
       if (s->find_dim(letter) >= 0) sources.push_back(&s->dims[static_cast<std::size_t>(s->find_dim(letter))].axes);
     }
@@ -216,7 +220,8 @@ class MatmulPlanner {
     for (const std::string& l : letters) {
       AxisList axes;
       for (int x = 0; x < mesh_.rank(); ++x) {
-        if (roles[static_cast<std::size_t>(x)].kind == Role::dim && roles[static_cast<std::size_t>(x)].letter == l) axes.push_back(x);
+        if (roles[static_cast<std::size_t>(x)].kind == Role::dim && roles[static_cast<std::size_t>(x)].letter == l)
+          axes.push_back(x);
       }
       per_letter.push_back(axes.size() > 1 ? orders_for(l, axes) : std::vector<AxisList>{axes});
     }
@@ -453,8 +458,8 @@ class MatmulPlanner {
                " overlapped with the local einsum (" + (s.bidirectional ? "bidirectional " : "") + "ring of " +
                std::to_string(s.ring_steps) + " steps)";
       } else if (s.op == OpKind::einsum_reduce_scatter) {
-        out += "local einsum overlapped with reduce_scatter " + s.tensor + " over " + mesh_.axis_names(s.axes) +
-               " (" + (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) + " steps)";
+        out += "local einsum overlapped with reduce_scatter " + s.tensor + " over " + mesh_.axis_names(s.axes) + " (" +
+               (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) + " steps)";
       } else {
         out += std::string(to_string(s.op)) + " " + s.tensor;
         if (!s.axes.empty()) out += " over " + mesh_.axis_names(s.axes);
@@ -475,7 +480,7 @@ class MatmulPlanner {
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::vector<Plan> plans_;
   std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered
-  std::set<std::vector<int>> seen_;  // plans added, by their steps' layouts
+  std::set<std::vector<int>> seen_;                     // plans added, by their steps' layouts
   bool every_output_layout_ = true;
   std::map<std::vector<int>, std::vector<std::vector<Step>>> reshards_;  // by append_layout(from), (to)
 };

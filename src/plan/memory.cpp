@@ -111,10 +111,9 @@ RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& s
     g.chunk_at.push_back(at);
     at += r.extent * across;
   }
-  const std::int64_t largest =
-      std::max_element(g.pieces.begin(), g.pieces.end(), [](const Range& p, const Range& q) {
-        return p.extent < q.extent;
-      })->extent;
+  const std::int64_t largest = std::max_element(g.pieces.begin(), g.pieces.end(), [](const Range& p, const Range& q) {
+                                 return p.extent < q.extent;
+                               })->extent;
   if (step.op == OpKind::all_gather_einsum) {
     g.chunk_elements = at;
     if (!g.contracted() && !contiguous_along(g.out_local, g.out_dim)) {
@@ -128,7 +127,6 @@ RingGeometry ring_geometry(const Mesh& mesh, const Step& step, const DimSizes& s
   std::tie(g.layout, g.extents) = local_einsum_shape(mesh, einsum, sizes, device);
   return g;
 }
-
 
 namespace detail {
 
@@ -232,10 +230,11 @@ std::int64_t peak_bytes(std::int64_t inputs, const std::vector<StepMemory>& step
   return reduction_workspace ? saturating_add(held, workspace) : held;
 }
 
-std::int64_t plan_peak_bytes(const Mesh& mesh, const Plan& plan, const std::vector<Spec>& inputs,
-                             const DimSizes& sizes, DType dtype, bool reduction_workspace) {
+std::int64_t plan_peak_bytes(const Mesh& mesh, const Plan& plan, const std::vector<Spec>& inputs, const DimSizes& sizes,
+                             DType dtype, bool reduction_workspace) {
   std::int64_t held = 0;
-  for (const Spec& input : inputs) held = saturating_add(held, input_bytes(mesh, input, global_shape(input, sizes), dtype));
+  for (const Spec& input : inputs)
+    held = saturating_add(held, input_bytes(mesh, input, global_shape(input, sizes), dtype));
   std::vector<StepMemory> steps;
   for (const Step& step : plan.steps) steps.push_back(step_memory(mesh, step, sizes, dtype));
   return peak_bytes(held, steps, reduction_workspace);

@@ -49,8 +49,7 @@ std::string dtype_names(const std::map<DType, double>& peaks) {
   return join_names(names);
 }
 
-HardwareProfile tpu(std::string name, std::string description, double bf16_flops, double hbm,
-                    double ici_one_way) {
+HardwareProfile tpu(std::string name, std::string description, double bf16_flops, double hbm, double ici_one_way) {
   HardwareProfile p;
   p.name = std::move(name);
   p.description = std::move(description);
@@ -85,8 +84,7 @@ const std::vector<HardwareProfile>& builtins() {
         "NVIDIA H100 SXM in an 8-GPU NVLink 4 node behind NVSwitches (Scaling Book 'How to "
         "Think About GPUs'; NVIDIA datasheet): dense bf16/f16 tensor core, f32 on CUDA cores, "
         "f64 on the FP64 tensor core; 450 GB/s NVLink egress per direction";
-    h100.peak_flops = {{DType::bf16, 9.9e14}, {DType::f16, 9.9e14}, {DType::f32, 6.7e13},
-                       {DType::f64, 6.7e13}};
+    h100.peak_flops = {{DType::bf16, 9.9e14}, {DType::f16, 9.9e14}, {DType::f32, 6.7e13}, {DType::f64, 6.7e13}};
     h100.hbm_bandwidth = 3.35e12;
     h100.link_bandwidth = 4.5e11;
     h100.bidirectional = true;
@@ -102,8 +100,8 @@ const std::vector<HardwareProfile>& builtins() {
 
 void check_positive(double v, const std::string& where, const std::string& key, const char* unit) {
   if (!std::isfinite(v) || v <= 0) {
-    throw InputError(where + ": key '" + key + "' must be a positive finite number (" + unit +
-                     "), got " + show_number(v));
+    throw InputError(where + ": key '" + key + "' must be a positive finite number (" + unit + "), got " +
+                     show_number(v));
   }
 }
 
@@ -127,8 +125,7 @@ std::string read_file(const std::filesystem::path& path) {
 
 // nlohmann reports the 1-based byte index of the character it stopped at; we turn that into
 // the line and column and quote the line with a caret.
-[[noreturn]] void throw_malformed(std::string_view text, const std::string& origin,
-                                  const json::parse_error& e) {
+[[noreturn]] void throw_malformed(std::string_view text, const std::string& origin, const json::parse_error& e) {
   const std::size_t at = std::min<std::size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
   const std::size_t newline = at == 0 ? std::string_view::npos : text.rfind('\n', at - 1);
   const std::size_t begin = newline == std::string_view::npos ? 0 : newline + 1;
@@ -137,8 +134,8 @@ std::string read_file(const std::filesystem::path& path) {
   const std::size_t column = at - begin + 1;
   std::string detail = e.what();
   if (const auto colon = detail.find(": "); colon != std::string::npos) detail.erase(0, colon + 2);
-  throw InputError(origin + ": malformed JSON at line " + std::to_string(line) + ", column " +
-                       std::to_string(column) + ": " + detail,
+  throw InputError(origin + ": malformed JSON at line " + std::to_string(line) + ", column " + std::to_string(column) +
+                       ": " + detail,
                    text.substr(begin, end - begin), at - begin);
 }
 
@@ -166,7 +163,8 @@ json parse_json(std::string_view text, const std::string& origin) {
         }
         break;
       }
-      default: break;
+      default:
+        break;
     }
     return true;
   };
@@ -194,8 +192,7 @@ const json& required(const json& object, const std::string& key, const std::stri
   return *it;
 }
 
-[[noreturn]] void wrong_type(const std::string& origin, const std::string& key, const char* want,
-                             const json& got) {
+[[noreturn]] void wrong_type(const std::string& origin, const std::string& key, const char* want, const json& got) {
   throw InputError(origin + ": key '" + key + "' must be " + want + ", got " + got.type_name());
 }
 
@@ -262,14 +259,13 @@ std::int64_t whole_value(const json& object, const std::string& where, const std
                          const std::string& origin) {
   const json& v = object.at(key);
   if (!v.is_number_integer() || v.get<std::int64_t>() < least) {
-    throw InputError(origin + ": key '" + where + "." + key + "' must be a whole number >= " +
-                     std::to_string(least) + ", got " + (v.is_number() ? v.dump() : std::string(v.type_name())));
+    throw InputError(origin + ": key '" + where + "." + key + "' must be a whole number >= " + std::to_string(least) +
+                     ", got " + (v.is_number() ? v.dump() : std::string(v.type_name())));
   }
   return v.get<std::int64_t>();
 }
 
-constexpr OpKind kCollectives[] = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce,
-                                   OpKind::all_to_all};
+constexpr OpKind kCollectives[] = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all};
 
 Calibration parse_calibration(const json& doc, const std::string& origin) {
   check_object(doc, "calibration",
@@ -304,15 +300,17 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
                  origin);
     CollectiveFit f;
     const std::string op = string_value(fits[i].at("op"), where + ".op", origin);
-    const auto* known = std::find_if(std::begin(kCollectives), std::end(kCollectives),
-                                     [&](OpKind k) { return op == to_string(k); });
+    const auto* known =
+        std::find_if(std::begin(kCollectives), std::end(kCollectives), [&](OpKind k) { return op == to_string(k); });
     if (known == std::end(kCollectives)) {
-      throw InputError(origin + ": key '" + where + ".op' must be all_gather, reduce_scatter, all_reduce or "
-                       "all_to_all, got '" + op + "'");
+      throw InputError(origin + ": key '" + where +
+                       ".op' must be all_gather, reduce_scatter, all_reduce or "
+                       "all_to_all, got '" +
+                       op + "'");
     }
     f.op = *known;
-    f.group_size = static_cast<int>(std::min<std::int64_t>(whole_value(fits[i], where, "group_size", 2, origin),
-                                                           std::int64_t{1} << 30));
+    f.group_size = static_cast<int>(
+        std::min<std::int64_t>(whole_value(fits[i], where, "group_size", 2, origin), std::int64_t{1} << 30));
     f.alpha_s = non_negative_value(fits[i], where, "alpha_s", origin);
     f.beta_s_per_byte = non_negative_value(fits[i], where, "beta_s_per_byte", origin);
     f.min_bytes = whole_value(fits[i], where, "min_bytes", 1, origin);
@@ -322,7 +320,8 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
       if (g.op == f.op && g.group_size == f.group_size && f.min_bytes <= g.max_bytes && g.min_bytes <= f.max_bytes) {
         throw InputError(origin + ": " + where + " overlaps another " + op + " fit on group size " +
                          std::to_string(f.group_size) + " (" + std::to_string(g.min_bytes) + ".." +
-                         std::to_string(g.max_bytes) + " bytes); the fits of one collective and group size "
+                         std::to_string(g.max_bytes) +
+                         " bytes); the fits of one collective and group size "
                          "cover disjoint size ranges");
       }
     }
@@ -335,8 +334,8 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
     check_object(rates[i], where, {"dtype", "shape", "m", "n", "k", "intensity", "flops_per_s"}, origin);
     GemmRate g;
     const std::string dtype = string_value(rates[i].at("dtype"), where + ".dtype", origin);
-    const auto* known = std::find_if(std::begin(kDTypes), std::end(kDTypes),
-                                     [&](DType d) { return dtype == to_string(d); });
+    const auto* known =
+        std::find_if(std::begin(kDTypes), std::end(kDTypes), [&](DType d) { return dtype == to_string(d); });
     if (known == std::end(kDTypes)) {
       throw InputError(origin + ": key '" + where + ".dtype' must be one of bf16, f16, f32, f64, got '" + dtype + "'");
     }
@@ -373,19 +372,26 @@ json calibration_json(const Calibration& c) {
                      {"intensity", g.intensity},
                      {"flops_per_s", g.flops_per_s}});
   }
-  return {{"backend", c.backend},          {"mesh", c.mesh},
-          {"host", c.host},                {"measured_at", c.measured_at},
-          {"copy_bandwidth", c.copy_bandwidth}, {"add_bandwidth", c.add_bandwidth},
-          {"gather_ring_overlap", c.gather_ring_overlap}, {"scatter_ring_overlap", c.scatter_ring_overlap},
-          {"collectives", fits},           {"gemm", rates}};
+  return {{"backend", c.backend},
+          {"mesh", c.mesh},
+          {"host", c.host},
+          {"measured_at", c.measured_at},
+          {"copy_bandwidth", c.copy_bandwidth},
+          {"add_bandwidth", c.add_bandwidth},
+          {"gather_ring_overlap", c.gather_ring_overlap},
+          {"scatter_ring_overlap", c.scatter_ring_overlap},
+          {"collectives", fits},
+          {"gemm", rates}};
 }
 
 }  // namespace
 
 void detail::validate_profile(const HardwareProfile& p, const std::string& where) {
   if (p.name.empty()) throw InputError(where + ": key 'name' must be a non-empty string");
-  if (std::any_of(p.name.begin(), p.name.end(), [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
-    throw InputError(where + ": key 'name' must be one line of printable text (it heads reports), without control "
+  if (std::any_of(p.name.begin(), p.name.end(),
+                  [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
+    throw InputError(where +
+                     ": key 'name' must be one line of printable text (it heads reports), without control "
                      "characters such as a newline");
   }
   if (p.peak_flops.empty()) {
@@ -397,8 +403,10 @@ void detail::validate_profile(const HardwareProfile& p, const std::string& where
   check_rate(p.hbm_bandwidth, where, "hbm_bandwidth", "bytes/s");
   check_rate(p.link_bandwidth, where, "link_bandwidth", "bytes/s");
   if (!std::isfinite(p.hop_latency_s) || p.hop_latency_s < 0 || p.hop_latency_s > 1) {
-    throw InputError(where + ": key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes "
-                     "microseconds), got " + show_number(p.hop_latency_s));
+    throw InputError(where +
+                     ": key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes "
+                     "microseconds), got " +
+                     show_number(p.hop_latency_s));
   }
   if (p.topology != "torus" && p.topology != "switch") {
     throw InputError(where + ": key 'topology' must be 'torus' or 'switch', got '" + p.topology + "'");
@@ -408,9 +416,9 @@ void detail::validate_profile(const HardwareProfile& p, const std::string& where
 double HardwareProfile::flops_for(DType dtype) const {
   const auto it = peak_flops.find(dtype);
   if (it == peak_flops.end()) {
-    throw InputError("profile '" + name + "' has no peak FLOP/s for " + to_string(dtype) +
-                     " (it has " + dtype_names(peak_flops) + "); use another dtype, or a profile file " +
-                     "that gives peak_flops." + to_string(dtype) + " (docs/cost-model.md)");
+    throw InputError("profile '" + name + "' has no peak FLOP/s for " + to_string(dtype) + " (it has " +
+                     dtype_names(peak_flops) + "); use another dtype, or a profile file " + "that gives peak_flops." +
+                     to_string(dtype) + " (docs/cost-model.md)");
   }
   return it->second;
 }
@@ -440,14 +448,16 @@ HardwareProfile parse_profile_json(std::string_view json_text, std::string_view 
   }
   for (const auto& [key, _] : doc.items()) {
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
-      throw InputError(origin + ": unknown key '" + key + "'; expected name, description, peak_flops, "
+      throw InputError(origin + ": unknown key '" + key +
+                       "'; expected name, description, peak_flops, "
                        "hbm_bandwidth, link_bandwidth, bidirectional, hop_latency_s, topology, calibration");
     }
   }
 
   HardwareProfile p;
   p.name = string_value(required(doc, "name", origin), "name", origin);
-  if (const auto it = doc.find("description"); it != doc.end()) p.description = string_value(*it, "description", origin);
+  if (const auto it = doc.find("description"); it != doc.end())
+    p.description = string_value(*it, "description", origin);
 
   const json& peaks = required(doc, "peak_flops", origin);
   if (!peaks.is_object()) wrong_type(origin, "peak_flops", "an object of FLOP/s by dtype", peaks);
@@ -455,8 +465,8 @@ HardwareProfile parse_profile_json(std::string_view json_text, std::string_view 
     // Named, not a structured binding: clang 14 (the fuzz build) cannot capture one in a lambda.
     const std::string& key = item.key();
     const json& value = item.value();
-    const auto* dtype = std::find_if(std::begin(kDTypes), std::end(kDTypes),
-                                     [&](DType d) { return key == to_string(d); });
+    const auto* dtype =
+        std::find_if(std::begin(kDTypes), std::end(kDTypes), [&](DType d) { return key == to_string(d); });
     if (dtype == std::end(kDTypes)) {
       throw InputError(origin + ": key 'peak_flops' has unknown dtype '" + key +
                        "'; expected one of bf16, f16, f32, f64");
@@ -510,7 +520,8 @@ HardwareProfile load_profile(std::string_view name_or_path) {
     const std::string path = calibrated_profile_path();
     std::error_code ec;
     if (path.empty() || !std::filesystem::exists(path, ec)) {
-      throw InputError("no calibrated hardware profile" + (path.empty() ? std::string(" (HOME is not set)") : " at " + path) +
+      throw InputError("no calibrated hardware profile" +
+                       (path.empty() ? std::string(" (HOME is not set)") : " at " + path) +
                        "; run 'shardmm calibrate' first, or set SHARDMM_PROFILE to a profile file "
                        "(docs/calibration.md)");
     }

@@ -12,8 +12,9 @@ void check_same_tensor(const Spec& from, const Spec& to, const Mesh& mesh) {
   bool same = from.dims.size() == to.dims.size();
   for (std::size_t i = 0; same && i < from.dims.size(); ++i) same = from.dims[i].name == to.dims[i].name;
   if (!same) {
-    throw InputError("cannot reshard " + format_spec(from, mesh) + " to " + format_spec(to, mesh) +
-                     ": a reshard keeps the tensor's dimensions; both specs must name the same dimensions in the same order");
+    throw InputError(
+        "cannot reshard " + format_spec(from, mesh) + " to " + format_spec(to, mesh) +
+        ": a reshard keeps the tensor's dimensions; both specs must name the same dimensions in the same order");
   }
 }
 
@@ -30,8 +31,8 @@ class ReshardStepper {
   ReshardStepper(const Mesh& mesh, const Spec& to) : mesh_(mesh), to_(to) {}
 
   bool next(const Spec& s, std::vector<Step>& out) const {
-    return reduce_scatter(s, out) || all_to_all(s, out) || slice(s, out) || to_partial(s, out) ||
-           all_reduce(s, out) || all_gather(s, out);
+    return reduce_scatter(s, out) || all_to_all(s, out) || slice(s, out) || to_partial(s, out) || all_reduce(s, out) ||
+           all_gather(s, out);
   }
 
  private:
@@ -71,7 +72,8 @@ class ReshardStepper {
         const std::size_t at = s.dims[b].axes.size();
         for (std::size_t k = have.size() - keep; k > 0; --k) {
           const AxisList suffix(have.end() - static_cast<std::ptrdiff_t>(k), have.end());
-          if (at + k <= want(b).size() && std::equal(suffix.begin(), suffix.end(), want(b).begin() + static_cast<std::ptrdiff_t>(at))) {
+          if (at + k <= want(b).size() &&
+              std::equal(suffix.begin(), suffix.end(), want(b).begin() + static_cast<std::ptrdiff_t>(at))) {
             out.push_back(make_step(OpKind::all_to_all, s, suffix, static_cast<int>(a), static_cast<int>(b)));
             return true;
           }
@@ -111,7 +113,8 @@ class ReshardStepper {
       std::size_t from = have.size();
       while (from > 0 && wanted_pending(have[from - 1])) --from;
       if (from < have.size()) {
-        out.push_back(make_step(OpKind::to_partial, s, AxisList(have.begin() + static_cast<std::ptrdiff_t>(from), have.end()),
+        out.push_back(make_step(OpKind::to_partial, s,
+                                AxisList(have.begin() + static_cast<std::ptrdiff_t>(from), have.end()),
                                 static_cast<int>(d)));
         return true;
       }
@@ -136,7 +139,8 @@ class ReshardStepper {
       const AxisList& have = s.dims[d].axes;
       const std::size_t keep = common_prefix(have, want(d));
       if (keep < have.size()) {
-        out.push_back(make_step(OpKind::all_gather, s, AxisList(have.begin() + static_cast<std::ptrdiff_t>(keep), have.end()),
+        out.push_back(make_step(OpKind::all_gather, s,
+                                AxisList(have.begin() + static_cast<std::ptrdiff_t>(keep), have.end()),
                                 static_cast<int>(d)));
         return true;
       }
@@ -191,12 +195,13 @@ Plan detail::plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, 
   // no shard size below can overflow.
   if (shape.size() != from.dims.size()) {
     throw UsageError("plan_reshard: a shape of " + std::to_string(shape.size()) + " extents for " +
-                                format_spec(from, mesh));
+                     format_spec(from, mesh));
   }
   std::int64_t elements = 1;
   for (std::int64_t n : shape) {
     if (n < 0) throw UsageError("plan_reshard: negative extent " + std::to_string(n));
-    elements = checked_mul(elements, n, "the element count of " + (from.tensor.empty() ? std::string("the tensor") : from.tensor));
+    elements = checked_mul(elements, n,
+                           "the element count of " + (from.tensor.empty() ? std::string("the tensor") : from.tensor));
   }
   const auto costed = [&](std::vector<Step> steps) {
     Plan plan;
@@ -251,8 +256,8 @@ Plan detail::plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, 
     if (fits_better || (no_worse && better)) return other;
     return std::nullopt;
   };
-  const bool resolves_sums = std::any_of(from.unreduced.begin(), from.unreduced.end(),
-                                         [&](int a) { return !to.is_unreduced(a); });
+  const bool resolves_sums =
+      std::any_of(from.unreduced.begin(), from.unreduced.end(), [&](int a) { return !to.is_unreduced(a); });
   // A chain of one step is one of the Scaling Book's collectives (a gather or an all_to_all where it
   // communicates), whose bytes and memory an exchange can only equal.
   if (chain.steps.size() < 2 || moved(chain) == 0 || resolves_sums) return chain;

@@ -6,16 +6,26 @@ namespace shardmm {
 
 const char* to_string(OpKind op) {
   switch (op) {
-    case OpKind::all_gather: return "all_gather";
-    case OpKind::reduce_scatter: return "reduce_scatter";
-    case OpKind::all_reduce: return "all_reduce";
-    case OpKind::all_to_all: return "all_to_all";
-    case OpKind::slice: return "slice";
-    case OpKind::to_partial: return "to_partial";
-    case OpKind::einsum: return "einsum";
-    case OpKind::all_gather_einsum: return "all_gather_einsum";
-    case OpKind::einsum_reduce_scatter: return "einsum_reduce_scatter";
-    case OpKind::exchange: return "exchange";
+    case OpKind::all_gather:
+      return "all_gather";
+    case OpKind::reduce_scatter:
+      return "reduce_scatter";
+    case OpKind::all_reduce:
+      return "all_reduce";
+    case OpKind::all_to_all:
+      return "all_to_all";
+    case OpKind::slice:
+      return "slice";
+    case OpKind::to_partial:
+      return "to_partial";
+    case OpKind::einsum:
+      return "einsum";
+    case OpKind::all_gather_einsum:
+      return "all_gather_einsum";
+    case OpKind::einsum_reduce_scatter:
+      return "einsum_reduce_scatter";
+    case OpKind::exchange:
+      return "exchange";
   }
   return "?";
 }
@@ -29,11 +39,16 @@ std::string op_name(const Step& step) {
 
 const char* to_string(Bound bound) {
   switch (bound) {
-    case Bound::none: return "none";
-    case Bound::latency: return "latency";
-    case Bound::bandwidth: return "bandwidth";
-    case Bound::compute: return "compute";
-    case Bound::memory: return "memory";
+    case Bound::none:
+      return "none";
+    case Bound::latency:
+      return "latency";
+    case Bound::bandwidth:
+      return "bandwidth";
+    case Bound::compute:
+      return "compute";
+    case Bound::memory:
+      return "memory";
   }
   return "?";
 }
@@ -45,9 +60,7 @@ bool is_collective(OpKind op) {
 
 bool multiplies(OpKind op) { return op == OpKind::einsum || is_collective_matmul(op); }
 
-bool is_collective_matmul(OpKind op) {
-  return op == OpKind::all_gather_einsum || op == OpKind::einsum_reduce_scatter;
-}
+bool is_collective_matmul(OpKind op) { return op == OpKind::all_gather_einsum || op == OpKind::einsum_reduce_scatter; }
 
 bool gathers_contracted(const Step& step) {
   if (step.op != OpKind::all_gather_einsum) return false;

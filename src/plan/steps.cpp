@@ -199,20 +199,31 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     out_max = std::max(out_max, out);
     std::int64_t s = 0, r = 0;
     switch (step.op) {
-      case OpKind::all_gather: s = r = out - in; break;      // ring: every block but one passes by
-      case OpKind::reduce_scatter: s = r = in - out; break;  // the transpose of all_gather
-      case OpKind::all_reduce: s = r = checked_mul(2, in - in / group, "bytes per device"); break;  // RS + AG
+      case OpKind::all_gather:
+        s = r = out - in;
+        break;  // ring: every block but one passes by
+      case OpKind::reduce_scatter:
+        s = r = in - out;
+        break;  // the transpose of all_gather
+      case OpKind::all_reduce:
+        s = r = checked_mul(2, in - in / group, "bytes per device");
+        break;  // RS + AG
       case OpKind::all_to_all:
         s = in - kept;
         r = out - kept;
         break;
-      default: break;
+      default:
+        break;
     }
     sent = std::max(sent, s);
     received = std::max(received, r);
   });
-  Cost c{checked_mul(sent, elem, "bytes sent per device"), checked_mul(received, elem, "bytes received per device"),
-         0, 0, Bound::none, {}};
+  Cost c{checked_mul(sent, elem, "bytes sent per device"),
+         checked_mul(received, elem, "bytes received per device"),
+         0,
+         0,
+         Bound::none,
+         {}};
   in_max = checked_mul(in_max, elem, "bytes per device");
   out_max = checked_mul(out_max, elem, "bytes per device");
   const auto collective = [&](std::int64_t array_bytes) {
@@ -221,25 +232,30 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     c.bound = cc.bound();
   };
   switch (step.op) {
-    case OpKind::all_gather: collective(out_max); break;
+    case OpKind::all_gather:
+      collective(out_max);
+      break;
     case OpKind::reduce_scatter:
     case OpKind::all_reduce:
-    case OpKind::all_to_all: collective(in_max); break;
+    case OpKind::all_to_all:
+      collective(in_max);
+      break;
     case OpKind::slice:
     case OpKind::to_partial:
       c.time = local_copy_time(options_.hw, out_max);
       c.bound = c.time > 0 ? Bound::memory : Bound::none;
       break;
-    case OpKind::einsum:  // cost_einsum
+    case OpKind::einsum:             // cost_einsum
     case OpKind::all_gather_einsum:  // fuse_*
     case OpKind::einsum_reduce_scatter:
-    case OpKind::exchange: break;  // cost_exchange
+    case OpKind::exchange:
+      break;  // cost_exchange
   }
   // A calibrated profile describes this executor on this machine, whose time for a collective
   // also holds the copies it makes around it; device 0 holds the largest blocks.
   if (options_.hw.calibration && is_collective(step.op)) {
-    const std::int64_t copied = local_copy_elements(step, local_shape(mesh_, step.from, shape, 0),
-                                                    local_shape(mesh_, step.to, shape, 0));
+    const std::int64_t copied =
+        local_copy_elements(step, local_shape(mesh_, step.from, shape, 0), local_shape(mesh_, step.to, shape, 0));
     c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
     if (c.bound == Bound::none && c.time > 0) c.bound = Bound::memory;  // copies and no traffic
   }
@@ -405,7 +421,11 @@ ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::
 StepCoster::Cost StepCoster::cost_exchange(const Step& step, const ExchangeTraffic& traffic) const {
   const std::int64_t elem = dtype_bytes(options_.dtype);
   Cost c{checked_mul(traffic.sent, elem, "bytes sent per device"),
-         checked_mul(traffic.received, elem, "bytes received per device"), 0, 0, Bound::none, {}};
+         checked_mul(traffic.received, elem, "bytes received per device"),
+         0,
+         0,
+         Bound::none,
+         {}};
   // Timed as the all_to_all that moves as much per device: one of n members sends (n - 1) / n
   // of its array.
   const std::int64_t n = mesh_.group_size(step.axes);
@@ -540,7 +560,8 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bi
   // n - 1 running sums that arrive to its own partial block, between its GEMMs: y += x reads
   // two blocks and writes one. (The one-shot reduce_scatter's fit already holds its sums.)
   if (const auto& calibration = coster.options().hw.calibration) {
-    ring_step.time_s += static_cast<double>(ring.members - 1) * 3 * static_cast<double>(block) / calibration->add_bandwidth;
+    ring_step.time_s +=
+        static_cast<double>(ring.members - 1) * 3 * static_cast<double>(block) / calibration->add_bandwidth;
   }
   return ring_step;
 }

@@ -20,7 +20,8 @@ std::vector<int> Graph::outputs() const {
   std::vector<int> out;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& t = tensors[i];
-    if (t.role == Role::computed && t.consumers.empty() && static_cast<int>(i) != loss) out.push_back(static_cast<int>(i));
+    if (t.role == Role::computed && t.consumers.empty() && static_cast<int>(i) != loss)
+      out.push_back(static_cast<int>(i));
   }
   return out;
 }
@@ -59,7 +60,9 @@ std::string join(const std::vector<std::string>& v) {
   return "[" + out + "]";
 }
 
-bool contains(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+bool contains(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
 
 std::int64_t count_ops(const Expr& e) {
   if (e.is_reference()) return 0;
@@ -72,8 +75,9 @@ std::int64_t count_ops(const Expr& e) {
 std::int64_t count_ops(const std::vector<Item>& items) {
   std::int64_t n = 0;
   for (const Item& item : items) {
-    const std::int64_t here = item.kind == Item::Kind::repeat ? item.count * std::max<std::int64_t>(1, count_ops(item.body))
-                                                              : std::max<std::int64_t>(1, count_ops(item.statement.expr));
+    const std::int64_t here = item.kind == Item::Kind::repeat
+                                  ? item.count * std::max<std::int64_t>(1, count_ops(item.body))
+                                  : std::max<std::int64_t>(1, count_ops(item.statement.expr));
     n = std::min(kMaxOps + 1, n + std::min(kMaxOps + 1, here));
   }
   return n;
@@ -95,15 +99,16 @@ class Binder {
     for (const Item& item : program_.items) {
       ops += count_ops(std::vector<Item>{item});
       if (ops > kMaxOps) {
-        fail(item.where, "the program unrolls to more than " + std::to_string(kMaxOps) + " ops; check the repeat counts");
+        fail(item.where,
+             "the program unrolls to more than " + std::to_string(kMaxOps) + " ops; check the repeat counts");
       }
     }
     Scope top;
     walk(program_.items, top, "");
     for (const Tensor& t : graph_.tensors) {
       if (t.role != Role::computed && t.consumers.empty()) {
-        fail(t.where, std::string(to_string(t.role)) + " '" + t.source_name +
-                          "' is never used; remove it or use it in an op");
+        fail(t.where,
+             std::string(to_string(t.role)) + " '" + t.source_name + "' is never used; remove it or use it in an op");
       }
     }
     check_dims_used();
@@ -126,9 +131,11 @@ class Binder {
   };
 
   [[noreturn]] void fail(Location at, const std::string& why, std::size_t len = 1) const {
-    const std::string head = program_.file + ":" + std::to_string(at.line) + ":" + std::to_string(at.column) + ": " + why;
+    const std::string head =
+        program_.file + ":" + std::to_string(at.line) + ":" + std::to_string(at.column) + ": " + why;
     if (at.line >= 1 && static_cast<std::size_t>(at.line) <= program_.lines.size()) {
-      throw InputError(head, program_.lines[static_cast<std::size_t>(at.line - 1)], static_cast<std::size_t>(at.column - 1), len);
+      throw InputError(head, program_.lines[static_cast<std::size_t>(at.line - 1)],
+                       static_cast<std::size_t>(at.column - 1), len);
     }
     throw InputError(head);
   }
@@ -149,7 +156,8 @@ class Binder {
       return;
     }
     if (!program_.mesh) {
-      throw InputError(program_.file + ": the program has no mesh: add a line like 'mesh X=4' or give the " + field("mesh"));
+      throw InputError(program_.file + ": the program has no mesh: add a line like 'mesh X=4' or give the " +
+                       field("mesh"));
     }
     try {
       graph_.mesh = Mesh::parse(*program_.mesh, options_.split);
@@ -250,23 +258,27 @@ class Binder {
     const int previous = scope.lookup(s.name);
     if (!is_loss && previous >= 0) {
       const Tensor& old = graph_.tensors[static_cast<std::size_t>(previous)];
-      const bool carried = !suffix.empty() && s.role == Role::computed && scope.parent &&
-                           scope.parent->lookup(s.name) >= 0;
+      const bool carried =
+          !suffix.empty() && s.role == Role::computed && scope.parent && scope.parent->lookup(s.name) >= 0;
       if (!carried) {
-        fail(s.where, "'" + s.name + "' is defined twice (first at line " + std::to_string(old.where.line) +
-                          "); a tensor is defined once, except a value a repeat block carries to its next iteration",
+        fail(s.where,
+             "'" + s.name + "' is defined twice (first at line " + std::to_string(old.where.line) +
+                 "); a tensor is defined once, except a value a repeat block carries to its next iteration",
              s.name.size());
       }
       if (old.letters != s.letters) {
-        fail(s.where, "'" + s.name + "' is carried through the repeat block as " + join(old.letters) +
-                          " but redefined as " + join(s.letters) + "; a carried value keeps its letters",
+        fail(s.where,
+             "'" + s.name + "' is carried through the repeat block as " + join(old.letters) + " but redefined as " +
+                 join(s.letters) + "; a carried value keeps its letters",
              s.name.size());
       }
     }
     Tensor t;
     t.source_name = s.name;
     // A carried value rebound again in the same iteration gets a prime per rebinding (x.0').
-    t.name = s.name + suffix + std::string(static_cast<std::size_t>(scope.defined_here.count(s.name) ? ++rebound_[s.name + suffix] : 0), '\'');
+    t.name =
+        s.name + suffix +
+        std::string(static_cast<std::size_t>(scope.defined_here.count(s.name) ? ++rebound_[s.name + suffix] : 0), '\'');
     t.role = s.role;
     t.letters = s.letters;
     t.where = s.where;
@@ -313,7 +325,8 @@ class Binder {
       if (open == std::string::npos) bad("expected the tensor's letters in brackets, e.g. " + s.name + join(letters));
       std::string trimmed = name;
       trimmed.erase(std::remove(trimmed.begin(), trimmed.end(), ' '), trimmed.end());
-      if (!trimmed.empty() && trimmed != s.name) bad("it names tensor '" + trimmed + "'; write " + s.name + "[...] or [...]");
+      if (!trimmed.empty() && trimmed != s.name)
+        bad("it names tensor '" + trimmed + "'; write " + s.name + "[...] or [...]");
       spec = parse_spec(text.substr(open), graph_.mesh);
     } catch (const InputError& e) {
       if (e.headline().rfind("spec '", 0) == 0) throw;
@@ -335,16 +348,19 @@ class Binder {
 
   // Flattens `e` into ops; returns the index of its value. `declared` is the statement's
   // tensor (name, letters, pins) when `e` is the statement's whole expression.
-  int expression(const Expr& e, Scope& scope, const std::string& name, const Tensor* declared, const std::string& suffix) {
+  int expression(const Expr& e, Scope& scope, const std::string& name, const Tensor* declared,
+                 const std::string& suffix) {
     if (e.is_reference()) {
       const int index = scope.lookup(e.tensor);
       if (index < 0) {
-        fail(e.where, "'" + e.tensor + "' is not defined before this line" +
-                          (declared_anywhere(e.tensor) ? " (it is defined later or inside a repeat block)" : ""),
+        fail(e.where,
+             "'" + e.tensor + "' is not defined before this line" +
+                 (declared_anywhere(e.tensor) ? " (it is defined later or inside a repeat block)" : ""),
              e.tensor.size());
       }
       if (declared) {
-        fail(e.where, "a line that only names '" + e.tensor + "' copies nothing; use '" + e.tensor + "' where it is read",
+        fail(e.where,
+             "a line that only names '" + e.tensor + "' copies nothing; use '" + e.tensor + "' where it is read",
              e.tensor.size());
       }
       return index;
@@ -366,8 +382,7 @@ class Binder {
     t.role = Role::computed;
     t.letters = result_letters(op, declared ? &declared->letters : nullptr);
     // Routing is data: no gradient flows through a route, nor into what only it feeds.
-    t.differentiable = op.op.kind != OpKind::route &&
-                       std::any_of(op.operands.begin(), op.operands.end(), [&](int x) {
+    t.differentiable = op.op.kind != OpKind::route && std::any_of(op.operands.begin(), op.operands.end(), [&](int x) {
                          return graph_.tensors[static_cast<std::size_t>(x)].differentiable;
                        });
     if (declared) {
@@ -419,8 +434,9 @@ class Binder {
     const auto same_as_declared = [&](std::vector<std::string> got) {
       if (declared && *declared != got) {
         const bool permutation = std::is_permutation(got.begin(), got.end(), declared->begin(), declared->end());
-        fail(at, op.function + " gives " + join(got) + " but the line declares " + join(*declared) +
-                     (permutation ? "; reorder letters with transpose(...) on a line of its own" : ""),
+        fail(at,
+             op.function + " gives " + join(got) + " but the line declares " + join(*declared) +
+                 (permutation ? "; reorder letters with transpose(...) on a line of its own" : ""),
              len);
       }
       return got;
@@ -429,18 +445,22 @@ class Binder {
       case OpKind::einsum: {
         const std::vector<std::string>& b = letters_of(g.operands[1]);
         if (!declared) {
-          fail(at, "an einsum inside an expression has no named output letters; give '" + g.expression +
-                       "' a line of its own (NAME[...] = a @ b)", len);
+          fail(at,
+               "an einsum inside an expression has no named output letters; give '" + g.expression +
+                   "' a line of its own (NAME[...] = a @ b)",
+               len);
         }
         for (const std::string& l : *declared) {
-          if (!contains(a, l) && !contains(b, l)) fail(at, "einsum: output letter '" + l + "' is in neither operand " + join(a) + " nor " + join(b), len);
+          if (!contains(a, l) && !contains(b, l))
+            fail(at, "einsum: output letter '" + l + "' is in neither operand " + join(a) + " nor " + join(b), len);
         }
         for (const auto* x : {&a, &b}) {
           for (const std::string& l : *x) {
             const auto* other = x == &a ? &b : &a;
             if (!contains(*other, l) && !contains(*declared, l)) {
-              fail(at, "einsum: letter '" + l + "' of " + join(*x) +
-                           " is in neither the other operand nor the output; sum it out first (sum(x, over=" + l + "))",
+              fail(at,
+                   "einsum: letter '" + l + "' of " + join(*x) +
+                       " is in neither the other operand nor the output; sum it out first (sum(x, over=" + l + "))",
                    len);
             }
           }
@@ -454,15 +474,18 @@ class Binder {
         }
         if (declared) {
           if (!std::is_permutation(both.begin(), both.end(), declared->begin(), declared->end())) {
-            fail(at, op.function + " gives the letters " + join(both) + " (its operands' together) but the line declares " +
-                         join(*declared), len);
+            fail(at,
+                 op.function + " gives the letters " + join(both) + " (its operands' together) but the line declares " +
+                     join(*declared),
+                 len);
           }
           return *declared;
         }
         return both;
       }
       case OpKind::unary:
-      case OpKind::scale: return same_as_declared(a);
+      case OpKind::scale:
+        return same_as_declared(a);
       case OpKind::normalize:
         need_letter(op.over, a, "letter");
         return same_as_declared(a);
@@ -481,7 +504,8 @@ class Binder {
         return same_as_declared(out);
       }
       case OpKind::transpose:
-        if (!declared) fail(at, "transpose inside an expression has no named output order; give it a line of its own", len);
+        if (!declared)
+          fail(at, "transpose inside an expression has no named output order; give it a line of its own", len);
         if (!std::is_permutation(a.begin(), a.end(), declared->begin(), declared->end())) {
           fail(at, "transpose gives a permutation of " + join(a) + "; the line declares " + join(*declared), len);
         }
@@ -490,8 +514,10 @@ class Binder {
         need_letter(op.from[0], a, "letter");
         if (contains(a, op.to[0])) fail(at, "rename: '" + op.to[0] + "' is already a letter of " + join(a), len);
         if (size_of(op.from[0], at) != size_of(op.to[0], at)) {
-          fail(at, "rename: '" + op.from[0] + "' has size " + std::to_string(size_of(op.from[0], at)) + " but '" +
-                       op.to[0] + "' " + std::to_string(size_of(op.to[0], at)) + "; a renamed letter keeps its size", len);
+          fail(at,
+               "rename: '" + op.from[0] + "' has size " + std::to_string(size_of(op.from[0], at)) + " but '" +
+                   op.to[0] + "' " + std::to_string(size_of(op.to[0], at)) + "; a renamed letter keeps its size",
+               len);
         }
         std::vector<std::string> out = a;
         *std::find(out.begin(), out.end(), op.from[0]) = op.to[0];
@@ -499,20 +525,29 @@ class Binder {
       }
       case OpKind::route: {
         if (!declared) {
-          fail(at, "route inside an expression has no capacity letter; give it a line of its own "
-                   "(d[B, T, E, C] = route(p, over=E, tokens=T, top=2))", len);
+          fail(at,
+               "route inside an expression has no capacity letter; give it a line of its own "
+               "(d[B, T, E, C] = route(p, over=E, tokens=T, top=2))",
+               len);
         }
         need_letter(op.over, a, "experts' letter");
         need_letter(op.from[0], a, "tokens' letter");
-        if (op.over == op.from[0]) fail(at, "route needs different letters for the experts (over=) and the tokens (tokens=)", len);
+        if (op.over == op.from[0])
+          fail(at, "route needs different letters for the experts (over=) and the tokens (tokens=)", len);
         if (op.top > size_of(op.over, at)) {
-          fail(at, "route: top=" + std::to_string(op.top) + " but there are " + std::to_string(size_of(op.over, at)) +
-                       " experts ('" + op.over + "'); a token goes to 1 <= top <= " + op.over + " experts", len);
+          fail(at,
+               "route: top=" + std::to_string(op.top) + " but there are " + std::to_string(size_of(op.over, at)) +
+                   " experts ('" + op.over + "'); a token goes to 1 <= top <= " + op.over + " experts",
+               len);
         }
         if (declared->size() != a.size() + 1 || !std::equal(a.begin(), a.end(), declared->begin()) ||
             contains(a, declared->back())) {
-          fail(at, "route gives its operand's letters " + join(a) + " then a new capacity letter (each expert's slots), "
-                   "but the line declares " + join(*declared), len);
+          fail(at,
+               "route gives its operand's letters " + join(a) +
+                   " then a new capacity letter (each expert's slots), "
+                   "but the line declares " +
+                   join(*declared),
+               len);
         }
         size_of(declared->back(), at);
         return *declared;
@@ -526,11 +561,14 @@ class Binder {
         std::int64_t product = 1;
         for (const std::string& l : many) {
           product *= size_of(l, at);
-          if (std::count(many.begin(), many.end(), l) > 1) fail(at, op.function + ": letter '" + l + "' appears twice", len);
+          if (std::count(many.begin(), many.end(), l) > 1)
+            fail(at, op.function + ": letter '" + l + "' appears twice", len);
         }
         if (size_of(one, at) != product) {
-          fail(at, op.function + ": '" + one + "' has size " + std::to_string(size_of(one, at)) + " but the parts multiply to " +
-                       std::to_string(product), len);
+          fail(at,
+               op.function + ": '" + one + "' has size " + std::to_string(size_of(one, at)) +
+                   " but the parts multiply to " + std::to_string(product),
+               len);
         }
         if (split) {
           need_letter(one, a, "letter");
@@ -564,7 +602,7 @@ class Binder {
   const Program& program_;
   const BindOptions& options_;
   Graph graph_;
-  int nested_ = 0;  // temporaries named so far in the current statement
+  int nested_ = 0;                      // temporaries named so far in the current statement
   std::map<std::string, int> rebound_;  // rebindings of a carried value within one iteration
 };
 

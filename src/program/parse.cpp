@@ -14,27 +14,42 @@ namespace shardmm::program {
 
 const char* to_string(OpKind kind) {
   switch (kind) {
-    case OpKind::einsum: return "einsum";
-    case OpKind::unary: return "unary";
-    case OpKind::scale: return "scale";
-    case OpKind::binary: return "binary";
-    case OpKind::reduce: return "reduce";
-    case OpKind::normalize: return "normalize";
-    case OpKind::causal_mask: return "causal_mask";
-    case OpKind::transpose: return "transpose";
-    case OpKind::split: return "split";
-    case OpKind::merge: return "merge";
-    case OpKind::rename: return "rename";
-    case OpKind::route: return "route";
+    case OpKind::einsum:
+      return "einsum";
+    case OpKind::unary:
+      return "unary";
+    case OpKind::scale:
+      return "scale";
+    case OpKind::binary:
+      return "binary";
+    case OpKind::reduce:
+      return "reduce";
+    case OpKind::normalize:
+      return "normalize";
+    case OpKind::causal_mask:
+      return "causal_mask";
+    case OpKind::transpose:
+      return "transpose";
+    case OpKind::split:
+      return "split";
+    case OpKind::merge:
+      return "merge";
+    case OpKind::rename:
+      return "rename";
+    case OpKind::route:
+      return "route";
   }
   return "?";
 }
 
 const char* to_string(Role role) {
   switch (role) {
-    case Role::input: return "input";
-    case Role::param: return "param";
-    case Role::computed: return "computed";
+    case Role::input:
+      return "input";
+    case Role::param:
+      return "param";
+    case Role::computed:
+      return "computed";
   }
   return "?";
 }
@@ -176,9 +191,9 @@ class LineParser {
     const std::size_t start = pos_;
     std::size_t end = pos_;
     if (end < src_.size() && (src_[end] == '-' || src_[end] == '+')) ++end;
-    while (end < src_.size() && (text::is_digit(src_[end]) || src_[end] == '.' || src_[end] == 'e' ||
-                                 src_[end] == 'E' ||
-                                 ((src_[end] == '-' || src_[end] == '+') && (src_[end - 1] == 'e' || src_[end - 1] == 'E')))) {
+    while (end < src_.size() &&
+           (text::is_digit(src_[end]) || src_[end] == '.' || src_[end] == 'e' || src_[end] == 'E' ||
+            ((src_[end] == '-' || src_[end] == '+') && (src_[end - 1] == 'e' || src_[end - 1] == 'E')))) {
       ++end;
     }
     const std::string digits(src_.substr(start, end - start));
@@ -289,7 +304,10 @@ class LineParser {
     } else if (f == "split" || f == "merge" || f == "rename") {
       e.op.kind = f == "split" ? OpKind::split : f == "merge" ? OpKind::merge : OpKind::rename;
       e.args.push_back(expression());
-      expect(',', "before the letters, e.g. " + f + (f == "split" ? "(qd, D -> H A)" : f == "merge" ? "(q, H A -> D)" : "(k, T -> S)"));
+      expect(',', "before the letters, e.g. " + f +
+                      (f == "split"   ? "(qd, D -> H A)"
+                       : f == "merge" ? "(q, H A -> D)"
+                                      : "(k, T -> S)"));
       e.op.from = letter_run();
       skip_space();
       if (!peek("->")) fail("expected '->' between the letters before and after, found " + found(), pos_);
@@ -377,8 +395,9 @@ void check_characters(std::string_view file, int number, std::string_view line) 
   for (std::size_t i = 0; i < line.size(); ++i) {
     const unsigned char c = static_cast<unsigned char>(line[i]);
     const std::size_t n = c >= 0x80 ? text::utf8_length(line, i) : 1;
-    const char* why = c >= 0x80 ? (n == 0 ? " is not UTF-8 text" : nullptr)
-                                : ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f ? " is a control character" : nullptr);
+    const char* why = c >= 0x80
+                          ? (n == 0 ? " is not UTF-8 text" : nullptr)
+                          : ((c < 0x20 && c != '\t' && c != '\r') || c == 0x7f ? " is a control character" : nullptr);
     if (why) {
       throw InputError(std::string(file) + ":" + std::to_string(number) + ":" + std::to_string(i + 1) + ": byte " +
                        hex_byte(c) + why + "; a program is a text file (docs/programs.md)");
@@ -433,11 +452,14 @@ class ProgramParser {
     const bool assignment = code.peek('[');
     if (word == "mesh" || word == "dims") {
       if (assignment) code.fail("'" + word + "' is a keyword, not a tensor name", first, word.size());
-      if (blocks.size() > 1) code.fail("'" + word + "' belongs at the top of the program, not inside a repeat block", first, word.size());
+      if (blocks.size() > 1)
+        code.fail("'" + word + "' belongs at the top of the program, not inside a repeat block", first, word.size());
       std::optional<std::string>& slot = word == "mesh" ? program_.mesh : program_.dims;
       if (slot) code.fail("a second '" + word + "' line; a program has one", first, word.size());
       slot = code.rest(code.pos(), end);
-      if (slot->empty()) code.fail("'" + word + "' needs its entries, e.g. " + (word == "mesh" ? "mesh X=4, Y=2" : "dims B=8, D=1024"), code.pos());
+      if (slot->empty())
+        code.fail("'" + word + "' needs its entries, e.g. " + (word == "mesh" ? "mesh X=4, Y=2" : "dims B=8, D=1024"),
+                  code.pos());
       (word == "mesh" ? program_.mesh_where : program_.dims_where) = code.at(code.pos());
       // Entries may be separated by ", " as in the examples; the mesh and dims
       // parsers take "X=4,Y=2".
@@ -492,7 +514,8 @@ class ProgramParser {
       if (code.peek('=') || code.peek('(')) {
         code.fail("'" + word + "' needs its letters: NAME[L1, L2] = ..., e.g. u[B, F] = x @ w", code.pos());
       }
-      code.fail("unknown statement '" + word + "'; a line is mesh, dims, input, param, loss, repeat N {, } or NAME[...] = ...",
+      code.fail("unknown statement '" + word +
+                    "'; a line is mesh, dims, input, param, loss, repeat N {, } or NAME[...] = ...",
                 first, word.size());
     }
     check_tensor_name(code, s.name, s.where);
@@ -509,15 +532,18 @@ class ProgramParser {
     if (s.role == Role::param && body.peek_name()) {
       const std::size_t at = body.pos();
       if (body.name("'regathered'") != "regathered") {
-        body.fail("after a param's letters: 'regathered' (FSDP: its gathered copy is dropped after the forward pass and "
-                  "gathered again for backward) or ':' and its pinned spec", at, body.pos() - at);
+        body.fail(
+            "after a param's letters: 'regathered' (FSDP: its gathered copy is dropped after the forward pass and "
+            "gathered again for backward) or ':' and its pinned spec",
+            at, body.pos() - at);
       }
       s.regathered = true;
     }
     if (!body.at_end()) {
-      body.fail("unexpected " + body.found() +
-                    (s.role == Role::computed ? " after the expression" : "; a pinned spec follows ':', e.g. : w[D, F_X]"),
-                body.pos());
+      body.fail(
+          "unexpected " + body.found() +
+              (s.role == Role::computed ? " after the expression" : "; a pinned spec follows ':', e.g. : w[D, F_X]"),
+          body.pos());
     }
     if (colon != std::string_view::npos) {
       s.spec = code.rest(colon + 1, end);
@@ -567,7 +593,10 @@ std::string format_expr(const Expr& e) {
   if (e.is_reference()) return e.tensor;
   const Op& op = e.op;
   if (op.kind == OpKind::binary || op.kind == OpKind::einsum) {
-    const char* sym = op.kind == OpKind::einsum ? " @ " : op.function == "add" ? " + " : op.function == "sub" ? " - " : " * ";
+    const char* sym = op.kind == OpKind::einsum ? " @ "
+                      : op.function == "add"    ? " + "
+                      : op.function == "sub"    ? " - "
+                                                : " * ";
     const int mine = precedence(e);
     std::string l = format_expr(e.args[0]), r = format_expr(e.args[1]);
     if (precedence(e.args[0]) < mine) l = "(" + l + ")";
@@ -580,13 +609,22 @@ std::string format_expr(const Expr& e) {
     case OpKind::normalize:
       if (!op.over.empty()) out += ", over=" + op.over;
       break;
-    case OpKind::scale: out += ", " + format_number(op.constant); break;
+    case OpKind::scale:
+      out += ", " + format_number(op.constant);
+      break;
     case OpKind::split:
     case OpKind::merge:
-    case OpKind::rename: out += ", " + join(op.from, " ") + " -> " + join(op.to, " "); break;
-    case OpKind::causal_mask: out += ", " + op.from[0] + ", " + op.to[0]; break;
-    case OpKind::route: out += ", over=" + op.over + ", tokens=" + op.from[0] + ", top=" + std::to_string(op.top); break;
-    default: break;
+    case OpKind::rename:
+      out += ", " + join(op.from, " ") + " -> " + join(op.to, " ");
+      break;
+    case OpKind::causal_mask:
+      out += ", " + op.from[0] + ", " + op.to[0];
+      break;
+    case OpKind::route:
+      out += ", over=" + op.over + ", tokens=" + op.from[0] + ", top=" + std::to_string(op.top);
+      break;
+    default:
+      break;
   }
   return out + ")";
 }
@@ -600,7 +638,9 @@ void format_items(std::ostringstream& os, const std::vector<Item>& items, const 
         format_items(os, item.body, indent + "  ");
         os << indent << "}\n";
         break;
-      case Item::Kind::loss: os << indent << "loss " << format_expr(s.expr) << "\n"; break;
+      case Item::Kind::loss:
+        os << indent << "loss " << format_expr(s.expr) << "\n";
+        break;
       case Item::Kind::statement:
         os << indent;
         if (s.role != Role::computed) os << to_string(s.role) << " ";

@@ -96,9 +96,10 @@ struct BenchTimer {
     }
     std::vector<double> times;
     for (int t = 0; t < trials; ++t) {
-      times.push_back(group_span_s(comm, [&] {
-                        for (int i = 0; i < calls; ++i) op();
-                      }) /
+      times.push_back(group_span_s(comm,
+                                   [&] {
+                                     for (int i = 0; i < calls; ++i) op();
+                                   }) /
                       calls);
     }
     const auto [fastest, slowest] = std::minmax_element(times.begin(), times.end());

@@ -13,20 +13,19 @@ namespace {
 
 CBLAS_TRANSPOSE op(bool trans) { return trans ? CblasTrans : CblasNoTrans; }
 
-void cblas_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda,
-                const float* b, int ldb, float beta, float* c, int ldc) {
+void cblas_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                float beta, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, op(ta), op(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
-void cblas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda,
-                const double* b, int ldb, double beta, double* c, int ldc) {
+void cblas_gemm(bool ta, bool tb, int m, int n, int k, double alpha, const double* a, int lda, const double* b, int ldb,
+                double beta, double* c, int ldc) {
   cblas_dgemm(CblasRowMajor, op(ta), op(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void check_ld(const char* name, std::int64_t ld, std::int64_t row) {
   if (ld < std::max<std::int64_t>(1, row)) {
-    throw UsageError("gemm: " + std::string(name) + " = " + std::to_string(ld) +
-                     " is shorter than a stored row of " + std::to_string(row) +
-                     " elements: a leading dimension must be >= max(1, row length)");
+    throw UsageError("gemm: " + std::string(name) + " = " + std::to_string(ld) + " is shorter than a stored row of " +
+                     std::to_string(row) + " elements: a leading dimension must be >= max(1, row length)");
   }
 }
 
@@ -35,9 +34,8 @@ void check_ld(const char* name, std::int64_t ld, std::int64_t row) {
 namespace detail {
 
 template <class T>
-void gemm_split(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-                std::int64_t ldc, std::int64_t limit) {
+void gemm_split(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc, std::int64_t limit) {
   if (m < 0 || n < 0 || k < 0) {
     throw UsageError("gemm: negative size m=" + std::to_string(m) + " n=" + std::to_string(n) +
                      " k=" + std::to_string(k) + ": sizes must be >= 0");
@@ -78,33 +76,29 @@ void gemm_split(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std:
         const std::int64_t kp = std::min(kstep, k - p0);
         const T* ap = a + (trans_a ? p0 * lda + i0 : i0 * lda + p0);
         const T* bp = b + (trans_b ? j0 * ldb + p0 : p0 * ldb + j0);
-        cblas_gemm(trans_a, trans_b, static_cast<int>(mp), static_cast<int>(np),
-                   static_cast<int>(kp), alpha, ap, fit(lda, trans_a ? mp : kp), bp,
-                   fit(ldb, trans_b ? kp : np), p0 == 0 ? beta : T(1), c + i0 * ldc + j0,
-                   fit(ldc, np));
+        cblas_gemm(trans_a, trans_b, static_cast<int>(mp), static_cast<int>(np), static_cast<int>(kp), alpha, ap,
+                   fit(lda, trans_a ? mp : kp), bp, fit(ldb, trans_b ? kp : np), p0 == 0 ? beta : T(1),
+                   c + i0 * ldc + j0, fit(ldc, np));
       }
     }
   }
 }
 
-template void gemm_split<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float,
-                                const float*, std::int64_t, const float*, std::int64_t, float,
-                                float*, std::int64_t, std::int64_t);
-template void gemm_split<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double,
-                                 const double*, std::int64_t, const double*, std::int64_t, double,
-                                 double*, std::int64_t, std::int64_t);
+template void gemm_split<float>(bool, bool, std::int64_t, std::int64_t, std::int64_t, float, const float*, std::int64_t,
+                                const float*, std::int64_t, float, float*, std::int64_t, std::int64_t);
+template void gemm_split<double>(bool, bool, std::int64_t, std::int64_t, std::int64_t, double, const double*,
+                                 std::int64_t, const double*, std::int64_t, double, double*, std::int64_t,
+                                 std::int64_t);
 
 }  // namespace detail
 
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-          std::int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   detail::gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, INT_MAX);
 }
 
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
-          const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
-          double* c, std::int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* a,
+          std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c, std::int64_t ldc) {
   detail::gemm_split(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, INT_MAX);
 }
 

@@ -103,9 +103,8 @@ void build_profile(const CalibrateOptions& o, Calibration cal, HardwareProfile& 
   const CollectiveFit* widest = nullptr;
   for (const CollectiveFit& f : cal.collectives) {
     // The widest group's fit of the largest sizes: the bandwidth bulk transfers get.
-    if (f.op == OpKind::all_gather &&
-        (!widest || f.group_size > widest->group_size ||
-         (f.group_size == widest->group_size && f.min_bytes > widest->min_bytes))) {
+    if (f.op == OpKind::all_gather && (!widest || f.group_size > widest->group_size ||
+                                       (f.group_size == widest->group_size && f.min_bytes > widest->min_bytes))) {
       widest = &f;
     }
   }
@@ -129,10 +128,14 @@ struct RingProbe {
 };
 
 std::vector<RingProbe> ring_probes(const std::string& x) {
-  return {{OpKind::all_gather_einsum, {OpKind::all_gather, OpKind::einsum},
-           "A[I_" + x + ", J] @ B[J, K_" + x + "] -> C[I_" + x + ", K]", "I"},
-          {OpKind::einsum_reduce_scatter, {OpKind::einsum, OpKind::reduce_scatter},
-           "A[I, J_" + x + "] @ B[J_" + x + ", K] -> C[I_" + x + ", K]", "J"}};
+  return {{OpKind::all_gather_einsum,
+           {OpKind::all_gather, OpKind::einsum},
+           "A[I_" + x + ", J] @ B[J, K_" + x + "] -> C[I_" + x + ", K]",
+           "I"},
+          {OpKind::einsum_reduce_scatter,
+           {OpKind::einsum, OpKind::reduce_scatter},
+           "A[I, J_" + x + "] @ B[J_" + x + ", K] -> C[I_" + x + ", K]",
+           "J"}};
 }
 
 // find_candidate, which the probes' fixed contractions always have.
@@ -166,7 +169,8 @@ void fit_overlap(const Mesh& mesh, const Contraction& c, const RingProbe& probe,
   const auto ratio = [&](double share) {
     overlap = share;
     const MatmulPlanning p = plan_matmul(mesh, c, sample.sizes, opt);
-    return candidate_with(p, {probe.ring}, bidirectional).total_time_s / candidate_with(p, probe.serialized).total_time_s;
+    return candidate_with(p, {probe.ring}, bidirectional).total_time_s /
+           candidate_with(p, probe.serialized).total_time_s;
   };
   const double measured = sample.ring_s / sample.serialized_s;
   sample.predicted_hidden = ratio(1);
@@ -198,7 +202,8 @@ void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResu
     const Contraction c = parse_contraction(probe.expression, o.mesh);
     DimSizes sizes = {{"I", base}, {"J", base}, {"K", base}};
     if (result.is_root) grow_until_compute_bound(o.mesh, c, probe, calibrated, sizes);
-    sizes[probe.grown] = static_cast<std::int64_t>(detail::from_root(o.backend, o.mesh, static_cast<double>(sizes[probe.grown])));
+    sizes[probe.grown] =
+        static_cast<std::int64_t>(detail::from_root(o.backend, o.mesh, static_cast<double>(sizes[probe.grown])));
     if (result.is_root && o.progress) {
       o.progress(std::string("collective matmul ") + to_string(probe.ring) + " " + probe.expression);
     }

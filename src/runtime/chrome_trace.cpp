@@ -51,11 +51,15 @@ void write_chrome_trace(std::ostream& out, const std::vector<ChromeTraceEvent>& 
   std::set<int> pids;
   for (const ChromeTraceEvent& e : events) pids.insert(e.pid);
   for (int pid : pids) {
-    list.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
+    list.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", pid},
+                    {"tid", 0},
                     {"args", {{"name", "rank " + std::to_string(pid)}}}});
-    list.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", 0},
-                    {"args", {{"sort_index", pid}}}});
-    for (const auto& [tid, lane] : {std::pair{kComputeLane, "compute"}, std::pair{kCommunicationLane, "communication"}}) {
+    list.push_back(
+        {{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid}, {"tid", 0}, {"args", {{"sort_index", pid}}}});
+    for (const auto& [tid, lane] :
+         {std::pair{kComputeLane, "compute"}, std::pair{kCommunicationLane, "communication"}}) {
       list.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", pid}, {"tid", tid}, {"args", {{"name", lane}}}});
     }
   }

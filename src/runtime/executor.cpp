@@ -96,14 +96,14 @@ void complete(Request& r) {
 // What one step needs on this rank, worked out once when the executor is built.
 struct StepState {
   DistTensor out;
-  Buffer send, recv;                 // staging, when the data is not contiguous in place
-  Counts counts, recv_counts;        // per group member, in elements
-  std::vector<Range> pieces;         // per member: its range along the step's dimension(s), relative to my block
-  std::vector<Range> recv_pieces;    // all_to_all: the members' ranges along the source dim
+  Buffer send, recv;               // staging, when the data is not contiguous in place
+  Counts counts, recv_counts;      // per group member, in elements
+  std::vector<Range> pieces;       // per member: its range along the step's dimension(s), relative to my block
+  std::vector<Range> recv_pieces;  // all_to_all: the members' ranges along the source dim
   std::vector<std::vector<Range>> send_boxes, recv_boxes;  // exchange: per member, in my blocks
-  Range mine;                        // slice: my range relative to my block
-  bool packs = false, unpacks = false;  // through the staging buffers (else in place)
-  bool keeps = false;                // to_partial: this device keeps the value
+  Range mine;                                              // slice: my range relative to my block
+  bool packs = false, unpacks = false;                     // through the staging buffers (else in place)
+  bool keeps = false;                                      // to_partial: this device keeps the value
   std::unique_ptr<LocalEinsum> einsum;
   // Collective matmuls: the ring, its buffers, and the einsum of one chunk by D's extent.
   std::unique_ptr<RingGeometry> ring;
@@ -336,7 +336,8 @@ struct Executor::Impl {
           std::memcpy(out, src, static_cast<std::size_t>(in.buffer().bytes()));
         } else {
           std::memset(out, 0, static_cast<std::size_t>(st.out.buffer().bytes()));
-          if (step.dim >= 0) copy_box(src, in_local, zeros(rank), out, out_local, at_dim(rank, step.dim, st.mine.offset), in_local);
+          if (step.dim >= 0)
+            copy_box(src, in_local, zeros(rank), out, out_local, at_dim(rank, step.dim, st.mine.offset), in_local);
         }
         break;
       case OpKind::einsum:
@@ -501,7 +502,8 @@ struct Executor::Impl {
       arriving.clear();
       sent.clear();
       if (s + 1 <= from_left) pass(member(me_g - s - 1), member(me_g - s), prev, next, kRingTags[0], from_left - s - 1);
-      if (s + 1 <= from_right) pass(member(me_g + s + 1), member(me_g + s), next, prev, kRingTags[1], from_right - s - 1);
+      if (s + 1 <= from_right)
+        pass(member(me_g + s + 1), member(me_g + s), next, prev, kRingTags[1], from_right - s - 1);
       if (s == 0) {
         multiply(g.me);
       } else {
@@ -590,8 +592,8 @@ struct Executor::Impl {
     for (std::int64_t s = 0; s <= last; ++s) {
       for (int w = 0; w < ways; ++w) {  // the running sums for the next step
         if (s + 1 <= last && s + 1 > first[w]) {
-          receiving[w][(s + 1) % 2] = comm.irecv_lent(st.incoming[w][(s + 1) % 2].as<T>(),
-                                                      block_bytes(block(w, s + 1)), from[w], kRingTags[w]);
+          receiving[w][(s + 1) % 2] =
+              comm.irecv_lent(st.incoming[w][(s + 1) % 2].as<T>(), block_bytes(block(w, s + 1)), from[w], kRingTags[w]);
         }
       }
       if (s == last) {
@@ -644,10 +646,9 @@ struct Executor::Impl {
 
   void check_input(const DistTensor& t, const Spec& expected, const char* which) const {
     if (!(t.spec() == expected) || t.dtype() != dtype || t.device() != me) {
-      throw UsageError(std::string("the plan starts from ") + which + " = " + format_spec(expected, mesh) +
-                       " in " + to_string(dtype) + " on device " + std::to_string(me) + "; got " +
-                       format_spec(t.spec(), mesh) + " in " + to_string(t.dtype()) + " on device " +
-                       std::to_string(t.device()));
+      throw UsageError(std::string("the plan starts from ") + which + " = " + format_spec(expected, mesh) + " in " +
+                       to_string(dtype) + " on device " + std::to_string(me) + "; got " + format_spec(t.spec(), mesh) +
+                       " in " + to_string(t.dtype()) + " on device " + std::to_string(t.device()));
     }
   }
 

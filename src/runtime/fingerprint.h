@@ -23,11 +23,16 @@ enum class CollectiveOp : std::int64_t { all_gather, reduce_scatter, all_reduce,
 
 inline const char* op_name(CollectiveOp op) {
   switch (op) {
-    case CollectiveOp::all_gather: return "all_gather";
-    case CollectiveOp::reduce_scatter: return "reduce_scatter";
-    case CollectiveOp::all_reduce: return "all_reduce";
-    case CollectiveOp::all_to_all: return "all_to_all";
-    case CollectiveOp::barrier: return "barrier";
+    case CollectiveOp::all_gather:
+      return "all_gather";
+    case CollectiveOp::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveOp::all_reduce:
+      return "all_reduce";
+    case CollectiveOp::all_to_all:
+      return "all_to_all";
+    case CollectiveOp::barrier:
+      return "barrier";
   }
   return "?";
 }
@@ -37,8 +42,8 @@ struct Fingerprint {
   CollectiveOp op = CollectiveOp::barrier;
   AxisList axes;
   DType dtype = DType::f32;
-  Counts counts;       // all_gather, reduce_scatter: per member; all_reduce: {count}; all_to_all: sent
-  Counts recv_counts;  // all_to_all: received
+  Counts counts;                    // all_gather, reduce_scatter: per member; all_reduce: {count}; all_to_all: sent
+  Counts recv_counts;               // all_to_all: received
   ReduceOp reduce = ReduceOp::sum;  // all_reduce
 };
 
@@ -77,7 +82,9 @@ inline std::string describe(const Mesh& mesh, const Fingerprint& fp, bool with_a
   const std::string dtype = to_string(fp.dtype);
   switch (fp.op) {
     case CollectiveOp::all_gather:
-    case CollectiveOp::reduce_scatter: out += "(" + dtype + ", counts " + list(fp.counts) + ")"; break;
+    case CollectiveOp::reduce_scatter:
+      out += "(" + dtype + ", counts " + list(fp.counts) + ")";
+      break;
     case CollectiveOp::all_reduce:
       out += "(" + (fp.reduce == ReduceOp::sum ? "" : std::string(to_string(fp.reduce)) + ", ") + dtype + ", " +
              elements(fp.counts.at(0)) + ")";
@@ -85,7 +92,9 @@ inline std::string describe(const Mesh& mesh, const Fingerprint& fp, bool with_a
     case CollectiveOp::all_to_all:
       out += "(" + dtype + ", send " + list(fp.counts) + ", recv " + list(fp.recv_counts) + ")";
       break;
-    case CollectiveOp::barrier: out += "()"; break;
+    case CollectiveOp::barrier:
+      out += "()";
+      break;
   }
   if (with_axes) out += " over " + axes_label(mesh, fp.axes);
   return out;

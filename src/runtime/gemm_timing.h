@@ -14,7 +14,8 @@ namespace shardmm::detail {
 
 template <typename T>
 double gemm_seconds(const BenchTimer& timer, std::int64_t m, std::int64_t n, std::int64_t k) {
-  std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)), c(static_cast<std::size_t>(m * n));
+  std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+      c(static_cast<std::size_t>(m * n));
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<T>(static_cast<double>(i % 7) / 7 - 0.5);
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<T>(static_cast<double>(i % 5) / 5 - 0.5);
   return timer.per_call([&] { blas::gemm(false, false, m, n, k, T(1), a.data(), k, b.data(), n, T(0), c.data(), n); });

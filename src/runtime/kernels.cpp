@@ -53,22 +53,19 @@ void walk(const Shape& extents, const std::array<Shape, N>& strides, F&& f) {
 // elements, the innermost dimension merged with every trailing one that the box covers
 // whole in both arrays.
 template <class T, class Run>
-void walk_box(const char* what, const T* src, const Shape& src_shape, const Shape& src_offset,
-              T* dst, const Shape& dst_shape, const Shape& dst_offset, const Shape& extent,
-              Run run) {
+void walk_box(const char* what, const T* src, const Shape& src_shape, const Shape& src_offset, T* dst,
+              const Shape& dst_shape, const Shape& dst_offset, const Shape& extent, Run run) {
   const std::size_t rank = extent.size();
-  if (src_shape.size() != rank || src_offset.size() != rank || dst_shape.size() != rank ||
-      dst_offset.size() != rank) {
-    throw UsageError(std::string(what) + ": ranks differ (src shape " + show(src_shape) +
-                     ", src offset " + show(src_offset) + ", dst shape " + show(dst_shape) +
-                     ", dst offset " + show(dst_offset) + ", extent " + show(extent) +
-                     "): all must have the same rank");
+  if (src_shape.size() != rank || src_offset.size() != rank || dst_shape.size() != rank || dst_offset.size() != rank) {
+    throw UsageError(std::string(what) + ": ranks differ (src shape " + show(src_shape) + ", src offset " +
+                     show(src_offset) + ", dst shape " + show(dst_shape) + ", dst offset " + show(dst_offset) +
+                     ", extent " + show(extent) + "): all must have the same rank");
   }
   auto check = [&](const char* side, const Shape& shape, const Shape& offset) {
     for (std::size_t d = 0; d < rank; ++d) {
       if (shape[d] < 0 || extent[d] < 0 || offset[d] < 0 || offset[d] > shape[d] - extent[d]) {
-        throw UsageError(std::string(what) + ": box of extent " + show(extent) + " at offset " +
-                         show(offset) + " does not fit in " + side + " shape " + show(shape) +
+        throw UsageError(std::string(what) + ": box of extent " + show(extent) + " at offset " + show(offset) +
+                         " does not fit in " + side + " shape " + show(shape) +
                          ": need 0 <= offset and offset + extent <= shape in every dimension");
       }
     }
@@ -94,8 +91,9 @@ void walk_box(const char* what, const T* src, const Shape& src_shape, const Shap
     if (extent[inner] != src_shape[inner] || extent[inner] != dst_shape[inner]) break;
   }
   const Shape outer(extent.begin(), extent.begin() + static_cast<std::ptrdiff_t>(inner));
-  walk<2>(outer, {Shape(src_strides.begin(), src_strides.begin() + static_cast<std::ptrdiff_t>(inner)),
-                  Shape(dst_strides.begin(), dst_strides.begin() + static_cast<std::ptrdiff_t>(inner))},
+  walk<2>(outer,
+          {Shape(src_strides.begin(), src_strides.begin() + static_cast<std::ptrdiff_t>(inner)),
+           Shape(dst_strides.begin(), dst_strides.begin() + static_cast<std::ptrdiff_t>(inner))},
           [&](const std::array<std::int64_t, 2>& off) {
             run(src + src_base + off[0], dst + dst_base + off[1], run_length);
           });
@@ -138,11 +136,9 @@ void rearrange(const T* src, const Shape& shape, const Shape& src_strides, const
   const Shape dst_strides = row_major_strides(ext);
   const std::size_t last = ext.size() - 1;
   if (sst[last] == 1) {  // dst's rows are src runs
-    walk<2>(Shape(ext.begin(), ext.end() - 1), {Shape(sst.begin(), sst.end() - 1),
-                                                Shape(dst_strides.begin(), dst_strides.end() - 1)},
-            [&](const std::array<std::int64_t, 2>& off) {
-              store<Add>(dst + off[1], src + off[0], ext[last]);
-            });
+    walk<2>(Shape(ext.begin(), ext.end() - 1),
+            {Shape(sst.begin(), sst.end() - 1), Shape(dst_strides.begin(), dst_strides.end() - 1)},
+            [&](const std::array<std::int64_t, 2>& off) { store<Add>(dst + off[1], src + off[0], ext[last]); });
     return;
   }
   const std::size_t q = static_cast<std::size_t>(std::find(sst.begin(), sst.end(), 1) - sst.begin());
@@ -186,15 +182,15 @@ void rearrange(const T* src, const Shape& shape, const Shape& src_strides, const
 }  // namespace
 
 template <class T>
-void copy_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst,
-              const Shape& dst_shape, const Shape& dst_offset, const Shape& extent) {
+void copy_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst, const Shape& dst_shape,
+              const Shape& dst_offset, const Shape& extent) {
   walk_box("copy_box", src, src_shape, src_offset, dst, dst_shape, dst_offset, extent,
            [](const T* s, T* d, std::int64_t n) { store<false>(d, s, n); });
 }
 
 template <class T>
-void add_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst,
-             const Shape& dst_shape, const Shape& dst_offset, const Shape& extent) {
+void add_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst, const Shape& dst_shape,
+             const Shape& dst_offset, const Shape& extent) {
   walk_box("add_box", src, src_shape, src_offset, dst, dst_shape, dst_offset, extent,
            [](const T* s, T* d, std::int64_t n) { store<true>(d, s, n); });
 }
@@ -210,10 +206,9 @@ void permute(const T* src, const Shape& shape, const std::vector<int>& perm, T* 
   }
   if (!valid) {
     Shape p(perm.begin(), perm.end());
-    throw UsageError("permute: " + show(p) + " is not a permutation of the " +
-                     std::to_string(rank) + " dimensions of shape " + show(shape) +
-                     ": each of 0.." + std::to_string(static_cast<long>(rank) - 1) +
-                     " must appear exactly once");
+    throw UsageError("permute: " + show(p) + " is not a permutation of the " + std::to_string(rank) +
+                     " dimensions of shape " + show(shape) + ": each of 0.." +
+                     std::to_string(static_cast<long>(rank) - 1) + " must appear exactly once");
   }
   for (std::int64_t e : shape) {
     if (e < 0) throw UsageError("permute: negative extent in shape " + show(shape));
@@ -221,11 +216,9 @@ void permute(const T* src, const Shape& shape, const std::vector<int>& perm, T* 
   rearrange<false>(src, shape, row_major_strides(shape), perm, dst);
 }
 
-#define SHARDMM_INSTANTIATE(T)                                                                 \
-  template void copy_box<T>(const T*, const Shape&, const Shape&, T*, const Shape&, const Shape&, \
-                            const Shape&);                                                     \
-  template void add_box<T>(const T*, const Shape&, const Shape&, T*, const Shape&, const Shape&,  \
-                           const Shape&);                                                      \
+#define SHARDMM_INSTANTIATE(T)                                                                                   \
+  template void copy_box<T>(const T*, const Shape&, const Shape&, T*, const Shape&, const Shape&, const Shape&); \
+  template void add_box<T>(const T*, const Shape&, const Shape&, T*, const Shape&, const Shape&, const Shape&);  \
   template void permute<T>(const T*, const Shape&, const std::vector<int>&, T*);
 SHARDMM_INSTANTIATE(float)
 SHARDMM_INSTANTIATE(double)
@@ -236,7 +229,7 @@ SHARDMM_INSTANTIATE(double)
 
 struct LocalEinsum::Impl : EinsumPlan {
   struct Free {
-    void operator()(std::byte* p) const { ::operator delete(p, std::align_val_t{64}); }
+    void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{64}); }
   };
   std::unique_ptr<std::byte, Free> workspace;
 
@@ -264,17 +257,16 @@ struct LocalEinsum::Impl : EinsumPlan {
   const T* prepare(const Operand& op, const T* in, T* ws) const;
 };
 
-LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t> extents,
-                         DType dtype, const OperandBuffers& buffers)
+LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t> extents, DType dtype,
+                         const OperandBuffers& buffers)
     : impl_(std::make_unique<Impl>(Impl::plan(std::move(layout), extents, dtype, buffers))) {
   if (impl_->workspace_bytes > 0) {
     impl_->workspace.reset(static_cast<std::byte*>(
-        ::operator new(static_cast<std::size_t>(impl_->workspace_bytes), std::align_val_t{64})));
+        ::operator new (static_cast<std::size_t>(impl_->workspace_bytes), std::align_val_t{64})));
   }
 }
 
-std::int64_t LocalEinsum::workspace_bytes_for(EinsumLayout layout,
-                                              const std::map<std::string, std::int64_t>& extents,
+std::int64_t LocalEinsum::workspace_bytes_for(EinsumLayout layout, const std::map<std::string, std::int64_t>& extents,
                                               DType dtype, const OperandBuffers& buffers) {
   return Impl::plan(std::move(layout), extents, dtype, buffers).workspace_bytes;
 }
@@ -333,11 +325,11 @@ void LocalEinsum::Impl::run(const T* a_in, const T* b_in, T* c_out, bool accumul
   walk<3>(batch_extents, {a.batch_strides, b.batch_strides, c.batch_strides},
           [&](const std::array<std::int64_t, 3>& off) {
             if (swap) {
-              blas::gemm(!b.view.trans, !a.view.trans, n, m, k, T(1), pb + off[1], b.view.ld,
-                         pa + off[0], a.view.ld, beta, pc + off[2], c.view.ld);
+              blas::gemm(!b.view.trans, !a.view.trans, n, m, k, T(1), pb + off[1], b.view.ld, pa + off[0], a.view.ld,
+                         beta, pc + off[2], c.view.ld);
             } else {
-              blas::gemm(a.view.trans, b.view.trans, m, n, k, T(1), pa + off[0], a.view.ld,
-                         pb + off[1], b.view.ld, beta, pc + off[2], c.view.ld);
+              blas::gemm(a.view.trans, b.view.trans, m, n, k, T(1), pa + off[0], a.view.ld, pb + off[1], b.view.ld,
+                         beta, pc + off[2], c.view.ld);
             }
           });
   if (!c.copied) return;

@@ -33,9 +33,11 @@ template <class T>
 std::vector<double> gemm_times(std::int64_t m, std::int64_t n, std::int64_t k, int threads, int warmup, int repeat) {
   // Values in [-1, 1): no denormals or infinities that would time differently.
   const auto fill = [](std::vector<T>& v, int salt) {
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(static_cast<double>((i * 7919 + salt) % 2001) / 1000.0 - 1.0);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = static_cast<T>(static_cast<double>((i * 7919 + salt) % 2001) / 1000.0 - 1.0);
   };
-  std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)), c(static_cast<std::size_t>(m * n));
+  std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+      c(static_cast<std::size_t>(m * n));
   fill(a, 1);
   fill(b, 2);
   const int saved = blas::threads();
@@ -63,7 +65,8 @@ std::vector<double> reference_times(const MatmulBenchOptions& o, const MatmulBen
   // the GEMMs will take (from one timed GEMM, with a margin), and only then wait for it.
   std::vector<double> t;
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
-    const double expected_s = detail::rank0_value(comm, comm.rank() == 0 ? time(0, 1).front() * (o.warmup + o.repeat) : 0);
+    const double expected_s =
+        detail::rank0_value(comm, comm.rank() == 0 ? time(0, 1).front() * (o.warmup + o.repeat) : 0);
     if (comm.rank() == 0) {
       t = time(o.warmup, o.repeat);
     } else {
@@ -95,7 +98,8 @@ double yardstick_rate(const MatmulBenchOptions& o, const GemmRate& g) {
   run_backend(o.backend, o.mesh, [&](Communicator& comm) {
     const detail::BenchTimer timer{comm, 0, kSpeedCheckTrials};
     const double t = detail::gemm_seconds(timer, g.dtype, g.m, g.n, g.k);
-    if (comm.rank() == 0) rate = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) / t;
+    if (comm.rank() == 0)
+      rate = 2.0 * static_cast<double>(g.m) * static_cast<double>(g.n) * static_cast<double>(g.k) / t;
   });
   return rate;
 }
@@ -120,7 +124,8 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
   if (std::all_of(dims.begin(), dims.end(), [&](const std::string& d) { return o.fixed.count(d) > 0; })) {
     throw InputError("every dimension (" + join_names(dims) +
                      ") already has a fixed size, so the swept sizes would set none; leave at least one out of the "
-                     "fixed sizes (" + field("dims") + ")");
+                     "fixed sizes (" +
+                     field("dims") + ")");
   }
 
   MatmulBenchReport report;
@@ -177,7 +182,8 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
     // The chosen candidate against the fastest measured one, if that is another: both again,
     // in turn (which goes first alternates), for as many rounds, neither verified again. Every
     // process takes the same decision: under mpirun the times are rank 0's, so it is broadcast.
-    const auto runoff = [&](const MatmulBenchPoint& point, const MatmulPlanning& planning) -> std::optional<MatmulBenchRunoff> {
+    const auto runoff = [&](const MatmulBenchPoint& point,
+                            const MatmulPlanning& planning) -> std::optional<MatmulBenchRunoff> {
       const int rival =
           static_cast<int>(detail::from_root(o.backend, o.mesh, report.is_root ? fastest_run(point).candidate : -1));
       if (rival == point.chosen) return std::nullopt;

@@ -36,8 +36,7 @@ struct PlainStore {
 // address aligned to Store::alignment bytes: the first elements up to that alignment and
 // the tail are summed one at a time.
 template <class T, class Store>
-inline void sum_blocks(const void* const* sources, std::size_t n, std::int64_t count,
-                                              void* out) {
+inline void sum_blocks(const void* const* sources, std::size_t n, std::int64_t count, void* out) {
   constexpr std::int64_t block = 256 / sizeof(T);
   const auto one = [&](std::int64_t i) {
     T acc = static_cast<const T*>(sources[0])[i];
@@ -122,14 +121,14 @@ template <class T>
 // Non-temporal stores are weakly ordered: the fence makes them visible before the caller's
 // synchronization tells the peers that the output is ready.
 template <class T>
-[[gnu::target("avx2"), gnu::flatten]] void sum_avx2_streamed(const void* const* sources, std::size_t n, std::int64_t count,
-                                                             void* out) {
+[[gnu::target("avx2"), gnu::flatten]] void sum_avx2_streamed(const void* const* sources, std::size_t n,
+                                                             std::int64_t count, void* out) {
   sum_blocks<T, StreamStore256<T>>(sources, n, count, out);
   _mm_sfence();
 }
 template <class T>
-[[gnu::target("avx512f"), gnu::flatten]] void sum_avx512_streamed(const void* const* sources, std::size_t n, std::int64_t count,
-                                                                  void* out) {
+[[gnu::target("avx512f"), gnu::flatten]] void sum_avx512_streamed(const void* const* sources, std::size_t n,
+                                                                  std::int64_t count, void* out) {
   sum_blocks<T, StreamStore512<T>>(sources, n, count, out);
   _mm_sfence();
 }

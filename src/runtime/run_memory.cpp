@@ -89,8 +89,9 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
   if (const auto left = address_space_left(); left && !req.available_bytes) {
     const std::int64_t ranks = threads ? req.mesh.device_count() : 1;
     const bool holds_device0 = threads || process_rank(req.backend) == 0;  // verification's gathering
-    const std::int64_t process = saturating_add(saturating_mul(saturating_add(per_device, kRankAddressSpaceBytes), ranks),
-                                                holds_device0 ? need.verify_bytes : 0);
+    const std::int64_t process =
+        saturating_add(saturating_mul(saturating_add(per_device, kRankAddressSpaceBytes), ranks),
+                       holds_device0 ? need.verify_bytes : 0);
     if (process > *left) {
       throw InputError("the run maps " + format_bytes(process) + " in this process (" + std::to_string(ranks) +
                        (ranks == 1 ? " rank" : " ranks") + " x (" + format_bytes(per_device) + " + " +
@@ -107,8 +108,8 @@ void check_memory(const RunRequest& req, const MemoryNeed& need) {
                       " in this process"
                 : std::to_string(need.devices_sharing) +
                       (need.devices_sharing == 1 ? " process (device)" : " processes (devices)") + " on this node";
-    throw InputError("the run needs " + format_bytes(per_device) + " per device x " + sharing + verifying +
-                     " = " + format_bytes(need.total_bytes) + ", but only " + format_bytes(available) +
+    throw InputError("the run needs " + format_bytes(per_device) + " per device x " + sharing + verifying + " = " +
+                     format_bytes(need.total_bytes) + ", but only " + format_bytes(available) +
                      " is available; use smaller " + field("dims") + " or " +
                      (threads ? "more processes (" + field("backend") + " mpi, across machines)" : "more machines"));
   }
@@ -121,7 +122,8 @@ std::function<void(Communicator&)> allocation_failure_as_input_error(const Memor
       body(comm);
     } catch (const std::bad_alloc&) {
       throw InputError("out of memory on device " + std::to_string(comm.rank()) + " (the run was estimated at " +
-                       format_bytes(need.device_bytes) + " per device); use smaller " + field("dims") + " or more devices");
+                       format_bytes(need.device_bytes) + " per device); use smaller " + field("dims") +
+                       " or more devices");
     }
   };
 }
@@ -155,8 +157,7 @@ MemoryNeed memory_need(const RunRequest& req) {
   std::vector<Spec> inputs{a_spec};
   if (matmul) inputs.push_back(req.contraction->b);
   const BackendCapabilities backend = backend_capabilities(req.backend);
-  need.device_bytes =
-      plan_peak_bytes(mesh, req.plan, inputs, req.sizes, req.dtype, backend.reduces_into_workspace);
+  need.device_bytes = plan_peak_bytes(mesh, req.plan, inputs, req.sizes, req.dtype, backend.reduces_into_workspace);
   if (req.verify) {
     // Every device sends device 0 a copy of its result block (verify.h), which device 0
     // keeps, with the dense reference in f64.
@@ -183,8 +184,9 @@ MemoryNeed memory_need(const RunRequest& req) {
     }
   }
   need.devices_sharing = backend.ranks_in_one_process ? mesh.device_count() : ranks_on_node();
-  need.total_bytes = saturating_add(
-      saturating_mul(saturating_add(need.device_bytes, need.verify_copy_bytes), need.devices_sharing), need.verify_bytes);
+  need.total_bytes =
+      saturating_add(saturating_mul(saturating_add(need.device_bytes, need.verify_copy_bytes), need.devices_sharing),
+                     need.verify_bytes);
   return need;
 }
 
@@ -213,7 +215,8 @@ std::optional<std::int64_t> address_space_left() {
   // /proc/self/statm's first field: the pages mapped now.
   const std::optional<std::int64_t> pages = file_number("/proc/self/statm");
   const std::int64_t mapped = pages ? saturating_mul(*pages, sysconf(_SC_PAGESIZE)) : 0;
-  const auto cap = static_cast<std::int64_t>(std::min<rlim_t>(limit.rlim_cur, std::numeric_limits<std::int64_t>::max()));
+  const auto cap =
+      static_cast<std::int64_t>(std::min<rlim_t>(limit.rlim_cur, std::numeric_limits<std::int64_t>::max()));
   return std::max<std::int64_t>(0, cap - mapped);
 }
 }  // namespace shardmm

@@ -166,7 +166,7 @@ std::vector<double> assemble_global(const Mesh& mesh, const std::vector<const Di
       const DistTensor& ref = *shards.at(static_cast<std::size_t>(twin));
       if (std::memcmp(t.data(), ref.data(), static_cast<std::size_t>(t.buffer().bytes())) != 0) {
         throw ReplicasDisagree("replicas disagree: device " + std::to_string(dev) + " and device " +
-                                 std::to_string(twin) + " should hold the same block of " + spec.tensor);
+                               std::to_string(twin) + " should hold the same block of " + spec.tensor);
       }
       continue;
     }

@@ -86,7 +86,7 @@ struct Slot {
   // them first, and how many of each phase are done. Reset by the round's last arrival (every
   // member has left the previous round by then).
   static constexpr std::size_t kMaxPhases = 2;
-  std::unique_ptr<std::atomic<bool>[]> claimed{new std::atomic<bool>[kMaxPhases * members.size()]};
+  std::unique_ptr<std::atomic<bool>[]> claimed { new std::atomic<bool>[ kMaxPhases * members.size() ] };
   std::atomic<std::size_t> done[kMaxPhases];
 };
 
@@ -102,7 +102,7 @@ struct Transfer {
   const std::byte* src = nullptr;
   std::int64_t src_bytes = -1;  // -1 until a send is posted
   std::byte* dst = nullptr;
-  std::int64_t dst_bytes = -1;  // -1 until a receive is posted
+  std::int64_t dst_bytes = -1;   // -1 until a receive is posted
   std::vector<std::byte> eager;  // a blocking send's copy of its message
   bool is_eager = false;
 };
@@ -167,8 +167,8 @@ class World {
             std::min(options.watchdog, std::chrono::duration<double>(3.2e9)))),
         watchdog_text_(seconds(options.watchdog.count())),
         finished_(new std::atomic<bool>[static_cast<std::size_t>(mesh.device_count())]),
-        shared_cores_(options.shared_cores.value_or(
-            mesh.device_count() > static_cast<std::int64_t>(std::thread::hardware_concurrency()))) {
+        shared_cores_(options.shared_cores.value_or(mesh.device_count() >
+                                                    static_cast<std::int64_t>(std::thread::hardware_concurrency()))) {
     for (std::int64_t r = 0; r < mesh.device_count(); ++r) {
       finished_[static_cast<std::size_t>(r)] = false;
       inboxes_.push_back(std::make_unique<Inbox>());
@@ -316,8 +316,7 @@ class ThreadsCommunicator final : public Communicator {
   std::string backend() const override { return "threads"; }
   BackendCapabilities capabilities() const override { return kThreadsCapabilities; }
 
-  void all_gather(const void* send, void* recv, const Counts& counts, DType dtype,
-                  const AxisList& axes) override {
+  void all_gather(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& axes) override {
     const Group& g = group(axes);
     const std::int64_t eb = element_bytes(dtype);
     check_counts("all_gather", counts, g);
@@ -329,11 +328,11 @@ class ThreadsCommunicator final : public Communicator {
                    const std::size_t m = (me + i) % g.size();
                    copy_bytes(bytes_of(g.entry(me).recv) + off[m] * eb, bytes_of(g.entry(m).send), counts[m] * eb);
                  }
-               }}, off.back() * eb);
+               }},
+               off.back() * eb);
   }
 
-  void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype,
-                      const AxisList& axes) override {
+  void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& axes) override {
     const Group& g = group(axes);
     const std::int64_t eb = element_bytes(dtype);
     check_counts("reduce_scatter", counts, g);
@@ -343,7 +342,8 @@ class ThreadsCommunicator final : public Communicator {
                  std::vector<const void*> sources;
                  for (std::size_t m = 0; m < g.size(); ++m) sources.push_back(bytes_of(g.entry(m).send) + off[me] * eb);
                  detail::sum_in_order(dtype, sources, counts[me], g.entry(me).recv);
-               }}, *std::max_element(counts.begin(), counts.end()) * eb);
+               }},
+               *std::max_element(counts.begin(), counts.end()) * eb);
   }
 
   // Reduce-scatter then all-gather within the members' own buffers: member k reduces chunk k
@@ -381,8 +381,8 @@ class ThreadsCommunicator final : public Communicator {
                {reduce_own_chunk, copy_other_chunks}, count * eb);
   }
 
-  void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
-                  DType dtype, const AxisList& axes) override {
+  void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts, DType dtype,
+                  const AxisList& axes) override {
     const Group& g = group(axes);
     const std::int64_t eb = element_bytes(dtype);
     check_counts("all_to_all (send counts)", send_counts, g);
@@ -391,15 +391,15 @@ class ThreadsCommunicator final : public Communicator {
     const Counts recv_off = offsets(recv_counts, eb);
     if (g.size() == 1) {
       if (send_counts[0] != recv_counts[0]) {
-        throw CollectiveMismatch("collective mismatch in group over " + axes_label(mesh(), axes) +
-                                 " of device " + std::to_string(rank_) + ": in all_to_all(" +
-                                 to_string(dtype) + "), rank " + std::to_string(rank_) + " sends " +
-                                 elements(send_counts[0]) + " to itself but expects " +
-                                 std::to_string(recv_counts[0]));
+        throw CollectiveMismatch("collective mismatch in group over " + axes_label(mesh(), axes) + " of device " +
+                                 std::to_string(rank_) + ": in all_to_all(" + to_string(dtype) + "), rank " +
+                                 std::to_string(rank_) + " sends " + elements(send_counts[0]) +
+                                 " to itself but expects " + std::to_string(recv_counts[0]));
       }
       return copy_bytes(bytes_of(recv), bytes_of(send), send_counts[0] * eb);
     }
-    collective(g, {{CollectiveOp::all_to_all, axes, dtype, send_counts, recv_counts}, send, recv}, {[&](std::size_t me) {
+    collective(g, {{CollectiveOp::all_to_all, axes, dtype, send_counts, recv_counts}, send, recv},
+               {[&](std::size_t me) {
                  // Member me's own receive counts: the fingerprints agreed, so they are what its
                  // peers send it.
                  const Counts my_off = offsets(g.entry(me).fp.recv_counts, eb);
@@ -411,7 +411,8 @@ class ThreadsCommunicator final : public Communicator {
                    copy_bytes(bytes_of(g.entry(me).recv) + my_off[m] * eb, bytes_of(g.entry(m).send) + at * eb,
                               theirs[me] * eb);
                  }
-               }}, recv_off.back() * eb);
+               }},
+               recv_off.back() * eb);
   }
 
   // A blocking send copies its message out (into the receive when one is posted, else into
@@ -646,8 +647,12 @@ class ThreadsCommunicator final : public Communicator {
         t.state = Transfer::State::cancelled;
         break;
       }
-      case Transfer::State::queued: t.state = Transfer::State::cancelled; break;
-      case Transfer::State::copying: in.cv.wait(lock, [&] { return t.state == Transfer::State::done; }); break;
+      case Transfer::State::queued:
+        t.state = Transfer::State::cancelled;
+        break;
+      case Transfer::State::copying:
+        in.cv.wait(lock, [&] { return t.state == Transfer::State::done; });
+        break;
       // A receiver unwinding gives a lent buffer back; a sender unwinding waits until the
       // receiver has (as it would for a copy), so that nobody reads the buffer once it is gone.
       case Transfer::State::lent:
@@ -663,7 +668,8 @@ class ThreadsCommunicator final : public Communicator {
         }
         break;
       case Transfer::State::done:
-      case Transfer::State::cancelled: break;
+      case Transfer::State::cancelled:
+        break;
     }
     in.cv.notify_all();
   }
@@ -700,7 +706,8 @@ class ThreadsCommunicator final : public Communicator {
     Group g;
     g.slot = &world_.slot(axes, sorted);
     for (std::int64_t d : members) {
-      g.slot_index.push_back(static_cast<std::size_t>(std::lower_bound(sorted.begin(), sorted.end(), d) - sorted.begin()));
+      g.slot_index.push_back(
+          static_cast<std::size_t>(std::lower_bound(sorted.begin(), sorted.end(), d) - sorted.begin()));
     }
     g.me = static_cast<std::size_t>(m.group_rank(rank_, axes));
     g.label = "over " + axes_label(m, axes) + " of device " + std::to_string(sorted.front());
@@ -813,11 +820,13 @@ class ThreadsCommunicator final : public Communicator {
         }
         return out;
       };
-      auto called = [&] { return "rank " + std::to_string(rank_) + " called " + describe(mesh(), s.entries[mine].fp, false); };
+      auto called = [&] {
+        return "rank " + std::to_string(rank_) + " called " + describe(mesh(), s.entries[mine].fp, false);
+      };
       if (const std::vector<std::int64_t> gone = absent(true); !gone.empty()) {
         s.broken = true;
-        const std::string message = "collective mismatch in group " + g.label + ": " + called() + "; " +
-                                    ranks(gone) + " returned without calling it";
+        const std::string message = "collective mismatch in group " + g.label + ": " + called() + "; " + ranks(gone) +
+                                    " returned without calling it";
         lock.unlock();
         raise<CollectiveMismatch>(message);
       }

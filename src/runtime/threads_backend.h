@@ -10,7 +10,8 @@
 
 namespace shardmm::detail {
 
-inline constexpr BackendCapabilities kThreadsCapabilities{.ranks_in_one_process = true, .reduces_into_workspace = false};
+inline constexpr BackendCapabilities kThreadsCapabilities{.ranks_in_one_process = true,
+                                                          .reduces_into_workspace = false};
 
 struct ThreadsOptions {
   // How long a rank waits in a collective or recv for peers that never come before it
@@ -27,7 +28,6 @@ struct ThreadsOptions {
 ThreadsOptions threads_options_from_env();
 
 // run_threads with explicit options (run_threads uses threads_options_from_env()).
-void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& body,
-                 const ThreadsOptions& options);
+void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& body, const ThreadsOptions& options);
 
 }  // namespace shardmm::detail

@@ -30,7 +30,7 @@ namespace shardmm::solve {
 
 namespace {
 
-constexpr double kScale = 1e6;  // seconds -> microseconds
+constexpr double kScale = 1e6;                                     // seconds -> microseconds
 constexpr double kUnbounded = std::numeric_limits<double>::max();  // CBC reads it as infinity (COIN_DBL_MAX)
 
 using SparseRow = std::vector<std::pair<int, double>>;  // (column, coefficient), by column
@@ -53,9 +53,8 @@ std::vector<SparseRow> peak_candidates(std::vector<SparseRow> rows) {
   std::sort(rows.begin(), rows.end(), [](const SparseRow& a, const SparseRow& b) { return a.size() > b.size(); });
   std::vector<SparseRow> kept;
   for (SparseRow& r : rows) {
-    const bool implied = std::any_of(kept.begin(), kept.end(), [&](const SparseRow& k) {
-      return k.size() >= r.size() && dominated(r, k);
-    });
+    const bool implied = std::any_of(kept.begin(), kept.end(),
+                                     [&](const SparseRow& k) { return k.size() >= r.size() && dominated(r, k); });
     if (!implied) kept.push_back(std::move(r));
   }
   return kept;
@@ -138,8 +137,10 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       for (int s : factor.entries[e].shared) {
         const int var = p.shared[static_cast<std::size_t>(s)].var;
         const auto pos = std::find(factor.vars.begin(), factor.vars.end(), var);
-        if (pos == factor.vars.end()) throw InputError("solve_mip: a factor names a shared term whose variable it does not hold");
-        naming[{s, factor.entries[e].values[static_cast<std::size_t>(pos - factor.vars.begin())]}].push_back(static_cast<int>(e));
+        if (pos == factor.vars.end())
+          throw InputError("solve_mip: a factor names a shared term whose variable it does not hold");
+        naming[{s, factor.entries[e].values[static_cast<std::size_t>(pos - factor.vars.begin())]}].push_back(
+            static_cast<int>(e));
       }
     }
     for (const auto& [key, entries] : naming) {
@@ -160,7 +161,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       const auto [it, fresh] = figure_column.emplace(std::pair{f, i}, -1);
       if (!fresh) return it->second;
       const auto& all = p.factors[static_cast<std::size_t>(f)].entries;
-      if (std::all_of(all.begin(), all.end(), [i](const FactorEntry& e) { return e.figures[static_cast<std::size_t>(i)] == 0; })) {
+      if (std::all_of(all.begin(), all.end(),
+                      [i](const FactorEntry& e) { return e.figures[static_cast<std::size_t>(i)] == 0; })) {
         return -1;
       }
       it->second = column(0, kUnbounded, 0, false);
@@ -188,7 +190,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
         }
         const auto var = t.kind == PointTerm::Kind::value ? at : static_cast<std::size_t>(p.shared[at].var);
         for (std::size_t d = 0; d < p.value_bytes[var].size(); ++d) {
-          row[(t.kind == PointTerm::Kind::value ? x[var] : w[at])[d]] += count * static_cast<double>(p.value_bytes[var][d]);
+          row[(t.kind == PointTerm::Kind::value ? x[var] : w[at])[d]] +=
+              count * static_cast<double>(p.value_bytes[var][d]);
         }
       }
       SparseRow sparse;
@@ -203,9 +206,11 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
         const auto at = static_cast<std::size_t>(t.index);
         std::int64_t m = 0;
         if (t.kind == PointTerm::Kind::figure) {
-          for (const FactorEntry& e : p.factors[at].entries) m = std::max(m, e.figures[static_cast<std::size_t>(t.figure)]);
+          for (const FactorEntry& e : p.factors[at].entries)
+            m = std::max(m, e.figures[static_cast<std::size_t>(t.figure)]);
         } else {
-          const auto& bytes = p.value_bytes[t.kind == PointTerm::Kind::value ? at : static_cast<std::size_t>(p.shared[at].var)];
+          const auto& bytes =
+              p.value_bytes[t.kind == PointTerm::Kind::value ? at : static_cast<std::size_t>(p.shared[at].var)];
           m = *std::max_element(bytes.begin(), bytes.end());
         }
         most += static_cast<double>(t.count) * static_cast<double>(m);
@@ -247,12 +252,13 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     if (on.empty()) {
       for (std::size_t v = 0; v < p.domain.size(); ++v) on.push_back(static_cast<int>(v));
     }
-    for (int v : on) cols.push_back(x[static_cast<std::size_t>(v)][static_cast<std::size_t>(a[static_cast<std::size_t>(v)])]);
+    for (int v : on)
+      cols.push_back(x[static_cast<std::size_t>(v)][static_cast<std::size_t>(a[static_cast<std::size_t>(v)])]);
     rows.add(cols, std::vector<double>(cols.size(), 1.0), 'L', static_cast<double>(on.size()) - 1);
   }
 
   Cbc_setMaximumSeconds(m, limits.seconds);
-  Cbc_setAllowableGap(m, 1e-7);          // microseconds: 0.1 ps, below any step's resolution
+  Cbc_setAllowableGap(m, 1e-7);  // microseconds: 0.1 ps, below any step's resolution
   Cbc_setAllowableFractionGap(m, 1e-9);
   // CBC prunes what cannot beat the incumbent by its cutoff increment (1e-5 by default: 10 ps
   // here), which is more than the memory tie-break separates equally fast shardings by.
@@ -269,7 +275,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
         for (const FactorEntry& e : f.entries) m = std::max(m, e.memory);
         most += static_cast<double>(m);
       }
-      for (const SharedTerm& s : p.shared) most += static_cast<double>(*std::max_element(s.bytes.begin(), s.bytes.end()));
+      for (const SharedTerm& s : p.shared)
+        most += static_cast<double>(*std::max_element(s.bytes.begin(), s.bytes.end()));
     }
     return std::max(0.0, Cbc_getBestPossibleObjValue(m) / kScale - kSecondsPerByteTieBreak * most);
   };
@@ -288,8 +295,9 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     }
     out.value = evaluate(p, out.best);
     out.status = Cbc_isProvenOptimal(m) ? SolveStatus::optimal : SolveStatus::feasible;
-    out.lower_bound = out.status == SolveStatus::optimal || limits.minimize_memory ? out.value.time
-                                                                                  : std::min(out.value.time, time_bound());
+    out.lower_bound = out.status == SolveStatus::optimal || limits.minimize_memory
+                          ? out.value.time
+                          : std::min(out.value.time, time_bound());
   } else {
     out.status = SolveStatus::unknown;
     out.lower_bound = time_bound();

@@ -15,10 +15,14 @@ namespace shardmm::solve {
 
 const char* to_string(SolveStatus s) {
   switch (s) {
-    case SolveStatus::optimal: return "optimal";
-    case SolveStatus::feasible: return "feasible";
-    case SolveStatus::infeasible: return "infeasible";
-    case SolveStatus::unknown: return "unknown";
+    case SolveStatus::optimal:
+      return "optimal";
+    case SolveStatus::feasible:
+      return "feasible";
+    case SolveStatus::infeasible:
+      return "infeasible";
+    case SolveStatus::unknown:
+      return "unknown";
   }
   return "?";
 }
@@ -55,9 +59,13 @@ void timeline_peak(const ChoiceProblem& p, const Assignment& a, const std::vecto
       const auto at = static_cast<std::size_t>(t.index);
       switch (t.kind) {
         case PointTerm::Kind::figure:
-          bytes += t.count * p.factors[at].entries[static_cast<std::size_t>(chosen[at])].figures[static_cast<std::size_t>(t.figure)];
+          bytes +=
+              t.count *
+              p.factors[at].entries[static_cast<std::size_t>(chosen[at])].figures[static_cast<std::size_t>(t.figure)];
           break;
-        case PointTerm::Kind::value: bytes += t.count * p.value_bytes[at][static_cast<std::size_t>(a[at])]; break;
+        case PointTerm::Kind::value:
+          bytes += t.count * p.value_bytes[at][static_cast<std::size_t>(a[at])];
+          break;
         case PointTerm::Kind::shared: {
           const auto var = static_cast<std::size_t>(p.shared[at].var);
           if (used_shared[at]) bytes += t.count * p.value_bytes[var][static_cast<std::size_t>(a[var])];
@@ -87,7 +95,8 @@ Evaluation evaluate_indexed(const ChoiceProblem& p, const std::vector<FactorInde
     for (int s : entry.shared) used_shared[static_cast<std::size_t>(s)] = 1;
   }
   for (std::size_t s = 0; s < p.shared.size(); ++s) {
-    if (used_shared[s]) out.memory += p.shared[s].bytes[static_cast<std::size_t>(a[static_cast<std::size_t>(p.shared[s].var)])];
+    if (used_shared[s])
+      out.memory += p.shared[s].bytes[static_cast<std::size_t>(a[static_cast<std::size_t>(p.shared[s].var)])];
   }
   if (!p.points.empty()) timeline_peak(p, a, chosen, used_shared, out);
   out.allowed = true;
@@ -121,8 +130,9 @@ std::vector<FactorIndex> index_factors(const ChoiceProblem& p) {
 }
 
 Evaluation evaluate(const ChoiceProblem& p, const Assignment& a) {
-  if (a.size() != p.domain.size()) throw InputError("evaluate: the assignment has a value for " + std::to_string(a.size()) +
-                                                    " variables, the problem has " + std::to_string(p.domain.size()));
+  if (a.size() != p.domain.size())
+    throw InputError("evaluate: the assignment has a value for " + std::to_string(a.size()) +
+                     " variables, the problem has " + std::to_string(p.domain.size()));
   std::vector<char> used(p.shared.size());
   return evaluate_indexed(p, index_factors(p), a, used);
 }
@@ -173,7 +183,8 @@ SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits,
   const std::function<void(std::size_t)> visit = [&](std::size_t i) {
     if (i == n) {
       if (++complete > max_assignments) {
-        throw InputError("the exhaustive solver met more than " + std::to_string(max_assignments) + " allowed assignments");
+        throw InputError("the exhaustive solver met more than " + std::to_string(max_assignments) +
+                         " allowed assignments");
       }
       const Evaluation e = evaluate_indexed(p, index, a, used);
       if (e.allowed && !excluded(limits, a) && (!limits.memory_limit || e.memory <= *limits.memory_limit)) {
@@ -336,7 +347,8 @@ std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_t
   }
   Assignment a(n, 0);
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    a[static_cast<std::size_t>(it->var)] = static_cast<int>(it->best_value.cost[static_cast<std::size_t>(offset_in(it->best_value, a))]);
+    a[static_cast<std::size_t>(it->var)] =
+        static_cast<int>(it->best_value.cost[static_cast<std::size_t>(offset_in(it->best_value, a))]);
   }
   out.best = a;
   out.value = evaluate(p, a);
@@ -358,10 +370,12 @@ Reduced reduce_domains(const ChoiceProblem& p) {
     changed = false;
     for (const Factor& f : p.factors) {
       std::vector<std::vector<char>> supported(f.vars.size());
-      for (std::size_t i = 0; i < f.vars.size(); ++i) supported[i].assign(alive[static_cast<std::size_t>(f.vars[i])].size(), 0);
+      for (std::size_t i = 0; i < f.vars.size(); ++i)
+        supported[i].assign(alive[static_cast<std::size_t>(f.vars[i])].size(), 0);
       for (const FactorEntry& e : f.entries) {
         bool ok = true;
-        for (std::size_t i = 0; i < f.vars.size() && ok; ++i) ok = alive[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])];
+        for (std::size_t i = 0; i < f.vars.size() && ok; ++i)
+          ok = alive[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])];
         if (!ok) continue;
         for (std::size_t i = 0; i < f.vars.size(); ++i) supported[i][static_cast<std::size_t>(e.values[i])] = 1;
       }

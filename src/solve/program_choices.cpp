@@ -78,11 +78,14 @@ std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool all
       std::vector<std::size_t> at(static_cast<std::size_t>(rank), 0);
       while (true) {
         Spec s = program::replicated_spec(t);
-        for (int d = 0; d < rank; ++d) s.dims[static_cast<std::size_t>(d)].axes = orders[static_cast<std::size_t>(d)][at[static_cast<std::size_t>(d)]];
+        for (int d = 0; d < rank; ++d)
+          s.dims[static_cast<std::size_t>(d)].axes =
+              orders[static_cast<std::size_t>(d)][at[static_cast<std::size_t>(d)]];
         s.unreduced = unreduced;
         out.push_back(std::move(s));
         int d = 0;
-        while (d < rank && ++at[static_cast<std::size_t>(d)] == orders[static_cast<std::size_t>(d)].size()) at[static_cast<std::size_t>(d++)] = 0;
+        while (d < rank && ++at[static_cast<std::size_t>(d)] == orders[static_cast<std::size_t>(d)].size())
+          at[static_cast<std::size_t>(d++)] = 0;
         if (d == rank) break;
       }
     }
@@ -168,15 +171,15 @@ int used_mask(const Spec& s) {
 struct OpCost {
   bool allowed = false;
   Spec result;
-  double time = 0;                   // the op's forward and backward steps (bringing its
-                                     // operands' gradients to their layouts; not reducing them)
-  std::int64_t internal_memory = 0;  // activations its own intermediate values keep
-  std::vector<char> operand_saved;   // by distinct operand: kept for the backward pass
-  std::vector<int> operand_partial;  // by distinct operand: the axes its gradient is left partial over
+  double time = 0;                       // the op's forward and backward steps (bringing its
+                                         // operands' gradients to their layouts; not reducing them)
+  std::int64_t internal_memory = 0;      // activations its own intermediate values keep
+  std::vector<char> operand_saved;       // by distinct operand: kept for the backward pass
+  std::vector<int> operand_partial;      // by distinct operand: the axes its gradient is left partial over
   std::vector<char> operand_gathered;    // by distinct operand: all-gathered in forward
   std::vector<char> operand_regathered;  // by distinct operand: gathered again in backward
-  bool result_saved = false;         // its own backward keeps its result (softmax)
-  autodiff::Tape::OpMemory memory;   // its figures on the step's timeline (factor entries' figures)
+  bool result_saved = false;             // its own backward keeps its result (softmax)
+  autodiff::Tape::OpMemory memory;       // its figures on the step's timeline (factor entries' figures)
 };
 
 // The figures an op factor's entries carry (FactorEntry::figures), from Tape::OpMemory.
@@ -344,11 +347,11 @@ class OpRecorder {
 
 // One combination of an op's specs to record, and what recording it gave.
 struct Recording {
-  std::vector<int> tuple;            // the operands' values
-  std::vector<Spec> specs;           // the operands' specs
-  std::vector<char> regathered;      // the operands' (params: FSDP's regather)
-  std::optional<Spec> pin;           // the result's, when chosen
-  std::optional<int> partial;        // the result's gradient's pending axes (differentiated ops)
+  std::vector<int> tuple;        // the operands' values
+  std::vector<Spec> specs;       // the operands' specs
+  std::vector<char> regathered;  // the operands' (params: FSDP's regather)
+  std::optional<Spec> pin;       // the result's, when chosen
+  std::optional<int> partial;    // the result's gradient's pending axes (differentiated ops)
   OpCost cost;
 };
 
@@ -406,7 +409,8 @@ struct Terms {
       }
       return true;
     };
-    return mean_of(value, a.value, b.value) && mean_of(shared, a.shared, b.shared) && mean_of(figure, a.figure, b.figure);
+    return mean_of(value, a.value, b.value) && mean_of(shared, a.shared, b.shared) &&
+           mean_of(figure, a.figure, b.figure);
   }
 };
 
@@ -428,8 +432,9 @@ void add_runs(ProgramChoices& c, const std::map<std::pair<int, int>, std::vector
 // autodiff::MemoryPoint defines them for the whole program's tape: the terms a program's
 // structure fixes (which values are live at an op, whose gradients are in flight) over the
 // variables' bytes, and each op's own figures (kept values, transients) from its factor.
-void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& options, const std::vector<int>& factor_of,
-                  const std::map<int, int>& shared_of_var, const std::vector<int>& reduce_factor) {
+void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& options,
+                  const std::vector<int>& factor_of, const std::map<int, int>& shared_of_var,
+                  const std::vector<int>& reduce_factor) {
   const bool train = options.train && g.loss >= 0;
   const auto ops = static_cast<int>(g.ops.size());
   // By tensor: the last op reading it, and the last one on the loss path (its gradient's first).
@@ -449,7 +454,8 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
   // Every point: the leaves, and Adam's moments of the params.
   Terms base;
   for (int t : g.leaves()) {
-    const bool moments = train && g.tensors[static_cast<std::size_t>(t)].role == Role::param && options.optimizer == nn::Optimizer::adam;
+    const bool moments =
+        train && g.tensors[static_cast<std::size_t>(t)].role == Role::param && options.optimizer == nn::Optimizer::adam;
     base.value[var(static_cast<std::size_t>(t))] += moments ? 3 : 1;
   }
   const auto leaf_gradients = [&](Terms& terms, int from_op) {
@@ -470,7 +476,8 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
     }
     for (int j = 0; j <= k && train; ++j) ++terms.figure[{factor_of[static_cast<std::size_t>(j)], kKept}];
     const auto result = static_cast<std::size_t>(g.ops[static_cast<std::size_t>(k)].result);
-    ++terms.figure[{factor_of[static_cast<std::size_t>(k)], last_reader[result] > k ? kTransient : kTransientWithResult}];
+    ++terms.figure[{factor_of[static_cast<std::size_t>(k)],
+                    last_reader[result] > k ? kTransient : kTransientWithResult}];
     runs[{0, factor_of[static_cast<std::size_t>(k)]}].push_back(std::move(terms));
   }
   if (!train) return add_runs(c, runs);
@@ -535,7 +542,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
   // Variables: one per group key.
   std::map<std::string, int> var_by_key;
   std::vector<std::vector<int>> kept_twin;  // by variable and value: the kept value of its spec
-  std::vector<int> copies;  // by variable: how many tensors share it
+  std::vector<int> copies;                  // by variable: how many tensors share it
   for (std::size_t t = 0; t < g.tensors.size(); ++t) {
     const program::Tensor& tensor = g.tensors[t];
     const std::string key = group_key(tensor.name);
@@ -609,8 +616,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
 
   // Factors: one per distinct (op statement, variables), its cost times its copies.
   struct OpFactor {
-    int op = -1;                   // the first op it stands for
-    std::vector<int> operands;     // distinct operand tensors of that op
+    int op = -1;                // the first op it stands for
+    std::vector<int> operands;  // distinct operand tensors of that op
     std::vector<int> operand_vars;
     int result_var = -1;
     int count = 0;
@@ -719,7 +726,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
           }
         }
         std::size_t i = 0;
-        while (i < tuple.size() && ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size())) tuple[i++] = 0;
+        while (i < tuple.size() &&
+               ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size()))
+          tuple[i++] = 0;
         if (i == tuple.size()) break;
       }
       // The kept combinations first; one with regathered params then takes its kept twin's
@@ -728,14 +737,16 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       const auto key = [&](const Recording& r, bool kept) {
         std::vector<int> t = r.tuple;
         for (std::size_t i = 0; kept && i < t.size(); ++i) {
-          if (r.regathered[i]) t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
+          if (r.regathered[i])
+            t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
         }
         return JobKey{t, r.pin ? format_spec(*r.pin, g.mesh) : std::string(), r.partial ? *r.partial : -1};
       };
       std::vector<std::size_t> kept_jobs, twin_jobs;
       std::map<JobKey, std::size_t> job_of;
       for (std::size_t j = 0; j < jobs.size(); ++j) {
-        const bool any = std::any_of(jobs[j].regathered.begin(), jobs[j].regathered.end(), [](char r) { return r != 0; });
+        const bool any =
+            std::any_of(jobs[j].regathered.begin(), jobs[j].regathered.end(), [](char r) { return r != 0; });
         (any ? twin_jobs : kept_jobs).push_back(j);
         if (!any) job_of.emplace(key(jobs[j], false), j);
       }
@@ -749,7 +760,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         if (kept != job_of.end()) {
           const OpCost& twin = jobs[kept->second].cost;
           bool gathers = false;
-          for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i) gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
+          for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i)
+            gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
           if (!gathers) {
             job.cost = twin;
             return;
@@ -766,7 +778,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         if (!cost.allowed) continue;
         if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
         for (std::size_t i = 0; i < tuple.size(); ++i) {
-          if (cost.operand_regathered[i]) regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
+          if (cost.operand_regathered[i])
+            regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
         }
         const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
         std::map<int, int> value_of;
@@ -825,7 +838,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
             f.factor.entries.push_back(std::move(entry));
           }
           std::size_t j = 0;
-          while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size()) at[j++] = 0;
+          while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size())
+            at[j++] = 0;
           if (j == at.size() || operand_partials[j].second.empty()) break;
         }
       }
@@ -850,7 +864,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       const auto at = std::find(f.factor.vars.begin(), f.factor.vars.end(), static_cast<int>(v));
       if (at == f.factor.vars.end()) continue;
       const auto j = static_cast<std::size_t>(at - f.factor.vars.begin());
-      std::erase_if(f.factor.entries, [&](const FactorEntry& e) { return renumbered[static_cast<std::size_t>(e.values[j])] < 0; });
+      std::erase_if(f.factor.entries,
+                    [&](const FactorEntry& e) { return renumbered[static_cast<std::size_t>(e.values[j])] < 0; });
       for (FactorEntry& e : f.factor.entries) e.values[j] = renumbered[static_cast<std::size_t>(e.values[j])];
     }
     c.values[v] = std::move(values);
@@ -879,20 +894,27 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
   c.problem.value_bytes.resize(c.problem.domain.size());
   for (std::size_t v = 0; v < c.values.size(); ++v) {
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
-    for (const Spec& spec : c.values[v]) c.problem.value_bytes[v].push_back(local_bytes(g, spec, t.shape, options.dtype));
+    for (const Spec& spec : c.values[v])
+      c.problem.value_bytes[v].push_back(local_bytes(g, spec, t.shape, options.dtype));
   }
-  for (int v = tensor_vars; v < next_var; ++v) c.problem.value_bytes[static_cast<std::size_t>(v)].assign(static_cast<std::size_t>(masks), 0);
+  for (int v = tensor_vars; v < next_var; ++v)
+    c.problem.value_bytes[static_cast<std::size_t>(v)].assign(static_cast<std::size_t>(masks), 0);
   std::vector<int> reduce_factor(c.values.size(), -1);  // by leaf variable
   // Leaves: the value, its gradient (train), Adam's two moments (params); and reducing the
   // gradient into the leaf's spec from the axes its readers left it partial over.
   for (std::size_t v = 0; v < c.values.size(); ++v) {
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
     if (t.role == Role::computed) continue;
-    const int per = 1 + (train ? 1 : 0) + (train && t.role == Role::param && options.optimizer == nn::Optimizer::adam ? 2 : 0);
+    const int per =
+        1 + (train ? 1 : 0) + (train && t.role == Role::param && options.optimizer == nn::Optimizer::adam ? 2 : 0);
     Factor f;
     f.vars = {static_cast<int>(v)};
     for (std::size_t i = 0; i < c.values[v].size(); ++i) {
-      f.entries.push_back({{static_cast<int>(i)}, 0.0, local_bytes(g, c.values[v][i], t.shape, options.dtype) * per * copies[v], {}});
+      f.entries.push_back({{static_cast<int>(i)},
+                           0.0,
+                           local_bytes(g, c.values[v][i], t.shape, options.dtype) * per * copies[v],
+                           {},
+                           {}});
     }
     c.problem.factors.push_back(std::move(f));
     const int gv = c.gradient_var[v];

@@ -250,9 +250,12 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
       const int chosen = r.outcome.best[static_cast<std::size_t>(v)];
       // Another layout: a param's regathered twin is its chosen spec again.
       const std::vector<Spec>& values = c.values[static_cast<std::size_t>(v)];
-      const SolveOutcome o = best_of(restricted(c.problem, v, [&](int value) {
-        return !(values[static_cast<std::size_t>(value)] == values[static_cast<std::size_t>(chosen)]);
-      }), limits);
+      const SolveOutcome o = best_of(
+          restricted(c.problem, v,
+                     [&](int value) {
+                       return !(values[static_cast<std::size_t>(value)] == values[static_cast<std::size_t>(chosen)]);
+                     }),
+          limits);
       if (!o.best.empty()) {
         alt.exists = true;
         alt.spec = c.values[static_cast<std::size_t>(v)][static_cast<std::size_t>(o.best[static_cast<std::size_t>(v)])];

@@ -29,26 +29,26 @@ Program decoder_block(const Mesh& mesh) {
   Instr scale{Kind::scale, {17}};
   scale.factor = 1 / std::sqrt(double(K));
   p.ops = {
-      Instr{Kind::layer_norm, {0, 1, 2}},              // 11 [T, D]
-      Instr{Kind::local_einsum, {11, 3}, {"T", "H", "K"}},  // 12 q [T, H_X, K]: column parallel by heads
-      Instr{Kind::local_einsum, {11, 4}, {"T", "H", "K"}},  // 13 k
-      Instr{Kind::local_einsum, {11, 5}, {"T", "H", "K"}},  // 14 v
-      Instr{Kind::rename, {13}, {}, {}, "T", "S"},     // 15 k [S, H_X, K]
-      Instr{Kind::rename, {14}, {}, {}, "T", "S"},     // 16 v [S, H_X, K]
+      Instr{Kind::layer_norm, {0, 1, 2}},                    // 11 [T, D]
+      Instr{Kind::local_einsum, {11, 3}, {"T", "H", "K"}},   // 12 q [T, H_X, K]: column parallel by heads
+      Instr{Kind::local_einsum, {11, 4}, {"T", "H", "K"}},   // 13 k
+      Instr{Kind::local_einsum, {11, 5}, {"T", "H", "K"}},   // 14 v
+      Instr{Kind::rename, {13}, {}, {}, "T", "S"},           // 15 k [S, H_X, K]
+      Instr{Kind::rename, {14}, {}, {}, "T", "S"},           // 16 v [S, H_X, K]
       Instr{Kind::local_einsum, {12, 15}, {"H", "T", "S"}},  // 17 scores [H_X, T, S]
-      scale,                                           // 18
-      Instr{Kind::softmax, {18}},                      // 19 over S
+      scale,                                                 // 18
+      Instr{Kind::softmax, {18}},                            // 19 over S
       Instr{Kind::local_einsum, {19, 16}, {"T", "H", "K"}},  // 20
-      Instr{Kind::local_einsum, {20, 6}, {"T", "D"}},  // 21 [T, D]{U_X}: row parallel
-      Instr{Kind::all_reduce, {21}, {}, {}, "", "", {0}},  // 22
-      Instr{Kind::add, {0, 22}},                       // 23 residual
-      Instr{Kind::layer_norm, {23, 7, 8}},             // 24
-      Instr{Kind::local_einsum, {24, 9}, {"T", "F"}},  // 25 [T, F_X]
-      Instr{Kind::gelu, {25}},                         // 26
-      Instr{Kind::local_einsum, {26, 10}, {"T", "D"}},  // 27 [T, D]{U_X}
-      Instr{Kind::all_reduce, {27}, {}, {}, "", "", {0}},  // 28
-      Instr{Kind::add, {23, 28}},                      // 29
-      Instr{Kind::mean, {29}},                         // 30
+      Instr{Kind::local_einsum, {20, 6}, {"T", "D"}},        // 21 [T, D]{U_X}: row parallel
+      Instr{Kind::all_reduce, {21}, {}, {}, "", "", {0}},    // 22
+      Instr{Kind::add, {0, 22}},                             // 23 residual
+      Instr{Kind::layer_norm, {23, 7, 8}},                   // 24
+      Instr{Kind::local_einsum, {24, 9}, {"T", "F"}},        // 25 [T, F_X]
+      Instr{Kind::gelu, {25}},                               // 26
+      Instr{Kind::local_einsum, {26, 10}, {"T", "D"}},       // 27 [T, D]{U_X}
+      Instr{Kind::all_reduce, {27}, {}, {}, "", "", {0}},    // 28
+      Instr{Kind::add, {23, 28}},                            // 29
+      Instr{Kind::mean, {29}},                               // 30
   };
   return p;
 }

@@ -25,8 +25,9 @@ TEST(CausalMaskTest, MasksAboveTheDiagonalAndZeroesTheirGradient) {
   std::mutex lock;
   run_threads(Mesh::parse("X=2"), [&](Communicator& comm) {
     Tape tape(comm, {DType::f64});
-    const Var x = tape.input("x[T_X, S]", {{"T", 3}, {"S", 3}},
-                             [](const Index& i, std::int64_t) { return static_cast<double>(i[0] * 3 + i[1]); }, true);
+    const Var x = tape.input(
+        "x[T_X, S]", {{"T", 3}, {"S", 3}},
+        [](const Index& i, std::int64_t) { return static_cast<double>(i[0] * 3 + i[1]); }, true);
     const Var y = causal_mask(scale(x, 2.0), "T", "S");
     const Var g = tape.input("g[T_X, S]", {{"T", 3}, {"S", 3}},
                              [](const Index& i, std::int64_t) { return i[1] <= i[0] ? 1.0 : 0.0; });

@@ -24,7 +24,8 @@ struct Collective {
 };
 
 std::ostream& operator<<(std::ostream& os, const Collective& c) {
-  return os << to_string(c.phase) << " " << to_string(c.op) << "(" << c.axes << (c.dims.empty() ? "" : ", ") << c.dims << ")";
+  return os << to_string(c.phase) << " " << to_string(c.op) << "(" << c.axes << (c.dims.empty() ? "" : ", ") << c.dims
+            << ")";
 }
 
 std::vector<Collective> collectives(const Mesh& mesh, const std::vector<TapeEvent>& events, bool with_slices = false) {
@@ -70,10 +71,9 @@ TEST(Duals, ReduceScatterBackwardIsAllGather) {
   p.ops = {Instr{Kind::local_einsum, {0, 1}, {"I", "K"}}, Instr{Kind::reduce_scatter, {2}, {}, {}, "I", "", {0}},
            Instr{Kind::silu, {3}}, Instr{Kind::sum, {4}}};
   // A's gradient dZ B^T contracts K, split over Y: partial over Y, all-reduced into A's spec.
-  EXPECT_EQ(collectives(mesh, run_checked(p)),
-            (std::vector<Collective>{{F, OpKind::reduce_scatter, "X", "I"},
-                                     {B, OpKind::all_gather, "X", "I"},
-                                     {B, OpKind::all_reduce, "Y", ""}}));
+  EXPECT_EQ(collectives(mesh, run_checked(p)), (std::vector<Collective>{{F, OpKind::reduce_scatter, "X", "I"},
+                                                                        {B, OpKind::all_gather, "X", "I"},
+                                                                        {B, OpKind::all_reduce, "Y", ""}}));
 }
 
 TEST(Duals, AllToAllBackwardIsTheInverseAllToAll) {
@@ -93,8 +93,11 @@ std::int64_t comm_bytes(const std::vector<TapeEvent>& events) {
 // Megatron's MLP: column-parallel W1, GELU, row-parallel W2, one all_reduce (g) forward;
 // in backward g is the identity and f (x replicated into a sharded einsum) all-reduces.
 Program megatron_mlp(const Mesh& mesh) {
-  Program p{mesh, {leaf(mesh, "x[B, D]", {4, 6}, 1), leaf(mesh, "W1[D, F_X]", {6, 8}, 2), leaf(mesh, "W2[F_X, E]", {8, 6}, 3)},
-            {}, ""};
+  Program p{
+      mesh,
+      {leaf(mesh, "x[B, D]", {4, 6}, 1), leaf(mesh, "W1[D, F_X]", {6, 8}, 2), leaf(mesh, "W2[F_X, E]", {8, 6}, 3)},
+      {},
+      ""};
   p.ops = {Instr{Kind::local_einsum, {0, 1}, {"B", "F"}}, Instr{Kind::gelu, {3}},
            Instr{Kind::local_einsum, {4, 2}, {"B", "E"}}, Instr{Kind::all_reduce, {5}, {}, {}, "", "", {0}},
            Instr{Kind::mean, {6}}};
@@ -116,17 +119,22 @@ TEST(Duals, MegatronMlpOneAllReduceEachWay) {
 
 TEST(Duals, SequenceParallelSwapsEachAllReduceForAllGatherAndReduceScatter) {
   const Mesh mesh = Mesh::parse("X=4");
-  Program p{mesh, {leaf(mesh, "x[B_X, D]", {4, 6}, 1), leaf(mesh, "W1[D, F_X]", {6, 8}, 2), leaf(mesh, "W2[F_X, E]", {8, 6}, 3)},
-            {}, ""};
-  p.ops = {Instr{Kind::all_gather, {0}, {}, {}, "B", "", {0}}, Instr{Kind::local_einsum, {3, 1}, {"B", "F"}},
-           Instr{Kind::gelu, {4}}, Instr{Kind::local_einsum, {5, 2}, {"B", "E"}},
-           Instr{Kind::reduce_scatter, {6}, {}, {}, "B", "", {0}}, Instr{Kind::mean, {7}}};
+  Program p{
+      mesh,
+      {leaf(mesh, "x[B_X, D]", {4, 6}, 1), leaf(mesh, "W1[D, F_X]", {6, 8}, 2), leaf(mesh, "W2[F_X, E]", {8, 6}, 3)},
+      {},
+      ""};
+  p.ops = {Instr{Kind::all_gather, {0}, {}, {}, "B", "", {0}},
+           Instr{Kind::local_einsum, {3, 1}, {"B", "F"}},
+           Instr{Kind::gelu, {4}},
+           Instr{Kind::local_einsum, {5, 2}, {"B", "E"}},
+           Instr{Kind::reduce_scatter, {6}, {}, {}, "B", "", {0}},
+           Instr{Kind::mean, {7}}};
   const std::vector<TapeEvent> sp = run_checked(p);
-  EXPECT_EQ(collectives(mesh, sp),
-            (std::vector<Collective>{{F, OpKind::all_gather, "X", "B"},
-                                     {F, OpKind::reduce_scatter, "X", "B"},
-                                     {B, OpKind::all_gather, "X", "B"},
-                                     {B, OpKind::reduce_scatter, "X", "B"}}));
+  EXPECT_EQ(collectives(mesh, sp), (std::vector<Collective>{{F, OpKind::all_gather, "X", "B"},
+                                                            {F, OpKind::reduce_scatter, "X", "B"},
+                                                            {B, OpKind::all_gather, "X", "B"},
+                                                            {B, OpKind::reduce_scatter, "X", "B"}}));
   // The same bytes as tensor parallel's two all_reduces.
   const testing::Executed tp = testing::execute(megatron_mlp(mesh), mesh, false);
   EXPECT_EQ(comm_bytes(sp), comm_bytes(tp.events[0]));
@@ -151,8 +159,8 @@ TEST(Duals, DataParallelAllReducesAndFsdpReduceScattersGradients) {
   EXPECT_EQ(collectives(mesh, dp), (std::vector<Collective>{{B, OpKind::all_reduce, "X", ""}}));
   const std::vector<TapeEvent> fsdp = run_checked(data_parallel(mesh, true, Gathered::regathered));
   EXPECT_EQ(collectives(mesh, fsdp), (std::vector<Collective>{{F, OpKind::all_gather, "X", "D"},
-                                                               {B, OpKind::all_gather, "X", "D"},
-                                                               {B, OpKind::reduce_scatter, "X", "D"}}));
+                                                              {B, OpKind::all_gather, "X", "D"},
+                                                              {B, OpKind::reduce_scatter, "X", "D"}}));
   // FSDP moves 3 V against data parallel's 2 V.
   EXPECT_EQ(2 * comm_bytes(fsdp), 3 * comm_bytes(dp));
   // Keeping the gathered weight saves the second gather and costs its memory.

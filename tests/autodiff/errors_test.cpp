@@ -52,17 +52,27 @@ TEST_F(Errors, NonlinearOpsRefusePartialSums) {
 }
 
 TEST_F(Errors, LocalEinsumNeedsCompatibleShards) {
-  EXPECT_THAT(error_of([&] { einsum(in("A[I, J_X]", sizes), in("B[J, K]", sizes), {"I", "K"}); }),
+  EXPECT_THAT(error_of([&] {
+                einsum(in("A[I, J_X]", sizes), in("B[J, K]", sizes), {"I", "K"});
+              }),
               HasSubstr("contracted dimension 'J' must be sharded alike in both operands (X vs replicated)"));
-  EXPECT_THAT(error_of([&] { einsum(in("A[I_X, J]", sizes), in("B[J, K_X]", sizes), {"I", "K"}); }),
+  EXPECT_THAT(error_of([&] {
+                einsum(in("A[I_X, J]", sizes), in("B[J, K_X]", sizes), {"I", "K"});
+              }),
               HasSubstr("cannot run locally: its output would be AB[I_X, K_X]"));
   Var p = einsum(in("A[I, J_X]", sizes), in("B[J_X, K]", sizes), {"I", "K"});
   EXPECT_THAT(error_of([&] { einsum(p, p, {"I"}); }), HasSubstr("the product of two partial sums"));
-  EXPECT_THAT(error_of([&] { einsum(in("A[I, J]", sizes), in("B[J, K]", {{"J", 7}, {"K", 5}}), {"I", "K"}); }),
+  EXPECT_THAT(error_of([&] {
+                einsum(in("A[I, J]", sizes), in("B[J, K]", {{"J", 7}, {"K", 5}}), {"I", "K"});
+              }),
               HasSubstr("dimension 'J' has size 6"));
-  EXPECT_THAT(error_of([&] { einsum(in("A[I, J]", sizes), in("B[K]", sizes), {"I", "K"}); }),
+  EXPECT_THAT(error_of([&] {
+                einsum(in("A[I, J]", sizes), in("B[K]", sizes), {"I", "K"});
+              }),
               HasSubstr("dimension 'J' of A[I, J] is in neither the other operand nor the output"));
-  EXPECT_THAT(error_of([&] { einsum(in("A[I, J]", sizes), in("B[J, K]", sizes), {"I", "L"}); }),
+  EXPECT_THAT(error_of([&] {
+                einsum(in("A[I, J]", sizes), in("B[J, K]", sizes), {"I", "L"});
+              }),
               HasSubstr("output dimension 'L' is in neither"));
   // The planned einsum moves data instead.
   Var c = planned_einsum(in("A[I, J_X]", sizes), in("B[J, K_X]", sizes), tape.spec("C[I_Y, K_X]"));
@@ -86,7 +96,8 @@ TEST_F(Errors, CollectivesCheckTheirTransition) {
 }
 
 TEST_F(Errors, RowOpsNeedARowAndParametersOverIt) {
-  EXPECT_THAT(error_of([&] { softmax(sum(in("x[I, J]", sizes))); }), HasSubstr("softmax needs a dimension to normalize over"));
+  EXPECT_THAT(error_of([&] { softmax(sum(in("x[I, J]", sizes))); }),
+              HasSubstr("softmax needs a dimension to normalize over"));
   // A sharded last dimension is fine: the rows' statistics are all-reduced (reductions.h).
   EXPECT_EQ(softmax(in("x[I, J_X]", sizes)).spec().dims, tape.spec("x[I, J_X]").dims);
   Var x = in("x[I_X, J]", sizes);
@@ -117,12 +128,13 @@ TEST_F(Errors, SameSpecOpsAndLeavesAndBackward) {
   tape.backward(mean(relu(x)));
   EXPECT_THAT(error_of([&] { tape.backward(mean(x)); }), HasSubstr("record a new program on a new tape"));
   EXPECT_THAT(error_of([&] { tape.grad(x); }), HasSubstr("a symbolic tape computes no gradients"));
-  EXPECT_THAT(error_of([&] { Tape(Mesh::parse("X=2"), {DType::f32, builtin_profile("h100"), 2}); }),
-              HasSubstr("device 2 is not in mesh X=2"));
   EXPECT_THAT(error_of([&] {
-                run_threads(Mesh::parse("X=1"), [](Communicator& comm) { Tape t(comm, {DType::bf16}); });
+                Tape(Mesh::parse("X=2"), {DType::f32, builtin_profile("h100"), 2});
               }),
-              HasSubstr("computes in f32 or f64; got bf16"));
+              HasSubstr("device 2 is not in mesh X=2"));
+  EXPECT_THAT(
+      error_of([&] { run_threads(Mesh::parse("X=1"), [](Communicator& comm) { Tape t(comm, {DType::bf16}); }); }),
+      HasSubstr("computes in f32 or f64; got bf16"));
 }
 
 TEST(Executed, ShardInputsRegatheredValuesAndEmptyMeans) {
@@ -148,14 +160,17 @@ TEST(Executed, ShardInputsRegatheredValuesAndEmptyMeans) {
     sums[me] = total;
     errors[me] = error_of([&] { g.value(); });
     if (me == 0) {
-      EXPECT_THAT(error_of([&] { tape.input(DistTensor::filled(mesh, 1, w_spec, {4, 3}, DType::f64, ones)); }),
+      EXPECT_THAT(error_of([&] {
+                    tape.input(DistTensor::filled(mesh, 1, w_spec, {4, 3}, DType::f64, ones));
+                  }),
                   HasSubstr("input shard is for device 1 in f64; this tape runs device 0 in f64"));
     }
     Tape next(comm, {DType::f64});
     EXPECT_THAT(error_of([&] { mean(next.input("e[I]", {{"I", 0}}, ones)); }), HasSubstr("it has no elements"));
   });
   EXPECT_EQ(sums, (std::vector<double>{2 * 2 * 3, 2 * 2 * 3}));  // each rank's 2 x 3 block of 2s
-  for (const std::string& e : errors) EXPECT_THAT(e, HasSubstr("this gathered value was dropped for the backward pass"));
+  for (const std::string& e : errors)
+    EXPECT_THAT(e, HasSubstr("this gathered value was dropped for the backward pass"));
 }
 
 TEST(Symbolic, Bf16ProgramPredictsBytesAndTimes) {

@@ -40,7 +40,8 @@ TEST(Gradients, RandomCompositionsMatchFiniteDifferencesAndOneDevice) {
     testing::check_program(p);
   }
   for (int k = 0; k <= static_cast<int>(testing::kLastKind); ++k) {
-    EXPECT_GE(seen[static_cast<Kind>(k)], 5) << "op " << testing::kind_name(static_cast<Kind>(k)) << " rarely generated";
+    EXPECT_GE(seen[static_cast<Kind>(k)], 5)
+        << "op " << testing::kind_name(static_cast<Kind>(k)) << " rarely generated";
   }
   for (int k = static_cast<int>(Kind::reduce_sum); k <= static_cast<int>(Kind::rms_norm_over); ++k) {
     EXPECT_GE(sharded_letter[static_cast<Kind>(k)], 5)

@@ -84,7 +84,8 @@ std::vector<double> matmul(const std::vector<double>& x, const std::vector<doubl
     for (std::int64_t j = 0; j < n; ++j) {
       double s = 0;
       for (std::int64_t l = 0; l < k; ++l) {
-        s += x[static_cast<std::size_t>(tx ? l * m + i : i * k + l)] * y[static_cast<std::size_t>(ty ? j * k + l : l * n + j)];
+        s += x[static_cast<std::size_t>(tx ? l * m + i : i * k + l)] *
+             y[static_cast<std::size_t>(ty ? j * k + l : l * n + j)];
       }
       out[static_cast<std::size_t>(i * n + j)] = s;
     }

@@ -79,7 +79,9 @@ TEST(ShapeOps, ALetterBothOperandsHaveIsShardedAlike) {
   const auto zeros = [](const Index&, std::int64_t) { return 0.0; };
   Var x = tape.input("x[B, D_X]", {{"B", 3}, {"D", 5}}, zeros);
   Var bias = tape.input("b[D]", {{"D", 5}}, zeros);
-  EXPECT_EQ(testing::input_error([&] { binary(x, bias, BinaryOp::add, {"B", "D"}); }),
+  EXPECT_EQ(testing::input_error([&] {
+              binary(x, bias, BinaryOp::add, {"B", "D"});
+            }),
             "add of x[B, D_X] and b[D]: letter 'D' must be sharded alike in both operands (X vs replicated); "
             "reshard or slice one first");
   // Sliced alike, the bias's gradient sums over B on each rank and is gathered at its leaf
@@ -90,10 +92,10 @@ TEST(ShapeOps, ALetterBothOperandsHaveIsShardedAlike) {
     std::int64_t d;
     Strings backward;
   };
-  for (const Case& c : {Case{"X=2", "x[B, D_X]", 5, {"all_gather(X) [D_X]"}},
-                        Case{"X=3", "x[B, D_X]", 5, {"all_gather(X) [D_X]"}},
-                        Case{"X=4", "x[B, D_X]", 3, {"all_gather(X) [D_X]"}},  // D = 3: device 3 holds none
-                        Case{"X=2,Y=2", "x[B_Y, D_X]", 5, {"all_reduce(Y) [D_X]{U_Y}", "all_gather(X) [D_X]"}}}) {
+  for (const Case& c :
+       {Case{"X=2", "x[B, D_X]", 5, {"all_gather(X) [D_X]"}}, Case{"X=3", "x[B, D_X]", 5, {"all_gather(X) [D_X]"}},
+        Case{"X=4", "x[B, D_X]", 3, {"all_gather(X) [D_X]"}},  // D = 3: device 3 holds none
+        Case{"X=2,Y=2", "x[B_Y, D_X]", 5, {"all_reduce(Y) [D_X]{U_Y}", "all_gather(X) [D_X]"}}}) {
     SCOPED_TRACE(c.mesh);
     const Mesh m = Mesh::parse(c.mesh);
     Program p{m, {leaf(m, c.x, {3, c.d}, 1), leaf(m, "b[D]", {c.d}, 2), leaf(m, c.x, {3, c.d}, 3)}, {}, ""};
@@ -136,7 +138,7 @@ TEST(ShapeOps, BroadcastMulByHand) {
     EXPECT_EQ(out.global("dy"), (std::vector<double>{9, 12}));
     // The shards' bytes: rows 2, 1 on X=2; 1, 1, 1, 0 on X=4.
     EXPECT_EQ(saved, mesh.device_count() == 2 ? (std::vector<std::int64_t>{4 * bytes, 2 * bytes})
-                                               : (std::vector<std::int64_t>{2 * bytes, 2 * bytes, 2 * bytes, 0}));
+                                              : (std::vector<std::int64_t>{2 * bytes, 2 * bytes, 2 * bytes, 0}));
   }
 }
 
@@ -177,9 +179,13 @@ TEST(ShapeOps, SubOfPartialSumsBroadcasts) {
               {},
               ""};
     // [I, K]{U_X} - [K]{U_X} -> [K, I]{U_X}: partial sums subtract; one all_reduce makes it whole.
-    p.ops = {op(Kind::local_einsum, {0, 1}, {"I", "K"}), op(Kind::local_einsum, {2, 3}, {"K"}),
-             op(Kind::binary_sub, {5, 6}, {"K", "I"}), Instr{Kind::all_reduce, {7}, {}, {}, "", "", {0}},
-             op(Kind::transpose, {8}, {"I", "K"}), op(Kind::mul, {9, 4}), op(Kind::sum, {10})};
+    p.ops = {op(Kind::local_einsum, {0, 1}, {"I", "K"}),
+             op(Kind::local_einsum, {2, 3}, {"K"}),
+             op(Kind::binary_sub, {5, 6}, {"K", "I"}),
+             Instr{Kind::all_reduce, {7}, {}, {}, "", "", {0}},
+             op(Kind::transpose, {8}, {"I", "K"}),
+             op(Kind::mul, {9, 4}),
+             op(Kind::sum, {10})};
     const std::vector<std::string> specs = specs_of(p);
     EXPECT_EQ(specs[7], "AB-RS[K, I]{U_X}");
     EXPECT_EQ(specs[9], "AB-RS[I, K]");
@@ -190,7 +196,9 @@ TEST(ShapeOps, SubOfPartialSumsBroadcasts) {
   Var a = einsum(tape.input("A[I, J_X]", {{"I", 3}, {"J", 4}}, zeros),
                  tape.input("B[J_X, K]", {{"J", 4}, {"K", 2}}, zeros), {"I", "K"});
   Var k = tape.input("k[K]", {{"K", 2}}, zeros);
-  EXPECT_THAT(testing::input_error([&] { binary(a, k, BinaryOp::sub, {"I", "K"}); }),
+  EXPECT_THAT(testing::input_error([&] {
+                binary(a, k, BinaryOp::sub, {"I", "K"});
+              }),
               HasSubstr("unreduced over different axes (X vs none)"));
   EXPECT_THAT(testing::input_error([&] { binary(a, a, BinaryOp::mul, {"I", "K"}); }), HasSubstr("needs whole values"));
 }
@@ -201,13 +209,19 @@ TEST(ShapeOps, BinaryRefusesLettersItCannotPlace) {
   Var i = tape.input("a[I_X]", {{"I", 3}}, zeros);
   Var j = tape.input("b[J_X]", {{"J", 4}}, zeros);
   Var i5 = tape.input("c[I]", {{"I", 5}}, zeros);
-  EXPECT_THAT(testing::input_error([&] { binary(i, j, BinaryOp::add, {"I", "J"}); }),
+  EXPECT_THAT(testing::input_error([&] {
+                binary(i, j, BinaryOp::add, {"I", "J"});
+              }),
               HasSubstr("add of a[I_X] and b[J_X] cannot run locally: its output would be a+b[I_X, J_X]"));
   EXPECT_THAT(testing::input_error([&] { binary(i, j, BinaryOp::mul, {"I"}); }),
               HasSubstr("letter 'J' of b[J_X] is not among the output letters (I)"));
-  EXPECT_THAT(testing::input_error([&] { binary(i, i, BinaryOp::add, {"I", "I"}); }),
+  EXPECT_THAT(testing::input_error([&] {
+                binary(i, i, BinaryOp::add, {"I", "I"});
+              }),
               HasSubstr("output letter 'I' is named twice"));
-  EXPECT_THAT(testing::input_error([&] { binary(i, i, BinaryOp::add, {"I", "K"}); }),
+  EXPECT_THAT(testing::input_error([&] {
+                binary(i, i, BinaryOp::add, {"I", "K"});
+              }),
               HasSubstr("output letter 'K' is in neither operand"));
   EXPECT_THAT(testing::input_error([&] { binary(reshard(i, tape.spec("[I]")), i5, BinaryOp::sub, {"I"}); }),
               HasSubstr("letter 'I' has size 3 in a[I] but 5 in c[I]"));
@@ -231,7 +245,9 @@ TEST(ShapeOps, TransposeCarriesShardingsAndPartialSums) {
   Var a = einsum(tape.input("A[I, J_X]", {{"I", 3}, {"J", 4}}, zeros),
                  tape.input("B[J_X, K_Y]", {{"J", 4}, {"K", 2}}, zeros), {"I", "K"});
   EXPECT_EQ(format_spec(transpose(a, {"K", "I"}).spec(), mesh), "AB[K_Y, I]{U_X}");
-  EXPECT_EQ(testing::input_error([&] { transpose(a, {"K", "K"}); }),
+  EXPECT_EQ(testing::input_error([&] {
+              transpose(a, {"K", "K"});
+            }),
             "transpose of AB[I, K_Y]{U_X}: (K, K) is not a permutation of its letters");
 }
 
@@ -253,16 +269,22 @@ TEST(ShapeOps, SplitTakesTheShardingWhenShardsHoldWholeRows) {
   Var h = split_dim(v, "D", {{"H", 4}, {"A", 3}});
   EXPECT_EQ(format_spec(h.spec(), x2), "x[B, H_X, A]");
   EXPECT_EQ(h.shape(), (Shape{2, 4, 3}));
-  EXPECT_EQ(testing::input_error([&] { split_dim(v, "D", {{"H", 3}, {"A", 4}}); }),
+  EXPECT_EQ(testing::input_error([&] {
+              split_dim(v, "D", {{"H", 3}, {"A", 4}});
+            }),
             "split_dim of x[B, D_X] (D into H=3, A=4): D is sharded over X (2 devices), and H's size 3 is not a "
             "multiple of 2, so the shards would not hold whole rows of H; all_gather D first");
   EXPECT_EQ(format_spec(split_dim(all_gather(v, "D", tape.axes("X")), "D", {{"H", 3}, {"A", 4}}).spec(), x2),
             "x[B, H, A]");
-  EXPECT_THAT(testing::input_error([&] { split_dim(v, "D", {{"H", 5}, {"A", 2}}); }),
+  EXPECT_THAT(testing::input_error([&] {
+                split_dim(v, "D", {{"H", 5}, {"A", 2}});
+              }),
               HasSubstr("the parts' sizes multiply to 10, not D's size 12"));
   EXPECT_THAT(testing::input_error([&] { split_dim(v, "Q", {{"H", 12}}); }), HasSubstr("it has no dimension 'Q'"));
   EXPECT_THAT(testing::input_error([&] { split_dim(v, "D", {{"B", 4}, {"A", 3}}); }), HasSubstr("appears twice"));
-  EXPECT_THAT(testing::input_error([&] { can_split_locally(x2, d, {2, 12}, "D", {{"H", 5}, {"A", 2}}); }),
+  EXPECT_THAT(testing::input_error([&] {
+                can_split_locally(x2, d, {2, 12}, "D", {{"H", 5}, {"A", 2}});
+              }),
               HasSubstr("multiply to 10"));
 
   // Gradients: X=2 (rows of 3), X=3 uneven batch with H = 3 heads, X=4 with an empty shard.
@@ -314,17 +336,25 @@ TEST(ShapeOps, MergeNeedsOnlyTheFirstLetterSharded) {
   EXPECT_EQ(format_spec(d.spec(), x2), "x[B, D_X]");
   EXPECT_EQ(d.shape(), (Shape{2, 12}));
   Var minor = tape.input("y[B, H, A_X]", {{"B", 2}, {"H", 4}, {"A", 3}}, zeros);
-  EXPECT_EQ(testing::input_error([&] { merge_dims(minor, {"H", "A"}, "D"); }),
+  EXPECT_EQ(testing::input_error([&] {
+              merge_dims(minor, {"H", "A"}, "D");
+            }),
             "merge_dims of y[B, H, A_X] (H, A into D): A is sharded over X, and only the first merged letter may be; "
             "all_gather A first");
   Var uneven = tape.input("z[H_X, A]", {{"H", 3}, {"A", 2}}, zeros);
-  EXPECT_THAT(testing::input_error([&] { merge_dims(uneven, {"H", "A"}, "D"); }),
+  EXPECT_THAT(testing::input_error([&] {
+                merge_dims(uneven, {"H", "A"}, "D");
+              }),
               HasSubstr("H's size 3 is not a multiple of 2, so the shards would not hold whole rows of H; "
                         "all_gather H first"));
-  EXPECT_THAT(testing::input_error([&] { merge_dims(v, {"A", "H"}, "D"); }),
+  EXPECT_THAT(testing::input_error([&] {
+                merge_dims(v, {"A", "H"}, "D");
+              }),
               HasSubstr("the letters must be consecutive in the spec and in its order (transpose first)"));
   EXPECT_THAT(testing::input_error([&] { merge_dims(v, {"H", "A"}, "B"); }), HasSubstr("appears twice"));
-  EXPECT_THAT(testing::input_error([&] { merge_dims(v, {"B", "H"}, "N"); }),
+  EXPECT_THAT(testing::input_error([&] {
+                merge_dims(v, {"B", "H"}, "N");
+              }),
               HasSubstr("H is sharded over X, and only the first merged letter may be"));
 }
 

@@ -139,7 +139,8 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   EXPECT_GE(doc["gemm_drift"].get<double>(), 0.0);
   EXPECT_LT(doc["gemm_drift"].get<double>(), 2.0);
   // A third pass exactly when the first two are as far apart as --gemm-spread's default or more.
-  EXPECT_EQ(doc["gemm_passes"].get<int>(), doc["gemm_drift"].get<double>() >= CalibrateOptions{}.gemm_steady_spread ? 3 : 2);
+  EXPECT_EQ(doc["gemm_passes"].get<int>(),
+            doc["gemm_drift"].get<double>() >= CalibrateOptions{}.gemm_steady_spread ? 3 : 2);
   for (const GemmRate& g : p.calibration->gemm) EXPECT_GT(g.flops_per_s, 0) << g.shape;
 
   // Four collectives on the one group size, one size range each (a --quick sweep has too
@@ -228,7 +229,8 @@ TEST_F(Calibrated, FitsEachRingsOverlapToTheMeasuredRatio) {
     const Plan* serialized = nullptr;
     for (const Plan& plan : planning.candidates) {
       if (plan.steps.size() == 1 && plan.steps[0].op == op) ring_plan = &plan;
-      if (plan.steps.size() == 2 && (plan.steps[0].op == OpKind::all_gather || plan.steps[1].op == OpKind::reduce_scatter)) {
+      if (plan.steps.size() == 2 &&
+          (plan.steps[0].op == OpKind::all_gather || plan.steps[1].op == OpKind::reduce_scatter)) {
         serialized = &plan;
       }
     }
@@ -268,8 +270,8 @@ TEST_F(Calibrated, GemmSpreadZeroAlwaysTakesAThirdPass) {
 
 TEST_F(Calibrated, PlanAndReshardPredictWithTheFitByDefault) {
   const HardwareProfile p = profile();
-  const std::vector<std::string> reshard = {"reshard", "A[I_X, J]", "A[I, J]", "--mesh", "X=2", "--dims",
-                                            "I=256,J=128", "--json"};
+  const std::vector<std::string> reshard = {"reshard", "A[I_X, J]", "A[I, J]",     "--mesh",
+                                            "X=2",     "--dims",    "I=256,J=128", "--json"};
   // The default dtype on a profile without bf16 is f32: the all_gather's array is 256 x 128 x 4 B.
   const json by_default = json_of(shardmm_cli(reshard));
   EXPECT_EQ(by_default["hardware"], "calibrated-threads");
@@ -290,8 +292,8 @@ TEST_F(Calibrated, PlanAndReshardPredictWithTheFitByDefault) {
   EXPECT_EQ(json_of(shardmm_cli(by_file)), by_default);
   EXPECT_EQ(json_of(shardmm_cli(analytic))["hardware"], "h100");
 
-  const Result text = shardmm_cli({"plan", "A[I_X, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2", "--dims",
-                                   "I=256,J=128,K=64"});
+  const Result text =
+      shardmm_cli({"plan", "A[I_X, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=256,J=128,K=64"});
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("calibrated-threads (from " + profile_->string() + ", the calibrated default"));
   EXPECT_THAT(text.out, HasSubstr("calibrated on the threads backend"));
@@ -336,8 +338,8 @@ TEST_F(Calibrated, RunReportsMeasuredOverPredictedAndWritesTheTrace) {
   EXPECT_EQ(doc["trace_file"], trace.string());
   expect_trace(trace, plan, 2);
 
-  const Result text = shardmm_cli({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims",
-                                   "I=64,J=96,K=32", "--repeat", "1"});
+  const Result text = shardmm_cli(
+      {"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=64,J=96,K=32", "--repeat", "1"});
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("measured/predicted"));
   EXPECT_THAT(text.out, HasSubstr("predicted on calibrated-threads"));
@@ -353,8 +355,8 @@ TEST_F(Calibrated, ReshardRunTracesToo) {
 
 TEST_F(Calibrated, WithoutAProfileTheOldDefaultsStand) {
   setenv("SHARDMM_PROFILE", (*dir_ / "none.json").c_str(), 1);
-  const std::vector<std::string> reshard = {"reshard", "A[I_X, J]", "A[I, J]", "--mesh", "X=2", "--dims",
-                                            "I=256,J=128", "--json"};
+  const std::vector<std::string> reshard = {"reshard", "A[I_X, J]", "A[I, J]",     "--mesh",
+                                            "X=2",     "--dims",    "I=256,J=128", "--json"};
   const json plan = json_of(shardmm_cli(reshard));
   EXPECT_EQ(plan["hardware"], "tpu-v5e");
   EXPECT_EQ(plan["dtype"], "bf16");
@@ -362,9 +364,9 @@ TEST_F(Calibrated, WithoutAProfileTheOldDefaultsStand) {
                                         "I=8,J=8,K=8", "--repeat", "1", "--json"}));
   EXPECT_EQ(run["hardware"], "h100");
   EXPECT_EQ(run["trace_file"], nullptr);
-  expect_input_error({"plan", "A[I_X, J] @ B[J, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8", "--hw", "calibrated"},
-                     "no calibrated hardware profile at " + (*dir_ / "none.json").string() +
-                         "; run 'shardmm calibrate' first");
+  expect_input_error(
+      {"plan", "A[I_X, J] @ B[J, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8", "--hw", "calibrated"},
+      "no calibrated hardware profile at " + (*dir_ / "none.json").string() + "; run 'shardmm calibrate' first");
 }
 
 TEST_F(Calibrated, ABrokenProfileIsAnErrorNotSkipped) {
@@ -381,10 +383,12 @@ TEST_F(Calibrated, BadFlagsExitTwo) {
   expect_input_error({"calibrate", "--mesh", "X=1", "--quick"}, "cannot calibrate on mesh X=1: it has one device");
   expect_input_error({"calibrate", "--backend", "gloo", "--mesh", "X=2"}, "unknown backend 'gloo'");
   expect_input_error({"calibrate", "--mesh", "X=2", "--out", dir_->string()}, "it is a directory");
-  expect_input_error({"calibrate", "--mesh", "X=2", "--gemm-spread", "-0.5"}, "--gemm-spread -0.5: must be a fraction >= 0");
-  expect_input_error({"calibrate", "--mesh", "X=2", "--gemm-spread", "inf"}, "--gemm-spread inf: must be a fraction >= 0");
-  const std::vector<std::string> run = {"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8",
-                                        "--trace"};
+  expect_input_error({"calibrate", "--mesh", "X=2", "--gemm-spread", "-0.5"},
+                     "--gemm-spread -0.5: must be a fraction >= 0");
+  expect_input_error({"calibrate", "--mesh", "X=2", "--gemm-spread", "inf"},
+                     "--gemm-spread inf: must be a fraction >= 0");
+  const std::vector<std::string> run = {"run",    "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2",
+                                        "--dims", "I=8,J=8,K=8",           "--trace"};
   std::vector<std::string> missing_dir = run, is_dir = run;
   missing_dir.push_back("/nonexistent-shardmm/t.json");
   is_dir.push_back(dir_->string());
@@ -430,8 +434,9 @@ TEST_F(Calibrated, ATraceThatCannotBeWrittenKeepsTheReport) {
   std::signal(SIGXFSZ, old_handler);
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.out, HasSubstr("verified"));
-  EXPECT_THAT(err.str(), HasSubstr("shardmm: error: cannot write the trace to '" + trace.string() +
-                                   "': File too large (nothing was written); the run's report is printed all the same\n"));
+  EXPECT_THAT(err.str(),
+              HasSubstr("shardmm: error: cannot write the trace to '" + trace.string() +
+                        "': File too large (nothing was written); the run's report is printed all the same\n"));
   EXPECT_EQ(slurp(trace), "old");
   std::vector<std::string> beside;  // t.json and any temporary written beside it
   for (const auto& e : std::filesystem::directory_iterator(*dir_)) {

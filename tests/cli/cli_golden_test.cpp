@@ -112,8 +112,8 @@ testing::CliResult run_in_tests_dir(const std::vector<std::string>& args) {
 
 // A refused write (a full disk: > /dev/full) is an error, not success with nothing written.
 TEST(CliOutput, AStdoutThatRefusesTheOutputExitsTwo) {
-  std::vector<std::string> args = {"shardmm", "plan", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2",
-                                   "--dims", "I=8,J=4,K=2"};
+  std::vector<std::string> args = {"shardmm", "plan",       "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2",
+                                   "--dims",  "I=8,J=4,K=2"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   std::ostringstream out, err;

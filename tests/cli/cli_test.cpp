@@ -201,7 +201,8 @@ void expect_same_plan(const json& j, const Plan& p, const Mesh& mesh) {
     }
     if (is_collective_matmul(s.op)) {
       const json& ring = js["ring"];
-      EXPECT_EQ(ring["operand"], s.op == OpKind::all_gather_einsum ? json(s.ring_operand == 0 ? "a" : "b") : json(nullptr));
+      EXPECT_EQ(ring["operand"],
+                s.op == OpKind::all_gather_einsum ? json(s.ring_operand == 0 ? "a" : "b") : json(nullptr));
       EXPECT_EQ(ring["bidirectional"].get<bool>(), s.bidirectional);
       EXPECT_EQ(ring["contracted"].get<bool>(), gathers_contracted(s));
       EXPECT_EQ(ring["steps"].get<int>(), s.ring_steps);
@@ -309,9 +310,11 @@ TEST(CliCheck, ManyDevicesAreSummarized) {
   EXPECT_THAT(r.out, HasSubstr("8192"));       // devices with that shape
   EXPECT_LT(lines(r.out).size(), 30u);
   // JSON lists each device up to 4,096 of them; beyond, only the distinct local shapes.
-  const json small = parse_stdout(run({"check", "A[I_X, J_Y]", "--mesh", "X=64,Y=64", "--dims", "I=100,J=64", "--json"}));
+  const json small =
+      parse_stdout(run({"check", "A[I_X, J_Y]", "--mesh", "X=64,Y=64", "--dims", "I=100,J=64", "--json"}));
   EXPECT_EQ(small["shards"].size(), 4096u);
-  const json big = parse_stdout(run({"check", "A[I_X, J_Y]", "--mesh", "X=64,Y=128", "--dims", "I=100,J=4096", "--json"}));
+  const json big =
+      parse_stdout(run({"check", "A[I_X, J_Y]", "--mesh", "X=64,Y=128", "--dims", "I=100,J=4096", "--json"}));
   EXPECT_TRUE(big["shards"].is_null());
   // I=100 over 64: 36 blocks of 2 rows and 28 of 1; J=4096 over 128: 32 columns each.
   EXPECT_EQ(big["local_shapes"], (json{{{"local_shape", {1, 32}}, {"devices", 28 * 128}, {"bytes", 1 * 32 * 2}},
@@ -409,12 +412,12 @@ TEST(CliJson, KeysAreTheDocumentedOnesInTheirOrder) {
   const ordered reshard =
       document({"reshard", "A[I, J_X]", "A[I_X, J]", "--mesh", "X=4", "--dims", "I=8,J=4", "--json"});
   std::vector<std::string> expected = documented_keys("## `shardmm plan --json`");
-  std::erase_if(expected, [](const std::string& k) { return k == "roles" || k == "cases" || k == "every_output_layout";
-  });
+  std::erase_if(expected,
+                [](const std::string& k) { return k == "roles" || k == "cases" || k == "every_output_layout"; });
   EXPECT_EQ(keys_of(reshard), expected);
   EXPECT_EQ(reshard["tie_margin"], 0.02);
-  const std::vector<std::string> model{"model", "mlp", "--strategy", "tp", "--mesh", "X=2", "--dims",
-                                       "B=2,T=2,D=4,F=4", "--json"};
+  const std::vector<std::string> model{"model", "mlp",    "--strategy",      "tp",    "--mesh",
+                                       "X=2",   "--dims", "B=2,T=2,D=4,F=4", "--json"};
   std::vector<std::string> with_run = model;
   with_run.insert(with_run.end(), {"--run", "--dtype", "f64"});
   for (const auto& args : {model, with_run}) {
@@ -533,8 +536,8 @@ TEST(CliPlan, RingOverAContractedDimension) {
 // A ring over a free dimension fills the part of C that dimension indexes: gathering A's
 // I-blocks fills I-rows of C, gathering B's K-blocks fills K-columns (not "rows" for both).
 TEST(CliPlan, RingOverAFreeDimensionNamesTheRowsOrColumnsItFills) {
-  const std::string text = run({"plan", "A[I_X, J] @ B[J, K_X] -> C[I_X, K]", "--mesh", "X=4", "--dims", kDims,
-                                "--hw", "tpu-v5e", "--dtype", "bf16", "--all"})
+  const std::string text = run({"plan", "A[I_X, J] @ B[J, K_X] -> C[I_X, K]", "--mesh", "X=4", "--dims", kDims, "--hw",
+                                "tpu-v5e", "--dtype", "bf16", "--all"})
                                .out;
   const std::string flat = words(text);
   EXPECT_THAT(flat, HasSubstr("all_gather B's X-blocks of K round a bidirectional ring of 3 steps, multiplying each "
@@ -813,7 +816,8 @@ TEST(CliErrors, OneLineAndExit2) {
   expect_input_error(plan({"--mesh", "X=4", "--dims", "I=8,J=x,K=2"}), "bad dims 'I=8,J=x,K=2'");
   expect_input_error(plan({"--mesh", "X=4", "--dims", ""}), "empty --dims");
   expect_input_error(plan({"--mesh", "X=4096,Y=4097", "--dims", "I=8,J=4,K=2"}), "up to 16777216 devices");
-  expect_input_error(plan({"--mesh", "X=4", "--dims", "I=3037000499,J=3037000499,K=2"}), "tensor A has more bytes than a signed 64-bit count holds");
+  expect_input_error(plan({"--mesh", "X=4", "--dims", "I=3037000499,J=3037000499,K=2"}),
+                     "tensor A has more bytes than a signed 64-bit count holds");
   expect_input_error(plan({"--mesh", "X=4", "--dims", "I=8,J=4"}), "'K' of B has no size");
   expect_input_error(plan({"--mesh", "X=4", "--dims", "I=8,J=4,K=2,L=3"}), "'L'");
   expect_input_error(with({"--dtype", "f8"}), "unknown dtype 'f8'");
@@ -893,8 +897,12 @@ TEST(CliRun, VerifiesAndReportsTheTrace) {
 // one that fails during verification lost its cause: the run is refused before it starts,
 // with the figures. (Not under the sanitizers, whose runtimes map terabytes of shadow.)
 TEST(CliRun, AnAddressSpaceLimitIsCheckedBeforeTheRun) {
-  const std::vector<std::string> args = {"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims",
-                                         "I=8192,J=256,K=8192", "--repeat", "1", "--warmup", "0", "--warmup-time", "0"};
+  const std::vector<std::string> args = {"run",           "A[I, J_X] @ B[J_X, K] -> C[I, K]",
+                                         "--mesh",        "X=2",
+                                         "--dims",        "I=8192,J=256,K=8192",
+                                         "--repeat",      "1",
+                                         "--warmup",      "0",
+                                         "--warmup-time", "0"};
   for (const rlim_t kib : {800000, 1000000, 1600000}) {
     SCOPED_TRACE("ulimit -v " + std::to_string(kib));
     const Result r = run(args, 60, kib * 1024);
@@ -924,8 +932,11 @@ TEST(CliRun, AWatchdogTimeoutIsExitTwoNamingTheRanks) {
 }
 
 TEST(CliRun, VerificationStatesTheRuleItApplied) {
-  const std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", "--mesh", "X=4", "--dims",
-                                      "I=37,J=64,K=9", "--repeat", "1", "--dtype", "f64"};
+  const std::vector<std::string> args{"run",      "A[I, J_X] @ B[J_X, K] -> C[I_X, K]",
+                                      "--mesh",   "X=4",
+                                      "--dims",   "I=37,J=64,K=9",
+                                      "--repeat", "1",
+                                      "--dtype",  "f64"};
   const Result text = run(args);
   ASSERT_EQ(text.status, 0) << text.err;
   std::vector<std::string> with_json = args;
@@ -949,13 +960,13 @@ TEST(CliRun, VerificationStatesTheRuleItApplied) {
 // Without a profile calibrated here, run predicts for the fallback hardware (h100) and says so:
 // no measured/predicted ratio between two machines, and how to get this one's profile.
 TEST(CliRun, AnotherMachinesPredictionIsNotComparedWithThisOnesRun) {
-  const std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8",
-                                      "--repeat", "1", "--warmup-time", "0"};
+  const std::vector<std::string> args{
+      "run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2", "--dims", "I=8,J=8,K=8", "--repeat", "1", "--warmup-time", "0"};
   const Result text = run(args);
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("predicted on h100  measured\n"));
   EXPECT_THAT(text.out, Not(HasSubstr("measured  measured/predicted")));  // the ratio column
-  EXPECT_THAT(text.out, Not(HasSubstr("; measured/predicted")));         // the total's ratio
+  EXPECT_THAT(text.out, Not(HasSubstr("; measured/predicted")));          // the total's ratio
   EXPECT_THAT(text.out, HasSubstr("h100 is another machine's, so no measured/predicted here: `shardmm calibrate "
                                   "--quick` measures this one in seconds"));
   std::vector<std::string> json_args = args;
@@ -977,8 +988,9 @@ TEST(CliRun, AnotherMachinesPredictionIsNotComparedWithThisOnesRun) {
 TEST(CliRun, SaysWhenTheRanksTakeTurnsOnTheCores) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const auto run_on = [](int ranks, bool as_json) {
-    std::vector<std::string> args{"run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=" + std::to_string(ranks), "--dims",
-                                  "I=8,J=8,K=8", "--repeat", "1", "--warmup-time", "0"};
+    std::vector<std::string> args{
+        "run", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=" + std::to_string(ranks), "--dims", "I=8,J=8,K=8", "--repeat",
+        "1",   "--warmup-time",         "0"};
     if (as_json) args.push_back("--json");
     return run(args);
   };
@@ -1001,8 +1013,8 @@ TEST(CliRun, SaysWhenTheRanksTakeTurnsOnTheCores) {
 // Progress in a log (stderr is not a terminal here): the first line of each phase, then at
 // most one a second. A tiny run warms up for 0.2 s, thousands of runs, in one line.
 TEST(CliRun, ProgressInALogIsALineAPhaseNotARunAtATime) {
-  const Result r = run({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=4,J=4,K=4",
-                        "--repeat", "20", "--warmup-time", "0.2"});
+  const Result r = run({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=4,J=4,K=4", "--repeat",
+                        "20", "--warmup-time", "0.2"});
   ASSERT_EQ(r.status, 0) << r.err;
   int warmups = 0, repeats = 0;
   std::istringstream lines(r.err);
@@ -1019,8 +1031,8 @@ TEST(CliRun, ProgressInALogIsALineAPhaseNotARunAtATime) {
 }
 
 TEST(CliRun, EveryCandidateRunsAndTheTextNamesTheVerdict) {
-  const std::vector<std::string> base{"run", "A[I_X, J] @ B[J, K_X]", "--mesh", "X=2,Y=2", "--dims", "I=6,J=5,K=7",
-                                      "--dtype", "f64", "--repeat", "1"};
+  const std::vector<std::string> base{
+      "run", "A[I_X, J] @ B[J, K_X]", "--mesh", "X=2,Y=2", "--dims", "I=6,J=5,K=7", "--dtype", "f64", "--repeat", "1"};
   const Result plan = run({"plan", "A[I_X, J] @ B[J, K_X]", "--mesh", "X=2,Y=2", "--dims", "I=6,J=5,K=7", "--dtype",
                            "f64", "--hw", "h100", "--json"});
   ASSERT_EQ(plan.status, 0) << plan.err;
@@ -1037,8 +1049,8 @@ TEST(CliRun, EveryCandidateRunsAndTheTextNamesTheVerdict) {
 }
 
 TEST(CliRun, ReshardRunChecksEveryElement) {
-  const Result r = run({"reshard", "A[I, J_X]{U_Y}", "A[I_XY, J]", "--mesh", "X=2,Y=2", "--dims", "I=9,J=5",
-                        "--dtype", "f64", "--run", "--repeat", "2"});
+  const Result r = run({"reshard", "A[I, J_X]{U_Y}", "A[I_XY, J]", "--mesh", "X=2,Y=2", "--dims", "I=9,J=5", "--dtype",
+                        "f64", "--run", "--repeat", "2"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("verified"));
   EXPECT_THAT(r.out, Not(HasSubstr("NOT VERIFIED")));
@@ -1075,8 +1087,8 @@ TEST(CliSplit, CheckPlacesChunkBlocks) {
     return out;
   };
   using Rows = std::vector<std::pair<int, int>>;
-  const json chunk = parse_stdout(
-      run({"check", "A[I_X, J]", "--mesh", "X=4", "--split", "chunk", "--dims", "I=10,J=2", "--json"}));
+  const json chunk =
+      parse_stdout(run({"check", "A[I_X, J]", "--mesh", "X=4", "--split", "chunk", "--dims", "I=10,J=2", "--json"}));
   EXPECT_EQ(chunk["split"], "chunk");
   EXPECT_EQ(rows(chunk), (Rows{{0, 3}, {3, 6}, {6, 9}, {9, 10}}));
   const json array = parse_stdout(run({"check", "A[I_X, J]", "--mesh", "X=4", "--dims", "I=10,J=2", "--json"}));
@@ -1106,14 +1118,14 @@ TEST(CliSplit, PlanCostsTheRulesBlocks) {
 
 // Executed and verified against the dense reference under chunk, with empty blocks.
 TEST(CliSplit, RunAndReshardVerifyUnderChunk) {
-  const Result r = run({"run", "A[I_X, J] @ B[J, K_Y] -> C[I_XY, K]", "--mesh", "X=3,Y=2", "--split", "chunk",
-                        "--dims", "I=10,J=7,K=4", "--repeat", "1", "--json"});
+  const Result r = run({"run", "A[I_X, J] @ B[J, K_Y] -> C[I_XY, K]", "--mesh", "X=3,Y=2", "--split", "chunk", "--dims",
+                        "I=10,J=7,K=4", "--repeat", "1", "--json"});
   ASSERT_EQ(r.status, 0) << r.err;
   const json doc = json::parse(r.out);
   EXPECT_EQ(doc["verified"], true);
   EXPECT_EQ(doc["split"], "chunk");
-  const Result text = run({"run", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--split", "chunk", "--dims", "I=5,J=3,K=2",
-                           "--repeat", "1"});
+  const Result text = run(
+      {"run", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--split", "chunk", "--dims", "I=5,J=3,K=2", "--repeat", "1"});
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("verified"));
   EXPECT_THAT(text.out, HasSubstr("--split chunk"));
@@ -1132,9 +1144,8 @@ TEST(CliSplit, AnUnknownRuleIsOneLineAndExit2) {
   expect_input_error({"plan", "A[I_X, J] @ B[J, K]", "--mesh", "X=4", "--dims", "I=5,J=3,K=2", "--split", "bogus"},
                      want);
   expect_input_error({"reshard", "A[I_X]", "A[I]", "--mesh", "X=4", "--dims", "I=5", "--split", "bogus"}, want);
-  expect_input_error({"model", "mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--split",
-                      "bogus"},
-                     want);
+  expect_input_error(
+      {"model", "mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--split", "bogus"}, want);
 }
 
 TEST(CliBench, CollectivesTableAndJson) {
@@ -1192,9 +1203,9 @@ TEST(CliBench, MatmulAllCandidatesJson) {
     const std::int64_t n = i == 0 ? 16 : 40;
     EXPECT_EQ(p["dims"], json({{"I", n}, {"J", n}, {"K", 24}}));
     EXPECT_DOUBLE_EQ(p["flops"].get<double>(), 2.0 * n * n * 24);
-    EXPECT_EQ(p["gemm"]["m"], n);  // I: A's free dimension
+    EXPECT_EQ(p["gemm"]["m"], n);   // I: A's free dimension
     EXPECT_EQ(p["gemm"]["n"], 24);  // K: B's free dimension
-    EXPECT_EQ(p["gemm"]["k"], n);  // J: contracted
+    EXPECT_EQ(p["gemm"]["k"], n);   // J: contracted
     const MatmulPlanning planning =
         plan_matmul(mesh, c, {{"I", n}, {"J", n}, {"K", 24}}, PlanOptions{DType::f64, builtin_profile("h100")});
     EXPECT_EQ(p["chosen"], planning.chosen);
@@ -1212,7 +1223,8 @@ TEST(CliBench, MatmulAllCandidatesJson) {
       EXPECT_TRUE(run["verified"].get<bool>());
       const double t = run["measured_time_s"];
       ASSERT_GT(t, 0);
-      EXPECT_NEAR(run["vs_gemm"].get<double>(), p["gemm"]["time_s"].get<double>() / t, 1e-9 * run["vs_gemm"].get<double>());
+      EXPECT_NEAR(run["vs_gemm"].get<double>(), p["gemm"]["time_s"].get<double>() / t,
+                  1e-9 * run["vs_gemm"].get<double>());
       EXPECT_NEAR(run["flop_rate"].get<double>(), p["flops"].get<double>() / t, 1e-9 * run["flop_rate"].get<double>());
       EXPECT_NEAR(run["measured_over_predicted"].get<double>(), t / plan.total_time_s,
                   1e-9 * run["measured_over_predicted"].get<double>());
@@ -1256,13 +1268,13 @@ HardwareProfile calibrated_profile(const std::string& name, const std::function<
 }
 
 TEST(CliBench, MatmulRunoffJudgesAChoiceAnotherCandidateBeat) {
-  const HardwareProfile hw =
-      calibrated_profile("gathers-are-free", [](OpKind op) { return op == OpKind::all_gather ? 0.0 : 1.0; }, 0.0);
+  const HardwareProfile hw = calibrated_profile(
+      "gathers-are-free", [](OpKind op) { return op == OpKind::all_gather ? 0.0 : 1.0; }, 0.0);
   const std::filesystem::path file = std::filesystem::temp_directory_path() / "shardmm_cli_test_runoff.json";
   std::ofstream(file) << profile_to_json(hw);
-  const Result r = run({"bench", "matmul", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=1,K=1",
-                        "--sizes", "262144", "--all", "--repeat", "3", "--rounds", "2", "--dtype", "f64", "--hw",
-                        file.string(), "--json"});
+  const Result r =
+      run({"bench", "matmul", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=1,K=1", "--sizes",
+           "262144", "--all", "--repeat", "3", "--rounds", "2", "--dtype", "f64", "--hw", file.string(), "--json"});
   std::filesystem::remove(file);
   ASSERT_EQ(r.status, 0) << r.err;
   const json p = json::parse(r.out)["points"][0];
@@ -1284,7 +1296,8 @@ TEST(CliBench, MatmulRunoffJudgesAChoiceAnotherCandidateBeat) {
 // largest GEMM again and reports it against the profile's rate; a profile from another mesh is
 // no yardstick (a rank's rate depends on how many ranks share the cores).
 TEST(CliBench, MatmulSpeedCheckAgainstTheCalibration) {
-  HardwareProfile hw = calibrated_profile("tiny-calibration", [](OpKind) { return 1e-6; }, 1e-10);
+  HardwareProfile hw = calibrated_profile(
+      "tiny-calibration", [](OpKind) { return 1e-6; }, 1e-10);
   // The largest of the two f64 shapes is the yardstick; the f32 one is another dtype's.
   hw.calibration->gemm = {{DType::f64, "small", 16, 16, 16, 1.0, 2e9},
                           {DType::f64, "square", 48, 40, 32, 5.0, 1e9},
@@ -1293,8 +1306,11 @@ TEST(CliBench, MatmulSpeedCheckAgainstTheCalibration) {
     hw.calibration->mesh = mesh;
     const std::filesystem::path file = std::filesystem::temp_directory_path() / "shardmm_cli_test_speed.json";
     std::ofstream(file) << profile_to_json(hw);
-    std::vector<std::string> args{"bench", "matmul", "A[I_X, J] @ B[J_X, K]", "--mesh", "X=2", "--sizes", "8,16",
-                                  "--repeat", "1", "--rounds", "2", "--dtype", "f64", "--hw", file.string()};
+    std::vector<std::string> args{"bench",    "matmul",   "A[I_X, J] @ B[J_X, K]",
+                                  "--mesh",   "X=2",      "--sizes",
+                                  "8,16",     "--repeat", "1",
+                                  "--rounds", "2",        "--dtype",
+                                  "f64",      "--hw",     file.string()};
     if (as_json) args.push_back("--json");
     const Result r = run(args);
     std::filesystem::remove(file);
@@ -1335,13 +1351,14 @@ TEST(CliBench, MatmulChosenPlanText) {
   const json doc = json::parse(r.out);
   ASSERT_EQ(doc["points"].size(), 1u);
   const json& p = doc["points"][0];
-  EXPECT_EQ(p["gemm"], json({{"m", 24}, {"n", 20}, {"k", 20}, {"time_s", p["gemm"]["time_s"]},
-                             {"flop_rate", p["gemm"]["flop_rate"]}}));
+  EXPECT_EQ(
+      p["gemm"],
+      json({{"m", 24}, {"n", 20}, {"k", 20}, {"time_s", p["gemm"]["time_s"]}, {"flop_rate", p["gemm"]["flop_rate"]}}));
   ASSERT_EQ(p["runs"].size(), 1u);  // the chosen plan alone
   EXPECT_EQ(p["runs"][0]["candidate"], p["chosen"]);
   EXPECT_FALSE(doc.contains("choice"));
-  const Result text = run({"bench", "matmul", "A[I_X, J] @ B[J, K]", "--mesh", "X=2", "--sizes", "8,16", "--all",
-                           "--repeat", "1"});
+  const Result text =
+      run({"bench", "matmul", "A[I_X, J] @ B[J, K]", "--mesh", "X=2", "--sizes", "8,16", "--all", "--repeat", "1"});
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("reference: one OpenBLAS GEMM of the same FLOPs with"));
   EXPECT_THAT(text.out, HasSubstr("(chosen"));

@@ -45,11 +45,12 @@ json model_json(std::vector<std::string> args) {
 }
 
 // Sum of count or bytes over the rows of one phase (and op, when given).
-std::int64_t total(const json& doc, const std::string& key, const std::string& phase = "",
-                   const std::string& op = "", const char* side = "predicted") {
+std::int64_t total(const json& doc, const std::string& key, const std::string& phase = "", const std::string& op = "",
+                   const char* side = "predicted") {
   std::int64_t n = 0;
   for (const json& row : doc["collectives"]) {
-    if ((phase.empty() || row["phase"] == phase) && (op.empty() || row["op"] == op)) n += row[side][key].get<std::int64_t>();
+    if ((phase.empty() || row["phase"] == phase) && (op.empty() || row["op"] == op))
+      n += row[side][key].get<std::int64_t>();
   }
   return n;
 }
@@ -69,7 +70,8 @@ TEST(ModelCliTest, MegatronMlpMovesTwoAllReducesOfItsActivation) {
 }
 
 TEST(ModelCliTest, DecoderBlockFourAllReducesTrainingTwoInference) {
-  const std::vector<std::string> args = {"block", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=8,D=16,F=32,H=4"};
+  const std::vector<std::string> args = {"block",  "--strategy",           "tp", "--mesh", "X=2",
+                                         "--dims", "B=2,T=8,D=16,F=32,H=4"};
   EXPECT_EQ(total(model_json(args), "count", "", "all_reduce"), 4);
   std::vector<std::string> infer = args;
   infer.push_back("--infer");
@@ -131,7 +133,8 @@ TEST(ModelCliTest, ThePrintedProgramPredictsWhatTheModelPredicts) {
   const fs::path file = fs::temp_directory_path() / ("shardmm_model_cli_" + std::to_string(::getpid()) + ".prog");
   for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
            {"block", "--strategy", "dp+sp", "--mesh", "X=2,Y=2", "--dims", "B=3,T=5,D=8,F=12,H=2", "--causal"},
-           {"moe", "--strategy", "ep", "--mesh", "X=4", "--dims", "B=8,T=16,D=16,F=32,E=8,K=2", "--capacity-factor", "2"},
+           {"moe", "--strategy", "ep", "--mesh", "X=4", "--dims", "B=8,T=16,D=16,F=32,E=8,K=2", "--capacity-factor",
+            "2"},
            {"mlp", "--strategy", "fsdp", "--mesh", "X=8", "--dims", "B=8,T=4,D=64,F=256", "--activation", "relu"},
            {"attention", "--strategy", "tp", "--mesh", "X=4", "--dims", "B=8,T=1024,D=4096,H=32", "--infer"}}) {
     std::vector<std::string> print = args;
@@ -152,12 +155,15 @@ TEST(ModelCliTest, ThePrintedProgramPredictsWhatTheModelPredicts) {
     }()) << args[0];
     for (const json& row : got["collectives"]) {
       const std::string phase = row["phase"], op = row["op"];
-      EXPECT_EQ(total(want, "count", phase, op), row["count"].get<std::int64_t>()) << args[0] << " " << phase << " " << op;
-      EXPECT_EQ(total(want, "bytes", phase, op), row["bytes"].get<std::int64_t>()) << args[0] << " " << phase << " " << op;
+      EXPECT_EQ(total(want, "count", phase, op), row["count"].get<std::int64_t>())
+          << args[0] << " " << phase << " " << op;
+      EXPECT_EQ(total(want, "bytes", phase, op), row["bytes"].get<std::int64_t>())
+          << args[0] << " " << phase << " " << op;
     }
     EXPECT_EQ(want["memory"]["parameter_bytes"], got["memory"]["param_bytes"]) << args[0];
     EXPECT_EQ(want["memory"]["activation_bytes"], got["memory"]["activation_bytes"]) << args[0];
-    EXPECT_DOUBLE_EQ(want["predicted_time_s"]["total"].get<double>(), got["predicted_time_s"]["serialized"].get<double>())
+    EXPECT_DOUBLE_EQ(want["predicted_time_s"]["total"].get<double>(),
+                     got["predicted_time_s"]["serialized"].get<double>())
         << args[0];
   }
   fs::remove(file);
@@ -207,8 +213,7 @@ TEST(ModelCliTest, BadInputIsOneLineAndExitTwo) {
        "add --run or drop --backend"},
       {{"mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--run", "--dtype", "bf16"},
        "--run computes in f32 or f64"},
-      {{"mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--run", "--backend", "nccl"},
-       "nccl"},
+      {{"mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--run", "--backend", "nccl"}, "nccl"},
       {{"mlp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4"}, "--strategy"},
       {{"mlp", "--strategy", "tp", "--mesh", "X=2", "--dims", "B=2,T=2,D=4,F=4", "--print-program", "--run"},
        "--print-program prints the layer's program and nothing else; drop --run"},

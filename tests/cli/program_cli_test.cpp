@@ -80,7 +80,8 @@ TEST(ProgramCli, ThePeakAndTheTraceFollowTheMemoryTimeline) {
   for (std::size_t i = 0; i < samples.size(); ++i) {
     const json& a = samples[i]["args"];
     std::int64_t total = 0;
-    for (const char* k : {"params", "inputs", "gradients", "optimizer_state", "activations", "transient"}) total += a[k].get<std::int64_t>();
+    for (const char* k : {"params", "inputs", "gradients", "optimizer_state", "activations", "transient"})
+      total += a[k].get<std::int64_t>();
     EXPECT_EQ(total, points[i]["total_bytes"]) << i;
     EXPECT_EQ(a["optimizer_state"], 2 * points[i]["param_bytes"].get<std::int64_t>()) << i;
     if (i > 0) EXPECT_GE(samples[i]["ts"].get<double>(), samples[i - 1]["ts"].get<double>()) << i;
@@ -89,8 +90,9 @@ TEST(ProgramCli, ThePeakAndTheTraceFollowTheMemoryTimeline) {
   const json& at = points[memory["peak_point"].get<std::size_t>()];
   ASSERT_FALSE(at["line"].is_null());  // the MLP peaks inside an op
   const Result text = program({example("mlp.prog"), "--optimizer", "adam"});
-  EXPECT_THAT(text.out, HasSubstr("during line " + std::to_string(at["line"].get<int>()) + " (" + at["tensor"].get<std::string>() +
-                                  " = " + at["op"].get<std::string>() + "), " + at["phase"].get<std::string>()));
+  EXPECT_THAT(text.out, HasSubstr("during line " + std::to_string(at["line"].get<int>()) + " (" +
+                                  at["tensor"].get<std::string>() + " = " + at["op"].get<std::string>() + "), " +
+                                  at["phase"].get<std::string>()));
   fs::remove_all(dir);
 }
 
@@ -98,8 +100,8 @@ TEST(ProgramCli, ThePeakAndTheTraceFollowTheMemoryTimeline) {
 // places them (F=7 over X=3: 3,3,1, not 3,2,2), the run verified against the dense step.
 TEST(ProgramCli, SplitChunkPlacesAndVerifies) {
   for (const std::vector<std::string>& mesh : {std::vector<std::string>{}, std::vector<std::string>{"--mesh", "X=3"}}) {
-    std::vector<std::string> args{example("mlp.prog"), "--dims", "B=2,T=2,D=4,F=7", "--split", "chunk", "--run",
-                                  "--json"};
+    std::vector<std::string> args{
+        example("mlp.prog"), "--dims", "B=2,T=2,D=4,F=7", "--split", "chunk", "--run", "--json"};
     args.insert(args.end(), mesh.begin(), mesh.end());
     const Result r = program(args);
     ASSERT_EQ(r.status, 0) << r.err;
@@ -163,7 +165,10 @@ TEST(ProgramCli, TheScalingBooksHandWorkedFfnGivesItsAnswers) {
 TEST(ProgramCli, BadInputIsOneMessageAndExitTwo) {
   const fs::path dir = fs::temp_directory_path() / ("shardmm_program_bad_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  std::ofstream(dir / "junk.prog", std::ios::binary) << std::string("\x7f" "ELF\x02\x01\x01\x00", 8);
+  std::ofstream(dir / "junk.prog", std::ios::binary) << std::string(
+      "\x7f"
+      "ELF\x02\x01\x01\x00",
+      8);
   std::ofstream(dir / "typo.prog") << "mesh X=2\ndims I=4\ninput a[I]\nb[I] = relu(a) @\n";
   std::ofstream(dir / "wrong.npy", std::ios::binary) << format_npy({3}, {1, 2, 3});
   const std::string ffn = example("tp_ffn.prog");

@@ -55,7 +55,8 @@ TEST(SolveCli, EmitWritesAProgramThatCostsTheSame) {
   const Result p = cli({"program", file.string(), "--json"});
   ASSERT_EQ(p.status, 0) << p.err;
   const json program = json::parse(p.out);
-  EXPECT_DOUBLE_EQ(program["predicted_time_s"]["serialized"].get<double>(), solved["predicted"]["time_s"].get<double>());
+  EXPECT_DOUBLE_EQ(program["predicted_time_s"]["serialized"].get<double>(),
+                   solved["predicted"]["time_s"].get<double>());
   EXPECT_EQ(program["memory"]["total_bytes"], solved["predicted"]["memory"]["total_bytes"]);
   EXPECT_LE(program["memory"]["total_bytes"].get<std::int64_t>(), 4LL << 20);
   fs::remove(file);

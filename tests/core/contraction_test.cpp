@@ -78,13 +78,15 @@ TEST(Contraction, DefaultNamesAndPrinting) {
 TEST(Contraction, Errors) {
   const Mesh m = Mesh::parse("X=4");
   for (const char* bad : {
-           "A[I, J] B[J, K]",                      // no '@'
-           "A[I, J] @ B[J, K] @ D[K, L]",          // three operands
-           "A[I, J] @ B[J, K] -> C[I, L]",         // output letter from nowhere
-           "A[I, J, L] @ B[J, K] -> C[I, K]",      // L only in A, not in the output
-           "A[I, J] @ B[J, K, L] -> C[I, K]",      // L only in B
-           "@ B[J, K]", "A[I, J] @", "A[I, J] @ B[J, K] ->",
-           "A[I_X, J_X] @ B[J, K]",                // a bad operand
+           "A[I, J] B[J, K]",                  // no '@'
+           "A[I, J] @ B[J, K] @ D[K, L]",      // three operands
+           "A[I, J] @ B[J, K] -> C[I, L]",     // output letter from nowhere
+           "A[I, J, L] @ B[J, K] -> C[I, K]",  // L only in A, not in the output
+           "A[I, J] @ B[J, K, L] -> C[I, K]",  // L only in B
+           "@ B[J, K]",
+           "A[I, J] @",
+           "A[I, J] @ B[J, K] ->",
+           "A[I_X, J_X] @ B[J, K]",                 // a bad operand
            "A[I, J_X] @ B[J, K_X] -> C[I_X, K_X]",  // a bad output
            "A[I, J] @ B[J, K] -> C[I, K, I]",
        }) {

@@ -56,9 +56,11 @@ TEST_F(FilesTest, ReadsARegularFileAndRefusesTheRestWithoutOpeningThem) {
   EXPECT_EQ(input_error([&] { read_small_file("/dev/zero", 16, "z", "too big"); }),
             "z: it is a character device, not a regular file");
   EXPECT_EQ(input_error([&] { read_small_file(dir_, 16, "d", "too big"); }), "d: it is a directory");
-  EXPECT_EQ(input_error([&] { read_small_file(dir_ / "missing", 16, "m", "too big"); }), "m: No such file or directory");
+  EXPECT_EQ(input_error([&] { read_small_file(dir_ / "missing", 16, "m", "too big"); }),
+            "m: No such file or directory");
   std::ofstream(dir_ / "big") << std::string(17, 'x');
-  EXPECT_EQ(input_error([&] { read_small_file(dir_ / "big", 16, "b", "larger than 16 bytes"); }), "b: larger than 16 bytes");
+  EXPECT_EQ(input_error([&] { read_small_file(dir_ / "big", 16, "b", "larger than 16 bytes"); }),
+            "b: larger than 16 bytes");
 }
 
 TEST_F(FilesTest, ChecksATargetBeforeAnyWork) {
@@ -71,11 +73,13 @@ TEST_F(FilesTest, ChecksATargetBeforeAnyWork) {
             "t: it is a FIFO (named pipe), not a regular file; give the name of a file to write");
   EXPECT_EQ(input_error([&] { check_writable_file("/dev/null", "t"); }),
             "t: it is a character device, not a regular file; give the name of a file to write");
-  EXPECT_EQ(input_error([&] { check_writable_file(dir_, "t"); }), "t: it is a directory; give the name of a file to write");
+  EXPECT_EQ(input_error([&] { check_writable_file(dir_, "t"); }),
+            "t: it is a directory; give the name of a file to write");
   EXPECT_EQ(input_error([&] { check_writable_file(dir_ / "file" / "x.json", "t"); }),
             "t: '" + (dir_ / "file").string() + "' is a file, not a directory");
-  EXPECT_EQ(input_error([&] { check_writable_file(dir_ / "no" / "x.json", "t"); }),
-            "t: the directory '" + (dir_ / "no").string() + "' does not exist; the file goes into an existing directory");
+  EXPECT_EQ(
+      input_error([&] { check_writable_file(dir_ / "no" / "x.json", "t"); }),
+      "t: the directory '" + (dir_ / "no").string() + "' does not exist; the file goes into an existing directory");
 }
 
 TEST_F(FilesTest, WritesWholeOrNotAtAll) {
@@ -99,7 +103,8 @@ TEST_F(FilesTest, WritesWholeOrNotAtAll) {
   rlimit small = old_limit;
   small.rlim_cur = 4;
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
-  const std::string error = input_error([&] { write_file_atomically(target, "third, longer than four bytes", "the trace"); });
+  const std::string error =
+      input_error([&] { write_file_atomically(target, "third, longer than four bytes", "the trace"); });
   ::setrlimit(RLIMIT_FSIZE, &old_limit);
   std::signal(SIGXFSZ, old_handler);
   EXPECT_EQ(error, "the trace: File too large (nothing was written)");

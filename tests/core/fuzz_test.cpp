@@ -36,10 +36,55 @@ class Fuzzer {
 
   // A fresh string over the notation's alphabet (and some bytes that are not).
   std::string random_text() {
-    static const std::vector<std::string> pieces{
-        "[", "]", "{", "}", "_", ",", "@", "->", "-", ">", "=", " ", "\t", "\n", "U", "U_", "X", "Y", "Z", "dp", "tp",
-        "a", "ab", "b", "ba", "I", "J", "K", "2", "0", "9", "99999999999999999999", "4294967296", "A", "B", "C",
-        std::string(1, '\0'), "\x01", "\x7f", "\xC3\xA9", "\xFF", "\xC3", "\xE2\x82", "-1", "+", ";", ".", "'", "\\"};
+    static const std::vector<std::string> pieces{"[",
+                                                 "]",
+                                                 "{",
+                                                 "}",
+                                                 "_",
+                                                 ",",
+                                                 "@",
+                                                 "->",
+                                                 "-",
+                                                 ">",
+                                                 "=",
+                                                 " ",
+                                                 "\t",
+                                                 "\n",
+                                                 "U",
+                                                 "U_",
+                                                 "X",
+                                                 "Y",
+                                                 "Z",
+                                                 "dp",
+                                                 "tp",
+                                                 "a",
+                                                 "ab",
+                                                 "b",
+                                                 "ba",
+                                                 "I",
+                                                 "J",
+                                                 "K",
+                                                 "2",
+                                                 "0",
+                                                 "9",
+                                                 "99999999999999999999",
+                                                 "4294967296",
+                                                 "A",
+                                                 "B",
+                                                 "C",
+                                                 std::string(1, '\0'),
+                                                 "\x01",
+                                                 "\x7f",
+                                                 "\xC3\xA9",
+                                                 "\xFF",
+                                                 "\xC3",
+                                                 "\xE2\x82",
+                                                 "-1",
+                                                 "+",
+                                                 ";",
+                                                 ".",
+                                                 "'",
+                                                 "\\"};
     std::string s;
     const int n = pick(0, 24);
     for (int i = 0; i < n; ++i) s += pieces[static_cast<std::size_t>(pick(0, static_cast<int>(pieces.size()) - 1))];
@@ -53,14 +98,18 @@ class Fuzzer {
     for (int e = 0; e < edits; ++e) {
       const std::size_t at = s.empty() ? 0 : static_cast<std::size_t>(pick(0, static_cast<int>(s.size()) - 1));
       switch (pick(0, 4)) {
-        case 0: s.insert(at, 1, static_cast<char>(pick(0, 255))); break;
+        case 0:
+          s.insert(at, 1, static_cast<char>(pick(0, 255)));
+          break;
         case 1:
           if (!s.empty()) s.erase(at, static_cast<std::size_t>(pick(1, 3)));
           break;
         case 2:
           if (!s.empty()) s[at] = "[]{}_,@-> =XYIJU0\x01\xC3"[pick(0, 18)];
           break;
-        case 3: s.insert(at, s.substr(at, static_cast<std::size_t>(pick(1, 6)))); break;
+        case 3:
+          s.insert(at, s.substr(at, static_cast<std::size_t>(pick(1, 6))));
+          break;
         case 4: {
           const std::size_t other = s.empty() ? 0 : static_cast<std::size_t>(pick(0, static_cast<int>(s.size()) - 1));
           if (!s.empty()) std::swap(s[at], s[other]);
@@ -72,7 +121,8 @@ class Fuzzer {
   }
 
   std::string text(const std::vector<std::string>& seeds) {
-    return pick(0, 3) == 0 ? random_text() : mutate(seeds[static_cast<std::size_t>(pick(0, static_cast<int>(seeds.size()) - 1))]);
+    return pick(0, 3) == 0 ? random_text()
+                           : mutate(seeds[static_cast<std::size_t>(pick(0, static_cast<int>(seeds.size()) - 1))]);
   }
 
   int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
@@ -107,8 +157,9 @@ const std::vector<Mesh>& meshes() {
 
 TEST(Fuzz, Specs) {
   Fuzzer f(1);
-  const std::vector<std::string> seeds{"A[I_X, J_Y]", "A[I_{XY}, J]", "C[I, K]{U_X}", "A[IX, JY]", "A[I_{dp,tp}, J]",
-                                       "C[I]{U_{dp,tp}}", "A[I_aba]", "[I_X]", "W2[F_X, D]{UY}"};
+  const std::vector<std::string> seeds{"A[I_X, J_Y]", "A[I_{XY}, J]",    "C[I, K]{U_X}",
+                                       "A[IX, JY]",   "A[I_{dp,tp}, J]", "C[I]{U_{dp,tp}}",
+                                       "A[I_aba]",    "[I_X]",           "W2[F_X, D]{UY}"};
   int parsed = 0;
   for (int i = 0; i < 50000; ++i) {
     const std::string s = f.text(seeds);

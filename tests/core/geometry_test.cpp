@@ -237,7 +237,8 @@ TEST_P(ShardBoxes, TileTheTensorExactly) {
     std::int64_t max_elems = 0;
     for (std::int64_t dev = 0; dev < m.device_count(); ++dev) {
       std::vector<std::int64_t> replica, position;
-      for (int a = 0; a < m.rank(); ++a) (shards[static_cast<std::size_t>(a)] ? position : replica).push_back(m.coord(dev, a));
+      for (int a = 0; a < m.rank(); ++a)
+        (shards[static_cast<std::size_t>(a)] ? position : replica).push_back(m.coord(dev, a));
       const auto box = shard_box(m, s, shape, dev);
       ASSERT_EQ(box.size(), shape.size());
       auto [it, fresh] = box_of.emplace(position, box);

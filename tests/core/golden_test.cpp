@@ -68,8 +68,8 @@ std::vector<Case> read_cases(const std::string& name) {
       ADD_FAILURE() << path << ":" << n << ": expected MESH<TAB>INPUT<TAB>EXPECTED";
       continue;
     }
-    cases.push_back({n, line.substr(0, t1), decode_input(line.substr(t1 + 1, t2 - t1 - 1)),
-                     decode_expected(line.substr(t2 + 1))});
+    cases.push_back(
+        {n, line.substr(0, t1), decode_input(line.substr(t1 + 1, t2 - t1 - 1)), decode_expected(line.substr(t2 + 1))});
   }
   return cases;
 }
@@ -86,7 +86,8 @@ std::string run(const Case& c) {
   const std::string& in = c.input;
   if (in.rfind("--dims ", 0) == 0) {
     std::string out;
-    for (const auto& [name, size] : parse_dims(in.substr(7))) out += (out.empty() ? "" : ",") + name + "=" + std::to_string(size);
+    for (const auto& [name, size] : parse_dims(in.substr(7)))
+      out += (out.empty() ? "" : ",") + name + "=" + std::to_string(size);
     return out;
   }
   if (const std::size_t at = in.find(" --dims "); at != std::string::npos) {

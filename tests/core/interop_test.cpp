@@ -67,7 +67,9 @@ TEST(Interop, RefusesBadFormsWithOneLine) {
     }
     return std::string("no error");
   };
-  EXPECT_EQ(headline([&] { from_partition_spec("P('X', None)", {"X", "J"}, mesh); }),
+  EXPECT_EQ(headline([&] {
+              from_partition_spec("P('X', None)", {"X", "J"}, mesh);
+            }),
             "dimension letter 'X' is also a mesh axis of X=4,Y=2; name dimensions apart from mesh axes (I, J, K, ...)");
   EXPECT_EQ(headline([&] { from_partition_spec("P('Z')", {"I"}, mesh); }),
             "bad PartitionSpec 'P('Z')': unknown mesh axis 'Z'; the mesh X=4,Y=2 has axes X, Y");

@@ -91,7 +91,8 @@ TEST(Mesh, GroupMembersAgreeWithGroupRankOnRandomMeshes) {
   for (int iter = 0; iter < 300; ++iter) {
     const int rank = 1 + static_cast<int>(rng() % 4);
     std::vector<MeshAxis> axes;
-    for (int i = 0; i < rank; ++i) axes.push_back({std::string(1, static_cast<char>('A' + i)), 1 + static_cast<std::int64_t>(rng() % 4)});
+    for (int i = 0; i < rank; ++i)
+      axes.push_back({std::string(1, static_cast<char>('A' + i)), 1 + static_cast<std::int64_t>(rng() % 4)});
     const Mesh m(axes);
     AxisList group;
     for (int i = 0; i < rank; ++i) {

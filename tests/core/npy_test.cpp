@@ -2,7 +2,6 @@
 // itself writes for the same array), and every malformed file is one InputError.
 #include <gtest/gtest.h>
 
-
 #include "repo_files.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/npy.h"

@@ -198,8 +198,8 @@ TEST(Spec, SuggestionsAreLegal) {
 TEST(Spec, ParseDims) {
   EXPECT_EQ(parse_dims("I=8192,J=4096"), (DimSizes{{"I", 8192}, {"J", 4096}}));
   EXPECT_EQ(parse_dims(" I = 1 , K2=9223372036854775807 "), (DimSizes{{"I", 1}, {"K2", 9223372036854775807}}));
-  for (const char* bad : {"", "I", "I=", "I=0", "I=-1", "I=9223372036854775808", "=3", "IJ=3", "2=3", "I=3,I=4",
-                          "I=3,", "I=3,,J=2", "I=1.5", "I=0x10"}) {
+  for (const char* bad : {"", "I", "I=", "I=0", "I=-1", "I=9223372036854775808", "=3", "IJ=3", "2=3", "I=3,I=4", "I=3,",
+                          "I=3,,J=2", "I=1.5", "I=0x10"}) {
     EXPECT_THROW(parse_dims(bad), InputError) << bad;
   }
 }

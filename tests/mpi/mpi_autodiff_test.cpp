@@ -13,8 +13,8 @@ using namespace autodiff;
 
 // What this process's device holds after a program's backward on `backend`.
 struct RankResult {
-  std::vector<std::vector<unsigned char>> grads;   // this device's shard of each leaf gradient
-  std::vector<std::vector<double>> gathered;       // device 0: the logical gradients
+  std::vector<std::vector<unsigned char>> grads;      // this device's shard of each leaf gradient
+  std::vector<std::vector<double>> gathered;          // device 0: the logical gradients
   std::vector<std::pair<OpKind, std::int64_t>> comm;  // collectives and the bytes this device sent
 };
 

@@ -47,7 +47,7 @@ struct Group {
 // X=4 over X, every group of X=2,Y=2 (both orders of the two-axis group), and the empty
 // group (each rank alone).
 const Group kGroups[] = {
-    {"X=4", {0}, "X4_X"},           {"X=2,Y=2", {0}, "X2Y2_X"},      {"X=2,Y=2", {1}, "X2Y2_Y"},
+    {"X=4", {0}, "X4_X"},           {"X=2,Y=2", {0}, "X2Y2_X"},     {"X=2,Y=2", {1}, "X2Y2_Y"},
     {"X=2,Y=2", {0, 1}, "X2Y2_XY"}, {"X=2,Y=2", {1, 0}, "X2Y2_YX"}, {"X=4", {}, "X4_none"},
 };
 
@@ -210,7 +210,9 @@ std::int64_t gathers_of_buffers(int calls) {
     const Counts counts(4, kPiece);
     Buffer mine(kPiece, DType::f32), all(4 * kPiece, DType::f32);
     for (int c = 0; c < calls; ++c) {
-      const auto value = [&](std::int64_t rank, std::int64_t i) { return static_cast<float>(c * 1000 + rank * 100 + i % 97); };
+      const auto value = [&](std::int64_t rank, std::int64_t i) {
+        return static_cast<float>(c * 1000 + rank * 100 + i % 97);
+      };
       for (std::int64_t i = 0; i < kPiece; ++i) mine.as<float>()[i] = value(comm.rank(), i);
       comm.all_gather(mine.data(), all.data(), counts, DType::f32, {0});
       std::int64_t wrong = 0;
@@ -296,15 +298,18 @@ TEST(MpiShared, RingsLendBuffersInPlace) {
 TEST(MpiShared, ACopiedSendOutlivesItsSendersRun) {
   BackendOptions unchecked;
   unchecked.check = false;
-  run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
-    if (comm.rank() == 0) comm.send(message(0, 1000, 5).data(), 1000, 1, 5);
-    if (comm.rank() == 1) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
-      std::vector<char> in(1000);
-      comm.recv(in.data(), 1000, 0, 5);
-      EXPECT_EQ(in, message(0, 1000, 5));
-    }
-  }, unchecked);
+  run_backend(
+      "mpi", Mesh::parse("X=4"),
+      [&](Communicator& comm) {
+        if (comm.rank() == 0) comm.send(message(0, 1000, 5).data(), 1000, 1, 5);
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          std::vector<char> in(1000);
+          comm.recv(in.data(), 1000, 0, 5);
+          EXPECT_EQ(in, message(0, 1000, 5));
+        }
+      },
+      unchecked);
 }
 
 // The input error a run gives with `value` in the switch `name`.
@@ -335,10 +340,14 @@ enum class Op { all_gather, reduce_scatter, all_reduce, all_to_all };
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::all_gather: return "all_gather";
-    case Op::reduce_scatter: return "reduce_scatter";
-    case Op::all_reduce: return "all_reduce";
-    case Op::all_to_all: return "all_to_all";
+    case Op::all_gather:
+      return "all_gather";
+    case Op::reduce_scatter:
+      return "reduce_scatter";
+    case Op::all_reduce:
+      return "all_reduce";
+    case Op::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }
@@ -591,12 +600,16 @@ TEST(MpiNonblocking, ManyInFlightWaitedInAnyOrder) {
       in.emplace_back(static_cast<std::size_t>(bytes), char(-1));
     }
     for (int i = 0; i < count; ++i) {
-      requests.push_back(comm.irecv(in[static_cast<std::size_t>(i)].data(), static_cast<std::int64_t>(in[static_cast<std::size_t>(i)].size()), partner, i % 3));
-      requests.push_back(comm.isend(out[static_cast<std::size_t>(i)].data(), static_cast<std::int64_t>(out[static_cast<std::size_t>(i)].size()), partner, i % 3));
+      requests.push_back(comm.irecv(in[static_cast<std::size_t>(i)].data(),
+                                    static_cast<std::int64_t>(in[static_cast<std::size_t>(i)].size()), partner, i % 3));
+      requests.push_back(comm.isend(out[static_cast<std::size_t>(i)].data(),
+                                    static_cast<std::int64_t>(out[static_cast<std::size_t>(i)].size()), partner,
+                                    i % 3));
     }
     for (auto r = requests.rbegin(); r != requests.rend(); ++r) (*r)->wait();
     for (int i = 0; i < count; ++i) {
-      EXPECT_EQ(in[static_cast<std::size_t>(i)], message(partner, static_cast<std::int64_t>(in[static_cast<std::size_t>(i)].size()), i))
+      EXPECT_EQ(in[static_cast<std::size_t>(i)],
+                message(partner, static_cast<std::int64_t>(in[static_cast<std::size_t>(i)].size()), i))
           << "rank " << comm.rank() << ", message " << i;
     }
     // A blocking send meets an irecv, an isend a blocking recv.
@@ -672,8 +685,9 @@ TEST(MpiNonblocking, AHelperThreadOnlyWhereACoreIsFree) {
     wanted();
     ADD_FAILURE() << "no InputError";
   } catch (const InputError& e) {
-    EXPECT_STREQ(e.what(), "SHARDMM_PROGRESS_THREAD='yes': it is 1 (a helper thread moves the rings' messages), 0 "
-                           "(none) or unset (one where a core is free for it)");
+    EXPECT_STREQ(e.what(),
+                 "SHARDMM_PROGRESS_THREAD='yes': it is 1 (a helper thread moves the rings' messages), 0 "
+                 "(none) or unset (one where a core is free for it)");
   }
   unsetenv("SHARDMM_PROGRESS_THREAD");
 }
@@ -714,20 +728,27 @@ TEST(MpiErrors, MisuseIsAnInputError) {
     std::vector<float> data(8);
     EXPECT_EQ(error_of([&] { comm.all_reduce(data.data(), 8, DType::bf16, {0}); }),
               "the mpi backend computes in f32 and f64; got bf16");
-    EXPECT_EQ(error_of([&] { comm.all_gather(data.data(), data.data(), {1, 1}, DType::f16, {0}); }),
+    EXPECT_EQ(error_of([&] {
+                comm.all_gather(data.data(), data.data(), {1, 1}, DType::f16, {0});
+              }),
               "the mpi backend computes in f32 and f64; got f16");
-    EXPECT_EQ(error_of([&] { comm.all_gather(data.data(), data.data() + 4, {1, 1, 1}, DType::f32, {0}); }),
+    EXPECT_EQ(error_of([&] {
+                comm.all_gather(data.data(), data.data() + 4, {1, 1, 1}, DType::f32, {0});
+              }),
               "all_gather: got 3 counts for 2 members; pass one count per member");
-    EXPECT_EQ(error_of([&] { comm.reduce_scatter(data.data(), data.data() + 4, {1, -1}, DType::f32, {1}); }),
+    EXPECT_EQ(error_of([&] {
+                comm.reduce_scatter(data.data(), data.data() + 4, {1, -1}, DType::f32, {1});
+              }),
               "reduce_scatter: count -1; a count is a number of elements >= 0");
     EXPECT_EQ(error_of([&] { comm.all_reduce(data.data(), 8, DType::f32, {2}); }),
               "group axis 2 is out of range or repeated for mesh X=2,Y=2; a group lists distinct axes "
               "numbered 0 to 1");
-    EXPECT_EQ(error_of([&] { comm.all_reduce(data.data(), 8, DType::f32, {1, 1}); }),
+    EXPECT_EQ(error_of([&] {
+                comm.all_reduce(data.data(), 8, DType::f32, {1, 1});
+              }),
               "group axis 1 is out of range or repeated for mesh X=2,Y=2; a group lists distinct axes "
               "numbered 0 to 1");
-    EXPECT_EQ(error_of([&] { comm.send(data.data(), 4, 4, 0); }),
-              "send to device 4: mesh X=2,Y=2 has devices 0 to 3");
+    EXPECT_EQ(error_of([&] { comm.send(data.data(), 4, 4, 0); }), "send to device 4: mesh X=2,Y=2 has devices 0 to 3");
     const std::string bad_tag = error_of([&] { comm.recv(data.data(), 4, 0, -1); });
     EXPECT_EQ(bad_tag.rfind("recv from device 0 with tag -1; the mpi backend takes tags 0 to ", 0), 0u) << bad_tag;
     // The communicator still works after the errors.

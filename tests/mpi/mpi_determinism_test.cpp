@@ -28,7 +28,9 @@ int case_count() {
 
 TEST(MpiDeterminismTest, RepetitionsGiveTheThreadsBackendsBits) {
   const auto cases = testing::random_plan_cases(case_count(), four_device_mesh);  // the same on every rank
-  EXPECT_GT(std::count_if(cases.begin(), cases.end(), [](const testing::PlanCase& k) { return testing::reduces(k.plan); }), 0);
+  EXPECT_GT(
+      std::count_if(cases.begin(), cases.end(), [](const testing::PlanCase& k) { return testing::reduces(k.plan); }),
+      0);
   const auto me = static_cast<std::size_t>(world_rank);
   std::vector<std::vector<unsigned char>> threads;
   for (const auto& k : cases) threads.push_back(testing::run_plan_case("threads", k)[me]);

@@ -78,8 +78,8 @@ TEST(MpiExecutorTest, RandomContractionsMatchThreadsBitForBit) {
       const Outcome mpi = run_on("mpi", mesh, plan, rc.contraction, rc.sizes, dtype, world_rank);
       const Outcome threads = run_on("threads", mesh, plan, rc.contraction, rc.sizes, dtype, world_rank);
       EXPECT_TRUE(mpi.verified) << "seed " << seed << " " << rc.text << " [" << plan.description << "]";
-      EXPECT_EQ(mpi.bytes, threads.bytes) << "seed " << seed << " rank " << world_rank << " " << rc.text << " ["
-                                          << plan.description << "]";
+      EXPECT_EQ(mpi.bytes, threads.bytes)
+          << "seed " << seed << " rank " << world_rank << " " << rc.text << " [" << plan.description << "]";
       ++plans;
     }
   }
@@ -108,14 +108,15 @@ TEST(MpiExecutorTest, CollectiveMatmulsMatchThreadsBitForBit) {
       }
     }
     for (const Plan& plan : testing::sampled_candidates(fused, rc.contraction.out.has_value(), -1)) {
-      const auto ring = std::find_if(plan.steps.begin(), plan.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
+      const auto ring =
+          std::find_if(plan.steps.begin(), plan.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
       ++rings[std::string(to_string(ring->op)) + (gathers_contracted(*ring) ? " contracted" : "") +
               (ring->bidirectional ? " both ways" : "")];
       const Outcome mpi = run_on("mpi", mesh, plan, rc.contraction, rc.sizes, DType::f32, world_rank);
       const Outcome threads = run_on("threads", mesh, plan, rc.contraction, rc.sizes, DType::f32, world_rank);
       EXPECT_TRUE(mpi.verified) << "seed " << seed << " " << rc.text << " [" << plan.description << "]";
-      EXPECT_EQ(mpi.bytes, threads.bytes) << "seed " << seed << " rank " << world_rank << " " << rc.text << " ["
-                                          << plan.description << "]";
+      EXPECT_EQ(mpi.bytes, threads.bytes)
+          << "seed " << seed << " rank " << world_rank << " " << rc.text << " [" << plan.description << "]";
     }
   }
   EXPECT_GE(rings["all_gather_einsum"], 10);
@@ -143,15 +144,16 @@ TEST(MpiExecutorTest, RingsOfLentShardsMatchThreadsBitForBit) {
     const Contraction c = parse_contraction(expression, mesh);
     const DimSizes sizes = {{"I", 512}, {"J", 384}, {"K", 512}};
     for (const Plan& plan : plan_matmul(mesh, c, sizes, torus).candidates) {
-      if (std::none_of(plan.steps.begin(), plan.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); })) {
+      if (std::none_of(plan.steps.begin(), plan.steps.end(),
+                       [](const Step& s) { return is_collective_matmul(s.op); })) {
         continue;
       }
       ++rings;
       const Outcome mpi = run_on("mpi", mesh, plan, c, sizes, DType::f32, world_rank);
       const Outcome threads = run_on("threads", mesh, plan, c, sizes, DType::f32, world_rank);
       EXPECT_TRUE(mpi.verified) << expression << " [" << plan.description << "]";
-      EXPECT_EQ(mpi.bytes, threads.bytes) << "rank " << world_rank << " " << expression << " [" << plan.description
-                                          << "]";
+      EXPECT_EQ(mpi.bytes, threads.bytes)
+          << "rank " << world_rank << " " << expression << " [" << plan.description << "]";
     }
   }
   EXPECT_GE(rings, 8);
@@ -163,8 +165,8 @@ TEST(MpiExecutorTest, RingsOfLentShardsMatchThreadsBitForBit) {
 TEST(MpiExecutorTest, ReshardsOnTwoByTwo) {
   const Mesh mesh = Mesh::parse("X=2,Y=2");
   const DimSizes sizes = parse_dims("I=5,J=3");
-  const char* specs[] = {"T[I, J]", "T[I_X, J_Y]", "T[I_XY, J]", "T[I_YX, J]", "T[I, J_X]{U_Y}",
-                         "T[I_Y, J]{U_X}", "T[I, J]{U_XY}", "T[I_X, J]"};
+  const char* specs[] = {"T[I, J]",        "T[I_X, J_Y]",    "T[I_XY, J]",    "T[I_YX, J]",
+                         "T[I, J_X]{U_Y}", "T[I_Y, J]{U_X}", "T[I, J]{U_XY}", "T[I_X, J]"};
   for (const char* from_text : specs) {
     for (const char* to_text : specs) {
       const Spec from = parse_spec(from_text, mesh), to = parse_spec(to_text, mesh);

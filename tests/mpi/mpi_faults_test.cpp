@@ -53,8 +53,7 @@ TEST(MpiCheck, DisagreeingCountsOrDtypesAreAMismatch) {
   run_backend("mpi", Mesh::parse("X=4"), [&](Communicator& comm) {
     std::vector<double> data(8);
     EXPECT_EQ(mismatch_of([&] {
-                comm.all_reduce(data.data(), comm.rank() == 2 ? 8 : 4, comm.rank() == 1 ? DType::f64 : DType::f32,
-                                {0});
+                comm.all_reduce(data.data(), comm.rank() == 2 ? 8 : 4, comm.rank() == 1 ? DType::f64 : DType::f32, {0});
               }),
               "collective mismatch in group over X of device 0: rank 0 called all_reduce(f32, 4 elements), "
               "rank 1 called all_reduce(f64, 4 elements), rank 2 called all_reduce(f32, 8 elements)")
@@ -79,7 +78,9 @@ TEST(MpiCheck, DisagreeingCountsOrDtypesAreAMismatch) {
 TEST(MpiCheck, GroupAxisOrderMustAgree) {
   run_backend("mpi", Mesh::parse("X=2,Y=2"), [&](Communicator& comm) {
     float x = 1;
-    EXPECT_EQ(mismatch_of([&] { comm.all_reduce(&x, 1, DType::f32, comm.rank() == 3 ? AxisList{1, 0} : AxisList{0, 1}); }),
+    EXPECT_EQ(mismatch_of([&] {
+                comm.all_reduce(&x, 1, DType::f32, comm.rank() == 3 ? AxisList{1, 0} : AxisList{0, 1});
+              }),
               "collective mismatch in group over XY of device 0: rank 0 called all_reduce(f32, 1 element) over XY, "
               "rank 3 called all_reduce(f32, 1 element) over YX")
         << "rank " << comm.rank();
@@ -92,16 +93,19 @@ TEST(MpiCheck, GroupAxisOrderMustAgree) {
 TEST(MpiCheck, DifferentAxesAreAMismatch) {
   run_backend("mpi", Mesh::parse("X=2,Y=2"), [&](Communicator& comm) {
     float x = 1;
-    const std::string what =
-        mismatch_of([&] { comm.all_reduce(&x, 1, DType::f32, comm.rank() == 3 ? AxisList{0} : AxisList{0, 1}); });
+    const std::string what = mismatch_of([&] {
+      comm.all_reduce(&x, 1, DType::f32, comm.rank() == 3 ? AxisList{0} : AxisList{0, 1});
+    });
     switch (comm.rank()) {
       case 3:
-        EXPECT_EQ(what, "collective mismatch in group over X of device 1: rank 3 called all_reduce(f32, 1 element) "
-                        "over X; rank 1 called all_reduce(f32, 1 element) over XY");
+        EXPECT_EQ(what,
+                  "collective mismatch in group over X of device 1: rank 3 called all_reduce(f32, 1 element) "
+                  "over X; rank 1 called all_reduce(f32, 1 element) over XY");
         break;
       case 1:
-        EXPECT_EQ(what, "collective mismatch in group over XY of device 0: rank 1 called all_reduce(f32, 1 element) "
-                        "over XY; rank 3 called all_reduce(f32, 1 element) over X");
+        EXPECT_EQ(what,
+                  "collective mismatch in group over XY of device 0: rank 1 called all_reduce(f32, 1 element) "
+                  "over XY; rank 3 called all_reduce(f32, 1 element) over X");
         break;
       default:
         EXPECT_EQ(what, "collective mismatch in group over XY of device 0: rank " + std::to_string(comm.rank()) +
@@ -117,8 +121,9 @@ TEST(MpiCheck, ARankThatReturnsWithoutCallingIsAMismatch) {
     float x = 1;
     const std::string what = mismatch_of([&] { comm.all_reduce(&x, 1, DType::f32, {0}); });
     if (comm.rank() == 1) {
-      EXPECT_EQ(what, "collective mismatch in group over X of device 1: rank 1 called all_reduce(f32, 1 element); "
-                      "rank 3 returned without calling it");
+      EXPECT_EQ(what,
+                "collective mismatch in group over X of device 1: rank 1 called all_reduce(f32, 1 element); "
+                "rank 3 returned without calling it");
     } else {
       EXPECT_EQ(what, "(no CollectiveMismatch)") << "rank " << comm.rank();  // group {0, 2} agrees
       EXPECT_EQ(x, 2.0f);
@@ -145,11 +150,10 @@ TEST(MpiCheck, AllToAllCountsMustPair) {
     std::vector<float> send(8), recv(8);
     Counts send_counts{1, 1, 1, 1}, recv_counts{1, 1, 1, 1};
     if (comm.rank() == 2) recv_counts[1] = 2;  // rank 1 sends it only one
-    EXPECT_EQ(mismatch_of([&] {
-                comm.all_to_all(send.data(), send_counts, recv.data(), recv_counts, DType::f32, {0});
-              }),
-              "collective mismatch in group over X of device 0: in all_to_all(f32), rank 1 sends 1 element to "
-              "rank 2, which expects 2 from it")
+    EXPECT_EQ(
+        mismatch_of([&] { comm.all_to_all(send.data(), send_counts, recv.data(), recv_counts, DType::f32, {0}); }),
+        "collective mismatch in group over X of device 0: in all_to_all(f32), rank 1 sends 1 element to "
+        "rank 2, which expects 2 from it")
         << "rank " << comm.rank();
   });
 }
@@ -168,12 +172,15 @@ TEST(MpiCheck, TheGroupCarriesOnAfterAnAgreedMismatch) {
 TEST(MpiCheck, CollectivesAreRightWithTheCheckOff) {
   BackendOptions options;
   options.check = false;
-  run_backend("mpi", Mesh::parse("X=2,Y=2"), [&](Communicator& comm) {
-    for (const AxisList& axes : {AxisList{0}, AxisList{1, 0}}) {
-      EXPECT_TRUE(testing::check_collectives<double>(comm, axes, Size::uneven)) << "rank " << comm.rank();
-    }
-    comm.barrier();
-  }, options);
+  run_backend(
+      "mpi", Mesh::parse("X=2,Y=2"),
+      [&](Communicator& comm) {
+        for (const AxisList& axes : {AxisList{0}, AxisList{1, 0}}) {
+          EXPECT_TRUE(testing::check_collectives<double>(comm, axes, Size::uneven)) << "rank " << comm.rank();
+        }
+        comm.barrier();
+      },
+      options);
 }
 
 TEST(MpiCheck, AWatchdogMustBePositive) {
@@ -181,11 +188,13 @@ TEST(MpiCheck, AWatchdogMustBePositive) {
   options.watchdog_s = -1;
   bool ran = false;
   try {
-    run_backend("mpi", Mesh::parse("X=4"), [&](Communicator&) { ran = true; }, options);
+    run_backend(
+        "mpi", Mesh::parse("X=4"), [&](Communicator&) { ran = true; }, options);
     ADD_FAILURE() << "no InputError";
   } catch (const InputError& e) {
-    EXPECT_STREQ(e.what(), "a watchdog of -1 s; a watchdog is a positive number of seconds, or 0 for "
-                           "SHARDMM_WATCHDOG_S or 300 s");
+    EXPECT_STREQ(e.what(),
+                 "a watchdog of -1 s; a watchdog is a positive number of seconds, or 0 for "
+                 "SHARDMM_WATCHDOG_S or 300 s");
   }
   EXPECT_FALSE(ran);
 }

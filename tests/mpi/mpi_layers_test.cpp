@@ -20,11 +20,16 @@ struct Case {
 };
 
 const Case kCases[] = {
-    {"mlp", "tp", "X=4", "B=2,T=3,D=4,F=6"},          {"mlp", "sp", "X=4", "B=2,T=5,D=4,F=6"},
-    {"mlp", "fsdp", "X=4", "B=5,T=2,D=4,F=7"},        {"mlp", "dp+tp", "dp=2,tp=2", "B=3,T=2,D=4,F=5"},
-    {"attention", "tp", "X=4", "B=2,T=3,D=8,H=4"},    {"block", "tp", "X=4", "B=2,T=3,D=6,F=5,H=3"},
-    {"block", "sp", "X=4", "B=2,T=6,D=4,F=6,H=2"},    {"block", "dp", "X=4", "B=3,T=2,D=4,F=3,H=2"},
-    {"block", "dp+sp", "X=2,Y=2", "B=3,T=3,D=4,F=6,H=2"}, {"moe", "ep", "X=4", "B=5,T=4,D=4,F=3,E=6,K=2"},
+    {"mlp", "tp", "X=4", "B=2,T=3,D=4,F=6"},
+    {"mlp", "sp", "X=4", "B=2,T=5,D=4,F=6"},
+    {"mlp", "fsdp", "X=4", "B=5,T=2,D=4,F=7"},
+    {"mlp", "dp+tp", "dp=2,tp=2", "B=3,T=2,D=4,F=5"},
+    {"attention", "tp", "X=4", "B=2,T=3,D=8,H=4"},
+    {"block", "tp", "X=4", "B=2,T=3,D=6,F=5,H=3"},
+    {"block", "sp", "X=4", "B=2,T=6,D=4,F=6,H=2"},
+    {"block", "dp", "X=4", "B=3,T=2,D=4,F=3,H=2"},
+    {"block", "dp+sp", "X=2,Y=2", "B=3,T=3,D=4,F=6,H=2"},
+    {"moe", "ep", "X=4", "B=5,T=4,D=4,F=3,E=6,K=2"},
     {"moe", "dp", "X=4", "B=4,T=3,D=4,F=3,E=3,K=2"},
 };
 

@@ -43,7 +43,8 @@ struct Ranks {
       boxes.push_back(base + static_cast<std::size_t>(r) * SharedMessages::mailbox_bytes(static_cast<std::size_t>(n)));
     }
     for (int r = 0; r < n; ++r) {
-      at.push_back(std::make_unique<SharedMessages>(r, boxes, std::vector<pid_t>(static_cast<std::size_t>(n), getpid())));
+      at.push_back(
+          std::make_unique<SharedMessages>(r, boxes, std::vector<pid_t>(static_cast<std::size_t>(n), getpid())));
     }
   }
   SharedMessages& operator[](int r) { return *at[static_cast<std::size_t>(r)]; }
@@ -125,7 +126,11 @@ TEST(SharedMessages, RandomMessagesArriveInOrderPerSenderAndTag) {
         const Message& m = messages[k];
         if (m.from != me) continue;
         const char* data = shared[k] ? shared[k]->data : heap[k].data();
-        if (auto t = box.send(data, m.bytes, m.to, m.tag, m.lend, [&] { box.progress(); idle(); })) tickets.push_back(*t);
+        if (auto t = box.send(data, m.bytes, m.to, m.tag, m.lend, [&] {
+              box.progress();
+              idle();
+            }))
+          tickets.push_back(*t);
       }
       std::size_t checked = 0;
       std::vector<bool> done(receives.size(), false);

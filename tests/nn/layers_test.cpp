@@ -105,20 +105,19 @@ TEST_P(LayerStepTest, MatchesTheDenseStepAndItsPrediction) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layers, LayerStepTest,
-    ::testing::Values(Case{"mlp", "tp", "X=2", "B=2,T=3,D=4,F=6"}, Case{"mlp", "tp", "X=3", "B=2,T=3,D=4,F=7"},
-                      Case{"mlp", "sp", "X=2", "B=2,T=5,D=4,F=6"}, Case{"mlp", "dp", "X=2", "B=3,T=2,D=4,F=6"},
-                      Case{"mlp", "fsdp", "X=2", "B=3,T=2,D=4,F=5"}, Case{"mlp", "dp+tp", "X=2,Y=2", "B=3,T=2,D=4,F=6"},
-                      Case{"attention", "tp", "X=2", "B=2,T=4,D=6,H=3"},
-                      Case{"attention", "tp", "X=2", "B=2,T=4,D=6,H=3", true},
-                      Case{"attention", "sp", "X=2", "B=1,T=3,D=4,H=2", true},
-                      Case{"attention", "fsdp", "X=2", "B=3,T=2,D=4,H=2"},
-                      Case{"block", "tp", "X=2", "B=2,T=3,D=6,F=5,H=3", true},
-                      Case{"block", "tp", "X=2", "B=2,T=3,D=6,F=5,H=3", true, false},
-                      Case{"block", "sp", "X=2", "B=2,T=3,D=6,F=5,H=2"}, Case{"block", "dp", "X=2", "B=3,T=2,D=4,F=3,H=2"},
-                      Case{"block", "fsdp", "X=2", "B=2,T=2,D=4,F=3,H=2"},
-                      Case{"block", "dp+sp", "X=2,Y=2", "B=2,T=3,D=4,F=6,H=2", true},
-                      Case{"moe", "ep", "X=2", "B=3,T=4,D=4,F=5,E=3,K=2"}, Case{"moe", "ep", "X=3", "B=3,T=5,D=4,F=3,E=4"},
-                      Case{"moe", "dp", "X=2", "B=3,T=4,D=4,F=5,E=3,K=2"}));
+    ::testing::Values(
+        Case{"mlp", "tp", "X=2", "B=2,T=3,D=4,F=6"}, Case{"mlp", "tp", "X=3", "B=2,T=3,D=4,F=7"},
+        Case{"mlp", "sp", "X=2", "B=2,T=5,D=4,F=6"}, Case{"mlp", "dp", "X=2", "B=3,T=2,D=4,F=6"},
+        Case{"mlp", "fsdp", "X=2", "B=3,T=2,D=4,F=5"}, Case{"mlp", "dp+tp", "X=2,Y=2", "B=3,T=2,D=4,F=6"},
+        Case{"attention", "tp", "X=2", "B=2,T=4,D=6,H=3"}, Case{"attention", "tp", "X=2", "B=2,T=4,D=6,H=3", true},
+        Case{"attention", "sp", "X=2", "B=1,T=3,D=4,H=2", true}, Case{"attention", "fsdp", "X=2", "B=3,T=2,D=4,H=2"},
+        Case{"block", "tp", "X=2", "B=2,T=3,D=6,F=5,H=3", true},
+        Case{"block", "tp", "X=2", "B=2,T=3,D=6,F=5,H=3", true, false},
+        Case{"block", "sp", "X=2", "B=2,T=3,D=6,F=5,H=2"}, Case{"block", "dp", "X=2", "B=3,T=2,D=4,F=3,H=2"},
+        Case{"block", "fsdp", "X=2", "B=2,T=2,D=4,F=3,H=2"},
+        Case{"block", "dp+sp", "X=2,Y=2", "B=2,T=3,D=4,F=6,H=2", true},
+        Case{"moe", "ep", "X=2", "B=3,T=4,D=4,F=5,E=3,K=2"}, Case{"moe", "ep", "X=3", "B=3,T=5,D=4,F=3,E=4"},
+        Case{"moe", "dp", "X=2", "B=3,T=4,D=4,F=5,E=3,K=2"}));
 
 TEST(LayerClaimsTest, MegatronMlpHasOneAllReduceEachWay) {
   const ProgramRun s = run(config({"mlp", "tp", "X=2", "B=2,T=3,D=4,F=6"}));

@@ -51,7 +51,8 @@ TEST(ProgramClaims, ExpertParallelMoeSendsTokensByAllToAllEachWay) {
   const nn::ProgramPrediction p = nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
   EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_to_all over X", 2}}));
   // The router's weight is replicated: its gradient's all_reduce is data parallel's.
-  EXPECT_EQ(collectives(p, autodiff::Phase::backward, g.mesh), (Counts{{"all_to_all over X", 2}, {"all_reduce over X", 1}}));
+  EXPECT_EQ(collectives(p, autodiff::Phase::backward, g.mesh),
+            (Counts{{"all_to_all over X", 2}, {"all_reduce over X", 1}}));
   EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("d"))], g.mesh), "d[B_X, T, E, C]");
   EXPECT_EQ(format_spec(p.record.specs[static_cast<std::size_t>(g.find("h"))], g.mesh), "h[B, E_X, C, F]");
   // Each all_to_all moves (N-1)/N of a device's [B/N, E, C, D] buffer.
@@ -68,11 +69,14 @@ mesh X=2
 dims T=4, S=8
 input s[T, S] : s[T, S_X]
 p[T, S] = softmax(s, over=S)
-)", "softmax.prog"), {});
+)",
+                                                                "softmax.prog"),
+                                         {});
   nn::ProgramOptions o{DType::bf16, builtin_profile("h100")};
   o.train = false;
   const nn::ProgramPrediction p = nn::predict_program(g, o);
-  EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce(max) over X", 1}, {"all_reduce over X", 1}}));
+  EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh),
+            (Counts{{"all_reduce(max) over X", 1}, {"all_reduce over X", 1}}));
 }
 
 TEST(ProgramClaims, TensorParallelBlockAllReducesFourTimesInTrainingTwiceInInference) {
@@ -93,8 +97,12 @@ std::string fsdp_mlp(const std::string& weights) {
   const bool fsdp = weights != "dp";
   const std::string keep = weights == "fsdp" ? " regathered" : "";
   return "mesh X=4\ndims B=16, T=1024, D=1024, F=4096\ninput x[B, T, D] : x[B_X, T, D]\n"
-         "param w_in[D, F]" + keep + (fsdp ? " : w_in[D_X, F]" : "") + "\n"
-         "param w_out[F, D]" + keep + (fsdp ? " : w_out[F_X, D]" : "") + "\n"
+         "param w_in[D, F]" +
+         keep + (fsdp ? " : w_in[D_X, F]" : "") +
+         "\n"
+         "param w_out[F, D]" +
+         keep + (fsdp ? " : w_out[F_X, D]" : "") +
+         "\n"
          "input g[B, T, D] : g[B_X, T, D]\nu[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y * g)\n";
 }
 

@@ -76,7 +76,8 @@ TEST(ProgramMemory, ATrainingStepsTimelineByHand) {
   // Adam's moments: twice the params at every point.
   const nn::ProgramMemory adam = memory(true, nn::Optimizer::adam);
   ASSERT_EQ(adam.timeline.size(), m.timeline.size());
-  for (std::size_t i = 0; i < m.timeline.size(); ++i) EXPECT_EQ(adam.timeline[i].total(), m.timeline[i].total() + 2 * 96);
+  for (std::size_t i = 0; i < m.timeline.size(); ++i)
+    EXPECT_EQ(adam.timeline[i].total(), m.timeline[i].total() + 2 * 96);
 }
 
 // Inference: nothing is kept for backward; h dies after relu reads it.

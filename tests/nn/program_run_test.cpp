@@ -46,7 +46,8 @@ void expect_prediction_matches(const program::Graph& g, const nn::ProgramOptions
       EXPECT_EQ(p.step.bytes_sent, run.max_bytes_sent[i]) << "event " << i;
     }
   }
-  for (std::size_t t = 0; t < g.tensors.size(); ++t) EXPECT_EQ(pred.record.specs[t], run.record.specs[t]) << g.tensors[t].name;
+  for (std::size_t t = 0; t < g.tensors.size(); ++t)
+    EXPECT_EQ(pred.record.specs[t], run.record.specs[t]) << g.tensors[t].name;
   // The memory timeline the symbolic tape predicts from specs is the one rank 0's tape counts
   // from the buffers it held.
   const auto& want = pred.memory.timeline;
@@ -77,8 +78,8 @@ TEST(ProgramRun, ExamplesVerifyEvenUnevenAndEmptyShards) {
   };
   const Case cases[] = {
       {"examples/programs/mlp.prog", "X=4", {{"B", 2}, {"T", 4}, {"D", 8}, {"F", 16}}},
-      {"examples/programs/mlp.prog", "X=4", {{"B", 5}, {"T", 3}, {"D", 7}, {"F", 6}}},   // uneven
-      {"examples/programs/mlp.prog", "X=4", {{"B", 1}, {"T", 2}, {"D", 3}, {"F", 3}}},   // F=3 over 4: an empty shard
+      {"examples/programs/mlp.prog", "X=4", {{"B", 5}, {"T", 3}, {"D", 7}, {"F", 6}}},  // uneven
+      {"examples/programs/mlp.prog", "X=4", {{"B", 1}, {"T", 2}, {"D", 3}, {"F", 3}}},  // F=3 over 4: an empty shard
       {"examples/programs/gpt.prog", "X=2,Y=2", {{"B", 2}, {"T", 4}, {"D", 8}, {"H", 2}, {"A", 4}, {"S", 4}, {"F", 8}}},
       {"examples/programs/gpt.prog", "X=2,Y=2", {{"B", 3}, {"T", 3}, {"D", 9}, {"H", 3}, {"A", 3}, {"S", 3}, {"F", 5}}},
       // MoE, experts and batch split (ep): B=5 over 4, E=3 over 2, E=3 over 4 (an empty shard);
@@ -123,9 +124,9 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
     ASSERT_TRUE(r.verification.verified) << r.verification.detail;
     expect_prediction_matches(g, options, r);
   }
-  for (const char* k : {"relu", "gelu", "silu", "tanh", "exp", "scale", "add", "sub", "mul", "einsum", "sum", "mean",
-                        "max", "softmax", "layer_norm", "rms_norm", "transpose", "split", "merge", "rename",
-                        "causal_mask", "route"}) {
+  for (const char* k : {"relu",      "gelu",   "silu",  "tanh",   "exp",         "scale",   "add",        "sub",
+                        "mul",       "einsum", "sum",   "mean",   "max",         "softmax", "layer_norm", "rms_norm",
+                        "transpose", "split",  "merge", "rename", "causal_mask", "route"}) {
     EXPECT_GE(seen[k], 3) << "op " << k << " rarely generated";
   }
 }
@@ -144,7 +145,8 @@ TEST(ProgramRun, RegatheredParamsGatherAgainInBackwardAsPredicted) {
     EXPECT_TRUE(r.verification.verified) << r.verification.detail;
     expect_prediction_matches(g, options, r);
     int gathers = 0;
-    for (const autodiff::TapeEvent& e : r.events) gathers += e.phase == autodiff::Phase::backward && e.step.op == OpKind::all_gather;
+    for (const autodiff::TapeEvent& e : r.events)
+      gathers += e.phase == autodiff::Phase::backward && e.step.op == OpKind::all_gather;
     EXPECT_EQ(gathers, 2);
     const nn::ProgramMemory predicted = nn::predict_program(g, options).memory;
     EXPECT_EQ(r.memory.activations, predicted.activations);
@@ -156,7 +158,8 @@ TEST(ProgramRun, InferenceRunsTheForwardPassOnly) {
   program::BindOptions o;
   o.mesh = Mesh::parse("X=2");
   o.dims = DimSizes{{"B", 2}, {"T", 2}, {"D", 4}, {"F", 6}};
-  const program::Graph g = program::bind(program::parse_program(testing::read_repo_file("examples/programs/mlp.prog"), "mlp.prog"), o);
+  const program::Graph g =
+      program::bind(program::parse_program(testing::read_repo_file("examples/programs/mlp.prog"), "mlp.prog"), o);
   nn::ProgramOptions options;
   options.train = false;
   const nn::ProgramRun r = run_threads_program(g, options);

@@ -39,7 +39,7 @@ TEST(ReferenceTest, MoeCapacityDropsLaterChoicesFirst) {
   EXPECT_FALSE(route[3][0].kept);  // expert 0 is full after tokens 0 and 1
   EXPECT_TRUE(route[2][0].kept);   // expert 1's first choice
   EXPECT_EQ(route[1][0].slot, 1);
-  EXPECT_TRUE(route[0][1].kept);   // token 0's second choice, expert 1, is its second row
+  EXPECT_TRUE(route[0][1].kept);  // token 0's second choice, expert 1, is its second row
   EXPECT_EQ(route[0][1].slot, 1);
   EXPECT_FALSE(route[1][1].kept);
   EXPECT_FALSE(route[3][1].kept);  // token 3's second choice finds expert 1 full too
@@ -57,7 +57,8 @@ TEST(ReferenceTest, MoeTiesGoToTheLowerExpert) {
 // Central differences of the program's loss against the dense step's gradient of a few
 // elements of every leaf, for each layer (causal attention, top-2 routing with drops).
 void expect_gradients(const char* layer, const char* dims) {
-  ModelConfig m = make_model_config(layer, layer == std::string("moe") ? "ep" : "tp", Mesh::parse("X=2"), parse_dims(dims));
+  ModelConfig m =
+      make_model_config(layer, layer == std::string("moe") ? "ep" : "tp", Mesh::parse("X=2"), parse_dims(dims));
   m.causal = true;
   m.capacity_factor = 0.8;
   const program::Graph g = model_program(m);

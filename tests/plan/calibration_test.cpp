@@ -135,7 +135,8 @@ TEST(FitAlphaBetaSegments, TwoKneesGiveThreeExactLines) {
   // A private cache up to 128 KiB, a shared one up to 4 MiB, memory beyond.
   const std::vector<double> x = sweep();
   std::vector<double> t;
-  for (double b : x) t.push_back(b <= (128 << 10) ? 1e-6 + b / 4e10 : b <= (4 << 20) ? 5e-6 + b / 3e10 : 2e-5 + b / 1e10);
+  for (double b : x)
+    t.push_back(b <= (128 << 10) ? 1e-6 + b / 4e10 : b <= (4 << 20) ? 5e-6 + b / 3e10 : 2e-5 + b / 1e10);
   const std::vector<AlphaBetaSegment> segments = fit_alpha_beta_segments(x, t);
   ASSERT_EQ(segments.size(), 3u);
   EXPECT_EQ(segments[0].max_bytes, 128 << 10);
@@ -195,10 +196,10 @@ TEST(CalibratedCost, EachSizeTakesTheFitOfItsRange) {
   hw.calibration->collectives.push_back({OpKind::all_gather, 2, 4e-5, 1 / 1e9, 1 << 20, 1 << 25, 0.02});
   const Mesh mesh = Mesh::parse("X=2");
   const auto t = [&](std::int64_t bytes) { return collective_time(hw, mesh, OpKind::all_gather, {0}, bytes); };
-  EXPECT_DOUBLE_EQ(t(1024), 5e-6 + 1024 / 4e9);                // below every range: the lowest
-  EXPECT_DOUBLE_EQ(t(512 << 10), 5e-6 + (512 << 10) / 4e9);    // in the first
-  EXPECT_DOUBLE_EQ(t(768 << 10), 5e-6 + (768 << 10) / 4e9);    // between: the range below
-  EXPECT_DOUBLE_EQ(t(1 << 20), 4e-5 + (1 << 20) / 1e9);        // in the second
+  EXPECT_DOUBLE_EQ(t(1024), 5e-6 + 1024 / 4e9);                                      // below every range: the lowest
+  EXPECT_DOUBLE_EQ(t(512 << 10), 5e-6 + (512 << 10) / 4e9);                          // in the first
+  EXPECT_DOUBLE_EQ(t(768 << 10), 5e-6 + (768 << 10) / 4e9);                          // between: the range below
+  EXPECT_DOUBLE_EQ(t(1 << 20), 4e-5 + (1 << 20) / 1e9);                              // in the second
   EXPECT_DOUBLE_EQ(t(std::int64_t{1} << 30), 4e-5 + (std::int64_t{1} << 30) / 1e9);  // beyond: the last
 }
 
@@ -261,8 +262,8 @@ TEST(CalibratedCost, CollectivesAddTheExecutorsCopies) {
            {"A[I, J]{U_X}", "A[I_X, J]", 0},             // I leads: scattered from A in place
            {"A[I, J]{U_X}", "A[I, J_X]", 64 * 32},       // packed into staging
            {"A[I, J]{U_X}", "A[I, J]", 64 * 32},         // input into output, reduced there
-           {"A[I_X, J]", "A[I, J_X]", 32 * 32},  // J's pieces packed; I's received in place
-           {"A[I, J_X]", "A[I_X, J]", 32 * 32},  // I's pieces sent in place; J's unpacked
+           {"A[I_X, J]", "A[I, J_X]", 32 * 32},          // J's pieces packed; I's received in place
+           {"A[I, J_X]", "A[I_X, J]", 32 * 32},          // I's pieces sent in place; J's unpacked
        }) {
     const Step s = one_step(c.from, c.to, opt.hw);
     // The collective's array: all_gather's output, the others' input (as cost.h has it).
@@ -314,7 +315,7 @@ TEST(CalibratedCost, EachRingHidesTheShareOfItsHopsItsOverlapSays) {
     ADD_FAILURE() << "no one-way " << to_string(op) << " candidate";
     return 0.0;
   };
-  const char* fsdp = "A[I_X, J] @ B[J, K_X] -> C[I_X, K]";     // B's shards travel: 1024 x 4 f32 each
+  const char* fsdp = "A[I_X, J] @ B[J, K_X] -> C[I_X, K]";          // B's shards travel: 1024 x 4 f32 each
   const char* row_parallel = "A[I, J_X] @ B[J_X, K] -> C[I_X, K]";  // C's partial blocks: 256 x 16 f32
   const HardwareProfile hw = calibrated();
   EXPECT_NEAR(ring_time(fsdp, OpKind::all_gather_einsum, 0, 1) - ring_time(fsdp, OpKind::all_gather_einsum, 1, 1),
@@ -392,7 +393,8 @@ struct BadCalibration {
 TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
   const std::vector<BadCalibration> cases = {
       {"not an object", [](json& d) { d["calibration"] = 3; }, "key 'calibration' must be an object, got number"},
-      {"unknown key", [](json& d) { d["calibration"]["speed"] = 1; }, "unknown key 'calibration.speed'; expected backend"},
+      {"unknown key", [](json& d) { d["calibration"]["speed"] = 1; },
+       "unknown key 'calibration.speed'; expected backend"},
       {"missing key", [](json& d) { d["calibration"].erase("gemm"); }, "missing key 'calibration.gemm'"},
       {"unknown backend", [](json& d) { d["calibration"]["backend"] = "gpu"; },
        "key 'calibration.backend' names the backend measured, threads or mpi, got 'gpu'"},

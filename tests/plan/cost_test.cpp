@@ -151,9 +151,7 @@ TEST(TorusCollectives, BandwidthRegimeBarelyDependsOnRingSize) {
   }
   // Odd rings: floor(n/2) hops of V/n each way = (n-1)/n * V / W_bidir, within 1/n of it.
   for (int n : {3, 5, 7}) {
-    EXPECT_DOUBLE_EQ(time_on(v5e, "X=" + std::to_string(n), OpKind::all_gather, {0}, v),
-                     (n - 1.0) / n * v / 9e10)
-        << n;
+    EXPECT_DOUBLE_EQ(time_on(v5e, "X=" + std::to_string(n), OpKind::all_gather, {0}, v), (n - 1.0) / n * v / 9e10) << n;
   }
 }
 
@@ -175,8 +173,8 @@ TEST(TorusCollectives, RegimeBoundaryIsWherePerHopChunkTimeEqualsHopLatency) {
   const HardwareProfile v5e = builtin_profile("tpu-v5e");
   const std::int64_t boundary = 8 * 45000;
   EXPECT_DOUBLE_EQ(time_on(v5e, "X=8", OpKind::all_gather, {0}, boundary), 4e-6);
-  EXPECT_DOUBLE_EQ(time_on(v5e, "X=8", OpKind::all_gather, {0}, boundary / 2), 4e-6);      // latency
-  EXPECT_DOUBLE_EQ(time_on(v5e, "X=8", OpKind::all_gather, {0}, boundary * 2), 8e-6);      // bandwidth
+  EXPECT_DOUBLE_EQ(time_on(v5e, "X=8", OpKind::all_gather, {0}, boundary / 2), 4e-6);  // latency
+  EXPECT_DOUBLE_EQ(time_on(v5e, "X=8", OpKind::all_gather, {0}, boundary * 2), 8e-6);  // bandwidth
 }
 
 TEST(TorusCollectives, BoundNamesTheLargerTermOnEitherSideOfTheBoundary) {
@@ -200,7 +198,7 @@ TEST(TorusCollectives, BoundNamesTheLargerTermOnEitherSideOfTheBoundary) {
 }
 
 TEST(LocalWork, EinsumBoundIsTheRooflinesLargerTerm) {
-  const HardwareProfile hw = ring_profile(1e10, true, 0);  // 1e14 FLOP/s, 1e12 B/s: 100 FLOP/byte
+  const HardwareProfile hw = ring_profile(1e10, true, 0);                  // 1e14 FLOP/s, 1e12 B/s: 100 FLOP/byte
   EXPECT_EQ(einsum_bound(hw, DType::bf16, 1e9, 1000000), Bound::compute);  // 1000 FLOP/byte
   EXPECT_EQ(einsum_bound(hw, DType::bf16, 1e7, 1000000), Bound::memory);   // 10 FLOP/byte
   EXPECT_EQ(einsum_bound(hw, DType::bf16, 0, 0), Bound::none);
@@ -470,13 +468,15 @@ INSTANTIATE_TEST_SUITE_P(
                    "key 'bidirectional' must be true or false, got string"},
         BadProfile{"link_subnormal", [](json& d) { d["link_bandwidth"] = 5e-324; },
                    "key 'link_bandwidth' must be a finite rate of at least 1 bytes/s, got 4.94066e-324"},
-        BadProfile{"latency_huge", [](json& d) { d["hop_latency_s"] = 1e300; },
-                   "key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes microseconds), got 1e+300"},
+        BadProfile{
+            "latency_huge", [](json& d) { d["hop_latency_s"] = 1e300; },
+            "key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes microseconds), got 1e+300"},
         BadProfile{"name_two_lines", [](json& d) { d["name"] = "a\nb"; },
                    "key 'name' must be one line of printable text (it heads reports), without control characters "
                    "such as a newline"},
-        BadProfile{"latency_negative", [](json& d) { d["hop_latency_s"] = -1e-6; },
-                   "key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes microseconds), got -1e-06"},
+        BadProfile{
+            "latency_negative", [](json& d) { d["hop_latency_s"] = -1e-6; },
+            "key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes microseconds), got -1e-06"},
         BadProfile{"topology_not_string", [](json& d) { d["topology"] = 3; },
                    "key 'topology' must be a string, got number"},
         BadProfile{"topology_unknown", [](json& d) { d["topology"] = "ring"; },
@@ -544,14 +544,15 @@ TEST_F(LoadProfile, FileErrorsNameTheFile) {
   json bad = valid_profile();
   bad["topology"] = "ring";
   const std::string path = write("bad.json", bad.dump());
-  EXPECT_EQ(input_error([&] { load_profile(path); }), path + ": key 'topology' must be 'torus' or 'switch', got 'ring'");
+  EXPECT_EQ(input_error([&] { load_profile(path); }),
+            path + ": key 'topology' must be 'torus' or 'switch', got 'ring'");
 }
 
 TEST_F(LoadProfile, NeitherBuiltinNorFile) {
   const std::string missing = (dir_ / "nope.json").string();
-  EXPECT_EQ(input_error([&] { load_profile(missing); }),
-            "unknown hardware profile '" + missing +
-                "': not a built-in (tpu-v5e, tpu-v5p, tpu-v6e, h100) and no such file");
+  EXPECT_EQ(
+      input_error([&] { load_profile(missing); }),
+      "unknown hardware profile '" + missing + "': not a built-in (tpu-v5e, tpu-v5p, tpu-v6e, h100) and no such file");
   EXPECT_EQ(input_error([] { load_profile("tpu-v5"); }),
             "unknown hardware profile 'tpu-v5': not a built-in (tpu-v5e, tpu-v5p, tpu-v6e, h100) and no such file");
 }
@@ -570,8 +571,9 @@ TEST_F(LoadProfile, ReadsAtMostOneMiB) {
               builtin_profile("tpu-v5e"));
   const std::string big = write("big.json", text + std::string(mib - text.size() + 1, ' '));
   EXPECT_EQ(input_error([&] { load_profile(big); }),
-            big + ": cannot read hardware profile: larger than 1 MiB; a profile is a small JSON object "
-                  "(docs/cost-model.md)");
+            big +
+                ": cannot read hardware profile: larger than 1 MiB; a profile is a small JSON object "
+                "(docs/cost-model.md)");
 }
 
 TEST(ExampleProfiles, ShippedExamplesLoad) {

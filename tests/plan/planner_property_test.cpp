@@ -52,7 +52,8 @@ void PrintTo(const Spec& s, std::ostream* os) {
 namespace {
 
 AxisList minus(AxisList a, const AxisList& b) {
-  a.erase(std::remove_if(a.begin(), a.end(), [&](int x) { return std::find(b.begin(), b.end(), x) != b.end(); }), a.end());
+  a.erase(std::remove_if(a.begin(), a.end(), [&](int x) { return std::find(b.begin(), b.end(), x) != b.end(); }),
+          a.end());
   return a;
 }
 
@@ -84,7 +85,8 @@ std::string illegal_transition(const Step& s, const Mesh& m) {
     case OpKind::all_gather: {
       if (!dim_ok(s.dim)) return "bad dim";
       AxisList& have = want.dims[static_cast<std::size_t>(s.dim)].axes;
-      if (have.size() < s.axes.size() || !std::equal(s.axes.begin(), s.axes.end(), have.end() - static_cast<std::ptrdiff_t>(s.axes.size()))) {
+      if (have.size() < s.axes.size() ||
+          !std::equal(s.axes.begin(), s.axes.end(), have.end() - static_cast<std::ptrdiff_t>(s.axes.size()))) {
         return "all_gather of axes that are not a suffix of the dimension's";
       }
       have.resize(have.size() - s.axes.size());
@@ -102,7 +104,8 @@ std::string illegal_transition(const Step& s, const Mesh& m) {
     case OpKind::all_to_all: {
       if (!dim_ok(s.dim) || !dim_ok(s.dst_dim) || s.dim == s.dst_dim) return "bad dims";
       AxisList& src = want.dims[static_cast<std::size_t>(s.dim)].axes;
-      if (src.size() < s.axes.size() || !std::equal(s.axes.begin(), s.axes.end(), src.end() - static_cast<std::ptrdiff_t>(s.axes.size()))) {
+      if (src.size() < s.axes.size() ||
+          !std::equal(s.axes.begin(), s.axes.end(), src.end() - static_cast<std::ptrdiff_t>(s.axes.size()))) {
         return "all_to_all of axes that are not a suffix of the source dimension's";
       }
       src.resize(src.size() - s.axes.size());
@@ -157,9 +160,11 @@ std::string illegal_transition(const Step& s, const Mesh& m) {
       want = s.to;
       break;
     }
-    case OpKind::einsum: return "";  // checked with the contraction
+    case OpKind::einsum:
+      return "";  // checked with the contraction
     case OpKind::all_gather_einsum:
-    case OpKind::einsum_reduce_scatter: return "a collective matmul in a chain of layout steps";
+    case OpKind::einsum_reduce_scatter:
+      return "a collective matmul in a chain of layout steps";
   }
   if (!(want == s.to)) return "`to` is " + format_spec(s.to, m) + ", the op gives " + format_spec(want, m);
   return "";
@@ -190,13 +195,15 @@ Costs expected_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const 
       std::set<std::string> seen;
       for (const Spec* spec : {&s.from, &s.from_b}) {
         for (const DimSpec& dim : spec->dims) {
-          if (seen.insert(dim.name).second) f *= static_cast<double>(shard_range(m, sizes.at(dim.name), dim.axes, d).extent);
+          if (seen.insert(dim.name).second)
+            f *= static_cast<double>(shard_range(m, sizes.at(dim.name), dim.axes, d).extent);
         }
       }
       want.flops = std::max(want.flops, f);
       bytes = std::max(bytes, (local_elements(m, s.from, shape_of(s.from, sizes), d) +
                                local_elements(m, s.from_b, shape_of(s.from_b, sizes), d) +
-                               local_elements(m, s.to, shape_of(s.to, sizes), d)) * e);
+                               local_elements(m, s.to, shape_of(s.to, sizes), d)) *
+                                  e);
     }
     want.time_s = einsum_time(opt.hw, opt.dtype, want.flops, bytes);
     return want;
@@ -233,8 +240,12 @@ Costs expected_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const 
     out_max = std::max(out_max, out);
     std::int64_t snd = 0, rcv = 0;
     switch (s.op) {
-      case OpKind::all_gather: snd = rcv = out - in; break;     // every other member's block
-      case OpKind::reduce_scatter: snd = rcv = in - out; break;  // every block but my own
+      case OpKind::all_gather:
+        snd = rcv = out - in;
+        break;  // every other member's block
+      case OpKind::reduce_scatter:
+        snd = rcv = in - out;
+        break;  // every block but my own
       case OpKind::all_reduce: {
         // reduce_scatter then all_gather of the local buffer split `group` ways: twice
         // everything but my piece; the smallest piece makes the largest transfer. The buffer
@@ -253,17 +264,24 @@ Costs expected_costs(const Step& s, const Mesh& m, const DimSizes& sizes, const 
         rcv = out - kept;
         break;
       }
-      default: break;
+      default:
+        break;
     }
     want.sent = std::max(want.sent, snd * e);
     want.received = std::max(want.received, rcv * e);
   }
   switch (s.op) {
-    case OpKind::all_gather: want.time_s = collective_time(opt.hw, m, s.op, s.axes, out_max * e); break;
+    case OpKind::all_gather:
+      want.time_s = collective_time(opt.hw, m, s.op, s.axes, out_max * e);
+      break;
     case OpKind::reduce_scatter:
     case OpKind::all_reduce:
-    case OpKind::all_to_all: want.time_s = collective_time(opt.hw, m, s.op, s.axes, in_max * e); break;
-    default: want.time_s = local_copy_time(opt.hw, out_max * e); break;
+    case OpKind::all_to_all:
+      want.time_s = collective_time(opt.hw, m, s.op, s.axes, in_max * e);
+      break;
+    default:
+      want.time_s = local_copy_time(opt.hw, out_max * e);
+      break;
   }
   return want;
 }
@@ -308,7 +326,8 @@ void check_einsum(const Step& e, const Contraction& c, const Mesh& m) {
   AxisList partial;  // the local result's pending sums
   for (const std::string& letter : c.all_dims()) {
     const int ia = a.find_dim(letter), ib = b.find_dim(letter), io = out.find_dim(letter);
-    const AxisList* axes = ia >= 0 ? &a.dims[static_cast<std::size_t>(ia)].axes : &b.dims[static_cast<std::size_t>(ib)].axes;
+    const AxisList* axes =
+        ia >= 0 ? &a.dims[static_cast<std::size_t>(ia)].axes : &b.dims[static_cast<std::size_t>(ib)].axes;
     if (ia >= 0 && ib >= 0) {
       EXPECT_EQ(a.dims[static_cast<std::size_t>(ia)].axes, b.dims[static_cast<std::size_t>(ib)].axes)
           << letter << " is sharded differently in " << format_spec(a, m) << " and " << format_spec(b, m);
@@ -320,7 +339,8 @@ void check_einsum(const Step& e, const Contraction& c, const Mesh& m) {
     }
   }
   for (int x : a.unreduced) {
-    EXPECT_FALSE(b.is_unreduced(x)) << "both operands unreduced over " << m.axis(x).name << " (a product of partial sums)";
+    EXPECT_FALSE(b.is_unreduced(x)) << "both operands unreduced over " << m.axis(x).name
+                                    << " (a product of partial sums)";
   }
   partial.insert(partial.end(), a.unreduced.begin(), a.unreduced.end());
   partial.insert(partial.end(), b.unreduced.begin(), b.unreduced.end());
@@ -409,7 +429,8 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
         << "both ways round on " << opt.hw.name << " over " << n << " members";
   }
   // Bytes: the collective's; FLOPs: the einsum's.
-  const Costs collective = expected_costs(u.collective, m, sizes, opt), einsum = expected_costs(u.einsum, m, sizes, opt);
+  const Costs collective = expected_costs(u.collective, m, sizes, opt),
+              einsum = expected_costs(u.einsum, m, sizes, opt);
   EXPECT_EQ(s.bytes_sent, collective.sent);
   EXPECT_EQ(s.bytes_received, collective.received);
   EXPECT_EQ(s.flops, einsum.flops);
@@ -433,7 +454,8 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
   // A chunk's compute: the einsum's share by the largest chunk of the ring's dimension.
   const std::int64_t size = sizes.at(letter);
   const AxisList& chunk_axes = (gathers ? u.collective.from : s.to).dims[static_cast<std::size_t>(s.dim)].axes;
-  const AxisList& whole_axes = (gathers ? u.collective.to : u.collective.from).dims[static_cast<std::size_t>(s.dim)].axes;
+  const AxisList& whole_axes =
+      (gathers ? u.collective.to : u.collective.from).dims[static_cast<std::size_t>(s.dim)].axes;
   std::int64_t chunk_extent = 0, whole_extent = 0;
   for (std::int64_t d = 0; d < m.device_count(); ++d) {
     chunk_extent = std::max(chunk_extent, shard_range(m, size, chunk_axes, d).extent);
@@ -445,7 +467,8 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
   const double share = whole_extent == 0 ? 0 : static_cast<double>(chunk_extent) / static_cast<double>(whole_extent);
   const auto largest_bytes = [&](const Spec& spec) {
     std::int64_t most = 0;
-    for (std::int64_t d = 0; d < m.device_count(); ++d) most = std::max(most, local_elements(m, spec, shape_of(spec, sizes), d));
+    for (std::int64_t d = 0; d < m.device_count(); ++d)
+      most = std::max(most, local_elements(m, spec, shape_of(spec, sizes), d));
     return static_cast<double>(most * dtype_bytes(opt.dtype));
   };
   const bool contracted = c.role(letter) == DimRole::contracted;
@@ -548,8 +571,8 @@ std::vector<std::string> serialized_signature(const Plan& p, const Mesh& m) {
     // A's gather goes after A's other steps, before B's; B's right before the einsum.
     std::size_t at = out.size();
     if (s.ring_operand == 0) {
-      at = static_cast<std::size_t>(
-          std::count_if(p.steps.begin(), p.steps.begin() + static_cast<std::ptrdiff_t>(i), [](const Step& t) { return t.operand == 0; }));
+      at = static_cast<std::size_t>(std::count_if(p.steps.begin(), p.steps.begin() + static_cast<std::ptrdiff_t>(i),
+                                                  [](const Step& t) { return t.operand == 0; }));
     }
     out.insert(out.begin() + static_cast<std::ptrdiff_t>(at), signature(u.collective, m));
     out.push_back(signature(u.einsum, m));
@@ -597,7 +620,8 @@ Case random_case(Rng& rng, int max_axes, int max_axis_size, int max_size, SplitR
   if (b_dims.empty()) b_dims = free_b.empty() ? take(1) : free_b;  // B needs a dimension
   const auto a_dims = join({&batch, &contracted, &free_a});
   for (const std::vector<std::string>* dims : {&a_dims, static_cast<const std::vector<std::string>*>(&b_dims)}) {
-    for (const std::string& l : *dims) k.sizes[l] = uniform(rng, 0, 3) == 0 ? uniform(rng, 1, 4) : uniform(rng, 1, max_size);
+    for (const std::string& l : *dims)
+      k.sizes[l] = uniform(rng, 0, 3) == 0 ? uniform(rng, 1, 4) : uniform(rng, 1, max_size);
   }
   const bool unreduced = uniform(rng, 0, 3) == 0;
   k.text = format_spec(testing::random_spec(rng, k.mesh, "A", a_dims, unreduced), k.mesh) + " @ " +
@@ -631,7 +655,8 @@ PlanOptions options(Rng& rng) {
 // `chosen` among the candidates that fit (none: -1): predicted within `margin` of the cheapest
 // of them, and no other such candidate synchronizes less often, or as often but is cheaper.
 void expect_near_tie_rule(const MatmulPlanning& p, double margin) {
-  const auto cheapest = std::find_if(p.candidates.begin(), p.candidates.end(), [](const Plan& c) { return c.fits_memory; });
+  const auto cheapest =
+      std::find_if(p.candidates.begin(), p.candidates.end(), [](const Plan& c) { return c.fits_memory; });
   if (cheapest == p.candidates.end()) {
     EXPECT_EQ(p.chosen, -1);
     return;
@@ -733,8 +758,7 @@ TEST(PlannerProperty, RandomContractionsOnSmallMeshes) {
     Rng rng(seed);
     const Case k = random_case(rng, 3, 4, 12, rule_of(seed));
     SCOPED_TRACE("seed " + std::to_string(seed) + ": mesh " + k.mesh.to_string() + " split " +
-                 std::string(to_string(k.mesh.split_rule())) + ", " + k.text + ", dims " +
-                 [&] {
+                 std::string(to_string(k.mesh.split_rule())) + ", " + k.text + ", dims " + [&] {
                    std::string s;
                    for (const auto& [n, v] : k.sizes) s += n + "=" + std::to_string(v) + " ";
                    return s;
@@ -803,7 +827,8 @@ TEST(PlannerProperty, CheckerCatchesTamperedPlans) {
   EXPECT_TRUE(check(tamper(OpKind::all_gather, [](Step& s) { s.bytes_received += 2; }), "bytes_received").second);
   EXPECT_TRUE(check(tamper(OpKind::all_gather, [](Step& s) { s.time_s *= 1.5; }), "time_s").second);
   EXPECT_TRUE(check(tamper(OpKind::einsum, [](Step& s) { s.flops += 2; }), "flops").second);
-  EXPECT_TRUE(check(tamper(OpKind::einsum, [](Step& s) { s.from_b.dims[0].axes = {0}; }), "sharded differently").second);
+  EXPECT_TRUE(
+      check(tamper(OpKind::einsum, [](Step& s) { s.from_b.dims[0].axes = {0}; }), "sharded differently").second);
   EXPECT_TRUE(check(tamper(OpKind::einsum, [](Step& s) { s.to.unreduced = {0}; }), "unreduced").second);
   Plan missing = good;
   missing.steps.erase(missing.steps.begin());
@@ -827,7 +852,8 @@ TEST(PlannerProperty, CheckerCatchesTamperedPlans) {
   };
   const Contraction gathered = parse_contraction("A[I_X, J] @ B[J, K] -> C[I, K]", ring_mesh);
   const Contraction scattered = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I_X, K]", ring_mesh);
-  for (const auto& fused_case : {std::pair{gathered, OpKind::all_gather_einsum}, std::pair{scattered, OpKind::einsum_reduce_scatter}}) {
+  for (const auto& fused_case :
+       {std::pair{gathered, OpKind::all_gather_einsum}, std::pair{scattered, OpKind::einsum_reduce_scatter}}) {
     const Contraction& k = fused_case.first;  // named, not bound: the lambdas capture them
     const OpKind op = fused_case.second;
     SCOPED_TRACE(to_string(op));

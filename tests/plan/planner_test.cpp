@@ -105,7 +105,8 @@ TEST_F(Reshard, Reductions) {
 
 TEST_F(Reshard, AllToAllMovesTheMinorAxis) {
   EXPECT_EQ(ops(plan("T[I_X, J, K]", "T[I, J_X, K]"), mesh), (std::vector<std::string>{"all_to_all over X dim 0->1"}));
-  EXPECT_EQ(ops(plan("T[I, J, K_XY]", "T[I_XY, J, K]"), mesh), (std::vector<std::string>{"all_to_all over XY dim 2->0"}));
+  EXPECT_EQ(ops(plan("T[I, J, K_XY]", "T[I_XY, J, K]"), mesh),
+            (std::vector<std::string>{"all_to_all over XY dim 2->0"}));
   // Only the minor-most axis moves; X is gathered after.
   EXPECT_EQ(ops(plan("T[I_XY, J, K]", "T[I, J_Y, K]"), mesh),
             (std::vector<std::string>{"all_to_all over Y dim 0->1", "all_gather over X dim 0"}));
@@ -353,7 +354,8 @@ TEST(Matmul, Errors) {
   bad.a.dims[0].axes = {0};  // A[I_X, J_X]
   EXPECT_THROW(plan_matmul(mesh, bad, parse_dims("I=4,J=4,K=4"), opt), InputError);
   // A dtype the profile has no peak for.
-  EXPECT_THROW(plan_matmul(mesh, c, parse_dims("I=4,J=4,K=4"), PlanOptions{DType::f64, builtin_profile("tpu-v5e"), std::nullopt}),
+  EXPECT_THROW(plan_matmul(mesh, c, parse_dims("I=4,J=4,K=4"),
+                           PlanOptions{DType::f64, builtin_profile("tpu-v5e"), std::nullopt}),
                InputError);
 }
 
@@ -361,13 +363,15 @@ TEST(Matmul, Errors) {
 TEST(Matmul, MutatedInputsRaiseOnlyInputErrors) {
   std::mt19937 rng(99);
   const std::vector<std::string> seeds{"A[I, J_X] @ B[J_X, K] -> C[I, K]{U_Y}", "A[I_X, J] @ B[J, K_Y]",
-                                       "A[B_X, I, J] @ B[B_X, J, K] -> C[B_X, I_Y, K]", "A[I, J, L_Y]{U_X} @ B[L_Y, J, K]"};
+                                       "A[B_X, I, J] @ B[B_X, J, K] -> C[B_X, I_Y, K]",
+                                       "A[I, J, L_Y]{U_X} @ B[L_Y, J, K]"};
   const std::string alphabet = "IJKLBXY_,[]{}U@->";
   const std::vector<Mesh> meshes{Mesh::parse("X=2,Y=3"), Mesh::parse("X=4,Y=1"), Mesh::parse("X=3,Y=2")};
   int planned = 0;
   for (int i = 0; i < 4000; ++i) {
     std::string text = seeds[rng() % seeds.size()];
-    for (int e = static_cast<int>(rng() % 3) - 1; e >= 0; --e) text[rng() % text.size()] = alphabet[rng() % alphabet.size()];
+    for (int e = static_cast<int>(rng() % 3) - 1; e >= 0; --e)
+      text[rng() % text.size()] = alphabet[rng() % alphabet.size()];
     const Mesh& mesh = meshes[rng() % meshes.size()];
     DimSizes sizes;
     for (const char* l : {"I", "J", "K", "L", "B"}) {
@@ -375,7 +379,8 @@ TEST(Matmul, MutatedInputsRaiseOnlyInputErrors) {
     }
     try {
       const Contraction c = parse_contraction(text, mesh);
-      const MatmulPlanning p = plan_matmul(mesh, c, sizes, PlanOptions{DType::f32, builtin_profile("h100"), std::nullopt});
+      const MatmulPlanning p =
+          plan_matmul(mesh, c, sizes, PlanOptions{DType::f32, builtin_profile("h100"), std::nullopt});
       EXPECT_FALSE(p.candidates.empty()) << text;
       ++planned;
     } catch (const InputError&) {
@@ -385,7 +390,6 @@ TEST(Matmul, MutatedInputsRaiseOnlyInputErrors) {
   }
   EXPECT_GT(planned, 200);
 }
-
 
 // --- collective matmuls (docs/cost-model.md, "Collective matmul") ---
 

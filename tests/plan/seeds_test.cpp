@@ -43,9 +43,10 @@ Planned plan(const std::string& mesh, const std::string& text, const std::string
 
 // "op TENSOR over AXES: FROM -> TO" (einsum: "einsum: A x B -> C").
 std::string show(const Step& s, const Mesh& m) {
-  if (s.op == OpKind::einsum) return "einsum: " + format_spec(s.from, m) + " x " + format_spec(s.from_b, m) + " -> " + format_spec(s.to, m);
-  return std::string(to_string(s.op)) + " " + s.tensor + " over " + m.axis_names(s.axes) + ": " + format_spec(s.from, m) +
-         " -> " + format_spec(s.to, m);
+  if (s.op == OpKind::einsum)
+    return "einsum: " + format_spec(s.from, m) + " x " + format_spec(s.from_b, m) + " -> " + format_spec(s.to, m);
+  return std::string(to_string(s.op)) + " " + s.tensor + " over " + m.axis_names(s.axes) + ": " +
+         format_spec(s.from, m) + " -> " + format_spec(s.to, m);
 }
 
 std::vector<std::string> show(const Plan& p, const Mesh& m) {
@@ -72,7 +73,8 @@ std::string all_candidates(const Planned& r) {
 }
 
 int collectives(const Plan& p) {
-  return static_cast<int>(std::count_if(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective(s.op); }));
+  return static_cast<int>(
+      std::count_if(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective(s.op); }));
 }
 
 void expect_time(double got, double want) { EXPECT_NEAR(got, want, want * 1e-12) << "want " << want; }
@@ -113,9 +115,9 @@ TEST(Seeds, Case2GatherOrSliceAndReduce) {
   // tensor, compute locally then reduce").
   EXPECT_EQ(&r.chosen(), gather);
   const Planned small = plan("X=4", text, "I=1024,J=16384,K=256");
-  const Plan* small_reduce = find(small, {"slice B over X: B[J, K] -> B[J_X, K]",
-                                          "einsum: A[I, J_X] x B[J_X, K] -> C[I, K]{U_X}",
-                                          "all_reduce C over X: C[I, K]{U_X} -> C[I, K]"});
+  const Plan* small_reduce =
+      find(small, {"slice B over X: B[J, K] -> B[J_X, K]", "einsum: A[I, J_X] x B[J_X, K] -> C[I, K]{U_X}",
+                   "all_reduce C over X: C[I, K]{U_X} -> C[I, K]"});
   ASSERT_TRUE(small_reduce) << all_candidates(small);
   EXPECT_EQ(&small.chosen(), small_reduce) << all_candidates(small);
 }
@@ -136,7 +138,8 @@ TEST(Seeds, Case3PartialSums) {
   const double c_bytes = 2048.0 * 1024 * 2;  // C, 4 MiB
   {
     const Planned r = plan("X=4", in + " -> C[I, K]", dims);
-    EXPECT_EQ(show(r.chosen(), r.mesh), (std::vector<std::string>{einsum, "all_reduce C over X: C[I, K]{U_X} -> C[I, K]"}))
+    EXPECT_EQ(show(r.chosen(), r.mesh),
+              (std::vector<std::string>{einsum, "all_reduce C over X: C[I, K]{U_X} -> C[I, K]"}))
         << all_candidates(r);
     expect_time(r.chosen().steps[1].time_s, 2 * c_bytes / kW);
     // Ring all_reduce = reduce_scatter + all_gather: each device sends 2 x 3/4 of C.
@@ -166,8 +169,10 @@ TEST(Seeds, Case3PartialSums) {
 TEST(Seeds, Case4GatherOneSide) {
   const Planned r = plan("X=4", "A[I_X, J] @ B[J, K_X]", "I=1024,J=1024,K=1024");
   EXPECT_EQ(r.p.cases[0].case_number, 4);
-  const Plan* option_a = find(r, {"all_gather A over X: A[I_X, J] -> A[I, J]", "einsum: A[I, J] x B[J, K_X] -> C[I, K_X]"});
-  const Plan* option_b = find(r, {"all_gather B over X: B[J, K_X] -> B[J, K]", "einsum: A[I_X, J] x B[J, K] -> C[I_X, K]"});
+  const Plan* option_a =
+      find(r, {"all_gather A over X: A[I_X, J] -> A[I, J]", "einsum: A[I, J] x B[J, K_X] -> C[I, K_X]"});
+  const Plan* option_b =
+      find(r, {"all_gather B over X: B[J, K_X] -> B[J, K]", "einsum: A[I_X, J] x B[J, K] -> C[I_X, K]"});
   ASSERT_TRUE(option_a) << all_candidates(r);
   ASSERT_TRUE(option_b) << all_candidates(r);
   EXPECT_EQ(format_spec(option_a->output, r.mesh), "C[I, K_X]");
@@ -186,7 +191,7 @@ TEST(Seeds, MegatronColumnThenRow) {
   const Planned row = plan("X=8", "Y[B, F_X] @ W2[F_X, D] -> Z[B, D]", dims);
   EXPECT_EQ(row.p.cases[0].case_number, 3);
   EXPECT_EQ(show(row.chosen(), row.mesh), (std::vector<std::string>{"einsum: Y[B, F_X] x W2[F_X, D] -> Z[B, D]{U_X}",
-                                                                     "all_reduce Z over X: Z[B, D]{U_X} -> Z[B, D]"}))
+                                                                    "all_reduce Z over X: Z[B, D]{U_X} -> Z[B, D]"}))
       << all_candidates(row);
   EXPECT_EQ(collectives(row.chosen()), 1);
   // The column's output layout is exactly the row's input: no reshard in between.
@@ -232,8 +237,8 @@ double t_gather(double B, double D, double F) {
 }
 double t_reduce(double B, double D, double F) {
   const double n = 4;
-  return 2 * (B * D / n) * kBf16 / kHbm + std::max(2 * B * D * F / (n * kPeak), (B * D / n + D * F / n + B * F) * kBf16 / kHbm) +
-         2 * B * F * kBf16 / kW;
+  return 2 * (B * D / n) * kBf16 / kHbm +
+         std::max(2 * B * D * F / (n * kPeak), (B * D / n + D * F / n + B * F) * kBf16 / kHbm) + 2 * B * F * kBf16 / kW;
 }
 
 TEST(Seeds, GatherVersusReduceCrossover) {
@@ -243,21 +248,24 @@ TEST(Seeds, GatherVersusReduceCrossover) {
   // equating the two linear forms:
   //   B* = (D F e / W - D F e / (n H)) / (3 D e / (n H) + F e / H + 2 F e / W - 2 D F / P)
   const double n = 4, e = kBf16;
-  const double crossover =
-      (D * F * e / kW - D * F * e / (n * kHbm)) / (3 * D * e / (n * kHbm) + F * e / kHbm + 2 * F * e / kW - 2 * D * F / kPeak);
+  const double crossover = (D * F * e / kW - D * F * e / (n * kHbm)) /
+                           (3 * D * e / (n * kHbm) + F * e / kHbm + 2 * F * e / kW - 2 * D * F / kPeak);
   ASSERT_GT(crossover, 602);
   ASSERT_LT(crossover, 603);
   for (double B : {std::floor(crossover), std::ceil(crossover)}) {
-    ASSERT_GT(2 * B * D * F / kPeak, (B * D + D * F + B * F) * e / kHbm);                 // compute-bound
+    ASSERT_GT(2 * B * D * F / kPeak, (B * D + D * F + B * F) * e / kHbm);                // compute-bound
     ASSERT_LT(2 * B * D * F / (n * kPeak), (B * D / n + D * F / n + B * F) * e / kHbm);  // memory-bound
   }
   const auto run = [&](double B, double d, double f) {
-    const std::string dims = "B=" + std::to_string(static_cast<long>(B)) + ",D=" + std::to_string(static_cast<long>(d)) +
+    const std::string dims = "B=" + std::to_string(static_cast<long>(B)) +
+                             ",D=" + std::to_string(static_cast<long>(d)) +
                              ",F=" + std::to_string(static_cast<long>(f));
     return plan("X=4", text, dims);
   };
-  const std::vector<std::string> gather{"all_gather Y over X: Y[D_X, F] -> Y[D, F]", "einsum: X[B, D] x Y[D, F] -> Z[B, F]"};
-  const std::vector<std::string> reduce{"slice X over X: X[B, D] -> X[B, D_X]", "einsum: X[B, D_X] x Y[D_X, F] -> Z[B, F]{U_X}",
+  const std::vector<std::string> gather{"all_gather Y over X: Y[D_X, F] -> Y[D, F]",
+                                        "einsum: X[B, D] x Y[D, F] -> Z[B, F]"};
+  const std::vector<std::string> reduce{"slice X over X: X[B, D] -> X[B, D_X]",
+                                        "einsum: X[B, D_X] x Y[D_X, F] -> Z[B, F]{U_X}",
                                         "all_reduce Z over X: Z[B, F]{U_X} -> Z[B, F]"};
   for (const auto& [B, d, f, want_gather] : std::vector<std::tuple<double, double, double, bool>>{
            {std::floor(crossover), D, F, false},  // just below: the all_reduce of the small Z wins

@@ -2,7 +2,6 @@
 // exact FILE:LINE:COL each mistake must produce.
 #include <gtest/gtest.h>
 
-
 #include "repo_files.h"
 #include "shardmm/core/error.h"
 #include "shardmm/program/program.h"
@@ -49,9 +48,11 @@ TEST(Program, PrintingIsCanonicalAndParsesBack) {
     const std::string once = format_program(p);
     EXPECT_EQ(format_program(parse_program(once)), once) << file;
   }
-  const Program fsdp = parse_program("mesh X=2\ndims D=4, F=4\nparam w[D, F]  regathered  :  w[D_X, F]\n"
-                                     "input x[D]\ny[F] = x @ w\n");
-  EXPECT_EQ(format_program(fsdp), "mesh X=2\ndims D=4,F=4\nparam w[D, F] regathered : w[D_X, F]\ninput x[D]\ny[F] = x @ w\n");
+  const Program fsdp = parse_program(
+      "mesh X=2\ndims D=4, F=4\nparam w[D, F]  regathered  :  w[D_X, F]\n"
+      "input x[D]\ny[F] = x @ w\n");
+  EXPECT_EQ(format_program(fsdp),
+            "mesh X=2\ndims D=4,F=4\nparam w[D, F] regathered : w[D_X, F]\ninput x[D]\ny[F] = x @ w\n");
   EXPECT_TRUE(bind(fsdp, {}).tensors[0].regathered);
   const std::string text = "mesh X=2\ndims I=4, J=4\ninput a[I, J]\nb[I, J] = a - (a - a) * scale(a, -0.5)\n";
   const std::string once = format_program(parse_program(text));
@@ -72,8 +73,10 @@ TEST(Program, MoeRoutesWithANewCapacityLetterAndNoGradient) {
   EXPECT_FALSE(d.differentiable);
   EXPECT_TRUE(g.tensors[static_cast<std::size_t>(g.find("xe"))].differentiable);
   EXPECT_TRUE(g.tensors[static_cast<std::size_t>(g.find("probs"))].differentiable);
-  const Graph only = bind(parse_program("mesh X=2\ndims T=4, E=3, C=2\ninput p[T, E]\nd[T, E, C] = route(p, over=E, tokens=T, top=1)\n"
-                                        "s[T, E, C] = scale(d, 2)\n"), {});
+  const Graph only =
+      bind(parse_program("mesh X=2\ndims T=4, E=3, C=2\ninput p[T, E]\nd[T, E, C] = route(p, over=E, tokens=T, top=1)\n"
+                         "s[T, E, C] = scale(d, 2)\n"),
+           {});
   EXPECT_FALSE(only.tensors[static_cast<std::size_t>(only.find("s"))].differentiable);
 }
 
@@ -158,9 +161,11 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
        "(d[B, T, E, C] = route(p, over=E, tokens=T, top=2))"},
       {"input a[I, J]\nb[I, K] = relu(a)\n", "t.prog:4:11: relu gives [I, J] but the line declares [I, K]"},
       {"input a[I, J]\nb[J, I] = relu(a)\n",
-       "t.prog:4:11: relu gives [I, J] but the line declares [J, I]; reorder letters with transpose(...) on a line of its own"},
+       "t.prog:4:11: relu gives [I, J] but the line declares [J, I]; reorder letters with transpose(...) on a line of "
+       "its own"},
       {"input a[I, J]\nb[I, J] = relu(c)\n", "t.prog:4:16: 'c' is not defined before this line"},
-      {"input a[I, J]\ninput b[I, J]\nc[I, J] = relu(a)\n", "t.prog:4:7: input 'b' is never used; remove it or use it in an op"},
+      {"input a[I, J]\ninput b[I, J]\nc[I, J] = relu(a)\n",
+       "t.prog:4:7: input 'b' is never used; remove it or use it in an op"},
       {"input a[I, Q]\nb[I, Q] = relu(a)\n",
        "t.prog:3:7: dimension 'Q' has no size; add it to the dims line (dims Q=...) or give it in dims"},
       {"input a[I, J] : a[I_X, J_X]\nb[I, J] = relu(a)\n",
@@ -173,21 +178,29 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
        "carries to its next iteration"},
       {"input a[I, J]\nrepeat 0 {\nb[I, J] = relu(a)\n}\n",
        "t.prog:4:8: repeat takes a whole count of at least 1 (and at most 1000000), e.g. repeat 32 {"},
-      {"input a[I, J]\nrepeat 2 {\nb[I, J] = relu(a)\n", "t.prog:4:1: this repeat block is never closed; end it with '}' on a line of its own"},
+      {"input a[I, J]\nrepeat 2 {\nb[I, J] = relu(a)\n",
+       "t.prog:4:1: this repeat block is never closed; end it with '}' on a line of its own"},
       {"input a[I, J]\n}\n", "t.prog:4:1: '}' closes no repeat block"},
       {"input a[I, J]\ninput c[K]\nb[I] = a @ c\n",
-       "t.prog:5:8: einsum: letter 'J' of [I, J] is in neither the other operand nor the output; sum it out first (sum(x, over=J))"},
+       "t.prog:5:8: einsum: letter 'J' of [I, J] is in neither the other operand nor the output; sum it out first "
+       "(sum(x, over=J))"},
       {"input a[I, J]\nb[I] = (a @ a) * a\n",
-       "t.prog:4:9: an einsum inside an expression has no named output letters; give 'a @ a' a line of its own (NAME[...] = a @ b)"},
+       "t.prog:4:9: an einsum inside an expression has no named output letters; give 'a @ a' a line of its own "
+       "(NAME[...] = a @ b)"},
       {"input a[I, J]\nloss a\n",
        "t.prog:4:6: the loss is sum(...) or mean(...) of a tensor over all its letters, e.g. loss sum(out * g)"},
-      {"input a[I, J]\nb[I, J] = softmax(a)\n", "t.prog:4:20: softmax needs the letter it normalizes over, e.g. softmax(x, over=D)"},
-      {"input a[I, J]\nb[I, J] = softmax(a, over=K)\n", "t.prog:4:11: softmax: letter 'K' is not a letter of its operand [I, J]"},
-      {"input a[I, J]\nb[I, J, K] = a\n", "t.prog:4:14: a line that only names 'a' copies nothing; use 'a' where it is read"},
+      {"input a[I, J]\nb[I, J] = softmax(a)\n",
+       "t.prog:4:20: softmax needs the letter it normalizes over, e.g. softmax(x, over=D)"},
+      {"input a[I, J]\nb[I, J] = softmax(a, over=K)\n",
+       "t.prog:4:11: softmax: letter 'K' is not a letter of its operand [I, J]"},
+      {"input a[I, J]\nb[I, J, K] = a\n",
+       "t.prog:4:14: a line that only names 'a' copies nothing; use 'a' where it is read"},
       {"input a[I, I]\n", "t.prog:3:12: dimension 'I' is named twice; a tensor names each dimension once"},
       {"input relu[I]\n", "t.prog:3:7: 'relu' is an op; name the tensor otherwise"},
-      {"input a[I, J]\nb[I, K, J] = split(a, J -> K)\n", "t.prog:4:14: split takes one letter into two or more: split(x, D -> H A)"},
-      {"input a[I, J]\nb[I, J, K] = split(a, J -> J K)\n", "t.prog:4:14: split: 'J' has size 6 but the parts multiply to 48"},
+      {"input a[I, J]\nb[I, K, J] = split(a, J -> K)\n",
+       "t.prog:4:14: split takes one letter into two or more: split(x, D -> H A)"},
+      {"input a[I, J]\nb[I, J, K] = split(a, J -> J K)\n",
+       "t.prog:4:14: split: 'J' has size 6 but the parts multiply to 48"},
       {"input a[I, J]\nb[I, J] = relu(a) junk\n", "t.prog:4:19: unexpected 'j' after the expression"},
       {"param a[I, J] kept\nb[I, J] = relu(a)\n",
        "t.prog:3:15: after a param's letters: 'regathered' (FSDP: its gathered copy is dropped after the forward pass "
@@ -195,7 +208,8 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
       {"input a[I, J] regathered\nb[I, J] = relu(a)\n",
        "t.prog:3:15: unexpected 'r'; a pinned spec follows ':', e.g. : w[D, F_X]"},
       {"input a[I, J]\nb[I, J] = relu(a)\nfoo bar\n",
-       "t.prog:5:1: unknown statement 'foo'; a line is mesh, dims, input, param, loss, repeat N {, } or NAME[...] = ..."},
+       "t.prog:5:1: unknown statement 'foo'; a line is mesh, dims, input, param, loss, repeat N {, } or NAME[...] = "
+       "..."},
       {"input a[I, J]\nb[I, J] = relu(a)\nloss sum(b)\nloss sum(b)\n", "t.prog:6:1: a second loss; a program has one"},
       {"input a[I, J]\nb[I, J] = rename(a, J -> K)\n",
        "t.prog:4:11: rename: 'J' has size 6 but 'K' 8; a renamed letter keeps its size"},
@@ -218,7 +232,10 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
 
 TEST(Program, BinaryJunkAndUnusedDimsAreRefused) {
   try {
-    parse_program(std::string("mesh X=2\n\x7f" "ELF\x02\x01\x01", 13), "bin");
+    parse_program(std::string("mesh X=2\n\x7f"
+                              "ELF\x02\x01\x01",
+                              13),
+                  "bin");
     FAIL();
   } catch (const InputError& e) {
     EXPECT_EQ(e.headline(), "bin:2:1: byte \\x7f is a control character; a program is a text file (docs/programs.md)");

@@ -35,7 +35,8 @@ Traced traced_run(int repeat) {
   t.mesh = Mesh::parse("X=2,Y=2");
   t.contraction = parse_contraction("A[I_X, J_Y] @ B[J_Y, K] -> C[I, K]", t.mesh);
   const DimSizes sizes = parse_dims("I=64,J=48,K=32");
-  const MatmulPlanning m = plan_matmul(t.mesh, t.contraction, sizes, {DType::f32, builtin_profile("h100"), std::nullopt});
+  const MatmulPlanning m =
+      plan_matmul(t.mesh, t.contraction, sizes, {DType::f32, builtin_profile("h100"), std::nullopt});
   t.plan = m.candidates[static_cast<std::size_t>(m.chosen)];
   RunRequest req;
   req.mesh = t.mesh;

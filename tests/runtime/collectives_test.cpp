@@ -55,7 +55,10 @@ std::string message_of(F&& f) {
 class Gate {
  public:
   void open() {
-    { std::lock_guard lock(mutex_); open_ = true; }
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
     cv_.notify_all();
   }
   void wait() {
@@ -139,13 +142,16 @@ TEST_P(Collectives, MatchClosedForm) {
   const auto size = std::get<1>(GetParam());
   const DType dtype = std::get<2>(GetParam());
   const auto cores = std::get<3>(GetParam());
-  run(Mesh::parse(topology.mesh), [&](Communicator& comm) {
-    if (dtype == DType::f32) {
-      EXPECT_TRUE(testing::check_collectives<float>(comm, topology.axes, size));
-    } else {
-      EXPECT_TRUE(testing::check_collectives<double>(comm, topology.axes, size));
-    }
-  }, 120, cores == Cores::machine ? std::nullopt : std::optional<bool>(cores == Cores::shared));
+  run(
+      Mesh::parse(topology.mesh),
+      [&](Communicator& comm) {
+        if (dtype == DType::f32) {
+          EXPECT_TRUE(testing::check_collectives<float>(comm, topology.axes, size));
+        } else {
+          EXPECT_TRUE(testing::check_collectives<double>(comm, topology.axes, size));
+        }
+      },
+      120, cores == Cores::machine ? std::nullopt : std::optional<bool>(cores == Cores::shared));
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, Collectives, ::testing::ValuesIn(params()),
@@ -153,7 +159,9 @@ INSTANTIATE_TEST_SUITE_P(Threads, Collectives, ::testing::ValuesIn(params()),
                            const Cores cores = std::get<3>(info.param);
                            return std::get<0>(info.param).name + "_" + testing::to_string(std::get<1>(info.param)) +
                                   "_" + to_string(std::get<2>(info.param)) +
-                                  (cores == Cores::shared ? "_shared_cores" : cores == Cores::own ? "_own_cores" : "");
+                                  (cores == Cores::shared ? "_shared_cores"
+                                   : cores == Cores::own  ? "_own_cores"
+                                                          : "");
                          });
 
 // The checks can only catch a wrong summation order if the data makes order matter.
@@ -193,15 +201,18 @@ TEST(Threads, EachRankHasItsOwnIdAndThread) {
 TEST(Threads, SuccessiveCollectivesOnOverlappingGroupsStayApart) {
   for (bool shared_cores : {false, true}) {
     SCOPED_TRACE(shared_cores ? "shared cores" : "own cores");
-    run(Mesh::parse("X=2,Y=2,Z=2"), [](Communicator& comm) {
-      for (int round = 0; round < 20; ++round) {
-        EXPECT_TRUE(testing::check_all_reduce<float>(comm, {0}, 7));
-        EXPECT_TRUE(testing::check_all_gather<double>(comm, {1, 2}, Size::uneven));
-        EXPECT_TRUE(testing::check_reduce_scatter<float>(comm, {2, 0}, Size::uneven));
-        EXPECT_TRUE(testing::check_all_to_all<double>(comm, {0, 1, 2}, Size::uneven));
-        comm.barrier();
-      }
-    }, 120, shared_cores);
+    run(
+        Mesh::parse("X=2,Y=2,Z=2"),
+        [](Communicator& comm) {
+          for (int round = 0; round < 20; ++round) {
+            EXPECT_TRUE(testing::check_all_reduce<float>(comm, {0}, 7));
+            EXPECT_TRUE(testing::check_all_gather<double>(comm, {1, 2}, Size::uneven));
+            EXPECT_TRUE(testing::check_reduce_scatter<float>(comm, {2, 0}, Size::uneven));
+            EXPECT_TRUE(testing::check_all_to_all<double>(comm, {0, 1, 2}, Size::uneven));
+            comm.barrier();
+          }
+        },
+        120, shared_cores);
   }
 }
 
@@ -211,11 +222,14 @@ TEST(Threads, GroupsProceedIndependently) {
   const Mesh mesh = Mesh::parse("X=2,Y=2");
   Gate row0_done;
   std::atomic<int> row0_left{2};
-  run(mesh, [&](Communicator& comm) {
-    if (mesh.coord(comm.rank(), 1) == 1) row0_done.wait();
-    for (int i = 0; i < 10; ++i) EXPECT_TRUE(testing::check_all_reduce<double>(comm, {0}, 33));
-    if (mesh.coord(comm.rank(), 1) == 0 && --row0_left == 0) row0_done.open();
-  }, 20);
+  run(
+      mesh,
+      [&](Communicator& comm) {
+        if (mesh.coord(comm.rank(), 1) == 1) row0_done.wait();
+        for (int i = 0; i < 10; ++i) EXPECT_TRUE(testing::check_all_reduce<double>(comm, {0}, 33));
+        if (mesh.coord(comm.rank(), 1) == 0 && --row0_left == 0) row0_done.open();
+      },
+      20);
 }
 
 TEST(Threads, SendRecvRing) {
@@ -258,10 +272,17 @@ TEST(Threads, ARankThatThrowsReleasesTheOthersAndItsErrorIsRethrown) {
     run(Mesh::parse("X=4"), [](Communicator& comm) {
       std::vector<float> data(4, 1.0f);
       switch (comm.rank()) {
-        case 0: comm.all_reduce(data.data(), 4, DType::f32, {0}); break;
-        case 1: comm.recv(data.data(), 16, 3, 0); break;
-        case 2: throw std::logic_error("boom on rank 2");
-        case 3: comm.barrier(); break;
+        case 0:
+          comm.all_reduce(data.data(), 4, DType::f32, {0});
+          break;
+        case 1:
+          comm.recv(data.data(), 16, 3, 0);
+          break;
+        case 2:
+          throw std::logic_error("boom on rank 2");
+        case 3:
+          comm.barrier();
+          break;
       }
     });
   });
@@ -422,16 +443,19 @@ TEST(Threads, RecvOfTheWrongSizeIsAMismatch) {
 TEST(Threads, WatchdogNamesTheCollectiveAndTheMissingRanks) {
   Gate timed_out;
   EXPECT_EQ(message_of<CollectiveTimeout>([&] {
-              run(Mesh::parse("X=3"), [&](Communicator& comm) {
-                if (comm.rank() != 0) return timed_out.wait();
-                float x = 1;
-                try {
-                  comm.all_reduce(&x, 1, DType::f32, {0});
-                } catch (...) {
-                  timed_out.open();
-                  throw;
-                }
-              }, 1);
+              run(
+                  Mesh::parse("X=3"),
+                  [&](Communicator& comm) {
+                    if (comm.rank() != 0) return timed_out.wait();
+                    float x = 1;
+                    try {
+                      comm.all_reduce(&x, 1, DType::f32, {0});
+                    } catch (...) {
+                      timed_out.open();
+                      throw;
+                    }
+                  },
+                  1);
             }),
             "collective timeout in group over X of device 0: rank 0 called all_reduce(f32, 1 element) and "
             "waited 1 s; ranks 1, 2 never arrived (watchdog 1 s; SHARDMM_WATCHDOG_S sets it)");
@@ -441,7 +465,8 @@ TEST(Threads, WatchdogNamesTheCollectiveAndTheMissingRanks) {
 TEST(Threads, WatchdogCoversPointToPoint) {
   const std::string hint = " (watchdog 0.5 s; SHARDMM_WATCHDOG_S sets it)";
   const std::pair<std::function<void(Communicator&, int&)>, std::string> calls[] = {
-      {[](Communicator& c, int& x) { c.recv(&x, sizeof x, 1, 3); }, "recv(4 bytes from rank 1, tag 3); nothing arrived"},
+      {[](Communicator& c, int& x) { c.recv(&x, sizeof x, 1, 3); },
+       "recv(4 bytes from rank 1, tag 3); nothing arrived"},
       {[](Communicator& c, int& x) { c.irecv(&x, sizeof x, 1, 3)->wait(); },
        "recv(4 bytes from rank 1, tag 3); nothing arrived"},
       {[](Communicator& c, int& x) { c.isend(&x, sizeof x, 1, 3)->wait(); },
@@ -452,16 +477,19 @@ TEST(Threads, WatchdogCoversPointToPoint) {
     const auto& what = named_call.second;
     Gate timed_out;
     EXPECT_EQ(message_of<CollectiveTimeout>([&] {
-                run(Mesh::parse("X=2"), [&](Communicator& comm) {
-                  if (comm.rank() == 1) return timed_out.wait();
-                  int x = 0;
-                  try {
-                    call(comm, x);
-                  } catch (...) {
-                    timed_out.open();
-                    throw;
-                  }
-                }, 0.5);
+                run(
+                    Mesh::parse("X=2"),
+                    [&](Communicator& comm) {
+                      if (comm.rank() == 1) return timed_out.wait();
+                      int x = 0;
+                      try {
+                        call(comm, x);
+                      } catch (...) {
+                        timed_out.open();
+                        throw;
+                      }
+                    },
+                    0.5);
               }),
               "p2p timeout: rank 0 waited 0.5 s in " + what + hint);
   }
@@ -493,21 +521,31 @@ TEST(Threads, BadArgumentsAreInputErrors) {
   float buf[16] = {};
   EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_reduce(buf, 4, DType::bf16, {0}); }),
             "the threads backend computes in f32 and f64; got bf16");
-  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_gather(buf, buf + 4, {4, 4}, DType::f16, {0}); }),
+  EXPECT_EQ(on_rank_1([&](Communicator& c) {
+              c.all_gather(buf, buf + 4, {4, 4}, DType::f16, {0});
+            }),
             "the threads backend computes in f32 and f64; got f16");
-  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_gather(buf, buf + 4, {4, 4, 4}, DType::f32, {0}); }),
+  EXPECT_EQ(on_rank_1([&](Communicator& c) {
+              c.all_gather(buf, buf + 4, {4, 4, 4}, DType::f32, {0});
+            }),
             "all_gather in the group over X of device 1: got 3 counts for 2 members; pass one count per member");
-  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.reduce_scatter(buf, buf + 8, {2, -1}, DType::f32, {1}); }),
+  EXPECT_EQ(on_rank_1([&](Communicator& c) {
+              c.reduce_scatter(buf, buf + 8, {2, -1}, DType::f32, {1});
+            }),
             "reduce_scatter in the group over Y of device 0: count -1 for member 1; a count is a number of "
             "elements >= 0");
   EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_reduce(buf, -3, DType::f64, {1}); }),
             "all_reduce of -3 elements; a count is a number of elements >= 0");
-  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_to_all(buf, {1, 1}, buf + 8, {1}, DType::f32, {1}); }),
+  EXPECT_EQ(on_rank_1([&](Communicator& c) {
+              c.all_to_all(buf, {1, 1}, buf + 8, {1}, DType::f32, {1});
+            }),
             "all_to_all (recv counts) in the group over Y of device 0: got 1 counts for 2 members; pass one count "
             "per member");
   EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_reduce(buf, 1, DType::f32, {2}); }),
             "group axis 2 is not an axis of mesh X=2,Y=2; axes are numbered 0 to 1");
-  EXPECT_EQ(on_rank_1([&](Communicator& c) { c.all_reduce(buf, 1, DType::f32, {1, 0, 1}); }),
+  EXPECT_EQ(on_rank_1([&](Communicator& c) {
+              c.all_reduce(buf, 1, DType::f32, {1, 0, 1});
+            }),
             "group YXY names axis Y twice; a group lists distinct mesh axes");
   EXPECT_EQ(on_rank_1([&](Communicator& c) { c.send(buf, 4, 4, 0); }),
             "send to device 4: mesh X=2,Y=2 has devices 0 to 3");
@@ -567,7 +605,8 @@ TEST(ThreadsNonblocking, ZeroBytesManyInFlightAndWaitsInAnyOrder) {
     }
     for (auto r = requests.rbegin(); r != requests.rend(); ++r) (*r)->wait();  // the last posted first
     for (int i = 0; i < count; ++i) {
-      for (float v : in[static_cast<std::size_t>(i)]) ASSERT_EQ(v, static_cast<float>(peer * 1000 + i)) << "message " << i;
+      for (float v : in[static_cast<std::size_t>(i)])
+        ASSERT_EQ(v, static_cast<float>(peer * 1000 + i)) << "message " << i;
     }
   });
 }
@@ -741,23 +780,26 @@ TEST(ThreadsNonblocking, ARankUnwindingPastALentBufferReleasesItsPeers) {
     const auto start = std::chrono::steady_clock::now();
     Gate lent_out;
     const std::string message = message_of<std::runtime_error>([&] {
-      run(Mesh::parse("X=2"), [&](Communicator& comm) {
-        double x = 1, y = 0;
-        if (comm.rank() == 1) {
-          Request lent = comm.irecv_lent(&y, 8, 0, 0);
-          lent->wait();
-          lent_out.open();
-          comm.recv(&y, 8, 0, 1);  // never sent: only rank 0's release ends this
-          return;
-        }
-        try {
-          Request out = comm.isend(&x, 8, 1, 0);
-          lent_out.wait();
-          throw std::runtime_error("rank 0 failed mid-ring");
-        } catch (const std::runtime_error&) {
-          if (!caught) throw;
-        }
-      }, 60);
+      run(
+          Mesh::parse("X=2"),
+          [&](Communicator& comm) {
+            double x = 1, y = 0;
+            if (comm.rank() == 1) {
+              Request lent = comm.irecv_lent(&y, 8, 0, 0);
+              lent->wait();
+              lent_out.open();
+              comm.recv(&y, 8, 0, 1);  // never sent: only rank 0's release ends this
+              return;
+            }
+            try {
+              Request out = comm.isend(&x, 8, 1, 0);
+              lent_out.wait();
+              throw std::runtime_error("rank 0 failed mid-ring");
+            } catch (const std::runtime_error&) {
+              if (!caught) throw;
+            }
+          },
+          60);
     });
     EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20)) << "waited for the watchdog";
     EXPECT_EQ(message, caught ? "p2p mismatch: rank 0 dropped a send a peer was reading in place while an exception "

@@ -74,11 +74,16 @@ enum class Size { zero, one, small, uneven, large };
 
 inline const char* to_string(Size s) {
   switch (s) {
-    case Size::zero: return "zero";
-    case Size::one: return "one";
-    case Size::small: return "small";
-    case Size::uneven: return "uneven";
-    case Size::large: return "large";
+    case Size::zero:
+      return "zero";
+    case Size::one:
+      return "one";
+    case Size::small:
+      return "small";
+    case Size::uneven:
+      return "uneven";
+    case Size::large:
+      return "large";
   }
   return "?";
 }
@@ -93,11 +98,16 @@ constexpr std::int64_t large_elements = (1 << 20) + 3;
 // Elements member m of n contributes to an all_gather (or gets from a reduce_scatter).
 inline std::int64_t member_count(Size s, std::int64_t n, std::int64_t m) {
   switch (s) {
-    case Size::zero: return 0;
-    case Size::one: return 1;
-    case Size::small: return 5;
-    case Size::uneven: return (3 * m + 1) % 4;  // 1, 0, 3, 2, ...: some members send nothing
-    case Size::large: return split(large_elements, n, m);
+    case Size::zero:
+      return 0;
+    case Size::one:
+      return 1;
+    case Size::small:
+      return 5;
+    case Size::uneven:
+      return (3 * m + 1) % 4;  // 1, 0, 3, 2, ...: some members send nothing
+    case Size::large:
+      return split(large_elements, n, m);
   }
   return 0;
 }
@@ -111,11 +121,16 @@ inline Counts member_counts(Size s, std::int64_t n) {
 // Elements in an all_reduce.
 inline std::int64_t total_count(Size s, std::int64_t n) {
   switch (s) {
-    case Size::zero: return 0;
-    case Size::one: return 1;
-    case Size::small: return 5;
-    case Size::uneven: return 2 * n + 1;  // one more than a multiple of the group size
-    case Size::large: return large_elements;
+    case Size::zero:
+      return 0;
+    case Size::one:
+      return 1;
+    case Size::small:
+      return 5;
+    case Size::uneven:
+      return 2 * n + 1;  // one more than a multiple of the group size
+    case Size::large:
+      return large_elements;
   }
   return 0;
 }
@@ -123,11 +138,16 @@ inline std::int64_t total_count(Size s, std::int64_t n) {
 // Elements member `from` sends to member `to` of n in an all_to_all.
 inline std::int64_t pair_count(Size s, std::int64_t n, std::int64_t from, std::int64_t to) {
   switch (s) {
-    case Size::zero: return 0;
-    case Size::one: return 1;
-    case Size::small: return 5;
-    case Size::uneven: return (from + 2 * to) % 4;
-    case Size::large: return split(large_elements, n * n, from * n + to);
+    case Size::zero:
+      return 0;
+    case Size::one:
+      return 1;
+    case Size::small:
+      return 5;
+    case Size::uneven:
+      return (from + 2 * to) % 4;
+    case Size::large:
+      return split(large_elements, n * n, from * n + to);
   }
   return 0;
 }
@@ -151,8 +171,7 @@ template <typename T, class GotAlloc, class ExpectedAlloc>
   for (std::size_t i = 0; i < got.size(); ++i) {
     if (std::memcmp(&got[i], &expected[i], sizeof(T)) != 0) {
       return ::testing::AssertionFailure() << "rank " << comm.rank() << " " << what << "[" << i
-                                           << "] = " << std::setprecision(17) << got[i] << ", expected "
-                                           << expected[i];
+                                           << "] = " << std::setprecision(17) << got[i] << ", expected " << expected[i];
     }
   }
   return ::testing::AssertionSuccess();
@@ -180,7 +199,9 @@ struct BufferAllocator {
     buffers().erase(p);
   }
   template <typename U>
-  bool operator==(const BufferAllocator<U>&) const { return true; }
+  bool operator==(const BufferAllocator<U>&) const {
+    return true;
+  }
 
  private:
   // Ranks may be threads of one process: shared, behind a lock.
@@ -208,7 +229,8 @@ template <typename T, class Alloc = std::allocator<T>>
   for (std::int64_t k = 0; k < counts[me]; ++k) send[static_cast<std::size_t>(k)] = tagged<T>(comm.rank(), k);
   std::vector<T> expected(static_cast<std::size_t>(off.back()));
   for (std::size_t m = 0; m < members.size(); ++m) {
-    for (std::int64_t k = 0; k < counts[m]; ++k) expected[static_cast<std::size_t>(off[m] + k)] = tagged<T>(members[m], k);
+    for (std::int64_t k = 0; k < counts[m]; ++k)
+      expected[static_cast<std::size_t>(off[m] + k)] = tagged<T>(members[m], k);
   }
   Array recv(expected.size(), T(-1));
   const T* src = send.data();
@@ -239,7 +261,8 @@ template <typename T, class Alloc = std::allocator<T>>
   Array send(static_cast<std::size_t>(off.back()));
   for (std::size_t k = 0; k < send.size(); ++k) send[k] = spread<T>(comm.rank(), static_cast<std::int64_t>(k));
   std::vector<T> expected(static_cast<std::size_t>(counts[me]));
-  for (std::size_t i = 0; i < expected.size(); ++i) expected[i] = ordered_sum<T>(members, off[me] + static_cast<std::int64_t>(i));
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    expected[i] = ordered_sum<T>(members, off[me] + static_cast<std::int64_t>(i));
   Array recv(expected.size(), T(-1));
   const Array sent = send;
   comm.reduce_scatter(send.data(), recv.data(), counts, dtype_of<T>(), axes);
@@ -310,10 +333,12 @@ template <typename T, class Alloc = std::allocator<T>>
 // a failure, so that the ranks stay in step.
 template <typename T, class Alloc = std::allocator<T>>
 ::testing::AssertionResult check_collectives(Communicator& comm, const AxisList& axes, Size size) {
-  const ::testing::AssertionResult results[] = {
-      check_all_gather<T, Alloc>(comm, axes, size),     check_all_gather<T, Alloc>(comm, axes, size, true),
-      check_reduce_scatter<T, Alloc>(comm, axes, size), check_all_reduce<T, Alloc>(comm, axes, size),
-      check_all_reduce<T, Alloc>(comm, axes, size, ReduceOp::max), check_all_to_all<T, Alloc>(comm, axes, size)};
+  const ::testing::AssertionResult results[] = {check_all_gather<T, Alloc>(comm, axes, size),
+                                                check_all_gather<T, Alloc>(comm, axes, size, true),
+                                                check_reduce_scatter<T, Alloc>(comm, axes, size),
+                                                check_all_reduce<T, Alloc>(comm, axes, size),
+                                                check_all_reduce<T, Alloc>(comm, axes, size, ReduceOp::max),
+                                                check_all_to_all<T, Alloc>(comm, axes, size)};
   for (const auto& r : results) {
     if (!r) return r;
   }

@@ -28,7 +28,8 @@ int case_count() {
 TEST(DeterminismTest, RandomCasesGiveTheSameBitsInEveryRepetition) {
   const std::vector<PlanCase> cases =
       testing::random_plan_cases(case_count(), [](testing::Rng& rng) { return testing::random_mesh(rng, 3, 8); });
-  const auto reducing = std::count_if(cases.begin(), cases.end(), [](const PlanCase& k) { return testing::reduces(k.plan); });
+  const auto reducing =
+      std::count_if(cases.begin(), cases.end(), [](const PlanCase& k) { return testing::reduces(k.plan); });
   // Reductions are where a changing order would show; the sample must have plenty.
   ASSERT_GE(reducing, static_cast<std::ptrdiff_t>(cases.size() / 4)) << "of " << cases.size() << " cases";
 

@@ -242,8 +242,7 @@ class CallsOnlyCommunicator : public Communicator {
   void all_gather(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& group) override {
     inner_.all_gather(send, recv, counts, dtype, group);
   }
-  void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype,
-                      const AxisList& group) override {
+  void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& group) override {
     inner_.reduce_scatter(send, recv, counts, dtype, group);
   }
   void all_reduce(void* data, std::int64_t count, DType dtype, const AxisList& group, ReduceOp op) override {
@@ -256,7 +255,9 @@ class CallsOnlyCommunicator : public Communicator {
   void send(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     inner_.send(data, bytes, peer, tag);
   }
-  void recv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override { inner_.recv(data, bytes, peer, tag); }
+  void recv(void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
+    inner_.recv(data, bytes, peer, tag);
+  }
   Request isend(const void* data, std::int64_t bytes, std::int64_t peer, int tag) override {
     return std::make_unique<CountedSend>(inner_.isend(data, bytes, peer, tag), pending_);
   }
@@ -314,19 +315,20 @@ TEST(ExecutorTest, RingsWaitForTheirSendsWhereRequestsMoveOnlyInCalls) {
     OpKind op;
     bool both_ways;
   };
-  for (const Ring& k : std::vector<Ring>{{"X=4", "A[I_X, J] @ B[J, K] -> C[I, K]", OpKind::all_gather_einsum, false},
-                                         {"X=5", "A[I_X, J] @ B[J, K] -> C[I, K]", OpKind::all_gather_einsum, true},
-                                         {"X=4", "A[I_X, J] @ B[J_X, K] -> C[I_X, K]", OpKind::all_gather_einsum, false},
-                                         {"X=4", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", OpKind::einsum_reduce_scatter, false},
-                                         {"X=7", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", OpKind::einsum_reduce_scatter, true}}) {
+  for (const Ring& k :
+       std::vector<Ring>{{"X=4", "A[I_X, J] @ B[J, K] -> C[I, K]", OpKind::all_gather_einsum, false},
+                         {"X=5", "A[I_X, J] @ B[J, K] -> C[I, K]", OpKind::all_gather_einsum, true},
+                         {"X=4", "A[I_X, J] @ B[J_X, K] -> C[I_X, K]", OpKind::all_gather_einsum, false},
+                         {"X=4", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", OpKind::einsum_reduce_scatter, false},
+                         {"X=7", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", OpKind::einsum_reduce_scatter, true}}) {
     const Mesh mesh = Mesh::parse(k.mesh);
     const Contraction c = parse_contraction(k.expr, mesh);
     const DimSizes sizes = parse_dims("I=23,J=17,K=9");
     const MatmulPlanning p = plan_matmul(mesh, c, sizes, torus);
     const Plan& ring = plan_with(p, {k.op}, k.both_ways);
-    const auto expected = dense_einsum(dim_names(c.a), dense_tensor(mesh, c.a, global_shape(c.a, sizes), 1),
-                                       dim_names(c.b), dense_tensor(mesh, c.b, global_shape(c.b, sizes), 2),
-                                       c.out_dims, sizes);
+    const auto expected =
+        dense_einsum(dim_names(c.a), dense_tensor(mesh, c.a, global_shape(c.a, sizes), 1), dim_names(c.b),
+                     dense_tensor(mesh, c.b, global_shape(c.b, sizes), 2), c.out_dims, sizes);
     const int ways = k.both_ways ? 2 : 1;
     const int allowed = k.op == OpKind::all_gather_einsum ? ways - 1 : ways;
     for (bool only_in_calls : {true, false}) {
@@ -399,9 +401,9 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
   }
   RecordProperty("plans_run", static_cast<int>(plans_run));
   if (cases >= 1000) {  // every kind of ring ran (the default count; SHARDMM_RANDOM_CASES may lower it)
-    for (const char* kind : {"all_gather_einsum", "all_gather_einsum both ways", "all_gather_einsum contracted",
-                             "all_gather_einsum contracted both ways", "einsum_reduce_scatter",
-                             "einsum_reduce_scatter both ways"}) {
+    for (const char* kind :
+         {"all_gather_einsum", "all_gather_einsum both ways", "all_gather_einsum contracted",
+          "all_gather_einsum contracted both ways", "einsum_reduce_scatter", "einsum_reduce_scatter both ways"}) {
       EXPECT_GE(rings_run[kind], 20) << kind;
     }
     EXPECT_GE(exchanges_run, 20);
@@ -459,9 +461,8 @@ void check_all_reshards(const Mesh& mesh, const DimSizes& sizes, DType dtype, in
       const PlanOptions o = options(dtype);
       detail::StepCoster(mesh, o).cost(exchange.steps[0], shape);
       const std::string exchanged = mesh.to_string() + " split " + std::string(to_string(mesh.split_rule())) + " " +
-                                    format_spec(from, mesh) + " -> " +
-                                    format_spec(to, mesh) + " [exchange over " + mesh.axis_names(exchange.steps[0].axes) +
-                                    "]";
+                                    format_spec(from, mesh) + " -> " + format_spec(to, mesh) + " [exchange over " +
+                                    mesh.axis_names(exchange.steps[0].axes) + "]";
       const RunResult x = run_plan(mesh, exchange, sizes, dtype, from, nullptr);
       ASSERT_EQ(x.global, dense_tensor(mesh, from, shape, 1)) << exchanged;
       expect_trace_matches(exchange, x, exchanged);
@@ -509,8 +510,10 @@ TEST(ExecutorTest, ReducingPlansAreBitwiseRepeatable) {
       std::vector<std::vector<unsigned char>> first(static_cast<std::size_t>(mesh.device_count()));
       for (int round = 0; round < 10; ++round) {
         run_threads(mesh, [&](Communicator& comm) {
-          DistTensor a = DistTensor::filled(mesh, comm.rank(), c.a, global_shape(c.a, sizes), DType::f32, uniform_values(5));
-          DistTensor b = DistTensor::filled(mesh, comm.rank(), c.b, global_shape(c.b, sizes), DType::f32, uniform_values(6));
+          DistTensor a =
+              DistTensor::filled(mesh, comm.rank(), c.a, global_shape(c.a, sizes), DType::f32, uniform_values(5));
+          DistTensor b =
+              DistTensor::filled(mesh, comm.rank(), c.b, global_shape(c.b, sizes), DType::f32, uniform_values(6));
           Executor exec(comm, plan, sizes, DType::f32);
           for (int rep = 0; rep < 3; ++rep) {
             const DistTensor& r = exec.run(a, &b);

@@ -116,8 +116,7 @@ TEST(Boxes, BadBoxesAreUsageErrors) {
   try {
     copy_box(src.data(), {3, 4}, {2, 0}, dst.data(), {3, 4}, {0, 0}, {2, 4});
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("[2, 4] at offset [2, 0] does not fit in src shape [3, 4]"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("[2, 4] at offset [2, 0] does not fit in src shape [3, 4]"), std::string::npos)
         << e.what();
   }
 }
@@ -184,10 +183,9 @@ constexpr long double unit_roundoff() {
 // gamma_{k+2} * (|alpha| sum |a||b| + |beta||c0|), gamma_n ~ n u; doubled for the
 // second-order terms.
 template <class T>
-void expect_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-                 const std::vector<T>& a, std::int64_t lda, const std::vector<T>& b,
-                 std::int64_t ldb, T beta, const std::vector<T>& c0, const std::vector<T>& c,
-                 std::int64_t ldc, const std::string& what) {
+void expect_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const std::vector<T>& a,
+                 std::int64_t lda, const std::vector<T>& b, std::int64_t ldb, T beta, const std::vector<T>& c0,
+                 const std::vector<T>& c, std::int64_t ldc, const std::string& what) {
   for (std::int64_t i = 0; i < m; ++i) {
     for (std::int64_t j = 0; j < n; ++j) {
       long double sum = 0, mag = 0;
@@ -200,11 +198,9 @@ void expect_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
       // beta == 0: c0 (NaN here) is not read.
       const long double beta_c = beta == T(0) ? 0.0L : beta * static_cast<long double>(c0[i * ldc + j]);
       const long double want = alpha * sum + beta_c;
-      const long double tol =
-          2 * (k + 2) * unit_roundoff<T>() * (std::fabs(alpha) * mag + std::fabs(beta_c));
+      const long double tol = 2 * (k + 2) * unit_roundoff<T>() * (std::fabs(alpha) * mag + std::fabs(beta_c));
       ASSERT_LE(std::fabs(c[i * ldc + j] - want), tol)
-          << what << " ta=" << ta << " tb=" << tb << " m=" << m << " n=" << n << " k=" << k
-          << " at " << i << "," << j;
+          << what << " ta=" << ta << " tb=" << tb << " m=" << m << " n=" << n << " k=" << k << " at " << i << "," << j;
     }
   }
   // Padding between rows is never written.
@@ -218,8 +214,8 @@ void expect_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t 
 
 // Random problem with padded leading dimensions; `limit` < 0 calls blas::gemm.
 template <class T>
-void check_gemm(std::mt19937_64& rng, std::int64_t m, std::int64_t n, std::int64_t k, bool ta,
-                bool tb, T alpha, T beta, std::int64_t limit) {
+void check_gemm(std::mt19937_64& rng, std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb, T alpha, T beta,
+                std::int64_t limit) {
   const std::int64_t lda = (ta ? m : k) + pick(rng, 0, 3);
   const std::int64_t ldb = (tb ? k : n) + pick(rng, 0, 3);
   const std::int64_t ldc = n + pick(rng, 0, 3);
@@ -233,8 +229,7 @@ void check_gemm(std::mt19937_64& rng, std::int64_t m, std::int64_t n, std::int64
   if (limit < 0) {
     blas::gemm(ta, tb, m, n, k, alpha, a.data(), la, b.data(), lb, beta, c.data(), lc);
   } else {
-    blas::detail::gemm_split(ta, tb, m, n, k, alpha, a.data(), la, b.data(), lb, beta, c.data(),
-                             lc, limit);
+    blas::detail::gemm_split(ta, tb, m, n, k, alpha, a.data(), la, b.data(), lb, beta, c.data(), lc, limit);
   }
   expect_gemm(ta, tb, m, n, k, alpha, a, la, b, lb, beta, c0, c, lc,
               limit < 0 ? "gemm" : "gemm_split limit " + std::to_string(limit));
@@ -289,8 +284,7 @@ TEST(Gemm, ZeroSizes) {
 
 TEST(Gemm, BadArgumentsAreUsageErrors) {
   std::vector<float> a(12), b(12), c(12);
-  EXPECT_THROW(blas::gemm(false, false, -1, 2, 2, 1.f, a.data(), 2, b.data(), 2, 0.f, c.data(), 2),
-               UsageError);
+  EXPECT_THROW(blas::gemm(false, false, -1, 2, 2, 1.f, a.data(), 2, b.data(), 2, 0.f, c.data(), 2), UsageError);
   EXPECT_THROW(blas::gemm(false, false, 2, 2, 3, 1.f, a.data(), 2, b.data(), 2, 0.f, c.data(), 2),
                UsageError);  // lda < k
   EXPECT_THROW(blas::gemm(false, true, 2, 3, 2, 1.f, a.data(), 2, b.data(), 1, 0.f, c.data(), 3),
@@ -330,10 +324,10 @@ TEST(Blas, ConcurrentSingleThreadedGemmGivesSequentialBits) {
     p.bd = random_values<double>(rng, p.k * p.n);
     p.cf.resize(static_cast<std::size_t>(p.m * p.n));
     p.cd.resize(static_cast<std::size_t>(p.m * p.n));
-    blas::gemm(false, t % 2 == 1, p.m, p.n, p.k, 1.f, p.af.data(), p.k, p.bf.data(),
-               t % 2 == 1 ? p.k : p.n, 0.f, p.cf.data(), p.n);
-    blas::gemm(t % 2 == 1, false, p.m, p.n, p.k, 1.0, p.ad.data(), t % 2 == 1 ? p.m : p.k,
-               p.bd.data(), p.n, 0.0, p.cd.data(), p.n);
+    blas::gemm(false, t % 2 == 1, p.m, p.n, p.k, 1.f, p.af.data(), p.k, p.bf.data(), t % 2 == 1 ? p.k : p.n, 0.f,
+               p.cf.data(), p.n);
+    blas::gemm(t % 2 == 1, false, p.m, p.n, p.k, 1.0, p.ad.data(), t % 2 == 1 ? p.m : p.k, p.bd.data(), p.n, 0.0,
+               p.cd.data(), p.n);
     problems.push_back(std::move(p));
   }
   std::atomic<int> mismatches{0};
@@ -344,10 +338,10 @@ TEST(Blas, ConcurrentSingleThreadedGemmGivesSequentialBits) {
       std::vector<float> cf(p.cf.size());
       std::vector<double> cd(p.cd.size());
       for (int r = 0; r < kRepeats; ++r) {
-        blas::gemm(false, t % 2 == 1, p.m, p.n, p.k, 1.f, p.af.data(), p.k, p.bf.data(),
-                   t % 2 == 1 ? p.k : p.n, 0.f, cf.data(), p.n);
-        blas::gemm(t % 2 == 1, false, p.m, p.n, p.k, 1.0, p.ad.data(), t % 2 == 1 ? p.m : p.k,
-                   p.bd.data(), p.n, 0.0, cd.data(), p.n);
+        blas::gemm(false, t % 2 == 1, p.m, p.n, p.k, 1.f, p.af.data(), p.k, p.bf.data(), t % 2 == 1 ? p.k : p.n, 0.f,
+                   cf.data(), p.n);
+        blas::gemm(t % 2 == 1, false, p.m, p.n, p.k, 1.0, p.ad.data(), t % 2 == 1 ? p.m : p.k, p.bd.data(), p.n, 0.0,
+                   cd.data(), p.n);
         if (std::memcmp(cf.data(), p.cf.data(), cf.size() * sizeof(float)) != 0) ++mismatches;
         if (std::memcmp(cd.data(), p.cd.data(), cd.size() * sizeof(double)) != 0) ++mismatches;
       }
@@ -404,8 +398,7 @@ Boxed<T> boxed(const std::vector<T>& box, const Names& names, const Shape& shape
 // With `rng`'s say, A and B are boxes of larger buffers (OperandBuffers), and C is added to
 // (accumulate) instead of overwritten: one more rounding, over |c| too.
 template <class T>
-void check_einsum(const EinsumLayout& layout, const Extents& ext, std::mt19937_64& rng,
-                  const std::string& context) {
+void check_einsum(const EinsumLayout& layout, const Extents& ext, std::mt19937_64& rng, const std::string& context) {
   const DType dtype = std::is_same_v<T, float> ? DType::f32 : DType::f64;
   const Shape sa = shape_of(layout.a, ext), sb = shape_of(layout.b, ext), sc = shape_of(layout.c, ext);
   const auto a = random_values<T>(rng, count(sa));
@@ -448,15 +441,13 @@ void check_einsum(const EinsumLayout& layout, const Extents& ext, std::mt19937_6
     return f;
   };
   for_each_index(extents, [&](const Index& idx) {
-    const long double term = static_cast<long double>(a[position(layout.a, sa, idx)]) *
-                             b[position(layout.b, sb, idx)];
+    const long double term = static_cast<long double>(a[position(layout.a, sa, idx)]) * b[position(layout.b, sb, idx)];
     want[position(layout.c, sc, idx)] += term;
     mag[position(layout.c, sc, idx)] += std::fabs(term);
   });
 
   accumulate ? op.accumulate(a_in, b_in, c.data()) : op.run(a_in, b_in, c.data());
-  const long double bound = 2.0L * static_cast<long double>(contracted + summed_a + summed_b + 1) *
-                            unit_roundoff<T>();
+  const long double bound = 2.0L * static_cast<long double>(contracted + summed_a + summed_b + 1) * unit_roundoff<T>();
   for (std::size_t i = 0; i < c.size(); ++i) {
     ASSERT_LE(std::fabs(c[i] - want[i]), bound * mag[i])
         << what << " element " << i << ": got " << c[i] << " want " << static_cast<double>(want[i]);
@@ -490,9 +481,8 @@ TEST(LocalEinsum, MatchesNaiveEinsumOnRandomLayouts) {
       pool.resize(pool.size() - static_cast<std::size_t>(n));
       return g;
     };
-    const Names batch = take(pick(rng, 0, 2)), contracted = take(pick(rng, 0, 2)),
-                free_a = take(pick(rng, 0, 2)), free_b = take(pick(rng, 0, 2)),
-                summed_a = take(pick(rng, 0, 1)), summed_b = take(pick(rng, 0, 1));
+    const Names batch = take(pick(rng, 0, 2)), contracted = take(pick(rng, 0, 2)), free_a = take(pick(rng, 0, 2)),
+                free_b = take(pick(rng, 0, 2)), summed_a = take(pick(rng, 0, 1)), summed_b = take(pick(rng, 0, 1));
     EinsumLayout l;
     if (trial % 2 == 0) {
       auto cat = [](std::vector<Names> groups) {
@@ -601,10 +591,8 @@ TEST(LocalEinsum, CopiesOnlyWhatNoStridedViewCanServe) {
   check_plan({{{"I", "B", "J"}, {"J", "B", "K"}, {"I", "K", "B"}}, false, false, true},
              {{"I", 3}, {"J", 4}, {"K", 5}, {"B", 2}});
   // A summed dimension is reduced into the workspace.
-  check_plan({{{"I", "J", "S"}, {"J", "K"}, {"I", "K"}}, true, false, false},
-             {{"I", 3}, {"J", 4}, {"K", 5}, {"S", 3}});
-  check_plan({{{"I", "J"}, {"S", "K", "J"}, {"K", "I"}}, false, true, false},
-             {{"I", 3}, {"J", 4}, {"K", 5}, {"S", 2}});
+  check_plan({{{"I", "J", "S"}, {"J", "K"}, {"I", "K"}}, true, false, false}, {{"I", 3}, {"J", 4}, {"K", 5}, {"S", 3}});
+  check_plan({{{"I", "J"}, {"S", "K", "J"}, {"K", "I"}}, false, true, false}, {{"I", 3}, {"J", 4}, {"K", 5}, {"S", 2}});
 }
 
 // The executor's ring over a contracted dimension: C[I, K] = sum over chunks m of
@@ -632,8 +620,8 @@ TEST(LocalEinsum, ContractedChunksReadInPlaceAndAddUp) {
 }
 
 TEST(LocalEinsum, WorkspaceHoldsTheCopies) {
-  const LocalEinsum op({{"I", "J", "L"}, {"J", "K"}, {"I", "L", "K"}},
-                       {{"I", 3}, {"J", 4}, {"K", 5}, {"L", 7}}, DType::f64);
+  const LocalEinsum op({{"I", "J", "L"}, {"J", "K"}, {"I", "L", "K"}}, {{"I", 3}, {"J", 4}, {"K", 5}, {"L", 7}},
+                       DType::f64);
   ASSERT_TRUE(op.copies_a());
   EXPECT_GE(op.workspace_bytes(), 3 * 4 * 7 * 8);
   EXPECT_LT(op.workspace_bytes(), 3 * 4 * 7 * 8 + 64);
@@ -642,10 +630,8 @@ TEST(LocalEinsum, WorkspaceHoldsTheCopies) {
 TEST(LocalEinsum, ZeroExtentsGiveZerosOrNothing) {
   std::mt19937_64 rng(10);
   // Contracted length 0: C is all zeros (not the NaN it held).
-  check_einsum<float>({{"I", "J"}, {"J", "K"}, {"I", "K"}}, {{"I", 3}, {"J", 0}, {"K", 2}}, rng,
-                      "J=0");
-  check_einsum<double>({{"I", "J", "S"}, {"J", "K"}, {"K", "I"}},
-                       {{"I", 3}, {"J", 2}, {"K", 2}, {"S", 0}}, rng, "S=0");
+  check_einsum<float>({{"I", "J"}, {"J", "K"}, {"I", "K"}}, {{"I", 3}, {"J", 0}, {"K", 2}}, rng, "J=0");
+  check_einsum<double>({{"I", "J", "S"}, {"J", "K"}, {"K", "I"}}, {{"I", 3}, {"J", 2}, {"K", 2}, {"S", 0}}, rng, "S=0");
   // Empty output: nothing to write, nothing read.
   LocalEinsum op({{"I", "J"}, {"J", "K"}, {"I", "K"}}, {{"I", 0}, {"J", 4}, {"K", 2}}, DType::f32);
   EXPECT_EQ(op.flops(), 0.0);
@@ -658,8 +644,7 @@ TEST(LocalEinsum, ZeroExtentsGiveZerosOrNothing) {
 }
 
 TEST(LocalEinsum, FlopsCountEveryTerm) {
-  const LocalEinsum op({{"I", "J", "S"}, {"J", "K"}, {"I", "K"}},
-                       {{"I", 3}, {"J", 4}, {"K", 5}, {"S", 6}}, DType::f32);
+  const LocalEinsum op({{"I", "J", "S"}, {"J", "K"}, {"I", "K"}}, {{"I", 3}, {"J", 4}, {"K", 5}, {"S", 6}}, DType::f32);
   EXPECT_EQ(op.flops(), 2.0 * 3 * 4 * 5 * 6);
 }
 
@@ -677,15 +662,13 @@ void expect_error(const EinsumLayout& layout, const Extents& ext, DType dtype, c
 TEST(LocalEinsum, BadLayoutsAreUsageErrors) {
   const Extents ext = {{"I", 2}, {"J", 3}, {"K", 4}};
   expect_error<UsageError>({{"I", "J", "I"}, {"J", "K"}, {"I", "K"}}, ext, DType::f32,
-                     "dimension 'I' appears twice in a");
-  expect_error<UsageError>({{"I", "J"}, {"J", "K"}, {"K", "K"}}, ext, DType::f32,
-                     "dimension 'K' appears twice in c");
-  expect_error<UsageError>({{"I", "J"}, {"J", "K"}, {"I", "Z"}}, {{"I", 2}, {"J", 3}, {"K", 4}, {"Z", 1}},
-                     DType::f32, "output dimension 'Z' is in neither input");
-  expect_error<UsageError>({{"I", "J"}, {"J", "Q"}, {"I", "Q"}}, ext, DType::f64,
-                     "no extent given for dimension 'Q'");
-  expect_error<UsageError>({{"I", "J"}, {"J", "K"}, {"I", "K"}}, {{"I", 2}, {"J", -3}, {"K", 4}},
-                     DType::f64, "dimension 'J' has extent -3");
+                           "dimension 'I' appears twice in a");
+  expect_error<UsageError>({{"I", "J"}, {"J", "K"}, {"K", "K"}}, ext, DType::f32, "dimension 'K' appears twice in c");
+  expect_error<UsageError>({{"I", "J"}, {"J", "K"}, {"I", "Z"}}, {{"I", 2}, {"J", 3}, {"K", 4}, {"Z", 1}}, DType::f32,
+                           "output dimension 'Z' is in neither input");
+  expect_error<UsageError>({{"I", "J"}, {"J", "Q"}, {"I", "Q"}}, ext, DType::f64, "no extent given for dimension 'Q'");
+  expect_error<UsageError>({{"I", "J"}, {"J", "K"}, {"I", "K"}}, {{"I", 2}, {"J", -3}, {"K", 4}}, DType::f64,
+                           "dimension 'J' has extent -3");
   expect_error<InputError>({{"I", "J"}, {"J", "K"}, {"I", "K"}}, ext, DType::bf16, "dtype bf16");
   try {
     LocalEinsum op({{"I", "J"}, {"J", "K"}, {"I", "K"}}, ext, DType::f32, OperandBuffers{{}, {{"J", 2}}});

@@ -142,8 +142,10 @@ TEST(LendChoice, ExchangesLearnApart) {
   std::vector<bool> small, large;
   for (int i = 0; i < 100; ++i) {
     // The exchanges alternate; each one's period is set by its own choice.
-    small.push_back(p.run(1, [](bool lent, int) { return lent ? 0.2e-3 : 0.8e-3; }, "all_gather", 1 << 20)[0]);
-    large.push_back(p.run(1, [](bool lent, int) { return lent ? 0.8e-3 : 0.2e-3; }, "all_gather", 16 << 20)[0]);
+    small.push_back(p.run(
+        1, [](bool lent, int) { return lent ? 0.2e-3 : 0.8e-3; }, "all_gather", 1 << 20)[0]);
+    large.push_back(p.run(
+        1, [](bool lent, int) { return lent ? 0.8e-3 : 0.2e-3; }, "all_gather", 16 << 20)[0]);
   }
   EXPECT_GE(count(small, true, 50), 50 - 50 / static_cast<int>(LendChoice::kExploreEvery) - 1);
   EXPECT_GE(count(large, false, 50), 50 - 50 / static_cast<int>(LendChoice::kExploreEvery) - 1);

@@ -138,10 +138,10 @@ TEST(MemoryTest, MatmulCountsBothInputsAndTheDenseReference) {
 TEST(MemoryTest, EinsumWorkspaceIsKnownWithoutAllocatingIt) {
   const std::map<std::string, std::int64_t> extents = {{"B", 3}, {"I", 5}, {"J", 7}, {"K", 2}};
   const std::vector<EinsumLayout> layouts = {
-      {{"I", "J"}, {"J", "K"}, {"I", "K"}},            // plain GEMM: no copy
-      {{"J", "I"}, {"K", "J"}, {"K", "I"}},            // transposed views: no copy
+      {{"I", "J"}, {"J", "K"}, {"I", "K"}},                 // plain GEMM: no copy
+      {{"J", "I"}, {"K", "J"}, {"K", "I"}},                 // transposed views: no copy
       {{"I", "B", "J"}, {"B", "J", "K"}, {"B", "I", "K"}},  // a batch dimension inside A
-      {{"I", "J", "K"}, {"J"}, {"I"}},                  // K summed over A first: a reduced copy
+      {{"I", "J", "K"}, {"J"}, {"I"}},                      // K summed over A first: a reduced copy
   };
   bool some_copy = false;
   for (const EinsumLayout& layout : layouts) {

@@ -45,7 +45,8 @@ void expect_ordered_sums(DType dtype, std::vector<std::vector<T>> data, std::int
   for (auto& source : data) sources.push_back(source.data() + out_offset);
   std::vector<T> separate(static_cast<std::size_t>(count) + out_offset + 16);
   const bool in_place = in_place_source >= 0;
-  T* out = in_place ? data[static_cast<std::size_t>(in_place_source)].data() + out_offset : separate.data() + out_offset;
+  T* out =
+      in_place ? data[static_cast<std::size_t>(in_place_source)].data() + out_offset : separate.data() + out_offset;
   detail::sum_in_order(dtype, sources, count, out, peers_read_out);
   // Bits, not values: -0.0 == 0.0 and NaN != NaN would hide a different order of additions.
   const auto bytes = static_cast<std::size_t>(count) * sizeof(T);

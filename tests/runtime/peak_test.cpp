@@ -34,8 +34,8 @@ bool has(const Plan& plan, OpKind op) {
 }
 
 // The memory check's charge for running `plan` on `backend`.
-std::int64_t charged(const std::string& backend, const Mesh& mesh, const Plan& plan, const DimSizes& sizes,
-                     DType dtype, const Contraction* c, const Spec* from) {
+std::int64_t charged(const std::string& backend, const Mesh& mesh, const Plan& plan, const DimSizes& sizes, DType dtype,
+                     const Contraction* c, const Spec* from) {
   RunRequest req;
   req.backend = backend;
   req.mesh = mesh;
@@ -84,8 +84,8 @@ TEST(PeakTest, ThePlansPeakIsWhatTheRunIsChargedOnEitherBackend) {
     }
   }
   // The buffers beyond blocks and staging were all weighed: rings, exchanges, reductions.
-  for (OpKind op : {OpKind::all_gather_einsum, OpKind::einsum_reduce_scatter, OpKind::exchange,
-                    OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
+  for (OpKind op : {OpKind::all_gather_einsum, OpKind::einsum_reduce_scatter, OpKind::exchange, OpKind::reduce_scatter,
+                    OpKind::all_reduce, OpKind::all_to_all}) {
     EXPECT_GT(seen[op], 0) << to_string(op);
   }
   EXPECT_GT(with_workspace, 0) << "no reshard on mpi counted a reduction workspace";

@@ -32,7 +32,8 @@ char pattern(std::size_t e, std::size_t w, std::size_t r, std::int64_t i) {
 
 // n members' segments in plain memory, 64-byte aligned and cleared.
 struct Segments {
-  Segments(std::size_t n, std::size_t part) : memory(n, std::vector<char>(SharedExchange::segment_bytes(n, part) + 64)) {
+  Segments(std::size_t n, std::size_t part)
+      : memory(n, std::vector<char>(SharedExchange::segment_bytes(n, part) + 64)) {
     for (auto& m : memory) {
       char* aligned = m.data() + (64 - reinterpret_cast<std::uintptr_t>(m.data()) % 64) % 64;
       SharedExchange::clear(aligned, n);
@@ -70,14 +71,17 @@ std::vector<std::string> run(const Plan& plan, std::size_t n, std::size_t part, 
             shares[p] = {send[p].data(), out, recv[p].data(), recv_plan[e][p][me],
                          p != me && elsewhere && elsewhere(e, me, p)};
           }
-          ex.exchange(shares, [&] {
-            if (abort) throw Aborted("peer gave up");
-            std::this_thread::yield();
-          }, [&](std::size_t from) {
-            mismatches[me] = std::to_string(me) + "<-" + std::to_string(from);
-            abort = true;
-            throw Aborted("mismatch");
-          });
+          ex.exchange(
+              shares,
+              [&] {
+                if (abort) throw Aborted("peer gave up");
+                std::this_thread::yield();
+              },
+              [&](std::size_t from) {
+                mismatches[me] = std::to_string(me) + "<-" + std::to_string(from);
+                abort = true;
+                throw Aborted("mismatch");
+              });
           for (std::size_t p = 0; p < n; ++p) {
             const std::int64_t in = recv_plan[e][p][me];
             const bool away = p != me && elsewhere && elsewhere(e, p, me);
@@ -169,7 +173,8 @@ TEST(SharedExchange, LearningTriesBothCopiesOnLargeExchanges) {
         std::vector<char> send(static_cast<std::size_t>(bytes), static_cast<char>(me)), recv(send.size());
         std::vector<SharedExchange::Share> shares(n);
         shares[1 - me] = {send.data(), bytes, recv.data(), bytes};
-        ex.exchange(shares, [] { std::this_thread::yield(); }, [](std::size_t) { throw std::logic_error("mismatch"); });
+        ex.exchange(
+            shares, [] { std::this_thread::yield(); }, [](std::size_t) { throw std::logic_error("mismatch"); });
         EXPECT_EQ(recv.back(), static_cast<char>(1 - me));
         chose[me].push_back(ex.streaming());
       }

@@ -21,8 +21,8 @@ TEST(StepTime, ACollectiveCountsFromItsLastArrival) {
 // Local steps and the collective matmul rings (compute and transfers interleaved): the
 // slowest rank's span.
 TEST(StepTime, OtherStepsTakeTheSlowestRank) {
-  for (OpKind op : {OpKind::einsum, OpKind::slice, OpKind::to_partial, OpKind::all_gather_einsum,
-                    OpKind::einsum_reduce_scatter}) {
+  for (OpKind op :
+       {OpKind::einsum, OpKind::slice, OpKind::to_partial, OpKind::all_gather_einsum, OpKind::einsum_reduce_scatter}) {
     EXPECT_DOUBLE_EQ(step_time_s(op, {1.0, 3.0}, {2.5, 0.5}), 2.5) << to_string(op);
   }
 }

@@ -73,12 +73,15 @@ void expect_factors_add_up(const program::Graph& g, int samples, bool time = tru
     for (int trial = 0; trial < 10 * samples && checked < samples; ++trial) {
       ChoiceProblem fixed = c.problem;
       for (std::size_t v = 0; v < c.values.size(); ++v) {
-        if (!c.chosen[v] || g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])].role == program::Role::computed) continue;
+        if (!c.chosen[v] || g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])].role == program::Role::computed)
+          continue;
         const int value = std::uniform_int_distribution<int>(0, c.problem.domain[v] - 1)(rng);
         for (Factor& f : fixed.factors) {
           const auto at = std::find(f.vars.begin(), f.vars.end(), static_cast<int>(v));
           if (at == f.vars.end()) continue;
-          std::erase_if(f.entries, [&](const FactorEntry& x) { return x.values[static_cast<std::size_t>(at - f.vars.begin())] != value; });
+          std::erase_if(f.entries, [&](const FactorEntry& x) {
+            return x.values[static_cast<std::size_t>(at - f.vars.begin())] != value;
+          });
         }
       }
       const std::optional<SolveOutcome> one = solve_elimination(fixed);
@@ -90,7 +93,8 @@ void expect_factors_add_up(const program::Graph& g, int samples, bool time = tru
       ++checked;
       const nn::ProgramPrediction p = nn::predict_program(pinned_graph(g, specs_of(c, a), regathered_of(c, a)), o);
       if (time) {
-        EXPECT_NEAR(e.time, predicted_time(p), 1e-9 * predicted_time(p) + 1e-15) << "train " << train << " trial " << trial;
+        EXPECT_NEAR(e.time, predicted_time(p), 1e-9 * predicted_time(p) + 1e-15)
+            << "train " << train << " trial " << trial;
       }
       EXPECT_EQ(e.memory, p.memory.peak()) << "train " << train << " trial " << trial;
     }
@@ -108,17 +112,17 @@ TEST(Choices, SharedTensorsGradientsAreReducedOnce) {
   program::BindOptions o;
   o.mesh = Mesh::parse("X=2");
   expect_factors_add_up(graph(kMlp, o), 30);
-  expect_factors_add_up(program::bind(program::parse_program(testing::read_repo_file("examples/programs/block.prog"),
-                                                             "block.prog"),
-                                      [] {
-                                        program::BindOptions b;
-                                        b.mesh = Mesh::parse("X=2");
-                                        b.dims = DimSizes{{"B", 2}, {"T", 4}, {"S", 4}, {"D", 8}, {"H", 2}, {"A", 4}, {"F", 16}};
-                                        b.specs = {{"wq", "wq[D, H, A]"}, {"wk", "wk[D, H, A]"}, {"wv", "wv[D, H, A]"},
-                                                   {"wo", "wo[H, A, D]"}, {"w_in", "w_in[D, F]"}, {"w_out", "w_out[F, D]"}};
-                                        return b;
-                                      }()),
-                        20);
+  expect_factors_add_up(
+      program::bind(program::parse_program(testing::read_repo_file("examples/programs/block.prog"), "block.prog"),
+                    [] {
+                      program::BindOptions b;
+                      b.mesh = Mesh::parse("X=2");
+                      b.dims = DimSizes{{"B", 2}, {"T", 4}, {"S", 4}, {"D", 8}, {"H", 2}, {"A", 4}, {"F", 16}};
+                      b.specs = {{"wq", "wq[D, H, A]"}, {"wk", "wk[D, H, A]"},  {"wv", "wv[D, H, A]"},
+                                 {"wo", "wo[H, A, D]"}, {"w_in", "w_in[D, F]"}, {"w_out", "w_out[F, D]"}};
+                      return b;
+                    }()),
+      20);
 }
 
 // ---- The three solvers on random problems: the same optimum, the memory limit honoured.
@@ -131,7 +135,8 @@ ChoiceProblem random_problem(std::mt19937& rng) {
   for (int s = 0; s < shared; ++s) {
     SharedTerm t;
     t.var = std::uniform_int_distribution<int>(0, vars - 1)(rng);
-    for (int d = 0; d < p.domain[static_cast<std::size_t>(t.var)]; ++d) t.bytes.push_back(std::uniform_int_distribution<int>(0, 50)(rng));
+    for (int d = 0; d < p.domain[static_cast<std::size_t>(t.var)]; ++d)
+      t.bytes.push_back(std::uniform_int_distribution<int>(0, 50)(rng));
     p.shared.push_back(t);
   }
   const int factors = std::uniform_int_distribution<int>(1, 7)(rng);
@@ -146,7 +151,11 @@ ChoiceProblem random_problem(std::mt19937& rng) {
     std::vector<int> t(f.vars.size(), 0);
     while (true) {
       if (std::uniform_real_distribution<double>(0, 1)(rng) < 0.8) {
-        FactorEntry e{t, std::uniform_int_distribution<int>(0, 1000)(rng) * 1e-6, std::uniform_int_distribution<int>(0, 100)(rng), {}, {}};
+        FactorEntry e{t,
+                      std::uniform_int_distribution<int>(0, 1000)(rng) * 1e-6,
+                      std::uniform_int_distribution<int>(0, 100)(rng),
+                      {},
+                      {}};
         for (std::size_t s = 0; s < p.shared.size(); ++s) {
           const bool holds = std::find(f.vars.begin(), f.vars.end(), p.shared[s].var) != f.vars.end();
           if (holds && std::uniform_int_distribution<int>(0, 1)(rng)) e.shared.push_back(static_cast<int>(s));
@@ -252,14 +261,15 @@ struct Machine {
   const char* profile;
   DType dtype;
 };
-const Machine kMachines[] = {{"h100", DType::bf16}, {"tpu-v5e", DType::bf16},
-                             {"tests/solve/profiles/calibrated-cpu.json", DType::f32}};
+const Machine kMachines[] = {
+    {"h100", DType::bf16}, {"tpu-v5e", DType::bf16}, {"tests/solve/profiles/calibrated-cpu.json", DType::f32}};
 
 nn::ProgramOptions on(const Machine& m) {
   nn::ProgramOptions o = bf16();
   o.dtype = m.dtype;
   const std::string profile = m.profile;
-  o.hw = load_profile(profile.find('/') == std::string::npos ? profile : std::string(SHARDMM_TESTS_DIR) + "/../" + profile);
+  o.hw = load_profile(profile.find('/') == std::string::npos ? profile
+                                                             : std::string(SHARDMM_TESTS_DIR) + "/../" + profile);
   return o;
 }
 
@@ -344,8 +354,11 @@ TEST(Solve, AMemoryLimitThatBindsIsHonouredByTheIntegerProgram) {
     ADD_FAILURE() << "1 KiB fits";
   } catch (const InputError& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("no sharding of the program fits in mem_limit 1 KiB per device: the least peak any sharding reaches is "),
-              std::string::npos) << m;
+    EXPECT_NE(
+        m.find(
+            "no sharding of the program fits in mem_limit 1 KiB per device: the least peak any sharding reaches is "),
+        std::string::npos)
+        << m;
     EXPECT_NE(m.find("its largest tensors, per device: "), std::string::npos) << m;
   }
 }
@@ -381,7 +394,8 @@ void expect_emitted_costs_the_answer(const program::Program& p, const program::G
   EXPECT_NEAR(predicted_time(q), r.outcome.value.time, 1e-9 * r.outcome.value.time) << text;
   EXPECT_EQ(q.memory.peak(), r.prediction.memory.peak()) << text;
   EXPECT_EQ(q.memory.peak(), r.outcome.value.memory) << text;
-  for (std::size_t t = 0; t < g.tensors.size(); ++t) EXPECT_EQ(q.record.specs[t], r.prediction.record.specs[t]) << g.tensors[t].name;
+  for (std::size_t t = 0; t < g.tensors.size(); ++t)
+    EXPECT_EQ(q.record.specs[t], r.prediction.record.specs[t]) << g.tensors[t].name;
 }
 
 TEST(Solve, PinnedProgramCostsWhatTheSolverFound) {
@@ -434,7 +448,8 @@ TEST(Solve, FindsExpertParallelismForMoe) {
     EXPECT_EQ(count_of(r.prediction, OpKind::all_to_all), 4);
     expect_no_named_strategy_beats(r);
     const auto named = [&](const std::string& name) {
-      const auto it = std::find_if(r.named.begin(), r.named.end(), [&](const NamedStrategy& s) { return s.name == name; });
+      const auto it =
+          std::find_if(r.named.begin(), r.named.end(), [&](const NamedStrategy& s) { return s.name == name; });
       EXPECT_NE(it, r.named.end()) << name;
       return it == r.named.end() ? SolveOutcome{} : it->outcome;
     };

@@ -26,20 +26,77 @@ namespace shardmm::testing {
 // The ops "over" a dimension (reductions.h) take it from Instr::dim; softmax and layer_norm
 // are tape.h's, over the last dimension.
 enum class Kind {
-  local_einsum, planned_einsum, relu, gelu, silu, swiglu, add, softmax, layer_norm,
-  reshard, all_gather, all_to_all, slice, reduce_scatter, all_reduce, mul, scale, rename, sum, mean,
-  reduce_sum, reduce_mean, reduce_max, softmax_over, layer_norm_over, rms_norm_over,
-  tanh, exp, binary_add, binary_sub, binary_mul, transpose, split, merge
+  local_einsum,
+  planned_einsum,
+  relu,
+  gelu,
+  silu,
+  swiglu,
+  add,
+  softmax,
+  layer_norm,
+  reshard,
+  all_gather,
+  all_to_all,
+  slice,
+  reduce_scatter,
+  all_reduce,
+  mul,
+  scale,
+  rename,
+  sum,
+  mean,
+  reduce_sum,
+  reduce_mean,
+  reduce_max,
+  softmax_over,
+  layer_norm_over,
+  rms_norm_over,
+  tanh,
+  exp,
+  binary_add,
+  binary_sub,
+  binary_mul,
+  transpose,
+  split,
+  merge
 };
 constexpr Kind kLastKind = Kind::merge;
 inline const char* kind_name(Kind k) {
-  static const char* names[] = {"local_einsum", "planned_einsum", "relu",        "gelu",        "silu",
-                                "swiglu",       "add",            "softmax",     "layer_norm",  "reshard",
-                                "all_gather",   "all_to_all",     "slice",       "reduce_scatter", "all_reduce",
-                                "mul",          "scale",          "rename",      "sum",         "mean",
-                                "reduce_sum",   "reduce_mean",    "reduce_max",  "softmax_over", "layer_norm_over",
-                                "rms_norm_over", "tanh",          "exp",         "binary_add",  "binary_sub",
-                                "binary_mul",   "transpose",      "split",       "merge"};
+  static const char* names[] = {"local_einsum",
+                                "planned_einsum",
+                                "relu",
+                                "gelu",
+                                "silu",
+                                "swiglu",
+                                "add",
+                                "softmax",
+                                "layer_norm",
+                                "reshard",
+                                "all_gather",
+                                "all_to_all",
+                                "slice",
+                                "reduce_scatter",
+                                "all_reduce",
+                                "mul",
+                                "scale",
+                                "rename",
+                                "sum",
+                                "mean",
+                                "reduce_sum",
+                                "reduce_mean",
+                                "reduce_max",
+                                "softmax_over",
+                                "layer_norm_over",
+                                "rms_norm_over",
+                                "tanh",
+                                "exp",
+                                "binary_add",
+                                "binary_sub",
+                                "binary_mul",
+                                "transpose",
+                                "split",
+                                "merge"};
   static_assert(std::size(names) == static_cast<std::size_t>(kLastKind) + 1);
   return names[static_cast<int>(k)];
 }
@@ -52,8 +109,8 @@ struct Instr {
   Spec spec = {};                          // reshard target, planned einsum output
   std::string dim = {}, dim2 = {};         // collectives; split's letter, merge's result
   AxisList axes = {};
-  double factor = 1;                       // scale
-  autodiff::Gathered keep = autodiff::Gathered::kept;  // all_gather
+  double factor = 1;                                             // scale
+  autodiff::Gathered keep = autodiff::Gathered::kept;            // all_gather
   std::vector<std::pair<std::string, std::int64_t>> parts = {};  // split
 };
 
@@ -87,41 +144,74 @@ inline autodiff::Var apply_op(const Instr& in, const std::vector<autodiff::Var>&
   using namespace autodiff;
   const auto arg = [&](std::size_t i) { return v[static_cast<std::size_t>(in.args[i])]; };
   switch (in.kind) {
-    case Kind::local_einsum: return einsum(arg(0), arg(1), in.out_dims);
+    case Kind::local_einsum:
+      return einsum(arg(0), arg(1), in.out_dims);
     case Kind::planned_einsum:
       return one_device ? einsum(arg(0), arg(1), in.out_dims) : planned_einsum(arg(0), arg(1), in.spec);
-    case Kind::relu: return relu(arg(0));
-    case Kind::gelu: return gelu(arg(0));
-    case Kind::silu: return silu(arg(0));
-    case Kind::swiglu: return swiglu(arg(0), arg(1));
-    case Kind::add: return add(arg(0), arg(1));
-    case Kind::softmax: return softmax(arg(0));
-    case Kind::layer_norm: return layer_norm(arg(0), arg(1), arg(2));
-    case Kind::reshard: return one_device ? arg(0) : reshard(arg(0), in.spec);
-    case Kind::all_gather: return one_device ? arg(0) : all_gather(arg(0), in.dim, in.axes, in.keep);
-    case Kind::all_to_all: return one_device ? arg(0) : all_to_all(arg(0), in.dim, in.dim2, in.axes);
-    case Kind::slice: return one_device ? arg(0) : slice(arg(0), in.dim, in.axes);
-    case Kind::reduce_scatter: return one_device ? arg(0) : reduce_scatter(arg(0), in.dim, in.axes);
-    case Kind::all_reduce: return one_device ? arg(0) : all_reduce(arg(0), in.axes);
-    case Kind::mul: return mul(arg(0), arg(1));
-    case Kind::scale: return scale(arg(0), in.factor);
-    case Kind::rename: return rename(arg(0), in.dim, in.dim2);
-    case Kind::tanh: return autodiff::tanh(arg(0));
-    case Kind::exp: return autodiff::exp(arg(0));
-    case Kind::binary_add: return binary(arg(0), arg(1), BinaryOp::add, in.out_dims);
-    case Kind::binary_sub: return binary(arg(0), arg(1), BinaryOp::sub, in.out_dims);
-    case Kind::binary_mul: return binary(arg(0), arg(1), BinaryOp::mul, in.out_dims);
-    case Kind::transpose: return transpose(arg(0), in.out_dims);
-    case Kind::split: return split_dim(arg(0), in.dim, in.parts);
-    case Kind::merge: return merge_dims(arg(0), in.out_dims, in.dim);
-    case Kind::sum: return sum(arg(0));
-    case Kind::mean: return mean(arg(0));
-    case Kind::reduce_sum: return reduce_sum(arg(0), in.dim);
-    case Kind::reduce_mean: return reduce_mean(arg(0), in.dim);
-    case Kind::reduce_max: return reduce_max(arg(0), in.dim);
-    case Kind::softmax_over: return softmax(arg(0), in.dim);
-    case Kind::layer_norm_over: return layer_norm(arg(0), in.dim);
-    case Kind::rms_norm_over: return rms_norm(arg(0), in.dim);
+    case Kind::relu:
+      return relu(arg(0));
+    case Kind::gelu:
+      return gelu(arg(0));
+    case Kind::silu:
+      return silu(arg(0));
+    case Kind::swiglu:
+      return swiglu(arg(0), arg(1));
+    case Kind::add:
+      return add(arg(0), arg(1));
+    case Kind::softmax:
+      return softmax(arg(0));
+    case Kind::layer_norm:
+      return layer_norm(arg(0), arg(1), arg(2));
+    case Kind::reshard:
+      return one_device ? arg(0) : reshard(arg(0), in.spec);
+    case Kind::all_gather:
+      return one_device ? arg(0) : all_gather(arg(0), in.dim, in.axes, in.keep);
+    case Kind::all_to_all:
+      return one_device ? arg(0) : all_to_all(arg(0), in.dim, in.dim2, in.axes);
+    case Kind::slice:
+      return one_device ? arg(0) : slice(arg(0), in.dim, in.axes);
+    case Kind::reduce_scatter:
+      return one_device ? arg(0) : reduce_scatter(arg(0), in.dim, in.axes);
+    case Kind::all_reduce:
+      return one_device ? arg(0) : all_reduce(arg(0), in.axes);
+    case Kind::mul:
+      return mul(arg(0), arg(1));
+    case Kind::scale:
+      return scale(arg(0), in.factor);
+    case Kind::rename:
+      return rename(arg(0), in.dim, in.dim2);
+    case Kind::tanh:
+      return autodiff::tanh(arg(0));
+    case Kind::exp:
+      return autodiff::exp(arg(0));
+    case Kind::binary_add:
+      return binary(arg(0), arg(1), BinaryOp::add, in.out_dims);
+    case Kind::binary_sub:
+      return binary(arg(0), arg(1), BinaryOp::sub, in.out_dims);
+    case Kind::binary_mul:
+      return binary(arg(0), arg(1), BinaryOp::mul, in.out_dims);
+    case Kind::transpose:
+      return transpose(arg(0), in.out_dims);
+    case Kind::split:
+      return split_dim(arg(0), in.dim, in.parts);
+    case Kind::merge:
+      return merge_dims(arg(0), in.out_dims, in.dim);
+    case Kind::sum:
+      return sum(arg(0));
+    case Kind::mean:
+      return mean(arg(0));
+    case Kind::reduce_sum:
+      return reduce_sum(arg(0), in.dim);
+    case Kind::reduce_mean:
+      return reduce_mean(arg(0), in.dim);
+    case Kind::reduce_max:
+      return reduce_max(arg(0), in.dim);
+    case Kind::softmax_over:
+      return softmax(arg(0), in.dim);
+    case Kind::layer_norm_over:
+      return layer_norm(arg(0), in.dim);
+    case Kind::rms_norm_over:
+      return rms_norm(arg(0), in.dim);
   }
   return {};
 }
@@ -145,10 +235,14 @@ struct Dense {
 
 inline double dense_act(Kind k, double x) {
   switch (k) {
-    case Kind::relu: return x > 0 ? x : 0;
-    case Kind::gelu: return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
-    case Kind::silu: return x / (1 + std::exp(-x));
-    default: return 0;
+    case Kind::relu:
+      return x > 0 ? x : 0;
+    case Kind::gelu:
+      return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case Kind::silu:
+      return x / (1 + std::exp(-x));
+    default:
+      return 0;
   }
 }
 
@@ -232,7 +326,8 @@ inline std::vector<double> dense_read(const Dense& x, const std::vector<std::str
 // The loss of program `p` with leaf values `leaves` (dense, row-major).
 inline double dense_loss(const Program& p, const std::vector<std::vector<double>>& leaves) {
   std::vector<Dense> v;
-  for (std::size_t i = 0; i < p.leaves.size(); ++i) v.push_back({dim_names(p.leaves[i].spec), p.leaves[i].shape, leaves[i]});
+  for (std::size_t i = 0; i < p.leaves.size(); ++i)
+    v.push_back({dim_names(p.leaves[i].spec), p.leaves[i].shape, leaves[i]});
   for (const Instr& in : p.ops) {
     const auto arg = [&](std::size_t i) -> const Dense& { return v[static_cast<std::size_t>(in.args[i])]; };
     Dense out = arg(0);
@@ -340,7 +435,8 @@ inline double dense_loss(const Program& p, const std::vector<std::vector<double>
           for (std::int64_t i = 0; i < n; ++i) mu += x[i] / static_cast<double>(n);
           for (std::int64_t i = 0; i < n; ++i) var += (x[i] - mu) * (x[i] - mu) / static_cast<double>(n);
           for (std::int64_t i = 0; i < n; ++i) {
-            x[i] = (x[i] - mu) / std::sqrt(var + 1e-5) * arg(1).v[static_cast<std::size_t>(i)] + arg(2).v[static_cast<std::size_t>(i)];
+            x[i] = (x[i] - mu) / std::sqrt(var + 1e-5) * arg(1).v[static_cast<std::size_t>(i)] +
+                   arg(2).v[static_cast<std::size_t>(i)];
           }
         }
         break;
@@ -395,7 +491,8 @@ inline double dense_loss(const Program& p, const std::vector<std::vector<double>
 // The leaves' logical values.
 inline std::vector<std::vector<double>> dense_leaves(const Program& p) {
   std::vector<std::vector<double>> out;
-  for (const Leaf& l : p.leaves) out.push_back(dense_logical(p.mesh, l.spec, l.shape, DType::f64, uniform_values(l.seed)));
+  for (const Leaf& l : p.leaves)
+    out.push_back(dense_logical(p.mesh, l.spec, l.shape, DType::f64, uniform_values(l.seed)));
   return out;
 }
 
@@ -439,7 +536,8 @@ class ProgramGenerator {
     cur = push({uniform(rng_, 0, 1) ? Kind::mean : Kind::sum, {cur}});
     p_.text = "mesh " + mesh.to_string() + ": ";
     for (std::size_t k = 0; k < p_.ops.size(); ++k) {
-      p_.text += std::string(kind_name(p_.ops[k].kind)) + " -> " + format_spec(vars_[p_.leaves.size() + k].spec(), mesh) + "; ";
+      p_.text += std::string(kind_name(p_.ops[k].kind)) + " -> " +
+                 format_spec(vars_[p_.leaves.size() + k].spec(), mesh) + "; ";
     }
     return p_;
   }
@@ -602,9 +700,14 @@ class ProgramGenerator {
     std::shuffle(order.begin(), order.end(), rng_);
     cur = transposed(cur, order);
     switch (uniform(rng_, 0, 2)) {
-      case 0: cur = push({Kind::tanh, {make_whole(cur)}}); break;
-      case 1: cur = push({Kind::reshard, {cur}, {}, random_spec(rng_, mesh(), spec(cur).tensor, order, true)}); break;
-      default: break;
+      case 0:
+        cur = push({Kind::tanh, {make_whole(cur)}});
+        break;
+      case 1:
+        cur = push({Kind::reshard, {cur}, {}, random_spec(rng_, mesh(), spec(cur).tensor, order, true)});
+        break;
+      default:
+        break;
     }
     const bool heads_last = uniform(rng_, 0, 1) == 1;
     cur = transposed(cur, heads_last ? std::vector<std::string>{first, p, q} : std::vector<std::string>{p, q, first});
@@ -678,7 +781,13 @@ class ProgramGenerator {
         for (const DimSpec& d : s.dims) {
           if (!d.axes.empty()) {
             const std::size_t k = static_cast<std::size_t>(uniform(rng_, 1, static_cast<int>(d.axes.size())));
-            return push({Kind::all_gather, {cur}, {}, {}, d.name, "", AxisList(d.axes.end() - static_cast<std::ptrdiff_t>(k), d.axes.end())});
+            return push({Kind::all_gather,
+                         {cur},
+                         {},
+                         {},
+                         d.name,
+                         "",
+                         AxisList(d.axes.end() - static_cast<std::ptrdiff_t>(k), d.axes.end())});
           }
         }
         [[fallthrough]];
@@ -702,7 +811,8 @@ class ProgramGenerator {
       }
       case 13: {  // rename one dimension to a fresh letter
         const Spec s = spec(cur);
-        return push({Kind::rename, {cur}, {}, {}, s.dims[static_cast<std::size_t>(uniform(rng_, 0, 1))].name, letter()});
+        return push(
+            {Kind::rename, {cur}, {}, {}, s.dims[static_cast<std::size_t>(uniform(rng_, 0, 1))].name, letter()});
       }
       case 14: {  // softmax or a norm over either dimension, sharded or not
         cur = make_whole(cur);
@@ -734,8 +844,10 @@ class ProgramGenerator {
         cur = push({Kind::tanh, {make_whole(cur)}});
         return uniform(rng_, 0, 1) ? push({Kind::exp, {cur}}) : cur;
       }
-      case 17: return broadcast_op(cur);
-      case 18: return heads_op(cur);
+      case 17:
+        return broadcast_op(cur);
+      case 18:
+        return heads_op(cur);
       default: {  // all_to_all the minor-most axis of one dimension to the other
         const Spec s = spec(cur);
         for (std::size_t d = 0; d < s.dims.size(); ++d) {
@@ -769,11 +881,11 @@ inline std::string grad_key(std::size_t leaf) {
 }
 
 struct Executed {
-  std::vector<std::vector<double>> grads;          // per leaf, logical
+  std::vector<std::vector<double>> grads;  // per leaf, logical
   double loss = 0;
-  std::vector<std::vector<TapeEvent>> events;      // per device
-  std::vector<TapeMemory> memory;                  // per device
-  std::vector<bool> grads_in_leaf_spec;            // per leaf, on every device
+  std::vector<std::vector<TapeEvent>> events;  // per device
+  std::vector<TapeMemory> memory;              // per device
+  std::vector<bool> grads_in_leaf_spec;        // per leaf, on every device
 };
 
 inline Executed execute(const Program& p, const Mesh& mesh, bool one_device) {

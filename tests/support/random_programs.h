@@ -102,15 +102,16 @@ class ProgramWriter {
       return n;
     }
     const int n = static_cast<int>(names_.size());
-    const std::string& pick = names_[static_cast<std::size_t>(std::max(0, n - 1 - uniform(rng_, 0, std::min(n - 1, 3))))];
+    const std::string& pick =
+        names_[static_cast<std::size_t>(std::max(0, n - 1 - uniform(rng_, 0, std::min(n - 1, 3))))];
     unused_.erase(pick);
     return pick;
   }
 
   std::string fresh() { return "t" + std::to_string(++count_); }
 
-  void finish(const std::string& name, const std::vector<std::string>& l, const std::string& expr, const std::string& kind,
-              bool may_pin = true) {
+  void finish(const std::string& name, const std::vector<std::string>& l, const std::string& expr,
+              const std::string& kind, bool may_pin = true) {
     std::string line = name + bracket(l) + " = " + expr;
     if (may_pin && !l.empty() && uniform(rng_, 0, 4) == 0) line += " : " + spec_text(name, l, true);
     lines_.push_back(line);
@@ -141,7 +142,9 @@ class ProgramWriter {
         finish(fresh(), la, fn + "(" + (fn == "exp" ? "scale(" + a + ", 0.5)" : a) + ")", fn);
         return;
       }
-      case 1: finish(fresh(), la, "scale(" + a + ", -0.75)", "scale"); return;
+      case 1:
+        finish(fresh(), la, "scale(" + a + ", -0.75)", "scale");
+        return;
       case 2:
       case 3: {
         std::string b = operand();
@@ -260,8 +263,10 @@ class ProgramWriter {
         std::vector<std::string> out = la;
         out.push_back("C");
         const std::string d = fresh();
-        finish(d, out, "route(" + a + ", over=" + two[0] + ", tokens=" + two[1] + ", top=" +
-                           std::to_string(uniform(rng_, 1, static_cast<int>(sizes_[two[0]]))) + ")", "route");
+        finish(d, out,
+               "route(" + a + ", over=" + two[0] + ", tokens=" + two[1] +
+                   ", top=" + std::to_string(uniform(rng_, 1, static_cast<int>(sizes_[two[0]]))) + ")",
+               "route");
         finish(fresh(), out, d + " * " + a, "mul");
         return;
       }

@@ -102,9 +102,9 @@ struct TapeEvent {
 // Per-device memory of the program, in bytes, as the tape holds it (executed: this rank;
 // symbolic: the tape's device, by default device 0, which holds the largest shards).
 struct TapeMemory {
-  std::int64_t leaves = 0;        // inputs and parameters
-  std::int64_t activations = 0;   // non-leaf values kept for the backward pass
-  std::int64_t gradients = 0;     // leaf gradients, in the leaves' specs (after backward)
+  std::int64_t leaves = 0;       // inputs and parameters
+  std::int64_t activations = 0;  // non-leaf values kept for the backward pass
+  std::int64_t gradients = 0;    // leaf gradients, in the leaves' specs (after backward)
 };
 
 // The plans of planned_einsum shared by tapes that record the same contraction again (solve
@@ -141,8 +141,8 @@ class EinsumPlanCache {
 // symbolic ones the specs' shards: the same figures.
 struct MemoryPoint {
   Phase phase = Phase::forward;
-  int scope = -1;        // Tape::set_scope's label of the op
-  std::string tensor;    // the value the op made last (forward), or whose backward ran last
+  int scope = -1;      // Tape::set_scope's label of the op
+  std::string tensor;  // the value the op made last (forward), or whose backward ran last
   std::int64_t leaves = 0;
   std::int64_t activations = 0;
   std::int64_t gradients = 0;
@@ -151,10 +151,10 @@ struct MemoryPoint {
 };
 
 struct TapeOptions {
-  DType dtype = DType::f32;  // executed: f32 or f64; symbolic: any (it sizes bytes and FLOP/s)
+  DType dtype = DType::f32;                      // executed: f32 or f64; symbolic: any (it sizes bytes and FLOP/s)
   HardwareProfile hw = builtin_profile("h100");  // for predicted times
-  std::int64_t device = 0;   // symbolic only: whose shards the memory figures count
-  EinsumPlanCache* plans = nullptr;  // shared with other tapes when given (kept alive by the caller)
+  std::int64_t device = 0;                       // symbolic only: whose shards the memory figures count
+  EinsumPlanCache* plans = nullptr;              // shared with other tapes when given (kept alive by the caller)
 };
 
 // How all_gather keeps its output for the backward pass.

@@ -27,7 +27,7 @@ const char* to_string(DimRole role);
 
 struct Contraction {
   Spec a, b;
-  std::optional<Spec> out;          // as written, when written
+  std::optional<Spec> out;  // as written, when written
   std::string out_tensor = "C";
   std::vector<std::string> out_dims;  // output dimension names, in order
 

@@ -49,15 +49,14 @@ std::int64_t split_index(std::int64_t n, std::int64_t parts, std::int64_t positi
 Range shard_range(const Mesh& mesh, std::int64_t n, const AxisList& axes, std::int64_t device);
 
 // One range per dimension.
-std::vector<Range> shard_box(const Mesh& mesh, const Spec& spec,
-                             const std::vector<std::int64_t>& shape, std::int64_t device);
-std::vector<std::int64_t> local_shape(const Mesh& mesh, const Spec& spec,
-                                      const std::vector<std::int64_t>& shape, std::int64_t device);
-std::int64_t local_elements(const Mesh& mesh, const Spec& spec,
-                            const std::vector<std::int64_t>& shape, std::int64_t device);
+std::vector<Range> shard_box(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape,
+                             std::int64_t device);
+std::vector<std::int64_t> local_shape(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape,
+                                      std::int64_t device);
+std::int64_t local_elements(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape,
+                            std::int64_t device);
 // The largest local element count over all devices.
-std::int64_t max_local_elements(const Mesh& mesh, const Spec& spec,
-                                const std::vector<std::int64_t>& shape);
+std::int64_t max_local_elements(const Mesh& mesh, const Spec& spec, const std::vector<std::int64_t>& shape);
 
 // Elements of the intersection of two ranges (0 if disjoint).
 std::int64_t overlap_extent(const Range& a, const Range& b);

@@ -38,9 +38,9 @@ struct DimSpec {
 };
 
 struct Spec {
-  std::string tensor;         // may be empty ("[I_X, J]")
+  std::string tensor;  // may be empty ("[I_X, J]")
   std::vector<DimSpec> dims;
-  AxisList unreduced;         // kept sorted in mesh order
+  AxisList unreduced;  // kept sorted in mesh order
 
   int rank() const { return static_cast<int>(dims.size()); }
   // Index of the dimension named `name`, or -1.

@@ -18,7 +18,7 @@ struct CollectiveTally {
   AxisList axes;
   int count = 0;
   std::int64_t bytes = 0;
-  double time_s = 0;  // predicted
+  double time_s = 0;                // predicted
   ReduceOp reduce = ReduceOp::sum;  // all_reduce: sums, or the max of a softmax's or max's rows
 };
 // One per phase, collective, axes and (all_reduce) reduction, in order of first appearance.

@@ -82,9 +82,9 @@ struct ModelConfig {
   std::vector<Strategy> strategies;
   std::vector<int> axes;  // the mesh axis of each strategy
   Mesh mesh;
-  DimSizes dims;          // B, T, D, F, H, E, K as given
-  bool train = true;      // false: forward only (inference); the program is the same
-  bool causal = false;    // attention sees only earlier positions
+  DimSizes dims;                             // B, T, D, F, H, E, K as given
+  bool train = true;                         // false: forward only (inference); the program is the same
+  bool causal = false;                       // attention sees only earlier positions
   Activation activation = Activation::gelu;  // the MLP's (and each expert's)
   double capacity_factor = 1.25;
 

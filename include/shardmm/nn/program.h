@@ -43,7 +43,7 @@ Optimizer parse_optimizer(std::string_view text);  // InputError naming the choi
 struct ProgramOptions {
   DType dtype = DType::f64;  // executed: f32 or f64; predicted: any
   HardwareProfile hw = builtin_profile("h100");
-  bool train = true;         // forward, backward and the update; false: forward only
+  bool train = true;  // forward, backward and the update; false: forward only
   Optimizer optimizer = Optimizer::sgd;
   double lr = 0.1;
   std::uint64_t seed = 1;
@@ -62,9 +62,9 @@ void check_program_inputs(const program::Graph& g, const std::map<std::string, D
 
 // What recording did to each tensor and op.
 struct ProgramRecord {
-  std::vector<autodiff::Var> values;  // by tensor index
-  std::vector<Spec> specs;            // by tensor index: the layout the program holds it in
-  std::vector<std::string> origin;    // by tensor index: "pinned", "replicated (not pinned)", ...
+  std::vector<autodiff::Var> values;            // by tensor index
+  std::vector<Spec> specs;                      // by tensor index: the layout the program holds it in
+  std::vector<std::string> origin;              // by tensor index: "pinned", "replicated (not pinned)", ...
   std::vector<std::vector<std::string>> notes;  // by op index: each reshard inserted and why
 };
 // Records the forward pass (and the loss) on `tape`, each op under tape.set_scope(op index).
@@ -76,8 +76,8 @@ ProgramRecord record_program(autodiff::Tape& tape, const program::Graph& g, cons
 // (autodiff::MemoryPoint has what is live when).
 struct ProgramMemoryPoint {
   autodiff::Phase phase = autodiff::Phase::forward;
-  int op = -1;                       // the program op (index into Graph::ops); -1: a leaf's
-                                     // gradient reduction (`tensor` names the leaf) or the update
+  int op = -1;  // the program op (index into Graph::ops); -1: a leaf's
+                // gradient reduction (`tensor` names the leaf) or the update
   std::string tensor;
   std::int64_t params = 0;
   std::int64_t inputs = 0;
@@ -101,7 +101,7 @@ struct ProgramMemory {
   // The step's timeline: each forward op, each backward op (and leaf reduction), then the
   // update (train); forward only in inference.
   std::vector<ProgramMemoryPoint> timeline;
-  std::size_t peak_point = 0;        // the first point with the most bytes
+  std::size_t peak_point = 0;  // the first point with the most bytes
   std::int64_t peak() const { return timeline.empty() ? total() : timeline[peak_point].total(); }
 };
 
@@ -113,11 +113,11 @@ struct ProgramPrediction {
 ProgramPrediction predict_program(const program::Graph& g, const ProgramOptions& options);
 
 struct ProgramRun {
-  ProgramRecord record;                 // this rank's tape values are gone; specs and notes stay
-  std::vector<autodiff::TapeEvent> events;  // this rank's, measured
+  ProgramRecord record;                      // this rank's tape values are gone; specs and notes stay
+  std::vector<autodiff::TapeEvent> events;   // this rank's, measured
   std::vector<std::int64_t> max_bytes_sent;  // per event, the most any rank sent (every rank)
-  ProgramMemory memory;                 // this rank's
-  Verification verification;            // the same verdict on every rank
+  ProgramMemory memory;                      // this rank's
+  Verification verification;                 // the same verdict on every rank
   // Device 0: every named computed tensor and (training) every leaf's gradient (`x.grad`), dense.
   std::vector<std::pair<std::string, DenseTensor>> results;
 };

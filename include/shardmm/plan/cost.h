@@ -36,9 +36,9 @@ struct CollectiveFit {
   int group_size = 2;
   double alpha_s = 0;
   double beta_s_per_byte = 0;
-  std::int64_t min_bytes = 0;       // the sizes the fit was made on
+  std::int64_t min_bytes = 0;  // the sizes the fit was made on
   std::int64_t max_bytes = 0;
-  double max_rel_residual = 0;      // max |fit - measured| / measured
+  double max_rel_residual = 0;  // max |fit - measured| / measured
 };
 
 // A measured local GEMM rate: one dtype, one shape class ("square", "skinny"), at the
@@ -47,19 +47,19 @@ struct GemmRate {
   DType dtype = DType::f32;
   std::string shape;
   std::int64_t m = 0, n = 0, k = 0;
-  double intensity = 0;             // FLOP per byte
+  double intensity = 0;  // FLOP per byte
   double flops_per_s = 0;
 };
 
 // What `shardmm calibrate` measured on one machine: collectives per backend and group
 // size, GEMM rates and memory bandwidth, measured on every rank of `mesh` at once.
 struct Calibration {
-  std::string backend;              // threads or mpi
-  std::string mesh;                 // the mesh measured on, e.g. "X=2"
+  std::string backend;  // threads or mpi
+  std::string mesh;     // the mesh measured on, e.g. "X=2"
   std::string host;
-  std::string measured_at;          // UTC, ISO 8601
-  double copy_bandwidth = 0;        // memcpy: bytes read + written per second, per rank
-  double add_bandwidth = 0;         // y += x: bytes read + written per second, per rank
+  std::string measured_at;    // UTC, ISO 8601
+  double copy_bandwidth = 0;  // memcpy: bytes read + written per second, per rank
+  double add_bandwidth = 0;   // y += x: bytes read + written per second, per rank
   // The share of a collective matmul ring's hops that moves while the rank multiplies (0..1),
   // fitted so that the model's ring / serialized ratio is the one measured on this backend
   // (docs/calibration.md, "Ring overlap"): threads lends its buffers and hides nearly all,
@@ -79,12 +79,12 @@ struct Calibration {
 
 struct HardwareProfile {
   std::string name;
-  std::string description;              // what the profile models, with its sources
-  std::map<DType, double> peak_flops;   // FLOP/s per device, by dtype
-  double hbm_bandwidth = 0;             // bytes/s per device
-  double link_bandwidth = 0;            // bytes/s, one direction of one link
-  bool bidirectional = true;            // links carry link_bandwidth each way at once
-  double hop_latency_s = 0;             // fixed cost of one hop (one ring step)
+  std::string description;             // what the profile models, with its sources
+  std::map<DType, double> peak_flops;  // FLOP/s per device, by dtype
+  double hbm_bandwidth = 0;            // bytes/s per device
+  double link_bandwidth = 0;           // bytes/s, one direction of one link
+  bool bidirectional = true;           // links carry link_bandwidth each way at once
+  double hop_latency_s = 0;            // fixed cost of one hop (one ring step)
   // "torus": each mesh axis is a ring of direct links, axes use disjoint links.
   // "switch": all devices share a non-blocking switch (NVLink within a node).
   std::string topology = "torus";
@@ -146,8 +146,8 @@ std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>&
 // One of the four collectives (an exchange is timed from its traffic, as the all_to_all that
 // moves as much). A calibrated profile with a fit for `op` on the group's size uses it (the
 // fit for the size range of `array_bytes`); otherwise the formulas of docs/cost-model.md.
-double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op,
-                       const AxisList& group, std::int64_t array_bytes);
+double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
+                       std::int64_t array_bytes);
 // The same time with its two terms: the fixed per-hop costs (hops x hop latency; a fit's
 // alpha) and the bytes' time on the links (a fit's beta x bytes). The formulas take the
 // larger of the two (the Scaling Book's max(latency, bandwidth) bound), a fit their sum.
@@ -183,7 +183,6 @@ std::vector<int> ring_chunks(std::int64_t members, bool bidirectional);
 // `overlap` (0..1) of each hop moves during the GEMMs, the rest after them:
 //   sum over s < last of max(overlap * hop_s, chunks[s] * chunk_compute_s) + (1 - overlap) * hop_s
 //   + chunks[last] * chunk_compute_s.
-double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s,
-                            double overlap = 1);
+double overlapped_ring_time(const std::vector<int>& chunks, double chunk_compute_s, double hop_s, double overlap = 1);
 
 }  // namespace shardmm

@@ -56,15 +56,15 @@ struct EinsumPlan {
   struct Operand {
     std::vector<std::string> names;  // the buffer's order
     Shape shape;
-    Shape strides;              // of `shape` in the buffer GEMM reads
+    Shape strides;  // of `shape` in the buffer GEMM reads
     Shape caller_shape;
-    Shape caller_strides;       // row-major in the caller's buffer, which may be larger (OperandBuffers)
+    Shape caller_strides;  // row-major in the caller's buffer, which may be larger (OperandBuffers)
     bool copied = false;
-    std::int64_t offset = 0;    // in the workspace, in elements
+    std::int64_t offset = 0;  // in the workspace, in elements
     std::int64_t elements = 0;
-    std::vector<int> perm;      // A, B: buffer dim i = caller dim perm[i]; C: the reverse
-    bool reduce = false;        // A, B with summed dimensions: reduced, not permuted
-    Shape reduce_strides;       // per caller dim: buffer stride, 0 for summed
+    std::vector<int> perm;  // A, B: buffer dim i = caller dim perm[i]; C: the reverse
+    bool reduce = false;    // A, B with summed dimensions: reduced, not permuted
+    Shape reduce_strides;   // per caller dim: buffer stride, 0 for summed
     MatrixView view;
     Shape batch_strides;
   };

@@ -53,19 +53,19 @@ std::pair<EinsumLayout, std::map<std::string, std::int64_t>> local_einsum_shape(
 struct RingGeometry {
   std::vector<std::int64_t> members;  // device ids by group rank
   std::size_t me = 0;
-  int operand = 0;                    // the chunked operand: 0 A (step.from), 1 B (step.from_b)
-  int operand_dim = 0;                // D in that operand
-  std::string letter;                 // D's name
-  int out_dim = 0;                    // D in C; -1 where D is contracted (all_gather_einsum only)
-  std::int64_t other_stride = 0;      // D contracted: D's row-major stride in the other operand's block
-  Shape operand_local;                // the chunked operand's whole local block (gathered, for all_gather_einsum)
-  Shape out_local;                    // C's whole local block (before the scatter, for einsum_reduce_scatter)
-  std::vector<Range> pieces;          // per member: its range of D, relative to the whole block
-  std::vector<std::int64_t> chunk_at; // per member: element offset of its chunk in the chunk buffer
-  std::int64_t chunk_elements = 0;    // the chunk buffer (0: the chunks are read in place)
-  std::int64_t product_elements = 0;  // all_gather_einsum: a chunk's product when C's rows are not
-                                      // contiguous; einsum_reduce_scatter: one running sum (four
-                                      // per way round: two computed, two arriving)
+  int operand = 0;                     // the chunked operand: 0 A (step.from), 1 B (step.from_b)
+  int operand_dim = 0;                 // D in that operand
+  std::string letter;                  // D's name
+  int out_dim = 0;                     // D in C; -1 where D is contracted (all_gather_einsum only)
+  std::int64_t other_stride = 0;       // D contracted: D's row-major stride in the other operand's block
+  Shape operand_local;                 // the chunked operand's whole local block (gathered, for all_gather_einsum)
+  Shape out_local;                     // C's whole local block (before the scatter, for einsum_reduce_scatter)
+  std::vector<Range> pieces;           // per member: its range of D, relative to the whole block
+  std::vector<std::int64_t> chunk_at;  // per member: element offset of its chunk in the chunk buffer
+  std::int64_t chunk_elements = 0;     // the chunk buffer (0: the chunks are read in place)
+  std::int64_t product_elements = 0;   // all_gather_einsum: a chunk's product when C's rows are not
+                                       // contiguous; einsum_reduce_scatter: one running sum (four
+                                       // per way round: two computed, two arriving)
   EinsumLayout layout;
   std::map<std::string, std::int64_t> extents;  // of the whole blocks; D varies per chunk
 
@@ -108,7 +108,7 @@ std::int64_t input_bytes(const Mesh& mesh, const Spec& input, const std::vector<
 
 // The peak of `plan` whose inputs are `inputs` (a matmul's A and B, a reshard's source), as
 // the header explains.
-std::int64_t plan_peak_bytes(const Mesh& mesh, const Plan& plan, const std::vector<Spec>& inputs,
-                             const DimSizes& sizes, DType dtype, bool reduction_workspace);
+std::int64_t plan_peak_bytes(const Mesh& mesh, const Plan& plan, const std::vector<Spec>& inputs, const DimSizes& sizes,
+                             DType dtype, bool reduction_workspace);
 
 }  // namespace shardmm

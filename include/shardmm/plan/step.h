@@ -91,29 +91,29 @@ const char* to_string(Bound bound);
 
 struct Step {
   OpKind op = OpKind::einsum;
-  AxisList axes;             // the collective's group (empty for einsum)
-  int dim = -1;              // dimension index in `from` (gather, slice, reduce_scatter, all_to_all source,
-                             // a padding to_partial);
-                             // all_gather_einsum: in the gathered operand; einsum_reduce_scatter: in `to`
-  int dst_dim = -1;          // all_to_all destination dimension index
-  std::string tensor;        // the tensor this step produces or transforms
-  int operand = 0;           // which: 0 the first input (or a reshard's tensor), 1 the second, 2 the output
+  AxisList axes;                    // the collective's group (empty for einsum)
+  int dim = -1;                     // dimension index in `from` (gather, slice, reduce_scatter, all_to_all source,
+                                    // a padding to_partial);
+                                    // all_gather_einsum: in the gathered operand; einsum_reduce_scatter: in `to`
+  int dst_dim = -1;                 // all_to_all destination dimension index
+  std::string tensor;               // the tensor this step produces or transforms
+  int operand = 0;                  // which: 0 the first input (or a reshard's tensor), 1 the second, 2 the output
   ReduceOp reduce = ReduceOp::sum;  // all_reduce: how the members' values combine (costed alike)
-  Spec from;                 // layout before (einsum: the A operand)
-  Spec from_b;               // einsum only: the B operand
-  Spec to;                   // layout after
+  Spec from;                        // layout before (einsum: the A operand)
+  Spec from_b;                      // einsum only: the B operand
+  Spec to;                          // layout after
   std::int64_t bytes_sent = 0;      // per device, the most any device sends
   std::int64_t bytes_received = 0;  // per device, the most any device receives
   double flops = 0;                 // per device, the most any device computes
   double time_s = 0;                // predicted (collective matmuls: overlapped, see docs/cost-model.md)
   Bound bound = Bound::none;        // which term of the model sets time_s
   // Collective matmuls only.
-  int ring_operand = -1;            // all_gather_einsum: the gathered operand (0: from, 1: from_b)
-  bool bidirectional = false;       // shards (all_gather_einsum) or partial sums (einsum_reduce_scatter)
-                                    // travel both ways round the ring
-  int ring_steps = 0;               // steps of the ring; each multiplies one or two chunks
-  double comm_time_s = 0;           // the ring's transfers alone, predicted
-  double compute_time_s = 0;        // the einsum alone, predicted
+  int ring_operand = -1;       // all_gather_einsum: the gathered operand (0: from, 1: from_b)
+  bool bidirectional = false;  // shards (all_gather_einsum) or partial sums (einsum_reduce_scatter)
+                               // travel both ways round the ring
+  int ring_steps = 0;          // steps of the ring; each multiplies one or two chunks
+  double comm_time_s = 0;      // the ring's transfers alone, predicted
+  double compute_time_s = 0;   // the einsum alone, predicted
 };
 
 // The step's op as printed: to_string(op), but "all_reduce(max)" for a maximum.
@@ -151,16 +151,16 @@ std::int64_t local_copy_elements(const Step& step, const std::vector<std::int64_
                                  const std::vector<std::int64_t>& out_local);
 
 struct Plan {
-  std::string description;   // e.g. "all_gather A over X, then local einsum"
+  std::string description;  // e.g. "all_gather A over X, then local einsum"
   std::vector<Step> steps;
-  Spec output;               // the layout the plan delivers
+  Spec output;  // the layout the plan delivers
   double comm_time_s = 0;
   double compute_time_s = 0;
-  double total_time_s = 0;          // the sum of the steps' times: comm + compute, except that
-                                    // collective matmul steps count at their overlapped time
-  double overlapped_time_s = 0;     // with perfect overlap: max(comm, compute)
+  double total_time_s = 0;       // the sum of the steps' times: comm + compute, except that
+                                 // collective matmul steps count at their overlapped time
+  double overlapped_time_s = 0;  // with perfect overlap: max(comm, compute)
   std::int64_t peak_bytes_per_device = 0;
-  bool fits_memory = true;          // within the planning memory limit
+  bool fits_memory = true;  // within the planning memory limit
 };
 
 // How often a plan makes its group's members meet: once per collective, once per step of a

@@ -71,10 +71,10 @@ struct Op {
 
 // An expression as written: a tensor name, or an op applied to expressions.
 struct Expr {
-  std::string tensor;                 // a reference (args empty), else ""
+  std::string tensor;  // a reference (args empty), else ""
   Op op;
   std::vector<Expr> args;
-  std::string text;                   // its source text
+  std::string text;  // its source text
   Location where;
   bool is_reference() const { return !tensor.empty(); }
 };
@@ -98,19 +98,19 @@ struct Block;
 // A line of the program: a statement, a loss, or a repeat block.
 struct Item {
   enum class Kind { statement, loss, repeat } kind = Kind::statement;
-  Statement statement;    // statement, and loss (its name is "loss", its letters empty)
-  int count = 0;          // repeat
-  std::vector<Item> body; // repeat
+  Statement statement;     // statement, and loss (its name is "loss", its letters empty)
+  int count = 0;           // repeat
+  std::vector<Item> body;  // repeat
   Location where;
 };
 
 struct Program {
-  std::string file;                   // for messages
-  std::optional<std::string> mesh;    // the `mesh` line's text
-  std::optional<std::string> dims;    // the `dims` line's text
+  std::string file;                 // for messages
+  std::optional<std::string> mesh;  // the `mesh` line's text
+  std::optional<std::string> dims;  // the `dims` line's text
   Location mesh_where, dims_where;
   std::vector<Item> items;
-  std::vector<std::string> lines;     // the source, for bind()'s messages
+  std::vector<std::string> lines;  // the source, for bind()'s messages
 };
 
 // Parses a program; InputError "FILE:LINE:COL: message" with the line and a caret. Checks
@@ -122,19 +122,19 @@ std::string format_program(const Program& program);
 // ---- The bound program
 
 struct Tensor {
-  std::string name;                  // unique in the graph (`h.3`: iteration 3 of a repeat)
-  std::string source_name;           // as written (`h`)
+  std::string name;         // unique in the graph (`h.3`: iteration 3 of a repeat)
+  std::string source_name;  // as written (`h`)
   Role role = Role::computed;
   std::vector<std::string> letters;
   Shape shape;
-  std::optional<Spec> pinned;        // from the file or the caller's overrides
-  int producer = -1;                 // index into Graph::ops (computed tensors)
-  std::vector<int> consumers;        // ops that read it
+  std::optional<Spec> pinned;  // from the file or the caller's overrides
+  int producer = -1;           // index into Graph::ops (computed tensors)
+  std::vector<int> consumers;  // ops that read it
   bool temporary = false;
-  bool regathered = false;           // a param whose einsums' all_gathers are dropped after
-                                     // forward and run again in backward (FSDP), not kept
-  bool differentiable = true;        // false: no gradient reaches it (a route's dispatch, and
-                                     // what is computed from such values alone)
+  bool regathered = false;     // a param whose einsums' all_gathers are dropped after
+                               // forward and run again in backward (FSDP), not kept
+  bool differentiable = true;  // false: no gradient reaches it (a route's dispatch, and
+                               // what is computed from such values alone)
   Location where;
 };
 
@@ -142,9 +142,9 @@ struct Tensor {
 // after its statement (`loss.1`).
 struct GraphOp {
   Op op;
-  int result = -1;                   // tensor index
-  std::vector<int> operands;         // tensor indices
-  std::string expression;            // source text
+  int result = -1;            // tensor index
+  std::vector<int> operands;  // tensor indices
+  std::string expression;     // source text
   Location where;
 };
 
@@ -152,9 +152,9 @@ struct Graph {
   std::string file;
   Mesh mesh;
   DimSizes dims;
-  std::vector<Tensor> tensors;       // leaves and computed values, in definition order
-  std::vector<GraphOp> ops;          // in execution order
-  int loss = -1;                     // the loss tensor (scalar), -1 when the program has none
+  std::vector<Tensor> tensors;  // leaves and computed values, in definition order
+  std::vector<GraphOp> ops;     // in execution order
+  int loss = -1;                // the loss tensor (scalar), -1 when the program has none
 
   int find(std::string_view name) const;  // -1 when absent
   // Tensors that no op reads and that are not the loss: the program's outputs.
@@ -164,11 +164,11 @@ struct Graph {
 };
 
 struct BindOptions {
-  std::optional<Mesh> mesh;                 // overrides the file's `mesh` line
-  SplitRule split = SplitRule::array;       // how the file's `mesh` line splits (`mesh` has its own)
-  std::optional<DimSizes> dims;             // overrides (entry by entry) the file's `dims`
-  std::map<std::string, std::string> specs; // NAME -> spec text, overriding the file's pins; a
-                                            // repeat's tensor by its written name pins every copy
+  std::optional<Mesh> mesh;                  // overrides the file's `mesh` line
+  SplitRule split = SplitRule::array;        // how the file's `mesh` line splits (`mesh` has its own)
+  std::optional<DimSizes> dims;              // overrides (entry by entry) the file's `dims`
+  std::map<std::string, std::string> specs;  // NAME -> spec text, overriding the file's pins; a
+                                             // repeat's tensor by its written name pins every copy
 };
 
 // Unrolls, sizes and checks the program: every letter sized, every operand defined

@@ -26,12 +26,10 @@ namespace shardmm::blas {
 // reading it (NaN there does not propagate). Sizes or leading dimensions beyond what
 // cblas's int can hold are split into several calls.
 // Throws UsageError for negative sizes or a leading dimension shorter than a row.
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-          std::int64_t ldc);
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha,
-          const double* a, std::int64_t lda, const double* b, std::int64_t ldb, double beta,
-          double* c, std::int64_t ldc);
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* a,
+          std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c, std::int64_t ldc);
 
 // Sets OpenBLAS's (process-global) thread count; n >= 1, else UsageError.
 void set_threads(int n);
@@ -44,9 +42,8 @@ namespace detail {
 // gemm with `limit` in place of cblas's INT_MAX as the largest size or leading dimension
 // one cblas call may take: lets tests exercise the splitting with small matrices.
 template <class T>
-void gemm_split(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-                std::int64_t ldc, std::int64_t limit);
+void gemm_split(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc, std::int64_t limit);
 }  // namespace detail
 
 }  // namespace shardmm::blas

@@ -62,8 +62,8 @@ struct RingOverlapSample {
 };
 
 struct CalibrationResult {
-  bool is_root = true;     // under mpirun only world rank 0 holds the figures
-  HardwareProfile profile; // calibration set, and the analytic fields derived from it
+  bool is_root = true;      // under mpirun only world rank 0 holds the figures
+  HardwareProfile profile;  // calibration set, and the analytic fields derived from it
   std::vector<CollectiveSample> samples;
   std::vector<RingOverlapSample> rings;
   // The GEMMs are measured before and after the collectives; this is the largest

@@ -32,7 +32,7 @@ struct ChromeTraceEvent {
   std::string category;  // "compute" or "communication"
   int pid = 0;           // the rank
   int tid = kComputeLane;
-  double start_s = 0;    // from the trace's zero
+  double start_s = 0;  // from the trace's zero
   double duration_s = 0;
   std::vector<std::pair<std::string, TraceArg>> args;  // shown when the span is selected
   // A counter sample ("ph": "C") instead of a span: a track named `name` whose series (the

@@ -39,26 +39,26 @@ struct CollectiveBenchProgress {
 struct CollectiveBenchOptions {
   std::string backend = "threads";
   Mesh mesh;
-  AxisList group;                  // the axes to run each collective over
-  std::vector<std::int64_t> sizes; // bytes
+  AxisList group;                   // the axes to run each collective over
+  std::vector<std::int64_t> sizes;  // bytes
   DType dtype = DType::f32;
-  int iterations = 0;              // per trial; 0 picks enough for ~20 ms per trial
-  int trials = 5;                  // the reported time is the median trial
-  bool check = false;              // BackendOptions::check: off, to time the collectives alone
+  int iterations = 0;  // per trial; 0 picks enough for ~20 ms per trial
+  int trials = 5;      // the reported time is the median trial
+  bool check = false;  // BackendOptions::check: off, to time the collectives alone
   std::vector<OpKind> ops = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all};
   // Called on the root process before each measurement.
   std::function<void(const CollectiveBenchProgress&)> progress;
 };
 
 struct CollectiveBenchRow {
-  std::string op;                  // all_gather, ..., or a reference: memcpy, "y += x"
+  std::string op;  // all_gather, ..., or a reference: memcpy, "y += x"
   std::int64_t bytes = 0;
-  std::int64_t count = 0;          // elements per rank in the array
-  double time_s = 0;               // per call, median of trials
-  double min_time_s = 0;           // per call, the fastest trial
-  double max_time_s = 0;           // per call, the slowest trial
-  double algbw = 0;                // bytes/s
-  double busbw = 0;                // bytes/s
+  std::int64_t count = 0;  // elements per rank in the array
+  double time_s = 0;       // per call, median of trials
+  double min_time_s = 0;   // per call, the fastest trial
+  double max_time_s = 0;   // per call, the slowest trial
+  double algbw = 0;        // bytes/s
+  double busbw = 0;        // bytes/s
 };
 
 struct CollectiveBenchReport {

@@ -74,8 +74,7 @@ class Communicator {
 
   // recv = concatenation over members of each member's `counts[member]` elements;
   // this rank contributes `send` (counts[my group rank] elements).
-  virtual void all_gather(const void* send, void* recv, const Counts& counts, DType dtype,
-                          const AxisList& group) = 0;
+  virtual void all_gather(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& group) = 0;
   // `send` holds one chunk per member, concatenated (counts[m] elements for member m);
   // recv gets the sum over members of chunk [my group rank] (counts[me] elements).
   virtual void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype,
@@ -87,8 +86,8 @@ class Communicator {
                           ReduceOp op = ReduceOp::sum) = 0;
   // send_counts[m]: elements this rank sends to member m (chunks concatenated in member
   // order); recv_counts[m]: elements it receives from member m (likewise).
-  virtual void all_to_all(const void* send, const Counts& send_counts, void* recv,
-                          const Counts& recv_counts, DType dtype, const AxisList& group) = 0;
+  virtual void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
+                          DType dtype, const AxisList& group) = 0;
 
   // Point-to-point, for rings and pipelines. `peer` is a device id; messages between
   // a pair are matched in order of `tag`-equal calls.
@@ -160,7 +159,6 @@ struct BackendOptions {
 void run_backend(std::string_view backend, const Mesh& mesh, const std::function<void(Communicator&)>& body,
                  const BackendOptions& options);
 // With the default BackendOptions: checked, watchdog from SHARDMM_WATCHDOG_S or 300 s.
-void run_backend(std::string_view backend, const Mesh& mesh,
-                 const std::function<void(Communicator&)>& body);
+void run_backend(std::string_view backend, const Mesh& mesh, const std::function<void(Communicator&)>& body);
 
 }  // namespace shardmm

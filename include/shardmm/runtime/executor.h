@@ -26,14 +26,14 @@ namespace shardmm {
 
 // One executed step on one rank.
 struct TraceEvent {
-  int step = 0;           // index into the plan's steps
+  int step = 0;  // index into the plan's steps
   OpKind op = OpKind::einsum;
   AxisList axes;
   std::string tensor;
   std::int64_t bytes_sent = 0;
   std::int64_t bytes_received = 0;
   double flops = 0;
-  double start_s = 0;     // seconds since the executor was built
+  double start_s = 0;  // seconds since the executor was built
   double end_s = 0;
 };
 

@@ -27,12 +27,12 @@ namespace shardmm {
 // Copies the box of `extent` at `src_offset` in src into dst at `dst_offset`.
 // A zero extent copies nothing.
 template <class T>
-void copy_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst,
-              const Shape& dst_shape, const Shape& dst_offset, const Shape& extent);
+void copy_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst, const Shape& dst_shape,
+              const Shape& dst_offset, const Shape& extent);
 // As copy_box, but dst += src over the box (the local half of a reduction).
 template <class T>
-void add_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst,
-             const Shape& dst_shape, const Shape& dst_offset, const Shape& extent);
+void add_box(const T* src, const Shape& src_shape, const Shape& src_offset, T* dst, const Shape& dst_shape,
+             const Shape& dst_offset, const Shape& extent);
 
 // dst = src with its dimensions reordered: dst dimension i is src dimension perm[i],
 // so dst's shape is {shape[perm[0]], shape[perm[1]], ...}. src and dst must not overlap.

@@ -32,27 +32,27 @@ struct MatmulBenchOptions {
   std::string backend = "threads";
   Mesh mesh;
   Contraction contraction;
-  DimSizes fixed;                    // dimensions with a size of their own
-  std::vector<std::int64_t> sizes;   // the size of every other dimension, one point each
-  DType dtype = DType::f32;          // f32 or f64
-  HardwareProfile hw;                // the planner's profile (predictions and the choice)
-  bool all = false;                  // run every candidate, not only the chosen one
+  DimSizes fixed;                   // dimensions with a size of their own
+  std::vector<std::int64_t> sizes;  // the size of every other dimension, one point each
+  DType dtype = DType::f32;         // f32 or f64
+  HardwareProfile hw;               // the planner's profile (predictions and the choice)
+  bool all = false;                 // run every candidate, not only the chosen one
   int warmup = 1;
-  int repeat = 7;                    // the times are medians of `repeat` runs
-  int rounds = 1;                    // the reference GEMM and the candidates run in turn, `repeat`
-                                     // runs each per round; each time is the median of all its runs
-  bool check = false;                // BackendOptions::check: off, to time the plan alone
+  int repeat = 7;      // the times are medians of `repeat` runs
+  int rounds = 1;      // the reference GEMM and the candidates run in turn, `repeat`
+                       // runs each per round; each time is the median of all its runs
+  bool check = false;  // BackendOptions::check: off, to time the plan alone
   // Called on the root process before each measurement ("N=1024: candidate 2 of 4").
   std::function<void(const std::string&)> progress;
 };
 
 struct MatmulBenchRun {
-  int candidate = 0;                 // index into the planner's candidates (cheapest first)
+  int candidate = 0;  // index into the planner's candidates (cheapest first)
   std::string description;
-  double predicted_time_s = 0;       // serialized: comm + compute
+  double predicted_time_s = 0;  // serialized: comm + compute
   double predicted_comm_s = 0;
   double predicted_compute_s = 0;
-  double measured_time_s = 0;        // median, first rank's start to last rank's finish
+  double measured_time_s = 0;  // median, first rank's start to last rank's finish
   bool verified = false;
   double max_rel_error = 0;
 };
@@ -61,8 +61,8 @@ struct MatmulBenchRun {
 // turn for `rounds` more rounds. The least of many noisy times is low by chance (the more
 // candidates, the lower), so the choice is judged on this second measurement of the two alone.
 struct MatmulBenchRunoff {
-  int candidate = -1;                // the other: the fastest candidate of all the runs
-  double chosen_time_s = 0;          // medians of the runoff's runs
+  int candidate = -1;        // the other: the fastest candidate of all the runs
+  double chosen_time_s = 0;  // medians of the runoff's runs
   double candidate_time_s = 0;
 };
 
@@ -71,18 +71,18 @@ struct MatmulBenchRunoff {
 // `calibrate` times it, once per round just before the reference. Below 1 the machine is
 // slower than it was then, and the predictions made from the profile are that much too fast.
 struct MatmulBenchSpeedCheck {
-  GemmRate calibrated;               // the shape and its rate per rank, as the profile has them
-  double flops_per_s = 0;            // now, per rank: the median over the rounds
+  GemmRate calibrated;     // the shape and its rate per rank, as the profile has them
+  double flops_per_s = 0;  // now, per rank: the median over the rounds
   double ratio() const { return flops_per_s / calibrated.flops_per_s; }
 };
 
 struct MatmulBenchPoint {
   DimSizes sizes;
-  double flops = 0;                  // 2 x the product of every dimension's size
+  double flops = 0;  // 2 x the product of every dimension's size
   std::int64_t gemm_m = 0, gemm_n = 0, gemm_k = 0;
-  double gemm_time_s = 0;            // the reference, median of `repeat` x `rounds`
-  int chosen = -1;                   // the planner's choice (candidate index)
-  std::vector<MatmulBenchRun> runs;  // the chosen plan, or every candidate in order
+  double gemm_time_s = 0;                   // the reference, median of `repeat` x `rounds`
+  int chosen = -1;                          // the planner's choice (candidate index)
+  std::vector<MatmulBenchRun> runs;         // the chosen plan, or every candidate in order
   std::optional<MatmulBenchRunoff> runoff;  // where every candidate ran and another was fastest
   // Where the profile was calibrated on this backend and mesh with a GEMM rate in this dtype.
   std::optional<MatmulBenchSpeedCheck> speed_check;
@@ -92,7 +92,7 @@ struct MatmulBenchPoint {
 const MatmulBenchRun& fastest_run(const MatmulBenchPoint& point);
 
 struct MatmulBenchReport {
-  bool is_root = true;               // this process holds the figures (rank 0 under mpirun)
+  bool is_root = true;  // this process holds the figures (rank 0 under mpirun)
   int ranks = 0;
   int gemm_threads = 0;
   std::vector<MatmulBenchPoint> points;

@@ -47,10 +47,10 @@ struct RunRequest {
   // memory speed ramp up over the first tenths of a second of work (docs/calibration.md).
   // 0 to a minute (check_warmup_time).
   double warmup_min_s = 0;
-  int repeat = 5;                            // timed runs
+  int repeat = 5;  // timed runs
   bool verify = true;
-  bool check = true;                         // BackendOptions::check (communicator.h)
-  double watchdog_s = 0;                     // BackendOptions::watchdog_s (0: SHARDMM_WATCHDOG_S or 300)
+  bool check = true;      // BackendOptions::check (communicator.h)
+  double watchdog_s = 0;  // BackendOptions::watchdog_s (0: SHARDMM_WATCHDOG_S or 300)
   // Per device (--mem-limit): refuse a run whose largest device needs more.
   std::optional<std::int64_t> mem_limit_bytes;
   // The memory this process may use; unset: available_memory() now. Lets a caller budget
@@ -86,18 +86,18 @@ struct StepSpan {
 };
 
 struct RunReport {
-  bool is_root = true;              // this process holds the gathered figures
+  bool is_root = true;  // this process holds the gathered figures
   int ranks = 0;
-  double measured_time_s = 0;       // median over repeats, first rank's start to last rank's finish
+  double measured_time_s = 0;  // median over repeats, first rank's start to last rank's finish
   std::vector<double> repeat_times_s;
-  int warmup_runs = 0;              // untimed runs made: `warmup`, or more for warmup_min_s
+  int warmup_runs = 0;  // untimed runs made: `warmup`, or more for warmup_min_s
   std::vector<StepMeasurement> steps;
   // Every rank's steps in one repeat, the one whose time is the median: timeline[rank][step]
   // (chrome_trace.h's run_trace_events draws it).
   std::vector<std::vector<StepSpan>> timeline;
-  int timeline_repeat = 0;          // 0-based
-  Verification verification;        // verified = true and zero errors when verify is off
-  bool verified_run = false;        // whether verification ran
+  int timeline_repeat = 0;    // 0-based
+  Verification verification;  // verified = true and zero errors when verify is off
+  bool verified_run = false;  // whether verification ran
   // The ranks on this machine (threads: every device; mpi: this node's processes) and its
   // cores. Where ranks outnumber cores they take turns: a rank that a collective wakes may wait
   // for a core another rank's GEMM holds, and that wait shows in the collective's step time.

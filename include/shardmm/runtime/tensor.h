@@ -37,9 +37,13 @@ class Buffer {
   void* data() { return data_.get(); }
   const void* data() const { return data_.get(); }
   template <class T>
-  T* as() { return static_cast<T*>(data()); }
+  T* as() {
+    return static_cast<T*>(data());
+  }
   template <class T>
-  const T* as() const { return static_cast<const T*>(data()); }
+  const T* as() const {
+    return static_cast<const T*>(data());
+  }
   std::int64_t elements() const { return elements_; }
   DType dtype() const { return dtype_; }
   std::int64_t bytes() const;

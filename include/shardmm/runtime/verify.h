@@ -32,7 +32,7 @@ struct Verification {
   double max_rel_error = 0;
   double tolerance = 0;      // an element passes when |got - want| <= tolerance
   double rel_tolerance = 0;  //   + rel_tolerance * |want| (0: the tolerance alone)
-  std::string detail;    // where the largest error is, or why it failed
+  std::string detail;        // where the largest error is, or why it failed
 };
 
 // Deterministic input values: uniform in [-1, 1), a function of the global index, the

@@ -29,15 +29,15 @@
 namespace shardmm::solve {
 
 struct FactorEntry {
-  std::vector<int> values;      // one per variable of the factor, in its order
-  double time = 0;              // seconds
-  std::int64_t memory = 0;      // bytes
-  std::vector<int> shared;      // indices into ChoiceProblem::shared
+  std::vector<int> values;            // one per variable of the factor, in its order
+  double time = 0;                    // seconds
+  std::int64_t memory = 0;            // bytes
+  std::vector<int> shared;            // indices into ChoiceProblem::shared
   std::vector<std::int64_t> figures;  // bytes the timeline's points may take (PointTerm::figure)
 };
 
 struct Factor {
-  std::vector<int> vars;        // distinct variable indices
+  std::vector<int> vars;  // distinct variable indices
   std::vector<FactorEntry> entries;
 };
 
@@ -62,7 +62,7 @@ struct TimelinePoint {
 };
 
 struct ChoiceProblem {
-  std::vector<int> domain;      // number of values per variable (each >= 1)
+  std::vector<int> domain;  // number of values per variable (each >= 1)
   std::vector<Factor> factors;
   std::vector<SharedTerm> shared;
   // The timeline (empty: memory is the sum above); value_bytes by variable and value.
@@ -73,16 +73,16 @@ struct ChoiceProblem {
 using Assignment = std::vector<int>;  // a value per variable
 
 struct Evaluation {
-  bool allowed = false;          // every factor lists the assignment's tuple
+  bool allowed = false;  // every factor lists the assignment's tuple
   double time = 0;
-  std::int64_t memory = 0;      // the sum, or with a timeline its peak
-  int peak_point = -1;           // with a timeline: the first point that holds `memory`
+  std::int64_t memory = 0;  // the sum, or with a timeline its peak
+  int peak_point = -1;      // with a timeline: the first point that holds `memory`
 };
 Evaluation evaluate(const ChoiceProblem& p, const Assignment& a);
 
 struct SolveLimits {
   std::optional<std::int64_t> memory_limit;  // bytes; none: unconstrained
-  double seconds = 60;                      // the MIP's time limit
+  double seconds = 60;                       // the MIP's time limit
   // Assignments the answer must differ from (top-K: each found one excluded in turn), on the
   // variables listed in `distinct_on` (all when empty).
   std::vector<Assignment> excluded;
@@ -102,11 +102,11 @@ const char* to_string(SolveStatus s);
 
 struct SolveOutcome {
   SolveStatus status = SolveStatus::unknown;
-  Assignment best;               // empty unless optimal or feasible
+  Assignment best;  // empty unless optimal or feasible
   Evaluation value;
-  double lower_bound = 0;        // proven: no allowed assignment is faster
-  std::string method;            // "exhaustive", "dynamic programming", "integer program (CBC)"
-  double seconds = 0;            // the solver's wall time
+  double lower_bound = 0;  // proven: no allowed assignment is faster
+  std::string method;      // "exhaustive", "dynamic programming", "integer program (CBC)"
+  double seconds = 0;      // the solver's wall time
 };
 
 // Between assignments equally fast (within a nanosecond per GiB), the dynamic program and the

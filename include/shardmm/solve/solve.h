@@ -42,16 +42,16 @@ struct ProgramChoices {
   // backward (FSDP; `param w[..] regathered`) rather than keeping them. A split param (train)
   // has each of its specs twice, kept and regathered, unless the file says regathered.
   std::vector<std::vector<char>> regathered;
-  std::vector<int> tensor_of_var;         // by variable: its first tensor in the graph
-  std::vector<int> var_of_tensor;         // by graph tensor
-  std::vector<char> chosen;               // by variable: a choice (leaf or einsum result), not
-                                          // a consequence of its op
-  std::vector<char> on_loss_path;         // by graph op: differentiated (train)
+  std::vector<int> tensor_of_var;  // by variable: its first tensor in the graph
+  std::vector<int> var_of_tensor;  // by graph tensor
+  std::vector<char> chosen;        // by variable: a choice (leaf or einsum result), not
+                                   // a consequence of its op
+  std::vector<char> on_loss_path;  // by graph op: differentiated (train)
   // By tensor variable: the variable (after the tensor variables) holding the mesh axes its
   // gradient is partial over when it reaches its producer or its reduction (a bit mask), or
   // -1 when it gets no gradient.
   std::vector<int> gradient_var;
-  std::int64_t evaluations = 0;           // distinct op recordings that filled the factors
+  std::int64_t evaluations = 0;  // distinct op recordings that filled the factors
 };
 ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options);
 
@@ -59,36 +59,36 @@ ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& 
 // with a route), as restrictions on the leaves' specs (docs/solve.md); the rest of the program
 // is solved within them.
 struct NamedStrategy {
-  std::string name;                 // "dp(X)+tp(Y)"
-  SolveOutcome outcome;             // infeasible when the roles do not apply to the program
+  std::string name;      // "dp(X)+tp(Y)"
+  SolveOutcome outcome;  // infeasible when the roles do not apply to the program
 };
 
-struct Alternative {                // --explain: a tensor's runner-up
+struct Alternative {  // --explain: a tensor's runner-up
   int tensor = -1;
-  Spec spec;                        // its next best spec
-  double extra_time = 0;            // seconds the best program with it adds
-  std::int64_t extra_memory = 0;    // bytes it adds (may be negative)
+  Spec spec;                      // its next best spec
+  double extra_time = 0;          // seconds the best program with it adds
+  std::int64_t extra_memory = 0;  // bytes it adds (may be negative)
   bool exists = false;
 };
 
 struct SolveOptions {
-  nn::ProgramOptions program;       // dtype, hw, train, optimizer
+  nn::ProgramOptions program;                // dtype, hw, train, optimizer
   std::optional<std::int64_t> memory_limit;  // per device, bytes
-  int top = 1;                      // the K best distinct shardings
+  int top = 1;                               // the K best distinct shardings
   bool explain = false;
-  bool named = true;                // cost the named strategies
-  double seconds = 60;              // each integer program's time limit
+  bool named = true;    // cost the named strategies
+  double seconds = 60;  // each integer program's time limit
 };
 
 struct SolveResult {
   ProgramChoices choices;
-  SolveOutcome outcome;             // the best
-  std::vector<Spec> specs;          // by graph tensor, the best's
-  std::vector<char> regathered;     // by graph tensor, the best's: the params it regathers
-  nn::ProgramPrediction prediction; // the best, costed as `shardmm program` costs it
-  std::vector<SolveOutcome> top;    // the best first, then the next distinct ones (top > 1)
+  SolveOutcome outcome;              // the best
+  std::vector<Spec> specs;           // by graph tensor, the best's
+  std::vector<char> regathered;      // by graph tensor, the best's: the params it regathers
+  nn::ProgramPrediction prediction;  // the best, costed as `shardmm program` costs it
+  std::vector<SolveOutcome> top;     // the best first, then the next distinct ones (top > 1)
   std::vector<NamedStrategy> named;
-  std::vector<Alternative> alternatives;  // explain: one per chosen variable
+  std::vector<Alternative> alternatives;      // explain: one per chosen variable
   std::optional<SolveOutcome> unconstrained;  // with a memory limit: the best without it
 };
 
@@ -109,7 +109,7 @@ program::Graph pinned_graph(const program::Graph& g, const std::vector<Spec>& sp
 // `program` with every statement's spec pinned to `specs` (by tensor of `g`, the graph bound
 // from it): `shardmm program` accepts it as is and costs it as the solver did. The mesh and
 // dims lines are `g`'s; `regathered` (when given) marks the params the answer regathers.
-program::Program pinned_program(const program::Program& program, const program::Graph& g, const std::vector<Spec>& specs,
-                                const std::vector<char>& regathered = {});
+program::Program pinned_program(const program::Program& program, const program::Graph& g,
+                                const std::vector<Spec>& specs, const std::vector<char>& regathered = {});
 
 }  // namespace shardmm::solve

@@ -78,13 +78,13 @@ class LendChoice {
   static constexpr std::size_t kMaxExchanges = 1024;
 
   struct Calls {
-    std::uint64_t count = 0;  // calls so far
-    Clock::time_point last;   // the start of the last call
-    bool lent = false;        // the current run's choice; a call's period is the next call's start minus its own
+    std::uint64_t count = 0;        // calls so far
+    Clock::time_point last;         // the start of the last call
+    bool lent = false;              // the current run's choice; a call's period is the next call's start minus its own
     std::deque<double> periods[2];  // by choice: copied through the window, lent
-    bool tried = false;              // both choices have had their first tries
-    bool fresh = false;              // the choice not preferred was just measured (its periods are the latest)
-    bool preferred = false;          // the faster choice, as last estimated
+    bool tried = false;             // both choices have had their first tries
+    bool fresh = false;             // the choice not preferred was just measured (its periods are the latest)
+    bool preferred = false;         // the faster choice, as last estimated
     std::uint64_t explore_every = kExploreEvery;
     std::uint64_t runs_to_explore = kExploreEvery;
   };

@@ -88,7 +88,7 @@ void check(int rc, const char* call) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   std::string why = MPI_Error_string(rc, text, &len) == MPI_SUCCESS ? std::string(text, static_cast<std::size_t>(len))
-                                                                     : "MPI error code " + std::to_string(rc);
+                                                                    : "MPI error code " + std::to_string(rc);
   throw std::runtime_error(std::string(call) + " failed: " + why);
 }
 
@@ -146,9 +146,10 @@ bool progress_thread_wanted(int blas_threads) {
   int level = MPI_THREAD_SINGLE;
   MPI_Query_thread(&level);
   if (level < MPI_THREAD_SERIALIZED) return false;
-  const std::optional<bool> wanted = env_switch(
-      "SHARDMM_PROGRESS_THREAD", "1 (a helper thread moves the rings' messages), 0 (none) or unset (one where a "
-                                 "core is free for it)");
+  const std::optional<bool> wanted =
+      env_switch("SHARDMM_PROGRESS_THREAD",
+                 "1 (a helper thread moves the rings' messages), 0 (none) or unset (one where a "
+                 "core is free for it)");
   return wanted.value_or(ranks_on_node() * blas_threads < machine_cores());
 }
 
@@ -231,10 +232,13 @@ std::string count_of(std::int64_t n, const char* one, const char* many) {
 
 MPI_Datatype mpi_type(DType dtype) {
   switch (dtype) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
     case DType::bf16:
-    case DType::f16: break;
+    case DType::f16:
+      break;
   }
   throw InputError(std::string("the mpi backend computes in f32 and f64; got ") + to_string(dtype));
 }
@@ -271,13 +275,9 @@ bool fits_one_call(const Counts& counts, const std::vector<std::int64_t>& displs
 }
 
 // "all_to_all(f32)", as mismatch messages name a call.
-std::string op_label(const char* op, DType dtype) {
-  return std::string(op) + "(" + to_string(dtype) + ")";
-}
+std::string op_label(const char* op, DType dtype) { return std::string(op) + "(" + to_string(dtype) + ")"; }
 
-std::vector<int> as_ints(const std::vector<std::int64_t>& values) {
-  return {values.begin(), values.end()};
-}
+std::vector<int> as_ints(const std::vector<std::int64_t>& values) { return {values.begin(), values.end()}; }
 
 // Misuse of the API is an InputError, with the threads backend's wording.
 void check_counts(const Counts& counts, std::int64_t group_size, const char* op) {
@@ -344,8 +344,7 @@ class MpiCommunicator final : public Communicator {
   std::string backend() const override { return "mpi"; }
   BackendCapabilities capabilities() const override { return kMpiCapabilities; }
 
-  void all_gather(const void* send, void* recv, const Counts& counts, DType dtype,
-                  const AxisList& axes) override {
+  void all_gather(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& axes) override {
     mpi_type(dtype);  // rejects bf16 and f16 before any communication
     Group& g = group(axes);
     check_counts(counts, g.size, "all_gather");
@@ -353,8 +352,7 @@ class MpiCommunicator final : public Communicator {
     gather(joined(g), send, recv, counts, dtype);
   }
 
-  void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype,
-                      const AxisList& axes) override {
+  void reduce_scatter(const void* send, void* recv, const Counts& counts, DType dtype, const AxisList& axes) override {
     mpi_type(dtype);
     Group& g = group(axes);
     check_counts(counts, g.size, "reduce_scatter");
@@ -376,8 +374,8 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts,
-                  DType dtype, const AxisList& axes) override {
+  void all_to_all(const void* send, const Counts& send_counts, void* recv, const Counts& recv_counts, DType dtype,
+                  const AxisList& axes) override {
     const MPI_Datatype type = mpi_type(dtype);
     Group& g = group(axes);
     check_counts(send_counts, g.size, "all_to_all (send counts)");
@@ -434,16 +432,20 @@ class MpiCommunicator final : public Communicator {
         // Polled, so that a peer that never sends ends the job instead of hanging it.
         MPI_Request request = MPI_REQUEST_NULL;
         check(MPI_Irecv(out + offset, size, MPI_BYTE, static_cast<int>(peer), tag, world_, &request), "MPI_Irecv");
-        poll_until(deadline, [&] {
-          int done = 0;
-          rc = MPI_Test(&request, &done, &status);
-          return rc != MPI_SUCCESS || done != 0;
-        }, [&] {
-          return "p2p timeout: rank " + std::to_string(rank_) + " waited " + watchdog_text_ + " in recv(" +
-                 std::to_string(bytes) + " bytes from rank " + std::to_string(peer) + ", tag " + std::to_string(tag) +
-                 "); " + (offset == 0 ? std::string("nothing") : std::to_string(offset) + " bytes") + " arrived" +
-                 watchdog_hint(watchdog_text_);
-        });
+        poll_until(
+            deadline,
+            [&] {
+              int done = 0;
+              rc = MPI_Test(&request, &done, &status);
+              return rc != MPI_SUCCESS || done != 0;
+            },
+            [&] {
+              return "p2p timeout: rank " + std::to_string(rank_) + " waited " + watchdog_text_ + " in recv(" +
+                     std::to_string(bytes) + " bytes from rank " + std::to_string(peer) + ", tag " +
+                     std::to_string(tag) + "); " +
+                     (offset == 0 ? std::string("nothing") : std::to_string(offset) + " bytes") + " arrived" +
+                     watchdog_hint(watchdog_text_);
+            });
       } else {
         rc = MPI_Recv(out + offset, size, MPI_BYTE, static_cast<int>(peer), tag, world_, &status);
       }
@@ -538,7 +540,7 @@ class MpiCommunicator final : public Communicator {
     const void* received() const override { return buffer; }
 
     std::vector<MPI_Request> requests;
-    std::vector<int> sizes;  // receives: the bytes each piece expects
+    std::vector<int> sizes;        // receives: the bytes each piece expects
     const void* buffer = nullptr;  // a receive's
 
    private:
@@ -552,7 +554,7 @@ class MpiCommunicator final : public Communicator {
     int tag_;
     bool sending_;
     bool waited_ = false;
-    bool done_ = false;     // test() completed the requests (or failed): rc_ and statuses_ hold the result
+    bool done_ = false;  // test() completed the requests (or failed): rc_ and statuses_ hold the result
     int rc_ = MPI_SUCCESS;
     std::vector<MPI_Status> statuses_;
   };
@@ -565,7 +567,8 @@ class MpiCommunicator final : public Communicator {
       rc = r.rc_;
     } else if (check_) {
       // Polled, so that a peer that never matches ends the job instead of hanging it.
-      poll_until(Clock::now() + watchdog_, [&] { return r.test(); }, [&] { return p2p_timeout(r.sending_, call); });
+      poll_until(
+          Clock::now() + watchdog_, [&] { return r.test(); }, [&] { return p2p_timeout(r.sending_, call); });
       rc = r.rc_;
     } else {
       rc = MPI_Waitall(static_cast<int>(r.requests.size()), r.requests.data(), statuses);
@@ -700,31 +703,35 @@ class MpiCommunicator final : public Communicator {
       std::vector<char> returned(inbox_.size(), 0);
       returned[static_cast<std::size_t>(rank_)] = 1;
       std::vector<std::int64_t> running;
-      poll_until(Clock::now() + watchdog_, [&] {
-        running.clear();
-        for (int r : others) {
-          std::deque<Note>& notes = inbox_[static_cast<std::size_t>(r)];
-          // Whatever comes before a peer's end is left over from a mismatch.
-          for (; !notes.empty(); notes.pop_front()) returned[static_cast<std::size_t>(r)] |= notes.front().returned;
-          if (!returned[static_cast<std::size_t>(r)]) running.push_back(r);
-        }
-        return running.empty();
-      }, [&] {
-        return "collective timeout at the end of the run: rank " + std::to_string(rank_) + " returned and waited " +
-               watchdog_text_ + "; " + ranks(running) + " never returned" + watchdog_hint(watchdog_text_);
-      });
+      poll_until(
+          Clock::now() + watchdog_,
+          [&] {
+            running.clear();
+            for (int r : others) {
+              std::deque<Note>& notes = inbox_[static_cast<std::size_t>(r)];
+              // Whatever comes before a peer's end is left over from a mismatch.
+              for (; !notes.empty(); notes.pop_front()) returned[static_cast<std::size_t>(r)] |= notes.front().returned;
+              if (!returned[static_cast<std::size_t>(r)]) running.push_back(r);
+            }
+            return running.empty();
+          },
+          [&] {
+            return "collective timeout at the end of the run: rank " + std::to_string(rank_) + " returned and waited " +
+                   watchdog_text_ + "; " + ranks(running) + " never returned" + watchdog_hint(watchdog_text_);
+          });
     }
     for (Outgoing& o : outgoing_) {
-      check(MPI_Waitall(static_cast<int>(o.requests.size()), o.requests.data(), MPI_STATUSES_IGNORE),
-            "MPI_Waitall");
+      check(MPI_Waitall(static_cast<int>(o.requests.size()), o.requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
     }
     outgoing_.clear();
     // A copied send's block goes when its receiver has read it, not with this communicator.
     if (messages_) {
-      wait_shared([&] { return messages_->sends_read(); }, [&] {
-        return "p2p timeout at the end of the run: rank " + std::to_string(rank_) + " waited " + watchdog_text_ +
-               " for its peers to receive what it sent; a receive was never posted" + watchdog_hint(watchdog_text_);
-      });
+      wait_shared([&] { return messages_->sends_read(); },
+                  [&] {
+                    return "p2p timeout at the end of the run: rank " + std::to_string(rank_) + " waited " +
+                           watchdog_text_ + " for its peers to receive what it sent; a receive was never posted" +
+                           watchdog_hint(watchdog_text_);
+                  });
     }
   }
 
@@ -732,8 +739,8 @@ class MpiCommunicator final : public Communicator {
   struct Group {
     MPI_Comm comm = MPI_COMM_NULL;  // built by joined()
     std::int64_t size = 1;
-    std::size_t me = 0;        // this rank's group rank
-    std::vector<int> members;  // device ids, by group rank
+    std::size_t me = 0;                // this rank's group rank
+    std::vector<int> members;          // device ids, by group rank
     std::vector<std::int64_t> sorted;  // the same, ascending, as fingerprint.h takes them
     std::string label;                 // "over X of device 0", for messages
     // Where all members share a node (and shared memory is on): their window and its exchange.
@@ -920,26 +927,29 @@ class MpiCommunicator final : public Communicator {
     post(encode(fp), others);
     const AxisList key = axis_set(fp.axes);
     std::vector<std::int64_t> absent, gone, elsewhere;
-    poll_until(Clock::now() + watchdog_, [&] {
-      absent.clear();
-      gone.clear();
-      elsewhere.clear();
-      for (int m : others) {
-        const std::deque<Note>& notes = inbox_[static_cast<std::size_t>(m)];
-        if (notes.empty()) {
-          absent.push_back(m);
-        } else if (notes.front().returned) {
-          gone.push_back(m);
-        } else if (axis_set(notes.front().fp.axes) != key) {
-          elsewhere.push_back(m);
-        }
-      }
-      return absent.empty() || !gone.empty() || !elsewhere.empty();
-    }, [&] {
-      return "collective timeout in group " + g.label + ": rank " + std::to_string(rank_) + " called " +
-             describe(mesh_, fp, false) + " and waited " + watchdog_text_ + "; " + ranks(absent) + " never arrived" +
-             watchdog_hint(watchdog_text_);
-    });
+    poll_until(
+        Clock::now() + watchdog_,
+        [&] {
+          absent.clear();
+          gone.clear();
+          elsewhere.clear();
+          for (int m : others) {
+            const std::deque<Note>& notes = inbox_[static_cast<std::size_t>(m)];
+            if (notes.empty()) {
+              absent.push_back(m);
+            } else if (notes.front().returned) {
+              gone.push_back(m);
+            } else if (axis_set(notes.front().fp.axes) != key) {
+              elsewhere.push_back(m);
+            }
+          }
+          return absent.empty() || !gone.empty() || !elsewhere.empty();
+        },
+        [&] {
+          return "collective timeout in group " + g.label + ": rank " + std::to_string(rank_) + " called " +
+                 describe(mesh_, fp, false) + " and waited " + watchdog_text_ + "; " + ranks(absent) +
+                 " never arrived" + watchdog_hint(watchdog_text_);
+        });
     if (!gone.empty() || !elsewhere.empty()) {
       // Left in the inbox: these notes are not this collective's.
       std::string why = "collective mismatch in group " + g.label + ": rank " + std::to_string(rank_) + " called " +
@@ -1069,7 +1079,6 @@ class MpiCommunicator final : public Communicator {
     exchange(g, transfers, type, esz, op_label("all_gather", dtype));
   }
 
-
   // The data of reduce_scatter, once the members agree (and the first half of all_reduce,
   // which also reduces with `op` = max).
   void scatter_reduce(const Group& g, const void* send, void* recv, const Counts& counts, DType dtype, ReduceOp op) {
@@ -1095,11 +1104,9 @@ class MpiCommunicator final : public Communicator {
     const std::vector<Transfer> transfers =
         chunk_transfers(in, send_counts, send_displs, chunks, recv_counts, recv_displs, esz);
     // Lent chunks are summed where their senders keep them.
-    exchange(g, transfers, type, esz, op_label("reduce_scatter", dtype), true, [&](const std::vector<const void*>& at) {
-      detail::reduce_in_order(op, dtype, at, mine, recv);
-    });
+    exchange(g, transfers, type, esz, op_label("reduce_scatter", dtype), true,
+             [&](const std::vector<const void*>& at) { detail::reduce_in_order(op, dtype, at, mine, recv); });
   }
-
 
   // all_reduce once the members agree: a reduce-scatter of an even split (the first
   // count % n members take one extra element), then a gather of the sums back in place, in
@@ -1116,8 +1123,8 @@ class MpiCommunicator final : public Communicator {
     const Counts split = even_split(count, g.size);
     const std::vector<std::int64_t> chunk_at = displacements(split);
     const std::int64_t mine = split[g.me];
-    const std::int64_t segment = std::clamp<std::int64_t>(
-        kAllReduceSegmentBytes / static_cast<std::int64_t>(esz), 1, count_limit.load());
+    const std::int64_t segment =
+        std::clamp<std::int64_t>(kAllReduceSegmentBytes / static_cast<std::int64_t>(esz), 1, count_limit.load());
     // At least one (empty) segment, so that a member passing another count is a mismatch, not a hang.
     const std::int64_t segments = std::max<std::int64_t>(1, (split[0] + segment - 1) / segment);
     const auto begin = [&](std::size_t m, std::int64_t k) { return std::min(k * segment, split[m]); };
@@ -1151,9 +1158,9 @@ class MpiCommunicator final : public Communicator {
     for (std::int64_t k = 0; k < segments; ++k) {
       for (std::size_t i = 0; i < others; ++i) {
         const std::size_t m = from[i];
-        check(MPI_Isend(at(m, k), size(m, k), type, static_cast<int>(m), kPieceTag, g.comm,
-                        &copies_out[k * others + i]),
-              "MPI_Isend");
+        check(
+            MPI_Isend(at(m, k), size(m, k), type, static_cast<int>(m), kPieceTag, g.comm, &copies_out[k * others + i]),
+            "MPI_Isend");
       }
     }
     const std::string op = op_label("all_reduce", dtype);
@@ -1228,8 +1235,8 @@ class MpiCommunicator final : public Communicator {
     }
     const Clock::time_point deadline = entered + watchdog_;
     std::int64_t passes = 0;
-    std::vector<std::optional<SharedMessages::Ticket>> lent(n);               // pieces this rank lends
-    std::vector<std::shared_ptr<SharedMessages::Receive>> receives(n);        // pieces lent to it
+    std::vector<std::optional<SharedMessages::Ticket>> lent(n);         // pieces this rank lends
+    std::vector<std::shared_ptr<SharedMessages::Receive>> receives(n);  // pieces lent to it
     const auto idle = [&] {
       idle_pass(passes, deadline, [&] {
         // Who it waits for, through the window and for lent pieces: a member stopped or
@@ -1263,8 +1270,7 @@ class MpiCommunicator final : public Communicator {
     for (std::size_t m = 0; m < n; ++m) {
       const Transfer& t = transfers[m];
       const std::int64_t bytes = t.send_count * static_cast<std::int64_t>(esz);
-      shares[m] = {t.send, bytes, t.recv, t.recv_count * static_cast<std::int64_t>(esz),
-                   m == g.me && read_in_place};
+      shares[m] = {t.send, bytes, t.recv, t.recv_count * static_cast<std::int64_t>(esz), m == g.me && read_in_place};
       if (m != g.me && messages_ && bytes >= kLentPieceBytes &&
           messages_->lendable(t.send, static_cast<std::uint64_t>(bytes))) {
         lendable[m] = 1;
@@ -1634,8 +1640,8 @@ void run_mpi(const Mesh& mesh, const std::function<void(Communicator&)>& body, c
   // The first run: a rank that failed before it (its input, say) is waiting to say so.
   const std::optional<std::string> agreed = mpi_agree(false, "", "", options.watchdog_s);
   if (!agreed) {
-    throw InputError("the ranks did not all reach the start of the run within the watchdog (" + seconds(options.watchdog_s) +
-                     "): one exited or runs something else");
+    throw InputError("the ranks did not all reach the start of the run within the watchdog (" +
+                     seconds(options.watchdog_s) + "): one exited or runs something else");
   }
   if (!agreed->empty()) throw InputError(*agreed);
   const bool progress_thread = progress_thread_wanted(options.blas_threads);

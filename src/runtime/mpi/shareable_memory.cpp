@@ -46,9 +46,10 @@ std::mutex registry_mutex;
 std::map<std::uintptr_t, Block> registry;  // by data address
 // Serials start at a random point so that a block can only be mistaken for another process's
 // (a peer that, in another pid namespace, opened the wrong /proc/<pid>) by a 1 in 2^64 chance.
-std::uint64_t next_serial = (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();  // under registry_mutex
-std::deque<Block> idle;                    // freed blocks kept for reuse, oldest first; under registry_mutex
-std::size_t idle_bytes = 0;                // their data bytes; under registry_mutex
+std::uint64_t next_serial =
+    (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();  // under registry_mutex
+std::deque<Block> idle;      // freed blocks kept for reuse, oldest first; under registry_mutex
+std::size_t idle_bytes = 0;  // their data bytes; under registry_mutex
 constexpr std::size_t kIdleBlocks = 32;
 constexpr std::size_t kIdleBytes = std::size_t{256} << 20;
 

@@ -81,8 +81,7 @@ class SharedExchange {
 
   // `segments[m]`: member m's segment as this process maps it; each member zeroes its own
   // (clear) and all have done so before the first exchange.
-  SharedExchange(std::vector<char*> segments, std::size_t me, std::size_t part,
-                 ExchangeCopy copy = ExchangeCopy::learn)
+  SharedExchange(std::vector<char*> segments, std::size_t me, std::size_t part, ExchangeCopy copy = ExchangeCopy::learn)
       : segments_(std::move(segments)),
         n_(segments_.size()),
         me_(me),
@@ -234,7 +233,8 @@ class SharedExchange {
         e[1] = kLastPiece | (written_ == 0 ? kElsewhere : 0);
         continue;
       }
-      const std::int64_t bytes = std::min<std::int64_t>(static_cast<std::int64_t>(part_), shares[r].send_bytes - sent_[r]);
+      const std::int64_t bytes =
+          std::min<std::int64_t>(static_cast<std::int64_t>(part_), shares[r].send_bytes - sent_[r]);
       if (bytes > 0) {
         const Clock::time_point start = Clock::now();
         char* to = partition(b, me_, r);
@@ -303,7 +303,7 @@ class SharedExchange {
   std::size_t n_, me_, part_;
   ExchangeCopy copy_;
   bool streaming_ = false;
-  double copy_seconds_ = 0;   // this exchange's, so far
+  double copy_seconds_ = 0;  // this exchange's, so far
   double cost_[2] = {0, 0};  // copy seconds per byte of large exchanges, EWMA: cached, streaming
   std::uint64_t large_exchanges_ = 0;
   std::vector<std::int64_t> seen_;  // by writer: the last of its rounds this member has read

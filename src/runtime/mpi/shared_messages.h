@@ -60,12 +60,12 @@ class SharedMessages {
     char* into = nullptr;
     std::uint64_t bytes = 0;
     bool lent = false;
-    bool arrived = false;     // matched, and (unless lent) copied in
-    bool mismatched = false;  // the matched message had another size (it is consumed)
-    const char* at = nullptr; // where the bytes are once arrived
+    bool arrived = false;      // matched, and (unless lent) copied in
+    bool mismatched = false;   // the matched message had another size (it is consumed)
+    const char* at = nullptr;  // where the bytes are once arrived
    private:
     friend class SharedMessages;
-    std::uint64_t seq = 0;    // the matched post's
+    std::uint64_t seq = 0;  // the matched post's
     bool released = false;
     PeerMapping* mapping = nullptr;  // the peer's block a lent receive reads, held until released
   };
@@ -133,8 +133,8 @@ class SharedMessages {
   int me_;
   std::vector<char*> mailboxes_;
   std::vector<pid_t> pids_;
-  std::vector<std::uint64_t> sent_;  // by receiver: the last seq posted to it
-  std::vector<std::uint64_t> seen_;  // by sender: the last of its seqs read here
+  std::vector<std::uint64_t> sent_;                            // by receiver: the last seq posted to it
+  std::vector<std::uint64_t> seen_;                            // by sender: the last of its seqs read here
   std::vector<std::deque<Post>> posts_;                        // by sender: read, not yet matched
   std::vector<std::deque<std::shared_ptr<Receive>>> waiting_;  // by sender: receives not yet matched
   std::map<std::pair<int, int>, PeerMapping> mapped_;          // peers' blocks, by (owner, fd)
