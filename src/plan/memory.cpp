@@ -10,12 +10,6 @@ namespace shardmm {
 
 namespace {
 
-std::int64_t elements_of(const Shape& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t e : shape) n = saturating_mul(n, e);
-  return n;
-}
-
 // The row-major stride of dimension `dim`: the product of the extents after it.
 std::int64_t elements_after(const Shape& shape, int dim) {
   return elements_of(Shape(shape.begin() + dim + 1, shape.end()));
@@ -32,6 +26,12 @@ Spec gathered(Spec spec, int dim, const AxisList& group) {
 
 std::int64_t buffer_bytes(std::int64_t elements, DType dtype) {
   return saturating_add(std::max<std::int64_t>(saturating_mul(elements, dtype_bytes(dtype)), 1), 63) / 64 * 64;
+}
+
+std::int64_t elements_of(const Shape& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t e : shape) n = saturating_mul(n, e);
+  return n;
 }
 
 std::int64_t elements_across(const Shape& shape, int dim) {

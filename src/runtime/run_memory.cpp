@@ -27,12 +27,6 @@ namespace {
 // Byte counts saturate (core/error.h): a run that would need more than 2^63 bytes is refused
 // all the same.
 
-std::int64_t elements_of(const Shape& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t e : shape) n = saturating_mul(n, e);
-  return n;
-}
-
 std::int64_t block_bytes(const Mesh& mesh, const Spec& spec, const DimSizes& sizes, DType dtype, std::int64_t device) {
   return buffer_bytes(local_elements(mesh, spec, global_shape(spec, sizes), device), dtype);
 }

@@ -41,6 +41,9 @@ std::int64_t buffer_bytes(std::int64_t elements, DType dtype);
 // Elements of a block per unit of dimension `dim`: the product of the other extents.
 std::int64_t elements_across(const Shape& shape, int dim);
 
+// The elements of a block of `shape`, saturating (core/error.h): past 2^63 - 1 a limit refuses it.
+std::int64_t elements_of(const Shape& shape);
+
 // An einsum step's operand orders and `device`'s extents (for LocalEinsum).
 std::pair<EinsumLayout, std::map<std::string, std::int64_t>> local_einsum_shape(const Mesh& mesh, const Step& step,
                                                                                 const DimSizes& sizes,
