@@ -316,20 +316,18 @@ class Binder {
       if (at.line == 0) throw InputError(full + " (in " + field("spec") + ")");
       fail(at, full, len);
     };
+    // The spec's own tensor name may be the statement's (w_in[D, F_X]) or absent ([D, F_X]);
+    // names with '_' are not spec names, so the brackets are parsed alone.
+    const std::size_t open = text.find('[');
+    if (open == std::string::npos) bad("expected the tensor's letters in brackets, e.g. " + s.name + join(letters));
+    std::string trimmed = text.substr(0, open);
+    trimmed.erase(std::remove(trimmed.begin(), trimmed.end(), ' '), trimmed.end());
+    if (!trimmed.empty() && trimmed != s.name)
+      bad("it names tensor '" + trimmed + "'; write " + s.name + "[...] or [...]");
     Spec spec;
     try {
-      // The spec's own tensor name may be the statement's (w_in[D, F_X]) or absent ([D, F_X]);
-      // names with '_' are not spec names, so the brackets are parsed alone.
-      const std::size_t open = text.find('[');
-      const std::string name = open == std::string::npos ? "" : text.substr(0, open);
-      if (open == std::string::npos) bad("expected the tensor's letters in brackets, e.g. " + s.name + join(letters));
-      std::string trimmed = name;
-      trimmed.erase(std::remove(trimmed.begin(), trimmed.end(), ' '), trimmed.end());
-      if (!trimmed.empty() && trimmed != s.name)
-        bad("it names tensor '" + trimmed + "'; write " + s.name + "[...] or [...]");
       spec = parse_spec(text.substr(open), graph_.mesh);
     } catch (const InputError& e) {
-      if (e.headline().rfind("spec '", 0) == 0) throw;
       // parse_spec's own message names the spec and the rule.
       if (at.line == 0) throw InputError(e.headline() + " (in " + field("spec") + " for '" + s.name + "')");
       fail(at, e.headline(), len);

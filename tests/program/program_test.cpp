@@ -173,6 +173,10 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
        "one dimension; did you mean [I_X, J]?"},
       {"input a[I, J] : a[J, I]\nb[I, J] = relu(a)\n",
        "t.prog:3:17: spec 'a[J, I]' of 'a': its letters [J, I] are not the tensor's [I, J] in order"},
+      {"input a[I, J] : c[I_X, J]\nb[I, J] = relu(a)\n",
+       "t.prog:3:17: spec 'c[I_X, J]' of 'a': it names tensor 'c'; write a[...] or [...]"},
+      {"input a[I, J] : a I_X, J\nb[I, J] = relu(a)\n",
+       "t.prog:3:17: spec 'a I_X, J' of 'a': expected the tensor's letters in brackets, e.g. a[I, J]"},
       {"input a[I, J]\nb[I, J] = relu(a)\nb[I, J] = relu(b)\n",
        "t.prog:5:1: 'b' is defined twice (first at line 4); a tensor is defined once, except a value a repeat block "
        "carries to its next iteration"},
