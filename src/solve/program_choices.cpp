@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
 #include <exception>
 #include <functional>
 #include <map>
@@ -239,13 +240,19 @@ class OpRecorder {
       s.tensor.clear();
       return format_spec(s, g_.mesh);
     };
+    // A constant in full (to_string keeps six decimals: 0.0883883 for two different scales).
+    const auto exact = [](double x) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%a", x);
+      return std::string(text);
+    };
     const auto letters = [](const program::Tensor& t) {
       std::string out;
       for (const std::string& l : t.letters) out += l + ",";
       return out;
     };
     std::string key = std::string(program::to_string(op.op.kind)) + " " + op.op.function + " " + op.op.over + " " +
-                      std::to_string(op.op.constant) + " " + std::to_string(op.op.top);
+                      exact(op.op.constant) + " " + std::to_string(op.op.top);
     for (const std::string& l : op.op.from) key += " <" + l;
     for (const std::string& l : op.op.to) key += " >" + l;
     for (int x : op.operands) {
