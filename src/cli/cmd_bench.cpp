@@ -105,7 +105,7 @@ std::function<int(std::ostream&)> add_collectives(CLI::App& bench) {
   app->add_option("--sizes", flags->sizes,
                   "array sizes per rank: LO:HI doubles from LO to HI, or a list, e.g. --sizes 1MiB:64MiB, --sizes "
                   "16MiB,64MiB (default 1KiB:64MiB)");
-  add_dtype_flag(*app, flags->dtype);
+  add_dtype_flag(*app, flags->dtype, "f32");
   app->add_option("--trials", flags->trials, "timed trials per size; the median is reported, e.g. --trials 9");
   app->add_flag("--check", flags->check,
                 "time the collectives with the mpi backend's agreement check on, as `run` has it (off by default "

@@ -226,7 +226,7 @@ Command add_check_command(CLI::App& root) {
   add_mesh_flag(*app, flags->args.mesh);
   add_split_flag(*app, flags->args.split);
   add_dims_flag(*app, flags->args.dims, false);
-  add_dtype_flag(*app, flags->args.dtype);
+  add_dtype_flag(*app, flags->args.dtype, "bf16");
   add_json_flag(*app, flags->json);
   app->footer(std::string(kNotationHint) +
               "\n\nExamples:\n"

@@ -409,7 +409,7 @@ Command add_program_command(CLI::App& root) {
   app->add_option("--trace", flags->trace,
                   "write device 0's step as a Chrome trace (Perfetto): the predicted timeline, or with --run the "
                   "measured one, e.g. --trace step.json");
-  add_dtype_flag(*app, input.common.dtype);
+  add_dtype_flag(*app, input.common.dtype, kProgramDTypeRule);
   add_hw_flag(*app, input.common.hw);
   add_json_flag(*app, input.common.json);
   app->footer(
@@ -417,8 +417,8 @@ Command add_program_command(CLI::App& root) {
       "broadcasting by letter, reductions, softmax and norms over a letter, reshapes, repeat blocks and a loss.\n"
       "Each tensor's sharding is pinned (in the file or by --spec) or follows from its op; every reshard an op\n"
       "needs is listed under it with the reason. Exit status: 0 (verified, with --run), 2 bad input, 3 wrong\n"
-      "result. Defaults: --dtype bf16 (f64 with --run), --hw calibrated when 'shardmm calibrate' has written a\n"
-      "profile, else h100.\n\n"
+      "result. Defaults: --dtype f64 with --run (else f32 on a calibrated profile, else bf16), --hw calibrated\n"
+      "when 'shardmm calibrate' has written a profile, else h100.\n\n"
       "Examples:\n"
       "  shardmm program examples/programs/mlp.prog\n"
       "  shardmm program examples/programs/mlp.prog --mesh X=2 --dims B=2,T=4,D=8,F=16 --run\n"

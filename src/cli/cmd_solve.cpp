@@ -356,7 +356,7 @@ Command add_solve_command(CLI::App& root) {
   app->add_option("--time-limit", flags->seconds,
                   "each integer program's time limit in seconds (default 60); past "
                   "it the answer says its proven gap, e.g. --time-limit 10");
-  add_dtype_flag(*app, input.common.dtype);
+  add_dtype_flag(*app, input.common.dtype, kProgramDTypeRule);
   add_hw_flag(*app, input.common.hw);
   add_json_flag(*app, input.common.json);
   app->footer(

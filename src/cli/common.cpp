@@ -41,10 +41,12 @@ void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool require
   if (required) option->required();
 }
 
-void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype) {
-  add_optional(app, "--dtype", dtype,
-               "element type: bf16, f16, f32 or f64, e.g. --dtype f32 (default: f32 where data is computed or the "
-               "profile is calibrated, else bf16)");
+void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype, std::string_view default_rule) {
+  // A command that computes data presets its dtype; a planning one takes make_planning's rule.
+  const std::string rule = !default_rule.empty() ? std::string(default_rule)
+                           : dtype               ? *dtype
+                                                 : "f32 on a calibrated profile (measured on this machine), else bf16";
+  add_optional(app, "--dtype", dtype, "element type: bf16, f16, f32 or f64, e.g. --dtype f32 (default: " + rule + ")");
 }
 
 void add_hw_flag(CLI::App& app, std::optional<std::string>& hw) {

@@ -69,7 +69,9 @@ inline constexpr DType kDefaultDType = DType::bf16;
 void add_mesh_flag(CLI::App& app, std::string& mesh);
 void add_split_flag(CLI::App& app, std::string& split);
 void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool required);
-void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype);
+// `default_rule` says what the command takes without --dtype; empty: the preset value of
+// `dtype`, else make_planning's (f32 on a calibrated profile, else bf16).
+void add_dtype_flag(CLI::App& app, std::optional<std::string>& dtype, std::string_view default_rule = {});
 void add_hw_flag(CLI::App& app, std::optional<std::string>& hw);
 void add_json_flag(CLI::App& app, bool& json);
 // All of the above (--split too) plus --mem-limit and --show.

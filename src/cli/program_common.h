@@ -18,6 +18,10 @@
 
 namespace shardmm::cli {
 
+// What `program` and `solve` compute in without --dtype (bind_program): a run's verification
+// wants f64; a prediction takes make_planning's rule.
+inline constexpr const char* kProgramDTypeRule = "f64 with --run; else f32 on a calibrated profile, else bf16";
+
 // The flags `program` and `solve` share, as values.
 struct ProgramInput {
   std::string file;                 // the program file; with `text`, the name messages and documents give it
