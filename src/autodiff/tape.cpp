@@ -141,7 +141,7 @@ Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a
     ev.measured.start_s = start;
     ev.measured.end_s = seconds();
   }
-  if (phase == Phase::backward && !regathering && !merging && !units.empty()) {
+  if (phase == Phase::backward && !regathering && !units.empty()) {
     units.back().transient = std::max(units.back().transient, held_bytes(out, shape));
   }
   events.push_back(std::move(ev));
@@ -194,9 +194,11 @@ void Tape::Impl::accumulate(int id, Value grad) {
   grad.spec.tensor = "d" + n.value.spec.tensor;
   // Every contribution is first brought to the value's dimension sharding (the reshard is the
   // contributing op's, decided by it alone); the contributions then add up as partial sums
-  // over the union of their unreduced axes, which costs nothing (to_partial is local). A
-  // value's gradient thus reaches its producer in the value's layout, partial over exactly the
-  // axes some consumer left it partial over, whatever order they ran in (solve/ relies on it).
+  // over the union of their unreduced axes, which takes no step: a contribution not pending
+  // over some of those axes is added where to_partial would keep it (group rank 0 over them)
+  // and nowhere else. A value's gradient thus reaches its producer in the value's layout,
+  // partial over exactly the axes some consumer left it partial over, whatever order they ran
+  // in, and each contribution costs what its op costs alone (solve/ relies on both).
   Spec whole;
   whole.tensor = grad.spec.tensor;
   whole.dims = n.value.spec.dims;
@@ -227,19 +229,28 @@ void Tape::Impl::accumulate(int id, Value grad) {
     if (!contains(target.unreduced, a)) target.unreduced.push_back(a);
   }
   std::sort(target.unreduced.begin(), target.unreduced.end());
-  // Adding a contribution is no op's transient (an op costed alone never adds one: solve/).
-  merging = true;
-  const Value x = reshard(have, target, n.shape);
-  const Value y = reshard(grad, target, n.shape);
-  merging = false;
   Value sum{target, nullptr};
   if (!symbolic()) {
+    const auto kept_here = [&](const Spec& s) {
+      AxisList missing;
+      for (int a : target.unreduced) {
+        if (!contains(s.unreduced, a)) missing.push_back(a);
+      }
+      return missing.empty() || mesh.group_rank(device(), missing) == 0;
+    };
     auto data = make_shard(target, n.shape);
-    std::memcpy(data->data(), x.data->data(), static_cast<std::size_t>(x.data->buffer().bytes()));
-    if (options.dtype == DType::f32) {
-      add_into(data->buffer().as<float>(), y.data->buffer().as<float>(), data->elements());
+    const auto bytes = static_cast<std::size_t>(data->buffer().bytes());
+    if (kept_here(have.spec)) {
+      std::memcpy(data->data(), have.data->data(), bytes);
     } else {
-      add_into(data->buffer().as<double>(), y.data->buffer().as<double>(), data->elements());
+      std::memset(data->data(), 0, bytes);
+    }
+    if (kept_here(grad.spec)) {
+      if (options.dtype == DType::f32) {
+        add_into(data->buffer().as<float>(), grad.data->buffer().as<float>(), data->elements());
+      } else {
+        add_into(data->buffer().as<double>(), grad.data->buffer().as<double>(), data->elements());
+      }
     }
     sum.data = std::move(data);
   }

@@ -84,7 +84,6 @@ struct Tape::Impl {
   std::vector<ForwardOp> ops;
   std::vector<BackwardUnit> units;
   bool regathering = false;  // a regather's step is no transient: its node counts it
-  bool merging = false;      // nor are the steps that bring two contributions to one layout
   Phase phase = Phase::forward;
   int scope = -1;  // the label of what is recorded now (tape.h: set_scope)
   bool backward_done = false;
