@@ -441,7 +441,7 @@ void add_runs(ProgramChoices& c, const std::map<std::pair<int, int>, std::vector
 // variables' bytes, and each op's own figures (kept values, transients) from its factor.
 void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& options,
                   const std::vector<int>& factor_of, const std::map<int, int>& shared_of_var,
-                  const std::vector<int>& reduce_factor) {
+                  const std::vector<int>& reduce_factors) {
   const bool train = options.train && g.loss >= 0;
   const auto ops = static_cast<int>(g.ops.size());
   // By tensor: the last op reading it, and the last one on the loss path (its gradient's first).
@@ -506,13 +506,12 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
     runs[{1, factor_of[static_cast<std::size_t>(k)]}].push_back(std::move(terms));
   }
   add_runs(c, runs);
-  // Each leaf's reduction (one point per leaf variable: its copies' points are alike), then the update.
+  // Each leaf's reduction (one point per reduction factor: the copies' points are alike), then the update.
   Terms reduced = base;
   leaf_gradients(reduced, 0);
-  for (std::size_t v = 0; v < reduce_factor.size(); ++v) {
-    if (reduce_factor[v] < 0) continue;
+  for (int f : reduce_factors) {
     Terms terms = reduced;
-    ++terms.figure[{reduce_factor[v], 0}];
+    ++terms.figure[{f, 0}];
     c.problem.points.push_back(terms.point());
   }
   Terms update = base;
@@ -600,22 +599,34 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
 
   // Gradient variables: the axes a differentiated tensor's gradient is partial over when it
   // reaches its producer (a leaf: its reduction), as a bit mask. Its readers each leave it
-  // partial over some axes (their recordings say which); it is partial over their union.
+  // partial over some axes (their recordings say which); it is partial over their union. A
+  // repeat's copies of a tensor share one when the same statements read them: the value the
+  // last iteration carries out, read by what follows the block, has its own.
   const int tensor_vars = static_cast<int>(c.values.size());
   const int masks = 1 << g.mesh.rank();
-  std::vector<int> readers(static_cast<std::size_t>(tensor_vars), 0);
+  std::map<std::string, int> gradient_by_key;
+  std::vector<int> readers;  // by gradient variable, from tensor_vars: the ops reading each copy
+  c.gradient_var.assign(g.tensors.size(), -1);
+  int next_var = tensor_vars;
   for (std::size_t t = 0; t < g.tensors.size(); ++t) {
     std::set<int> ops;
     for (int k : g.tensors[t].consumers) {
       if (c.on_loss_path[static_cast<std::size_t>(k)]) ops.insert(k);
     }
-    int& r = readers[static_cast<std::size_t>(c.var_of_tensor[t])];
-    r = std::max(r, static_cast<int>(ops.size()));
-  }
-  c.gradient_var.assign(static_cast<std::size_t>(tensor_vars), -1);
-  int next_var = tensor_vars;
-  for (int v = 0; v < tensor_vars; ++v) {
-    if (readers[static_cast<std::size_t>(v)] > 0) c.gradient_var[static_cast<std::size_t>(v)] = next_var++;
+    if (ops.empty()) continue;
+    std::vector<std::string> statements;
+    for (int k : ops)
+      statements.push_back(
+          group_key(g.tensors[static_cast<std::size_t>(g.ops[static_cast<std::size_t>(k)].result)].name));
+    std::sort(statements.begin(), statements.end());
+    std::string key = std::to_string(c.var_of_tensor[t]);
+    for (const std::string& s : statements) key += " " + s;
+    const auto [it, added] = gradient_by_key.emplace(key, next_var);
+    if (added) {
+      ++next_var;
+      readers.push_back(static_cast<int>(ops.size()));
+    }
+    c.gradient_var[t] = it->second;
   }
   const auto add_var = [](std::vector<int>& vars, int v) {
     if (v >= 0 && std::find(vars.begin(), vars.end(), v) == vars.end()) vars.push_back(v);
@@ -639,11 +650,13 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     for (int x : op.operands) {
       if (std::find(operands.begin(), operands.end(), x) == operands.end()) operands.push_back(x);
     }
-    std::string key = group_key(g.tensors[static_cast<std::size_t>(op.result)].name) + (c.on_loss_path[k] ? "+" : "-");
+    // The copies of a statement share a factor when their specs' and gradients' variables agree.
+    std::string key = group_key(g.tensors[static_cast<std::size_t>(op.result)].name) + (c.on_loss_path[k] ? "+" : "-") +
+                      std::to_string(c.gradient_var[static_cast<std::size_t>(op.result)]);
     std::vector<int> vars;
     for (int x : operands) {
       vars.push_back(c.var_of_tensor[static_cast<std::size_t>(x)]);
-      key += " " + std::to_string(vars.back());
+      key += " " + std::to_string(vars.back()) + "/" + std::to_string(c.gradient_var[static_cast<std::size_t>(x)]);
     }
     OpFactor& f = factors[key];
     if (f.count++ == 0) {
@@ -654,8 +667,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       for (int v : vars) add_var(f.factor.vars, v);
       add_var(f.factor.vars, f.result_var);
       if (c.on_loss_path[k]) {
-        add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(f.result_var)]);
-        for (int v : vars) add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(v)]);
+        add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(op.result)]);
+        for (int x : operands) add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(x)]);
       }
     }
     factor_of_op.push_back(key);
@@ -686,7 +699,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       const bool choice_result = !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
                                  (result.pinned || c.chosen[static_cast<std::size_t>(f.result_var)]);
       const bool differentiated = c.on_loss_path[k] != 0;
-      const int result_gradient = c.gradient_var[static_cast<std::size_t>(f.result_var)];
+      const int result_gradient = c.gradient_var[static_cast<std::size_t>(g.ops[k].result)];
       std::vector<std::optional<int>> result_partials;
       if (!differentiated) {
         result_partials = {std::nullopt};
@@ -799,14 +812,14 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         std::vector<std::pair<int, std::vector<int>>> operand_partials;
         if (differentiated) {
           for (std::size_t i = 0; i < f.operands.size(); ++i) {
-            const int v = f.operand_vars[i];
-            const int gv = c.gradient_var[static_cast<std::size_t>(v)];
+            const int gv = c.gradient_var[static_cast<std::size_t>(f.operands[i])];
             if (gv < 0) continue;
             const int left = cost.operand_partial[i];
             const int used = used_mask(specs[i]);
             std::vector<int> allowed;
             for (int mask = 0; mask < masks; ++mask) {
-              const bool fits = readers[static_cast<std::size_t>(v)] > 1 ? (mask & left) == left : mask == left;
+              const bool fits =
+                  readers[static_cast<std::size_t>(gv - tensor_vars)] > 1 ? (mask & left) == left : mask == left;
               if (fits && !(mask & used)) allowed.push_back(mask);
             }
             operand_partials.push_back({gv, allowed});
@@ -906,7 +919,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
   }
   for (int v = tensor_vars; v < next_var; ++v)
     c.problem.value_bytes[static_cast<std::size_t>(v)].assign(static_cast<std::size_t>(masks), 0);
-  std::vector<int> reduce_factor(c.values.size(), -1);  // by leaf variable
+  std::vector<int> reduce_factors;  // a leaf's gradient reductions
   // Leaves: the value, its gradient (train), Adam's two moments (params); and reducing the
   // gradient into the leaf's spec from the axes its readers left it partial over.
   for (std::size_t v = 0; v < c.values.size(); ++v) {
@@ -924,24 +937,30 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
                            {}});
     }
     c.problem.factors.push_back(std::move(f));
-    const int gv = c.gradient_var[v];
-    if (gv < 0) continue;
-    Factor reduce;
-    reduce.vars = {static_cast<int>(v), gv};
-    for (std::size_t i = 0; i < c.values[v].size(); ++i) {
-      const int used = used_mask(c.values[v][i]);
-      for (int mask = 0; mask < masks; ++mask) {
-        if (mask & used) continue;
-        const auto [time, largest] = recorder.reduce(t, c.values[v][i], mask);
-        reduce.entries.push_back({{static_cast<int>(i), mask}, time * copies[v], 0, {}, {largest}});
-      }
+    // One reduction per gradient variable of the leaf's copies (they share one unless other
+    // statements read them), its time times the copies that have it.
+    std::map<int, int> copies_of_gradient;
+    for (std::size_t x = 0; x < g.tensors.size(); ++x) {
+      if (c.var_of_tensor[x] == static_cast<int>(v) && c.gradient_var[x] >= 0) ++copies_of_gradient[c.gradient_var[x]];
     }
-    reduce_factor[v] = static_cast<int>(c.problem.factors.size());
-    c.problem.factors.push_back(std::move(reduce));
+    for (const auto& [gv, n] : copies_of_gradient) {
+      Factor reduce;
+      reduce.vars = {static_cast<int>(v), gv};
+      for (std::size_t i = 0; i < c.values[v].size(); ++i) {
+        const int used = used_mask(c.values[v][i]);
+        for (int mask = 0; mask < masks; ++mask) {
+          if (mask & used) continue;
+          const auto [time, largest] = recorder.reduce(t, c.values[v][i], mask);
+          reduce.entries.push_back({{static_cast<int>(i), mask}, time * n, 0, {}, {largest}});
+        }
+      }
+      reduce_factors.push_back(static_cast<int>(c.problem.factors.size()));
+      c.problem.factors.push_back(std::move(reduce));
+    }
   }
   std::vector<int> factor_of(g.ops.size());
   for (std::size_t k = 0; k < g.ops.size(); ++k) factor_of[k] = factor_index.at(factor_of_op[k]);
-  add_timeline(c, g, options, factor_of, shared_of_var, reduce_factor);
+  add_timeline(c, g, options, factor_of, shared_of_var, reduce_factors);
   c.evaluations = recorder.recordings();
   return c;
 }

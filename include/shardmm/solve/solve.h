@@ -47,9 +47,9 @@ struct ProgramChoices {
   std::vector<char> chosen;        // by variable: a choice (leaf or einsum result), not
                                    // a consequence of its op
   std::vector<char> on_loss_path;  // by graph op: differentiated (train)
-  // By tensor variable: the variable (after the tensor variables) holding the mesh axes its
+  // By graph tensor: the variable (after the tensor variables) holding the mesh axes its
   // gradient is partial over when it reaches its producer or its reduction (a bit mask), or
-  // -1 when it gets no gradient.
+  // -1 when it gets no gradient. A repeat's copies share one where the same statements read them.
   std::vector<int> gradient_var;
   std::int64_t evaluations = 0;  // distinct op recordings that filled the factors
 };
