@@ -119,6 +119,7 @@ struct Executor::Impl {
   DType dtype;
   std::int64_t me;
   std::vector<StepState> states;
+  const DistTensor* result = nullptr;  // the latest run's
   std::vector<TraceEvent> events;
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
@@ -681,7 +682,18 @@ struct Executor::Impl {
       current[multiplies(step.op) ? 2 : step.operand] = &st.out;
     }
     const bool matmul = current[2] != nullptr;
-    return matmul ? *current[2] : *current[0];
+    result = matmul ? current[2] : current[0];
+    return *result;
+  }
+
+  DistTensor release() {
+    for (StepState& st : states) {
+      if (result == &st.out) {
+        result = nullptr;
+        return std::move(st.out);
+      }
+    }
+    throw UsageError("Executor::release: no step of this run made its result (run first, and once per release)");
   }
 };
 
@@ -690,6 +702,8 @@ Executor::Executor(Communicator& comm, const Plan& plan, const DimSizes& sizes, 
 Executor::~Executor() = default;
 
 const DistTensor& Executor::run(const DistTensor& a, const DistTensor* b) { return impl_->run(a, b); }
+
+DistTensor Executor::release() { return impl_->release(); }
 
 const std::vector<TraceEvent>& Executor::trace() const { return impl_->events; }
 

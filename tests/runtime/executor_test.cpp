@@ -18,6 +18,7 @@
 #include "plan/steps.h"
 #include "random_cases.h"
 #include "sampled_candidates.h"
+#include "shardmm/core/error.h"
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/executor.h"
@@ -114,6 +115,27 @@ TEST(ExecutorTest, SeedsCaseThreeOnFourRanks) {
                                        dense_tensor(mesh, c.b, {10, 5}, 2), {"I", "K"}, sizes);
     EXPECT_EQ(r.global, expected) << plan.description;
   }
+}
+
+// A released result is the run's, moved out; the executor has no result left to give.
+TEST(ExecutorTest, ReleaseMovesTheResultOut) {
+  const Mesh mesh = Mesh::parse("X=2");
+  const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I, K]", mesh);
+  const DimSizes sizes = parse_dims("I=3,J=4,K=5");
+  const MatmulPlanning p = plan_matmul(mesh, c, sizes, options(DType::f64));
+  const Plan& plan = p.candidates.at(static_cast<std::size_t>(p.chosen));
+  run_threads(mesh, [&](Communicator& comm) {
+    const std::int64_t me = comm.rank();
+    const DistTensor a = DistTensor::filled(mesh, me, c.a, {3, 4}, DType::f64, generator(1));
+    const DistTensor b = DistTensor::filled(mesh, me, c.b, {4, 5}, DType::f64, generator(2));
+    Executor exec(comm, plan, sizes, DType::f64);
+    const DistTensor ran = copy_of(mesh, exec.run(a, &b));
+    const DistTensor released = exec.release();
+    EXPECT_EQ(released.spec(), ran.spec());
+    ASSERT_EQ(released.buffer().bytes(), ran.buffer().bytes());
+    EXPECT_EQ(std::memcmp(released.data(), ran.data(), static_cast<std::size_t>(ran.buffer().bytes())), 0);
+    EXPECT_THROW(exec.release(), UsageError);
+  });
 }
 
 // Runs `plan` with real-valued (not integer) inputs, so that the order of additions shows

@@ -49,6 +49,10 @@ class Executor {
   // specs must be the plan's starting layouts. The result lives in the executor and
   // is overwritten by the next run.
   const DistTensor& run(const DistTensor& a, const DistTensor* b = nullptr);
+  // Moves the latest run's result out, for a caller that keeps it and drops the executor (the
+  // autodiff tape) without copying it; the executor must not run again. UsageError when no
+  // step made the result (a plan without steps returns its input).
+  DistTensor release();
 
   // The events of the latest run, in order.
   const std::vector<TraceEvent>& trace() const;
