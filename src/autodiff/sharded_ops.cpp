@@ -179,6 +179,21 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
       });
 }
 
+Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options) {
+  const MatmulPlanning planning = plan_matmul(mesh, c, sizes, options);
+  // The tape records steps one at a time, so a collective matmul ring is no step of its.
+  const auto ringless = [](const Plan& p) {
+    return std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
+  };
+  if (planning.chosen >= 0 && ringless(planning.candidates[static_cast<std::size_t>(planning.chosen)])) {
+    return planning.candidates[static_cast<std::size_t>(planning.chosen)];
+  }
+  for (const Plan& p : planning.candidates) {
+    if (p.fits_memory && ringless(p)) return p;
+  }
+  throw InputError("planned_einsum: no plan for " + format_contraction(c, mesh));
+}
+
 Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep_b) {
   Tape& tape = same_tape(a, b, "planned_einsum");
   Tape::Impl& t = tape.impl();
@@ -191,21 +206,7 @@ Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep
   for (const DimSpec& d : out.dims) c.out_dims.push_back(d.name);
   check_letters(t.mesh, c.a, c.b, c.out_dims);
   const DimSizes sizes = letter_sizes(t.mesh, c.a, a.shape(), c.b, b.shape());
-  const auto make_plan = [&] {
-    const MatmulPlanning planning = plan_matmul(t.mesh, c, sizes, t.plan_options);
-    // The tape records steps one at a time, so a collective matmul ring is no step of its; the
-    // planner's choice when it has none, else the cheapest candidate without one.
-    const auto ringless = [](const Plan& p) {
-      return std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
-    };
-    if (planning.chosen >= 0 && ringless(planning.candidates[static_cast<std::size_t>(planning.chosen)])) {
-      return planning.candidates[static_cast<std::size_t>(planning.chosen)];
-    }
-    for (const Plan& p : planning.candidates) {
-      if (p.fits_memory && ringless(p)) return p;
-    }
-    throw InputError("planned_einsum: no plan for " + format_contraction(c, t.mesh));
-  };
+  const auto make_plan = [&] { return tape_plan(t.mesh, c, sizes, t.plan_options); };
   std::string key;
   if (t.options.plans) {
     key = format_contraction(c, t.mesh) + " " + to_string(t.plan_options.dtype);

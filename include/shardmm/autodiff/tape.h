@@ -53,7 +53,9 @@
 
 #include "shardmm/core/mesh.h"
 #include "shardmm/core/spec.h"
+#include "shardmm/core/contraction.h"
 #include "shardmm/plan/cost.h"
+#include "shardmm/plan/planner.h"
 #include "shardmm/plan/step.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/executor.h"
@@ -258,6 +260,9 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims);
 // without one runs instead. `keep_a` and `keep_b`: how each operand's all_gathers keep their
 // output for the backward pass (regathered: FSDP's weights, gathered again in backward).
 Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a = Gathered::kept, Gathered keep_b = Gathered::kept);
+// The plan planned_einsum records for `c`: plan_matmul's choice when it has no ring, else its
+// cheapest candidate without one that fits (InputError when none does).
+Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options);
 
 // The collectives (plan/step.h's transitions), each one step.
 //   all_gather(x, d, G)        [.., D_{P G}, ..]  -> [.., D_P, ..]    G a suffix of d's axes
