@@ -173,8 +173,7 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
 
   const EventTimes t = event_times(pred.events);
   out << "\nPredicted time on " << p.options.hw.name << ": " << event_times_text(t) << " = "
-      << format_time(t.comm + t.compute()) << " (serialized, no overlap; local: elementwise ops, norms and the "
-      << "update, as memory traffic)\n";
+      << format_time(t.comm + t.compute()) << " (serialized, no overlap)\n";
   if (step) {
     const Verification& v = step->verification;
     out << "\nRun (" << f.backend << ", " << m.mesh.device_count()

@@ -187,8 +187,7 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
   // Each op with what it ran, forward and backward; then the leaves' gradients.
   std::map<int, std::vector<const autodiff::TapeEvent*>> by_op;
   for (const autodiff::TapeEvent& e : pred.events) by_op[e.scope].push_back(&e);
-  out << "\nOps, with every step they run (bytes: the most any device sends, or reads and writes in its own "
-         "memory; times predicted):\n";
+  out << "\nOps, with every step they run (bytes: the most any device sends, or moves in memory; times predicted):\n";
   for (std::size_t k = 0; k < g.ops.size(); ++k) {
     const program::GraphOp& op = g.ops[k];
     out << "  line " << op.where.line << "  "
