@@ -35,8 +35,8 @@ int dim_index(const Spec& spec, std::string_view dim, const Mesh& mesh, const ch
 }
 
 LocalWork& LocalWork::pass(const Spec& spec, const Shape& shape, int times) {
-  bytes_ = checked_add(bytes_, checked_mul(times, t_.block_bytes(spec, shape), "a local op's bytes"),
-                       "a local op's bytes");
+  bytes_ =
+      checked_add(bytes_, checked_mul(times, t_.block_bytes(spec, shape), "a local op's bytes"), "a local op's bytes");
   return *this;
 }
 
@@ -145,7 +145,7 @@ Var unary(Var x, Activation f) {
   LocalWork work(t, name(f), spec.tensor);
   Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, [f](double v, double) { return apply(f, v); });
   work.pass(nx.value.spec, nx.shape).pass(y.spec, nx.shape).finish();  // x read, y written
-  t.node(x).saved = t.node(x).saved || t.node(x).requires_grad;  // another reader may keep it already
+  t.node(x).saved = t.node(x).saved || t.node(x).requires_grad;        // another reader may keep it already
   const Shape shape = nx.shape;
   return t.add_node(tape, std::move(y), shape, {x.id()}, [f](Tape::Impl& impl, const Node& self, const Value& grad) {
     const int ix = self.inputs[0];
@@ -183,26 +183,27 @@ Var scaled_sum(Var x, double scale, const char* op) {
     y.data = std::move(out);
   }
   work.pass(nx.value.spec, nx.shape).pass(y.spec, {}).finish();
-  return t.add_node(tape, std::move(y), {}, {x.id()}, [scale, op](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const int ix = self.inputs[0];
-    const Node& nx = impl.node(ix);
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    LocalWork work(impl, op, "d" + self.value.spec.tensor);
-    Value dx{nx.value.spec, nullptr};
-    dx.spec.unreduced = g.spec.unreduced;
-    if (g.data) {
-      auto out = impl.make_shard(dx.spec, nx.shape);
-      with_type(impl.options.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        const T v = static_cast<T>(in<T>(g)[0] * scale);
-        T* dst = out->buffer().as<T>();
-        for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = v;
-      });
-      dx.data = std::move(out);
-    }
-    work.pass(g.spec, {}).pass(dx.spec, nx.shape).finish();
-    impl.accumulate(ix, std::move(dx));
-  });
+  return t.add_node(tape, std::move(y), {}, {x.id()},
+                    [scale, op](Tape::Impl& impl, const Node& self, const Value& grad) {
+                      const int ix = self.inputs[0];
+                      const Node& nx = impl.node(ix);
+                      const Value g = impl.align(grad, self.value.spec, self.shape);
+                      LocalWork work(impl, op, "d" + self.value.spec.tensor);
+                      Value dx{nx.value.spec, nullptr};
+                      dx.spec.unreduced = g.spec.unreduced;
+                      if (g.data) {
+                        auto out = impl.make_shard(dx.spec, nx.shape);
+                        with_type(impl.options.dtype, [&](auto* type) {
+                          using T = std::remove_pointer_t<decltype(type)>;
+                          const T v = static_cast<T>(in<T>(g)[0] * scale);
+                          T* dst = out->buffer().as<T>();
+                          for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = v;
+                        });
+                        dx.data = std::move(out);
+                      }
+                      work.pass(g.spec, {}).pass(dx.spec, nx.shape).finish();
+                      impl.accumulate(ix, std::move(dx));
+                    });
 }
 
 }  // namespace

@@ -392,46 +392,45 @@ Var binary(Var a, Var b, BinaryOp op, const std::vector<std::string>& out_dims) 
     t.node(a).saved = t.node(a).saved || b_grad;
     t.node(b).saved = t.node(b).saved || a_grad;
   }
-  return t.add_node(tape, std::move(y), shape, {a.id(), b.id()},
-                    [op](Tape::Impl& impl, const Node& self, const Value& grad) {
-                      const int ia = self.inputs[0], ib = self.inputs[1];
-                      // Both operands' gradients are computed (one local step) before either is
-                      // accumulated (which may move it).
-                      std::vector<std::pair<int, Value>> out;
-                      if (op == BinaryOp::mul) {
-                        const Value g = impl.align(grad, self.value.spec, self.shape);
-                        std::vector<std::pair<int, const Value*>> targets;
-                        for (const auto& [target, other] : {std::pair{ia, ib}, std::pair{ib, ia}}) {
-                          if (impl.node(target).requires_grad) targets.emplace_back(target, &impl.saved_value(other));
-                        }
-                        LocalWork work(impl, name(op), "d" + self.value.spec.tensor);
-                        for (const auto& [target, other] : targets) {
-                          const Node& o = impl.node(target == ia ? ib : ia);
-                          const Value product = broadcast(impl, g.spec, self.shape, g, *other,
-                                                          [](double x, double z) { return x * z; });
-                          work.pass(g.spec, self.shape).pass(o.value.spec, o.shape).pass(g.spec, self.shape);
-                          out.emplace_back(target,
-                                           to_operand(impl, product, self.shape, impl.node(target).value.spec, work));
-                        }
-                        work.finish();
-                      } else {
-                        // Linear: the gradient is summed and negated in whatever layout it came.
-                        LocalWork work(impl, name(op), "d" + self.value.spec.tensor);
-                        if (impl.node(ia).requires_grad)
-                          out.emplace_back(ia, to_operand(impl, grad, self.shape, impl.node(ia).value.spec, work));
-                        if (impl.node(ib).requires_grad) {
-                          const Node& nb = impl.node(ib);
-                          Value gb = to_operand(impl, grad, self.shape, nb.value.spec, work);
-                          if (op == BinaryOp::sub) {
-                            gb = elementwise(impl, gb.spec, nb.shape, gb, nullptr, [](double x, double) { return -x; });
-                            work.pass(gb.spec, nb.shape, 2);
-                          }
-                          out.emplace_back(ib, std::move(gb));
-                        }
-                        work.finish();
-                      }
-                      for (auto& [target, g] : out) impl.accumulate(target, std::move(g));
-                    });
+  return t.add_node(
+      tape, std::move(y), shape, {a.id(), b.id()}, [op](Tape::Impl& impl, const Node& self, const Value& grad) {
+        const int ia = self.inputs[0], ib = self.inputs[1];
+        // Both operands' gradients are computed (one local step) before either is
+        // accumulated (which may move it).
+        std::vector<std::pair<int, Value>> out;
+        if (op == BinaryOp::mul) {
+          const Value g = impl.align(grad, self.value.spec, self.shape);
+          std::vector<std::pair<int, const Value*>> targets;
+          for (const auto& [target, other] : {std::pair{ia, ib}, std::pair{ib, ia}}) {
+            if (impl.node(target).requires_grad) targets.emplace_back(target, &impl.saved_value(other));
+          }
+          LocalWork work(impl, name(op), "d" + self.value.spec.tensor);
+          for (const auto& [target, other] : targets) {
+            const Node& o = impl.node(target == ia ? ib : ia);
+            const Value product =
+                broadcast(impl, g.spec, self.shape, g, *other, [](double x, double z) { return x * z; });
+            work.pass(g.spec, self.shape).pass(o.value.spec, o.shape).pass(g.spec, self.shape);
+            out.emplace_back(target, to_operand(impl, product, self.shape, impl.node(target).value.spec, work));
+          }
+          work.finish();
+        } else {
+          // Linear: the gradient is summed and negated in whatever layout it came.
+          LocalWork work(impl, name(op), "d" + self.value.spec.tensor);
+          if (impl.node(ia).requires_grad)
+            out.emplace_back(ia, to_operand(impl, grad, self.shape, impl.node(ia).value.spec, work));
+          if (impl.node(ib).requires_grad) {
+            const Node& nb = impl.node(ib);
+            Value gb = to_operand(impl, grad, self.shape, nb.value.spec, work);
+            if (op == BinaryOp::sub) {
+              gb = elementwise(impl, gb.spec, nb.shape, gb, nullptr, [](double x, double) { return -x; });
+              work.pass(gb.spec, nb.shape, 2);
+            }
+            out.emplace_back(ib, std::move(gb));
+          }
+          work.finish();
+        }
+        for (auto& [target, g] : out) impl.accumulate(target, std::move(g));
+      });
 }
 
 Var transpose(Var x, const std::vector<std::string>& dims) {
@@ -472,7 +471,8 @@ bool can_merge_locally(const Mesh& mesh, const Spec& spec, const Shape& shape, c
 Var split_dim(Var x, std::string_view dim, const Parts& parts) {
   const Regrouped r = split_layout(x.tape().mesh(), x.spec(), x.shape(), dim, parts);
   return regroup(
-      x, r, [names = part_names(parts), dim = std::string(dim)](const Mesh& mesh, const Spec& s, const Shape& shape) {
+      x, r,
+      [names = part_names(parts), dim = std::string(dim)](const Mesh& mesh, const Spec& s, const Shape& shape) {
         return merge_layout(mesh, s, shape, names, dim);
       },
       "split_dim");

@@ -141,7 +141,8 @@ std::string axes_text(const Mesh& mesh, const Step& step) {
 std::string event_text(const Mesh& mesh, const autodiff::TapeEvent& e) {
   std::string what = op_name(e.step) + " " + e.step.tensor + axes_text(mesh, e.step);
   if (is_collective(e.step.op)) what += ", " + format_bytes(static_cast<double>(e.step.bytes_sent));
-  if (e.step.op == OpKind::local) what += ", " + format_bytes(static_cast<double>(e.step.memory_bytes)) + " read+written";
+  if (e.step.op == OpKind::local)
+    what += ", " + format_bytes(static_cast<double>(e.step.memory_bytes)) + " read+written";
   if (e.step.flops > 0) what += ", " + format_flops(e.step.flops);
   return what + ", " + format_time(e.step.time_s);
 }
@@ -204,8 +205,9 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
     for (const autodiff::TapeEvent* e : by_op[-1]) {
       if (e->phase != phase) continue;
       if (!any) {
-        out << (phase == autodiff::Phase::update ? "  the update (" + std::string(nn::to_string(report.bound.optimizer)) + ")\n"
-                                                  : std::string("  gradients delivered in the leaves' specs\n"));
+        out << (phase == autodiff::Phase::update
+                    ? "  the update (" + std::string(nn::to_string(report.bound.optimizer)) + ")\n"
+                    : std::string("  gradients delivered in the leaves' specs\n"));
       }
       any = true;
       out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";

@@ -315,9 +315,9 @@ class Recorder {
     spec.dims.push_back({out.letters.back(), {}});
     const int tokens = probs.spec().find_dim(o.from[0]), experts = probs.spec().find_dim(o.over), top = o.top;
     const std::int64_t capacity = g_.dims.at(out.letters.back());
-    return autodiff::data_from(probs, spec, out.shape, [=](const DistTensor& p, DistTensor& d) {
-      route_shard(p, tokens, experts, top, capacity, d);
-    }, "route");
+    return autodiff::data_from(
+        probs, spec, out.shape,
+        [=](const DistTensor& p, DistTensor& d) { route_shard(p, tokens, experts, top, capacity, d); }, "route");
   }
 
   // add, sub, mul with broadcasting: the operands agree letter by letter on the first
@@ -486,8 +486,8 @@ ProgramRun run_program(Communicator& comm, const Graph& g, const ProgramOptions&
             updated.buffer().as<float>()[i] = static_cast<float>(
                 updated_value(options.optimizer, w.buffer().as<float>()[i], grad.buffer().as<float>()[i], options.lr));
           } else {
-            updated.buffer().as<double>()[i] = updated_value(options.optimizer, w.buffer().as<double>()[i],
-                                                             grad.buffer().as<double>()[i], options.lr);
+            updated.buffer().as<double>()[i] =
+                updated_value(options.optimizer, w.buffer().as<double>()[i], grad.buffer().as<double>()[i], options.lr);
           }
         }
       });

@@ -185,10 +185,10 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
   }
   // Every local op's kind, forward and backward (a route's dispatch gets no gradient; the
   // loss's sum is the whole-tensor reduction the generator writes).
-  for (const char* f : {"relu",        "gelu",       "silu",       "tanh",       "exp",       "scale",
-                        "add",         "sub",        "mul",        "sum",        "reduce_sum", "reduce_mean",
-                        "reduce_max",  "softmax",    "layer_norm", "rms_norm",   "transpose", "split_dim",
-                        "merge_dims",  "rename",     "causal_mask", "route"}) {
+  for (const char* f :
+       {"relu",      "gelu",      "silu",       "tanh",        "exp",         "scale",   "add",        "sub",
+        "mul",       "sum",       "reduce_sum", "reduce_mean", "reduce_max",  "softmax", "layer_norm", "rms_norm",
+        "transpose", "split_dim", "merge_dims", "rename",      "causal_mask", "route"}) {
     EXPECT_GE((local_steps[{autodiff::Phase::forward, f}]), 1) << f << " forward";
     if (std::string(f) != "route") EXPECT_GE((local_steps[{autodiff::Phase::backward, f}]), 1) << f << " backward";
   }

@@ -114,8 +114,8 @@ struct Step {
   double time_s = 0;                // predicted (collective matmuls: overlapped, see docs/cost-model.md)
   Bound bound = Bound::none;        // which term of the model sets time_s
   // local only.
-  std::string function;            // what it computes: "gelu", "layer_norm", "adam", ...
-  std::int64_t memory_bytes = 0;   // bytes it reads plus writes in the device's memory, the most any device
+  std::string function;           // what it computes: "gelu", "layer_norm", "adam", ...
+  std::int64_t memory_bytes = 0;  // bytes it reads plus writes in the device's memory, the most any device
   // Collective matmuls only.
   int ring_operand = -1;       // all_gather_einsum: the gathered operand (0: from, 1: from_b)
   bool bidirectional = false;  // shards (all_gather_einsum) or partial sums (einsum_reduce_scatter)
