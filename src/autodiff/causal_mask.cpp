@@ -4,7 +4,7 @@
 #include <cstring>
 #include <limits>
 
-#include "autodiff/tape_impl.h"
+#include "autodiff/local_ops.h"
 #include "shardmm/core/error.h"
 
 namespace shardmm::autodiff {
@@ -62,19 +62,24 @@ Var causal_mask(Var x, std::string_view row, std::string_view col) {
   }
   const Node& nx = t.node(x);
   const Shape shape = nx.shape;
+  // Passes: the copy (x read, y written), then the mask written over y.
+  LocalWork work(t, "causal_mask", nx.value.spec.tensor);
   Value y = copy_of(t, nx.value, shape);
   if (y.data) {
     auto data = std::const_pointer_cast<DistTensor>(y.data);
     fill_above_diagonal(data, t.options.dtype, r, c, -std::numeric_limits<double>::infinity());
   }
+  work.pass(y.spec, shape, 3).finish();
   // The masked entries are constants: their gradient is zero.
   return t.add_node(tape, std::move(y), shape, {x.id()}, [r, c](Tape::Impl& impl, const Node& self, const Value& grad) {
     Value g = impl.align(grad, self.value.spec, self.shape);
+    LocalWork work(impl, "causal_mask", "d" + self.value.spec.tensor);
     Value dx = copy_of(impl, g, self.shape);
     if (dx.data) {
       auto data = std::const_pointer_cast<DistTensor>(dx.data);
       fill_above_diagonal(data, impl.options.dtype, r, c, 0.0);
     }
+    work.pass(g.spec, self.shape, 3).finish();
     impl.accumulate(self.inputs[0], std::move(dx));
   });
 }

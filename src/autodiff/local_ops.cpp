@@ -34,13 +34,34 @@ int dim_index(const Spec& spec, std::string_view dim, const Mesh& mesh, const ch
   return d;
 }
 
-Value relabeled(Tape::Impl& t, const Value& v, Spec spec, const Shape& shape) {
+LocalWork& LocalWork::pass(const Spec& spec, const Shape& shape, int times) {
+  bytes_ =
+      checked_add(bytes_, checked_mul(times, t_.block_bytes(spec, shape), "a local op's bytes"), "a local op's bytes");
+  return *this;
+}
+
+void LocalWork::split() {
+  if (bytes_ == 0) return;
+  t_.record_local(function_, tensor_, bytes_, start_);
+  recorded_ = true;
+  bytes_ = 0;
+}
+
+void LocalWork::finish() {
+  if (bytes_ > 0 || !recorded_) t_.record_local(function_, tensor_, bytes_, start_);
+  recorded_ = true;
+  bytes_ = 0;
+}
+
+Value relabeled(Tape::Impl& t, const Value& v, Spec spec, const Shape& shape, std::string function) {
+  LocalWork work(t, std::move(function), spec.tensor);
   Value out{std::move(spec), nullptr};
   if (v.data) {
     auto data = t.make_shard(out.spec, shape);
     std::memcpy(data->data(), v.data->data(), static_cast<std::size_t>(v.data->buffer().bytes()));
     out.data = std::move(data);
   }
+  work.pass(out.spec, shape, 2).finish();  // a copy: read and written
   return out;
 }
 
@@ -121,14 +142,19 @@ Var unary(Var x, Activation f) {
   const Node& nx = t.node(x);
   Spec spec = nx.value.spec;
   spec.tensor = std::string(name(f)) + "(" + nx.value.spec.tensor + ")";
+  LocalWork work(t, name(f), spec.tensor);
   Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, [f](double v, double) { return apply(f, v); });
-  t.node(x).saved = t.node(x).saved || t.node(x).requires_grad;  // another reader may keep it already
+  work.pass(nx.value.spec, nx.shape).pass(y.spec, nx.shape).finish();  // x read, y written
+  t.node(x).saved = t.node(x).saved || t.node(x).requires_grad;        // another reader may keep it already
   const Shape shape = nx.shape;
   return t.add_node(tape, std::move(y), shape, {x.id()}, [f](Tape::Impl& impl, const Node& self, const Value& grad) {
     const int ix = self.inputs[0];
     const Value g = impl.align(grad, self.value.spec, self.shape);
-    const Value dx = elementwise(impl, g.spec, self.shape, g, &impl.saved_value(ix),
-                                 [f](double gr, double v) { return gr * derivative(f, v); });
+    const Value& xv = impl.saved_value(ix);
+    LocalWork work(impl, name(f), "d" + self.value.spec.tensor);
+    const Value dx =
+        elementwise(impl, g.spec, self.shape, g, &xv, [f](double gr, double v) { return gr * derivative(f, v); });
+    work.pass(g.spec, self.shape, 3).finish();  // g and x read, dx written
     impl.accumulate(ix, std::move(dx));
   });
 }
@@ -144,6 +170,7 @@ Var scaled_sum(Var x, double scale, const char* op) {
   y.spec.unreduced = sharding_axes(nx.value.spec);
   y.spec.unreduced.insert(y.spec.unreduced.end(), nx.value.spec.unreduced.begin(), nx.value.spec.unreduced.end());
   std::sort(y.spec.unreduced.begin(), y.spec.unreduced.end());
+  LocalWork work(t, op, y.spec.tensor);
   if (nx.value.data) {
     auto out = t.make_shard(y.spec, {});
     with_type(t.options.dtype, [&](auto* type) {
@@ -155,24 +182,28 @@ Var scaled_sum(Var x, double scale, const char* op) {
     });
     y.data = std::move(out);
   }
-  return t.add_node(tape, std::move(y), {}, {x.id()}, [scale](Tape::Impl& impl, const Node& self, const Value& grad) {
-    const int ix = self.inputs[0];
-    const Node& nx = impl.node(ix);
-    const Value g = impl.align(grad, self.value.spec, self.shape);
-    Value dx{nx.value.spec, nullptr};
-    dx.spec.unreduced = g.spec.unreduced;
-    if (g.data) {
-      auto out = impl.make_shard(dx.spec, nx.shape);
-      with_type(impl.options.dtype, [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        const T v = static_cast<T>(in<T>(g)[0] * scale);
-        T* dst = out->buffer().as<T>();
-        for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = v;
-      });
-      dx.data = std::move(out);
-    }
-    impl.accumulate(ix, std::move(dx));
-  });
+  work.pass(nx.value.spec, nx.shape).pass(y.spec, {}).finish();
+  return t.add_node(tape, std::move(y), {}, {x.id()},
+                    [scale, op](Tape::Impl& impl, const Node& self, const Value& grad) {
+                      const int ix = self.inputs[0];
+                      const Node& nx = impl.node(ix);
+                      const Value g = impl.align(grad, self.value.spec, self.shape);
+                      LocalWork work(impl, op, "d" + self.value.spec.tensor);
+                      Value dx{nx.value.spec, nullptr};
+                      dx.spec.unreduced = g.spec.unreduced;
+                      if (g.data) {
+                        auto out = impl.make_shard(dx.spec, nx.shape);
+                        with_type(impl.options.dtype, [&](auto* type) {
+                          using T = std::remove_pointer_t<decltype(type)>;
+                          const T v = static_cast<T>(in<T>(g)[0] * scale);
+                          T* dst = out->buffer().as<T>();
+                          for (std::int64_t i = 0; i < out->elements(); ++i) dst[i] = v;
+                        });
+                        dx.data = std::move(out);
+                      }
+                      work.pass(g.spec, {}).pass(dx.spec, nx.shape).finish();
+                      impl.accumulate(ix, std::move(dx));
+                    });
 }
 
 }  // namespace
@@ -202,8 +233,10 @@ Var swiglu(Var gate, Var up) {
   Spec spec = na.value.spec;
   spec.tensor = "swiglu(" + na.value.spec.tensor + "," + nb.value.spec.tensor + ")";
   const auto silu_of = [](double x) { return apply(Activation::silu, x); };
+  LocalWork work(t, "swiglu", spec.tensor);
   Value y = elementwise(t, std::move(spec), na.shape, na.value, &nb.value,
                         [silu_of](double x, double z) { return silu_of(x) * z; });
+  work.pass(y.spec, na.shape, 3).finish();  // gate and up read, y written
   // dup = g silu(gate) reads gate; dgate = g up silu'(gate) reads both.
   const bool a_grad = na.requires_grad, b_grad = nb.requires_grad;
   t.node(gate).saved = t.node(gate).saved || a_grad || b_grad;
@@ -215,6 +248,7 @@ Var swiglu(Var gate, Var up) {
                       const Value g = impl.align(grad, self.value.spec, self.shape);
                       const Value& av = impl.saved_value(ia);
                       const Value& bv = impl.saved_value(ib);
+                      LocalWork work(impl, "swiglu", "d" + self.value.spec.tensor);
                       const Value slope = elementwise(impl, g.spec, self.shape, av, &bv, [](double x, double z) {
                         return z * derivative(Activation::silu, x);
                       });
@@ -223,6 +257,9 @@ Var swiglu(Var gate, Var up) {
                       const auto times = [](double x, double z) { return x * z; };
                       Value da = elementwise(impl, g.spec, self.shape, g, &slope, times);
                       Value db = elementwise(impl, g.spec, self.shape, g, &gated, times);
+                      // slope: gate, up read, written; gated: gate read, written; da and db:
+                      // g and one of them read, written.
+                      work.pass(g.spec, self.shape, 3 + 2 + 3 + 3).finish();
                       impl.accumulate(ia, std::move(da));
                       impl.accumulate(ib, std::move(db));
                     });
@@ -241,12 +278,17 @@ Var scale(Var x, double factor) {
   Spec spec = nx.value.spec;
   spec.tensor = "scale(" + nx.value.spec.tensor + ")";
   const auto times = [factor](double v, double) { return v * factor; };
+  LocalWork work(t, "scale", spec.tensor);
   Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, times);
+  work.pass(y.spec, nx.shape, 2).finish();  // x read, y written
   const Shape shape = nx.shape;
   // Linear and elementwise: the gradient scales in whatever layout it came, partial sums too.
   return t.add_node(tape, std::move(y), shape, {x.id()},
                     [times](Tape::Impl& impl, const Node& self, const Value& grad) {
-                      impl.accumulate(self.inputs[0], elementwise(impl, grad.spec, self.shape, grad, nullptr, times));
+                      LocalWork work(impl, "scale", "d" + self.value.spec.tensor);
+                      Value dx = elementwise(impl, grad.spec, self.shape, grad, nullptr, times);
+                      work.pass(grad.spec, self.shape, 2).finish();
+                      impl.accumulate(self.inputs[0], std::move(dx));
                     });
 }
 
@@ -264,26 +306,31 @@ Var rename(Var x, std::string_view from, std::string_view to) {
   validate_spec(out, t.mesh);  // the new name must be a dimension name
   const Node& nx = t.node(x);
   const Shape shape = nx.shape;
-  Value y = relabeled(t, nx.value, std::move(out), shape);
+  Value y = relabeled(t, nx.value, std::move(out), shape, "rename");
   return t.add_node(
       tape, std::move(y), shape, {x.id()},
       [from = std::string(from), to = std::string(to)](Tape::Impl& impl, const Node& self, const Value& grad) {
-        impl.accumulate(self.inputs[0], relabeled(impl, grad, renamed(grad.spec, to, from), self.shape));
+        Spec spec = renamed(grad.spec, to, from);
+        spec.tensor = "d" + self.value.spec.tensor;
+        impl.accumulate(self.inputs[0], relabeled(impl, grad, std::move(spec), self.shape, "rename"));
       });
 }
 
-Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill) {
+Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill, std::string function) {
   Tape& tape = x.tape();
   Tape::Impl& t = tape.impl();
   validate_spec(spec, t.mesh);
   require_whole(t.mesh, spec, "data_from");
   Value y{spec, nullptr};
-  if (const Node& nx = t.node(x); nx.value.data) {
+  const Node& nx = t.node(x);
+  LocalWork work(t, std::move(function), spec.tensor);
+  if (nx.value.data) {
     auto data = t.make_shard(spec, shape);
     std::memset(data->data(), 0, static_cast<std::size_t>(data->buffer().bytes()));
     fill(*nx.value.data, *data);
     y.data = std::move(data);
   }
+  work.pass(nx.value.spec, nx.shape).pass(spec, shape).finish();  // x read, the result written (zeroed)
   // No inputs: backward never reaches x through this value. A backward that does nothing
   // still makes the value an op's, which the memory timeline counts within its op.
   return t.add_node(tape, std::move(y), std::move(shape), {}, [](Tape::Impl&, const Node&, const Value&) {});

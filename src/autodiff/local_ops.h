@@ -46,6 +46,33 @@ Value elementwise(Tape::Impl& t, Spec spec, const Shape& shape, const Value& a, 
   return out;
 }
 
+// One local op's work, forward or in its backward, recorded as OpKind::local events
+// (docs/cost-model.md, "Local ops"): each pass the code makes over a block, reading it or
+// writing it, adds the block's bytes (the largest block's: Tape::Impl::block_bytes); executed
+// tapes time it. A collective inside the op (a norm's row statistics over a sharded letter)
+// ends one event and starts the next, so that no event's span holds a collective. An op
+// records one event at least, with 0 bytes where it moves none.
+class LocalWork {
+ public:
+  LocalWork(Tape::Impl& t, std::string function, std::string tensor)
+      : t_(t), function_(std::move(function)), tensor_(std::move(tensor)), start_(t.clock()) {}
+  // `times` passes over a block of `spec`.
+  LocalWork& pass(const Spec& spec, const Shape& shape, int times = 1);
+  // Before a collective: the work so far as one event (none when it moved no bytes).
+  void split();
+  // After it: the next event's clock starts.
+  void resume() { start_ = t_.clock(); }
+  // The op's last event.
+  void finish();
+
+ private:
+  Tape::Impl& t_;
+  std::string function_, tensor_;
+  double start_;
+  std::int64_t bytes_ = 0;
+  bool recorded_ = false;
+};
+
 // The spec's letters, in order.
 inline std::vector<std::string> dim_names(const Spec& spec) {
   std::vector<std::string> out;
@@ -63,8 +90,8 @@ Tape& same_tape(Var a, Var b, const char* op);
 int dim_index(const Spec& spec, std::string_view dim, const Mesh& mesh, const char* op);
 
 // A copy of `v`'s shard under another spec of the same blocks, byte for byte (renamed,
-// split or merged dimensions).
-Value relabeled(Tape::Impl& t, const Value& v, Spec spec, const Shape& shape);
+// split or merged dimensions): a local step `function` on spec's tensor, the copy's bytes.
+Value relabeled(Tape::Impl& t, const Value& v, Spec spec, const Shape& shape, std::string function);
 
 // `v` (global shape `shape`) summed over the letters not in `letters` and permuted into
 // their order, on each rank's block (shape_ops.cpp). The result keeps v's sharding of each

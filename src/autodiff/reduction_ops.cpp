@@ -80,8 +80,11 @@ Reduced reduced(const Tape::Impl& t, const Node& x, std::string_view dim, const 
 // rank's part of every row, and becomes the whole row's. An all_reduce(op) of a tensor laid
 // out as x without the dimension (`name` names it), recorded as a costed step in the tape's
 // current phase; nothing when the dimension is not sharded. Symbolic tapes record the step.
-void complete(Tape::Impl& t, const Reduced& r, ReduceOp op, const std::string& name, std::vector<double>& partial) {
+// The op's local work so far is one event, its next starts after the step.
+void complete(Tape::Impl& t, const Reduced& r, ReduceOp op, const std::string& name, std::vector<double>& partial,
+              LocalWork& work) {
   if (r.axes.empty()) return;
+  work.split();
   Spec from = r.spec;
   from.tensor = name;
   Step step = make_step(OpKind::all_reduce, from, r.axes);
@@ -103,6 +106,7 @@ void complete(Tape::Impl& t, const Reduced& r, ReduceOp op, const std::string& n
       std::copy(in<T>(out), in<T>(out) + partial.size(), partial.begin());
     });
   }
+  work.resume();
 }
 
 // A new shard of `spec` with element i of row r set to f(r, i) (executed tapes; null otherwise).
@@ -146,6 +150,7 @@ Var scaled_reduce(Var x, std::string_view dim, double scale, const char* op) {
   const Reduced r = reduced(t, nx, dim, op);
   Value y{r.spec, nullptr};
   y.spec.tensor = std::string(op) + "(" + nx.value.spec.tensor + ")";
+  LocalWork work(t, op, y.spec.tensor);
   if (nx.value.data) {
     std::vector<double> sums(stat_rows(t, r.rows), 0.0);
     for_rows(t, nx.value, r.rows,
@@ -154,12 +159,14 @@ Var scaled_reduce(Var x, std::string_view dim, double scale, const char* op) {
     y.data = fill_rows(t, y.spec, r.shape, one,
                        [&](std::int64_t row, std::int64_t) { return sums[static_cast<std::size_t>(row)] * scale; });
   }
+  work.pass(nx.value.spec, nx.shape).pass(y.spec, r.shape).finish();
   return t.add_node(tape, std::move(y), r.shape, {x.id()},
-                    [scale, d = r.dim](Tape::Impl& impl, const Node& self, const Value& grad) {
+                    [scale, op, d = r.dim](Tape::Impl& impl, const Node& self, const Value& grad) {
                       // Each element's gradient is its row's, scaled: the output gradient spread along dim.
                       const int ix = self.inputs[0];
                       const Node& nx = impl.node(ix);
                       const Value g = impl.align(grad, self.value.spec, self.shape);
+                      LocalWork work(impl, op, "d" + self.value.spec.tensor);
                       Value dx{nx.value.spec, nullptr};
                       dx.spec.unreduced = g.spec.unreduced;
                       if (g.data) {
@@ -167,6 +174,7 @@ Var scaled_reduce(Var x, std::string_view dim, double scale, const char* op) {
                         dx.data = fill_rows(impl, dx.spec, nx.shape, rows,
                                             [&](std::int64_t r, std::int64_t) { return element(impl, g, r) * scale; });
                       }
+                      work.pass(g.spec, self.shape).pass(dx.spec, nx.shape).finish();
                       impl.accumulate(ix, std::move(dx));
                     });
 }
@@ -194,12 +202,15 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
   auto mean = std::make_shared<std::vector<double>>(rows, 0.0);
   auto rstd = std::make_shared<std::vector<double>>(rows, 0.0);
   const bool data = nx.value.data != nullptr;
+  // Passes over x: its rows' sums (centered), their squared deviations, then y.
+  LocalWork work(t, op, y.spec.tensor);
   if (center) {
     if (data) {
       for_rows(t, nx.value, r.rows,
                [&](std::int64_t row, std::int64_t, double v) { (*mean)[static_cast<std::size_t>(row)] += v; });
     }
-    complete(t, r, ReduceOp::sum, y.spec.tensor + ".sum", *mean);
+    work.pass(nx.value.spec, nx.shape);
+    complete(t, r, ReduceOp::sum, y.spec.tensor + ".sum", *mean, work);
     for (double& m : *mean) m /= n;
   }
   // The squared deviations from the mean (0 for the RMS norm), summed in a second pass.
@@ -209,7 +220,8 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
       (*rstd)[static_cast<std::size_t>(row)] += dev * dev;
     });
   }
-  complete(t, r, ReduceOp::sum, y.spec.tensor + (center ? ".squared_deviations" : ".squares"), *rstd);
+  work.pass(nx.value.spec, nx.shape);
+  complete(t, r, ReduceOp::sum, y.spec.tensor + (center ? ".squared_deviations" : ".squares"), *rstd, work);
   for (double& s : *rstd) s = 1.0 / std::sqrt(s / n + eps);
   const Value* gamma = affine ? &t.node(affine->scale).value : nullptr;
   const Value* beta = affine ? &t.node(affine->bias).value : nullptr;
@@ -220,6 +232,11 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
       return gamma ? v * element(t, *gamma, r.offset + i) + element(t, *beta, r.offset + i) : v;
     });
   }
+  work.pass(nx.value.spec, nx.shape).pass(y.spec, nx.shape);
+  if (affine) {
+    for (Var p : {affine->scale, affine->bias}) work.pass(p.spec(), p.shape());
+  }
+  work.finish();
   const bool x_grad = nx.requires_grad;
   const bool needs = x_grad || (affine && t.node(affine->scale).requires_grad);
   t.node(x).saved = t.node(x).saved || needs;
@@ -233,7 +250,7 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
   const std::string name = y.spec.tensor;
   Var out = t.add_node(
       tape, std::move(y), shape, std::move(inputs),
-      [mean, rstd, center, r, name](Tape::Impl& impl, const Node& self, const Value& grad) {
+      [mean, rstd, center, r, name, op](Tape::Impl& impl, const Node& self, const Value& grad) {
         // dx = rstd (g' - mean(g') - xhat mean(g' xhat)) with g' = g scale (mean(g') dropped
         // without centering); the means over the whole row.
         const int ix = self.inputs[0];
@@ -243,6 +260,14 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
         std::vector<double> sum_g(rows, 0.0), sum_g_xhat(rows, 0.0);
         const Value* xv = g.data ? &impl.saved_value(ix) : nullptr;
         const Value* gamma = g.data && has_affine ? &impl.saved_value(self.inputs[1]) : nullptr;
+        // Passes: g and x (and the scale) for the rows' sums, again for dx written, and (with
+        // scale and bias) again for their gradients.
+        LocalWork work(impl, op, "d" + self.value.spec.tensor);
+        const Node& nx = impl.node(ix);
+        const auto read_rows = [&] {
+          work.pass(g.spec, self.shape).pass(nx.value.spec, self.shape);
+          if (has_affine) work.pass(impl.node(self.inputs[1]).value.spec, impl.node(self.inputs[1]).shape);
+        };
         const auto xhat = [&](std::int64_t row, std::int64_t i) {
           const auto k = static_cast<std::size_t>(row);
           return (element(impl, *xv, r.rows.at(row, i)) - (*mean)[k]) * (*rstd)[k];
@@ -260,14 +285,15 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
             }
           }
         }
+        read_rows();
         const double n = static_cast<double>(r.extent);
         if (center) {
-          complete(impl, r, ReduceOp::sum, "d" + name + ".sum", sum_g);
+          complete(impl, r, ReduceOp::sum, "d" + name + ".sum", sum_g, work);
           for (double& s : sum_g) s /= n;
         } else {
           std::fill(sum_g.begin(), sum_g.end(), 0.0);
         }
-        complete(impl, r, ReduceOp::sum, "d" + name + ".dot", sum_g_xhat);
+        complete(impl, r, ReduceOp::sum, "d" + name + ".dot", sum_g_xhat, work);
         for (double& s : sum_g_xhat) s /= n;
         Value dx{g.spec, nullptr};
         if (g.data) {
@@ -276,8 +302,13 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
             return (*rstd)[k] * (scaled_g(row, i) - sum_g[k] - xhat(row, i) * sum_g_xhat[k]);
           });
         }
-        impl.accumulate(ix, std::move(dx));
-        if (!has_affine) return;
+        read_rows();
+        work.pass(dx.spec, self.shape);
+        if (!has_affine) {
+          work.finish();
+          impl.accumulate(ix, std::move(dx));
+          return;
+        }
         // The parameters' gradients sum over this rank's rows and its part of dim: partial over
         // every axis that splits x (zeros outside its part of dim), and over g's own partial sums.
         const int is = self.inputs[1], ib = self.inputs[2];
@@ -303,6 +334,8 @@ Var normalize(Var x, std::string_view dim, double eps, bool center, const std::o
           dbias.data = fill_rows(impl, dparam.spec, ns.shape, whole,
                                  [&](std::int64_t, std::int64_t i) { return db[static_cast<std::size_t>(i)]; });
         }
+        work.pass(g.spec, self.shape).pass(nx.value.spec, self.shape).pass(dparam.spec, ns.shape, 2).finish();
+        impl.accumulate(ix, std::move(dx));
         impl.accumulate(is, std::move(dscale));
         impl.accumulate(ib, std::move(dbias));
       });
@@ -342,17 +375,20 @@ Var reduce_max(Var x, std::string_view dim) {
   Value y{r.spec, nullptr};
   y.spec.tensor = "reduce_max(" + nx.value.spec.tensor + ")";
   std::vector<double> peak(stat_rows(t, r.rows), kMinusInfinity);
+  LocalWork work(t, "reduce_max", y.spec.tensor);
   if (nx.value.data) {
     for_rows(t, nx.value, r.rows, [&](std::int64_t row, std::int64_t, double v) {
       double& p = peak[static_cast<std::size_t>(row)];
       p = std::max(p, v);
     });
   }
-  complete(t, r, ReduceOp::max, y.spec.tensor, peak);
+  work.pass(nx.value.spec, nx.shape);
+  complete(t, r, ReduceOp::max, y.spec.tensor, peak, work);
   y.spec.unreduced.clear();  // every member now holds the whole row's maximum
   const Rows one(Shape{r.rows.count, 1}, 1);
   y.data = fill_rows(t, y.spec, r.shape, one,
                      [&](std::int64_t row, std::int64_t) { return peak[static_cast<std::size_t>(row)]; });
+  work.pass(y.spec, r.shape).finish();
   const bool needs = nx.requires_grad;
   t.node(x).saved = t.node(x).saved || needs;
   Var out =
@@ -363,20 +399,26 @@ Var reduce_max(Var x, std::string_view dim) {
         const auto is_peak = [&](std::int64_t row, std::int64_t i) {
           return element(impl, *xv, r.rows.at(row, i)) == element(impl, self.value, row);
         };
+        // Passes: x and the maxima to count ties, then x, the maxima and g for dx written.
+        const Node& nx = impl.node(ix);
+        LocalWork work(impl, "reduce_max", "d" + self.value.spec.tensor);
+        work.pass(nx.value.spec, nx.shape).pass(self.value.spec, self.shape);
         std::vector<double> ties(stat_rows(impl, r.rows), 0.0);
         if (g.data) {
           for (std::int64_t row = 0; row < r.rows.count; ++row) {
             for (std::int64_t i = 0; i < r.rows.n; ++i) ties[static_cast<std::size_t>(row)] += is_peak(row, i) ? 1 : 0;
           }
         }
-        complete(impl, r, ReduceOp::sum, "d" + self.value.spec.tensor + ".ties", ties);
-        Value dx{impl.node(ix).value.spec, nullptr};
+        complete(impl, r, ReduceOp::sum, "d" + self.value.spec.tensor + ".ties", ties, work);
+        Value dx{nx.value.spec, nullptr};
         dx.spec.tensor = "d" + dx.spec.tensor;
         if (g.data) {
-          dx.data = fill_rows(impl, dx.spec, impl.node(ix).shape, r.rows, [&](std::int64_t row, std::int64_t i) {
+          dx.data = fill_rows(impl, dx.spec, nx.shape, r.rows, [&](std::int64_t row, std::int64_t i) {
             return is_peak(row, i) ? element(impl, g, row) / ties[static_cast<std::size_t>(row)] : 0.0;
           });
         }
+        work.pass(nx.value.spec, nx.shape).pass(self.value.spec, self.shape).pass(g.spec, self.shape);
+        work.pass(dx.spec, nx.shape).finish();
         impl.accumulate(ix, std::move(dx));
       });
   t.node(out).saved = needs;
@@ -394,30 +436,38 @@ Var softmax(Var x, std::string_view dim) {
   y.spec.tensor = "softmax(" + nx.value.spec.tensor + ")";
   std::vector<double> peak(rows, kMinusInfinity), total(rows, 0.0);
   const bool data = nx.value.data != nullptr;
+  // Passes over x: the rows' maxima, their sums of exponentials, then y.
+  LocalWork work(t, "softmax", y.spec.tensor);
   if (data) {
     for_rows(t, nx.value, r.rows, [&](std::int64_t row, std::int64_t, double v) {
       double& p = peak[static_cast<std::size_t>(row)];
       p = std::max(p, v);
     });
   }
-  complete(t, r, ReduceOp::max, y.spec.tensor + ".max", peak);
+  work.pass(nx.value.spec, nx.shape);
+  complete(t, r, ReduceOp::max, y.spec.tensor + ".max", peak, work);
   if (data) {
     for_rows(t, nx.value, r.rows, [&](std::int64_t row, std::int64_t, double v) {
       total[static_cast<std::size_t>(row)] += std::exp(v - peak[static_cast<std::size_t>(row)]);
     });
   }
-  complete(t, r, ReduceOp::sum, y.spec.tensor + ".sum", total);
+  work.pass(nx.value.spec, nx.shape);
+  complete(t, r, ReduceOp::sum, y.spec.tensor + ".sum", total, work);
   if (data) {
     y.data = fill_rows(t, y.spec, nx.shape, r.rows, [&](std::int64_t row, std::int64_t i) {
       const auto k = static_cast<std::size_t>(row);
       return std::exp(element(t, nx.value, r.rows.at(row, i)) - peak[k]) / total[k];
     });
   }
+  work.pass(nx.value.spec, nx.shape).pass(y.spec, nx.shape).finish();
   const Shape shape = nx.shape;
   const bool needs = nx.requires_grad;
   Var out = t.add_node(tape, std::move(y), shape, {x.id()}, [r](Tape::Impl& impl, const Node& self, const Value& grad) {
-    // dx = y (g - sum_row(g y)), from the saved output.
+    // dx = y (g - sum_row(g y)), from the saved output: passes over g and y for the rows'
+    // dot products, then over both again for dx written.
     const Value g = impl.align(grad, self.value.spec, self.shape);
+    LocalWork work(impl, "softmax", "d" + self.value.spec.tensor);
+    work.pass(g.spec, self.shape).pass(self.value.spec, self.shape);
     std::vector<double> dot(stat_rows(impl, r.rows), 0.0);
     const auto gy = [&](std::int64_t row, std::int64_t i) {
       const std::int64_t at = r.rows.at(row, i);
@@ -431,7 +481,7 @@ Var softmax(Var x, std::string_view dim) {
         }
       }
     }
-    complete(impl, r, ReduceOp::sum, "d" + self.value.spec.tensor + ".dot", dot);
+    complete(impl, r, ReduceOp::sum, "d" + self.value.spec.tensor + ".dot", dot, work);
     Value dx{g.spec, nullptr};
     if (g.data) {
       dx.data = fill_rows(impl, g.spec, self.shape, r.rows, [&](std::int64_t row, std::int64_t i) {
@@ -439,6 +489,7 @@ Var softmax(Var x, std::string_view dim) {
         return y * (gr - dot[static_cast<std::size_t>(row)]);
       });
     }
+    work.pass(g.spec, self.shape, 2).pass(self.value.spec, self.shape).finish();
     impl.accumulate(self.inputs[0], std::move(dx));
   });
   t.node(out).saved = needs;

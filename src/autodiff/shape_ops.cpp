@@ -179,12 +179,15 @@ Spec binary_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, const Sp
 }
 
 // An operand's share of the output gradient `g`: summed over the letters it lacks, in its
-// letter order; `g` itself when it has the output's letters in the output's order.
-Value to_operand(Tape::Impl& t, const Value& g, const Shape& shape, const Spec& operand) {
+// letter order; `g` itself when it has the output's letters in the output's order. `work`
+// counts the sum's passes (g read, the share written).
+Value to_operand(Tape::Impl& t, const Value& g, const Shape& shape, const Spec& operand, LocalWork& work) {
   const std::vector<std::string> letters = dim_names(operand);
   if (letters == dim_names(g.spec)) return g;
-  Shape unused;
-  return sum_to_letters(t, g, shape, letters, &unused);
+  Shape out_shape;
+  Value out = sum_to_letters(t, g, shape, letters, &out_shape);
+  work.pass(g.spec, shape).pass(out.spec, out_shape);
+  return out;
 }
 
 // A split or merge: the new layout and, when it cannot run locally, why.
@@ -303,14 +306,15 @@ Regrouped merge_layout(const Mesh& mesh, const Spec& spec, const Shape& shape, c
 // The layout that undoes a regrouping, for the gradient's spec and shape.
 using Inverse = std::function<Regrouped(const Mesh&, const Spec&, const Shape&)>;
 
-// x's blocks under the regrouped layout (the same bytes: each shard holds whole rows).
-Var regroup(Var x, Regrouped r, Inverse inverse) {
+// x's blocks under the regrouped layout (the same bytes: each shard holds whole rows), copied
+// as the local step `function`.
+Var regroup(Var x, Regrouped r, Inverse inverse, std::string function) {
   Tape& tape = x.tape();
   Tape::Impl& t = tape.impl();
   if (!r.refusal.empty()) throw InputError(r.refusal);
-  Value y = relabeled(t, t.node(x).value, std::move(r.spec), r.shape);
+  Value y = relabeled(t, t.node(x).value, std::move(r.spec), r.shape, function);
   return t.add_node(tape, std::move(y), r.shape, {x.id()},
-                    [inverse = std::move(inverse)](Tape::Impl& impl, const Node& self, const Value& grad) {
+                    [inverse = std::move(inverse), function](Tape::Impl& impl, const Node& self, const Value& grad) {
                       Value g = grad;
                       Regrouped back = inverse(impl.mesh, g.spec, self.shape);
                       if (!back.refusal.empty()) {
@@ -319,7 +323,8 @@ Var regroup(Var x, Regrouped r, Inverse inverse) {
                         g = impl.align(grad, self.value.spec, self.shape);
                         back = inverse(impl.mesh, g.spec, self.shape);
                       }
-                      impl.accumulate(self.inputs[0], relabeled(impl, g, std::move(back.spec), back.shape));
+                      back.spec.tensor = "d" + self.value.spec.tensor;
+                      impl.accumulate(self.inputs[0], relabeled(impl, g, std::move(back.spec), back.shape, function));
                     });
 }
 
@@ -376,39 +381,56 @@ Var binary(Var a, Var b, BinaryOp op, const std::vector<std::string>& out_dims) 
   Spec spec = binary_spec(t.mesh, a.spec(), a.shape(), b.spec(), b.shape(), op, out_dims, shape);
   const Node& na = t.node(a);
   const Node& nb = t.node(b);
+  LocalWork work(t, name(op), spec.tensor);
   Value y =
       broadcast(t, std::move(spec), shape, na.value, nb.value, [op](double x, double z) { return apply(op, x, z); });
+  // Each operand's block read once (a broadcast one is re-read from cache), y's written.
+  work.pass(na.value.spec, na.shape).pass(nb.value.spec, nb.shape).pass(y.spec, shape).finish();
   if (op == BinaryOp::mul) {
     // Each operand's gradient is the output's times the other operand.
     const bool a_grad = na.requires_grad, b_grad = nb.requires_grad;
     t.node(a).saved = t.node(a).saved || b_grad;
     t.node(b).saved = t.node(b).saved || a_grad;
   }
-  return t.add_node(tape, std::move(y), shape, {a.id(), b.id()},
-                    [op](Tape::Impl& impl, const Node& self, const Value& grad) {
-                      const int ia = self.inputs[0], ib = self.inputs[1];
-                      if (op == BinaryOp::mul) {
-                        const Value g = impl.align(grad, self.value.spec, self.shape);
-                        for (const auto& [target, other] : {std::pair{ia, ib}, std::pair{ib, ia}}) {
-                          if (!impl.node(target).requires_grad) continue;
-                          const Value product = broadcast(impl, g.spec, self.shape, g, impl.saved_value(other),
-                                                          [](double x, double z) { return x * z; });
-                          impl.accumulate(target, to_operand(impl, product, self.shape, impl.node(target).value.spec));
-                        }
-                        return;
-                      }
-                      // Linear: the gradient is summed and negated in whatever layout it came.
-                      if (impl.node(ia).requires_grad)
-                        impl.accumulate(ia, to_operand(impl, grad, self.shape, impl.node(ia).value.spec));
-                      if (impl.node(ib).requires_grad) {
-                        const Node& nb = impl.node(ib);
-                        Value gb = to_operand(impl, grad, self.shape, nb.value.spec);
-                        if (op == BinaryOp::sub) {
-                          gb = elementwise(impl, gb.spec, nb.shape, gb, nullptr, [](double x, double) { return -x; });
-                        }
-                        impl.accumulate(ib, std::move(gb));
-                      }
-                    });
+  return t.add_node(
+      tape, std::move(y), shape, {a.id(), b.id()}, [op](Tape::Impl& impl, const Node& self, const Value& grad) {
+        const int ia = self.inputs[0], ib = self.inputs[1];
+        // Both operands' gradients are computed (one local step) before either is
+        // accumulated (which may move it).
+        std::vector<std::pair<int, Value>> out;
+        if (op == BinaryOp::mul) {
+          const Value g = impl.align(grad, self.value.spec, self.shape);
+          std::vector<std::pair<int, const Value*>> targets;
+          for (const auto& [target, other] : {std::pair{ia, ib}, std::pair{ib, ia}}) {
+            if (impl.node(target).requires_grad) targets.emplace_back(target, &impl.saved_value(other));
+          }
+          LocalWork work(impl, name(op), "d" + self.value.spec.tensor);
+          for (const auto& [target, other] : targets) {
+            const Node& o = impl.node(target == ia ? ib : ia);
+            const Value product =
+                broadcast(impl, g.spec, self.shape, g, *other, [](double x, double z) { return x * z; });
+            work.pass(g.spec, self.shape).pass(o.value.spec, o.shape).pass(g.spec, self.shape);
+            out.emplace_back(target, to_operand(impl, product, self.shape, impl.node(target).value.spec, work));
+          }
+          work.finish();
+        } else {
+          // Linear: the gradient is summed and negated in whatever layout it came.
+          LocalWork work(impl, name(op), "d" + self.value.spec.tensor);
+          if (impl.node(ia).requires_grad)
+            out.emplace_back(ia, to_operand(impl, grad, self.shape, impl.node(ia).value.spec, work));
+          if (impl.node(ib).requires_grad) {
+            const Node& nb = impl.node(ib);
+            Value gb = to_operand(impl, grad, self.shape, nb.value.spec, work);
+            if (op == BinaryOp::sub) {
+              gb = elementwise(impl, gb.spec, nb.shape, gb, nullptr, [](double x, double) { return -x; });
+              work.pass(gb.spec, nb.shape, 2);
+            }
+            out.emplace_back(ib, std::move(gb));
+          }
+          work.finish();
+        }
+        for (auto& [target, g] : out) impl.accumulate(target, std::move(g));
+      });
 }
 
 Var transpose(Var x, const std::vector<std::string>& dims) {
@@ -423,11 +445,16 @@ Var transpose(Var x, const std::vector<std::string>& dims) {
                      ") is not a permutation of its letters");
   }
   Shape shape;
+  LocalWork work(t, "transpose", nx.value.spec.tensor);
   Value y = sum_to_letters(t, nx.value, nx.shape, dims, &shape);
+  work.pass(nx.value.spec, nx.shape, 2).finish();  // a permuted copy: read and written
   return t.add_node(tape, std::move(y), shape, {x.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
     const int ix = self.inputs[0];
     Shape unused;
-    impl.accumulate(ix, sum_to_letters(impl, grad, self.shape, dim_names(impl.node(ix).value.spec), &unused));
+    LocalWork work(impl, "transpose", "d" + self.value.spec.tensor);
+    Value dx = sum_to_letters(impl, grad, self.shape, dim_names(impl.node(ix).value.spec), &unused);
+    work.pass(grad.spec, self.shape, 2).finish();
+    impl.accumulate(ix, std::move(dx));
   });
 }
 
@@ -444,9 +471,11 @@ bool can_merge_locally(const Mesh& mesh, const Spec& spec, const Shape& shape, c
 Var split_dim(Var x, std::string_view dim, const Parts& parts) {
   const Regrouped r = split_layout(x.tape().mesh(), x.spec(), x.shape(), dim, parts);
   return regroup(
-      x, r, [names = part_names(parts), dim = std::string(dim)](const Mesh& mesh, const Spec& s, const Shape& shape) {
+      x, r,
+      [names = part_names(parts), dim = std::string(dim)](const Mesh& mesh, const Spec& s, const Shape& shape) {
         return merge_layout(mesh, s, shape, names, dim);
-      });
+      },
+      "split_dim");
 }
 
 Var merge_dims(Var x, const std::vector<std::string>& dims, std::string_view into) {
@@ -456,9 +485,12 @@ Var merge_dims(Var x, const std::vector<std::string>& dims, std::string_view int
     parts.emplace_back(d, i < 0 ? 0 : x.shape()[static_cast<std::size_t>(i)]);
   }
   const Regrouped r = merge_layout(x.tape().mesh(), x.spec(), x.shape(), dims, into);
-  return regroup(x, r, [parts, into = std::string(into)](const Mesh& mesh, const Spec& s, const Shape& shape) {
-    return split_layout(mesh, s, shape, into, parts);
-  });
+  return regroup(
+      x, r,
+      [parts, into = std::string(into)](const Mesh& mesh, const Spec& s, const Shape& shape) {
+        return split_layout(mesh, s, shape, into, parts);
+      },
+      "merge_dims");
 }
 
 }  // namespace shardmm::autodiff

@@ -5,6 +5,7 @@
 
 #include "autodiff/tape_impl.h"
 #include "shardmm/core/error.h"
+#include "shardmm/core/geometry.h"
 #include "shardmm/plan/step_builder.h"
 #include "shardmm/runtime/kernels.h"
 
@@ -124,9 +125,7 @@ Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a
   TapeEvent ev{phase, step, false, {}, scope};
   Value out{step.to, nullptr};
   if (!symbolic()) {
-    const auto seconds = [this] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
-    };
+    const auto seconds = [this] { return clock(); };
     Plan plan;
     plan.steps = {step};
     const double start = seconds();
@@ -143,6 +142,26 @@ Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a
   }
   events.push_back(std::move(ev));
   return out;
+}
+
+double Tape::Impl::clock() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch).count();
+}
+
+std::int64_t Tape::Impl::block_bytes(const Spec& spec, const Shape& shape) const {
+  return checked_mul(max_local_elements(mesh, spec, shape), dtype_bytes(options.dtype), "a block's bytes");
+}
+
+void Tape::Impl::record_local(std::string function, std::string tensor, std::int64_t bytes, double start_s) {
+  TapeEvent ev{phase, local_step(std::move(function), std::move(tensor), bytes, options.hw), false, {}, scope};
+  if (!symbolic()) {
+    ev.executed = true;
+    ev.measured.op = OpKind::local;
+    ev.measured.tensor = ev.step.tensor;
+    ev.measured.start_s = start_s;
+    ev.measured.end_s = clock();
+  }
+  events.push_back(std::move(ev));
 }
 
 Value Tape::Impl::run_step(Step step, const Value& in, const Shape& shape) {
@@ -436,8 +455,29 @@ void Tape::run_backward(Var from, Value seed) {
 
 void Tape::set_scope(int scope) { impl_->scope = scope; }
 
+void Tape::update(Var param, std::string function, int blocks, const std::function<void()>& update) {
+  Impl& t = *impl_;
+  const Node& n = t.node(param);
+  if (!n.leaf) throw InputError("update(): only a leaf (a param) is updated; got " + format_spec(n.value.spec, t.mesh));
+  if (!t.backward_done) throw InputError("update(): the update follows backward(); run it first");
+  t.phase = Phase::update;
+  t.scope = -1;
+  const double start = t.clock();
+  if (!t.symbolic() && update) update();
+  t.record_local(std::move(function), n.value.spec.tensor,
+                 checked_mul(blocks, t.block_bytes(n.value.spec, n.shape), "the update's bytes"), start);
+}
+
 void Tape::set_name(Var v, std::string name) {
-  Node& n = impl_->node(v);
+  Impl& t = *impl_;
+  Node& n = t.node(v);
+  // The local steps that made v (its op's, recorded last in its scope) take the name too.
+  for (auto e = t.events.rbegin(); e != t.events.rend() && e->phase == t.phase && e->scope == n.scope; ++e) {
+    if (e->step.op == OpKind::local && e->step.tensor == n.value.spec.tensor) {
+      e->step.tensor = name;
+      e->measured.tensor = name;
+    }
+  }
   n.value.spec.tensor = std::move(name);
 }
 

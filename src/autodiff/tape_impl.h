@@ -115,6 +115,16 @@ struct Tape::Impl {
   // Costs a single reshard-type step with the plan layer's figures.
   void cost(Step& step, const Shape& shape) const;
 
+  // ---- local work (OpKind::local): what ops compute on this rank's blocks (local_ops.h: LocalWork)
+  // Seconds since the tape was built: executed events' start and end.
+  double clock() const;
+  // The bytes of the largest block of a value laid out as `spec` (device 0's): a local op's
+  // traffic counts these, the same figure on every rank and on symbolic tapes.
+  std::int64_t block_bytes(const Spec& spec, const Shape& shape) const;
+  // Records a local step in the current phase and scope; executed tapes measure it from
+  // `start_s` (clock()) to now.
+  void record_local(std::string function, std::string tensor, std::int64_t bytes, double start_s);
+
   // ---- gradients
   // The gradient of a value in `spec`, brought to what a local backward needs: spec's
   // dimension sharding, whole (pending sums resolved here, as Megatron's f does).

@@ -88,16 +88,6 @@ std::vector<Row> rows_of(const nn::ProgramPrediction& p, const nn::ProgramRun* s
   return rows;
 }
 
-struct Times {
-  double comm = 0, compute = 0;
-};
-
-Times predicted_times(const nn::ProgramPrediction& p) {
-  Times t;
-  for (const autodiff::TapeEvent& e : p.events) (is_collective(e.step.op) ? t.comm : t.compute) += e.step.time_s;
-  return t;
-}
-
 std::string strategy_line(const nn::ModelConfig& m) {
   std::vector<std::string> parts;
   for (std::size_t i = 0; i < m.strategies.size(); ++i) {
@@ -181,9 +171,9 @@ void print_text(std::ostream& out, const ModelFlags& f, const Planning& p, const
       << (m.train ? " kept for the backward pass" : " (none kept: no backward pass)") << "\n";
   out << "  inputs       " << format_bytes(static_cast<double>(pred.memory.inputs)) << " (X and the loss's G)\n";
 
-  const Times t = predicted_times(pred);
-  out << "\nPredicted time on " << p.options.hw.name << ": communication " << format_time(t.comm) << " + compute "
-      << format_time(t.compute) << " = " << format_time(t.comm + t.compute) << " (serialized, no overlap)\n";
+  const EventTimes t = event_times(pred.events);
+  out << "\nPredicted time on " << p.options.hw.name << ": " << event_times_text(t) << " = "
+      << format_time(t.comm + t.compute()) << " (serialized, no overlap)\n";
   if (step) {
     const Verification& v = step->verification;
     out << "\nRun (" << f.backend << ", " << m.mesh.device_count()
@@ -242,8 +232,12 @@ Json model_json(const ModelFlags& f, const Planning& p, const nn::ModelConfig& m
   }
   doc["collectives"] = collectives;
   doc["memory"] = {{"parameter_bytes", pred.memory.params}, {"activation_bytes", pred.memory.activations}};
-  const Times t = predicted_times(pred);
-  doc["predicted_time_s"] = {{"communication", t.comm}, {"compute", t.compute}, {"total", t.comm + t.compute}};
+  const EventTimes t = event_times(pred.events);
+  doc["predicted_time_s"] = {{"communication", t.comm},
+                             {"compute", t.compute()},
+                             {"einsum", t.einsum},
+                             {"local", t.local},
+                             {"total", t.comm + t.compute()}};
   doc["run"] = nullptr;
   if (step) {
     const Verification& v = step->verification;

@@ -71,7 +71,7 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
   for (std::size_t i = 0; i < pred.events.size(); ++i) {
     const autodiff::TapeEvent& e = pred.events[i];
     ChromeTraceEvent t;
-    t.name = std::string(to_string(e.step.op)) + " " + e.step.tensor;
+    t.name = op_name(e.step) + " " + e.step.tensor;
     t.start_s = clock;
     t.duration_s = e.step.time_s;
     clock += e.step.time_s;
@@ -88,6 +88,7 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
     }
     t.args.emplace_back("predicted_time_s", e.step.time_s);
     t.args.emplace_back("bytes_sent", e.step.bytes_sent);
+    if (e.step.op == OpKind::local) t.args.emplace_back("memory_bytes", e.step.memory_bytes);
     for (int lane : trace_lanes(e.step.op)) {
       t.tid = lane;
       t.category = lane == kCommunicationLane ? "communication" : "compute";
@@ -105,7 +106,8 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
   double clock_at = 0;  // the predicted clock at event `next`
   for (const nn::ProgramMemoryPoint& m : pred.memory.timeline) {
     const auto belongs = [&](const autodiff::TapeEvent& e) {
-      return e.phase == m.phase && e.scope == m.op && (m.op >= 0 || e.step.tensor == "d" + m.tensor);
+      return e.phase == m.phase && e.scope == m.op &&
+             (m.op >= 0 || m.phase == autodiff::Phase::update || e.step.tensor == "d" + m.tensor);
     };
     if (next < pred.events.size() && belongs(pred.events[next])) at = run ? start(next) : clock_at;
     ChromeTraceEvent c;
@@ -135,24 +137,19 @@ std::string axes_text(const Mesh& mesh, const Step& step) {
   return step.axes.empty() ? "" : " over " + mesh.axis_names(step.axes);
 }
 
-// An event as one line: "all_reduce y over X  64.0 MiB  1.20 ms".
+// An event as one line: "all_reduce y over X, 64.0 MiB, 1.20 ms", "gelu h, 96.0 MiB read+written, 32 µs".
 std::string event_text(const Mesh& mesh, const autodiff::TapeEvent& e) {
-  std::string what = std::string(to_string(e.step.op)) + " " + e.step.tensor + axes_text(mesh, e.step);
+  std::string what = op_name(e.step) + " " + e.step.tensor + axes_text(mesh, e.step);
   if (is_collective(e.step.op)) what += ", " + format_bytes(static_cast<double>(e.step.bytes_sent));
+  if (e.step.op == OpKind::local)
+    what += ", " + format_bytes(static_cast<double>(e.step.memory_bytes)) + " read+written";
   if (e.step.flops > 0) what += ", " + format_flops(e.step.flops);
   return what + ", " + format_time(e.step.time_s);
 }
 
-struct PhaseTimes {
-  double comm = 0, compute = 0;
-};
-
-std::map<autodiff::Phase, PhaseTimes> phase_times(const std::vector<autodiff::TapeEvent>& events) {
-  std::map<autodiff::Phase, PhaseTimes> out;
-  for (const autodiff::TapeEvent& e : events) {
-    PhaseTimes& t = out[e.phase];
-    (is_collective(e.step.op) ? t.comm : t.compute) += e.step.time_s;
-  }
+std::map<autodiff::Phase, EventTimes> phase_times(const std::vector<autodiff::TapeEvent>& events) {
+  std::map<autodiff::Phase, EventTimes> out;
+  for (const autodiff::TapeEvent& e : events) out[e.phase].add(e.step);
   return out;
 }
 
@@ -191,7 +188,7 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
   // Each op with what it ran, forward and backward; then the leaves' gradients.
   std::map<int, std::vector<const autodiff::TapeEvent*>> by_op;
   for (const autodiff::TapeEvent& e : pred.events) by_op[e.scope].push_back(&e);
-  out << "\nOps, with every step they run (bytes: the most any device sends; times predicted):\n";
+  out << "\nOps, with every step they run (bytes: the most any device sends, or moves in memory; times predicted):\n";
   for (std::size_t k = 0; k < g.ops.size(); ++k) {
     const program::GraphOp& op = g.ops[k];
     out << "  line " << op.where.line << "  "
@@ -202,10 +199,19 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
       out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";
     }
   }
-  if (!by_op[-1].empty()) {
-    out << "  gradients delivered in the leaves' specs\n";
-    for (const autodiff::TapeEvent* e : by_op[-1])
+  // Scope -1: the leaves' gradient reductions (backward), then the update.
+  for (const autodiff::Phase phase : {autodiff::Phase::backward, autodiff::Phase::update}) {
+    bool any = false;
+    for (const autodiff::TapeEvent* e : by_op[-1]) {
+      if (e->phase != phase) continue;
+      if (!any) {
+        out << (phase == autodiff::Phase::update
+                    ? "  the update (" + std::string(nn::to_string(report.bound.optimizer)) + ")\n"
+                    : std::string("  gradients delivered in the leaves' specs\n"));
+      }
+      any = true;
       out << "      " << autodiff::to_string(e->phase) << "  " << event_text(g.mesh, *e) << "\n";
+    }
   }
 
   print_collectives(out, g.mesh, pred.events);
@@ -233,14 +239,13 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
   }
 
   const auto times = phase_times(pred.events);
-  out << "\nPredicted time on " << p.options.hw.name << " (einsums and collectives; elementwise ops, norms and the "
-      << "update are not costed):\n";
+  out << "\nPredicted time on " << p.options.hw.name
+      << " (local: elementwise ops, norms, copies and the update, as memory traffic):\n";
   double comm = 0, compute = 0;
   for (const auto& [phase, t] : times) {
-    out << "  " << pad(autodiff::to_string(phase)) << "communication " << format_time(t.comm) << " + compute "
-        << format_time(t.compute) << "\n";
+    out << "  " << pad(autodiff::to_string(phase)) << event_times_text(t) << "\n";
     comm += t.comm;
-    compute += t.compute;
+    compute += t.compute();
   }
   out << "  " << pad("step") << format_time(comm + compute) << " serialized, " << format_time(std::max(comm, compute))
       << " if every collective hid under compute (a lower bound)\n";
@@ -260,7 +265,7 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
     };
     for (const auto& [phase, t] : times) {
       out << "  " << pad(autodiff::to_string(phase)) << "measured " << format_time(measured(phase))
-          << " on device 0 vs " << format_time(t.comm + t.compute) << " predicted\n";
+          << " on device 0 vs " << format_time(t.comm + t.compute()) << " predicted\n";
     }
   }
 }
@@ -276,6 +281,10 @@ Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
             {"flops", e.step.flops},
             {"time_s", e.step.time_s}};
   for (int a : e.step.axes) j["axes"].push_back(mesh.axis(a).name);
+  if (e.step.op == OpKind::local) {
+    j["function"] = e.step.function;
+    j["memory_bytes"] = e.step.memory_bytes;
+  }
   return j;
 }
 
@@ -310,8 +319,13 @@ Json program_json(const ProgramRequest& request, const ProgramReport& report) {
   }
   doc["tensors"] = tensors;
   Json ops = Json::array();
-  std::map<int, Json> events;
+  std::map<int, Json> events;  // by scope; the update's apart (scope -1, as the leaves' reductions)
+  Json update = Json::array();
   for (const autodiff::TapeEvent& e : pred.events) {
+    if (e.phase == autodiff::Phase::update) {
+      update.push_back(event_json(g.mesh, e));
+      continue;
+    }
     Json& list = events[e.scope];
     if (list.is_null()) list = Json::array();
     list.push_back(event_json(g.mesh, e));
@@ -327,15 +341,17 @@ Json program_json(const ProgramRequest& request, const ProgramReport& report) {
   }
   doc["ops"] = ops;
   doc["leaf_gradient_steps"] = events[-1].is_null() ? Json::array() : events[-1];
+  doc["update_steps"] = update;
   doc["collectives"] = collectives_json(g.mesh, pred.events);
   const nn::ProgramMemory& m = pred.memory;
   doc["memory"] = memory_json(g, m);
   Json time = Json::object();
   double comm = 0, compute = 0;
   for (const auto& [phase, t] : phase_times(pred.events)) {
-    time[autodiff::to_string(phase)] = {{"communication", t.comm}, {"compute", t.compute}};
+    time[autodiff::to_string(phase)] = {
+        {"communication", t.comm}, {"compute", t.compute()}, {"einsum", t.einsum}, {"local", t.local}};
     comm += t.comm;
-    compute += t.compute;
+    compute += t.compute();
   }
   time["serialized"] = comm + compute;
   time["overlapped"] = std::max(comm, compute);

@@ -67,6 +67,21 @@ BoundProgram bind_program(const ProgramInput& in, const std::string& pin_flag) {
   return {std::move(parsed), std::move(g), std::move(p), train, optimizer};
 }
 
+void EventTimes::add(const Step& step) {
+  (is_collective(step.op) ? comm : multiplies(step.op) ? einsum : local) += step.time_s;
+}
+
+EventTimes event_times(const std::vector<autodiff::TapeEvent>& events) {
+  EventTimes t;
+  for (const autodiff::TapeEvent& e : events) t.add(e.step);
+  return t;
+}
+
+std::string event_times_text(const EventTimes& t) {
+  return "communication " + format_time(t.comm) + " + einsum " + format_time(t.einsum) + " + local " +
+         format_time(t.local);
+}
+
 void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events) {
   const std::vector<nn::CollectiveTally> tallies = nn::tally_collectives(events);
   out << "\nCollectives per step:\n";

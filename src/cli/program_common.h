@@ -100,6 +100,18 @@ program::BindOptions program_bind_options(const std::optional<std::string>& mesh
                                           const std::optional<std::string>& dims, const std::vector<std::string>& pins,
                                           const std::string& pin_flag);
 
+// Predicted seconds of a step's events by what they do: collectives; einsums; local work on
+// each device's own blocks (the local ops and the update, and the slices and to_partial pads
+// of reshards), all of it memory traffic.
+struct EventTimes {
+  double comm = 0, einsum = 0, local = 0;
+  double compute() const { return einsum + local; }
+  void add(const Step& step);
+};
+EventTimes event_times(const std::vector<autodiff::TapeEvent>& events);
+// "communication 1.20 ms + einsum 3.40 ms + local 512 µs"
+std::string event_times_text(const EventTimes& t);
+
 // The step's collectives per phase, as a table (text) and as rows (JSON).
 void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events);
 Json collectives_json(const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events);

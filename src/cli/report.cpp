@@ -89,6 +89,9 @@ std::string explain_step(const Step& s, const Mesh& mesh) {
              " while the next one is in flight (" + format_time(s.comm_time_s) + " of transfers, " +
              format_time(s.compute_time_s) + " of compute)";
     }
+    case OpKind::local:
+      return "each device computes " + s.function + " on its own blocks, reading and writing " +
+             format_bytes(static_cast<double>(s.memory_bytes)) + ": local, no communication";
     case OpKind::einsum_reduce_scatter:
       return "collective matmul: computes the partial " + g + "-block of " + dim_at(s.to, s.dim) +
              " bound for each member in turn, adds the running sum that arrived from the previous member and "

@@ -24,6 +24,8 @@ using program::Role;
 
 const char* to_string(Optimizer o) { return o == Optimizer::sgd ? "sgd" : "adam"; }
 
+int update_blocks(Optimizer o) { return o == Optimizer::sgd ? 3 : 7; }
+
 Optimizer parse_optimizer(std::string_view text) {
   if (text == "sgd") return Optimizer::sgd;
   if (text == "adam") return Optimizer::adam;
@@ -313,9 +315,9 @@ class Recorder {
     spec.dims.push_back({out.letters.back(), {}});
     const int tokens = probs.spec().find_dim(o.from[0]), experts = probs.spec().find_dim(o.over), top = o.top;
     const std::int64_t capacity = g_.dims.at(out.letters.back());
-    return autodiff::data_from(probs, spec, out.shape, [=](const DistTensor& p, DistTensor& d) {
-      route_shard(p, tokens, experts, top, capacity, d);
-    });
+    return autodiff::data_from(
+        probs, spec, out.shape,
+        [=](const DistTensor& p, DistTensor& d) { route_shard(p, tokens, experts, top, capacity, d); }, "route");
   }
 
   // add, sub, mul with broadcasting: the operands agree letter by letter on the first
@@ -433,7 +435,14 @@ ProgramPrediction predict_program(const Graph& g, const ProgramOptions& options)
   autodiff::Tape tape(g.mesh, {options.dtype, options.hw, 0});
   ProgramPrediction p;
   p.record = record_program(tape, g, options);
-  if (options.train && g.loss >= 0) tape.backward(p.record.values[static_cast<std::size_t>(g.loss)]);
+  if (options.train && g.loss >= 0) {
+    tape.backward(p.record.values[static_cast<std::size_t>(g.loss)]);
+    for (int t : g.leaves()) {
+      if (g.tensors[static_cast<std::size_t>(t)].role != Role::param) continue;
+      tape.update(p.record.values[static_cast<std::size_t>(t)], to_string(options.optimizer),
+                  update_blocks(options.optimizer), {});
+    }
+  }
   p.events = tape.events();
   p.memory = memory_of(tape, g, p.record, options, 0);
   return p;
@@ -471,15 +480,17 @@ ProgramRun run_program(Communicator& comm, const Graph& g, const ProgramOptions&
       if (g.tensors[static_cast<std::size_t>(t)].role != Role::param) continue;
       const DistTensor& w = leaf.value();
       DistTensor updated(g.mesh, comm.rank(), w.spec(), w.global_shape(), options.dtype);
-      for (std::int64_t i = 0; i < updated.elements(); ++i) {
-        if (options.dtype == DType::f32) {
-          updated.buffer().as<float>()[i] = static_cast<float>(
-              updated_value(options.optimizer, w.buffer().as<float>()[i], grad.buffer().as<float>()[i], options.lr));
-        } else {
-          updated.buffer().as<double>()[i] =
-              updated_value(options.optimizer, w.buffer().as<double>()[i], grad.buffer().as<double>()[i], options.lr);
+      tape.update(leaf, to_string(options.optimizer), update_blocks(options.optimizer), [&] {
+        for (std::int64_t i = 0; i < updated.elements(); ++i) {
+          if (options.dtype == DType::f32) {
+            updated.buffer().as<float>()[i] = static_cast<float>(
+                updated_value(options.optimizer, w.buffer().as<float>()[i], grad.buffer().as<float>()[i], options.lr));
+          } else {
+            updated.buffer().as<double>()[i] =
+                updated_value(options.optimizer, w.buffer().as<double>()[i], grad.buffer().as<double>()[i], options.lr);
+          }
         }
-      }
+      });
       take(t, 2, updated);
     }
   }

@@ -171,10 +171,31 @@ Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::in
   return static_cast<double>(bytes) / hw.hbm_bandwidth >= time ? Bound::memory : Bound::compute;
 }
 
-double local_copy_time(const HardwareProfile& hw, std::int64_t bytes) {
-  if (bytes < 0) throw UsageError("local_copy_time: negative bytes");
+namespace {
+
+// Memory traffic of `bytes` (read plus written) at `bandwidth` (docs/cost-model.md, "Local ops").
+double memory_time(const HardwareProfile& hw, std::int64_t bytes, double bandwidth, const char* caller) {
+  if (bytes < 0) throw UsageError(std::string(caller) + ": negative bytes");
   detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
-  return 2 * static_cast<double>(bytes) / hw.hbm_bandwidth;
+  return static_cast<double>(bytes) / bandwidth;
+}
+
+}  // namespace
+
+double local_copy_time(const HardwareProfile& hw, std::int64_t bytes) {
+  return 2 * memory_time(hw, bytes, hw.hbm_bandwidth, "local_copy_time");
+}
+
+double local_op_bandwidth(const HardwareProfile& hw) {
+  if (hw.calibration) {
+    if (hw.calibration->add_bandwidth > 0) return hw.calibration->add_bandwidth;
+    if (hw.calibration->copy_bandwidth > 0) return hw.calibration->copy_bandwidth;
+  }
+  return hw.hbm_bandwidth;
+}
+
+double local_op_time(const HardwareProfile& hw, std::int64_t bytes) {
+  return memory_time(hw, bytes, local_op_bandwidth(hw), "local_op_time");
 }
 
 double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes) {

@@ -26,11 +26,14 @@ const char* to_string(OpKind op) {
       return "einsum_reduce_scatter";
     case OpKind::exchange:
       return "exchange";
+    case OpKind::local:
+      return "local";
   }
   return "?";
 }
 
 std::string op_name(const Step& step) {
+  if (step.op == OpKind::local) return step.function;
   if (step.op == OpKind::all_reduce && step.reduce != ReduceOp::sum) {
     return std::string(to_string(step.op)) + "(" + to_string(step.reduce) + ")";
   }

@@ -50,6 +50,7 @@ Step make_step(OpKind op, const Spec& from, AxisList axes, int dim, int dst_dim)
     case OpKind::all_gather_einsum:  // built by fusing costed steps (fuse_*), not here
     case OpKind::einsum_reduce_scatter:
     case OpKind::exchange:  // make_exchange
+    case OpKind::local:     // local_step
       break;
   }
   return s;
@@ -61,6 +62,17 @@ void cost_step(Step& step, const Mesh& mesh, const std::vector<std::int64_t>& sh
 
 void cost_einsum(Step& step, const Mesh& mesh, const DimSizes& sizes, const PlanOptions& options) {
   detail::StepCoster(mesh, options).cost_einsum(step, sizes);
+}
+
+Step local_step(std::string function, std::string tensor, std::int64_t memory_bytes, const HardwareProfile& hw) {
+  Step s;
+  s.op = OpKind::local;
+  s.function = std::move(function);
+  s.tensor = std::move(tensor);
+  s.memory_bytes = memory_bytes;
+  s.time_s = local_op_time(hw, memory_bytes);
+  s.bound = s.time_s > 0 ? Bound::memory : Bound::none;
+  return s;
 }
 
 }  // namespace shardmm
@@ -245,6 +257,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
       c.time = local_copy_time(options_.hw, out_max);
       c.bound = c.time > 0 ? Bound::memory : Bound::none;
       break;
+    case OpKind::local:              // local_step
     case OpKind::einsum:             // cost_einsum
     case OpKind::all_gather_einsum:  // fuse_*
     case OpKind::einsum_reduce_scatter:

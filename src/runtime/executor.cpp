@@ -239,6 +239,8 @@ struct Executor::Impl {
         st.einsum = std::make_unique<LocalEinsum>(std::move(layout), std::move(extents), dtype);
         break;
       }
+      case OpKind::local:
+        throw std::logic_error("Executor: a local step is the autodiff tape's own work, never a plan's");
       case OpKind::all_gather_einsum:
       case OpKind::einsum_reduce_scatter: {
         st.ring = std::make_unique<RingGeometry>(ring_geometry(mesh, step, sizes, me));
@@ -350,6 +352,8 @@ struct Executor::Impl {
         break;
       case OpKind::einsum_reduce_scatter:
         einsum_reduce_scatter<T>(step, st, in, *in_b, ev);
+        break;
+      case OpKind::local:  // refused by prepare()
         break;
     }
   }

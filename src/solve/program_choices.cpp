@@ -920,21 +920,21 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
   for (int v = tensor_vars; v < next_var; ++v)
     c.problem.value_bytes[static_cast<std::size_t>(v)].assign(static_cast<std::size_t>(masks), 0);
   std::vector<int> reduce_factors;  // a leaf's gradient reductions
-  // Leaves: the value, its gradient (train), Adam's two moments (params); and reducing the
-  // gradient into the leaf's spec from the axes its readers left it partial over.
+  // Leaves: the value, its gradient (train), Adam's two moments (params), and a param's update
+  // (the tape's update step: Tape::update); and reducing the gradient into the leaf's spec from
+  // the axes its readers left it partial over.
   for (std::size_t v = 0; v < c.values.size(); ++v) {
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
     if (t.role == Role::computed) continue;
-    const int per =
-        1 + (train ? 1 : 0) + (train && t.role == Role::param && options.optimizer == nn::Optimizer::adam ? 2 : 0);
+    const bool updated = train && t.role == Role::param;
+    const int per = 1 + (train ? 1 : 0) + (updated && options.optimizer == nn::Optimizer::adam ? 2 : 0);
     Factor f;
     f.vars = {static_cast<int>(v)};
     for (std::size_t i = 0; i < c.values[v].size(); ++i) {
-      f.entries.push_back({{static_cast<int>(i)},
-                           0.0,
-                           local_bytes(g, c.values[v][i], t.shape, options.dtype) * per * copies[v],
-                           {},
-                           {}});
+      const std::int64_t bytes = local_bytes(g, c.values[v][i], t.shape, options.dtype);
+      const double update =
+          updated ? local_op_time(options.hw, checked_mul(nn::update_blocks(options.optimizer), bytes, "bytes")) : 0.0;
+      f.entries.push_back({{static_cast<int>(i)}, update * copies[v], bytes * per * copies[v], {}, {}});
     }
     c.problem.factors.push_back(std::move(f));
     // One reduction per gradient variable of the leaf's copies (they share one unless other

@@ -96,6 +96,64 @@ TEST(ProgramCli, ThePeakAndTheTraceFollowTheMemoryTimeline) {
   fs::remove_all(dir);
 }
 
+// --json's steps carry each op's local work (op "local": its function and the bytes it reads
+// and writes), the update's steps (one per param), and each phase's time split into einsums
+// and local work; --trace draws the local steps on the compute lane.
+TEST(ProgramCli, LocalStepsAndTheUpdateAreInTheJsonAndTheTrace) {
+  const fs::path dir = fs::temp_directory_path() / ("shardmm_local_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path trace = dir / "step.json";
+  const Result r = program({example("mlp.prog"), "--optimizer", "adam", "--json", "--trace", trace.string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(r.out);
+  // a = gelu(u): u[B, T, F_X] is 8 x 1024 x 4096 bf16 per device; forward reads u and writes
+  // a, backward reads the gradient and u and writes u's.
+  const std::int64_t block = std::int64_t{8} * 1024 * 4096 * 2;
+  std::vector<json> gelu;
+  for (const json& op : doc["ops"]) {
+    if (op["result"] != "a") continue;
+    for (const json& step : op["steps"]) gelu.push_back(step);
+  }
+  ASSERT_EQ(gelu.size(), 2u);
+  EXPECT_EQ(gelu[0]["phase"], "forward");
+  EXPECT_EQ(gelu[1]["phase"], "backward");
+  for (const json& step : gelu) {
+    EXPECT_EQ(step["op"], "local");
+    EXPECT_EQ(step["function"], "gelu");
+    EXPECT_EQ(step["bytes"], 0);
+    EXPECT_GT(step["time_s"].get<double>(), 0);
+  }
+  EXPECT_EQ(gelu[0]["memory_bytes"], 2 * block);
+  EXPECT_EQ(gelu[1]["memory_bytes"], 3 * block);
+  // Adam reads w, its gradient and its two moments and writes w and the moments: w_in[D, F_X]
+  // and w_out[F_X, D] are 4096 x 4096 bf16 per device.
+  const json& update = doc["update_steps"];
+  ASSERT_EQ(update.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(update[i]["tensor"], i == 0 ? "w_in" : "w_out");
+    EXPECT_EQ(update[i]["phase"], "update");
+    EXPECT_EQ(update[i]["function"], "adam");
+    EXPECT_EQ(update[i]["memory_bytes"], 7 * std::int64_t{4096} * 4096 * 2);
+  }
+  for (const char* phase : {"forward", "backward", "update"}) {
+    const json& t = doc["predicted_time_s"][phase];
+    EXPECT_GT(t["local"].get<double>(), 0) << phase;
+    EXPECT_DOUBLE_EQ(t["compute"].get<double>(), t["einsum"].get<double>() + t["local"].get<double>()) << phase;
+  }
+  EXPECT_DOUBLE_EQ(doc["predicted_time_s"]["update"]["local"].get<double>(),
+                   update[0]["time_s"].get<double>() + update[1]["time_s"].get<double>());
+  int drawn = 0;
+  const json events = json::parse(slurp(trace))["traceEvents"];
+  for (const json& e : events) {
+    if (e["ph"] != "X" || (e["name"] != "gelu a" && e["name"] != "adam w_in")) continue;
+    ++drawn;
+    EXPECT_EQ(e["cat"], "compute");
+    EXPECT_EQ(e["args"]["memory_bytes"], e["name"] == "gelu a" ? gelu[0]["memory_bytes"] : update[0]["memory_bytes"]);
+  }
+  EXPECT_EQ(drawn, 2);  // gelu's forward (its backward is "gelu da") and w_in's update
+  fs::remove_all(dir);
+}
+
 // --split chunk reaches the program's mesh, the file's line or --mesh: blocks as torch.chunk
 // places them (F=7 over X=3: 3,3,1, not 3,2,2), the run verified against the dense step.
 TEST(ProgramCli, SplitChunkPlacesAndVerifies) {

@@ -45,6 +45,15 @@ void expect_prediction_matches(const program::Graph& g, const nn::ProgramOptions
     if (is_collective(p.step.op)) {
       EXPECT_EQ(p.step.bytes_sent, run.max_bytes_sent[i]) << "event " << i;
     }
+    // A local step's traffic is counted from the layouts, the same on both tapes; the run
+    // timed it.
+    EXPECT_EQ(p.step.function, e.step.function) << i;
+    EXPECT_EQ(p.step.memory_bytes, e.step.memory_bytes) << i;
+    EXPECT_EQ(p.step.tensor, e.step.tensor) << i;
+    if (e.step.op == OpKind::local) {
+      EXPECT_TRUE(e.executed) << i;
+      EXPECT_GE(e.measured.end_s, e.measured.start_s) << i;
+    }
   }
   for (std::size_t t = 0; t < g.tensors.size(); ++t)
     EXPECT_EQ(pred.record.specs[t], run.record.specs[t]) << g.tensors[t].name;
@@ -104,9 +113,48 @@ TEST(ProgramRun, ExamplesVerifyEvenUnevenAndEmptyShards) {
   }
 }
 
+// The ops whose backward runs in a training step: those the loss depends on through values
+// a gradient reaches.
+std::vector<char> on_loss_path(const program::Graph& g) {
+  std::vector<char> on(g.ops.size(), 0), needed(g.tensors.size(), 0);
+  if (g.loss < 0) return on;
+  needed[static_cast<std::size_t>(g.loss)] = 1;
+  for (std::size_t k = g.ops.size(); k-- > 0;) {
+    const auto result = static_cast<std::size_t>(g.ops[k].result);
+    if (!needed[result] || !g.tensors[result].differentiable) continue;
+    on[k] = 1;
+    for (int x : g.ops[k].operands) needed[static_cast<std::size_t>(x)] = 1;
+  }
+  return on;
+}
+
+// Every op but an einsum records its local work: a local step under its scope forward, and
+// one backward where its backward runs; `seen` tallies the steps' functions by phase.
+void expect_local_steps(const program::Graph& g, const nn::ProgramPrediction& p,
+                        std::map<std::pair<autodiff::Phase, std::string>, int>& seen) {
+  const std::vector<char> backward = on_loss_path(g);
+  for (std::size_t k = 0; k < g.ops.size(); ++k) {
+    if (g.ops[k].op.kind == program::OpKind::einsum) continue;
+    int forward_steps = 0, backward_steps = 0;
+    for (const autodiff::TapeEvent& e : p.events) {
+      if (e.scope != static_cast<int>(k) || e.step.op != OpKind::local) continue;
+      (e.phase == autodiff::Phase::forward ? forward_steps : backward_steps) += 1;
+      ++seen[{e.phase, e.step.function}];
+      EXPECT_FALSE(e.step.function.empty()) << g.ops[k].expression;
+    }
+    EXPECT_GE(forward_steps, 1) << g.ops[k].expression;
+    if (backward[k]) {
+      EXPECT_GE(backward_steps, 1) << g.ops[k].expression;
+    } else {
+      EXPECT_EQ(backward_steps, 0) << g.ops[k].expression;
+    }
+  }
+}
+
 TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
   testing::Rng rng(20261204);
   std::map<std::string, int> seen;
+  std::map<std::pair<autodiff::Phase, std::string>, int> local_steps;
   // Every program is written and tallied (the coverage check below is about the generator);
   // a scaled run (the sanitizer builds) executes an evenly spread subset of them.
   const int written = 1000;
@@ -116,7 +164,6 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
     testing::ProgramWriter writer(rng, mesh);
     const testing::RandomProgram p = writer.write(testing::uniform(rng, 2, 6));
     for (const std::string& k : p.ops) ++seen[k];
-    if (c % stride != 0) continue;
     // Half the programs split as torch.chunk (the same draws either way).
     program::BindOptions bind;
     bind.split = c % 2 ? SplitRule::chunk : SplitRule::array;
@@ -124,6 +171,9 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
     const program::Graph g = bind_text(p.text, bind);
     nn::ProgramOptions options;
     options.seed = static_cast<std::uint64_t>(c);
+    // Every program's prediction (symbolic: cheap) has its local steps.
+    expect_local_steps(g, nn::predict_program(g, options), local_steps);
+    if (c % stride != 0) continue;
     const nn::ProgramRun r = run_threads_program(g, options);
     ASSERT_TRUE(r.verification.verified) << r.verification.detail;
     expect_prediction_matches(g, options, r);
@@ -132,6 +182,74 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
                         "mul",       "einsum", "sum",   "mean",   "max",         "softmax", "layer_norm", "rms_norm",
                         "transpose", "split",  "merge", "rename", "causal_mask", "route"}) {
     EXPECT_GE(seen[k], 3) << "op " << k << " rarely generated";
+  }
+  // Every local op's kind, forward and backward (a route's dispatch gets no gradient; the
+  // loss's sum is the whole-tensor reduction the generator writes).
+  for (const char* f :
+       {"relu",      "gelu",      "silu",       "tanh",        "exp",         "scale",   "add",        "sub",
+        "mul",       "sum",       "reduce_sum", "reduce_mean", "reduce_max",  "softmax", "layer_norm", "rms_norm",
+        "transpose", "split_dim", "merge_dims", "rename",      "causal_mask", "route"}) {
+    EXPECT_GE((local_steps[{autodiff::Phase::forward, f}]), 1) << f << " forward";
+    if (std::string(f) != "route") {
+      EXPECT_GE((local_steps[{autodiff::Phase::backward, f}]), 1) << f << " backward";
+    }
+  }
+}
+
+// A norm over D reads and writes each device's rows: sequence parallelism (T split over X=4)
+// gives each device a quarter of them, forward and backward.
+TEST(ProgramRun, SequenceParallelismDividesANormsLocalWorkByTheAxis) {
+  const auto local = [](const std::string& x_spec) {
+    const program::Graph g = bind_text("mesh X=4\ndims B=2, T=64, D=32\ninput x[B, T, D] : " + x_spec +
+                                       "\nh[B, T, D] = layer_norm(x, over=D)\nloss sum(h)\n");
+    const nn::ProgramPrediction p = nn::predict_program(g, {});
+    std::map<autodiff::Phase, std::pair<double, std::int64_t>> out;  // time, bytes
+    for (const autodiff::TapeEvent& e : p.events) {
+      if (e.scope != 0 || e.step.op != OpKind::local) continue;
+      EXPECT_EQ(e.step.function, "layer_norm");
+      EXPECT_EQ(e.step.bound, Bound::memory);
+      out[e.phase].first += e.step.time_s;
+      out[e.phase].second += e.step.memory_bytes;
+    }
+    return out;
+  };
+  const auto replicated = local("x[B, T, D]"), sequence = local("x[B, T_X, D]");
+  for (const autodiff::Phase phase : {autodiff::Phase::forward, autodiff::Phase::backward}) {
+    ASSERT_GT(replicated.at(phase).second, 0);
+    EXPECT_EQ(sequence.at(phase).second * 4, replicated.at(phase).second) << autodiff::to_string(phase);
+    EXPECT_DOUBLE_EQ(sequence.at(phase).first * 4, replicated.at(phase).first) << autodiff::to_string(phase);
+  }
+  // Forward: x read for the rows' means, again for their variances, again for y written (f64).
+  EXPECT_EQ(replicated.at(autodiff::Phase::forward).second, 4 * 2 * 64 * 32 * 8);
+}
+
+// The update: one local step per param after backward, on the param's block: sgd reads w and
+// its gradient and writes w, adam also reads and writes its two moments. Predicted and run alike.
+TEST(ProgramRun, TheUpdateIsALocalStepPerParam) {
+  const program::Graph g = bind_text(
+      "mesh X=2\ndims B=2, D=6, F=8\ninput x[B, D]\nparam w_in[D, F] : w_in[D, F_X]\nparam w_out[F, D]\n"
+      "u[B, F] = x @ w_in\ny[B, D] = gelu(u) @ w_out\nloss sum(y)\n");
+  const std::map<std::string, std::int64_t> block = {{"w_in", 6 * 4 * 8}, {"w_out", 8 * 6 * 8}};  // f64 bytes
+  for (const auto& [opt, blocks] : {std::pair{nn::Optimizer::sgd, 3}, std::pair{nn::Optimizer::adam, 7}}) {
+    nn::ProgramOptions options;
+    options.optimizer = opt;
+    const nn::ProgramRun r = run_threads_program(g, options);
+    ASSERT_TRUE(r.verification.verified) << r.verification.detail;
+    expect_prediction_matches(g, options, r);
+    for (const auto& events : {nn::predict_program(g, options).events, r.events}) {
+      std::vector<std::string> updated;
+      for (const autodiff::TapeEvent& e : events) {
+        if (e.phase != autodiff::Phase::update) continue;
+        updated.push_back(e.step.tensor);
+        EXPECT_EQ(e.step.op, OpKind::local);
+        EXPECT_EQ(e.step.function, nn::to_string(opt));
+        EXPECT_EQ(e.scope, -1);
+        EXPECT_EQ(e.step.memory_bytes, blocks * block.at(e.step.tensor)) << e.step.tensor;
+        EXPECT_DOUBLE_EQ(e.step.time_s, local_op_time(options.hw, e.step.memory_bytes));
+      }
+      EXPECT_EQ(updated, (std::vector<std::string>{"w_in", "w_out"}));
+      EXPECT_EQ(events.back().phase, autodiff::Phase::update);
+    }
   }
 }
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shardmm/core/error.h"
+#include "shardmm/plan/step_builder.h"
 #include "input_error.h"
 
 namespace shardmm {
@@ -342,6 +343,45 @@ TEST(EinsumTime, RooflineTakesTheSlowerOfComputeAndMemory) {
   EXPECT_EQ(einsum_time(v5e, DType::bf16, 0, 0), 0.0);
   EXPECT_THAT(input_error([&] { einsum_time(v5e, DType::f64, flops, 8); }),
               StartsWith("profile 'tpu-v5e' has no peak FLOP/s for f64"));
+}
+
+// A local op is memory-bound: its bytes read plus written over the profile's bandwidth for
+// that traffic (HBM; on a calibrated profile the measured y += x, else its memcpy).
+TEST(LocalOpTime, IsBytesOverTheLocalBandwidth) {
+  const HardwareProfile h100 = builtin_profile("h100");
+  EXPECT_DOUBLE_EQ(local_op_time(h100, 3 << 20), 3.0 * (1 << 20) / 3.35e12);
+  EXPECT_EQ(local_op_time(h100, 0), 0.0);
+  // A copy of n bytes is a local op of 2n: the two share one bandwidth on analytic profiles.
+  EXPECT_DOUBLE_EQ(local_op_time(h100, 2 << 20), local_copy_time(h100, 1 << 20));
+
+  HardwareProfile calibrated = h100;
+  calibrated.hbm_bandwidth = 1e11;  // calibrate sets it to the memcpy rate; the add rate wins
+  Calibration c;
+  c.copy_bandwidth = 1e11;
+  c.add_bandwidth = 4e10;
+  calibrated.calibration = c;
+  EXPECT_EQ(local_op_bandwidth(calibrated), 4e10);
+  EXPECT_DOUBLE_EQ(local_op_time(calibrated, 8e10), 2.0);
+  calibrated.calibration->add_bandwidth = 0;  // not measured: memcpy's rate
+  EXPECT_EQ(local_op_bandwidth(calibrated), 1e11);
+  EXPECT_DOUBLE_EQ(local_op_time(calibrated, 8e10), 0.8);
+
+  EXPECT_THROW(local_op_time(h100, -1), UsageError);
+}
+
+TEST(LocalOpTime, AStepCarriesItsFunctionBytesAndBound) {
+  const HardwareProfile h100 = builtin_profile("h100");
+  const Step gelu = local_step("gelu", "h", 96 << 20, h100);
+  EXPECT_EQ(gelu.op, OpKind::local);
+  EXPECT_EQ(op_name(gelu), "gelu");
+  EXPECT_EQ(gelu.tensor, "h");
+  EXPECT_EQ(gelu.memory_bytes, 96 << 20);
+  EXPECT_EQ(gelu.bytes_sent, 0);
+  EXPECT_DOUBLE_EQ(gelu.time_s, local_op_time(h100, 96 << 20));
+  EXPECT_EQ(gelu.bound, Bound::memory);
+  EXPECT_FALSE(is_collective(gelu.op));
+  EXPECT_FALSE(multiplies(gelu.op));
+  EXPECT_EQ(local_step("add", "dx", 0, h100).bound, Bound::none);
 }
 
 TEST(LocalCopyTime, ReadsAndWritesTheBytes) {

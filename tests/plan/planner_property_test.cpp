@@ -165,6 +165,8 @@ std::string illegal_transition(const Step& s, const Mesh& m) {
     case OpKind::all_gather_einsum:
     case OpKind::einsum_reduce_scatter:
       return "a collective matmul in a chain of layout steps";
+    case OpKind::local:
+      return "a tape's local step in a plan";
   }
   if (!(want == s.to)) return "`to` is " + format_spec(s.to, m) + ", the op gives " + format_spec(want, m);
   return "";

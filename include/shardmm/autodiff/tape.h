@@ -84,15 +84,19 @@ class Var {
   int id_ = -1;
 };
 
-// update: the optimizer's step after backward (programs add it; no tape event has it).
+// update: the optimizer's step after backward (programs record it: Tape::update).
 enum class Phase { forward, backward, update };
 const char* to_string(Phase phase);
 
 // One step the program ran, or (symbolic) would run: a collective, a local slice or
-// to_partial, or an einsum. `step` holds the plan layer's figures: bytes per device are
-// the most any device sends/receives, flops the most any device computes, time_s the
-// prediction on the tape's hardware profile. Executed tapes add this rank's measurement
-// (bytes it moved; start/end in seconds since the tape was built).
+// to_partial, an einsum, or an op's work on each rank's own blocks (OpKind::local: one per op
+// forward and one per op's backward, more where a norm's statistics over a sharded letter
+// interrupt it with their all_reduce; the update's, one per param). `step` holds the plan
+// layer's figures: bytes per device are the most any device sends/receives (a local step's
+// memory_bytes the most any device reads plus writes), flops the most any device computes,
+// time_s the prediction on the tape's hardware profile. Executed tapes add this rank's
+// measurement (bytes it moved; start/end in seconds since the tape was built; a local step's
+// span is the wall time of its computation).
 struct TapeEvent {
   Phase phase = Phase::forward;
   Step step;
@@ -216,6 +220,12 @@ class Tape {
   // op): the events of the forward pass, and those each node's backward runs later. -1: none.
   void set_scope(int scope);
 
+  // The optimizer's step on leaf `param` after backward (a program calls it for each param):
+  // one local step `function` ("sgd", "adam") in Phase::update, scope -1, named after the
+  // param, reading plus writing `blocks` blocks of the param's layout (sgd: w and its gradient
+  // read, w written: 3). Executed tapes run `update` (this rank's shard) and time it.
+  void update(Var param, std::string function, int blocks, const std::function<void()>& update);
+
   // Everything run so far, forward then backward, in order.
   const std::vector<TapeEvent>& events() const;
   TapeMemory memory() const;
@@ -299,9 +309,10 @@ Var rename(Var x, std::string_view from, std::string_view to);
 // gradient through it, nor does what is computed from such data alone (MoE routing's
 // dispatch mask: which slot a token takes is a choice, not a function to differentiate).
 // `fill` writes this rank's shard of the result (`spec`, global `shape`, zeros to start) from
-// x's shard; symbolic tapes record the layout only. No communication.
+// x's shard; symbolic tapes record the layout only. No communication: a local step named
+// `function` (what fill computes, e.g. "route") that reads x's block and writes the result's.
 using LocalData = std::function<void(const DistTensor& x, DistTensor& out)>;
-Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill);
+Var data_from(Var x, const Spec& spec, Shape shape, const LocalData& fill, std::string function);
 
 // Over the last dimension; no unreduced axes. The last dimension may be sharded: its rows'
 // statistics are then all-reduced (reductions.h has these over any dimension).

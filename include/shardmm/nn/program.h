@@ -38,6 +38,9 @@ namespace shardmm::nn {
 
 enum class Optimizer { sgd, adam };
 const char* to_string(Optimizer o);
+// Blocks of a param's layout its update reads plus writes (docs/cost-model.md, "Local ops"):
+// sgd reads w and its gradient and writes w (3); adam also reads and writes its two moments (7).
+int update_blocks(Optimizer o);
 Optimizer parse_optimizer(std::string_view text);  // InputError naming the choices
 
 struct ProgramOptions {

@@ -167,6 +167,14 @@ double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::in
 Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
 // A local copy (slice) reads and writes `bytes`.
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes);
+// The rate of a local op's memory traffic, bytes read plus written per second per device:
+// a calibrated profile's measured y += x (add_bandwidth; its memcpy rate where that is
+// missing), else hbm_bandwidth.
+double local_op_bandwidth(const HardwareProfile& hw);
+// A local op (OpKind::local: an activation, a norm, the optimizer's update) is memory-bound:
+// `bytes` it reads plus writes / local_op_bandwidth (docs/cost-model.md, "Local ops"); its
+// bound is memory (none when it moves no bytes).
+double local_op_time(const HardwareProfile& hw, std::int64_t bytes);
 
 // Collective matmuls (docs/cost-model.md, "Collective matmul"). One hop of a ring: the hop
 // latency plus `bytes` over one link in one direction.

@@ -27,6 +27,11 @@
 //                             that chain serves poorly: A[I_XY] -> A[I_YX] (a permutation,
 //                             where the chain gathers the whole of I), A[I_X] -> A[I_Y].
 //   einsum                    local contraction of the two operands' shards
+//   local                     work on each device's own blocks that neither moves data between
+//                             devices nor multiplies (an activation, a norm's passes, a transpose,
+//                             the optimizer's update): `function` names it, `memory_bytes` is
+//                             what it reads plus writes, and it is costed as memory-bound
+//                             (cost.h: local_op_time). Recorded by the autodiff tape, never planned.
 // Collective matmuls (the Scaling Book's "collective matmul"; XLA's windowed einsum): a collective
 // and the einsum fused into a ring, so that while one chunk is multiplied the next is in
 // flight. `from` @ `from_b` -> `to` as for einsum; G = `axes` is flattened into one ring.
@@ -71,6 +76,7 @@ enum class OpKind {
   all_gather_einsum,
   einsum_reduce_scatter,
   exchange,
+  local,
 };
 const char* to_string(OpKind op);
 // The collectives alone: the four and exchange (not the collective matmuls, which also compute).
@@ -107,6 +113,9 @@ struct Step {
   double flops = 0;                 // per device, the most any device computes
   double time_s = 0;                // predicted (collective matmuls: overlapped, see docs/cost-model.md)
   Bound bound = Bound::none;        // which term of the model sets time_s
+  // local only.
+  std::string function;           // what it computes: "gelu", "layer_norm", "adam", ...
+  std::int64_t memory_bytes = 0;  // bytes it reads plus writes in the device's memory, the most any device
   // Collective matmuls only.
   int ring_operand = -1;       // all_gather_einsum: the gathered operand (0: from, 1: from_b)
   bool bidirectional = false;  // shards (all_gather_einsum) or partial sums (einsum_reduce_scatter)
@@ -116,7 +125,8 @@ struct Step {
   double compute_time_s = 0;   // the einsum alone, predicted
 };
 
-// The step's op as printed: to_string(op), but "all_reduce(max)" for a maximum.
+// The step's op as printed: to_string(op), but "all_reduce(max)" for a maximum and a local
+// step's function ("gelu").
 std::string op_name(const Step& step);
 
 // An all_gather_einsum whose gathered dimension is contracted: each shard's product adds into
