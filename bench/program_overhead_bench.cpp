@@ -1,14 +1,15 @@
 // What the program layer adds to a matmul: the same plan run as one op of a program (an
-// executed autodiff tape: one Executor per step, its result copied out) and as `shardmm run`
-// runs it (run_plan: one Executor, its buffers kept between repeats). The tape records steps one
-// at a time, so its plan has no collective matmul ring (autodiff::tape_plan): both run that.
+// executed autodiff tape: one Executor per step) and as `shardmm run` runs it (one Executor, its
+// buffers kept between repeats). The tape records steps one at a time, so its plan has no
+// collective matmul ring (autodiff::tape_plan): both run that plan.
 //
-//   build/bench/program_overhead_bench [--ranks 2] [--sizes 512,1024,2048] [--dtype f32] [--repeat 7]
+//   build/bench/program_overhead_bench [--ranks 2] [--sizes 512,1024,2048] [--dtype f32] [--repeat 15]
 //
-// The four cases of the Scaling Book on mesh X=ranks (threads). Program: the op's span on each
-// rank, from its first step's start to its last step's end, the slowest rank's; run: run_plan's
-// measured time (first rank's start to last rank's finish). Both medians of --repeat after one
-// warm-up. ratio = program / run (issue 26's goal: at most 1.10).
+// The four cases of the Scaling Book on mesh X=ranks (threads). Each repeat times both, one
+// after the other, every rank lined up before each: the program's op, from its first step's
+// start to its last step's end, and the kept Executor's run, each the slowest rank's. A
+// machine's drift then moves both alike: ratio = the median of the repeats' program / run, with
+// the lowest and highest (issue 26's goal: at most 1.10). One warm-up repeat first.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/nn/program.h"
 #include "shardmm/program/program.h"
+#include "shardmm/runtime/executor.h"
 #include "shardmm/runtime/runner.h"
 
 namespace {
@@ -42,18 +44,35 @@ const Case kCases[] = {
     {"case 4", "a[I_X, J]", "b[J, K_X]", "c[I_X, K]"},
 };
 
-// The op's span (its first step's start to its last's end) on each rank of each repeat, the
-// slowest rank's, after one warm-up recording.
-std::vector<double> program_times(const program::Graph& g, const nn::ProgramOptions& options, int repeat,
-                                  std::vector<OpKind>& steps) {
-  std::vector<double> times;
+struct Times {
+  std::vector<double> program, run;  // seconds, per repeat
+  std::vector<OpKind> program_steps;
+};
+
+Times time_both(const program::Graph& g, const nn::ProgramOptions& options, const Contraction& c, const Plan& plan,
+                const DimSizes& sizes, int repeat) {
+  Times times;
   run_backend("threads", g.mesh, [&](Communicator& comm) {
     AxisList all;
     for (int a = 0; a < g.mesh.rank(); ++a) all.push_back(a);
+    const auto line_up = [&] {
+      double nothing = 0;
+      comm.all_reduce(&nothing, 1, DType::f64, all);
+    };
+    const auto slowest = [&](double seconds) {
+      comm.all_reduce(&seconds, 1, DType::f64, all, ReduceOp::max);
+      return seconds;
+    };
+    const std::int64_t me = comm.rank();
+    // The program's own values of its leaves a and b (tensors 0 and 1).
+    const DistTensor a =
+        DistTensor::filled(g.mesh, me, c.a, global_shape(c.a, sizes), options.dtype, nn::leaf_values(g, 0, options));
+    const DistTensor b =
+        DistTensor::filled(g.mesh, me, c.b, global_shape(c.b, sizes), options.dtype, nn::leaf_values(g, 1, options));
+    Executor kept(comm, plan, sizes, options.dtype);
     for (int r = 0; r <= repeat; ++r) {
       autodiff::Tape tape(comm, {options.dtype, options.hw});
-      double line_up = 0;  // every rank starts the op together, as run_plan's repeats do
-      comm.all_reduce(&line_up, 1, DType::f64, all);
+      line_up();
       nn::record_program(tape, g, options);
       double first = 0, last = 0;
       bool any = false;
@@ -62,11 +81,17 @@ std::vector<double> program_times(const program::Graph& g, const nn::ProgramOpti
         first = any ? std::min(first, e.measured.start_s) : e.measured.start_s;
         last = any ? std::max(last, e.measured.end_s) : e.measured.end_s;
         any = true;
-        if (r == 0 && comm.rank() == 0) steps.push_back(e.step.op);
+        if (r == 0 && me == 0) times.program_steps.push_back(e.step.op);
       }
-      double span = last - first;
-      comm.all_reduce(&span, 1, DType::f64, all, ReduceOp::max);
-      if (r > 0 && comm.rank() == 0) times.push_back(span);
+      const double program = slowest(last - first);
+      line_up();
+      const auto start = std::chrono::steady_clock::now();
+      kept.run(a, &b);
+      const double run = slowest(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (r > 0 && me == 0) {
+        times.program.push_back(program);
+        times.run.push_back(run);
+      }
     }
   });
   return times;
@@ -77,12 +102,12 @@ constexpr const char* kUsage =
     "The Scaling Book's four cases on mesh X=ranks (default 2, threads) at I = J = K = each of --sizes\n"
     "(512,1024,2048): the op's time run as one op of a program (an executed tape) against the same steps\n"
     "run as `shardmm run` runs a plan; medians of --repeat (7) after a warm-up, ratio = program / run.\n"
-    "Exit 2 on a bad flag, 1 when the two ran different steps, 3 when the run's result is wrong.\n";
+    "Exit 2 on a bad flag, 1 when the two ran different steps.\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  int ranks = 2, repeat = 7;
+  int ranks = 2, repeat = 15;
   std::vector<std::int64_t> sizes = {512, 1024, 2048};
   std::string dtype_text = "f32";
   const std::optional<int> stop = bench::parse_flags("program_overhead_bench", kUsage, [&] {
@@ -100,7 +125,7 @@ int main(int argc, char** argv) {
     const DType dtype = parse_dtype(dtype_text);
     const Mesh mesh = Mesh::parse("X=" + std::to_string(ranks));
     std::printf("%d in-process ranks, %s, median of %d; times in ms\n", ranks, to_string(dtype), repeat);
-    std::printf("%-7s %6s %-48s %10s %10s %7s\n", "case", "n", "plan", "program", "run", "ratio");
+    std::printf("%-7s %6s %-62s %9s %9s %7s %s\n", "case", "n", "plan", "program", "run", "ratio", "range");
     for (const Case& k : kCases) {
       for (std::int64_t n : sizes) {
         const std::string dims =
@@ -111,37 +136,25 @@ int main(int argc, char** argv) {
         nn::ProgramOptions options;
         options.dtype = dtype;
         options.train = false;
-        std::vector<OpKind> program_steps;
-        const std::vector<double> program = program_times(g, options, repeat, program_steps);
-
         const Contraction c = parse_contraction(std::string(k.a) + " @ " + k.b + " -> " + k.c, mesh);
         PlanOptions plan_options;
         plan_options.dtype = dtype;
         plan_options.hw = options.hw;
-        RunRequest req;
-        req.mesh = mesh;
-        req.sizes = {{"I", n}, {"J", n}, {"K", n}};
-        req.plan = autodiff::tape_plan(mesh, c, req.sizes, plan_options);
-        req.dtype = dtype;
-        req.contraction = &c;
-        req.repeat = repeat;
-        std::vector<OpKind> run_steps;
-        for (const Step& s : req.plan.steps) run_steps.push_back(s.op);
-        if (run_steps != program_steps) {
+        const DimSizes sizes = {{"I", n}, {"J", n}, {"K", n}};
+        const Plan plan = autodiff::tape_plan(mesh, c, sizes, plan_options);
+        const Times t = time_both(g, options, c, plan, sizes, repeat);
+        std::vector<OpKind> plan_steps;
+        for (const Step& s : plan.steps) plan_steps.push_back(s.op);
+        if (plan_steps != t.program_steps) {
           std::fprintf(stderr, "program_overhead_bench: %s at n = %lld: the program ran other steps than %s\n", k.name,
-                       static_cast<long long>(n), req.plan.description.c_str());
+                       static_cast<long long>(n), plan.description.c_str());
           return 1;
         }
-        const RunReport r = run_plan(req);
-        if (!r.verification.verified) {
-          std::fprintf(stderr, "program_overhead_bench: %s at n = %lld: the run gave a wrong C\n", k.name,
-                       static_cast<long long>(n));
-          return 3;
-        }
-        const double program_median = median(program);
-        std::printf("%-7s %6lld %-48s %10.3f %10.3f %7.3f\n", k.name, static_cast<long long>(n),
-                    req.plan.description.c_str(), program_median * 1e3, r.measured_time_s * 1e3,
-                    program_median / r.measured_time_s);
+        std::vector<double> ratios;
+        for (std::size_t r = 0; r < t.program.size(); ++r) ratios.push_back(t.program[r] / t.run[r]);
+        std::printf("%-7s %6lld %-62s %9.3f %9.3f %7.3f %5.2f-%.2f\n", k.name, static_cast<long long>(n),
+                    plan.description.c_str(), median(t.program) * 1e3, median(t.run) * 1e3, median(ratios),
+                    *std::min_element(ratios.begin(), ratios.end()), *std::max_element(ratios.begin(), ratios.end()));
         std::fflush(stdout);
       }
     }
