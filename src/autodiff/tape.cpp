@@ -245,6 +245,9 @@ void Tape::Impl::accumulate(int id, Value grad) {
     if (!contains(target.unreduced, a)) target.unreduced.push_back(a);
   }
   std::sort(target.unreduced.begin(), target.unreduced.end());
+  // The sum is a local step (kGradientSumBlocks): a copy of the first contribution (or zeros)
+  // and an add of the second.
+  const double start = clock();
   Value sum{target, nullptr};
   if (!symbolic()) {
     const auto kept_here = [&](const Spec& s) {
@@ -270,6 +273,8 @@ void Tape::Impl::accumulate(int id, Value grad) {
     }
     sum.data = std::move(data);
   }
+  record_local("accumulate", grad.spec.tensor,
+               checked_mul(kGradientSumBlocks, block_bytes(target, n.shape), "a gradient sum's bytes"), start);
   n.grad = std::move(sum);
 }
 

@@ -958,6 +958,35 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       c.problem.factors.push_back(std::move(reduce));
     }
   }
+  // Summing a gradient's contributions: one local step per contribution after the first
+  // (autodiff::kGradientSumBlocks of the value's block), whatever the op order. An op that reads
+  // a value twice sums its two contributions in its own recording; the ops' sums are added here.
+  if (train) {
+    std::vector<std::int64_t> sums(c.values.size(), 0);  // by tensor variable, over its copies
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+      if (!g.tensors[t].differentiable) continue;
+      std::set<int> contributing;
+      for (int k : g.tensors[t].consumers) {
+        // Routing is data: no gradient flows back through a route.
+        if (c.on_loss_path[static_cast<std::size_t>(k)] && g.ops[static_cast<std::size_t>(k)].op.kind != OpKind::route)
+          contributing.insert(k);
+      }
+      sums[static_cast<std::size_t>(c.var_of_tensor[t])] += std::max<std::int64_t>(0, std::ssize(contributing) - 1);
+    }
+    for (std::size_t v = 0; v < c.values.size(); ++v) {
+      if (sums[v] == 0) continue;
+      const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+      Factor f;
+      f.vars = {static_cast<int>(v)};
+      for (std::size_t i = 0; i < c.values[v].size(); ++i) {
+        const std::int64_t bytes = local_bytes(g, c.values[v][i], t.shape, options.dtype);
+        const double time =
+            local_op_time(options.hw, checked_mul(autodiff::kGradientSumBlocks, bytes, "a gradient sum's bytes"));
+        f.entries.push_back({{static_cast<int>(i)}, time * static_cast<double>(sums[v]), 0, {}, {}});
+      }
+      c.problem.factors.push_back(std::move(f));
+    }
+  }
   std::vector<int> factor_of(g.ops.size());
   for (std::size_t k = 0; k < g.ops.size(); ++k) factor_of[k] = factor_index.at(factor_of_op[k]);
   add_timeline(c, g, options, factor_of, shared_of_var, reduce_factors);

@@ -113,6 +113,11 @@ struct TapeMemory {
   std::int64_t gradients = 0;    // leaf gradients, in the leaves' specs (after backward)
 };
 
+// The blocks that adding a second contribution to a value's gradient reads and writes: a copy
+// of the first (2) and the add of the second (3). The tape records it as a local step
+// ("accumulate") in the backward of the op whose contribution comes second.
+inline constexpr int kGradientSumBlocks = 5;
+
 // The plans of planned_einsum shared by tapes that record the same contraction again (solve
 // records each op once per combination of specs, the forward pass again for every layout of
 // its gradient): the plan by the contraction, its sizes and the dtype. Thread-safe; one cache
