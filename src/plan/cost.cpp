@@ -162,7 +162,8 @@ double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::in
   const double peak = hw.flops_for(dtype);
   detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
   const double measured = bytes > 0 ? calibrated_gemm_rate(hw, dtype, flops / static_cast<double>(bytes)) : 0;
-  return std::max(flops / (measured > 0 ? measured : peak), static_cast<double>(bytes) / hw.hbm_bandwidth);
+  const double call = hw.calibration && flops > 0 ? hw.calibration->einsum_call_s : 0;
+  return call + std::max(flops / (measured > 0 ? measured : peak), static_cast<double>(bytes) / hw.hbm_bandwidth);
 }
 
 Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {

@@ -518,7 +518,9 @@ Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_c
   s.compute_time_s = einsum.time_s;
   const auto& calibration = coster.options().hw.calibration;
   const double overlap = calibration ? calibration->ring_overlap(op) : 1;
-  s.time_s = overlapped_ring_time(chunks, chunk_compute_s, hop, overlap);
+  // On a calibrated profile each hop's hand-off also costs what no GEMM hides (cost.h).
+  const double handoffs = calibration ? static_cast<double>(chunks.size() - 1) * calibration->ring_handoff_s : 0;
+  s.time_s = overlapped_ring_time(chunks, chunk_compute_s, hop, overlap) + handoffs;
   s.bound = s.compute_time_s >= s.comm_time_s ? Bound::compute : ring_hop_bound(coster.options().hw, hop_bytes);
   return s;
 }

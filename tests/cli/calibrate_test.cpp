@@ -249,6 +249,53 @@ TEST_F(Calibrated, FitsEachRingsOverlapToTheMeasuredRatio) {
   }
 }
 
+// The fixed costs: a tiny local einsum and both tiny rings ran through the executor; each
+// sample's per-call figure is what it took beyond the model's time for it, and the profile holds
+// the einsum's as einsum_call_s and the rings' mean as ring_handoff_s. The model's time for a
+// ring includes the einsum's call per chunk (set first) but no hand-off, and hides every hop (the
+// overlaps are fitted after, on a model that has the hand-offs).
+TEST_F(Calibrated, MeasuresTheFixedCostsOnTinySteps) {
+  const json doc = json::parse(calibration_->out);
+  const HardwareProfile p = profile();
+  const Mesh mesh = Mesh::parse("X=2");
+  ASSERT_EQ(doc["fixed_costs"].size(), 3u);
+  std::vector<double> handoffs;
+  for (const json& f : doc["fixed_costs"]) {
+    SCOPED_TRACE(f.dump());
+    const std::string op = f["op"];
+    const double measured = f["measured_s"], predicted = f["predicted_s"], per_call = f["per_call_s"];
+    const int calls = f["calls"];
+    EXPECT_GT(measured, 0);
+    EXPECT_NEAR(per_call, std::max(0.0, measured - predicted) / calls, 1e-15);
+    const Contraction c = parse_contraction(f["expression"].get<std::string>(), mesh);
+    DimSizes sizes;
+    for (const auto& [dim, size] : f["dims"].items()) sizes[dim] = size.get<std::int64_t>();
+    PlanOptions opt;
+    opt.dtype = DType::f32;
+    opt.hw = p;
+    opt.hw.calibration->ring_handoff_s = 0;
+    // Measured before the rings' overlaps are fitted: as a profile without them, every hop hidden.
+    opt.hw.calibration->gather_ring_overlap = opt.hw.calibration->scatter_ring_overlap = 1;
+    if (op == "einsum") {
+      EXPECT_EQ(calls, 1);
+      EXPECT_EQ(per_call, p.calibration->einsum_call_s);
+      opt.hw.calibration->einsum_call_s = 0;
+    } else {
+      EXPECT_EQ(calls, 1);  // two members: one hop
+      handoffs.push_back(per_call);
+    }
+    const OpKind kind = op == "einsum" ? OpKind::einsum
+                        : op == "all_gather_einsum" ? OpKind::all_gather_einsum
+                                                    : OpKind::einsum_reduce_scatter;
+    const MatmulPlanning planning = plan_matmul(mesh, c, sizes, opt);
+    const Plan* plan = find_candidate(planning, {kind});
+    ASSERT_NE(plan, nullptr);
+    EXPECT_NEAR(plan->total_time_s, predicted, 1e-12);
+  }
+  ASSERT_EQ(handoffs.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.calibration->ring_handoff_s, (handoffs[0] + handoffs[1]) / 2);
+}
+
 TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
   const std::filesystem::path other = *dir_ / "other.json";
   const Result r = shardmm_cli({"calibrate", "--quick", "--mesh", "X=2", "--out", other.string()});
@@ -256,6 +303,8 @@ TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
   EXPECT_THAT(r.out, HasSubstr("calibrated-threads written to " + other.string()));
   EXPECT_THAT(r.out, HasSubstr("all_reduce"));
   EXPECT_THAT(r.out, HasSubstr("einsum_reduce_scatter"));
+  EXPECT_THAT(r.out, HasSubstr("einsum_call_s"));
+  EXPECT_THAT(r.out, HasSubstr("ring_handoff_s"));
   EXPECT_TRUE(parse_profile_json(slurp(other), other.string()).calibration.has_value());
 }
 
