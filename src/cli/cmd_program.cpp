@@ -140,7 +140,9 @@ std::string event_text(const Mesh& mesh, const autodiff::TapeEvent& e) {
   std::string what = std::string(to_string(e.step.op)) + " " + e.step.tensor + axes_text(mesh, e.step);
   if (is_collective(e.step.op)) what += ", " + format_bytes(static_cast<double>(e.step.bytes_sent));
   if (e.step.flops > 0) what += ", " + format_flops(e.step.flops);
-  return what + ", " + format_time(e.step.time_s);
+  what += ", " + format_time(e.step.time_s);
+  const Confidence& c = e.step.confidence;
+  return c.low() ? what + " (low confidence, ±" + format_time(c.uncertainty_s) + ": " + join(c.why, "; ") + ")" : what;
 }
 
 struct PhaseTimes {
@@ -276,6 +278,7 @@ Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
             {"flops", e.step.flops},
             {"time_s", e.step.time_s}};
   for (int a : e.step.axes) j["axes"].push_back(mesh.axis(a).name);
+  add_confidence_json(j, e.step.confidence);
   return j;
 }
 

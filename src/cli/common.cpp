@@ -418,6 +418,24 @@ Json dim_name(const Spec& spec, int dim) {
 
 }  // namespace
 
+void print_confidence(std::ostream& out, const std::vector<Confidence>& confidence) {
+  if (std::none_of(confidence.begin(), confidence.end(), [](const Confidence& c) { return c.low(); })) return;
+  out << "  low confidence (docs/cost-model.md, 'Confidence'): the step's time may be off by about what is given\n";
+  for (std::size_t i = 0; i < confidence.size(); ++i) {
+    const Confidence& c = confidence[i];
+    if (!c.low()) continue;
+    const std::string head = "    step " + std::to_string(i + 1) + ", ±" + format_time(c.uncertainty_s) + ": ";
+    out << head << wrap(join(c.why, "; "), 100 - head.size(), std::string(head.size(), ' ')) << "\n";
+  }
+}
+
+void add_confidence_json(Json& step, const Confidence& c) {
+  if (!c.low()) return;
+  step["confidence"] = "low";
+  step["why"] = c.why;
+  step["uncertainty_s"] = c.uncertainty_s;
+}
+
 Json step_json(const Step& s, const Mesh& mesh) {
   Json j;
   j["op"] = op_name(s);
@@ -435,6 +453,7 @@ Json step_json(const Step& s, const Mesh& mesh) {
   j["flops"] = s.flops;
   j["time_s"] = s.time_s;
   j["bound"] = s.bound == Bound::none ? Json(nullptr) : Json(to_string(s.bound));
+  add_confidence_json(j, s.confidence);
   if (is_collective_matmul(s.op)) {
     Json ring;
     ring["operand"] = s.op == OpKind::all_gather_einsum ? Json(s.ring_operand == 0 ? "a" : "b") : Json(nullptr);

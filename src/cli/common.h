@@ -140,6 +140,9 @@ std::size_t display_width(std::string_view text);
 // `indent` (not counted in `width`).
 std::string wrap(std::string_view text, std::size_t width, std::string_view indent);
 std::string join(const std::vector<std::string>& parts, std::string_view separator);
+// Under a table of steps, one line per step whose prediction is weak (step i is confidence[i - 1]),
+// each reason after it; nothing when every step's confidence is clear.
+void print_confidence(std::ostream& out, const std::vector<Confidence>& confidence);
 
 // "I=8192, J=4096"
 std::string format_sizes(const DimSizes& sizes);
@@ -155,6 +158,9 @@ Json mesh_json(const Mesh& mesh);
 void add_mesh_json(Json& doc, const Mesh& mesh);
 Json dims_json(const DimSizes& sizes);
 Json step_json(const Step& step, const Mesh& mesh);
+// A weak prediction's keys on a step's JSON ("confidence": "low", "why": [...], "uncertainty_s");
+// none where the model knows nothing against it (docs/cost-model.md, "Confidence").
+void add_confidence_json(Json& step, const Confidence& confidence);
 Json plan_json(const Plan& plan, const Mesh& mesh);
 
 }  // namespace shardmm::cli

@@ -150,6 +150,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     step.flops = c.flops;
     step.time_s = c.time;
     step.bound = c.bound;
+    step.confidence = c.confidence;
     return c.memory;
   };
   if (auto it = memo_.find(key); it != memo_.end()) return fill(it->second);
@@ -223,6 +224,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
          0,
          0,
          Bound::none,
+         {},
          {}};
   in_max = checked_mul(in_max, elem, "bytes per device");
   out_max = checked_mul(out_max, elem, "bytes per device");
@@ -230,6 +232,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     const CollectiveCost cc = collective_cost(options_.hw, mesh_, step.op, step.axes, array_bytes);
     c.time = cc.time_s;
     c.bound = cc.bound();
+    c.confidence = cc.confidence;
   };
   switch (step.op) {
     case OpKind::all_gather:
@@ -425,6 +428,7 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const ExchangeTraff
          0,
          0,
          Bound::none,
+         {},
          {}};
   // Timed as the all_to_all that moves as much per device: one of n members sends (n - 1) / n
   // of its array.
@@ -436,6 +440,7 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const ExchangeTraff
         collective_cost(options_.hw, mesh_, OpKind::all_to_all, step.axes, array / (n - 1));  // rounded up
     c.time = cc.time_s;
     c.bound = cc.bound();
+    c.confidence = cc.confidence;
   }
   if (options_.hw.calibration) {
     c.time += local_copy_time(options_.hw, checked_mul(traffic.copied, elem, "bytes copied per device"));
@@ -471,6 +476,7 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
   step.flops = flops;
   step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes);
   step.bound = einsum_bound(options_.hw, options_.dtype, flops, bytes);
+  step.confidence = einsum_confidence(options_.hw, options_.dtype, flops, bytes);
 }
 
 namespace {
@@ -513,6 +519,7 @@ Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_c
   s.bytes_sent = collective.bytes_sent;
   s.bytes_received = collective.bytes_received;
   s.ring_steps = static_cast<int>(chunks.size());
+  s.confidence.add_part(collective.confidence);
   const double hop = ring_hop_time(coster.options().hw, hop_bytes);
   s.comm_time_s = hop * static_cast<double>(chunks.size() - 1);  // the hops of one step move at once
   s.compute_time_s = einsum.time_s;

@@ -164,6 +164,9 @@ struct CollectiveCost {
   double latency_s = 0;
   double bandwidth_s = 0;
   double time_s = 0;
+  // On a calibrated profile: low where no fit covers the group's size, where the fit used misses
+  // its own samples by more than kModelBand, or where array_bytes lies outside the sizes measured.
+  Confidence confidence;
   Bound bound() const;  // latency where latency_s >= bandwidth_s; none when time_s is 0
 };
 CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
@@ -173,6 +176,9 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
 // the peak: interpolated in log(intensity) between the measured shapes, clamped at the ends;
 // and it adds its einsum_call_s to every einsum that computes (flops > 0).
 double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
+// On a calibrated profile: low where the dtype has no measured GEMM rate, or where the einsum's
+// intensity lies below the shapes measured (the rate is then the lowest shape's, clamped).
+Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
 // compute when the FLOPs' term of einsum_time is the larger, memory when the bytes' is.
 Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
 // A local copy (slice) reads and writes `bytes`.
