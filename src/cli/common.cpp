@@ -418,6 +418,18 @@ Json dim_name(const Spec& spec, int dim) {
 
 }  // namespace
 
+void add_run_confidence(Confidence& confidence, std::int64_t ranks, std::int64_t cores, const HardwareProfile& hw,
+                        bool other_hardware, double time_s) {
+  if (ranks > cores) {
+    confidence.add(std::to_string(ranks) + " ranks take turns on " + std::to_string(cores) +
+                       " cores: waits for a core are not in the model",
+                   kModelBand * time_s);
+  }
+  if (other_hardware && !hw.calibration) {
+    confidence.add("the profile " + hw.name + " models other hardware, not this machine", kModelBand * time_s);
+  }
+}
+
 void print_confidence(std::ostream& out, const std::vector<Confidence>& confidence) {
   if (std::none_of(confidence.begin(), confidence.end(), [](const Confidence& c) { return c.low(); })) return;
   out << "  low confidence (docs/cost-model.md, 'Confidence'): the step's time may be off by about what is given\n";

@@ -32,6 +32,7 @@ namespace {
 
 using json = nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 using Result = testing::CliResult;
@@ -392,6 +393,60 @@ TEST_F(Calibrated, RunReportsMeasuredOverPredictedAndWritesTheTrace) {
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("measured/predicted"));
   EXPECT_THAT(text.out, HasSubstr("predicted on calibrated-threads"));
+}
+
+// A calibration on X=2 measured no collective on 4 ranks: on X=2,Y=2 the all_gather over both
+// axes is predicted by formula, and plan says so on that step, in text and JSON; a run on 4
+// ranks adds the shared cores where the machine has fewer, and on a profile of other hardware
+// says in its JSON that the profile is not this machine's.
+TEST_F(Calibrated, StepsWithoutAFitSayTheirConfidenceIsLow) {
+  const std::vector<std::string> plan_args = {"plan", "A[I_XY, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2,Y=2",
+                                              "--dims", "I=64,J=32,K=16"};
+  const json doc = json_of(shardmm_cli([&] {
+    auto a = plan_args;
+    a.push_back("--json");
+    return a;
+  }()));
+  int on_four = 0;
+  for (const json& candidate : doc["candidates"]) {
+    for (const json& step : candidate["steps"]) {
+      SCOPED_TRACE(step.dump());
+      const std::string op = step["op"];
+      if (step["axes"].size() != 2 || (op != "all_gather" && op != "all_reduce" && op != "reduce_scatter")) continue;
+      ASSERT_EQ(step["confidence"], "low");
+      EXPECT_THAT(step["why"][0].get<std::string>(), HasSubstr("no " + op + " on 4 ranks was calibrated"));
+      EXPECT_GT(step["uncertainty_s"].get<double>(), 0);
+      EXPECT_LE(step["uncertainty_s"].get<double>(), 0.15 * step["time_s"].get<double>());
+      ++on_four;
+    }
+  }
+  EXPECT_GT(on_four, 0) << doc.dump();
+  auto all = plan_args;
+  all.push_back("--all");
+  const Result text = shardmm_cli(all);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("low confidence (docs/cost-model.md, 'Confidence')"));
+  EXPECT_THAT(text.out, HasSubstr("on 4 ranks was calibrated (the profile measured mesh X=2)"));
+  // The hardware the built-in profile describes: nothing against it.
+  auto analytic = plan_args;
+  analytic.insert(analytic.end(), {"--hw", "tpu-v5e"});
+  EXPECT_THAT(shardmm_cli(analytic).out, Not(HasSubstr("low confidence")));
+
+  const json run = json_of(shardmm_cli({"run", "A[I_XY, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2,Y=2", "--dims",
+                                        "I=64,J=32,K=16", "--repeat", "1", "--warmup-time", "0", "--json"}));
+  const bool shared = run["ranks_on_machine"].get<int>() > run["cores"].get<int>();
+  for (const json& step : run["candidates"][run["executed"].get<std::size_t>()]["steps"]) {
+    SCOPED_TRACE(step.dump());
+    const std::string why = step.value("why", json::array()).dump();
+    EXPECT_EQ(why.find("4 ranks take turns on") != std::string::npos, shared);
+  }
+  const json other = json_of(shardmm_cli({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims",
+                                          "I=64,J=96,K=32", "--repeat", "1", "--warmup-time", "0", "--hw", "h100",
+                                          "--json"}));
+  for (const json& step : other["candidates"][other["executed"].get<std::size_t>()]["steps"]) {
+    EXPECT_EQ(step["confidence"], "low");
+    EXPECT_THAT(step["why"].dump(), HasSubstr("the profile h100 models other hardware, not this machine"));
+  }
 }
 
 TEST_F(Calibrated, ReshardRunTracesToo) {
