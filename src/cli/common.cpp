@@ -373,7 +373,9 @@ void print_hardware(std::ostream& out, const Planning& p) {
         << wrap("calibrated on the " + hw.calibration->backend +
                     " backend: collectives by measured alpha-beta fit on " + join(sizes, ", ") +
                     " ranks (other sizes by the formulas above); einsums at the measured GEMM "
-                    "rate for their shape",
+                    "rate for their shape, each GEMM call " +
+                    format_time(hw.calibration->einsum_call_s) + " more and each ring hop's hand-off " +
+                    format_time(hw.calibration->ring_handoff_s) + " (calibration.md, 'Fixed costs')",
                 88, "            ")
         << "\n";
   }

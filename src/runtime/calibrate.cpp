@@ -96,8 +96,8 @@ void build_profile(const CalibrateOptions& o, Calibration cal, HardwareProfile& 
   p.name = "calibrated-" + o.backend;
   p.description = "Measured by 'shardmm calibrate" + std::string(o.quick ? " --quick" : "") + "' on " + cal.host +
                   ", " + o.backend + " backend, mesh " + cal.mesh + ", at " + cal.measured_at +
-                  ": collectives by alpha-beta fit per group size, GEMM rates by shape, collective matmul rings' "
-                  "overlap (docs/calibration.md)";
+                  ": collectives by alpha-beta fit per group size, GEMM rates by shape, the fixed costs of a GEMM "
+                  "call and a ring's hand-off, collective matmul rings' overlap (docs/calibration.md)";
   for (const GemmRate& g : cal.gemm) p.peak_flops[g.dtype] = std::max(p.peak_flops[g.dtype], g.flops_per_s);
   p.hbm_bandwidth = cal.copy_bandwidth;
   const CollectiveFit* widest = nullptr;
