@@ -341,13 +341,13 @@ void print_matmul_report(std::ostream& out, const Planning& p, const Contraction
   out << "): " << chosen.description << "\n";
   if (const std::optional<NearTie> tie = near_tie(m)) {
     const Plan& other = m.candidates[static_cast<std::size_t>(tie->candidate)];
-    out << "  near tie  " << wrap("#" + std::to_string(tie->candidate + 1) + " (" + other.description + ") is predicted " +
-                                      format_time(other.total_time_s) + " against " + format_time(chosen.total_time_s) +
-                                      ", " + format_time(tie->difference_s) + " apart, less than the ±" +
-                                      format_time(tie->uncertainty_s) +
-                                      " their low-confidence steps may be off by: the model cannot rank the two "
-                                      "(docs/cost-model.md, 'Confidence')",
-                                  kWidth - 12, "            ")
+    out << "  near tie  "
+        << wrap("#" + std::to_string(tie->candidate + 1) + " (" + other.description + ") is predicted " +
+                    format_time(other.total_time_s) + " against " + format_time(chosen.total_time_s) + ", " +
+                    format_time(tie->difference_s) + " apart, less than the ±" + format_time(tie->uncertainty_s) +
+                    " their low-confidence steps may be off by: the model cannot rank the two "
+                    "(docs/cost-model.md, 'Confidence')",
+                kWidth - 12, "            ")
         << "\n";
   }
   print_plan(out, chosen, mesh, p.options);
@@ -390,9 +390,8 @@ Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& 
   for (const Plan& plan : m.candidates) j["candidates"].push_back(plan_json(plan, p.mesh));
   j["chosen"] = m.chosen;  // plan_contraction's require_fit leaves a plan that fits
   if (const std::optional<NearTie> tie = near_tie(m)) {
-    j["near_tie"] = {{"candidate", tie->candidate},
-                     {"difference_s", tie->difference_s},
-                     {"uncertainty_s", tie->uncertainty_s}};
+    j["near_tie"] = {
+        {"candidate", tie->candidate}, {"difference_s", tie->difference_s}, {"uncertainty_s", tie->uncertainty_s}};
   } else {
     j["near_tie"] = nullptr;
   }

@@ -117,7 +117,11 @@ std::string show_bytes(double bytes) {
   int u = 0;
   while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
   char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : bytes < 10 ? "%.2f %s" : bytes < 100 ? "%.1f %s" : "%.0f %s",
+  std::snprintf(buf, sizeof buf,
+                u == 0        ? "%.0f %s"
+                : bytes < 10  ? "%.2f %s"
+                : bytes < 100 ? "%.1f %s"
+                              : "%.0f %s",
                 bytes, units[u]);
   return buf;
 }

@@ -285,7 +285,7 @@ TEST_F(Calibrated, MeasuresTheFixedCostsOnTinySteps) {
       EXPECT_EQ(calls, 1);  // two members: one hop
       handoffs.push_back(per_call);
     }
-    const OpKind kind = op == "einsum" ? OpKind::einsum
+    const OpKind kind = op == "einsum"              ? OpKind::einsum
                         : op == "all_gather_einsum" ? OpKind::all_gather_einsum
                                                     : OpKind::einsum_reduce_scatter;
     const MatmulPlanning planning = plan_matmul(mesh, c, sizes, opt);
@@ -400,8 +400,8 @@ TEST_F(Calibrated, RunReportsMeasuredOverPredictedAndWritesTheTrace) {
 // ranks adds the shared cores where the machine has fewer, and on a profile of other hardware
 // says in its JSON that the profile is not this machine's.
 TEST_F(Calibrated, StepsWithoutAFitSayTheirConfidenceIsLow) {
-  const std::vector<std::string> plan_args = {"plan", "A[I_XY, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2,Y=2",
-                                              "--dims", "I=64,J=32,K=16"};
+  const std::vector<std::string> plan_args = {
+      "plan", "A[I_XY, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2,Y=2", "--dims", "I=64,J=32,K=16"};
   const json doc = json_of(shardmm_cli([&] {
     auto a = plan_args;
     a.push_back("--json");
@@ -440,9 +440,9 @@ TEST_F(Calibrated, StepsWithoutAFitSayTheirConfidenceIsLow) {
     const std::string why = step.value("why", json::array()).dump();
     EXPECT_EQ(why.find("4 ranks take turns on") != std::string::npos, shared);
   }
-  const json other = json_of(shardmm_cli({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims",
-                                          "I=64,J=96,K=32", "--repeat", "1", "--warmup-time", "0", "--hw", "h100",
-                                          "--json"}));
+  const json other =
+      json_of(shardmm_cli({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=64,J=96,K=32",
+                           "--repeat", "1", "--warmup-time", "0", "--hw", "h100", "--json"}));
   for (const json& step : other["candidates"][other["executed"].get<std::size_t>()]["steps"]) {
     EXPECT_EQ(step["confidence"], "low");
     EXPECT_THAT(step["why"].dump(), HasSubstr("the profile h100 models other hardware, not this machine"));

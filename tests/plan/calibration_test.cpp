@@ -394,8 +394,8 @@ TEST(Confidence, ACollectiveIsWeakWithoutAFitOutsideItsSizesOrWhereItsFitMisses)
 }
 
 TEST(Confidence, AnEinsumIsWeakBelowTheGemmShapesMeasured) {
-  const HardwareProfile hw = calibrated();  // f32 measured at intensities 4 and 64
-  EXPECT_FALSE(einsum_confidence(hw, DType::f32, 1.6e9, 100000000).low());   // 16 FLOP/byte
+  const HardwareProfile hw = calibrated();                                    // f32 measured at intensities 4 and 64
+  EXPECT_FALSE(einsum_confidence(hw, DType::f32, 1.6e9, 100000000).low());    // 16 FLOP/byte
   EXPECT_FALSE(einsum_confidence(hw, DType::f32, 6.4e11, 1000000000).low());  // 640: at least the square's rate
   const Confidence thin = einsum_confidence(hw, DType::f32, 2e8, 100000000);  // 2 FLOP/byte
   ASSERT_TRUE(thin.low());

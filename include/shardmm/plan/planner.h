@@ -75,7 +75,7 @@ double uncertainty_s(const Plan& plan);
 // two are closer than their uncertainties together: the model cannot rank them, whatever
 // tie_margin picked (docs/cost-model.md, "Confidence").
 struct NearTie {
-  int candidate = -1;  // index into candidates
+  int candidate = -1;        // index into candidates
   double difference_s = 0;   // |its predicted time - the chosen one's|
   double uncertainty_s = 0;  // uncertainty_s of both
 };

@@ -64,13 +64,13 @@ struct RingOverlapSample {
 // One tiny step run through the executor for a fixed cost (Calibration::einsum_call_s,
 // ring_handoff_s; docs/calibration.md, "Fixed costs").
 struct FixedCostSample {
-  OpKind op = OpKind::einsum;    // einsum, all_gather_einsum or einsum_reduce_scatter
-  std::string expression;        // the contraction, canonical form
-  DimSizes sizes;                // small enough that its FLOPs and bytes cost next to nothing
-  double measured_s = 0;         // the plan's time, median over every timed run
-  double predicted_s = 0;        // the model's time for it without the cost measured here
-  int calls = 1;                 // what the difference is divided by: 1 call, or the ring's hops
-  double per_call_s = 0;         // max(0, measured - predicted) / calls
+  OpKind op = OpKind::einsum;  // einsum, all_gather_einsum or einsum_reduce_scatter
+  std::string expression;      // the contraction, canonical form
+  DimSizes sizes;              // small enough that its FLOPs and bytes cost next to nothing
+  double measured_s = 0;       // the plan's time, median over every timed run
+  double predicted_s = 0;      // the model's time for it without the cost measured here
+  int calls = 1;               // what the difference is divided by: 1 call, or the ring's hops
+  double per_call_s = 0;       // max(0, measured - predicted) / calls
 };
 
 struct CalibrationResult {
