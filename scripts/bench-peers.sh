@@ -12,7 +12,8 @@
 # CALIBRATE_FLAGS ("": e.g. --quick, passed to each calibrate), SIZES (512,1024,2048,4096), REPEAT (7), ROUNDS (3: the reference GEMM and the plans, and
 # shardmm and PyTorch, alternate this many times),
 # CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
-# (128,256,512,1024,2048,4096), SKIP ("": any of gemm choice scalapack torch plots).
+# (128,256,512,1024,2048,4096), JUDGE_SIZES (999,1501), JUDGE_DIMS (J=1200), JUDGE_THIN (I=3),
+# SKIP ("": any of gemm choice judge scalapack torch plots).
 # Needs the build's shardmm and bench/scalapack_bench (libscalapack-openmpi-dev), mpirun;
 # The plots need gnuplot-nox, which this script installs through scripts/setup.sh (CI does not
 # need it); PyTorch (python3-torch, large) is used when present, else that part says it is skipped.
@@ -29,6 +30,9 @@ REPEAT=${REPEAT:-7}
 CHOICE_SIZES=${CHOICE_SIZES:-256,512,1024,2048}
 CROSSOVER_DIMS=${CROSSOVER_DIMS:-I=1024,J=1024}
 CROSSOVER_SIZES=${CROSSOVER_SIZES:-128,256,512,1024,2048,4096}
+JUDGE_SIZES=${JUDGE_SIZES:-999,1501}
+JUDGE_DIMS=${JUDGE_DIMS:-J=1200}
+JUDGE_THIN=${JUDGE_THIN:-I=3}
 ROUNDS=${ROUNDS:-3}
 SKIP=${SKIP:-}
 SHARDMM=$BUILD/src/shardmm
@@ -96,6 +100,37 @@ if wanted choice; then
   # Gathering A (I x J) or B (J x K): the cheaper one changes where K passes I.
   step choice_crossover "$SHARDMM" bench matmul 'A[I_X, J] @ B[J, K_X] -> C[I, K_X]' --mesh X=2 \
     --dims "$CROSSOVER_DIMS" --sizes "$CROSSOVER_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads choice_crossover)" --json
+fi
+
+if wanted judge; then
+  # 6. The cost model judged on shapes calibration never measures (issue 31): calibrate measures
+  # square and skinny power-of-two GEMMs, power-of-two collectives and fixed probe shapes; here
+  # I, J, K differ (JUDGE_DIMS fixes one, JUDGE_SIZES the others: odd sizes split unevenly over 2),
+  # and JUDGE_THIN is a block of 3 rows over 2 devices. Both backends; 2 ranks and 4 (X=2,Y=2,
+  # time-sliced on 2 cores) are reported apart. Every step is calibrated right before it.
+  n=0
+  for expr in 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' 'A[I, J_X] @ B[J_X, K] -> C[I, K]' \
+    'A[I_X, J] @ B[J, K_X] -> C[I, K_X]' 'A[I, J_X] @ B[J_X, K] -> C[I_X, K]'; do
+    n=$((n + 1))
+    step "judge_threads_X2_$n" "$SHARDMM" bench matmul "$expr" --mesh X=2 --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" \
+      --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads "judge_threads_X2_$n")" --json
+    step "judge_mpi_X2_$n" "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$expr" --mesh X=2 --backend mpi \
+      --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
+      --hw "$(profile X=2 mpi "judge_mpi_X2_$n")" --json
+  done
+  thin='A[I_X, J] @ B[J_X, K] -> C[I_X, K]'
+  step judge_threads_X2_thin "$SHARDMM" bench matmul "$thin" --mesh X=2 --dims "$JUDGE_THIN" --sizes "$JUDGE_SIZES" \
+    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads judge_threads_X2_thin)" --json
+  step judge_mpi_X2_thin "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$thin" --mesh X=2 --backend mpi \
+    --dims "$JUDGE_THIN" --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
+    --hw "$(profile X=2 mpi judge_mpi_X2_thin)" --json
+  two_d='A[I_X, J_Y] @ B[J_X, K_Y] -> C[I_X, K_Y]'
+  step judge_threads_X2Y2 "$SHARDMM" bench matmul "$two_d" --mesh X=2,Y=2 --dims "$JUDGE_DIMS" \
+    --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
+    --hw "$(profile X=2,Y=2 threads judge_threads_X2Y2)" --json
+  step judge_mpi_X2Y2 "${MPIRUN[@]}" -n 4 "$SHARDMM" bench matmul "$two_d" --mesh X=2,Y=2 --backend mpi \
+    --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
+    --hw "$(profile X=2,Y=2 mpi judge_mpi_X2Y2)" --json
 fi
 
 if wanted scalapack; then

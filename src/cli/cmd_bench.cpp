@@ -240,6 +240,16 @@ bool choice_within_slack(const MatmulBenchPoint& p) {
   return chosen_run(p).measured_time_s <= kChoiceSlack * fastest_run(p).measured_time_s;
 }
 
+// A run's plan's confidence with what the bench knows beside it (add_run_confidence): the
+// reference GEMM has min(ranks, cores) threads, so fewer threads than ranks means fewer cores.
+// The text's header names the profile; the JSON says on every run that it is another machine's.
+Confidence bench_confidence(const MatmulBenchOptions& o, const MatmulBenchReport& r, const MatmulBenchRun& run,
+                            bool other_hardware) {
+  Confidence c = run.confidence;
+  add_run_confidence(c, r.ranks, r.gemm_threads, o.hw, other_hardware, run.predicted_time_s);
+  return c;
+}
+
 Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, const MatmulBenchReport& r) {
   Json doc;
   doc["expression"] = expr;
@@ -273,6 +283,8 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
     point["chosen"] = p.chosen;
     point["runs"] = Json::array();
     for (const MatmulBenchRun& run : p.runs) {
+      Json weak;
+      add_confidence_json(weak, bench_confidence(o, r, run, true));
       point["runs"].push_back({{"candidate", run.candidate},
                                {"description", run.description},
                                {"chosen", run.candidate == p.chosen},
@@ -285,6 +297,7 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
                                {"vs_gemm", p.gemm_time_s / run.measured_time_s},
                                {"verified", run.verified},
                                {"max_rel_error", run.max_rel_error}});
+      if (!weak.is_null()) point["runs"].back().update(weak);
     }
     if (o.all) {
       point["fastest"] = fastest_run(p).candidate;
@@ -349,6 +362,18 @@ void print_matmul_bench(std::ostream& out, const MatmulBenchOptions& o, const st
   for (std::size_t c : {1, 3, 4, 5, 6, 7, 8, 9}) t.right_align(c);
   t.print(out);
   out << "  (vs GEMM = GEMM time / measured time, 1 = as fast as the one GEMM; comm/compute is the model's)\n";
+  int weak = 0, runs = 0;
+  for (const MatmulBenchPoint& p : r.points) {
+    for (const MatmulBenchRun& run : p.runs) {
+      ++runs;
+      weak += bench_confidence(o, r, run, false).low() ? 1 : 0;
+    }
+  }
+  if (weak > 0) {
+    out << "  (" << weak << " of " << runs
+        << " predictions are of low confidence, a step's figures being weak on this profile or machine: --json "
+           "says why; docs/cost-model.md, 'Confidence')\n";
+  }
   print_speed_checks(out, r);
   if (!o.all) return;
   for (const MatmulBenchPoint& p : r.points) {

@@ -84,6 +84,17 @@ void print_calibration(std::ostream& out, const CalibrationResult& r, const std:
   }
   for (std::size_t col : {1, 2, 3, 5}) fits.right_align(col);
   fits.print(out);
+  out << "\nFixed costs: tiny steps through the executor, beyond the model's time for them (docs/calibration.md, "
+         "'Fixed costs')\n";
+  Table fixed({"step", "contraction", "dims", "measured", "model without", "per call"});
+  for (const FixedCostSample& s : r.fixed_costs) {
+    fixed.add({to_string(s.op), s.expression, format_sizes(s.sizes), format_time(s.measured_s),
+               format_time(s.predicted_s), format_time(s.per_call_s) + (s.calls == 1 ? "" : " / hop")});
+  }
+  for (std::size_t col : {3, 4, 5}) fixed.right_align(col);
+  fixed.print(out);
+  out << "  einsum_call_s " << format_time(c.einsum_call_s) << " per local GEMM call, ring_handoff_s "
+      << format_time(c.ring_handoff_s) << " per ring hop (the mean of the two rings)\n";
   out << "\nCollective matmul rings vs their serialized twins (medians; docs/calibration.md, 'Ring overlap')\n";
   Table rings({"ring", "contraction", "dims", "ring", "serialized", "ratio", "model: hidden..exposed", "overlap"});
   for (const RingOverlapSample& s : r.rings) {
@@ -179,6 +190,16 @@ Command add_calibrate_command(CLI::App& root) {
                                         {"measured_s", s.measured_s},
                                         {"fit_input_s", s.fit_input_s},
                                         {"fitted_s", s.fitted_s}});
+            }
+            doc["fixed_costs"] = Json::array();
+            for (const FixedCostSample& s : r.fixed_costs) {
+              doc["fixed_costs"].push_back({{"op", to_string(s.op)},
+                                            {"expression", s.expression},
+                                            {"dims", s.sizes},
+                                            {"measured_s", s.measured_s},
+                                            {"predicted_s", s.predicted_s},
+                                            {"calls", s.calls},
+                                            {"per_call_s", s.per_call_s}});
             }
             doc["rings"] = Json::array();
             for (const RingOverlapSample& s : r.rings) {

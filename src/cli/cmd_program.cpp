@@ -144,7 +144,9 @@ std::string event_text(const Mesh& mesh, const autodiff::TapeEvent& e) {
   if (e.step.op == OpKind::local)
     what += ", " + format_bytes(static_cast<double>(e.step.memory_bytes)) + " read+written";
   if (e.step.flops > 0) what += ", " + format_flops(e.step.flops);
-  return what + ", " + format_time(e.step.time_s);
+  what += ", " + format_time(e.step.time_s);
+  const Confidence& c = e.step.confidence;
+  return c.low() ? what + " (low confidence, ±" + format_time(c.uncertainty_s) + ": " + join(c.why, "; ") + ")" : what;
 }
 
 std::map<autodiff::Phase, EventTimes> phase_times(const std::vector<autodiff::TapeEvent>& events) {
@@ -285,6 +287,7 @@ Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
     j["function"] = e.step.function;
     j["memory_bytes"] = e.step.memory_bytes;
   }
+  add_confidence_json(j, e.step.confidence);
   return j;
 }
 

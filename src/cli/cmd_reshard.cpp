@@ -45,7 +45,7 @@ Command add_reshard_command(CLI::App& root) {
             }
             if (flags->common.json) {
               Json doc = reshard_json(p, r);
-              if (flags->run) add_execution_json(doc, 0, p, flags->exec, run);
+              if (flags->run) add_execution_json(doc, 0, p, r.plan, flags->exec, run);
               out << doc.dump(2) << "\n";
             } else {
               print_reshard_report(out, p, r, {false, flags->common.show});

@@ -46,7 +46,7 @@ Command add_run_command(CLI::App& root) {
             if (!r.is_root) return execution_status(r);
             if (flags->common.json) {
               Json doc = matmul_json(p, c, m);
-              add_execution_json(doc, index, p, flags->exec, r);
+              add_execution_json(doc, index, p, plan, flags->exec, r);
               out << doc.dump(2) << "\n";
             } else {
               print_matmul_report(out, p, c, m, {false, flags->common.show, 3, true});

@@ -375,7 +375,9 @@ void print_hardware(std::ostream& out, const Planning& p) {
         << wrap("calibrated on the " + hw.calibration->backend +
                     " backend: collectives by measured alpha-beta fit on " + join(sizes, ", ") +
                     " ranks (other sizes by the formulas above); einsums at the measured GEMM "
-                    "rate for their shape",
+                    "rate for their shape, each GEMM call " +
+                    format_time(hw.calibration->einsum_call_s) + " more and each ring hop's hand-off " +
+                    format_time(hw.calibration->ring_handoff_s) + " (calibration.md, 'Fixed costs')",
                 88, "            ")
         << "\n";
   }
@@ -420,6 +422,36 @@ Json dim_name(const Spec& spec, int dim) {
 
 }  // namespace
 
+void add_run_confidence(Confidence& confidence, std::int64_t ranks, std::int64_t cores, const HardwareProfile& hw,
+                        bool other_hardware, double time_s) {
+  if (ranks > cores) {
+    confidence.add(std::to_string(ranks) + " ranks take turns on " + std::to_string(cores) +
+                       " cores: waits for a core are not in the model",
+                   kModelBand * time_s);
+  }
+  if (other_hardware && !hw.calibration) {
+    confidence.add("the profile " + hw.name + " models other hardware, not this machine", kModelBand * time_s);
+  }
+}
+
+void print_confidence(std::ostream& out, const std::vector<Confidence>& confidence) {
+  if (std::none_of(confidence.begin(), confidence.end(), [](const Confidence& c) { return c.low(); })) return;
+  out << "  low confidence (docs/cost-model.md, 'Confidence'): the step's time may be off by about what is given\n";
+  for (std::size_t i = 0; i < confidence.size(); ++i) {
+    const Confidence& c = confidence[i];
+    if (!c.low()) continue;
+    const std::string head = "    step " + std::to_string(i + 1) + ", ±" + format_time(c.uncertainty_s) + ": ";
+    out << head << wrap(join(c.why, "; "), 100 - head.size(), std::string(head.size(), ' ')) << "\n";
+  }
+}
+
+void add_confidence_json(Json& step, const Confidence& c) {
+  if (!c.low()) return;
+  step["confidence"] = "low";
+  step["why"] = c.why;
+  step["uncertainty_s"] = c.uncertainty_s;
+}
+
 Json step_json(const Step& s, const Mesh& mesh) {
   Json j;
   j["op"] = op_name(s);
@@ -437,6 +469,7 @@ Json step_json(const Step& s, const Mesh& mesh) {
   j["flops"] = s.flops;
   j["time_s"] = s.time_s;
   j["bound"] = s.bound == Bound::none ? Json(nullptr) : Json(to_string(s.bound));
+  add_confidence_json(j, s.confidence);
   if (is_collective_matmul(s.op)) {
     Json ring;
     ring["operand"] = s.op == OpKind::all_gather_einsum ? Json(s.ring_operand == 0 ? "a" : "b") : Json(nullptr);

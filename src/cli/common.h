@@ -142,6 +142,14 @@ std::size_t display_width(std::string_view text);
 // `indent` (not counted in `width`).
 std::string wrap(std::string_view text, std::size_t width, std::string_view indent);
 std::string join(const std::vector<std::string>& parts, std::string_view separator);
+// What only a run knows against a prediction of `time_s` (docs/cost-model.md, "Confidence"):
+// more ranks than cores (a rank a collective wakes may wait for a core: the scheduler's, not the
+// model's), and, with `other_hardware`, a profile of other hardware predicting this machine.
+void add_run_confidence(Confidence& confidence, std::int64_t ranks, std::int64_t cores, const HardwareProfile& hw,
+                        bool other_hardware, double time_s);
+// Under a table of steps, one line per step whose prediction is weak (step i is confidence[i - 1]),
+// each reason after it; nothing when every step's confidence is clear.
+void print_confidence(std::ostream& out, const std::vector<Confidence>& confidence);
 
 // "I=8192, J=4096"
 std::string format_sizes(const DimSizes& sizes);
@@ -157,6 +165,9 @@ Json mesh_json(const Mesh& mesh);
 void add_mesh_json(Json& doc, const Mesh& mesh);
 Json dims_json(const DimSizes& sizes);
 Json step_json(const Step& step, const Mesh& mesh);
+// A weak prediction's keys on a step's JSON ("confidence": "low", "why": [...], "uncertainty_s");
+// none where the model knows nothing against it (docs/cost-model.md, "Confidence").
+void add_confidence_json(Json& step, const Confidence& confidence);
 Json plan_json(const Plan& plan, const Mesh& mesh);
 
 }  // namespace shardmm::cli

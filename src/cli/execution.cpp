@@ -173,6 +173,18 @@ std::string passing_rule(const Verification& v) {
 // other hardware.
 bool predicts_this_machine(const Planning& p) { return p.options.hw.calibration.has_value(); }
 
+// Each step's confidence as planned, with what only the run knows (add_run_confidence); the
+// text names a profile of other hardware once, on its profile line, rather than on every step.
+std::vector<Confidence> run_confidence(const Planning& p, const Plan& plan, const RunReport& r, bool other_hardware) {
+  std::vector<Confidence> out;
+  for (const Step& s : plan.steps) {
+    Confidence c = s.confidence;
+    add_run_confidence(c, r.ranks_on_machine, r.cores, p.options.hw, other_hardware, s.time_s);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
 
 void print_execution(std::ostream& out, const Planning& p, const Plan& plan, const ExecutionFlags& flags,
@@ -207,6 +219,7 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
   }
   for (std::size_t c = 4; c < columns.size(); ++c) steps.right_align(c);
   steps.print(out);
+  print_confidence(out, run_confidence(p, plan, r, false));
   out << "  (per step: the slowest rank's time, a collective's from its last rank's arrival, median over repeats"
       << (here ? "; predicted on " + p.options.hw.name + ", calibrated on this machine" : std::string()) << ")\n";
   out << "  total     measured " << format_time(r.measured_time_s)
@@ -254,8 +267,8 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
   if (!v.verified && !v.detail.empty()) out << "  " << v.detail << "\n";
 }
 
-void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, const ExecutionFlags& flags,
-                        const RunReport& r) {
+void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, const Plan& plan,
+                        const ExecutionFlags& flags, const RunReport& r) {
   // The executed candidate's steps first: adding top-level keys to an ordered document
   // moves its values, so no reference into it may be held across that.
   Json& plan_doc = doc["candidates"][candidate];
@@ -263,7 +276,9 @@ void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, con
   const auto ratio = [here](double measured, double predicted) {
     return here && predicted > 0 ? Json(measured / predicted) : Json(nullptr);
   };
+  const std::vector<Confidence> confidence = run_confidence(p, plan, r, true);
   for (std::size_t i = 0; i < r.steps.size(); ++i) {
+    add_confidence_json(plan_doc["steps"][i], confidence[i]);
     plan_doc["steps"][i]["measured_time_s"] = r.steps[i].measured_time_s;
     plan_doc["steps"][i]["measured_over_predicted"] =
         ratio(r.steps[i].measured_time_s, plan_doc["steps"][i]["time_s"].get<double>());

@@ -45,8 +45,8 @@ void print_execution(std::ostream& out, const Planning& p, const Plan& plan, con
                      const RunReport& r);
 // Adds the run's figures to a plan document: top-level keys (`executed` = `candidate`) and
 // each executed step's measured_time_s and measured/predicted ratio (docs/json-schema.md).
-void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, const ExecutionFlags& flags,
-                        const RunReport& r);
+void add_execution_json(Json& doc, std::size_t candidate, const Planning& p, const Plan& plan,
+                        const ExecutionFlags& flags, const RunReport& r);
 
 // The exit status of a run: 0 when verified, 3 when the result is wrong (a line on stderr).
 int execution_status(const RunReport& r);

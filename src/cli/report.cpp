@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <ostream>
 
 #include "cli/layout.h"
@@ -131,6 +132,9 @@ void print_steps(std::ostream& out, const Plan& plan, const Mesh& mesh) {
     const std::string head = "  " + std::to_string(i + 1) + ". " + op_name(plan.steps[i]) + ": ";
     out << head << wrap(explain_step(plan.steps[i], mesh), kWidth - head.size(), std::string(head.size(), ' ')) << "\n";
   }
+  std::vector<Confidence> confidence;
+  for (const Step& s : plan.steps) confidence.push_back(s.confidence);
+  print_confidence(out, confidence);
 }
 
 std::string roofline(const Plan& plan, const PlanOptions& options) {
@@ -338,6 +342,17 @@ void print_matmul_report(std::ostream& out, const Planning& p, const Contraction
         << synchronizations(chosen) << " against " << synchronizations(*cheapest) << ")";
   }
   out << "): " << chosen.description << "\n";
+  if (const std::optional<NearTie> tie = near_tie(m)) {
+    const Plan& other = m.candidates[static_cast<std::size_t>(tie->candidate)];
+    out << "  near tie  "
+        << wrap("#" + std::to_string(tie->candidate + 1) + " (" + other.description + ") is predicted " +
+                    format_time(other.total_time_s) + " against " + format_time(chosen.total_time_s) + ", " +
+                    format_time(tie->difference_s) + " apart, less than the ±" + format_time(tie->uncertainty_s) +
+                    " their low-confidence steps may be off by: the model cannot rank the two "
+                    "(docs/cost-model.md, 'Confidence')",
+                kWidth - 12, "            ")
+        << "\n";
+  }
   print_plan(out, chosen, mesh, p.options);
   print_alternatives(out, m.candidates, m.chosen, mesh, p.options, options);
 
@@ -377,6 +392,12 @@ Json matmul_json(const Planning& p, const Contraction& c, const MatmulPlanning& 
   j["candidates"] = Json::array();
   for (const Plan& plan : m.candidates) j["candidates"].push_back(plan_json(plan, p.mesh));
   j["chosen"] = m.chosen;  // plan_contraction's require_fit leaves a plan that fits
+  if (const std::optional<NearTie> tie = near_tie(m)) {
+    j["near_tie"] = {
+        {"candidate", tie->candidate}, {"difference_s", tie->difference_s}, {"uncertainty_s", tie->uncertainty_s}};
+  } else {
+    j["near_tie"] = nullptr;
+  }
   j["every_output_layout"] = m.every_output_layout;
   return j;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -110,6 +111,57 @@ double calibrated_gemm_rate(const HardwareProfile& hw, DType dtype, double inten
   return points.back().second;
 }
 
+// "4.00 KiB", "64.0 MiB": three significant digits in binary units, for the reasons below.
+std::string show_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) bytes /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf,
+                u == 0        ? "%.0f %s"
+                : bytes < 10  ? "%.2f %s"
+                : bytes < 100 ? "%.1f %s"
+                              : "%.0f %s",
+                bytes, units[u]);
+  return buf;
+}
+
+std::string show_sig3(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
+Confidence fit_confidence(const HardwareProfile& hw, OpKind op, double group_size, double bytes,
+                          const CollectiveFit* fit, double time_s) {
+  Confidence c;
+  const std::string what = std::string(to_string(op)) + " on " + show_sig3(group_size) + " ranks";
+  if (!fit) {
+    c.add("no " + what + " was calibrated (the profile measured mesh " + hw.calibration->mesh +
+              "): the switch formula on its derived link figures",
+          kModelBand * time_s);
+    return c;
+  }
+  double lo = fit->min_bytes, hi = fit->max_bytes;
+  for (const CollectiveFit& f : hw.calibration->collectives) {
+    if (f.op != op || f.group_size != group_size) continue;
+    lo = std::min(lo, static_cast<double>(f.min_bytes));
+    hi = std::max(hi, static_cast<double>(f.max_bytes));
+  }
+  if (bytes < lo || bytes > hi) {
+    c.add("extrapolated: " + show_bytes(bytes) + " lies outside the sizes calibrated for " + what + ", " +
+              show_bytes(lo) + " .. " + show_bytes(hi),
+          kModelBand * time_s);
+  }
+  if (fit->max_rel_residual > kModelBand) {
+    c.add("the fit of " + what + " (" + show_bytes(static_cast<double>(fit->min_bytes)) + " .. " +
+              show_bytes(static_cast<double>(fit->max_bytes)) + ") misses its own samples by up to " +
+              show_sig3(100 * fit->max_rel_residual) + "%",
+          fit->max_rel_residual * time_s);
+  }
+  return c;
+}
+
 }  // namespace
 
 Bound CollectiveCost::bound() const {
@@ -148,12 +200,17 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
   const auto bytes = static_cast<double>(array_bytes);
   double n = 1;
   for (double s : sizes) n *= s;
-  if (const CollectiveFit* fit = find_fit(hw, op, n, bytes)) {
+  const CollectiveFit* fit = find_fit(hw, op, n, bytes);
+  CollectiveCost cost;
+  if (fit) {
     const double beta_term = fit->beta_s_per_byte * bytes;
-    return {fit->alpha_s, beta_term, fit->alpha_s + beta_term};
+    cost = {fit->alpha_s, beta_term, fit->alpha_s + beta_term, {}};
+  } else {
+    const Regimes r = hw.topology == "switch" ? switched(hw, op, n, bytes) : torus(hw, op, sizes, bytes);
+    cost = {r.hops * hw.hop_latency_s, r.bandwidth, r.time(hw.hop_latency_s), {}};
   }
-  const Regimes r = hw.topology == "switch" ? switched(hw, op, n, bytes) : torus(hw, op, sizes, bytes);
-  return {r.hops * hw.hop_latency_s, r.bandwidth, r.time(hw.hop_latency_s)};
+  if (hw.calibration) cost.confidence = fit_confidence(hw, op, n, bytes, fit, cost.time_s);
+  return cost;
 }
 
 double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {
@@ -162,7 +219,31 @@ double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::in
   const double peak = hw.flops_for(dtype);
   detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
   const double measured = bytes > 0 ? calibrated_gemm_rate(hw, dtype, flops / static_cast<double>(bytes)) : 0;
-  return std::max(flops / (measured > 0 ? measured : peak), static_cast<double>(bytes) / hw.hbm_bandwidth);
+  const double call = hw.calibration && flops > 0 ? hw.calibration->einsum_call_s : 0;
+  return call + std::max(flops / (measured > 0 ? measured : peak), static_cast<double>(bytes) / hw.hbm_bandwidth);
+}
+
+Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {
+  Confidence c;
+  if (!hw.calibration || flops <= 0 || bytes <= 0) return c;
+  double lo = 0, hi = 0;
+  for (const GemmRate& g : hw.calibration->gemm) {
+    if (g.dtype != dtype) continue;
+    lo = lo == 0 ? g.intensity : std::min(lo, g.intensity);
+    hi = std::max(hi, g.intensity);
+  }
+  const double intensity = flops / static_cast<double>(bytes);
+  const double band = kModelBand * einsum_time(hw, dtype, flops, bytes);
+  if (hi == 0) {
+    c.add(std::string("no GEMM rate was calibrated for ") + to_string(dtype) + ": the profile's peak", band);
+  } else if (intensity < lo) {
+    // Above the largest shape's intensity a GEMM runs at that shape's rate or better: only the
+    // low end, where rates fall, is a guess.
+    c.add("extrapolated: " + show_sig3(intensity) + " FLOP/byte lies below the GEMM shapes calibrated, " +
+              show_sig3(lo) + " .. " + show_sig3(hi) + " FLOP/byte",
+          band);
+  }
+  return c;
 }
 
 Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <set>
 #include <vector>
@@ -511,6 +512,28 @@ MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSize
   result.every_output_layout = planner.every_output_layout();
   result.chosen = choose(result.candidates, options.tie_margin);
   return result;
+}
+
+double uncertainty_s(const Plan& plan) {
+  double u = 0;
+  for (const Step& s : plan.steps) u += s.confidence.uncertainty_s;
+  return u;
+}
+
+std::optional<NearTie> near_tie(const MatmulPlanning& planning) {
+  if (planning.chosen < 0) return std::nullopt;
+  const Plan& chosen = planning.candidates[static_cast<std::size_t>(planning.chosen)];
+  std::optional<NearTie> nearest;
+  for (std::size_t i = 0; i < planning.candidates.size(); ++i) {
+    const Plan& other = planning.candidates[i];
+    if (static_cast<int>(i) == planning.chosen || !other.fits_memory) continue;
+    const double difference = std::abs(other.total_time_s - chosen.total_time_s);
+    if (!nearest || difference < nearest->difference_s) {
+      nearest = NearTie{static_cast<int>(i), difference, uncertainty_s(chosen) + uncertainty_s(other)};
+    }
+  }
+  if (nearest && nearest->difference_s < nearest->uncertainty_s) return nearest;
+  return std::nullopt;
 }
 
 const Plan* find_candidate(const MatmulPlanning& planning, const std::vector<OpKind>& ops,

@@ -270,7 +270,7 @@ constexpr OpKind kCollectives[] = {OpKind::all_gather, OpKind::reduce_scatter, O
 Calibration parse_calibration(const json& doc, const std::string& origin) {
   check_object(doc, "calibration",
                {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"},
-               origin, {"gather_ring_overlap", "scatter_ring_overlap"});
+               origin, {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s"});
   Calibration c;
   c.backend = string_value(doc.at("backend"), "calibration.backend", origin);
   if (c.backend != "threads" && c.backend != "mpi") {
@@ -288,6 +288,16 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
     *field = non_negative_value(doc, "calibration", key, origin);
     if (*field > 1) {
       throw InputError(origin + ": key 'calibration." + key + "' is a share of the ring's transfers, 0 to 1, got " +
+                       show_number(*field));
+    }
+  }
+  for (auto [key, field] :
+       {std::pair{"einsum_call_s", &c.einsum_call_s}, std::pair{"ring_handoff_s", &c.ring_handoff_s}}) {
+    if (!doc.contains(key)) continue;
+    *field = non_negative_value(doc, "calibration", key, origin);
+    if (*field > 1) {
+      throw InputError(origin + ": key 'calibration." + key +
+                       "' is the fixed cost of one step in seconds, 0 to 1 (steps take microseconds), got " +
                        show_number(*field));
     }
   }
@@ -380,6 +390,8 @@ json calibration_json(const Calibration& c) {
           {"add_bandwidth", c.add_bandwidth},
           {"gather_ring_overlap", c.gather_ring_overlap},
           {"scatter_ring_overlap", c.scatter_ring_overlap},
+          {"einsum_call_s", c.einsum_call_s},
+          {"ring_handoff_s", c.ring_handoff_s},
           {"collectives", fits},
           {"gemm", rates}};
 }

@@ -1,5 +1,6 @@
 #include "shardmm/plan/step.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace shardmm {
@@ -134,6 +135,18 @@ std::int64_t local_copy_elements(const Step& step, const std::vector<std::int64_
     default:
       return 0;
   }
+}
+
+void Confidence::add(const std::string& reason, double seconds) {
+  if (std::find(why.begin(), why.end(), reason) == why.end()) why.push_back(reason);
+  uncertainty_s = std::max(uncertainty_s, seconds);
+}
+
+void Confidence::add_part(const Confidence& part) {
+  for (const std::string& reason : part.why) {
+    if (std::find(why.begin(), why.end(), reason) == why.end()) why.push_back(reason);
+  }
+  uncertainty_s += part.uncertainty_s;
 }
 
 }  // namespace shardmm

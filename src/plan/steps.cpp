@@ -162,6 +162,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     step.flops = c.flops;
     step.time_s = c.time;
     step.bound = c.bound;
+    step.confidence = c.confidence;
     return c.memory;
   };
   if (auto it = memo_.find(key); it != memo_.end()) return fill(it->second);
@@ -235,6 +236,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
          0,
          0,
          Bound::none,
+         {},
          {}};
   in_max = checked_mul(in_max, elem, "bytes per device");
   out_max = checked_mul(out_max, elem, "bytes per device");
@@ -242,6 +244,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     const CollectiveCost cc = collective_cost(options_.hw, mesh_, step.op, step.axes, array_bytes);
     c.time = cc.time_s;
     c.bound = cc.bound();
+    c.confidence = cc.confidence;
   };
   switch (step.op) {
     case OpKind::all_gather:
@@ -438,6 +441,7 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const ExchangeTraff
          0,
          0,
          Bound::none,
+         {},
          {}};
   // Timed as the all_to_all that moves as much per device: one of n members sends (n - 1) / n
   // of its array.
@@ -449,6 +453,7 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const ExchangeTraff
         collective_cost(options_.hw, mesh_, OpKind::all_to_all, step.axes, array / (n - 1));  // rounded up
     c.time = cc.time_s;
     c.bound = cc.bound();
+    c.confidence = cc.confidence;
   }
   if (options_.hw.calibration) {
     c.time += local_copy_time(options_.hw, checked_mul(traffic.copied, elem, "bytes copied per device"));
@@ -484,6 +489,7 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
   step.flops = flops;
   step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes);
   step.bound = einsum_bound(options_.hw, options_.dtype, flops, bytes);
+  step.confidence = einsum_confidence(options_.hw, options_.dtype, flops, bytes);
 }
 
 namespace {
@@ -526,12 +532,15 @@ Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_c
   s.bytes_sent = collective.bytes_sent;
   s.bytes_received = collective.bytes_received;
   s.ring_steps = static_cast<int>(chunks.size());
+  s.confidence.add_part(collective.confidence);
   const double hop = ring_hop_time(coster.options().hw, hop_bytes);
   s.comm_time_s = hop * static_cast<double>(chunks.size() - 1);  // the hops of one step move at once
   s.compute_time_s = einsum.time_s;
   const auto& calibration = coster.options().hw.calibration;
   const double overlap = calibration ? calibration->ring_overlap(op) : 1;
-  s.time_s = overlapped_ring_time(chunks, chunk_compute_s, hop, overlap);
+  // On a calibrated profile each hop's hand-off also costs what no GEMM hides (cost.h).
+  const double handoffs = calibration ? static_cast<double>(chunks.size() - 1) * calibration->ring_handoff_s : 0;
+  s.time_s = overlapped_ring_time(chunks, chunk_compute_s, hop, overlap) + handoffs;
   s.bound = s.compute_time_s >= s.comm_time_s ? Bound::compute : ring_hop_bound(coster.options().hw, hop_bytes);
   return s;
 }

@@ -59,6 +59,7 @@ class StepCoster {
     double flops, time;
     Bound bound;
     StepMemory memory;
+    Confidence confidence;
   };
   Cost cost_exchange(const Step& step, const ExchangeTraffic& traffic) const;
   const Mesh& mesh_;

@@ -96,8 +96,8 @@ void build_profile(const CalibrateOptions& o, Calibration cal, HardwareProfile& 
   p.name = "calibrated-" + o.backend;
   p.description = "Measured by 'shardmm calibrate" + std::string(o.quick ? " --quick" : "") + "' on " + cal.host +
                   ", " + o.backend + " backend, mesh " + cal.mesh + ", at " + cal.measured_at +
-                  ": collectives by alpha-beta fit per group size, GEMM rates by shape, collective matmul rings' "
-                  "overlap (docs/calibration.md)";
+                  ": collectives by alpha-beta fit per group size, GEMM rates by shape, the fixed costs of a GEMM "
+                  "call and a ring's hand-off, collective matmul rings' overlap (docs/calibration.md)";
   for (const GemmRate& g : cal.gemm) p.peak_flops[g.dtype] = std::max(p.peak_flops[g.dtype], g.flops_per_s);
   p.hbm_bandwidth = cal.copy_bandwidth;
   const CollectiveFit* widest = nullptr;
@@ -184,11 +184,90 @@ void fit_overlap(const Mesh& mesh, const Contraction& c, const RingProbe& probe,
   sample.overlap = (lo + hi) / 2;
 }
 
+// The probes' axis: the longest ring the mesh has.
+int widest_axis(const Mesh& mesh) {
+  int widest = 0;
+  for (int a = 1; a < mesh.rank(); ++a) widest = mesh.size(a) > mesh.size(widest) ? a : widest;
+  return widest;
+}
+
+// --- the fixed costs (docs/calibration.md, "Fixed costs") ---
+
+// The plan's times over `rounds` rounds of 20 runs each, verified in the first.
+std::vector<double> run_times(RunRequest& request, int rounds) {
+  std::vector<double> times;
+  request.repeat = 20;
+  for (int round = 0; round < rounds; ++round) {
+    request.verify = round == 0;
+    const RunReport r = run_plan(request);
+    if (!r.verification.verified) {
+      throw std::runtime_error("calibrate: the " + request.plan.description +
+                               " plan's result did not match the dense reference");
+    }
+    times.insert(times.end(), r.repeat_times_s.begin(), r.repeat_times_s.end());
+  }
+  return times;
+}
+
+// A local einsum, then each ring probe, on the mesh's widest axis at 2 rows a member: their
+// FLOPs and bytes cost next to nothing, so what they take beyond the model's time for them is
+// fixed. The einsum's call is set on the profile before the rings are predicted (each chunk
+// pays it), and the rings' hand-off before their overlap is fitted, so that no cost counts twice.
+void measure_fixed_costs(const CalibrateOptions& o, int rounds, CalibrationResult& result) {
+  const int widest = widest_axis(o.mesh);
+  const std::string x = o.mesh.axis_names({widest});
+  const std::int64_t tiny = 2 * o.mesh.size(widest);
+  const DimSizes sizes = {{"I", tiny}, {"J", tiny}, {"K", tiny}};
+  PlanOptions analytic;  // every process plans alike; only the steps matter to the run
+  analytic.dtype = DType::f32;
+  analytic.hw = builtin_profile("h100");
+  struct Probe {
+    std::vector<OpKind> ops;
+    std::string expression;
+  };
+  std::vector<Probe> probes = {{{OpKind::einsum}, "A[I_" + x + ", J] @ B[J, K] -> C[I_" + x + ", K]"}};
+  for (const RingProbe& ring : ring_probes(x)) probes.push_back({{ring.ring}, ring.expression});
+  std::vector<double> handoffs;
+  for (const Probe& probe : probes) {
+    const Contraction c = parse_contraction(probe.expression, o.mesh);
+    if (result.is_root && o.progress) o.progress("fixed cost of " + std::string(to_string(probe.ops[0])));
+    RunRequest request;
+    request.backend = o.backend;
+    request.mesh = o.mesh;
+    request.sizes = sizes;
+    request.contraction = &c;
+    request.check = false;
+    request.plan = candidate_with(plan_matmul(o.mesh, c, sizes, analytic), probe.ops);
+    const std::vector<double> times = run_times(request, rounds);
+    if (!result.is_root) continue;
+    PlanOptions calibrated;
+    calibrated.dtype = DType::f32;
+    calibrated.hw = result.profile;
+    FixedCostSample sample;
+    sample.op = probe.ops[0];
+    sample.expression = format_contraction(c, o.mesh);
+    sample.sizes = sizes;
+    sample.measured_s = median(times);
+    const MatmulPlanning planning = plan_matmul(o.mesh, c, sizes, calibrated);  // outlives `predicted`
+    const Plan& predicted = candidate_with(planning, probe.ops, request.plan.steps.front().bidirectional);
+    sample.predicted_s = predicted.total_time_s;
+    sample.calls = sample.op == OpKind::einsum ? 1 : predicted.steps.front().ring_steps - 1;
+    sample.per_call_s = std::max(0.0, sample.measured_s - sample.predicted_s) / sample.calls;
+    if (sample.op == OpKind::einsum) {
+      result.profile.calibration->einsum_call_s = sample.per_call_s;
+    } else {
+      handoffs.push_back(sample.per_call_s);
+    }
+    result.fixed_costs.push_back(std::move(sample));
+  }
+  // One figure for both rings: their hand-offs are the same point-to-point exchange.
+  if (result.is_root) result.profile.calibration->ring_handoff_s = (handoffs[0] + handoffs[1]) / 2;
+}
+
 // Runs both rings and their serialized twins (interleaved rounds, so drifting load hits them
 // alike) and sets the profile's overlaps on the root process.
 void measure_ring_overlap(const CalibrateOptions& o, int rounds, CalibrationResult& result) {
-  int widest = 0;
-  for (int a = 1; a < o.mesh.rank(); ++a) widest = o.mesh.size(a) > o.mesh.size(widest) ? a : widest;
+  const int widest = widest_axis(o.mesh);
   const std::int64_t base = o.quick ? 512 : 1024;
   PlanOptions calibrated;
   calibrated.dtype = DType::f32;
@@ -362,6 +441,7 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
   result.gemm_passes = static_cast<int>(passes.size());
   cal.gemm = combine_gemm_passes(passes);
   if (result.is_root) build_profile(o, std::move(cal), result.profile);
+  measure_fixed_costs(o, trials, result);
   measure_ring_overlap(o, trials, result);
   return result;
 }

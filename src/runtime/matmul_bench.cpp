@@ -237,8 +237,10 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
         const RunReport r = run_plan(run_request(plan, round == 0));
         times[i].insert(times[i].end(), r.repeat_times_s.begin(), r.repeat_times_s.end());
         if (round == 0) {
+          Confidence confidence;
+          for (const Step& s : plan.steps) confidence.add_part(s.confidence);
           p.runs.push_back({order[i], plan.description, plan.total_time_s, plan.comm_time_s, plan.compute_time_s, 0,
-                            r.verification.verified, r.verification.max_rel_error});
+                            r.verification.verified, r.verification.max_rel_error, confidence});
         }
       }
     }

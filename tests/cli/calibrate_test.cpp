@@ -32,6 +32,7 @@ namespace {
 
 using json = nlohmann::json;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 using Result = testing::CliResult;
@@ -249,6 +250,53 @@ TEST_F(Calibrated, FitsEachRingsOverlapToTheMeasuredRatio) {
   }
 }
 
+// The fixed costs: a tiny local einsum and both tiny rings ran through the executor; each
+// sample's per-call figure is what it took beyond the model's time for it, and the profile holds
+// the einsum's as einsum_call_s and the rings' mean as ring_handoff_s. The model's time for a
+// ring includes the einsum's call per chunk (set first) but no hand-off, and hides every hop (the
+// overlaps are fitted after, on a model that has the hand-offs).
+TEST_F(Calibrated, MeasuresTheFixedCostsOnTinySteps) {
+  const json doc = json::parse(calibration_->out);
+  const HardwareProfile p = profile();
+  const Mesh mesh = Mesh::parse("X=2");
+  ASSERT_EQ(doc["fixed_costs"].size(), 3u);
+  std::vector<double> handoffs;
+  for (const json& f : doc["fixed_costs"]) {
+    SCOPED_TRACE(f.dump());
+    const std::string op = f["op"];
+    const double measured = f["measured_s"], predicted = f["predicted_s"], per_call = f["per_call_s"];
+    const int calls = f["calls"];
+    EXPECT_GT(measured, 0);
+    EXPECT_NEAR(per_call, std::max(0.0, measured - predicted) / calls, 1e-15);
+    const Contraction c = parse_contraction(f["expression"].get<std::string>(), mesh);
+    DimSizes sizes;
+    for (const auto& [dim, size] : f["dims"].items()) sizes[dim] = size.get<std::int64_t>();
+    PlanOptions opt;
+    opt.dtype = DType::f32;
+    opt.hw = p;
+    opt.hw.calibration->ring_handoff_s = 0;
+    // Measured before the rings' overlaps are fitted: as a profile without them, every hop hidden.
+    opt.hw.calibration->gather_ring_overlap = opt.hw.calibration->scatter_ring_overlap = 1;
+    if (op == "einsum") {
+      EXPECT_EQ(calls, 1);
+      EXPECT_EQ(per_call, p.calibration->einsum_call_s);
+      opt.hw.calibration->einsum_call_s = 0;
+    } else {
+      EXPECT_EQ(calls, 1);  // two members: one hop
+      handoffs.push_back(per_call);
+    }
+    const OpKind kind = op == "einsum"              ? OpKind::einsum
+                        : op == "all_gather_einsum" ? OpKind::all_gather_einsum
+                                                    : OpKind::einsum_reduce_scatter;
+    const MatmulPlanning planning = plan_matmul(mesh, c, sizes, opt);
+    const Plan* plan = find_candidate(planning, {kind});
+    ASSERT_NE(plan, nullptr);
+    EXPECT_NEAR(plan->total_time_s, predicted, 1e-12);
+  }
+  ASSERT_EQ(handoffs.size(), 2u);
+  EXPECT_DOUBLE_EQ(p.calibration->ring_handoff_s, (handoffs[0] + handoffs[1]) / 2);
+}
+
 TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
   const std::filesystem::path other = *dir_ / "other.json";
   const Result r = shardmm_cli({"calibrate", "--quick", "--mesh", "X=2", "--out", other.string()});
@@ -256,6 +304,8 @@ TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
   EXPECT_THAT(r.out, HasSubstr("calibrated-threads written to " + other.string()));
   EXPECT_THAT(r.out, HasSubstr("all_reduce"));
   EXPECT_THAT(r.out, HasSubstr("einsum_reduce_scatter"));
+  EXPECT_THAT(r.out, HasSubstr("einsum_call_s"));
+  EXPECT_THAT(r.out, HasSubstr("ring_handoff_s"));
   EXPECT_TRUE(parse_profile_json(slurp(other), other.string()).calibration.has_value());
 }
 
@@ -343,6 +393,60 @@ TEST_F(Calibrated, RunReportsMeasuredOverPredictedAndWritesTheTrace) {
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("measured/predicted"));
   EXPECT_THAT(text.out, HasSubstr("predicted on calibrated-threads"));
+}
+
+// A calibration on X=2 measured no collective on 4 ranks: on X=2,Y=2 the all_gather over both
+// axes is predicted by formula, and plan says so on that step, in text and JSON; a run on 4
+// ranks adds the shared cores where the machine has fewer, and on a profile of other hardware
+// says in its JSON that the profile is not this machine's.
+TEST_F(Calibrated, StepsWithoutAFitSayTheirConfidenceIsLow) {
+  const std::vector<std::string> plan_args = {
+      "plan", "A[I_XY, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2,Y=2", "--dims", "I=64,J=32,K=16"};
+  const json doc = json_of(shardmm_cli([&] {
+    auto a = plan_args;
+    a.push_back("--json");
+    return a;
+  }()));
+  int on_four = 0;
+  for (const json& candidate : doc["candidates"]) {
+    for (const json& step : candidate["steps"]) {
+      SCOPED_TRACE(step.dump());
+      const std::string op = step["op"];
+      if (step["axes"].size() != 2 || (op != "all_gather" && op != "all_reduce" && op != "reduce_scatter")) continue;
+      ASSERT_EQ(step["confidence"], "low");
+      EXPECT_THAT(step["why"][0].get<std::string>(), HasSubstr("no " + op + " on 4 ranks was calibrated"));
+      EXPECT_GT(step["uncertainty_s"].get<double>(), 0);
+      EXPECT_LE(step["uncertainty_s"].get<double>(), 0.15 * step["time_s"].get<double>());
+      ++on_four;
+    }
+  }
+  EXPECT_GT(on_four, 0) << doc.dump();
+  auto all = plan_args;
+  all.push_back("--all");
+  const Result text = shardmm_cli(all);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("low confidence (docs/cost-model.md, 'Confidence')"));
+  EXPECT_THAT(text.out, HasSubstr("on 4 ranks was calibrated (the profile measured mesh X=2)"));
+  // The hardware the built-in profile describes: nothing against it.
+  auto analytic = plan_args;
+  analytic.insert(analytic.end(), {"--hw", "tpu-v5e"});
+  EXPECT_THAT(shardmm_cli(analytic).out, Not(HasSubstr("low confidence")));
+
+  const json run = json_of(shardmm_cli({"run", "A[I_XY, J] @ B[J, K] -> C[I, K]", "--mesh", "X=2,Y=2", "--dims",
+                                        "I=64,J=32,K=16", "--repeat", "1", "--warmup-time", "0", "--json"}));
+  const bool shared = run["ranks_on_machine"].get<int>() > run["cores"].get<int>();
+  for (const json& step : run["candidates"][run["executed"].get<std::size_t>()]["steps"]) {
+    SCOPED_TRACE(step.dump());
+    const std::string why = step.value("why", json::array()).dump();
+    EXPECT_EQ(why.find("4 ranks take turns on") != std::string::npos, shared);
+  }
+  const json other =
+      json_of(shardmm_cli({"run", "A[I, J_X] @ B[J_X, K] -> C[I, K]", "--mesh", "X=2", "--dims", "I=64,J=96,K=32",
+                           "--repeat", "1", "--warmup-time", "0", "--hw", "h100", "--json"}));
+  for (const json& step : other["candidates"][other["executed"].get<std::size_t>()]["steps"]) {
+    EXPECT_EQ(step["confidence"], "low");
+    EXPECT_THAT(step["why"].dump(), HasSubstr("the profile h100 models other hardware, not this machine"));
+  }
 }
 
 TEST_F(Calibrated, ReshardRunTracesToo) {

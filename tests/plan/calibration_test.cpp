@@ -328,6 +328,125 @@ TEST(CalibratedCost, EachRingHidesTheShareOfItsHopsItsOverlapSays) {
             ring_time(row_parallel, OpKind::einsum_reduce_scatter, 1, 1));
 }
 
+// The fixed costs (cost.h): every einsum that computes pays einsum_call_s once, a ring once
+// per chunk it multiplies, and a ring ring_handoff_s once per hop; an analytic profile neither.
+TEST(CalibratedCost, FixedCostsAddPerCallAndPerHop) {
+  HardwareProfile hw = calibrated();
+  const double without = einsum_time(hw, DType::f32, 1.6e9, 100000000);
+  hw.calibration->einsum_call_s = 3e-6;
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 1.6e9, 100000000), without + 3e-6);
+  EXPECT_EQ(einsum_time(hw, DType::f32, 0, 0), 0);  // nothing to compute, no call
+
+  const Mesh mesh = Mesh::parse("X=4");
+  const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I_X, K]", mesh);
+  const auto ring = [&](double call, double handoff) {
+    PlanOptions opt;
+    opt.dtype = DType::f32;
+    opt.hw = calibrated();
+    opt.hw.calibration->einsum_call_s = call;
+    opt.hw.calibration->ring_handoff_s = handoff;
+    const MatmulPlanning planning = plan_matmul(mesh, c, parse_dims("I=1024,J=1024,K=16"), opt);
+    const Plan* p = find_candidate(planning, {OpKind::all_gather_einsum}, false);
+    EXPECT_NE(p, nullptr);
+    return p ? p->steps[0] : Step{};
+  };
+  const Step base = ring(0, 0);
+  ASSERT_EQ(base.ring_steps, 4);
+  // The GEMMs outlast every hop here, so each chunk's call adds in full: 4 chunks, 3 hops.
+  EXPECT_NEAR(ring(1e-6, 0).time_s - base.time_s, 4 * 1e-6, 1e-15);
+  EXPECT_NEAR(ring(0, 5e-6).time_s - base.time_s, 3 * 5e-6, 1e-15);
+  EXPECT_EQ(ring(0, 5e-6).comm_time_s, base.comm_time_s);  // the hops' own time is unchanged
+
+  HardwareProfile analytic = hw;
+  analytic.calibration.reset();
+  EXPECT_DOUBLE_EQ(einsum_time(analytic, DType::f32, 8e9, 1), 1.0);  // the peak alone
+}
+
+// ---- confidence (docs/cost-model.md, "Confidence") ----
+
+TEST(Confidence, ACollectiveIsWeakWithoutAFitOutsideItsSizesOrWhereItsFitMisses) {
+  HardwareProfile hw = calibrated();  // all_gather fitted on 2 ranks, 4 KiB .. 32 MiB, residual 5%
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  const auto conf = [&](const AxisList& group, std::int64_t bytes) {
+    return collective_cost(hw, mesh, OpKind::all_gather, group, bytes);
+  };
+  EXPECT_FALSE(conf({0}, 1 << 20).confidence.low());  // inside, a close fit
+
+  const CollectiveCost none = conf({0, 1}, 1 << 20);  // 4 ranks: no fit
+  ASSERT_EQ(none.confidence.why.size(), 1u);
+  EXPECT_THAT(none.confidence.why[0], HasSubstr("no all_gather on 4 ranks was calibrated"));
+  EXPECT_DOUBLE_EQ(none.confidence.uncertainty_s, kModelBand * none.time_s);
+
+  const CollectiveCost beyond = conf({0}, std::int64_t{1} << 30);
+  ASSERT_EQ(beyond.confidence.why.size(), 1u);
+  EXPECT_THAT(beyond.confidence.why[0], HasSubstr("extrapolated: 1.00 GiB lies outside the sizes calibrated"));
+  EXPECT_TRUE(conf({0}, 1024).confidence.low());  // below the smallest size too
+
+  hw.calibration->collectives[0].max_rel_residual = 0.4;
+  const CollectiveCost loose = conf({0}, 1 << 20);
+  ASSERT_EQ(loose.confidence.why.size(), 1u);
+  EXPECT_THAT(loose.confidence.why[0], HasSubstr("misses its own samples by up to 40%"));
+  EXPECT_DOUBLE_EQ(loose.confidence.uncertainty_s, 0.4 * loose.time_s);
+
+  // The hardware the formulas describe: nothing known against them.
+  hw.calibration.reset();
+  EXPECT_FALSE(conf({0, 1}, std::int64_t{1} << 30).confidence.low());
+}
+
+TEST(Confidence, AnEinsumIsWeakBelowTheGemmShapesMeasured) {
+  const HardwareProfile hw = calibrated();                                    // f32 measured at intensities 4 and 64
+  EXPECT_FALSE(einsum_confidence(hw, DType::f32, 1.6e9, 100000000).low());    // 16 FLOP/byte
+  EXPECT_FALSE(einsum_confidence(hw, DType::f32, 6.4e11, 1000000000).low());  // 640: at least the square's rate
+  const Confidence thin = einsum_confidence(hw, DType::f32, 2e8, 100000000);  // 2 FLOP/byte
+  ASSERT_TRUE(thin.low());
+  EXPECT_THAT(thin.why[0], HasSubstr("2 FLOP/byte lies below the GEMM shapes calibrated, 4 .. 64"));
+  EXPECT_DOUBLE_EQ(thin.uncertainty_s, kModelBand * einsum_time(hw, DType::f32, 2e8, 100000000));
+  EXPECT_THAT(einsum_confidence(hw, DType::f64, 4e9, 1000).why.at(0), HasSubstr("no GEMM rate was calibrated for f64"));
+}
+
+// A ring is as weak as its transfer and its GEMMs together; the plan's uncertainty sums its steps'.
+TEST(Confidence, ARingAddsItsTransfersUncertaintyToItsGemms) {
+  PlanOptions opt;
+  opt.dtype = DType::f32;
+  opt.hw = calibrated();
+  const Mesh mesh = Mesh::parse("X=4");  // no fit on 4 ranks
+  const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I_X, K]", mesh);
+  const MatmulPlanning planning = plan_matmul(mesh, c, parse_dims("I=1024,J=1024,K=16"), opt);
+  const Plan* ring = find_candidate(planning, {OpKind::all_gather_einsum}, false);
+  const Plan* serial = find_candidate(planning, {OpKind::all_gather, OpKind::einsum});
+  ASSERT_TRUE(ring && serial);
+  const Step& gather = serial->steps[0];
+  ASSERT_TRUE(gather.confidence.low());
+  EXPECT_FALSE(serial->steps[1].confidence.low());
+  EXPECT_EQ(ring->steps[0].confidence.why, gather.confidence.why);
+  EXPECT_DOUBLE_EQ(ring->steps[0].confidence.uncertainty_s, gather.confidence.uncertainty_s);
+  EXPECT_DOUBLE_EQ(uncertainty_s(*serial), gather.confidence.uncertainty_s);
+}
+
+TEST(Confidence, ANearTieIsTwoPlansCloserThanTheirUncertainty) {
+  const auto plan = [](double time, double uncertainty) {
+    Plan p;
+    p.total_time_s = time;
+    Step s;
+    if (uncertainty > 0) s.confidence.add("weak", uncertainty);
+    p.steps.push_back(s);
+    return p;
+  };
+  MatmulPlanning m;
+  m.candidates = {plan(100e-6, 4e-6), plan(108e-6, 5e-6), plan(103e-6, 0)};
+  m.chosen = 0;
+  const std::optional<NearTie> tie = near_tie(m);
+  ASSERT_TRUE(tie.has_value());
+  EXPECT_EQ(tie->candidate, 2);  // the nearest, 3 us away, within 4 + 0
+  EXPECT_NEAR(tie->difference_s, 3e-6, 1e-18);
+  EXPECT_DOUBLE_EQ(tie->uncertainty_s, 4e-6);
+  m.candidates[2].fits_memory = false;  // then #1, 8 us away, but 9 us of uncertainty
+  ASSERT_TRUE(near_tie(m).has_value());
+  EXPECT_EQ(near_tie(m)->candidate, 1);
+  m.candidates[1].total_time_s = 110e-6;  // 10 us apart: the model can rank them
+  EXPECT_FALSE(near_tie(m).has_value());
+}
+
 TEST(CalibratedCost, AnalyticProfilesAreUnchanged) {
   const HardwareProfile v5e = builtin_profile("tpu-v5e");
   EXPECT_FALSE(v5e.calibration.has_value());
@@ -342,6 +461,8 @@ TEST(CalibratedProfileJson, RoundTripsEveryField) {
   HardwareProfile p = calibrated();
   p.calibration->gather_ring_overlap = 0.25;
   p.calibration->scatter_ring_overlap = 0.75;
+  p.calibration->einsum_call_s = 1.5e-6;
+  p.calibration->ring_handoff_s = 4.25e-6;
   const HardwareProfile q = parse_profile_json(profile_to_json(p), "p.json");
   EXPECT_EQ(q.name, p.name);
   EXPECT_EQ(q.peak_flops, p.peak_flops);
@@ -360,6 +481,8 @@ TEST(CalibratedProfileJson, RoundTripsEveryField) {
   EXPECT_EQ(b.add_bandwidth, a.add_bandwidth);
   EXPECT_EQ(b.gather_ring_overlap, 0.25);
   EXPECT_EQ(b.scatter_ring_overlap, 0.75);
+  EXPECT_EQ(b.einsum_call_s, 1.5e-6);
+  EXPECT_EQ(b.ring_handoff_s, 4.25e-6);
   ASSERT_EQ(b.collectives.size(), a.collectives.size());
   for (std::size_t i = 0; i < a.collectives.size(); ++i) {
     EXPECT_EQ(b.collectives[i].op, a.collectives[i].op);
@@ -430,8 +553,13 @@ TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
        "key 'calibration.gather_ring_overlap' is a share of the ring's transfers, 0 to 1, got 1.5"},
       {"negative overlap", [](json& d) { d["calibration"]["scatter_ring_overlap"] = -0.1; },
        "key 'calibration.scatter_ring_overlap' must be a non-negative finite number, got -0.1"},
+      {"negative call cost", [](json& d) { d["calibration"]["einsum_call_s"] = -1e-6; },
+       "key 'calibration.einsum_call_s' must be a non-negative finite number, got -1e-06"},
+      {"hand-off of seconds", [](json& d) { d["calibration"]["ring_handoff_s"] = 2; },
+       "key 'calibration.ring_handoff_s' is the fixed cost of one step in seconds, 0 to 1 (steps take "
+       "microseconds), got 2"},
       {"unknown key lists the optional ones", [](json& d) { d["calibration"]["overlap"] = 1; },
-       "gemm, gather_ring_overlap, scatter_ring_overlap"},
+       "gemm, gather_ring_overlap, scatter_ring_overlap, einsum_call_s, ring_handoff_s"},
   };
   const json good = json::parse(profile_to_json(calibrated()));
   for (const BadCalibration& c : cases) {
@@ -453,6 +581,16 @@ TEST(CalibratedProfileJson, AProfileWithoutRingOverlapsHidesEveryHop) {
   const HardwareProfile p = parse_profile_json(doc.dump(), "old.json");
   EXPECT_EQ(p.calibration->gather_ring_overlap, 1.0);
   EXPECT_EQ(p.calibration->scatter_ring_overlap, 1.0);
+}
+
+// A profile written before the fixed costs were measured predicts without them.
+TEST(CalibratedProfileJson, AProfileWithoutFixedCostsReadsThemAsZero) {
+  json doc = json::parse(profile_to_json(calibrated()));
+  doc["calibration"].erase("einsum_call_s");
+  doc["calibration"].erase("ring_handoff_s");
+  const HardwareProfile p = parse_profile_json(doc.dump(), "old.json");
+  EXPECT_EQ(p.calibration->einsum_call_s, 0.0);
+  EXPECT_EQ(p.calibration->ring_handoff_s, 0.0);
 }
 
 // ---- where the calibrated profile lives ----

@@ -67,6 +67,15 @@ struct Calibration {
   // predates the measurement.
   double gather_ring_overlap = 1;   // all_gather_einsum
   double scatter_ring_overlap = 1;  // einsum_reduce_scatter
+  // Fixed costs of the executor's steps that no rate or fit holds, measured on steps so small
+  // that their FLOPs and bytes cost next to nothing (docs/calibration.md, "Fixed costs"); 0
+  // where a profile predates them.
+  double einsum_call_s = 0;  // one local GEMM call through the executor: BLAS dispatch, the step's
+                             // allocation and bookkeeping (a ring pays it per chunk)
+  // One hop of a collective matmul ring beyond what its hop time holds: handing the chunk to the
+  // neighbour and waiting for the neighbour's, which no GEMM hides (on the threads backend a
+  // rank that waits sleeps, and its wake-up takes tens of microseconds on a VM).
+  double ring_handoff_s = 0;
   std::vector<CollectiveFit> collectives;
   std::vector<GemmRate> gemm;
 
@@ -155,14 +164,21 @@ struct CollectiveCost {
   double latency_s = 0;
   double bandwidth_s = 0;
   double time_s = 0;
+  // On a calibrated profile: low where no fit covers the group's size, where the fit used misses
+  // its own samples by more than kModelBand, or where array_bytes lies outside the sizes measured.
+  Confidence confidence;
   Bound bound() const;  // latency where latency_s >= bandwidth_s; none when time_s is 0
 };
 CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
                                std::int64_t array_bytes);
 // Roofline: max(flops / peak, bytes / HBM bandwidth). A calibrated profile with GEMM
 // rates for `dtype` takes the rate at this einsum's intensity (flops / bytes) instead of
-// the peak: interpolated in log(intensity) between the measured shapes, clamped at the ends.
+// the peak: interpolated in log(intensity) between the measured shapes, clamped at the ends;
+// and it adds its einsum_call_s to every einsum that computes (flops > 0).
 double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
+// On a calibrated profile: low where the dtype has no measured GEMM rate, or where the einsum's
+// intensity lies below the shapes measured (the rate is then the lowest shape's, clamped).
+Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
 // compute when the FLOPs' term of einsum_time is the larger, memory when the bytes' is.
 Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
 // A local copy (slice) reads and writes `bytes`.

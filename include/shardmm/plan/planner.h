@@ -67,6 +67,20 @@ struct MatmulPlanning {
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& contraction, const DimSizes& sizes,
                            const PlanOptions& options);
 
+// The plan's steps' uncertainties summed (Step::confidence): how far its predicted time may be
+// off where the model knows its figures are weak.
+double uncertainty_s(const Plan& plan);
+
+// The chosen plan and the other candidate that fits memory predicted nearest to it, where the
+// two are closer than their uncertainties together: the model cannot rank them, whatever
+// tie_margin picked (docs/cost-model.md, "Confidence").
+struct NearTie {
+  int candidate = -1;        // index into candidates
+  double difference_s = 0;   // |its predicted time - the chosen one's|
+  double uncertainty_s = 0;  // uncertainty_s of both
+};
+std::optional<NearTie> near_tie(const MatmulPlanning& planning);
+
 // The cheapest candidate whose steps are exactly `ops`, in order, and where `bidirectional`
 // is given, whose first step goes that many ways round; nullptr when the planner offered none.
 // For measuring one strategy against another (calibrate's ring probes, the benchmarks).

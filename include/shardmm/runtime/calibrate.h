@@ -61,11 +61,24 @@ struct RingOverlapSample {
   double overlap = 1;            // the share whose prediction is ring_s / serialized_s
 };
 
+// One tiny step run through the executor for a fixed cost (Calibration::einsum_call_s,
+// ring_handoff_s; docs/calibration.md, "Fixed costs").
+struct FixedCostSample {
+  OpKind op = OpKind::einsum;  // einsum, all_gather_einsum or einsum_reduce_scatter
+  std::string expression;      // the contraction, canonical form
+  DimSizes sizes;              // small enough that its FLOPs and bytes cost next to nothing
+  double measured_s = 0;       // the plan's time, median over every timed run
+  double predicted_s = 0;      // the model's time for it without the cost measured here
+  int calls = 1;               // what the difference is divided by: 1 call, or the ring's hops
+  double per_call_s = 0;       // max(0, measured - predicted) / calls
+};
+
 struct CalibrationResult {
   bool is_root = true;      // under mpirun only world rank 0 holds the figures
   HardwareProfile profile;  // calibration set, and the analytic fields derived from it
   std::vector<CollectiveSample> samples;
   std::vector<RingOverlapSample> rings;
+  std::vector<FixedCostSample> fixed_costs;  // the local einsum, then each ring
   // The GEMMs are measured before and after the collectives; this is the largest
   // |first - second| / mean over the shapes: how much the machine's speed moved during the
   // calibration (a shared VM's can move by tens of %). From CalibrateOptions::

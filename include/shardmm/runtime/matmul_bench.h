@@ -55,6 +55,7 @@ struct MatmulBenchRun {
   double measured_time_s = 0;  // median, first rank's start to last rank's finish
   bool verified = false;
   double max_rel_error = 0;
+  Confidence confidence;  // the plan's steps' (Step::confidence), their uncertainties summed
 };
 
 // With every candidate run, the chosen one against the fastest of the others, both run again in
