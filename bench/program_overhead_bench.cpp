@@ -100,8 +100,9 @@ Times time_both(const program::Graph& g, const nn::ProgramOptions& options, cons
 constexpr const char* kUsage =
     "usage: program_overhead_bench [--ranks N] [--sizes a,b,c] [--dtype f32|f64] [--repeat N]\n"
     "The Scaling Book's four cases on mesh X=ranks (default 2, threads) at I = J = K = each of --sizes\n"
-    "(512,1024,2048): the op's time run as one op of a program (an executed tape) against the same steps\n"
-    "run as `shardmm run` runs a plan; medians of --repeat (7) after a warm-up, ratio = program / run.\n"
+    "(512,1024,2048): the op's time as one op of a program (an executed tape) against the same plan run\n"
+    "by one kept Executor as `shardmm run` does, alternating over --repeat (15) repeats after a warm-up;\n"
+    "ratio = the median of the repeats' program / run, with its lowest and highest.\n"
     "Exit 2 on a bad flag, 1 when the two ran different steps.\n";
 
 }  // namespace

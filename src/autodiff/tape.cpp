@@ -125,17 +125,16 @@ Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a
   TapeEvent ev{phase, step, false, {}, scope};
   Value out{step.to, nullptr};
   if (!symbolic()) {
-    const auto seconds = [this] { return clock(); };
     Plan plan;
     plan.steps = {step};
-    const double start = seconds();
+    const double start = clock();
     Executor exec(*comm, plan, sizes, options.dtype);
     exec.run(*a.data, b ? b->data.get() : nullptr);
     out.data = std::make_shared<DistTensor>(exec.release());
     ev.executed = true;
     ev.measured = exec.trace().at(0);
     ev.measured.start_s = start;
-    ev.measured.end_s = seconds();
+    ev.measured.end_s = clock();
   }
   if (phase == Phase::backward && !regathering && !units.empty()) {
     units.back().transient = std::max(units.back().transient, held_bytes(out, shape));

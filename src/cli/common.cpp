@@ -371,13 +371,19 @@ void print_hardware(std::ostream& out, const Planning& p) {
     for (const CollectiveFit& f : hw.calibration->collectives) group_sizes.insert(f.group_size);
     std::vector<std::string> sizes;
     for (int n : group_sizes) sizes.push_back(std::to_string(n));
+    // A profile measured before calibrate had the fixed costs reads them as 0: say nothing then.
+    const Calibration& cal = *hw.calibration;
+    const std::string fixed_costs = cal.einsum_call_s > 0 || cal.ring_handoff_s > 0
+                                        ? ", each GEMM call " + format_time(cal.einsum_call_s) +
+                                              " more and each ring hop's hand-off " + format_time(cal.ring_handoff_s) +
+                                              " (calibration.md, 'Fixed costs')"
+                                        : std::string();
     out << "            "
         << wrap("calibrated on the " + hw.calibration->backend +
                     " backend: collectives by measured alpha-beta fit on " + join(sizes, ", ") +
                     " ranks (other sizes by the formulas above); einsums at the measured GEMM "
-                    "rate for their shape, each GEMM call " +
-                    format_time(hw.calibration->einsum_call_s) + " more and each ring hop's hand-off " +
-                    format_time(hw.calibration->ring_handoff_s) + " (calibration.md, 'Fixed costs')",
+                    "rate for their shape" +
+                    fixed_costs,
                 88, "            ")
         << "\n";
   }
