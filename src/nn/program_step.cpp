@@ -448,18 +448,48 @@ ProgramPrediction predict_program(const Graph& g, const ProgramOptions& options)
   return p;
 }
 
-ProgramRun run_program(Communicator& comm, const Graph& g, const ProgramOptions& options) {
+ExecutedStep execute_program_step(autodiff::Tape& tape, const Graph& g, const ProgramOptions& options) {
   if (options.dtype != DType::f32 && options.dtype != DType::f64) {
     throw InputError(std::string("a program runs in f32 or f64; got ") + to_string(options.dtype) + " in " +
                      field("dtype"));
   }
+  const bool train = options.train && g.loss >= 0;
+  ExecutedStep step;
+  step.record = record_program(tape, g, options);
+  const std::vector<Var>& v = step.record.values;
+  if (!train) return step;
+  tape.backward(v[static_cast<std::size_t>(g.loss)]);
+  step.updated.resize(g.tensors.size());
+  for (int t : g.leaves()) {
+    if (g.tensors[static_cast<std::size_t>(t)].role != Role::param) continue;
+    const Var leaf = v[static_cast<std::size_t>(t)];
+    const DistTensor& grad = tape.grad(leaf);
+    const DistTensor& w = leaf.value();
+    DistTensor& updated = step.updated[static_cast<std::size_t>(t)] =
+        DistTensor(g.mesh, w.device(), w.spec(), w.global_shape(), options.dtype);
+    tape.update(leaf, to_string(options.optimizer), update_blocks(options.optimizer), [&] {
+      for (std::int64_t i = 0; i < updated.elements(); ++i) {
+        if (options.dtype == DType::f32) {
+          updated.buffer().as<float>()[i] = static_cast<float>(
+              updated_value(options.optimizer, w.buffer().as<float>()[i], grad.buffer().as<float>()[i], options.lr));
+        } else {
+          updated.buffer().as<double>()[i] =
+              updated_value(options.optimizer, w.buffer().as<double>()[i], grad.buffer().as<double>()[i], options.lr);
+        }
+      }
+    });
+  }
+  return step;
+}
+
+ProgramRun run_program(Communicator& comm, const Graph& g, const ProgramOptions& options) {
   if (!(comm.mesh() == g.mesh)) throw InputError("run_program: the communicator's mesh is not the program's");
   const bool train = options.train && g.loss >= 0;
   autodiff::Tape tape(comm, {options.dtype, options.hw, 0});
+  ExecutedStep step = execute_program_step(tape, g, options);
   ProgramRun run;
-  run.record = record_program(tape, g, options);
+  run.record = std::move(step.record);
   const std::vector<Var>& v = run.record.values;
-  if (train) tape.backward(v[static_cast<std::size_t>(g.loss)]);
 
   // Everything to device 0 first (every rank takes part), then compared there.
   std::vector<std::pair<std::string, std::vector<double>>> got;
@@ -474,24 +504,9 @@ ProgramRun run_program(Communicator& comm, const Graph& g, const ProgramOptions&
   }
   if (train) {
     for (int t : g.leaves()) {
-      const Var leaf = v[static_cast<std::size_t>(t)];
-      const DistTensor& grad = tape.grad(leaf);
-      take(t, 1, grad);
-      if (g.tensors[static_cast<std::size_t>(t)].role != Role::param) continue;
-      const DistTensor& w = leaf.value();
-      DistTensor updated(g.mesh, comm.rank(), w.spec(), w.global_shape(), options.dtype);
-      tape.update(leaf, to_string(options.optimizer), update_blocks(options.optimizer), [&] {
-        for (std::int64_t i = 0; i < updated.elements(); ++i) {
-          if (options.dtype == DType::f32) {
-            updated.buffer().as<float>()[i] = static_cast<float>(
-                updated_value(options.optimizer, w.buffer().as<float>()[i], grad.buffer().as<float>()[i], options.lr));
-          } else {
-            updated.buffer().as<double>()[i] =
-                updated_value(options.optimizer, w.buffer().as<double>()[i], grad.buffer().as<double>()[i], options.lr);
-          }
-        }
-      });
-      take(t, 2, updated);
+      take(t, 1, tape.grad(v[static_cast<std::size_t>(t)]));
+      if (g.tensors[static_cast<std::size_t>(t)].role == Role::param)
+        take(t, 2, step.updated[static_cast<std::size_t>(t)]);
     }
   }
 

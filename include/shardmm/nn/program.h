@@ -115,6 +115,15 @@ struct ProgramPrediction {
 };
 ProgramPrediction predict_program(const program::Graph& g, const ProgramOptions& options);
 
+// One step executed on this rank's tape (a tape over a communicator): forward, then (train)
+// backward and each param's update into a new tensor. The tape keeps every value and gradient
+// (tape.grad) until it goes; what run_program verifies, and what a benchmark times.
+struct ExecutedStep {
+  ProgramRecord record;
+  std::vector<DistTensor> updated;  // by tensor index: a param's value after the update (train)
+};
+ExecutedStep execute_program_step(autodiff::Tape& tape, const program::Graph& g, const ProgramOptions& options);
+
 struct ProgramRun {
   ProgramRecord record;                      // this rank's tape values are gone; specs and notes stay
   std::vector<autodiff::TapeEvent> events;   // this rank's, measured

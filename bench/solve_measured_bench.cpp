@@ -1,0 +1,198 @@
+// The sharding `shardmm solve` chooses, executed: its measured step time beside each named
+// strategy's (a role per mesh axis: dp, fsdp, tp, sp, ep; the rest of the program solved within
+// those roles by the same model), with each one's prediction on the profile. Issue 27's goal:
+// the chosen sharding never slower than the fastest named one by more than 5%.
+//
+//   build/bench/solve_measured_bench --program examples/programs/block.prog --mesh X=2
+//       [--dims B=4,T=256,...] [--hw PROFILE] [--backend threads|mpi] [--dtype f32] [--repeat 7]
+//   mpirun -n 4 build/bench/solve_measured_bench ... --mesh X=2,Y=2 --backend mpi
+//
+// Every rank solves the program (the solve is deterministic), then each distinct sharding (the
+// optimum, and the named strategies that apply; named ones that solve to the same specs are one
+// row) runs one verified step at small dims (each letter at most kVerifyDim: the dense reference is
+// plain loops; exit 3 on a wrong result), a warm-up step at the given dims, and
+// then --repeat timed steps, the shardings taking turns in each repeat so that the machine's drift
+// moves them alike. A step's time is the slowest rank's, from a common start to its update's end.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_flags.h"
+#include "shardmm/autodiff/tape.h"
+#include "shardmm/core/error.h"
+#include "shardmm/nn/program.h"
+#include "shardmm/program/program.h"
+#include "shardmm/runtime/runner.h"
+#include "shardmm/solve/solve.h"
+
+namespace {
+
+using namespace shardmm;
+
+constexpr std::int64_t kVerifyDim = 12;
+
+struct Candidate {
+  std::string names;  // "optimum", or the named strategies that give this sharding
+  bool optimum = false;
+  program::Graph pinned;
+  program::Graph verified;       // the same specs at small dims
+  double predicted = 0;          // seconds: the solver's cost of the step
+  std::vector<double> measured;  // seconds, per repeat
+};
+
+// The optimum first, then each distinct sharding of the named strategies that apply.
+std::vector<Candidate> candidates(const program::Graph& g, const program::Graph& small, const solve::SolveResult& r) {
+  std::vector<Candidate> out;
+  std::map<std::string, std::size_t> by_layout;  // the pinned program's text -> row
+  const auto add = [&](const std::string& name, const solve::SolveOutcome& o) {
+    if (o.best.empty()) return;
+    const std::vector<Spec> specs = solve::specs_of(r.choices, o.best);
+    const std::vector<char> regathered = solve::regathered_of(r.choices, o.best);
+    std::string layout;
+    for (std::size_t t = 0; t < specs.size(); ++t)
+      layout += format_spec(specs[t], g.mesh) + (regathered[t] ? "r" : "") + ";";
+    const auto [it, fresh] = by_layout.emplace(layout, out.size());
+    if (!fresh) {
+      out[it->second].names += (out[it->second].optimum && out[it->second].names == "optimum" ? " = " : ", ") + name;
+      return;
+    }
+    Candidate c;
+    c.names = name;
+    c.optimum = out.empty();
+    c.pinned = solve::pinned_graph(g, specs, regathered);
+    c.verified = solve::pinned_graph(small, specs, regathered);
+    c.predicted = o.value.time;
+    out.push_back(std::move(c));
+  };
+  add("optimum", r.outcome);
+  for (const solve::NamedStrategy& n : r.named) add(n.name, n.outcome);
+  return out;
+}
+
+constexpr const char* kUsage =
+    "usage: solve_measured_bench --program FILE [--mesh M] [--dims L=n,...] [--hw PROFILE]\n"
+    "                            [--backend threads|mpi] [--dtype f32|f64] [--optimizer sgd|adam] [--repeat N]\n"
+    "Solves the program's training step on the mesh (the file's, or --mesh) with the profile (--hw: a\n"
+    "built-in name or a JSON file; default the calibrated one, else h100), then runs the optimum and\n"
+    "every named strategy that applies: one step each verified at small dims (each letter at most 12;\n"
+    "exit 3 on a wrong result), a warm-up,\n"
+    "and --repeat (7) timed steps taking turns. Prints, per sharding, the predicted step time, the\n"
+    "measured median with its lowest and highest, measured/predicted, and measured against the fastest\n"
+    "named strategy's median. Under mpirun give --backend mpi with as many ranks as devices.\n"
+    "Exit 2 on a bad flag or program, 3 on a wrong result.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string file, mesh_text, dims_text, hw = "calibrated", backend = "threads", dtype_text = "f32",
+                                          optimizer_text = "sgd";
+  int repeat = 7;
+  const std::optional<int> stop = bench::parse_flags("solve_measured_bench", kUsage, [&] {
+    bench::FlagReader flags(argc, argv);
+    for (std::string flag; flags.next(flag);) {
+      if (flag == "--program") file = flags.value();
+      else if (flag == "--mesh") mesh_text = flags.value();
+      else if (flag == "--dims") dims_text = flags.value();
+      else if (flag == "--hw") hw = flags.value();
+      else if (flag == "--backend") backend = flags.value();
+      else if (flag == "--dtype") dtype_text = flags.value();
+      else if (flag == "--optimizer") optimizer_text = flags.value();
+      else if (flag == "--repeat") repeat = flags.count(1);
+      else flags.unknown("--program --mesh --dims --hw --backend --dtype --optimizer --repeat");
+    }
+    if (file.empty()) throw InputError("--program is required (a program file, e.g. examples/programs/block.prog)");
+  });
+  if (stop) return *stop;
+  try {
+    std::ifstream in(file);
+    if (!in) throw InputError("--program: cannot read '" + file + "'");
+    std::stringstream text;
+    text << in.rdbuf();
+    program::BindOptions bind;
+    if (!mesh_text.empty()) bind.mesh = Mesh::parse(mesh_text);
+    if (!dims_text.empty()) bind.dims = parse_dims(dims_text);
+    const program::Program p = program::parse_program(text.str(), file);
+    const program::Graph g = program::bind(p, bind);
+    program::BindOptions small_bind = bind;
+    small_bind.dims = g.dims;
+    for (auto& [letter, n] : *small_bind.dims) n = std::min(n, kVerifyDim);
+    const program::Graph small = program::bind(p, small_bind);
+    nn::ProgramOptions options;
+    options.dtype = parse_dtype(dtype_text);
+    const bool calibrated = !calibrated_profile_path().empty() && std::ifstream(calibrated_profile_path()).good();
+    options.hw = load_profile(hw == kCalibratedProfileName && !calibrated ? "h100" : hw);
+    options.optimizer = nn::parse_optimizer(optimizer_text);
+    solve::SolveOptions solve_options;
+    solve_options.program = options;
+    const solve::SolveResult r = solve::solve_program(g, solve_options);
+    std::vector<Candidate> rows = candidates(g, small, r);
+
+    bool verified = true;
+    run_backend(backend, g.mesh, [&](Communicator& comm) {
+      AxisList all;
+      for (int a = 0; a < g.mesh.rank(); ++a) all.push_back(a);
+      const auto line_up = [&] {
+        double nothing = 0;
+        comm.all_reduce(&nothing, 1, DType::f64, all);
+      };
+      const auto slowest = [&](double seconds) {
+        comm.all_reduce(&seconds, 1, DType::f64, all, ReduceOp::max);
+        return seconds;
+      };
+      for (Candidate& c : rows) {
+        const nn::ProgramRun run = nn::run_program(comm, c.verified, options);
+        if (!run.verification.verified) {
+          if (comm.rank() == 0)
+            std::fprintf(stderr, "solve_measured_bench: %s: wrong result: %s\n", c.names.c_str(),
+                         run.verification.detail.c_str());
+          verified = false;
+        }
+      }
+      if (!verified) return;
+      for (int k = 0; k <= repeat; ++k) {
+        for (Candidate& c : rows) {
+          line_up();
+          const auto start = std::chrono::steady_clock::now();
+          {
+            autodiff::Tape tape(comm, {options.dtype, options.hw, 0});
+            nn::execute_program_step(tape, c.pinned, options);
+          }
+          const double seconds =
+              slowest(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+          if (k > 0 && comm.rank() == 0) c.measured.push_back(seconds);  // repeat 0 warms up
+        }
+      }
+    });
+    if (!verified) return 3;
+    if (!rows.empty() && rows.front().measured.empty()) return 0;  // not device 0 under mpirun
+    std::printf("%s on %s (%s, %s), %s, %s; median of %d steps; times in ms\n", file.c_str(),
+                g.mesh.to_string().c_str(), backend.c_str(), to_string(options.dtype), nn::to_string(options.optimizer),
+                options.hw.name.c_str(), repeat);
+    std::printf("%-44s %9s %9s %13s %9s %9s\n", "sharding", "predicted", "measured", "range", "meas/pred", "vs named");
+    double fastest_named = 0;
+    for (const Candidate& c : rows) {
+      if (c.names != "optimum") {
+        const double m = median(c.measured);
+        fastest_named = fastest_named == 0 ? m : std::min(fastest_named, m);
+      }
+    }
+    for (const Candidate& c : rows) {
+      const double m = median(c.measured);
+      const auto [low, high] = std::minmax_element(c.measured.begin(), c.measured.end());
+      char range[32];
+      std::snprintf(range, sizeof range, "%.2f-%.2f", *low * 1e3, *high * 1e3);
+      std::printf("%-44s %9.3f %9.3f %13s %9.3f %9s\n", c.names.c_str(), c.predicted * 1e3, m * 1e3, range,
+                  m / c.predicted, fastest_named > 0 ? (std::to_string(m / fastest_named).substr(0, 5)).c_str() : "-");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "solve_measured_bench: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
