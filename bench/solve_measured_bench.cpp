@@ -78,13 +78,15 @@ std::vector<Candidate> candidates(const program::Graph& g, const program::Graph&
 constexpr const char* kUsage =
     "usage: solve_measured_bench --program FILE [--mesh M] [--dims L=n,...] [--hw PROFILE]\n"
     "                            [--backend threads|mpi] [--dtype f32|f64] [--optimizer sgd|adam] [--repeat N]\n"
+    "                            [--json]\n"
     "Solves the program's training step on the mesh (the file's, or --mesh) with the profile (--hw: a\n"
     "built-in name or a JSON file; default the calibrated one, else h100), then runs the optimum and\n"
     "every named strategy that applies: one step each verified at small dims (each letter at most 12;\n"
     "exit 3 on a wrong result), a warm-up,\n"
     "and --repeat (7) timed steps taking turns. Prints, per sharding, the predicted step time, the\n"
     "measured median with its lowest and highest, measured/predicted, and measured against the fastest\n"
-    "named strategy's median. Under mpirun give --backend mpi with as many ranks as devices.\n"
+    "named strategy's median (--json: one JSON document). Under mpirun give --backend mpi with as\n"
+    "many ranks as devices.\n"
     "Exit 2 on a bad flag or program, 3 on a wrong result.\n";
 
 }  // namespace
@@ -93,6 +95,7 @@ int main(int argc, char** argv) {
   std::string file, mesh_text, dims_text, hw = "calibrated", backend = "threads", dtype_text = "f32",
                                           optimizer_text = "sgd";
   int repeat = 7;
+  bool json = false;
   const std::optional<int> stop = bench::parse_flags("solve_measured_bench", kUsage, [&] {
     bench::FlagReader flags(argc, argv);
     for (std::string flag; flags.next(flag);) {
@@ -104,7 +107,8 @@ int main(int argc, char** argv) {
       else if (flag == "--dtype") dtype_text = flags.value();
       else if (flag == "--optimizer") optimizer_text = flags.value();
       else if (flag == "--repeat") repeat = flags.count(1);
-      else flags.unknown("--program --mesh --dims --hw --backend --dtype --optimizer --repeat");
+      else if (flag == "--json") json = true;
+      else flags.unknown("--program --mesh --dims --hw --backend --dtype --optimizer --repeat --json");
     }
     if (file.empty()) throw InputError("--program is required (a program file, e.g. examples/programs/block.prog)");
   });
@@ -171,24 +175,45 @@ int main(int argc, char** argv) {
     });
     if (!verified) return 3;
     if (!rows.empty() && rows.front().measured.empty()) return 0;  // not device 0 under mpirun
+    // The fastest named strategy's median (the optimum's row counts when a named one gives it too).
+    double fastest_named = 0;
+    for (const Candidate& c : rows) {
+      if (c.names == "optimum") continue;
+      const double m = median(c.measured);
+      fastest_named = fastest_named == 0 ? m : std::min(fastest_named, m);
+    }
+    const auto vs_named = [&](const Candidate& c) {
+      return fastest_named > 0 ? median(c.measured) / fastest_named : 0;
+    };
+    if (json) {
+      std::printf(
+          "{\"program\": \"%s\", \"mesh\": \"%s\", \"ranks\": %lld, \"backend\": \"%s\", \"dtype\": \"%s\", "
+          "\"optimizer\": \"%s\", \"hardware\": \"%s\", \"repeat\": %d, \"shardings\": [",
+          file.c_str(), g.mesh.to_string().c_str(), static_cast<long long>(g.mesh.device_count()), backend.c_str(),
+          to_string(options.dtype), nn::to_string(options.optimizer), options.hw.name.c_str(), repeat);
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        const Candidate& c = rows[i];
+        const auto [low, high] = std::minmax_element(c.measured.begin(), c.measured.end());
+        std::printf(
+            "%s{\"names\": \"%s\", \"optimum\": %s, \"predicted_s\": %.9g, \"measured_s\": %.9g, "
+            "\"low_s\": %.9g, \"high_s\": %.9g, \"vs_fastest_named\": %.6g}",
+            i ? ", " : "", c.names.c_str(), c.optimum ? "true" : "false", c.predicted, median(c.measured), *low, *high,
+            vs_named(c));
+      }
+      std::printf("]}\n");
+      return 0;
+    }
     std::printf("%s on %s (%s, %s), %s, %s; median of %d steps; times in ms\n", file.c_str(),
                 g.mesh.to_string().c_str(), backend.c_str(), to_string(options.dtype), nn::to_string(options.optimizer),
                 options.hw.name.c_str(), repeat);
     std::printf("%-44s %9s %9s %13s %9s %9s\n", "sharding", "predicted", "measured", "range", "meas/pred", "vs named");
-    double fastest_named = 0;
-    for (const Candidate& c : rows) {
-      if (c.names != "optimum") {
-        const double m = median(c.measured);
-        fastest_named = fastest_named == 0 ? m : std::min(fastest_named, m);
-      }
-    }
     for (const Candidate& c : rows) {
       const double m = median(c.measured);
       const auto [low, high] = std::minmax_element(c.measured.begin(), c.measured.end());
       char range[32];
       std::snprintf(range, sizeof range, "%.2f-%.2f", *low * 1e3, *high * 1e3);
-      std::printf("%-44s %9.3f %9.3f %13s %9.3f %9s\n", c.names.c_str(), c.predicted * 1e3, m * 1e3, range,
-                  m / c.predicted, fastest_named > 0 ? (std::to_string(m / fastest_named).substr(0, 5)).c_str() : "-");
+      std::printf("%-44s %9.3f %9.3f %13s %9.3f %9.3f\n", c.names.c_str(), c.predicted * 1e3, m * 1e3, range,
+                  m / c.predicted, vs_named(c));
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "solve_measured_bench: %s\n", e.what());

@@ -13,7 +13,8 @@
 # shardmm and PyTorch, alternate this many times),
 # CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
 # (128,256,512,1024,2048,4096), JUDGE_SIZES (999,1501), JUDGE_DIMS (J=1200), JUDGE_THIN (I=3),
-# SKIP ("": any of gemm choice judge scalapack torch plots).
+# SOLVE_PROGRAM (examples/programs/block.prog), SOLVE_DIMS (B=4,T=256,S=256,D=512,H=8,A=64,F=2048),
+# SKIP ("": any of gemm choice judge solve scalapack torch plots).
 # Needs the build's shardmm and bench/scalapack_bench (libscalapack-openmpi-dev), mpirun;
 # The plots need gnuplot-nox, which this script installs through scripts/setup.sh (CI does not
 # need it); PyTorch (python3-torch, large) is used when present, else that part says it is skipped.
@@ -33,6 +34,8 @@ CROSSOVER_SIZES=${CROSSOVER_SIZES:-128,256,512,1024,2048,4096}
 JUDGE_SIZES=${JUDGE_SIZES:-999,1501}
 JUDGE_DIMS=${JUDGE_DIMS:-J=1200}
 JUDGE_THIN=${JUDGE_THIN:-I=3}
+SOLVE_PROGRAM=${SOLVE_PROGRAM:-examples/programs/block.prog}
+SOLVE_DIMS=${SOLVE_DIMS:-B=4,T=256,S=256,D=512,H=8,A=64,F=2048}
 ROUNDS=${ROUNDS:-3}
 SKIP=${SKIP:-}
 SHARDMM=$BUILD/src/shardmm
@@ -131,6 +134,22 @@ if wanted judge; then
   step judge_mpi_X2Y2 "${MPIRUN[@]}" -n 4 "$SHARDMM" bench matmul "$two_d" --mesh X=2,Y=2 --backend mpi \
     --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
     --hw "$(profile X=2,Y=2 mpi judge_mpi_X2Y2)" --json
+fi
+
+if wanted solve; then
+  # 7. The sharding `shardmm solve` chooses for SOLVE_PROGRAM at SOLVE_DIMS, run beside every named
+  # strategy (issue 27): 2 ranks and 4 (X=2,Y=2, time-sliced on 2 cores), both backends, each
+  # solved with a profile calibrated right before it.
+  for mesh in X=2 X=2,Y=2; do
+    ranks=1
+    for size in $(tr ',' ' ' <<<"${mesh//[A-Z]=/}"); do ranks=$((ranks * size)); done
+    tag=${mesh//[=,]/}
+    step "solve_threads_$tag" "$BUILD/bench/solve_measured_bench" --program "$SOLVE_PROGRAM" --mesh "$mesh" \
+      --dims "$SOLVE_DIMS" --repeat "$REPEAT" --hw "$(profile "$mesh" threads "solve_threads_$tag")" --json
+    step "solve_mpi_$tag" "${MPIRUN[@]}" -n "$ranks" "$BUILD/bench/solve_measured_bench" --program "$SOLVE_PROGRAM" \
+      --mesh "$mesh" --backend mpi --dims "$SOLVE_DIMS" --repeat "$REPEAT" \
+      --hw "$(profile "$mesh" mpi "solve_mpi_$tag")" --json
+  done
 fi
 
 if wanted scalapack; then

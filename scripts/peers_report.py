@@ -104,6 +104,17 @@ def judge_groups(docs):
     return sorted(groups.items())
 
 
+def solve_table(doc):
+    """Item 7: the solved sharding measured beside the named strategies."""
+    caption = (f"`{doc['program']}` on {doc['mesh']} ({doc['backend']}), {doc['dtype']}, {doc['optimizer']}, "
+               f"profile {doc['hardware']}, median of {doc['repeat']} steps")
+    rows = [[("**" + s["names"] + "**") if s["optimum"] else s["names"], f"{s['predicted_s'] * 1e3:.2f}",
+             f"{s['measured_s'] * 1e3:.2f}", f"{s['low_s'] * 1e3:.2f}-{s['high_s'] * 1e3:.2f}",
+             f"{s['measured_s'] / s['predicted_s']:.2f}", f"{s['vs_fastest_named']:.3f}"] for s in doc["shardings"]]
+    return markdown_table(caption, ["sharding", "predicted ms", "measured ms", "range", "measured / predicted",
+                                    "vs the fastest named"], rows)
+
+
 def markdown_table(caption, header, rows):
     return [caption, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
         "| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -223,6 +234,11 @@ def main(out_dir):
         for n in judge:
             lines += load_note(out_dir, os.path.basename(n)[:-5])
         lines += [""]
+    solve = sorted(glob.glob(os.path.join(out_dir, "solve_*.json")))
+    if solve:
+        lines += ["### Solve: the chosen sharding against the named strategies, measured", ""]
+        for n in solve:
+            lines += solve_table(load(n)) + load_note(out_dir, os.path.basename(n)[:-5]) + [""]
     scalapack = [load(n) for n in sorted(glob.glob(os.path.join(out_dir, "scalapack_*.json")))]
     for doc in scalapack:
         grid = f"{doc['grid'][0]}x{doc['grid'][1]}"
