@@ -78,13 +78,14 @@ void timeline_peak(const ChoiceProblem& p, const Assignment& a, const std::vecto
   }
 }
 
-Evaluation evaluate_indexed(const ChoiceProblem& p, const std::vector<FactorIndex>& index, const Assignment& a,
-                            std::vector<char>& used_shared) {
+// `entry_of(k)`: the entry of factor k that `a` chooses, -1 when the factor does not allow it.
+template <typename EntryOf>
+Evaluation evaluate_with(const ChoiceProblem& p, const Assignment& a, EntryOf entry_of, std::vector<char>& used_shared) {
   Evaluation out;
   std::fill(used_shared.begin(), used_shared.end(), 0);
   std::vector<int> chosen(p.factors.size());
   for (std::size_t k = 0; k < p.factors.size(); ++k) {
-    const int e = index[k].entry(a);
+    const int e = entry_of(k);
     if (e < 0) return out;
     chosen[k] = e;
     const FactorEntry& entry = p.factors[k].entries[static_cast<std::size_t>(e)];
@@ -131,8 +132,21 @@ Evaluation evaluate(const ChoiceProblem& p, const Assignment& a) {
   if (a.size() != p.domain.size())
     throw InputError("evaluate: the assignment has a value for " + std::to_string(a.size()) +
                      " variables, the problem has " + std::to_string(p.domain.size()));
+  // One assignment: a scan of the entries costs less than indexing the factors' dense products.
   std::vector<char> used(p.shared.size());
-  return evaluate_indexed(p, index_factors(p), a, used);
+  return evaluate_with(
+      p, a,
+      [&](std::size_t k) {
+        const Factor& f = p.factors[k];
+        for (std::size_t e = f.entries.size(); e-- > 0;) {  // the last, as FactorIndex keeps
+          bool match = true;
+          for (std::size_t i = 0; i < f.vars.size() && match; ++i)
+            match = f.entries[e].values[i] == a[static_cast<std::size_t>(f.vars[i])];
+          if (match) return static_cast<int>(e);
+        }
+        return -1;
+      },
+      used);
 }
 
 SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits, std::int64_t max_assignments) {
@@ -184,7 +198,7 @@ SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits,
         throw InputError("the exhaustive solver met more than " + std::to_string(max_assignments) +
                          " allowed assignments");
       }
-      const Evaluation e = evaluate_indexed(p, index, a, used);
+      const Evaluation e = evaluate_with(p, a, [&](std::size_t k) { return index[k].entry(a); }, used);
       if (e.allowed && !excluded(limits, a) && (!limits.memory_limit || e.memory <= *limits.memory_limit)) {
         any_allowed = true;
         if (out.best.empty() || e.time < out.value.time) {
@@ -258,8 +272,12 @@ class TupleMap {
     }
     return static_cast<std::size_t>(h ^ (h >> 29));
   }
-  bool equal(int at, const int* t) const {
-    return std::equal(t, t + width_, tuples_.begin() + static_cast<std::ptrdiff_t>(width_) * at);
+  bool equal(int at, const int* t) const {  // a loop: the tuples are too short for memcmp to pay
+    const int* u = tuples_.data() + width_ * static_cast<std::size_t>(at);
+    for (std::size_t i = 0; i < width_; ++i) {
+      if (u[i] != t[i]) return false;
+    }
+    return true;
   }
   void grow() {
     slots_.assign(2 * slots_.size(), -1);
@@ -418,8 +436,8 @@ class BucketJoin {
   std::int64_t joined_ = 0, max_joined_ = 0;
 };
 
+// The status and the best assignment: the caller evaluates it.
 std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_table) {
-  const auto start = std::chrono::steady_clock::now();
   const std::size_t n = p.domain.size();
   std::vector<Table> tables;
   for (const Factor& f : p.factors) {
@@ -440,7 +458,6 @@ std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_t
   out.method = "dynamic programming";
   const auto infeasible = [&] {
     out.status = SolveStatus::infeasible;
-    out.seconds = seconds_since(start);
     return out;
   };
   while (true) {
@@ -497,10 +514,7 @@ std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_t
     }
   }
   out.best = a;
-  out.value = evaluate(p, a);
   out.status = SolveStatus::optimal;
-  out.lower_bound = out.value.time;
-  out.seconds = seconds_since(start);
   return out;
 }
 
@@ -584,18 +598,23 @@ Assignment Reduced::original(const Assignment& a) const {
 }
 
 std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table) {
+  const auto start = std::chrono::steady_clock::now();
   const Reduced r = reduce_domains(p);
+  std::optional<SolveOutcome> out;
   if (r.empty) {
-    SolveOutcome out;
-    out.method = "dynamic programming";
-    out.status = SolveStatus::infeasible;
-    return out;
+    out.emplace();
+    out->method = "dynamic programming";
+    out->status = SolveStatus::infeasible;
+  } else {
+    out = eliminate(r.problem, max_table);
   }
-  std::optional<SolveOutcome> out = eliminate(r.problem, max_table);
-  if (out && !out->best.empty()) {
+  if (!out) return out;
+  if (!out->best.empty()) {
     out->best = r.original(out->best);
     out->value = evaluate(p, out->best);
+    out->lower_bound = out->value.time;
   }
+  out->seconds = seconds_since(start);
   return out;
 }
 
