@@ -272,12 +272,8 @@ class TupleMap {
     }
     return static_cast<std::size_t>(h ^ (h >> 29));
   }
-  bool equal(int at, const int* t) const {  // a loop: the tuples are too short for memcmp to pay
-    const int* u = tuples_.data() + width_ * static_cast<std::size_t>(at);
-    for (std::size_t i = 0; i < width_; ++i) {
-      if (u[i] != t[i]) return false;
-    }
-    return true;
+  bool equal(int at, const int* t) const {
+    return std::equal(t, t + width_, tuples_.data() + width_ * static_cast<std::size_t>(at));
   }
   void grow() {
     slots_.assign(2 * slots_.size(), -1);
