@@ -4,9 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <functional>
-#include <limits>
 
 #include "shardmm/core/error.h"
 #include "solve/factor_index.h"
@@ -80,13 +78,14 @@ void timeline_peak(const ChoiceProblem& p, const Assignment& a, const std::vecto
   }
 }
 
-Evaluation evaluate_indexed(const ChoiceProblem& p, const std::vector<FactorIndex>& index, const Assignment& a,
-                            std::vector<char>& used_shared) {
+// `entry_of(k)`: the entry of factor k that `a` chooses, -1 when the factor does not allow it.
+template <typename EntryOf>
+Evaluation evaluate_with(const ChoiceProblem& p, const Assignment& a, EntryOf entry_of, std::vector<char>& used_shared) {
   Evaluation out;
   std::fill(used_shared.begin(), used_shared.end(), 0);
   std::vector<int> chosen(p.factors.size());
   for (std::size_t k = 0; k < p.factors.size(); ++k) {
-    const int e = index[k].entry(a);
+    const int e = entry_of(k);
     if (e < 0) return out;
     chosen[k] = e;
     const FactorEntry& entry = p.factors[k].entries[static_cast<std::size_t>(e)];
@@ -133,8 +132,21 @@ Evaluation evaluate(const ChoiceProblem& p, const Assignment& a) {
   if (a.size() != p.domain.size())
     throw InputError("evaluate: the assignment has a value for " + std::to_string(a.size()) +
                      " variables, the problem has " + std::to_string(p.domain.size()));
+  // One assignment: a scan of the entries costs less than indexing the factors' dense products.
   std::vector<char> used(p.shared.size());
-  return evaluate_indexed(p, index_factors(p), a, used);
+  return evaluate_with(
+      p, a,
+      [&](std::size_t k) {
+        const Factor& f = p.factors[k];
+        for (std::size_t e = f.entries.size(); e-- > 0;) {  // the last, as FactorIndex keeps
+          bool match = true;
+          for (std::size_t i = 0; i < f.vars.size() && match; ++i)
+            match = f.entries[e].values[i] == a[static_cast<std::size_t>(f.vars[i])];
+          if (match) return static_cast<int>(e);
+        }
+        return -1;
+      },
+      used);
 }
 
 SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits, std::int64_t max_assignments) {
@@ -186,7 +198,7 @@ SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits,
         throw InputError("the exhaustive solver met more than " + std::to_string(max_assignments) +
                          " allowed assignments");
       }
-      const Evaluation e = evaluate_indexed(p, index, a, used);
+      const Evaluation e = evaluate_with(p, a, [&](std::size_t k) { return index[k].entry(a); }, used);
       if (e.allowed && !excluded(limits, a) && (!limits.memory_limit || e.memory <= *limits.memory_limit)) {
         any_allowed = true;
         if (out.best.empty() || e.time < out.value.time) {
@@ -211,150 +223,294 @@ SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits,
   return out;
 }
 
-// ---- Variable elimination
+// ---- Variable elimination over sparse tables. A program's factors allow a few thousand of
+// the millions of tuples their domains span, so a table lists only its allowed tuples, a join
+// meets them by hashing the variables they share, and each round eliminates the variable
+// whose join is estimated smallest from the tables' real sizes.
 
 namespace {
 
-constexpr double kNotAllowed = std::numeric_limits<double>::infinity();
-
-// A dense table over `vars` (first variable fastest), +inf where not allowed.
+// The tuples a table allows over `vars` (a row of values each) and their costs.
 struct Table {
   std::vector<int> vars;
-  std::vector<std::int64_t> strides;
+  std::vector<int> rows;
   std::vector<double> cost;
+  std::size_t size() const { return cost.size(); }
+  const int* row(std::size_t r) const { return rows.data() + r * vars.size(); }
 };
 
-Table make_table(const ChoiceProblem& p, std::vector<int> vars) {
-  Table t;
-  t.vars = std::move(vars);
-  std::int64_t size = 1;
-  for (int v : t.vars) {
-    t.strides.push_back(size);
-    size *= p.domain[static_cast<std::size_t>(v)];
-  }
-  t.cost.assign(static_cast<std::size_t>(size), 0.0);
-  return t;
-}
-
-// The position in `t` of the tuple that `values` (indexed by variable) gives.
-std::int64_t offset_in(const Table& t, const std::vector<int>& values) {
-  std::int64_t at = 0;
-  for (std::size_t i = 0; i < t.vars.size(); ++i) at += t.strides[i] * values[static_cast<std::size_t>(t.vars[i])];
-  return at;
-}
-
-// Calls fn(values) for every tuple of `vars` (values indexed by variable), first variable fastest.
-template <typename Fn>
-void for_each_tuple(const ChoiceProblem& p, const std::vector<int>& vars, std::vector<int>& values, Fn fn) {
-  for (int v : vars) values[static_cast<std::size_t>(v)] = 0;
-  while (true) {
-    fn();
-    std::size_t i = 0;
-    while (i < vars.size()) {
-      int& x = values[static_cast<std::size_t>(vars[i])];
-      if (++x < p.domain[static_cast<std::size_t>(vars[i])]) break;
-      x = 0;
-      ++i;
+// Tuples of one width, numbered as they are first inserted (open addressing).
+class TupleMap {
+ public:
+  explicit TupleMap(std::size_t width) : width_(width), slots_(16, -1) {}
+  int size() const { return count_; }
+  std::vector<int>& tuples() { return tuples_; }
+  int find(const int* t) const {  // -1: absent
+    for (std::size_t s = hash(t) & mask();; s = (s + 1) & mask()) {
+      const int at = slots_[s];
+      if (at < 0 || equal(at, t)) return at;
     }
-    if (i == vars.size()) return;
   }
+  int insert(const int* t) {
+    if (2 * (static_cast<std::size_t>(count_) + 1) > slots_.size()) grow();
+    std::size_t s = hash(t) & mask();
+    for (; slots_[s] >= 0; s = (s + 1) & mask()) {
+      if (equal(slots_[s], t)) return slots_[s];
+    }
+    slots_[s] = count_;
+    tuples_.insert(tuples_.end(), t, t + width_);
+    return count_++;
+  }
+
+ private:
+  std::size_t mask() const { return slots_.size() - 1; }
+  std::size_t hash(const int* t) const {
+    std::uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (std::size_t i = 0; i < width_; ++i) {
+      h = (h ^ static_cast<std::uint32_t>(t[i])) * 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+    return static_cast<std::size_t>(h ^ (h >> 29));
+  }
+  bool equal(int at, const int* t) const {
+    return std::equal(t, t + width_, tuples_.data() + width_ * static_cast<std::size_t>(at));
+  }
+  void grow() {
+    slots_.assign(2 * slots_.size(), -1);
+    for (int at = 0; at < count_; ++at) {
+      std::size_t s = hash(tuples_.data() + width_ * static_cast<std::size_t>(at)) & mask();
+      while (slots_[s] >= 0) s = (s + 1) & mask();
+      slots_[s] = at;
+    }
+  }
+
+  std::size_t width_;
+  std::vector<int> slots_;  // -1: empty
+  std::vector<int> tuples_;
+  int count_ = 0;
+};
+
+// A table's rows grouped by their values in some of its columns: the rows that agree with
+// what the join has chosen so far.
+struct RowIndex {
+  std::vector<int> cols;  // the key's columns of the table
+  TupleMap keys;
+  std::vector<int> start;  // by key: its first entry in `rows`; one more at the end
+  std::vector<int> rows;
+
+  RowIndex(const Table& t, std::vector<int> key_cols) : cols(std::move(key_cols)), keys(cols.size()) {
+    std::vector<int> key(cols.size()), key_of(t.size());
+    for (std::size_t r = 0; r < t.size(); ++r) {
+      for (std::size_t i = 0; i < cols.size(); ++i) key[i] = t.row(r)[cols[i]];
+      key_of[r] = keys.insert(key.data());
+    }
+    start.assign(static_cast<std::size_t>(keys.size()) + 1, 0);
+    for (int k : key_of) ++start[static_cast<std::size_t>(k) + 1];
+    for (std::size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+    rows.resize(t.size());
+    std::vector<int> next(start.begin(), start.end() - 1);
+    for (std::size_t r = 0; r < t.size(); ++r) rows[static_cast<std::size_t>(next[key_of[r]]++)] = static_cast<int>(r);
+  }
+};
+
+// The order a bucket's tables are joined in (the smallest first, then each time the one that
+// the variables already joined narrow most) and the joined size it predicts, as if the
+// tables' values were independent; never more than the dense product of their domains.
+std::pair<std::vector<std::size_t>, double> join_order(const ChoiceProblem& p, const std::vector<const Table*>& bucket) {
+  std::vector<std::size_t> order;
+  std::vector<int> joined;
+  std::vector<char> taken(bucket.size(), 0);
+  double size = 1, dense = 1;
+  while (order.size() < bucket.size()) {
+    std::size_t pick = bucket.size();
+    double pick_growth = 0;
+    for (std::size_t b = 0; b < bucket.size(); ++b) {
+      if (taken[b]) continue;
+      double growth = static_cast<double>(bucket[b]->size());
+      if (!order.empty()) {
+        for (int v : bucket[b]->vars) {
+          if (std::find(joined.begin(), joined.end(), v) != joined.end()) growth /= p.domain[static_cast<std::size_t>(v)];
+        }
+      }
+      if (pick == bucket.size() || growth < pick_growth) {
+        pick = b;
+        pick_growth = growth;
+      }
+    }
+    taken[pick] = 1;
+    order.push_back(pick);
+    size *= pick_growth;
+    for (int v : bucket[pick]->vars) {
+      if (std::find(joined.begin(), joined.end(), v) != joined.end()) continue;
+      joined.push_back(v);
+      dense *= p.domain[static_cast<std::size_t>(v)];
+    }
+  }
+  return {order, std::min(size, dense)};
 }
 
+// Joins a bucket's tables and takes the min over one variable: for each tuple of the others,
+// the least summed cost and the value of the variable that reaches it.
+class BucketJoin {
+ public:
+  BucketJoin(std::vector<Table> bucket, int var, std::size_t n) : tables_(std::move(bucket)), var_(var), values_(n) {
+    std::vector<int> joined;
+    for (const Table& t : tables_) {
+      std::vector<int> key_cols, fresh_cols;
+      for (std::size_t c = 0; c < t.vars.size(); ++c) {
+        const bool seen = std::find(joined.begin(), joined.end(), t.vars[c]) != joined.end();
+        (seen ? key_cols : fresh_cols).push_back(static_cast<int>(c));
+        if (!seen) joined.push_back(t.vars[c]);
+      }
+      indexes_.emplace_back(t, key_cols);
+      fresh_.push_back(std::move(fresh_cols));
+      keys_.emplace_back(key_cols.size());
+    }
+    for (int v : joined) {
+      if (v != var) others_.push_back(v);
+    }
+    result_ = TupleMap(others_.size());
+    tuple_.resize(others_.size());
+  }
+
+  // False when the join passes `max_joined` tuples.
+  bool run(std::int64_t max_joined) {
+    max_joined_ = max_joined;
+    visit(0, 0.0);
+    return joined_ <= max_joined_;
+  }
+  Table table() {
+    Table t;
+    t.vars = others_;
+    t.rows = std::move(result_.tuples());
+    t.cost = std::move(low_);
+    return t;
+  }
+  const std::vector<int>& best() const { return best_; }
+
+ private:
+  void visit(std::size_t level, double cost) {
+    if (joined_ > max_joined_) return;
+    if (level == tables_.size()) {
+      ++joined_;
+      for (std::size_t i = 0; i < others_.size(); ++i) tuple_[i] = values_[static_cast<std::size_t>(others_[i])];
+      const auto at = static_cast<std::size_t>(result_.insert(tuple_.data()));
+      if (at == low_.size()) {
+        low_.push_back(cost);
+        best_.push_back(values_[static_cast<std::size_t>(var_)]);
+      } else if (cost < low_[at]) {
+        low_[at] = cost;
+        best_[at] = values_[static_cast<std::size_t>(var_)];
+      }
+      return;
+    }
+    const Table& t = tables_[level];
+    const RowIndex& index = indexes_[level];
+    std::vector<int>& key = keys_[level];
+    for (std::size_t i = 0; i < key.size(); ++i) {
+      key[i] = values_[static_cast<std::size_t>(t.vars[static_cast<std::size_t>(index.cols[i])])];
+    }
+    const int k = index.keys.find(key.data());
+    if (k < 0) return;
+    for (int at = index.start[static_cast<std::size_t>(k)]; at < index.start[static_cast<std::size_t>(k) + 1]; ++at) {
+      const auto r = static_cast<std::size_t>(index.rows[static_cast<std::size_t>(at)]);
+      for (int c : fresh_[level]) values_[static_cast<std::size_t>(t.vars[static_cast<std::size_t>(c)])] = t.row(r)[c];
+      visit(level + 1, cost + t.cost[r]);
+    }
+  }
+
+  std::vector<Table> tables_;
+  int var_;
+  std::vector<int> values_;  // by variable: the values the join has chosen
+  std::vector<RowIndex> indexes_;
+  std::vector<std::vector<int>> fresh_;  // by table: its columns no earlier table has
+  std::vector<std::vector<int>> keys_;
+  std::vector<int> others_, tuple_;
+  TupleMap result_{0};
+  std::vector<double> low_;
+  std::vector<int> best_;
+  std::int64_t joined_ = 0, max_joined_ = 0;
+};
+
+// The status and the best assignment: the caller evaluates it.
 std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_table) {
-  const auto start = std::chrono::steady_clock::now();
   const std::size_t n = p.domain.size();
   std::vector<Table> tables;
   for (const Factor& f : p.factors) {
-    Table t = make_table(p, f.vars);
-    std::fill(t.cost.begin(), t.cost.end(), kNotAllowed);
+    Table& t = tables.emplace_back();
+    t.vars = f.vars;
     for (const FactorEntry& e : f.entries) {
-      std::int64_t at = 0;
-      for (std::size_t i = 0; i < f.vars.size(); ++i) at += t.strides[i] * e.values[i];
-      t.cost[static_cast<std::size_t>(at)] = e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory);
+      t.rows.insert(t.rows.end(), e.values.begin(), e.values.end());
+      t.cost.push_back(e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory));
     }
-    tables.push_back(std::move(t));
   }
-  std::vector<char> eliminated(n, 0);
-  // For back substitution: each eliminated variable's best value given the rest of its bucket.
+  // For back substitution: each eliminated variable's best value by the tuple of the others.
   struct Step {
     int var;
-    Table best_value;  // over the bucket's other variables; cost holds the value (as a double)
+    Table best_value;  // cost holds the value
   };
   std::vector<Step> steps;
-  std::vector<int> values(n, 0);
-  for (std::size_t round = 0; round < n; ++round) {
-    // The variable whose bucket joins the smallest table (min-size greedy order).
+  SolveOutcome out;
+  out.method = "dynamic programming";
+  const auto infeasible = [&] {
+    out.status = SolveStatus::infeasible;
+    return out;
+  };
+  while (true) {
+    std::vector<std::vector<std::size_t>> holding(n);  // by variable: the tables that name it
+    for (std::size_t k = 0; k < tables.size(); ++k) {
+      for (int v : tables[k].vars) holding[static_cast<std::size_t>(v)].push_back(k);
+    }
     int pick = -1;
     double pick_size = 0;
-    std::vector<int> pick_scope;
+    std::vector<std::size_t> pick_order;  // the bucket's tables, in join order
     for (std::size_t v = 0; v < n; ++v) {
-      if (eliminated[v]) continue;
-      std::vector<int> scope;
-      for (const Table& t : tables) {
-        if (std::find(t.vars.begin(), t.vars.end(), static_cast<int>(v)) == t.vars.end()) continue;
-        for (int u : t.vars) {
-          if (std::find(scope.begin(), scope.end(), u) == scope.end()) scope.push_back(u);
-        }
-      }
-      double size = 1;
-      for (int u : scope) size *= p.domain[static_cast<std::size_t>(u)];
+      if (holding[v].empty()) continue;
+      std::vector<const Table*> bucket;
+      for (std::size_t k : holding[v]) bucket.push_back(&tables[k]);
+      auto [order, size] = join_order(p, bucket);
       if (pick < 0 || size < pick_size) {
         pick = static_cast<int>(v);
         pick_size = size;
-        pick_scope = scope;
+        pick_order.clear();
+        for (std::size_t b : order) pick_order.push_back(holding[v][b]);
       }
     }
-    if (pick_size > static_cast<double>(max_table)) return std::nullopt;
-    eliminated[static_cast<std::size_t>(pick)] = 1;
+    if (pick < 0) break;
     std::vector<Table> bucket, rest;
-    for (Table& t : tables) {
-      (std::find(t.vars.begin(), t.vars.end(), pick) != t.vars.end() ? bucket : rest).push_back(std::move(t));
+    for (std::size_t k : pick_order) bucket.push_back(std::move(tables[k]));
+    for (std::size_t k = 0; k < tables.size(); ++k) {
+      if (std::find(pick_order.begin(), pick_order.end(), k) == pick_order.end()) rest.push_back(std::move(tables[k]));
     }
-    std::vector<int> others;
-    for (int u : pick_scope) {
-      if (u != pick) others.push_back(u);
-    }
-    Table reduced = make_table(p, others);
-    Table best = make_table(p, others);
-    for_each_tuple(p, others, values, [&] {
-      double low = kNotAllowed;
-      int arg = 0;
-      for (int x = 0; x < p.domain[static_cast<std::size_t>(pick)]; ++x) {
-        values[static_cast<std::size_t>(pick)] = x;
-        double sum = 0;
-        for (const Table& t : bucket) sum += t.cost[static_cast<std::size_t>(offset_in(t, values))];
-        if (sum < low) {
-          low = sum;
-          arg = x;
-        }
-      }
-      const auto at = static_cast<std::size_t>(offset_in(reduced, values));
-      reduced.cost[at] = low;
-      best.cost[at] = arg;
-    });
+    BucketJoin join(std::move(bucket), pick, n);
+    if (!join.run(max_table)) return std::nullopt;
+    Table reduced = join.table();
+    if (reduced.size() == 0) return infeasible();
+    Table best = reduced;
+    best.cost.assign(join.best().begin(), join.best().end());
     rest.push_back(std::move(reduced));
     tables = std::move(rest);
     steps.push_back({pick, std::move(best)});
   }
-  SolveOutcome out;
-  out.method = "dynamic programming";
   double total = 0;
-  for (const Table& t : tables) total += t.cost.at(0);  // every remaining table is a scalar
-  if (std::isinf(total)) {
-    out.status = SolveStatus::infeasible;
-    out.seconds = seconds_since(start);
-    return out;
+  for (const Table& t : tables) {  // each over no variables: a constant, or nothing allowed
+    if (t.size() == 0) return infeasible();
+    total += *std::min_element(t.cost.begin(), t.cost.end());
   }
-  Assignment a(n, 0);
+  Assignment a(n, 0);  // a variable no factor names takes its first value
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    a[static_cast<std::size_t>(it->var)] =
-        static_cast<int>(it->best_value.cost[static_cast<std::size_t>(offset_in(it->best_value, a))]);
+    const Table& t = it->best_value;
+    for (std::size_t r = 0; r < t.size(); ++r) {
+      bool match = true;
+      for (std::size_t i = 0; i < t.vars.size() && match; ++i) match = t.row(r)[i] == a[static_cast<std::size_t>(t.vars[i])];
+      if (match) {
+        a[static_cast<std::size_t>(it->var)] = static_cast<int>(t.cost[r]);
+        break;
+      }
+    }
   }
   out.best = a;
-  out.value = evaluate(p, a);
   out.status = SolveStatus::optimal;
-  out.lower_bound = out.value.time;
-  out.seconds = seconds_since(start);
   return out;
 }
 
@@ -438,18 +594,23 @@ Assignment Reduced::original(const Assignment& a) const {
 }
 
 std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table) {
+  const auto start = std::chrono::steady_clock::now();
   const Reduced r = reduce_domains(p);
+  std::optional<SolveOutcome> out;
   if (r.empty) {
-    SolveOutcome out;
-    out.method = "dynamic programming";
-    out.status = SolveStatus::infeasible;
-    return out;
+    out.emplace();
+    out->method = "dynamic programming";
+    out->status = SolveStatus::infeasible;
+  } else {
+    out = eliminate(r.problem, max_table);
   }
-  std::optional<SolveOutcome> out = eliminate(r.problem, max_table);
-  if (out && !out->best.empty()) {
+  if (!out) return out;
+  if (!out->best.empty()) {
     out->best = r.original(out->best);
     out->value = evaluate(p, out->best);
+    out->lower_bound = out->value.time;
   }
+  out->seconds = seconds_since(start);
   return out;
 }
 

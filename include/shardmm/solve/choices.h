@@ -119,9 +119,11 @@ inline constexpr double kSecondsPerByteTieBreak = 1e-18;
 SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits,
                               std::int64_t max_assignments = 5'000'000);
 
-// Min-sum variable elimination (exact dynamic programming; chains and trees are linear, a
-// DAG costs the product of the domains the elimination joins). Ignores memory and exclusions.
-// Returns nullopt when a joined table would exceed `max_table` entries.
+// Min-sum variable elimination (exact dynamic programming) over sparse tables: a table holds
+// only the tuples its factors allow, so an elimination costs the tuples its join meets, not the
+// product of the domains it spans; chains and trees are linear. Ignores memory (but for the
+// tie-break below) and exclusions. Returns nullopt when an elimination would join more than
+// `max_table` tuples.
 std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table = 4'000'000);
 
 // The problem without the values no allowed assignment can take (a value some factor of its
