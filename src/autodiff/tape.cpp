@@ -23,12 +23,32 @@ const char* to_string(Phase phase) {
   return "?";
 }
 
-Plan EinsumPlanCache::plan(const std::string& key, const std::function<Plan()>& make) {
+EinsumPlanCache::EinsumPlanCache() = default;
+EinsumPlanCache::~EinsumPlanCache() = default;
+
+Plan EinsumPlanCache::plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make) {
+  std::unique_ptr<PlannerMemo> memo;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
+    const auto idle = std::find_if(idle_.begin(), idle_.end(), [&](const auto& m) { return m.first == dtype; });
+    if (idle != idle_.end()) {
+      memo = std::move(idle->second);
+      idle_.erase(idle);
+    }
   }
-  Plan made = make();  // outside the lock: tapes on other threads plan other contractions meanwhile
+  if (!memo) memo = std::make_unique<PlannerMemo>();
+  // Given back however planning ends: what it remembers is complete entries only.
+  struct GiveBack {
+    EinsumPlanCache& cache;
+    DType dtype;
+    std::unique_ptr<PlannerMemo>& memo;
+    ~GiveBack() {
+      const std::lock_guard<std::mutex> lock(cache.mutex_);
+      cache.idle_.emplace_back(dtype, std::move(memo));
+    }
+  } give_back{*this, dtype, memo};
+  Plan made = make(*memo);  // outside the lock: tapes on other threads plan other contractions meanwhile
   const std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(made)).first->second;
 }

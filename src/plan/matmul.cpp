@@ -2,6 +2,7 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "plan/steps.h"
@@ -77,8 +78,15 @@ struct Role {
 
 class MatmulPlanner {
  public:
-  MatmulPlanner(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options)
-      : mesh_(mesh), c_(c), sizes_(sizes), options_(options), unlimited_(options), coster_(mesh, options) {
+  MatmulPlanner(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
+                PlannerMemo::Impl* memo)
+      : mesh_(mesh),
+        c_(c),
+        sizes_(sizes),
+        options_(options),
+        unlimited_(options),
+        coster_(mesh, options, memo ? &memo->steps : nullptr),
+        memo_(memo) {
     unlimited_.mem_limit_bytes.reset();
     a_shape_ = global_shape(c.a, sizes);
     b_shape_ = global_shape(c.b, sizes);
@@ -314,16 +322,23 @@ class MatmulPlanner {
     std::vector<int> key;
     append_layout(key, from);
     append_layout(key, to);
-    auto [it, added] = reshards_.try_emplace(std::move(key));
-    if (!added) return it->second;
-    std::vector<std::vector<Step>>& options = it->second;
+    if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
+    std::string shared_key;
+    if (memo_) {
+      for (const Spec* s : {&from, &to}) shared_key += format_spec(*s, mesh_) + " ";
+      for (std::int64_t n : shape) shared_key += std::to_string(n) + ",";
+      if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end())
+        return reshards_.emplace(std::move(key), it->second).first->second;
+    }
+    std::vector<std::vector<Step>> options;
     // plan_reshard's steps are the chain itself unless it took an exchange.
     std::vector<Step> planned = detail::plan_reshard(coster_, from, to, shape, unlimited_).steps;
     if (std::any_of(planned.begin(), planned.end(), [](const Step& s) { return s.op == OpKind::exchange; })) {
       options.push_back(detail::reshard_steps(mesh_, from, to));
     }
     options.push_back(std::move(planned));
-    return options;
+    if (memo_) memo_->reshards.emplace(std::move(shared_key), options);
+    return reshards_.emplace(std::move(key), std::move(options)).first->second;
   }
 
   void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target, const std::vector<Step>& a_steps,
@@ -477,6 +492,7 @@ class MatmulPlanner {
   const PlanOptions& options_;
   PlanOptions unlimited_;
   detail::StepCoster coster_;
+  PlannerMemo::Impl* memo_;  // shared with other calls, or none
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::vector<Plan> plans_;
@@ -501,13 +517,30 @@ int choose(const std::vector<Plan>& candidates, double tie_margin) {
 
 }  // namespace
 
-MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options) {
+PlannerMemo::PlannerMemo() : impl_(std::make_unique<Impl>()) {}
+PlannerMemo::~PlannerMemo() = default;
+
+MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
+                           PlannerMemo* memo) {
   validate_spec(c.a, mesh);
   validate_spec(c.b, mesh);
   if (c.out) validate_spec(*c.out, mesh);
+  PlannerMemo::Impl* shared = memo ? &memo->impl() : nullptr;
+  if (shared) {
+    const std::string costs = std::string(to_string(options.dtype)) + " on " + options.hw.name +
+                              (options.reduction_workspace ? " with a reduction workspace" : "");
+    if (!shared->mesh) {
+      shared->mesh = mesh;
+      shared->costs = costs;
+    }
+    if (!(*shared->mesh == mesh) || shared->costs != costs) {
+      throw std::logic_error("plan_matmul: a PlannerMemo of mesh " + shared->mesh->to_string() + ", " +
+                             shared->costs + ", asked to plan on mesh " + mesh.to_string() + ", " + costs);
+    }
+  }
   MatmulPlanning result;
   for (int x = 0; x < mesh.rank(); ++x) result.cases.push_back(classify_axis(mesh, c, x));
-  MatmulPlanner planner(mesh, c, sizes, options);
+  MatmulPlanner planner(mesh, c, sizes, options, shared);
   result.candidates = planner.candidates();
   result.every_output_layout = planner.every_output_layout();
   result.chosen = choose(result.candidates, options.tie_margin);

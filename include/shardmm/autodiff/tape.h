@@ -120,15 +120,20 @@ inline constexpr int kGradientSumBlocks = 5;
 
 // The plans of planned_einsum shared by tapes that record the same contraction again (solve
 // records each op once per combination of specs, the forward pass again for every layout of
-// its gradient): the plan by the contraction, its sizes and the dtype. Thread-safe; one cache
+// its gradient): the plan by the contraction, its sizes and the dtype. A plan it has not seen
+// is made with one of its PlannerMemos (each thread planning takes one of its own), so the
+// contractions it plans share their reshards and step costs too. Thread-safe; one cache
 // serves tapes of one mesh, hardware profile and memory limit.
 class EinsumPlanCache {
  public:
-  Plan plan(const std::string& key, const std::function<Plan()>& make);
+  EinsumPlanCache();
+  ~EinsumPlanCache();
+  Plan plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make);
 
  private:
   std::mutex mutex_;
   std::map<std::string, Plan> plans_;
+  std::vector<std::pair<DType, std::unique_ptr<PlannerMemo>>> idle_;  // memos no thread holds now
 };
 
 // One point of the memory timeline (Tape::memory_timeline): the bytes one device holds while
@@ -276,8 +281,9 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims);
 // output for the backward pass (regathered: FSDP's weights, gathered again in backward).
 Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a = Gathered::kept, Gathered keep_b = Gathered::kept);
 // The plan planned_einsum records for `c`: plan_matmul's choice when it has no ring, else its
-// cheapest candidate without one that fits (InputError when none does).
-Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options);
+// cheapest candidate without one that fits (InputError when none does). `memo`: plan_matmul's.
+Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
+               PlannerMemo* memo = nullptr);
 
 // The collectives (plan/step.h's transitions), each one step.
 //   all_gather(x, d, G)        [.., D_{P G}, ..]  -> [.., D_P, ..]    G a suffix of d's axes
