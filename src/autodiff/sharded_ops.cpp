@@ -304,7 +304,7 @@ Var reshard(Var x, const Spec& to) {
   Tape::Impl& t = x.tape().impl();
   validate_spec(to, t.mesh);
   check_same_tensor(x.spec(), to, t.mesh);
-  const Plan plan = plan_reshard(t.mesh, x.spec(), to, x.shape(), t.plan_options);
+  const Plan plan = t.reshard_plan(x.spec(), to, x.shape());
   for (const Step& s : plan.steps) x = step_node(x, s);
   return x;
 }

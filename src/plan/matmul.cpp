@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -322,13 +323,13 @@ class MatmulPlanner {
     std::vector<int> key;
     append_layout(key, from);
     append_layout(key, to);
-    if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
+    if (const auto it = reshards_.find(key); it != reshards_.end()) return *it->second;
     std::string shared_key;
     if (memo_) {
       for (const Spec* s : {&from, &to}) shared_key += format_spec(*s, mesh_) + " ";
       for (std::int64_t n : shape) shared_key += std::to_string(n) + ",";
       if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end())
-        return reshards_.emplace(std::move(key), it->second).first->second;
+        return *reshards_.emplace(std::move(key), &it->second).first->second;
     }
     std::vector<std::vector<Step>> options;
     // plan_reshard's steps are the chain itself unless it took an exchange.
@@ -337,8 +338,10 @@ class MatmulPlanner {
       options.push_back(detail::reshard_steps(mesh_, from, to));
     }
     options.push_back(std::move(planned));
-    if (memo_) memo_->reshards.emplace(std::move(shared_key), options);
-    return reshards_.emplace(std::move(key), std::move(options)).first->second;
+    const std::vector<std::vector<Step>>& kept =
+        memo_ ? memo_->reshards.emplace(std::move(shared_key), std::move(options)).first->second
+              : own_reshards_.emplace_back(std::move(options));
+    return *reshards_.emplace(std::move(key), &kept).first->second;
   }
 
   void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target, const std::vector<Step>& a_steps,
@@ -499,7 +502,9 @@ class MatmulPlanner {
   std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered
   std::set<std::vector<int>> seen_;                     // plans added, by their steps' layouts
   bool every_output_layout_ = true;
-  std::map<std::vector<int>, std::vector<std::vector<Step>>> reshards_;  // by append_layout(from), (to)
+  // By append_layout(from), (to): the memo's entry, or one of own_reshards_ without a memo.
+  std::map<std::vector<int>, const std::vector<std::vector<Step>>*> reshards_;
+  std::deque<std::vector<std::vector<Step>>> own_reshards_;
 };
 
 // PlanOptions::tie_margin: the model's error on a real machine is larger than a percent or

@@ -118,21 +118,24 @@ struct TapeMemory {
 // ("accumulate") in the backward of the op whose contribution comes second.
 inline constexpr int kGradientSumBlocks = 5;
 
-// The plans of planned_einsum shared by tapes that record the same contraction again (solve
-// records each op once per combination of specs, the forward pass again for every layout of
-// its gradient): the plan by the contraction, its sizes and the dtype. A plan it has not seen
-// is made with one of its PlannerMemos (each thread planning takes one of its own), so the
-// contractions it plans share their reshards and step costs too. Thread-safe; one cache
-// serves tapes of one mesh, hardware profile and memory limit.
-class EinsumPlanCache {
+// The plans tapes ask the planners for, shared by tapes that record the same contraction or
+// reshard again (solve records each op once per combination of specs, the forward pass again
+// for every layout of its gradient): planned_einsum's by the contraction, its sizes and the
+// dtype; reshards' by the two specs (names included: the steps carry them), the shape and the
+// dtype. A contraction it has not seen is planned with one of its PlannerMemos (each thread
+// planning takes one of its own), so the contractions share their reshards and step costs
+// too. Thread-safe; one cache serves tapes of one mesh, hardware profile and memory limit.
+class PlanCache {
  public:
-  EinsumPlanCache();
-  ~EinsumPlanCache();
+  PlanCache();
+  ~PlanCache();
   Plan plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make);
+  // plan_reshard(mesh, from, to, shape, options), remembered.
+  Plan reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape, const PlanOptions& options);
 
  private:
   std::mutex mutex_;
-  std::map<std::string, Plan> plans_;
+  std::map<std::string, Plan> plans_, reshards_;
   std::vector<std::pair<DType, std::unique_ptr<PlannerMemo>>> idle_;  // memos no thread holds now
 };
 
@@ -170,7 +173,7 @@ struct TapeOptions {
   DType dtype = DType::f32;                      // executed: f32 or f64; symbolic: any (it sizes bytes and FLOP/s)
   HardwareProfile hw = builtin_profile("h100");  // for predicted times
   std::int64_t device = 0;                       // symbolic only: whose shards the memory figures count
-  EinsumPlanCache* plans = nullptr;              // shared with other tapes when given (kept alive by the caller)
+  PlanCache* plans = nullptr;                    // shared with other tapes when given (kept alive by the caller)
 };
 
 // How all_gather keeps its output for the backward pass.
