@@ -367,18 +367,21 @@ class MatmulPlanner {
 
     // Every step's buffers are held for the whole run, beside the caller's inputs (plan/memory.h).
     std::vector<StepMemory> memory;
+    const std::size_t count = a_steps.size() + b_steps.size() + 1 + c_steps.size();
+    memory.reserve(count);
+    plan.steps.reserve(count);
     const auto run = [&](const std::vector<Step>& steps, const std::vector<std::int64_t>& shape, int operand) {
-      for (Step s : steps) {
-        s.operand = operand;
-        memory.push_back(coster_.cost(s, shape));
-        plan.steps.push_back(s);
+      for (const Step& s : steps) {
+        Step& step = plan.steps.emplace_back(s);
+        step.operand = operand;
+        memory.push_back(coster_.cost(step, shape));
       }
     };
     run(a_steps, a_shape_, 0);
     run(b_steps, b_shape_, 1);
     coster_.cost_einsum(einsum, sizes_);
     memory.push_back(coster_.memory(einsum, sizes_));
-    plan.steps.push_back(einsum);
+    plan.steps.push_back(std::move(einsum));
     run(c_steps, c_shape_, 2);
     plan.peak_bytes_per_device = peak_bytes(inputs_, memory, options_.reduction_workspace);
     plan.output = target;
