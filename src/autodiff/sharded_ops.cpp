@@ -179,8 +179,9 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
       });
 }
 
-Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options) {
-  const MatmulPlanning planning = plan_matmul(mesh, c, sizes, options);
+Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
+               PlannerMemo* memo) {
+  const MatmulPlanning planning = plan_matmul(mesh, c, sizes, options, memo);
   // The tape records steps one at a time, so a collective matmul ring is no step of its.
   const auto ringless = [](const Plan& p) {
     return std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
@@ -206,13 +207,16 @@ Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep
   for (const DimSpec& d : out.dims) c.out_dims.push_back(d.name);
   check_letters(t.mesh, c.a, c.b, c.out_dims);
   const DimSizes sizes = letter_sizes(t.mesh, c.a, a.shape(), c.b, b.shape());
-  const auto make_plan = [&] { return tape_plan(t.mesh, c, sizes, t.plan_options); };
   std::string key;
   if (t.options.plans) {
     key = format_contraction(c, t.mesh) + " " + to_string(t.plan_options.dtype);
     for (const auto& [letter, size] : sizes) key += " " + letter + "=" + std::to_string(size);
   }
-  const Plan plan = t.options.plans ? t.options.plans->plan(key, make_plan) : make_plan();
+  const Plan plan = t.options.plans ? t.options.plans->plan(key, t.plan_options.dtype,
+                                                            [&](PlannerMemo& memo) {
+                                                              return tape_plan(t.mesh, c, sizes, t.plan_options, &memo);
+                                                            })
+                                    : tape_plan(t.mesh, c, sizes, t.plan_options);
   Var current[3] = {a, b, Var()};
   for (const Step& step : plan.steps) {
     if (step.op == OpKind::einsum) {
@@ -300,7 +304,7 @@ Var reshard(Var x, const Spec& to) {
   Tape::Impl& t = x.tape().impl();
   validate_spec(to, t.mesh);
   check_same_tensor(x.spec(), to, t.mesh);
-  const Plan plan = plan_reshard(t.mesh, x.spec(), to, x.shape(), t.plan_options);
+  const Plan plan = t.reshard_plan(x.spec(), to, x.shape());
   for (const Step& s : plan.steps) x = step_node(x, s);
   return x;
 }

@@ -23,14 +23,50 @@ const char* to_string(Phase phase) {
   return "?";
 }
 
-Plan EinsumPlanCache::plan(const std::string& key, const std::function<Plan()>& make) {
+PlanCache::PlanCache() = default;
+PlanCache::~PlanCache() = default;
+
+Plan PlanCache::plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make) {
+  std::unique_ptr<PlannerMemo> memo;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
+    const auto idle = std::find_if(idle_.begin(), idle_.end(), [&](const auto& m) { return m.first == dtype; });
+    if (idle != idle_.end()) {
+      memo = std::move(idle->second);
+      idle_.erase(idle);
+    }
   }
-  Plan made = make();  // outside the lock: tapes on other threads plan other contractions meanwhile
+  if (!memo) memo = std::make_unique<PlannerMemo>();
+  // Given back however planning ends: what it remembers is complete entries only.
+  struct GiveBack {
+    PlanCache& cache;
+    DType dtype;
+    std::unique_ptr<PlannerMemo>& memo;
+    ~GiveBack() {
+      const std::lock_guard<std::mutex> lock(cache.mutex_);
+      cache.idle_.emplace_back(dtype, std::move(memo));
+    }
+  } give_back{*this, dtype, memo};
+  Plan made = make(*memo);  // outside the lock: tapes on other threads plan other contractions meanwhile
   const std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(made)).first->second;
+}
+
+Plan PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
+                        const PlanOptions& options) {
+  std::string key = format_spec(from, mesh) + " -> " + format_spec(to, mesh) + " " + to_string(options.dtype);
+  for (std::int64_t n : shape) {
+    key += ' ';
+    key += std::to_string(n);
+  }
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
+  }
+  Plan made = plan_reshard(mesh, from, to, shape, options);
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return reshards_.emplace(std::move(key), std::move(made)).first->second;
 }
 
 AxisList sharding_axes(const Spec& spec) {
@@ -187,9 +223,14 @@ Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& 
   return record(step, sizes, a, &b, out_shape);
 }
 
+Plan Tape::Impl::reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const {
+  return options.plans ? options.plans->reshard(mesh, from, to, shape, plan_options)
+                       : plan_reshard(mesh, from, to, shape, plan_options);
+}
+
 Value Tape::Impl::reshard(const Value& v, const Spec& to, const Shape& shape) {
   if (v.spec == to) return v;
-  const Plan plan = plan_reshard(mesh, v.spec, to, shape, plan_options);
+  const Plan plan = reshard_plan(v.spec, to, shape);
   Value current = v;
   for (const Step& s : plan.steps) current = run_step(s, current, shape);
   current.spec.tensor = v.spec.tensor;
@@ -227,7 +268,7 @@ void Tape::Impl::accumulate(int id, Value grad) {
   // contribution to gather is reduced first, while it is small.
   if (!(mine == whole) && !(grad.spec == mine)) {
     const auto time = [&](const Spec& from, const Spec& to) {
-      return from == to ? 0.0 : plan_reshard(mesh, from, to, n.shape, plan_options).total_time_s;
+      return from == to ? 0.0 : reshard_plan(from, to, n.shape).total_time_s;
     };
     if (time(grad.spec, whole) <= time(grad.spec, mine) + time(mine, whole)) mine = whole;
   }

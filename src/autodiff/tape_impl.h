@@ -110,7 +110,9 @@ struct Tape::Impl {
                    const Shape& out_shape);
   // Records a costed step and, on executed tapes, runs it through a one-step Executor.
   Value record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape);
-  // plan_reshard and run its steps; `v` unchanged when already in `to`.
+  // plan_reshard, through options.plans when given.
+  Plan reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const;
+  // reshard_plan and run its steps; `v` unchanged when already in `to`.
   Value reshard(const Value& v, const Spec& to, const Shape& shape);
   // Costs a single reshard-type step with the plan layer's figures.
   void cost(Step& step, const Shape& shape) const;

@@ -1,7 +1,9 @@
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <set>
+#include <stdexcept>
 #include <vector>
 
 #include "plan/steps.h"
@@ -77,8 +79,15 @@ struct Role {
 
 class MatmulPlanner {
  public:
-  MatmulPlanner(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options)
-      : mesh_(mesh), c_(c), sizes_(sizes), options_(options), unlimited_(options), coster_(mesh, options) {
+  MatmulPlanner(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
+                PlannerMemo::Impl* memo)
+      : mesh_(mesh),
+        c_(c),
+        sizes_(sizes),
+        options_(options),
+        unlimited_(options),
+        coster_(mesh, options, memo ? &memo->steps : nullptr),
+        memo_(memo) {
     unlimited_.mem_limit_bytes.reset();
     a_shape_ = global_shape(c.a, sizes);
     b_shape_ = global_shape(c.b, sizes);
@@ -314,16 +323,25 @@ class MatmulPlanner {
     std::vector<int> key;
     append_layout(key, from);
     append_layout(key, to);
-    auto [it, added] = reshards_.try_emplace(std::move(key));
-    if (!added) return it->second;
-    std::vector<std::vector<Step>>& options = it->second;
+    if (const auto it = reshards_.find(key); it != reshards_.end()) return *it->second;
+    std::string shared_key;
+    if (memo_) {
+      for (const Spec* s : {&from, &to}) shared_key += format_spec(*s, mesh_) + " ";
+      for (std::int64_t n : shape) shared_key += std::to_string(n) + ",";
+      if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end())
+        return *reshards_.emplace(std::move(key), &it->second).first->second;
+    }
+    std::vector<std::vector<Step>> options;
     // plan_reshard's steps are the chain itself unless it took an exchange.
     std::vector<Step> planned = detail::plan_reshard(coster_, from, to, shape, unlimited_).steps;
     if (std::any_of(planned.begin(), planned.end(), [](const Step& s) { return s.op == OpKind::exchange; })) {
       options.push_back(detail::reshard_steps(mesh_, from, to));
     }
     options.push_back(std::move(planned));
-    return options;
+    const std::vector<std::vector<Step>>& kept =
+        memo_ ? memo_->reshards.emplace(std::move(shared_key), std::move(options)).first->second
+              : own_reshards_.emplace_back(std::move(options));
+    return *reshards_.emplace(std::move(key), &kept).first->second;
   }
 
   void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target, const std::vector<Step>& a_steps,
@@ -349,18 +367,21 @@ class MatmulPlanner {
 
     // Every step's buffers are held for the whole run, beside the caller's inputs (plan/memory.h).
     std::vector<StepMemory> memory;
+    const std::size_t count = a_steps.size() + b_steps.size() + 1 + c_steps.size();
+    memory.reserve(count);
+    plan.steps.reserve(count);
     const auto run = [&](const std::vector<Step>& steps, const std::vector<std::int64_t>& shape, int operand) {
-      for (Step s : steps) {
-        s.operand = operand;
-        memory.push_back(coster_.cost(s, shape));
-        plan.steps.push_back(s);
+      for (const Step& s : steps) {
+        Step& step = plan.steps.emplace_back(s);
+        step.operand = operand;
+        memory.push_back(coster_.cost(step, shape));
       }
     };
     run(a_steps, a_shape_, 0);
     run(b_steps, b_shape_, 1);
     coster_.cost_einsum(einsum, sizes_);
     memory.push_back(coster_.memory(einsum, sizes_));
-    plan.steps.push_back(einsum);
+    plan.steps.push_back(std::move(einsum));
     run(c_steps, c_shape_, 2);
     plan.peak_bytes_per_device = peak_bytes(inputs_, memory, options_.reduction_workspace);
     plan.output = target;
@@ -477,13 +498,16 @@ class MatmulPlanner {
   const PlanOptions& options_;
   PlanOptions unlimited_;
   detail::StepCoster coster_;
+  PlannerMemo::Impl* memo_;  // shared with other calls, or none
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::vector<Plan> plans_;
   std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered
   std::set<std::vector<int>> seen_;                     // plans added, by their steps' layouts
   bool every_output_layout_ = true;
-  std::map<std::vector<int>, std::vector<std::vector<Step>>> reshards_;  // by append_layout(from), (to)
+  // By append_layout(from), (to): the memo's entry, or one of own_reshards_ without a memo.
+  std::map<std::vector<int>, const std::vector<std::vector<Step>>*> reshards_;
+  std::deque<std::vector<std::vector<Step>>> own_reshards_;
 };
 
 // PlanOptions::tie_margin: the model's error on a real machine is larger than a percent or
@@ -501,13 +525,30 @@ int choose(const std::vector<Plan>& candidates, double tie_margin) {
 
 }  // namespace
 
-MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options) {
+PlannerMemo::PlannerMemo() : impl_(std::make_unique<Impl>()) {}
+PlannerMemo::~PlannerMemo() = default;
+
+MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
+                           PlannerMemo* memo) {
   validate_spec(c.a, mesh);
   validate_spec(c.b, mesh);
   if (c.out) validate_spec(*c.out, mesh);
+  PlannerMemo::Impl* shared = memo ? &memo->impl() : nullptr;
+  if (shared) {
+    const std::string costs = std::string(to_string(options.dtype)) + " on " + options.hw.name +
+                              (options.reduction_workspace ? " with a reduction workspace" : "");
+    if (!shared->mesh) {
+      shared->mesh = mesh;
+      shared->costs = costs;
+    }
+    if (!(*shared->mesh == mesh) || shared->costs != costs) {
+      throw std::logic_error("plan_matmul: a PlannerMemo of mesh " + shared->mesh->to_string() + ", " +
+                             shared->costs + ", asked to plan on mesh " + mesh.to_string() + ", " + costs);
+    }
+  }
   MatmulPlanning result;
   for (int x = 0; x < mesh.rank(); ++x) result.cases.push_back(classify_axis(mesh, c, x));
-  MatmulPlanner planner(mesh, c, sizes, options);
+  MatmulPlanner planner(mesh, c, sizes, options, shared);
   result.candidates = planner.candidates();
   result.every_output_layout = planner.every_output_layout();
   result.chosen = choose(result.candidates, options.tie_margin);

@@ -216,9 +216,10 @@ std::int64_t EinsumWorkspaces::bytes(const EinsumLayout& layout, const std::map<
   add(layout.a, &buffers.a);
   add(layout.b, &buffers.b);
   add(layout.c, nullptr);
-  const auto [it, added] = memo_.try_emplace(std::move(key), 0);
-  if (added) it->second = plan_local_einsum(layout, extents, dtype, buffers).workspace_bytes;
-  return it->second;
+  if (const auto it = memo_.find(key); it != memo_.end()) return it->second;
+  // Remembered only once worked out: a layout whose figures overflow throws, and is no entry.
+  const std::int64_t bytes = plan_local_einsum(layout, extents, dtype, buffers).workspace_bytes;
+  return memo_.emplace(std::move(key), bytes).first->second;
 }
 
 std::int64_t peak_bytes(std::int64_t inputs, const std::vector<StepMemory>& steps, bool reduction_workspace) {

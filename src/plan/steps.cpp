@@ -165,14 +165,14 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     step.confidence = c.confidence;
     return c.memory;
   };
-  if (auto it = memo_.find(key); it != memo_.end()) return fill(it->second);
+  if (auto it = memo_->costs.find(key); it != memo_->costs.end()) return fill(it->second);
   DimSizes sizes;
   for (std::size_t d = 0; d < shape.size(); ++d) sizes[step.from.dims[d].name] = shape[d];
   if (step.op == OpKind::exchange) {
     const ExchangeTraffic traffic = exchange_traffic(mesh_, step, shape);
     Cost c = cost_exchange(step, traffic);
-    c.memory = step_memory(mesh_, step, sizes, options_.dtype, &traffic, &workspaces_);
-    return fill(memo_[key] = c);
+    c.memory = step_memory(mesh_, step, sizes, options_.dtype, &traffic, &memo_->workspaces);
+    return fill(memo_->costs[key] = c);
   }
   const std::int64_t elem = dtype_bytes(options_.dtype);
   const std::int64_t group = mesh_.group_size(step.axes);
@@ -275,8 +275,8 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
     c.time += local_copy_time(options_.hw, checked_mul(copied, elem, "bytes copied per device"));
     if (c.bound == Bound::none && c.time > 0) c.bound = Bound::memory;  // copies and no traffic
   }
-  c.memory = step_memory(mesh_, step, sizes, options_.dtype, nullptr, &workspaces_);
-  return fill(memo_[key] = c);
+  c.memory = step_memory(mesh_, step, sizes, options_.dtype, nullptr, &memo_->workspaces);
+  return fill(memo_->costs[key] = c);
 }
 
 StepMemory StepCoster::memory(const Step& step, const DimSizes& sizes) {
@@ -287,9 +287,17 @@ StepMemory StepCoster::memory(const Step& step, const DimSizes& sizes) {
   // An all_gather_einsum holds the same buffers one way round or both; einsum_reduce_scatter
   // keeps running sums per way.
   if (step.op == OpKind::einsum_reduce_scatter && step.bidirectional) key += ",both";
-  const auto [it, added] = multiplying_memo_.try_emplace(std::move(key));
-  if (added) it->second = step_memory(mesh_, step, sizes, options_.dtype, nullptr, &workspaces_);
-  return it->second;
+  // The letters' sizes: a shared memo serves other contractions too.
+  for (const Spec* spec : {&step.from, &step.from_b, &step.to}) {
+    for (const DimSpec& d : spec->dims) {
+      key += ',';
+      key += std::to_string(sizes.at(d.name));
+    }
+  }
+  if (const auto it = memo_->multiplying.find(key); it != memo_->multiplying.end()) return it->second;
+  // Remembered only once worked out: a step whose figures overflow throws, and is no entry.
+  const StepMemory memory = step_memory(mesh_, step, sizes, options_.dtype, nullptr, &memo_->workspaces);
+  return memo_->multiplying.emplace(std::move(key), memory).first->second;
 }
 
 namespace {

@@ -37,8 +37,27 @@ StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes
 // Fills bytes, FLOPs and predicted times of steps, remembering results: candidate plans
 // share most of their steps.
 class StepCoster {
+  struct Cost {
+    std::int64_t sent, received;
+    double flops, time;
+    Bound bound;
+    StepMemory memory;
+    Confidence confidence;
+  };
+
  public:
-  StepCoster(const Mesh& mesh, const PlanOptions& options) : mesh_(mesh), options_(options) {}
+  // What it remembers, by everything a step's figures depend on but the mesh, the dtype and
+  // the hardware profile: a PlannerMemo's outlives the coster.
+  struct Memo {
+    std::map<std::string, Cost> costs;
+    std::map<std::string, StepMemory> multiplying;
+    EinsumWorkspaces workspaces;
+  };
+  // `shared` (kept alive by the caller) instead of a memo of its own, when given.
+  StepCoster(const Mesh& mesh, const PlanOptions& options, Memo* shared = nullptr)
+      : mesh_(mesh), options_(options), memo_(shared ? shared : &own_) {}
+  StepCoster(const StepCoster&) = delete;
+  StepCoster& operator=(const StepCoster&) = delete;
 
   // Returns the step's memory (plan/memory.h) in the options' dtype.
   StepMemory cost(Step& step, const std::vector<std::int64_t>& shape);
@@ -54,19 +73,11 @@ class StepCoster {
   const PlanOptions& options() const { return options_; }
 
  private:
-  struct Cost {
-    std::int64_t sent, received;
-    double flops, time;
-    Bound bound;
-    StepMemory memory;
-    Confidence confidence;
-  };
   Cost cost_exchange(const Step& step, const ExchangeTraffic& traffic) const;
   const Mesh& mesh_;
   const PlanOptions& options_;
-  std::map<std::string, Cost> memo_;
-  std::map<std::string, StepMemory> multiplying_memo_;
-  EinsumWorkspaces workspaces_;
+  Memo own_;
+  Memo* memo_;
 };
 
 // The collective matmul that fuses `gather` (a costed all_gather of the einsum's operand
@@ -96,3 +107,18 @@ Plan plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, const st
                   const PlanOptions& options);
 
 }  // namespace shardmm::detail
+
+namespace shardmm {
+
+struct PlannerMemo::Impl {
+  // What the memo's figures are for, set by its first use: the mesh, and the dtype, the
+  // hardware profile's name and whether reductions take a workspace (what reshards weigh).
+  std::optional<Mesh> mesh;
+  std::string costs;
+  detail::StepCoster::Memo steps;
+  // A matmul planner's reshard options (its reshard_options) by the two specs, names
+  // included (the steps carry them), and the shape.
+  std::map<std::string, std::vector<std::vector<Step>>> reshards;
+};
+
+}  // namespace shardmm

@@ -347,7 +347,7 @@ class OpRecorder {
 
   const Graph& g_;
   const nn::ProgramOptions& options_;
-  mutable autodiff::EinsumPlanCache plans_;  // the forward repeats for each gradient layout
+  mutable autodiff::PlanCache plans_;  // the forward repeats for each gradient layout
   mutable std::mutex memo_mutex_;
   mutable std::map<std::string, OpCost> memo_;  // by signature()
 };

@@ -118,17 +118,25 @@ struct TapeMemory {
 // ("accumulate") in the backward of the op whose contribution comes second.
 inline constexpr int kGradientSumBlocks = 5;
 
-// The plans of planned_einsum shared by tapes that record the same contraction again (solve
-// records each op once per combination of specs, the forward pass again for every layout of
-// its gradient): the plan by the contraction, its sizes and the dtype. Thread-safe; one cache
-// serves tapes of one mesh, hardware profile and memory limit.
-class EinsumPlanCache {
+// The plans tapes ask the planners for, shared by tapes that record the same contraction or
+// reshard again (solve records each op once per combination of specs, the forward pass again
+// for every layout of its gradient): planned_einsum's by the contraction, its sizes and the
+// dtype; reshards' by the two specs (names included: the steps carry them), the shape and the
+// dtype. A contraction it has not seen is planned with one of its PlannerMemos (each thread
+// planning takes one of its own), so the contractions share their reshards and step costs
+// too. Thread-safe; one cache serves tapes of one mesh, hardware profile and memory limit.
+class PlanCache {
  public:
-  Plan plan(const std::string& key, const std::function<Plan()>& make);
+  PlanCache();
+  ~PlanCache();
+  Plan plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make);
+  // plan_reshard(mesh, from, to, shape, options), remembered.
+  Plan reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape, const PlanOptions& options);
 
  private:
   std::mutex mutex_;
-  std::map<std::string, Plan> plans_;
+  std::map<std::string, Plan> plans_, reshards_;
+  std::vector<std::pair<DType, std::unique_ptr<PlannerMemo>>> idle_;  // memos no thread holds now
 };
 
 // One point of the memory timeline (Tape::memory_timeline): the bytes one device holds while
@@ -165,7 +173,7 @@ struct TapeOptions {
   DType dtype = DType::f32;                      // executed: f32 or f64; symbolic: any (it sizes bytes and FLOP/s)
   HardwareProfile hw = builtin_profile("h100");  // for predicted times
   std::int64_t device = 0;                       // symbolic only: whose shards the memory figures count
-  EinsumPlanCache* plans = nullptr;              // shared with other tapes when given (kept alive by the caller)
+  PlanCache* plans = nullptr;                    // shared with other tapes when given (kept alive by the caller)
 };
 
 // How all_gather keeps its output for the backward pass.
@@ -276,8 +284,9 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims);
 // output for the backward pass (regathered: FSDP's weights, gathered again in backward).
 Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a = Gathered::kept, Gathered keep_b = Gathered::kept);
 // The plan planned_einsum records for `c`: plan_matmul's choice when it has no ring, else its
-// cheapest candidate without one that fits (InputError when none does).
-Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options);
+// cheapest candidate without one that fits (InputError when none does). `memo`: plan_matmul's.
+Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
+               PlannerMemo* memo = nullptr);
 
 // The collectives (plan/step.h's transitions), each one step.
 //   all_gather(x, d, G)        [.., D_{P G}, ..]  -> [.., D_P, ..]    G a suffix of d's axes

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,8 +65,27 @@ struct MatmulPlanning {
   bool every_output_layout = true;
 };
 
+// What plan_matmul works out while it weighs a contraction's candidates (each step's cost and
+// memory, each operand's reshards), kept for later calls: a caller that plans thousands of
+// contractions of the same tensors (solve records each op in every combination of its specs)
+// then costs each reshard and step once. A memo serves one mesh, dtype and hardware profile
+// (plan_matmul checks the mesh and the dtype); one thread at a time.
+class PlannerMemo {
+ public:
+  PlannerMemo();
+  ~PlannerMemo();
+  PlannerMemo(const PlannerMemo&) = delete;
+  PlannerMemo& operator=(const PlannerMemo&) = delete;
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// `memo`, when given, remembers across calls; the answer is the same without it.
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& contraction, const DimSizes& sizes,
-                           const PlanOptions& options);
+                           const PlanOptions& options, PlannerMemo* memo = nullptr);
 
 // The plan's steps' uncertainties summed (Step::confidence): how far its predicted time may be
 // off where the model knows its figures are weak.
