@@ -245,7 +245,7 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
 
   const auto times = phase_times(pred.events);
   out << "\nPredicted time on " << p.options.hw.name
-      << " (local: elementwise ops, norms, copies and the update, as memory traffic):\n";
+      << " (local: elementwise ops, norms, copies and the update, by memory traffic or measured arithmetic):\n";
   double comm = 0, compute = 0;
   for (const auto& [phase, t] : times) {
     out << "  " << pad(autodiff::to_string(phase)) << event_times_text(t) << "\n";
@@ -290,7 +290,7 @@ Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
     j["function"] = e.step.function;
     j["memory_bytes"] = e.step.memory_bytes;
     j["elements"] = e.step.elements;
-    j["bound"] = to_string(e.step.bound);
+    j["bound"] = e.step.bound == Bound::none ? Json(nullptr) : Json(to_string(e.step.bound));
   }
   add_confidence_json(j, e.step.confidence);
   return j;
