@@ -187,8 +187,32 @@ std::int64_t Tape::Impl::block_bytes(const Spec& spec, const Shape& shape) const
   return checked_mul(max_local_elements(mesh, spec, shape), dtype_bytes(options.dtype), "a block's bytes");
 }
 
+const std::vector<LocalFunction>& local_functions() {
+  static const std::vector<LocalFunction> functions = {
+      {"relu", true, true},        {"gelu", true, true},        {"silu", true, true},
+      {"tanh", true, true},        {"exp", true, true},         {"swiglu", true, true},
+      {"scale", true, true},       {"rename", true, true},      {"add", true, true},
+      {"sub", true, true},         {"mul", true, true},         {"transpose", true, true},
+      {"split_dim", true, true},   {"merge_dims", true, true},  {"reduce_sum", true, true},
+      {"reduce_mean", true, true}, {"reduce_max", true, true},  {"softmax", true, true},
+      {"layer_norm", true, true},  {"rms_norm", true, true},    {"causal_mask", true, true},
+      {"sum", true, true},         {"mean", true, true},        {"route", true, false},
+      {"accumulate", false, true}, {"sgd", true, false},        {"adam", true, false},
+  };
+  return functions;
+}
+
 void Tape::Impl::record_local(std::string function, std::string tensor, std::int64_t bytes, double start_s) {
-  TapeEvent ev{phase, local_step(std::move(function), std::move(tensor), bytes, options.hw), false, {}, scope};
+  const bool backward = phase == Phase::backward;
+  const auto& known = local_functions();
+  if (std::none_of(known.begin(), known.end(), [&](const LocalFunction& f) {
+        return f.name == function && (backward ? f.backward : f.forward);
+      })) {
+    throw std::logic_error("record_local: '" + local_rate_key(function, backward) +
+                           "' is not in autodiff::local_functions(); list it there so that calibration measures it");
+  }
+  TapeEvent ev{phase, local_step(std::move(function), std::move(tensor), backward, bytes, options.dtype, options.hw),
+               false, {}, scope};
   if (!symbolic()) {
     ev.executed = true;
     ev.measured.op = OpKind::local;

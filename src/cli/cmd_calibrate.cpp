@@ -6,11 +6,13 @@
 #include <iostream>
 #include <memory>
 #include <ostream>
+#include <set>
 #include <thread>
 
 #include "cli/commands.h"
 #include "shardmm/core/error.h"
 #include "shardmm/core/files.h"
+#include "shardmm/nn/local_rates.h"
 #include "shardmm/runtime/calibrate.h"
 #include "shardmm/runtime/runner.h"
 
@@ -107,6 +109,22 @@ void print_calibration(std::ostream& out, const CalibrationResult& r, const std:
   rings.print(out);
   out << "  (overlap: the share of a ring's transfers the model hides behind its GEMMs, fitted to the measured "
          "ratio)\n";
+  out << "\nLocal functions: seconds per element read or written, on one device (docs/calibration.md, 'Local "
+         "functions');\n  a local step takes the slower of this and its bytes over the y += x bandwidth\n";
+  std::set<std::string> keys;
+  for (const auto& [dtype, rates] : c.local_seconds_per_element) {
+    for (const auto& [key, rate] : rates) keys.insert(key);
+  }
+  Table local({"function", "f32", "f64"});
+  const auto rate_of = [&](DType dtype, const std::string& key) -> std::string {
+    const auto d = c.local_seconds_per_element.find(dtype);
+    if (d == c.local_seconds_per_element.end() || !d->second.contains(key)) return "-";
+    return format_sig3(1e9 * d->second.at(key)) + " ns";
+  };
+  for (const std::string& key : keys) local.add({key, rate_of(DType::f32, key), rate_of(DType::f64, key)});
+  local.right_align(1);
+  local.right_align(2);
+  local.print(out);
   out << "  (one run on this machine as it is now; a busy machine shifts every figure: calibrate again when it "
          "changes)\n";
 }
@@ -126,7 +144,8 @@ Command add_calibrate_command(CLI::App& root) {
   CLI::App* app = root.add_subcommand(
       "calibrate",
       "measure this machine (GEMM rates, memory bandwidth, each collective's latency and per-byte cost, "
-      "how much of a collective matmul ring's transfers the backend hides) "
+      "how much of a collective matmul ring's transfers the backend hides, each local function's time per "
+      "element) "
       "and write the hardware profile that plan and run then use");
   app->add_option("--backend", flags->backend,
                   "the backend to measure the collectives of: threads (default) or mpi (under mpirun -n <devices>), "
@@ -169,8 +188,16 @@ Command add_calibrate_command(CLI::App& root) {
             check_backend(o.backend, o.mesh);
             const std::filesystem::path path = output_path(flags->out);
             o.progress = [](const std::string& what) { std::cerr << "shardmm: calibrate " + what + "\n"; };
-            const CalibrationResult r = calibrate(o);
+            CalibrationResult r = calibrate(o);
             if (!r.is_root) return 0;
+            // The local functions' kernels run on one device of this process: autodiff's and nn's
+            // work, which runtime's calibration cannot call.
+            for (DType dtype : {DType::f32, DType::f64}) {
+              o.progress(std::string("local functions' rates, ") + to_string(dtype));
+              nn::LocalRateOptions local;
+              local.repeats = o.quick ? 1 : local.repeats;
+              r.profile.calibration->local_seconds_per_element[dtype] = nn::measure_local_rates(dtype, local);
+            }
             const std::string text = profile_to_json(r.profile);
             write_file_atomically(path, text, "cannot write the calibrated profile to '" + path.string() + "'", true);
             if (!flags->json) {

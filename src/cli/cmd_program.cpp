@@ -88,7 +88,10 @@ std::vector<ChromeTraceEvent> trace_events(const program::Graph& g, const nn::Pr
     }
     t.args.emplace_back("predicted_time_s", e.step.time_s);
     t.args.emplace_back("bytes_sent", e.step.bytes_sent);
-    if (e.step.op == OpKind::local) t.args.emplace_back("memory_bytes", e.step.memory_bytes);
+    if (e.step.op == OpKind::local) {
+      t.args.emplace_back("memory_bytes", e.step.memory_bytes);
+      t.args.emplace_back("bound", std::string(to_string(e.step.bound)));
+    }
     for (int lane : trace_lanes(e.step.op)) {
       t.tid = lane;
       t.category = lane == kCommunicationLane ? "communication" : "compute";
@@ -242,7 +245,7 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
 
   const auto times = phase_times(pred.events);
   out << "\nPredicted time on " << p.options.hw.name
-      << " (local: elementwise ops, norms, copies and the update, as memory traffic):\n";
+      << " (local: elementwise ops, norms, copies and the update, by memory traffic or measured arithmetic):\n";
   double comm = 0, compute = 0;
   for (const auto& [phase, t] : times) {
     out << "  " << pad(autodiff::to_string(phase)) << event_times_text(t) << "\n";
@@ -286,6 +289,8 @@ Json event_json(const Mesh& mesh, const autodiff::TapeEvent& e) {
   if (e.step.op == OpKind::local) {
     j["function"] = e.step.function;
     j["memory_bytes"] = e.step.memory_bytes;
+    j["elements"] = e.step.elements;
+    j["bound"] = e.step.bound == Bound::none ? Json(nullptr) : Json(to_string(e.step.bound));
   }
   add_confidence_json(j, e.step.confidence);
   return j;

@@ -279,6 +279,26 @@ double local_op_time(const HardwareProfile& hw, std::int64_t bytes) {
   return memory_time(hw, bytes, local_op_bandwidth(hw), "local_op_time");
 }
 
+std::string local_rate_key(std::string_view function, bool backward) {
+  return std::string(function) + (backward ? " backward" : "");
+}
+
+LocalOpCost local_op_cost(const HardwareProfile& hw, DType dtype, std::string_view key, std::int64_t bytes) {
+  LocalOpCost c;
+  c.memory_s = memory_time(hw, bytes, local_op_bandwidth(hw), "local_op_cost");
+  if (hw.calibration) {
+    const auto& by_dtype = hw.calibration->local_seconds_per_element;
+    if (const auto d = by_dtype.find(dtype); d != by_dtype.end()) {
+      if (const auto r = d->second.find(std::string(key)); r != d->second.end()) {
+        c.compute_s = static_cast<double>(bytes / dtype_bytes(dtype)) * r->second;
+      }
+    }
+  }
+  c.time_s = std::max(c.memory_s, c.compute_s);
+  c.bound = c.time_s == 0 ? Bound::none : c.compute_s > c.memory_s ? Bound::compute : Bound::memory;
+  return c;
+}
+
 double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes) {
   if (bytes < 0) throw UsageError("ring_hop_time: negative bytes");
   detail::validate_profile(hw, "hardware profile '" + hw.name + "'");

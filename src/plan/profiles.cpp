@@ -270,7 +270,9 @@ constexpr OpKind kCollectives[] = {OpKind::all_gather, OpKind::reduce_scatter, O
 Calibration parse_calibration(const json& doc, const std::string& origin) {
   check_object(doc, "calibration",
                {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"},
-               origin, {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s"});
+               origin,
+               {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s",
+                "local_seconds_per_element"});
   Calibration c;
   c.backend = string_value(doc.at("backend"), "calibration.backend", origin);
   if (c.backend != "threads" && c.backend != "mpi") {
@@ -358,6 +360,28 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
     g.flops_per_s = rate_value(rates[i], where, "flops_per_s", "FLOP/s", origin);
     c.gemm.push_back(g);
   }
+  if (const auto it = doc.find("local_seconds_per_element"); it != doc.end()) {
+    const std::string where = "calibration.local_seconds_per_element";
+    if (!it->is_object()) wrong_type(origin, where, "an object", *it);
+    for (const auto& [dtype, rates] : it->items()) {
+      const auto* known =
+          std::find_if(std::begin(kDTypes), std::end(kDTypes), [&](DType d) { return dtype == to_string(d); });
+      if (known == std::end(kDTypes)) {
+        throw InputError(origin + ": key '" + where + "." + dtype + "' must be a dtype: bf16, f16, f32 or f64");
+      }
+      if (!rates.is_object()) wrong_type(origin, where + "." + dtype, "an object", rates);
+      auto& into = c.local_seconds_per_element[*known];
+      for (const auto& item : rates.items()) {
+        const double v = positive_value(rates, where + "." + dtype, item.key(), "seconds per element", origin);
+        if (v > 1) {
+          throw InputError(origin + ": key '" + where + "." + dtype + "." + item.key() +
+                           "' is seconds per element, above 0 and at most 1 (kernels take nanoseconds), got " +
+                           show_number(v));
+        }
+        into[item.key()] = v;
+      }
+    }
+  }
   return c;
 }
 
@@ -382,7 +406,7 @@ json calibration_json(const Calibration& c) {
                      {"intensity", g.intensity},
                      {"flops_per_s", g.flops_per_s}});
   }
-  return {{"backend", c.backend},
+  json doc = {{"backend", c.backend},
           {"mesh", c.mesh},
           {"host", c.host},
           {"measured_at", c.measured_at},
@@ -394,6 +418,10 @@ json calibration_json(const Calibration& c) {
           {"ring_handoff_s", c.ring_handoff_s},
           {"collectives", fits},
           {"gemm", rates}};
+  for (const auto& [dtype, by_key] : c.local_seconds_per_element) {
+    doc["local_seconds_per_element"][to_string(dtype)] = by_key;
+  }
+  return doc;
 }
 
 }  // namespace

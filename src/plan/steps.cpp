@@ -64,14 +64,18 @@ void cost_einsum(Step& step, const Mesh& mesh, const DimSizes& sizes, const Plan
   detail::StepCoster(mesh, options).cost_einsum(step, sizes);
 }
 
-Step local_step(std::string function, std::string tensor, std::int64_t memory_bytes, const HardwareProfile& hw) {
+Step local_step(std::string function, std::string tensor, bool backward, std::int64_t memory_bytes, DType dtype,
+                const HardwareProfile& hw) {
   Step s;
   s.op = OpKind::local;
+  const LocalOpCost cost = local_op_cost(hw, dtype, local_rate_key(function, backward), memory_bytes);
   s.function = std::move(function);
   s.tensor = std::move(tensor);
+  s.backward = backward;
   s.memory_bytes = memory_bytes;
-  s.time_s = local_op_time(hw, memory_bytes);
-  s.bound = s.time_s > 0 ? Bound::memory : Bound::none;
+  s.elements = memory_bytes / dtype_bytes(dtype);
+  s.time_s = cost.time_s;
+  s.bound = cost.bound;
   return s;
 }
 

@@ -933,7 +933,10 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     for (std::size_t i = 0; i < c.values[v].size(); ++i) {
       const std::int64_t bytes = local_bytes(g, c.values[v][i], t.shape, options.dtype);
       const double update =
-          updated ? local_op_time(options.hw, checked_mul(nn::update_blocks(options.optimizer), bytes, "bytes")) : 0.0;
+          updated ? local_op_cost(options.hw, options.dtype, local_rate_key(nn::to_string(options.optimizer), false),
+                                  checked_mul(nn::update_blocks(options.optimizer), bytes, "bytes"))
+                        .time_s
+                  : 0.0;
       f.entries.push_back({{static_cast<int>(i)}, update * copies[v], bytes * per * copies[v], {}, {}});
     }
     c.problem.factors.push_back(std::move(f));
@@ -981,7 +984,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       for (std::size_t i = 0; i < c.values[v].size(); ++i) {
         const std::int64_t bytes = local_bytes(g, c.values[v][i], t.shape, options.dtype);
         const double time =
-            local_op_time(options.hw, checked_mul(autodiff::kGradientSumBlocks, bytes, "a gradient sum's bytes"));
+            local_op_cost(options.hw, options.dtype, local_rate_key("accumulate", true),
+                          checked_mul(autodiff::kGradientSumBlocks, bytes, "a gradient sum's bytes"))
+                .time_s;
         f.entries.push_back({{static_cast<int>(i)}, time * static_cast<double>(sums[v]), 0, {}, {}});
       }
       c.problem.factors.push_back(std::move(f));

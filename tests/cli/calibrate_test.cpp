@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cli_in_process.h"
+#include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
 #include "shardmm/plan/cost.h"
 #include "shardmm/plan/planner.h"
@@ -297,6 +298,25 @@ TEST_F(Calibrated, MeasuresTheFixedCostsOnTinySteps) {
   EXPECT_DOUBLE_EQ(p.calibration->ring_handoff_s, (handoffs[0] + handoffs[1]) / 2);
 }
 
+// Every local function's rate, forward and backward, in both dtypes the kernels run in, as the
+// profile's calibration (the JSON --json prints is the file's).
+TEST_F(Calibrated, MeasuresEveryLocalFunctionsRate) {
+  const HardwareProfile p = profile();
+  for (DType dtype : {DType::f32, DType::f64}) {
+    SCOPED_TRACE(to_string(dtype));
+    ASSERT_TRUE(p.calibration->local_seconds_per_element.contains(dtype));
+    const std::map<std::string, double>& rates = p.calibration->local_seconds_per_element.at(dtype);
+    for (const autodiff::LocalFunction& f : autodiff::local_functions()) {
+      for (bool backward : {false, true}) {
+        if (!(backward ? f.backward : f.forward)) continue;
+        const std::string key = local_rate_key(f.name, backward);
+        ASSERT_TRUE(rates.contains(key)) << key;
+        EXPECT_GT(rates.at(key), 0) << key;
+      }
+    }
+  }
+}
+
 TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
   const std::filesystem::path other = *dir_ / "other.json";
   const Result r = shardmm_cli({"calibrate", "--quick", "--mesh", "X=2", "--out", other.string()});
@@ -306,6 +326,8 @@ TEST_F(Calibrated, TextSaysWhereTheProfileWent) {
   EXPECT_THAT(r.out, HasSubstr("einsum_reduce_scatter"));
   EXPECT_THAT(r.out, HasSubstr("einsum_call_s"));
   EXPECT_THAT(r.out, HasSubstr("ring_handoff_s"));
+  EXPECT_THAT(r.out, HasSubstr("Local functions: seconds per element"));
+  EXPECT_THAT(r.out, HasSubstr("gelu backward"));
   EXPECT_TRUE(parse_profile_json(slurp(other), other.string()).calibration.has_value());
 }
 

@@ -125,6 +125,11 @@ TEST(ProgramCli, LocalStepsAndTheUpdateAreInTheJsonAndTheTrace) {
   }
   EXPECT_EQ(gelu[0]["memory_bytes"], 2 * block);
   EXPECT_EQ(gelu[1]["memory_bytes"], 3 * block);
+  // The elements those bytes hold (bf16: 2 bytes each); a built-in profile has no per-element
+  // rate, so the traffic bounds them.
+  EXPECT_EQ(gelu[0]["elements"], block);
+  EXPECT_EQ(gelu[1]["elements"], 3 * block / 2);
+  EXPECT_EQ(gelu[0]["bound"], "memory");
   // Adam reads w, its gradient and its two moments and writes w and the moments: w_in[D, F_X]
   // and w_out[F_X, D] are 4096 x 4096 bf16 per device.
   const json& update = doc["update_steps"];

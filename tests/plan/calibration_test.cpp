@@ -463,6 +463,8 @@ TEST(CalibratedProfileJson, RoundTripsEveryField) {
   p.calibration->scatter_ring_overlap = 0.75;
   p.calibration->einsum_call_s = 1.5e-6;
   p.calibration->ring_handoff_s = 4.25e-6;
+  p.calibration->local_seconds_per_element[DType::f32] = {{"gelu", 1.25e-8}, {"gelu backward", 2.5e-8}};
+  p.calibration->local_seconds_per_element[DType::f64] = {{"accumulate backward", 7.5e-10}};
   const HardwareProfile q = parse_profile_json(profile_to_json(p), "p.json");
   EXPECT_EQ(q.name, p.name);
   EXPECT_EQ(q.peak_flops, p.peak_flops);
@@ -483,6 +485,7 @@ TEST(CalibratedProfileJson, RoundTripsEveryField) {
   EXPECT_EQ(b.scatter_ring_overlap, 0.75);
   EXPECT_EQ(b.einsum_call_s, 1.5e-6);
   EXPECT_EQ(b.ring_handoff_s, 4.25e-6);
+  EXPECT_EQ(b.local_seconds_per_element, a.local_seconds_per_element);
   ASSERT_EQ(b.collectives.size(), a.collectives.size());
   for (std::size_t i = 0; i < a.collectives.size(); ++i) {
     EXPECT_EQ(b.collectives[i].op, a.collectives[i].op);
@@ -559,7 +562,16 @@ TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
        "key 'calibration.ring_handoff_s' is the fixed cost of one step in seconds, 0 to 1 (steps take "
        "microseconds), got 2"},
       {"unknown key lists the optional ones", [](json& d) { d["calibration"]["overlap"] = 1; },
-       "gemm, gather_ring_overlap, scatter_ring_overlap, einsum_call_s, ring_handoff_s"},
+       "gemm, gather_ring_overlap, scatter_ring_overlap, einsum_call_s, ring_handoff_s, local_seconds_per_element"},
+      {"rates not an object", [](json& d) { d["calibration"]["local_seconds_per_element"] = 1; },
+       "key 'calibration.local_seconds_per_element' must be an object, got number"},
+      {"rates of no dtype", [](json& d) { d["calibration"]["local_seconds_per_element"]["fp32"]["gelu"] = 1e-8; },
+       "key 'calibration.local_seconds_per_element.fp32' must be a dtype: bf16, f16, f32 or f64"},
+      {"zero rate per element", [](json& d) { d["calibration"]["local_seconds_per_element"]["f32"]["gelu"] = 0; },
+       "key 'calibration.local_seconds_per_element.f32.gelu' must be a positive finite number (seconds per element), "
+       "got 0"},
+      {"a second per element", [](json& d) { d["calibration"]["local_seconds_per_element"]["f64"]["gelu"] = 2; },
+       "key 'calibration.local_seconds_per_element.f64.gelu' is seconds per element, above 0 and at most 1"},
   };
   const json good = json::parse(profile_to_json(calibrated()));
   for (const BadCalibration& c : cases) {
@@ -591,6 +603,19 @@ TEST(CalibratedProfileJson, AProfileWithoutFixedCostsReadsThemAsZero) {
   const HardwareProfile p = parse_profile_json(doc.dump(), "old.json");
   EXPECT_EQ(p.calibration->einsum_call_s, 0.0);
   EXPECT_EQ(p.calibration->ring_handoff_s, 0.0);
+}
+
+// A profile written before local functions were measured has no rates (and writes none back):
+// its local steps stay costed by their traffic.
+TEST(CalibratedProfileJson, AProfileWithoutLocalRatesCostsLocalOpsByTheirTraffic) {
+  const json doc = json::parse(profile_to_json(calibrated()));
+  EXPECT_FALSE(doc["calibration"].contains("local_seconds_per_element"));
+  const HardwareProfile p = parse_profile_json(doc.dump(), "old.json");
+  EXPECT_TRUE(p.calibration->local_seconds_per_element.empty());
+  const LocalOpCost c = local_op_cost(p, DType::f32, "gelu", 1 << 20);
+  EXPECT_EQ(c.compute_s, 0.0);
+  EXPECT_EQ(c.time_s, local_op_time(p, 1 << 20));
+  EXPECT_EQ(c.bound, Bound::memory);
 }
 
 // ---- where the calibrated profile lives ----

@@ -371,17 +371,50 @@ TEST(LocalOpTime, IsBytesOverTheLocalBandwidth) {
 
 TEST(LocalOpTime, AStepCarriesItsFunctionBytesAndBound) {
   const HardwareProfile h100 = builtin_profile("h100");
-  const Step gelu = local_step("gelu", "h", 96 << 20, h100);
+  const Step gelu = local_step("gelu", "h", false, 96 << 20, DType::f32, h100);
   EXPECT_EQ(gelu.op, OpKind::local);
   EXPECT_EQ(op_name(gelu), "gelu");
   EXPECT_EQ(gelu.tensor, "h");
   EXPECT_EQ(gelu.memory_bytes, 96 << 20);
+  EXPECT_EQ(gelu.elements, 24 << 20);
+  EXPECT_FALSE(gelu.backward);
   EXPECT_EQ(gelu.bytes_sent, 0);
   EXPECT_DOUBLE_EQ(gelu.time_s, local_op_time(h100, 96 << 20));
   EXPECT_EQ(gelu.bound, Bound::memory);
   EXPECT_FALSE(is_collective(gelu.op));
   EXPECT_FALSE(multiplies(gelu.op));
-  EXPECT_EQ(local_step("add", "dx", 0, h100).bound, Bound::none);
+  EXPECT_EQ(local_step("add", "dx", true, 0, DType::f32, h100).bound, Bound::none);
+}
+
+// With a measured per-element rate a local op takes the slower of its traffic and its
+// arithmetic: gelu's tanh, element by element, outlasts the bytes on a CPU.
+TEST(LocalOpTime, AMeasuredRateMakesAStepComputeBound) {
+  HardwareProfile hw = builtin_profile("h100");
+  Calibration c;
+  c.add_bandwidth = 1e10;
+  c.local_seconds_per_element[DType::f32] = {{"gelu", 2e-9}, {"gelu backward", 1e-11}};
+  c.local_seconds_per_element[DType::f64] = {{"gelu", 3e-9}};
+  hw.calibration = c;
+  // 2^20 elements of f32 read and written: 8 MiB, 0.8388608 ms of traffic; 2 ms of arithmetic.
+  const std::int64_t bytes = std::int64_t{2} * 4 * (1 << 20);
+  const Step forward = local_step("gelu", "h", false, bytes, DType::f32, hw);
+  EXPECT_EQ(forward.elements, 2 << 20);
+  EXPECT_DOUBLE_EQ(forward.time_s, (2 << 20) * 2e-9);
+  EXPECT_EQ(forward.bound, Bound::compute);
+  const LocalOpCost cost = local_op_cost(hw, DType::f32, "gelu", bytes);
+  EXPECT_DOUBLE_EQ(cost.memory_s, bytes / 1e10);
+  EXPECT_DOUBLE_EQ(cost.compute_s, (2 << 20) * 2e-9);
+  // The backward's own rate is cheaper than its traffic: memory-bound.
+  const Step backward = local_step("gelu", "dh", true, bytes, DType::f32, hw);
+  EXPECT_DOUBLE_EQ(backward.time_s, bytes / 1e10);
+  EXPECT_EQ(backward.bound, Bound::memory);
+  // Rates are by dtype: f64's elements are half as many for the bytes.
+  EXPECT_DOUBLE_EQ(local_step("gelu", "h", false, bytes, DType::f64, hw).time_s, (1 << 20) * 3e-9);
+  // No rate for the function or the dtype: the traffic alone, as before the measurement.
+  EXPECT_DOUBLE_EQ(local_step("relu", "h", false, bytes, DType::f32, hw).time_s, bytes / 1e10);
+  EXPECT_DOUBLE_EQ(local_step("gelu", "h", false, bytes, DType::bf16, hw).time_s, bytes / 1e10);
+  EXPECT_EQ(local_rate_key("softmax", true), "softmax backward");
+  EXPECT_EQ(local_rate_key("adam", false), "adam");
 }
 
 TEST(LocalCopyTime, ReadsAndWritesTheBytes) {

@@ -113,6 +113,18 @@ struct TapeMemory {
   std::int64_t gradients = 0;    // leaf gradients, in the leaves' specs (after backward)
 };
 
+// Every function a local step (OpKind::local) can name, with the passes it runs in: forward
+// (the forward pass, or the update for the optimizers) and backward. The tape refuses any other
+// (std::logic_error), so that a new function is listed here and the calibration measures its rate
+// (nn::measure_local_rates; docs/calibration.md, "Local functions"). data_from's and update's
+// callers name theirs: "route" (nn's MoE routing), "sgd" and "adam".
+struct LocalFunction {
+  const char* name;
+  bool forward;
+  bool backward;
+};
+const std::vector<LocalFunction>& local_functions();
+
 // The blocks that adding a second contribution to a value's gradient reads and writes: a copy
 // of the first (2) and the add of the second (3). The tape records it as a local step
 // ("accumulate") in the backward of the op whose contribution comes second.

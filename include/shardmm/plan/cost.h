@@ -78,6 +78,10 @@ struct Calibration {
   double ring_handoff_s = 0;
   std::vector<CollectiveFit> collectives;
   std::vector<GemmRate> gemm;
+  // Each local function's compute time per element it reads or writes, by dtype and
+  // local_rate_key ("gelu", "gelu backward"), measured on its real kernel (docs/calibration.md,
+  // "Local functions"); empty where a profile predates the measurement.
+  std::map<DType, std::map<std::string, double>> local_seconds_per_element;
 
   // The overlap share of `ring` (all_gather_einsum or einsum_reduce_scatter).
   const double& ring_overlap(OpKind ring) const {
@@ -187,10 +191,25 @@ double local_copy_time(const HardwareProfile& hw, std::int64_t bytes);
 // a calibrated profile's measured y += x (add_bandwidth; its memcpy rate where that is
 // missing), else hbm_bandwidth.
 double local_op_bandwidth(const HardwareProfile& hw);
-// A local op (OpKind::local: an activation, a norm, the optimizer's update) is memory-bound:
-// `bytes` it reads plus writes / local_op_bandwidth (docs/cost-model.md, "Local ops"); its
-// bound is memory (none when it moves no bytes).
+// A local op's memory traffic alone: `bytes` it reads plus writes / local_op_bandwidth.
 double local_op_time(const HardwareProfile& hw, std::int64_t bytes);
+// The name a local function's per-element rate goes by: `function` in the forward pass and
+// the update, "<function> backward" in the backward pass.
+std::string local_rate_key(std::string_view function, bool backward);
+// A local op (OpKind::local: an activation, a norm, the optimizer's update), reading plus
+// writing `bytes` in elements of `dtype`, is bound by its memory traffic or by its
+// arithmetic, whichever is slower (docs/cost-model.md, "Local ops"):
+//   max(bytes / local_op_bandwidth, bytes / dtype size x seconds per element)
+// the rate the profile's calibration measured for `dtype` and `key` (local_rate_key); where it
+// has none (built-in profiles, older calibrated files) the traffic alone. Its bound is compute
+// when the per-element term is the larger, memory otherwise (none when it moves no bytes).
+struct LocalOpCost {
+  double memory_s = 0;
+  double compute_s = 0;
+  double time_s = 0;
+  Bound bound = Bound::none;
+};
+LocalOpCost local_op_cost(const HardwareProfile& hw, DType dtype, std::string_view key, std::int64_t bytes);
 
 // Collective matmuls (docs/cost-model.md, "Collective matmul"). One hop of a ring: the hop
 // latency plus `bytes` over one link in one direction.

@@ -30,8 +30,10 @@
 //   local                     work on each device's own blocks that neither moves data between
 //                             devices nor multiplies (an activation, a norm's passes, a transpose,
 //                             the optimizer's update): `function` names it, `memory_bytes` is
-//                             what it reads plus writes, and it is costed as memory-bound
-//                             (cost.h: local_op_time). Recorded by the autodiff tape, never planned.
+//                             what it reads plus writes, and it is costed by its traffic or, where
+//                             the profile measured the function's per-element rate and that is
+//                             slower, by its arithmetic (cost.h: local_op_cost). Recorded by the
+//                             autodiff tape, never planned.
 // Collective matmuls (the Scaling Book's "collective matmul"; XLA's windowed einsum): a collective
 // and the einsum fused into a ring, so that while one chunk is multiplied the next is in
 // flight. `from` @ `from_b` -> `to` as for einsum; G = `axes` is flattened into one ring.
@@ -135,6 +137,9 @@ struct Step {
   // local only.
   std::string function;           // what it computes: "gelu", "layer_norm", "adam", ...
   std::int64_t memory_bytes = 0;  // bytes it reads plus writes in the device's memory, the most any device
+  std::int64_t elements = 0;      // the elements those bytes hold (memory_bytes / the dtype's size): what a
+                                  // measured per-element rate multiplies (cost.h: local_op_cost)
+  bool backward = false;          // in the backward pass: its rate is "<function> backward"'s
   // Collective matmuls only.
   int ring_operand = -1;       // all_gather_einsum: the gathered operand (0: from, 1: from_b)
   bool bidirectional = false;  // shards (all_gather_einsum) or partial sums (einsum_reduce_scatter)

@@ -26,8 +26,10 @@ Step make_step(OpKind op, const Spec& from, AxisList axes, int dim = -1, int dst
 void cost_step(Step& step, const Mesh& mesh, const std::vector<std::int64_t>& shape, const PlanOptions& options);
 // The same for an einsum step; `sizes` gives each letter's global size.
 void cost_einsum(Step& step, const Mesh& mesh, const DimSizes& sizes, const PlanOptions& options);
-// A local step (OpKind::local) computing `function` into (or for) `tensor`, reading plus
-// writing `memory_bytes` per device (the most any device), costed by local_op_time.
-Step local_step(std::string function, std::string tensor, std::int64_t memory_bytes, const HardwareProfile& hw);
+// A local step (OpKind::local) computing `function` into (or for) `tensor`, in the backward
+// pass or not, reading plus writing `memory_bytes` per device (the most any device) in
+// elements of `dtype`, costed by local_op_cost.
+Step local_step(std::string function, std::string tensor, bool backward, std::int64_t memory_bytes, DType dtype,
+                const HardwareProfile& hw);
 
 }  // namespace shardmm
