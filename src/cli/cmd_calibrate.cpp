@@ -195,7 +195,10 @@ Command add_calibrate_command(CLI::App& root) {
             for (DType dtype : {DType::f32, DType::f64}) {
               o.progress(std::string("local functions' rates, ") + to_string(dtype));
               nn::LocalRateOptions local;
-              local.repeats = o.quick ? 1 : local.repeats;
+              if (o.quick) {  // seconds, not half a minute: blocks that fit in cache, one pass
+                local.repeats = 1;
+                local.block_bytes = nn::kQuickLocalRateBlockBytes;
+              }
               r.profile.calibration->local_seconds_per_element[dtype] = nn::measure_local_rates(dtype, local);
             }
             const std::string text = profile_to_json(r.profile);

@@ -25,6 +25,10 @@ struct LocalRateOptions {
   std::int64_t block_bytes = std::int64_t{24} << 20;
   int repeats = 3;  // timed passes over every function after a warm-up; each rate is their median
 };
+// `calibrate --quick`'s blocks: in cache, so a memory-bound function's rate reads low (the
+// bandwidth term, which the step takes the max with, still holds it), a transcendental one's
+// about as in memory; a sixth of the time.
+inline constexpr std::int64_t kQuickLocalRateBlockBytes = std::int64_t{4} << 20;
 
 // Every function of autodiff::local_functions(), in each pass it runs in, keyed by
 // local_rate_key ("gelu", "gelu backward", "accumulate backward", "sgd"): the seconds its
