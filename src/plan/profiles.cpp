@@ -268,11 +268,10 @@ std::int64_t whole_value(const json& object, const std::string& where, const std
 constexpr OpKind kCollectives[] = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all};
 
 Calibration parse_calibration(const json& doc, const std::string& origin) {
-  check_object(doc, "calibration",
-               {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"},
-               origin,
-               {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s",
-                "local_seconds_per_element"});
+  check_object(
+      doc, "calibration",
+      {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"}, origin,
+      {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s", "local_seconds_per_element"});
   Calibration c;
   c.backend = string_value(doc.at("backend"), "calibration.backend", origin);
   if (c.backend != "threads" && c.backend != "mpi") {
@@ -363,7 +362,8 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
   if (const auto it = doc.find("local_seconds_per_element"); it != doc.end()) {
     const std::string where = "calibration.local_seconds_per_element";
     if (!it->is_object()) wrong_type(origin, where, "an object", *it);
-    for (const auto& [dtype, rates] : it->items()) {
+    for (const auto& [name, rates] : it->items()) {
+      const std::string& dtype = name;  // clang cannot capture a structured binding
       const auto* known =
           std::find_if(std::begin(kDTypes), std::end(kDTypes), [&](DType d) { return dtype == to_string(d); });
       if (known == std::end(kDTypes)) {
@@ -407,17 +407,17 @@ json calibration_json(const Calibration& c) {
                      {"flops_per_s", g.flops_per_s}});
   }
   json doc = {{"backend", c.backend},
-          {"mesh", c.mesh},
-          {"host", c.host},
-          {"measured_at", c.measured_at},
-          {"copy_bandwidth", c.copy_bandwidth},
-          {"add_bandwidth", c.add_bandwidth},
-          {"gather_ring_overlap", c.gather_ring_overlap},
-          {"scatter_ring_overlap", c.scatter_ring_overlap},
-          {"einsum_call_s", c.einsum_call_s},
-          {"ring_handoff_s", c.ring_handoff_s},
-          {"collectives", fits},
-          {"gemm", rates}};
+              {"mesh", c.mesh},
+              {"host", c.host},
+              {"measured_at", c.measured_at},
+              {"copy_bandwidth", c.copy_bandwidth},
+              {"add_bandwidth", c.add_bandwidth},
+              {"gather_ring_overlap", c.gather_ring_overlap},
+              {"scatter_ring_overlap", c.scatter_ring_overlap},
+              {"einsum_call_s", c.einsum_call_s},
+              {"ring_handoff_s", c.ring_handoff_s},
+              {"collectives", fits},
+              {"gemm", rates}};
   for (const auto& [dtype, by_key] : c.local_seconds_per_element) {
     doc["local_seconds_per_element"][to_string(dtype)] = by_key;
   }
