@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "bench_flags.h"
+#include "bench_ranks.h"
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
 #include "shardmm/nn/program.h"
@@ -53,16 +54,7 @@ Times time_both(const program::Graph& g, const nn::ProgramOptions& options, cons
                 const DimSizes& sizes, int repeat) {
   Times times;
   run_backend("threads", g.mesh, [&](Communicator& comm) {
-    AxisList all;
-    for (int a = 0; a < g.mesh.rank(); ++a) all.push_back(a);
-    const auto line_up = [&] {
-      double nothing = 0;
-      comm.all_reduce(&nothing, 1, DType::f64, all);
-    };
-    const auto slowest = [&](double seconds) {
-      comm.all_reduce(&seconds, 1, DType::f64, all, ReduceOp::max);
-      return seconds;
-    };
+    bench::RankClock clock(comm);
     const std::int64_t me = comm.rank();
     // The program's own values of its leaves a and b (tensors 0 and 1).
     const DistTensor a =
@@ -72,7 +64,7 @@ Times time_both(const program::Graph& g, const nn::ProgramOptions& options, cons
     Executor kept(comm, plan, sizes, options.dtype);
     for (int r = 0; r <= repeat; ++r) {
       autodiff::Tape tape(comm, {options.dtype, options.hw});
-      line_up();
+      clock.line_up();
       nn::record_program(tape, g, options);
       double first = 0, last = 0;
       bool any = false;
@@ -83,11 +75,11 @@ Times time_both(const program::Graph& g, const nn::ProgramOptions& options, cons
         any = true;
         if (r == 0 && me == 0) times.program_steps.push_back(e.step.op);
       }
-      const double program = slowest(last - first);
-      line_up();
+      const double program = clock.slowest(last - first);
+      clock.line_up();
       const auto start = std::chrono::steady_clock::now();
       kept.run(a, &b);
-      const double run = slowest(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      const double run = clock.slowest(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       if (r > 0 && me == 0) {
         times.program.push_back(program);
         times.run.push_back(run);

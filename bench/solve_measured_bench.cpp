@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "bench_flags.h"
+#include "bench_ranks.h"
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
 #include "shardmm/nn/program.h"
@@ -139,16 +140,7 @@ int main(int argc, char** argv) {
 
     bool verified = true;
     run_backend(backend, g.mesh, [&](Communicator& comm) {
-      AxisList all;
-      for (int a = 0; a < g.mesh.rank(); ++a) all.push_back(a);
-      const auto line_up = [&] {
-        double nothing = 0;
-        comm.all_reduce(&nothing, 1, DType::f64, all);
-      };
-      const auto slowest = [&](double seconds) {
-        comm.all_reduce(&seconds, 1, DType::f64, all, ReduceOp::max);
-        return seconds;
-      };
+      bench::RankClock clock(comm);
       for (Candidate& c : rows) {
         const nn::ProgramRun run = nn::run_program(comm, c.verified, options);
         if (!run.verification.verified) {
@@ -161,14 +153,14 @@ int main(int argc, char** argv) {
       if (!verified) return;
       for (int k = 0; k <= repeat; ++k) {
         for (Candidate& c : rows) {
-          line_up();
+          clock.line_up();
           const auto start = std::chrono::steady_clock::now();
           {
             autodiff::Tape tape(comm, {options.dtype, options.hw, 0});
             nn::execute_program_step(tape, c.pinned, options);
           }
           const double seconds =
-              slowest(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+              clock.slowest(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
           if (k > 0 && comm.rank() == 0) c.measured.push_back(seconds);  // repeat 0 warms up
         }
       }
