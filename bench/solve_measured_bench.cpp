@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "bench_flags.h"
 #include "bench_ranks.h"
 #include "shardmm/autodiff/tape.h"
@@ -138,19 +140,21 @@ int main(int argc, char** argv) {
     const solve::SolveResult r = solve::solve_program(g, solve_options);
     std::vector<Candidate> rows = candidates(g, small, r);
 
-    bool verified = true;
+    bool verified = true;  // device 0's verdict (every rank gets the same one)
     run_backend(backend, g.mesh, [&](Communicator& comm) {
       bench::RankClock clock(comm);
+      bool all_verified = true;
       for (Candidate& c : rows) {
         const nn::ProgramRun run = nn::run_program(comm, c.verified, options);
         if (!run.verification.verified) {
           if (comm.rank() == 0)
             std::fprintf(stderr, "solve_measured_bench: %s: wrong result: %s\n", c.names.c_str(),
                          run.verification.detail.c_str());
-          verified = false;
+          all_verified = false;
         }
       }
-      if (!verified) return;
+      if (comm.rank() == 0) verified = all_verified;  // one writer: the threads backend's ranks share `verified`
+      if (!all_verified) return;
       for (int k = 0; k <= repeat; ++k) {
         for (Candidate& c : rows) {
           clock.line_up();
@@ -178,21 +182,26 @@ int main(int argc, char** argv) {
       return fastest_named > 0 ? median(c.measured) / fastest_named : 0;
     };
     if (json) {
-      std::printf(
-          "{\"program\": \"%s\", \"mesh\": \"%s\", \"ranks\": %lld, \"backend\": \"%s\", \"dtype\": \"%s\", "
-          "\"optimizer\": \"%s\", \"hardware\": \"%s\", \"repeat\": %d, \"shardings\": [",
-          file.c_str(), g.mesh.to_string().c_str(), static_cast<long long>(g.mesh.device_count()), backend.c_str(),
-          to_string(options.dtype), nn::to_string(options.optimizer), options.hw.name.c_str(), repeat);
-      for (std::size_t i = 0; i < rows.size(); ++i) {
-        const Candidate& c = rows[i];
+      nlohmann::ordered_json doc = {{"program", file},
+                                    {"mesh", g.mesh.to_string()},
+                                    {"ranks", g.mesh.device_count()},
+                                    {"backend", backend},
+                                    {"dtype", to_string(options.dtype)},
+                                    {"optimizer", nn::to_string(options.optimizer)},
+                                    {"hardware", options.hw.name},
+                                    {"repeat", repeat},
+                                    {"shardings", nlohmann::ordered_json::array()}};
+      for (const Candidate& c : rows) {
         const auto [low, high] = std::minmax_element(c.measured.begin(), c.measured.end());
-        std::printf(
-            "%s{\"names\": \"%s\", \"optimum\": %s, \"predicted_s\": %.9g, \"measured_s\": %.9g, "
-            "\"low_s\": %.9g, \"high_s\": %.9g, \"vs_fastest_named\": %.6g}",
-            i ? ", " : "", c.names.c_str(), c.optimum ? "true" : "false", c.predicted, median(c.measured), *low, *high,
-            vs_named(c));
+        doc["shardings"].push_back({{"names", c.names},
+                                    {"optimum", c.optimum},
+                                    {"predicted_s", c.predicted},
+                                    {"measured_s", median(c.measured)},
+                                    {"low_s", *low},
+                                    {"high_s", *high},
+                                    {"vs_fastest_named", vs_named(c)}});
       }
-      std::printf("]}\n");
+      std::printf("%s\n", doc.dump().c_str());
       return 0;
     }
     std::printf("%s on %s (%s, %s), %s, %s; median of %d steps; times in ms\n", file.c_str(),
