@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <numeric>
+#include <queue>
 
 #include "shardmm/core/error.h"
 #include "solve/factor_index.h"
@@ -611,6 +613,78 @@ std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64
     out->lower_bound = out->value.time;
   }
   out->seconds = seconds_since(start);
+  return out;
+}
+
+namespace {
+
+// The values each variable may take in a part of solve_top's search (empty: any).
+using Allowed = std::vector<std::vector<char>>;
+
+ChoiceProblem restricted_to(const ChoiceProblem& p, const Allowed& allowed) {
+  ChoiceProblem out = p;
+  for (std::size_t v = 0; v < allowed.size(); ++v) {
+    if (allowed[v].empty()) continue;
+    Factor f;
+    f.vars = {static_cast<int>(v)};
+    for (int x = 0; x < p.domain[v]; ++x) {
+      if (allowed[v][static_cast<std::size_t>(x)]) f.entries.push_back({{x}, 0, 0, {}, {}});
+    }
+    out.factors.push_back(std::move(f));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& limits, SolveOutcome first, int k,
+                                    const BestOf& best) {
+  if (!limits.excluded.empty()) throw UsageError("solve_top: limits.excluded must be empty (its parts replace them)");
+  std::vector<SolveOutcome> out;
+  if (k < 1 || first.best.empty()) return out;
+  std::vector<int> on = limits.distinct_on;
+  if (on.empty()) {
+    on.resize(p.domain.size());
+    std::iota(on.begin(), on.end(), 0);
+  }
+  struct Part {
+    Allowed allowed;
+    SolveOutcome outcome;
+  };
+  // The best part on top; equally fast parts by memory, as the solvers break ties.
+  const auto after = [](const Part& a, const Part& b) {
+    if (a.outcome.value.time != b.outcome.value.time) return a.outcome.value.time > b.outcome.value.time;
+    return a.outcome.value.memory > b.outcome.value.memory;
+  };
+  std::priority_queue<Part, std::vector<Part>, decltype(after)> parts(after);
+  parts.push({Allowed(p.domain.size()), std::move(first)});
+  // A part whose solve found nothing in its time (or only with a gap) may hide a better answer
+  // than the ones after it: those are then not proven the next best.
+  bool proven = true;
+  while (!parts.empty() && static_cast<int>(out.size()) < k) {
+    Part part = parts.top();
+    parts.pop();
+    if (!proven && part.outcome.status == SolveStatus::optimal) part.outcome.status = SolveStatus::feasible;
+    const Assignment x = part.outcome.best;
+    out.push_back(std::move(part.outcome));
+    if (static_cast<int>(out.size()) == k) break;
+    Allowed allowed = std::move(part.allowed);
+    for (int v : on) {
+      std::vector<char>& values = allowed[static_cast<std::size_t>(v)];
+      if (values.empty()) values.assign(static_cast<std::size_t>(p.domain[static_cast<std::size_t>(v)]), 1);
+      const auto xv = static_cast<std::size_t>(x[static_cast<std::size_t>(v)]);
+      Allowed other = allowed;
+      other[static_cast<std::size_t>(v)][xv] = 0;
+      const std::vector<char>& left = other[static_cast<std::size_t>(v)];
+      if (std::find(left.begin(), left.end(), 1) != left.end()) {
+        SolveOutcome o = best(restricted_to(p, other), limits);
+        proven = proven && (o.status == SolveStatus::optimal || o.status == SolveStatus::infeasible);
+        if (!o.best.empty()) parts.push({std::move(other), std::move(o)});
+      }
+      values.assign(values.size(), 0);
+      values[xv] = 1;
+    }
+  }
   return out;
 }
 

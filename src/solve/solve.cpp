@@ -232,13 +232,19 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     if (!g.tensors[t].regathered && !gathers_again[static_cast<std::size_t>(c.var_of_tensor[t])]) r.regathered[t] = 0;
   }
 
-  r.top.push_back(r.outcome);
-  SolveLimits next = limits;
-  for (int k = 1; k < options.top; ++k) {
-    next.excluded.push_back(r.top.back().best);
-    SolveOutcome o = solve_mip(c.problem, next);
-    if (o.best.empty()) break;
-    r.top.push_back(std::move(o));
+  if (r.outcome.method == "dynamic programming") {
+    // Each part of the K-best search is solved as fast as the optimum was.
+    r.top = solve_top(c.problem, limits, r.outcome, options.top, best_of);
+  } else {
+    // The integer program takes exclusions directly: one solve per answer, not one per part.
+    r.top.push_back(r.outcome);
+    SolveLimits next = limits;
+    for (int k = 1; k < options.top; ++k) {
+      next.excluded.push_back(r.top.back().best);
+      SolveOutcome o = solve_mip(c.problem, next);
+      if (o.best.empty()) break;
+      r.top.push_back(std::move(o));
+    }
   }
 
   if (options.named) r.named = named_strategies(g, c, limits);

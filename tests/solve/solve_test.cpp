@@ -214,6 +214,70 @@ TEST(Solvers, AgreeWithExhaustiveSearchOnRandomProblems) {
   EXPECT_GT(limited, trials / 8);
 }
 
+// The K best distinct assignments by partition (solve_top), each part solved by the dynamic
+// program or, with a memory limit, the integer program, against exhaustive search excluding
+// each answer in turn; distinct on every variable or on a random subset of them.
+TEST(Solvers, TopKEqualsExhaustiveSearchsKBest) {
+  std::mt19937 rng(29);
+  int compared = 0, deep = 0;
+  const int trials = static_cast<int>(testing::scaled_cases(150));
+  for (int trial = 0; trial < trials; ++trial) {
+    const ChoiceProblem p = random_problem(rng);
+    SolveLimits limits;
+    for (int v = 0; v < static_cast<int>(p.domain.size()); ++v) {
+      if (trial % 2 && rng() % 2) limits.distinct_on.push_back(v);
+    }
+    const SolveOutcome best_free = solve_exhaustive(p, limits);
+    if (best_free.status != SolveStatus::optimal) continue;
+    const bool limited = trial % 3 == 0;
+    if (limited) limits.memory_limit = best_free.value.memory - std::uniform_int_distribution<int>(0, 40)(rng);
+    const BestOf best = [&](const ChoiceProblem& q, const SolveLimits& l) {
+      if (l.memory_limit) return solve_mip(q, l);
+      std::optional<SolveOutcome> dp = solve_elimination(q);
+      EXPECT_TRUE(dp.has_value());
+      return *dp;
+    };
+    const SolveOutcome first = best(p, limits);
+    if (first.status != SolveStatus::optimal) continue;
+    const int k = 6;
+    const std::vector<SolveOutcome> top = solve_top(p, limits, first, k, best);
+    SolveLimits truth_limits = limits;
+    std::vector<SolveOutcome> truth;
+    while (static_cast<int>(truth.size()) < k) {
+      SolveOutcome o = solve_exhaustive(p, truth_limits);
+      if (o.best.empty()) break;
+      truth_limits.excluded.push_back(o.best);
+      truth.push_back(std::move(o));
+    }
+    ASSERT_EQ(top.size(), truth.size()) << trial;
+    ++compared;
+    if (truth.size() >= 3) ++deep;
+    for (std::size_t i = 0; i < top.size(); ++i) {
+      EXPECT_EQ(top[i].status, SolveStatus::optimal) << trial << " #" << i;
+      EXPECT_NEAR(top[i].value.time, truth[i].value.time, 1e-9) << trial << " #" << i;
+      const Evaluation e = evaluate(p, top[i].best);
+      EXPECT_TRUE(e.allowed) << trial << " #" << i;
+      EXPECT_NEAR(e.time, top[i].value.time, 1e-12) << trial << " #" << i;
+      if (limits.memory_limit) {
+        EXPECT_LE(e.memory, *limits.memory_limit) << trial << " #" << i;
+      }
+      // Pairwise distinct where they must be.
+      for (std::size_t j = 0; j < i; ++j) {
+        bool same = true;
+        for (int v = 0; v < static_cast<int>(p.domain.size()); ++v) {
+          const bool counts = limits.distinct_on.empty() ||
+                              std::find(limits.distinct_on.begin(), limits.distinct_on.end(), v) !=
+                                  limits.distinct_on.end();
+          if (counts) same = same && top[i].best[static_cast<std::size_t>(v)] == top[j].best[static_cast<std::size_t>(v)];
+        }
+        EXPECT_FALSE(same) << trial << " #" << i << " repeats #" << j;
+      }
+    }
+  }
+  EXPECT_GT(compared, trials / 3);
+  EXPECT_GT(deep, compared / 3);
+}
+
 // ---- Programs
 
 // A program of the repository with its pins removed.
@@ -322,7 +386,9 @@ TEST(Solve, FindsMegatronTensorAndSequenceParallelismForTheMlp) {
     EXPECT_EQ(sp.prediction.memory.peak(), sp.outcome.value.memory);
     ASSERT_EQ(sp.named.size(), 4u);
     for (const NamedStrategy& s : sp.named) {
-      if (!s.outcome.best.empty()) EXPECT_GE(s.outcome.value.time, sp.outcome.value.time - 1e-15) << s.name;
+      if (!s.outcome.best.empty()) {
+        EXPECT_GE(s.outcome.value.time, sp.outcome.value.time - 1e-15) << s.name;
+      }
     }
   }
 }
@@ -389,7 +455,9 @@ TEST(Solve, ProgramOptimumEqualsExhaustiveSearch) {
       const SolveOutcome t = solve_exhaustive(c.problem, tight);
       const SolveOutcome m = solve_mip(c.problem, tight);
       ASSERT_EQ(m.status, t.status) << mesh << " " << share;
-      if (t.status == SolveStatus::optimal) EXPECT_NEAR(m.value.time, t.value.time, 1e-15) << mesh << " " << share;
+      if (t.status == SolveStatus::optimal) {
+        EXPECT_NEAR(m.value.time, t.value.time, 1e-15) << mesh << " " << share;
+      }
     }
   }
 }
@@ -424,7 +492,9 @@ TEST(Solve, PinnedProgramCostsWhatTheSolverFound) {
 void expect_no_named_strategy_beats(const SolveResult& r) {
   ASSERT_FALSE(r.named.empty());
   for (const NamedStrategy& s : r.named) {
-    if (!s.outcome.best.empty()) EXPECT_GE(s.outcome.value.time, r.outcome.value.time - 1e-15) << s.name;
+    if (!s.outcome.best.empty()) {
+      EXPECT_GE(s.outcome.value.time, r.outcome.value.time - 1e-15) << s.name;
+    }
   }
 }
 
@@ -541,7 +611,9 @@ TEST(Solve, FindsDataParallelismForALargeBatch) {
     EXPECT_EQ(collective_bytes(r.prediction), collective_bytes(dp_step));
     EXPECT_LE(r.outcome.value.time, predicted_time(dp_step) + 1e-12);
     for (const NamedStrategy& s : r.named) {
-      if (s.name == "tp(X)") EXPECT_GT(s.outcome.value.time, r.outcome.value.time) << s.name;
+      if (s.name == "tp(X)") {
+        EXPECT_GT(s.outcome.value.time, r.outcome.value.time) << s.name;
+      }
     }
     expect_no_named_strategy_beats(r);
   }

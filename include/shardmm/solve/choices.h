@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <optional>
 #include <string>
@@ -141,5 +142,19 @@ Reduced reduce_domains(const ChoiceProblem& p);
 // memory as a linear row with the shared terms as OR variables, or a row per timeline point
 // that can be the peak), solved by CBC. Its status and lower bound are CBC's.
 SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits);
+
+// An exact solver of a problem within limits (memory, time; not exclusions): what solve_top
+// asks for each part of the search.
+using BestOf = std::function<SolveOutcome(const ChoiceProblem&, const SolveLimits&)>;
+
+// The `k` best assignments, best first, whose values on `limits.distinct_on` (every variable when
+// empty) differ pairwise; fewer when fewer exist. `first` is `best(p, limits)`, already found.
+// Lawler and Murty's partition: the assignments left after an answer x are split into disjoint
+// parts, the i-th with x's values on the first i - 1 distinct-on variables and another value on
+// the i-th; each part is solved by `best` (a copy of `p` with unary factors for those values), and
+// the best part found so far gives the next answer. Exact whenever `best` is: no exclusion
+// constraints, so the dynamic program stays usable. `limits.excluded` must be empty.
+std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& limits, SolveOutcome first, int k,
+                                    const BestOf& best);
 
 }  // namespace shardmm::solve
