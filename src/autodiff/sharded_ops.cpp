@@ -2,7 +2,9 @@
 // slice, reshard. Their backwards are the rules of tape.h: a layout change passes its
 // gradient on unchanged; an einsum aligns its gradient and contracts it locally.
 #include <algorithm>
+#include <array>
 #include <map>
+#include <optional>
 #include <stdexcept>
 
 #include "autodiff/local_ops.h"
@@ -146,6 +148,28 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
   return c;
 }
 
+// The backward of C = A (x) B, the node `self` over the operands A and B: dA = dC (x) B and
+// dB = A (x) dC, each contracted locally in its operand's own dimension order and contributed to
+// it. `g` is dC in the layout the contraction made it; `seen[i]`, where given, is operand i as
+// the contraction read it (a ring's gathered copy), else the operand's saved value.
+void contraction_backward(Tape::Impl& impl, const Node& self, const Value& g, std::array<const Value*, 2> seen) {
+  for (std::size_t t = 0; t < 2; ++t) {
+    const int target = self.inputs[t], other = self.inputs[1 - t];
+    const Node& tn = impl.node(target);
+    if (!tn.requires_grad) continue;
+    const Value& ov = seen[1 - t] ? *seen[1 - t] : impl.saved_value(other);
+    const Shape& os = impl.node(other).shape;
+    const bool target_first = t == 0;
+    const Value& x = target_first ? g : ov;
+    const Value& y = target_first ? ov : g;
+    const Shape& xs = target_first ? self.shape : os;
+    const Shape& ys = target_first ? os : self.shape;
+    Spec spec = local_einsum_spec(impl.mesh, x.spec, xs, y.spec, ys, dim_names(tn.value.spec), nullptr);
+    spec.tensor = "d" + tn.value.spec.tensor;
+    impl.accumulate(target, impl.run_einsum(x, xs, y, ys, spec, tn.shape));
+  }
+}
+
 Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
   Tape& tape = same_tape(a, b, "einsum");
   Tape::Impl& t = tape.impl();
@@ -157,40 +181,72 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
   // Each operand's gradient is contracted from the other operand's value.
   if (nb.requires_grad) na.saved = true;
   if (na.requires_grad) nb.saved = true;
-  return t.add_node(
-      tape, std::move(c), shape, {a.id(), b.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
-        const Value g = impl.align(grad, self.value.spec, self.shape);
-        const int ia = self.inputs[0], ib = self.inputs[1];
-        for (const auto& [target, other, target_first] : {std::tuple{ia, ib, true}, std::tuple{ib, ia, false}}) {
-          const Node& tn = impl.node(target);
-          if (!tn.requires_grad) continue;
-          const Value& ov = impl.saved_value(other);
-          const Shape& os = impl.node(other).shape;
-          const std::vector<std::string> names = dim_names(tn.value.spec);
-          // dA = dC (x) B and dB = A (x) dC, in the operand's own dimension order.
-          const Value& x = target_first ? g : ov;
-          const Value& y = target_first ? ov : g;
-          const Shape& xs = target_first ? self.shape : os;
-          const Shape& ys = target_first ? os : self.shape;
-          Spec spec = local_einsum_spec(impl.mesh, x.spec, xs, y.spec, ys, names, nullptr);
-          spec.tensor = "d" + tn.value.spec.tensor;
-          impl.accumulate(target, impl.run_einsum(x, xs, y, ys, spec, tn.shape));
-        }
-      });
+  return t.add_node(tape, std::move(c), shape, {a.id(), b.id()},
+                    [](Tape::Impl& impl, const Node& self, const Value& grad) {
+                      contraction_backward(impl, self, impl.align(grad, self.value.spec, self.shape), {});
+                    });
+}
+
+// A collective matmul ring (plan/step.h) as one node over the operands a and b; its backward
+// is the unfused pair's (planned_einsum in tape.h says where that holds).
+Var ring_node(Var a, Var b, const Step& ring, const std::vector<std::string>& out_dims) {
+  Tape& tape = same_tape(a, b, "ring");
+  Tape::Impl& t = tape.impl();
+  Node& na = t.node(a);
+  Node& nb = t.node(b);
+  if (nb.requires_grad) na.saved = true;
+  if (na.requires_grad) nb.saved = true;
+  const DimSizes sizes = letter_sizes(t.mesh, a.spec(), a.shape(), b.spec(), b.shape());
+  Shape shape;
+  for (const std::string& n : out_dims) shape.push_back(sizes.at(n));
+  Value c = t.record(ring, sizes, na.value, &nb.value, shape);
+  c.spec = ring.to;
+  return t.add_node(tape, std::move(c), shape, {a.id(), b.id()},
+                    [ring](Tape::Impl& impl, const Node& self, const Value& grad) {
+                      if (ring.op == OpKind::einsum_reduce_scatter) {
+                        // The reduce_scatter's backward gathers the gradient back to the product's
+                        // layout, where the einsum's takes it.
+                        Spec product = ring.to;
+                        AxisList& axes = product.dims[static_cast<std::size_t>(ring.dim)].axes;
+                        axes.resize(axes.size() - ring.axes.size());  // the scattered axes are its minor ones
+                        contraction_backward(impl, self, impl.align(grad, product, self.shape), {});
+                        return;
+                      }
+                      const int r = ring.ring_operand;
+                      const int gathered_id = self.inputs[static_cast<std::size_t>(r)];
+                      std::optional<Value> gathered;
+                      if (impl.node(self.inputs[static_cast<std::size_t>(1 - r)]).requires_grad) {
+                        const Node& source = impl.node(gathered_id);
+                        Step gather = make_step(OpKind::all_gather, source.value.spec, ring.axes, ring.dim);
+                        const Shape source_shape = source.shape;
+                        impl.cost(gather, source_shape);
+                        gather.tensor = source.value.spec.tensor;
+                        gathered = impl.run_step(gather, impl.saved_value(gathered_id), source_shape);
+                        gathered->spec.tensor = impl.node(gathered_id).value.spec.tensor;
+                      }
+                      std::array<const Value*, 2> seen{};
+                      if (gathered) seen[static_cast<std::size_t>(r)] = &*gathered;
+                      contraction_backward(impl, self, impl.align(grad, self.value.spec, self.shape), seen);
+                    });
+}
+
+bool RingUse::allows(const Step& ring) const {
+  if (ring.op == OpKind::einsum_reduce_scatter) return scatter;
+  return ring.op == OpKind::all_gather_einsum && gather[ring.ring_operand == 1 ? 1 : 0];
 }
 
 Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
-               PlannerMemo* memo) {
+               PlannerMemo* memo, const RingUse& rings) {
   const MatmulPlanning planning = plan_matmul(mesh, c, sizes, options, memo);
-  // The tape records steps one at a time, so a collective matmul ring is no step of its.
-  const auto ringless = [](const Plan& p) {
-    return std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
+  const auto usable = [&](const Plan& p) {
+    return std::all_of(p.steps.begin(), p.steps.end(),
+                       [&](const Step& s) { return !is_collective_matmul(s.op) || rings.allows(s); });
   };
-  if (planning.chosen >= 0 && ringless(planning.candidates[static_cast<std::size_t>(planning.chosen)])) {
+  if (planning.chosen >= 0 && usable(planning.candidates[static_cast<std::size_t>(planning.chosen)])) {
     return planning.candidates[static_cast<std::size_t>(planning.chosen)];
   }
   for (const Plan& p : planning.candidates) {
-    if (p.fits_memory && ringless(p)) return p;
+    if (p.fits_memory && usable(p)) return p;
   }
   throw InputError("planned_einsum: no plan for " + format_contraction(c, mesh));
 }
@@ -207,24 +263,35 @@ Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep
   for (const DimSpec& d : out.dims) c.out_dims.push_back(d.name);
   check_letters(t.mesh, c.a, c.b, c.out_dims);
   const DimSizes sizes = letter_sizes(t.mesh, c.a, a.shape(), c.b, b.shape());
+  RingUse rings;
+  if (t.options.rings) {
+    rings.scatter = true;
+    // all_gather_einsum's backward gathers its operand again: the unfused pair's where that one is
+    // regathered anyway, or where no backward reads it (the other operand needs no gradient).
+    rings.gather[0] = keep_a == Gathered::regathered || !t.node(b).requires_grad;
+    rings.gather[1] = keep_b == Gathered::regathered || !t.node(a).requires_grad;
+  }
   std::string key;
   if (t.options.plans) {
     key = format_contraction(c, t.mesh) + " " + to_string(t.plan_options.dtype);
     for (const auto& [letter, size] : sizes) key += " " + letter + "=" + std::to_string(size);
+    key += " rings " + std::to_string(rings.scatter) + std::to_string(rings.gather[0]) + std::to_string(rings.gather[1]);
   }
-  const Plan plan = t.options.plans ? t.options.plans->plan(key, t.plan_options.dtype,
-                                                            [&](PlannerMemo& memo) {
-                                                              return tape_plan(t.mesh, c, sizes, t.plan_options, &memo);
-                                                            })
-                                    : tape_plan(t.mesh, c, sizes, t.plan_options);
+  const Plan plan = t.options.plans
+                        ? t.options.plans->plan(key, t.plan_options.dtype,
+                                                [&](PlannerMemo& memo) {
+                                                  return tape_plan(t.mesh, c, sizes, t.plan_options, &memo, rings);
+                                                })
+                        : tape_plan(t.mesh, c, sizes, t.plan_options, nullptr, rings);
   Var current[3] = {a, b, Var()};
   for (const Step& step : plan.steps) {
-    if (step.op == OpKind::einsum) {
-      current[2] = einsum(current[0], current[1], c.out_dims);
+    if (multiplies(step.op)) {
+      current[2] = step.op == OpKind::einsum ? einsum(current[0], current[1], c.out_dims)
+                                             : ring_node(current[0], current[1], step, c.out_dims);
       t.node(current[2]).value.spec.tensor = c.out_tensor;
       if (!(current[2].spec() == step.to)) {
-        throw std::logic_error("planned_einsum: the planner's local einsum gives " + format_spec(step.to, t.mesh) +
-                               ", the tape's " + format_spec(current[2].spec(), t.mesh));
+        throw std::logic_error(std::string("planned_einsum: the planner's ") + to_string(step.op) + " gives " +
+                               format_spec(step.to, t.mesh) + ", the tape's " + format_spec(current[2].spec(), t.mesh));
       }
     } else {
       Var& x = current[static_cast<std::size_t>(step.operand)];

@@ -312,6 +312,7 @@ Json program_json(const ProgramRequest& request, const ProgramReport& report) {
   doc["dims"] = dims_json(g.dims);
   doc["train"] = train;
   doc["optimizer"] = train ? Json(nn::to_string(report.bound.optimizer)) : Json(nullptr);
+  doc["rings"] = request.input.rings;
   doc["dtype"] = to_string(p.options.dtype);
   doc["hardware"] = p.options.hw.name;
   Json tensors = Json::array();
@@ -386,6 +387,7 @@ ProgramReport evaluate_program(const ProgramRequest& request) {
   options.hw = b.planning.options.hw;
   options.train = b.train;
   options.optimizer = b.optimizer;
+  options.rings = in.rings;
   options.seed = request.seed;
   options.inputs = read_inputs(request, g);
   nn::ProgramPrediction pred = nn::predict_program(g, options);
@@ -417,6 +419,7 @@ Command add_program_command(CLI::App& root) {
                 "program has a loss), e.g. --train");
   app->add_flag("--infer", input.infer, "an inference step: forward only, e.g. --infer");
   app->add_option("--optimizer", input.optimizer, "the update: sgd (default) or adam, e.g. --optimizer adam");
+  add_rings_flag(*app, input.rings);
   app->add_flag("--run", input.run,
                 "also execute the step on real ranks and verify it against the dense f64 step, "
                 "e.g. --run");

@@ -226,6 +226,7 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   doc["dims"] = dims_json(g.dims);
   doc["train"] = train;
   doc["optimizer"] = train ? Json(nn::to_string(o.program.optimizer)) : Json(nullptr);
+  doc["rings"] = o.program.rings;
   doc["dtype"] = to_string(p.options.dtype);
   doc["hardware"] = p.options.hw.name;
   doc["memory_limit_bytes"] = o.memory_limit ? Json(*o.memory_limit) : Json(nullptr);
@@ -301,6 +302,7 @@ SolveReport evaluate_solve(const SolveRequest& request) {
   o.program.hw = b.planning.options.hw;
   o.program.train = b.train;
   o.program.optimizer = b.optimizer;
+  o.program.rings = in.rings;
   if (request.mem_limit) o.memory_limit = parse_byte_size(*request.mem_limit, field("mem_limit"));
   o.top = request.top;
   o.explain = request.explain;
@@ -343,6 +345,7 @@ Command add_solve_command(CLI::App& root) {
   app->add_option("--optimizer", input.optimizer,
                   "the update: sgd (default) or adam (two moments per param "
                   "element count against memory), e.g. --optimizer adam");
+  add_rings_flag(*app, input.rings);
   app->add_option("--top", flags->top, "also list the K best distinct shardings (1 to 100), e.g. --top 3");
   app->add_flag("--explain", flags->explain,
                 "for each chosen tensor, the runner-up layout and the time and memory it would add, e.g. --explain");

@@ -35,6 +35,13 @@ void add_mesh_flag(CLI::App& app, std::string& mesh) {
 
 void add_split_flag(CLI::App& app, std::string& split) { app.add_option("--split", split, kSplitHelp); }
 
+void add_rings_flag(CLI::App& app, bool& rings) {
+  app.add_flag("--rings", rings,
+               "let einsums run as the planner's collective matmul rings (a collective overlapped with the "
+               "einsum), where a ring's backward costs what the unfused pair's does: reduce_scatter rings, and "
+               "all_gather rings of a regathered operand or one no backward reads (docs/programs.md), e.g. --rings");
+}
+
 void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool required) {
   auto* option = add_optional(app, "--dims", dims,
                               "size of every dimension named in the specs, e.g. --dims I=8192,J=4096,K=16384");

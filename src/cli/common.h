@@ -68,6 +68,7 @@ inline constexpr DType kDefaultDType = DType::bf16;
 // One flag each, with its help text (an example included).
 void add_mesh_flag(CLI::App& app, std::string& mesh);
 void add_split_flag(CLI::App& app, std::string& split);
+void add_rings_flag(CLI::App& app, bool& rings);
 void add_dims_flag(CLI::App& app, std::optional<std::string>& dims, bool required);
 // `default_rule` says what the command takes without --dtype; empty: the preset value of
 // `dtype`, else make_planning's (f32 on a calibrated profile, else bf16).

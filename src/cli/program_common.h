@@ -32,6 +32,7 @@ struct ProgramInput {
   bool train = false, infer = false, run = false;
   std::string optimizer = "sgd";
   std::string backend = "threads";  // where --run executes
+  bool rings = false;               // einsums may run as collective matmul rings
 };
 
 // A program read and bound to its flags: the step to cost, solve or run.

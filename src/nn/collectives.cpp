@@ -9,7 +9,7 @@ std::vector<CollectiveTally> tally_collectives(const std::vector<autodiff::TapeE
   std::vector<CollectiveTally> out;
   for (std::size_t i = 0; i < events.size(); ++i) {
     const autodiff::TapeEvent& e = events[i];
-    if (!is_collective(e.step.op)) continue;
+    if (!is_collective(e.step.op) && !is_collective_matmul(e.step.op)) continue;
     auto it = std::find_if(out.begin(), out.end(), [&](const CollectiveTally& t) {
       return t.phase == e.phase && t.op == e.step.op && t.axes == e.step.axes && t.reduce == e.step.reduce;
     });

@@ -390,6 +390,12 @@ ProgramMemory memory_of(const autodiff::Tape& tape, const Graph& g, const Progra
 
 }  // namespace
 
+autodiff::TapeOptions tape_options(const ProgramOptions& options, autodiff::PlanCache* plans) {
+  autodiff::TapeOptions t{options.dtype, options.hw, 0, plans};
+  t.rings = options.rings;
+  return t;
+}
+
 DistTensor::Generator leaf_values(const Graph& g, int tensor, const ProgramOptions& options) {
   const program::Tensor& t = g.tensors[static_cast<std::size_t>(tensor)];
   if (auto given = options.inputs.find(t.name); given != options.inputs.end()) {
@@ -432,7 +438,7 @@ ProgramRecord record_program(autodiff::Tape& tape, const Graph& g, const Program
 }
 
 ProgramPrediction predict_program(const Graph& g, const ProgramOptions& options) {
-  autodiff::Tape tape(g.mesh, {options.dtype, options.hw, 0});
+  autodiff::Tape tape(g.mesh, tape_options(options));
   ProgramPrediction p;
   p.record = record_program(tape, g, options);
   if (options.train && g.loss >= 0) {
@@ -485,7 +491,7 @@ ExecutedStep execute_program_step(autodiff::Tape& tape, const Graph& g, const Pr
 ProgramRun run_program(Communicator& comm, const Graph& g, const ProgramOptions& options) {
   if (!(comm.mesh() == g.mesh)) throw InputError("run_program: the communicator's mesh is not the program's");
   const bool train = options.train && g.loss >= 0;
-  autodiff::Tape tape(comm, {options.dtype, options.hw, 0});
+  autodiff::Tape tape(comm, tape_options(options));
   ExecutedStep step = execute_program_step(tape, g, options);
   ProgramRun run;
   run.record = std::move(step.record);

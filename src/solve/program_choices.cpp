@@ -214,7 +214,7 @@ class OpRecorder {
   // Reducing a leaf's gradient, partial over `partial`, into the leaf's spec `s`: its time,
   // and its largest step's output (the transient of the leaf's backward point).
   std::pair<double, std::int64_t> reduce(const program::Tensor& t, const Spec& s, int partial) const {
-    autodiff::Tape tape(g_.mesh, {options_.dtype, options_.hw, 0});
+    autodiff::Tape tape(g_.mesh, nn::tape_options(options_));
     Spec from = s;
     from.unreduced = axes_of(partial, g_.mesh.rank());
     const autodiff::Var v = tape.input(from, t.shape, {}, false);
@@ -308,7 +308,7 @@ class OpRecorder {
     nn::ProgramOptions forward_only = options_;
     forward_only.train = false;
     try {
-      autodiff::Tape tape(mini.mesh, {options_.dtype, options_.hw, 0, &plans_});
+      autodiff::Tape tape(mini.mesh, nn::tape_options(options_, &plans_));
       const nn::ProgramRecord rec = nn::record_program(tape, mini, forward_only);
       const autodiff::Var y = rec.values[static_cast<std::size_t>(r)];
       out.result = rec.specs[static_cast<std::size_t>(r)];

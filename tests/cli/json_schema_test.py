@@ -23,6 +23,12 @@ SPEED = ["--repeat", "1", "--warmup", "0", "--warmup-time", "0"]
 def commands(tmp, source):
     """(schema, arguments) for every document checked; calibrate comes before the commands that read its profile."""
     profile = str(tmp / "calibrated.json")
+    # FSDP's regathered weights, which --rings gathers round a ring under each einsum.
+    fsdp_program = str(tmp / "fsdp.prog")
+    pathlib.Path(fsdp_program).write_text(
+        "mesh X=4\ndims B=8, T=256, D=1024, F=2048\ninput x[B, T, D] : x[B_X, T, D]\n"
+        "param w_in[D, F] regathered : w_in[D_X, F]\nparam w_out[F, D] regathered : w_out[F_X, D]\n"
+        "input g[B, T, D] : g[B_X, T, D]\nu[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y * g)\n")
     return [
         ("plan.json", ["plan", "A[I, J_X] @ B[J_X, K] -> C[I, K_X]", "--mesh", "X=2", "--dims", "I=8192,J=4096,K=16384"]),
         ("plan.json", ["plan", "A[I, J_X] @ B[J_X, K]", "--mesh", "X=2,Y=2", "--dims", "I=64,J=32,K=16",
@@ -54,6 +60,7 @@ def commands(tmp, source):
         ("program.json", ["program", str(source / "examples/programs/gpt.prog"), "--infer", "--optimizer", "adam"]),
         ("program.json", ["program", str(source / "examples/programs/mlp.prog"), "--mesh", "X=2",
                           "--dims", "B=2,T=2,D=4,F=6", "--run"]),
+        ("program.json", ["program", fsdp_program, "--hw", "tpu-v5e", "--rings"]),
         ("solve.json", ["solve", str(source / "examples/programs/mlp_free.prog"), "--explain", "--top", "2",
                         "--dims", "B=8,T=64,D=256,F=1024", "--mem-limit", "4MiB"]),
         ("solve.json", ["solve", str(source / "examples/programs/mlp_free.prog"), "--mesh", "X=2",

@@ -84,7 +84,9 @@ TEST(ProgramCli, ThePeakAndTheTraceFollowTheMemoryTimeline) {
       total += a[k].get<std::int64_t>();
     EXPECT_EQ(total, points[i]["total_bytes"]) << i;
     EXPECT_EQ(a["optimizer_state"], 2 * points[i]["param_bytes"].get<std::int64_t>()) << i;
-    if (i > 0) EXPECT_GE(samples[i]["ts"].get<double>(), samples[i - 1]["ts"].get<double>()) << i;
+    if (i > 0) {
+      EXPECT_GE(samples[i]["ts"].get<double>(), samples[i - 1]["ts"].get<double>()) << i;
+    }
   }
   // The report's peak line names the same point.
   const json& at = points[memory["peak_point"].get<std::size_t>()];
@@ -223,6 +225,42 @@ TEST(ProgramCli, TheScalingBooksHandWorkedFfnGivesItsAnswers) {
   EXPECT_EQ(parse_npy(slurp(out / "y.npy"), "y").values, (std::vector<double>{9, 6}));
   EXPECT_EQ(parse_npy(slurp(out / "x.grad.npy"), "x.grad").values, (std::vector<double>{9, 3}));
   fs::remove_all(out);
+}
+
+// --rings: FSDP's regathered weights gathered round a ring while each block multiplies; the
+// report, its collectives table and the JSON name the ring, and the forward is faster.
+TEST(ProgramCli, RingsRunFsdpsGathersUnderTheEinsum) {
+  const fs::path file = fs::temp_directory_path() / ("shardmm_rings_" + std::to_string(::getpid()) + ".prog");
+  std::ofstream(file) << "mesh X=4\ndims B=8, T=256, D=1024, F=2048\ninput x[B, T, D] : x[B_X, T, D]\n"
+                         "param w_in[D, F] regathered : w_in[D_X, F]\n"
+                         "param w_out[F, D] regathered : w_out[F_X, D]\ninput g[B, T, D] : g[B_X, T, D]\n"
+                         "u[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y * g)\n";
+  const std::vector<std::string> args = {file.string(), "--hw", "tpu-v5e", "--json"};
+  const Result plain = program(args);
+  std::vector<std::string> with_rings = args;
+  with_rings.push_back("--rings");
+  const Result rings = program(with_rings);
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  ASSERT_EQ(rings.status, 0) << rings.err;
+  const json a = json::parse(plain.out), b = json::parse(rings.out);
+  EXPECT_EQ(a["rings"], false);
+  EXPECT_EQ(b["rings"], true);
+  const auto count = [](const json& doc, const std::string& phase, const std::string& op) {
+    for (const json& row : doc["collectives"]) {
+      if (row["phase"] == phase && row["op"] == op) return row["count"].get<int>();
+    }
+    return 0;
+  };
+  EXPECT_EQ(count(a, "forward", "all_gather"), 2);
+  EXPECT_EQ(count(b, "forward", "all_gather"), 0);
+  EXPECT_EQ(count(b, "forward", "all_gather_einsum"), 2);
+  EXPECT_EQ(count(b, "backward", "all_gather"), count(a, "backward", "all_gather"));
+  EXPECT_LT(b["predicted_time_s"]["serialized"].get<double>(), a["predicted_time_s"]["serialized"].get<double>());
+  const Result text = program({file.string(), "--hw", "tpu-v5e", "--rings"});
+  fs::remove(file);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("forward  all_gather_einsum u over X"));
+  EXPECT_THAT(text.out, HasSubstr("forward   all_gather_einsum over X"));
 }
 
 TEST(ProgramCli, BadInputIsOneMessageAndExitTwo) {

@@ -186,6 +186,9 @@ struct TapeOptions {
   HardwareProfile hw = builtin_profile("h100");  // for predicted times
   std::int64_t device = 0;                       // symbolic only: whose shards the memory figures count
   PlanCache* plans = nullptr;                    // shared with other tapes when given (kept alive by the caller)
+  // planned_einsum may run the planner's collective matmul rings (see there); false: the
+  // cheapest plan without one.
+  bool rings = false;
 };
 
 // How all_gather keeps its output for the backward pass.
@@ -290,15 +293,28 @@ class Tape {
 // unreduced ({U_...}). InputError names the axis that breaks the rule.
 Var einsum(Var a, Var b, const std::vector<std::string>& out_dims);
 // The planner's cheapest plan (plan_matmul) for A @ B -> `out`, recorded step by step
-// (reshards, local einsum, reshards) so that its backward is automatic. A collective matmul
-// ring is not a step the tape records: where the planner chose one, the cheapest plan
-// without one runs instead. `keep_a` and `keep_b`: how each operand's all_gathers keep their
-// output for the backward pass (regathered: FSDP's weights, gathered again in backward).
+// (reshards, local einsum, reshards) so that its backward is automatic. `keep_a` and `keep_b`:
+// how each operand's all_gathers keep their output for the backward pass (regathered: FSDP's
+// weights, gathered again in backward).
+// A collective matmul ring (TapeOptions::rings) is one node whose backward is its unfused
+// pair's: einsum_reduce_scatter's gathers the gradient and contracts it, as a local einsum and
+// a reduce_scatter would; all_gather_einsum's gathers its operand again (the ring never holds
+// it whole) and contracts, which is the unfused pair's backward only where that operand is
+// regathered anyway or nothing reads it in backward (the other operand needs no gradient).
+// A plan whose ring is not one of those, or any ring without TapeOptions::rings, gives way to
+// the cheapest candidate whose rings are.
 Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a = Gathered::kept, Gathered keep_b = Gathered::kept);
-// The plan planned_einsum records for `c`: plan_matmul's choice when it has no ring, else its
-// cheapest candidate without one that fits (InputError when none does). `memo`: plan_matmul's.
+// Which collective matmul rings tape_plan may choose.
+struct RingUse {
+  bool scatter = false;                // einsum_reduce_scatter
+  bool gather[2] = {false, false};     // all_gather_einsum gathering operand 0 (A) or 1 (B)
+  bool allows(const Step& ring) const;
+};
+// The plan planned_einsum records for `c`: plan_matmul's choice when its rings are ones `rings`
+// allows, else its cheapest candidate whose rings are and that fits (InputError when none does).
+// `memo`: plan_matmul's.
 Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
-               PlannerMemo* memo = nullptr);
+               PlannerMemo* memo = nullptr, const RingUse& rings = {});
 
 // The collectives (plan/step.h's transitions), each one step.
 //   all_gather(x, d, G)        [.., D_{P G}, ..]  -> [.., D_P, ..]    G a suffix of d's axes

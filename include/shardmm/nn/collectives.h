@@ -12,6 +12,7 @@
 namespace shardmm::nn {
 
 // Per phase, collective and mesh axes: how many and their bytes (the most any device sends).
+// A collective matmul ring counts as its own collective, its time the ring's (einsum included).
 struct CollectiveTally {
   autodiff::Phase phase = autodiff::Phase::forward;
   OpKind op = OpKind::all_reduce;

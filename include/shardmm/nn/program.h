@@ -53,7 +53,13 @@ struct ProgramOptions {
   // Leaves' values given by the caller (`--input x=x.npy`), by tensor name, row-major in the
   // tensor's letters; check_program_inputs() validates them.
   std::map<std::string, DenseTensor> inputs;
+  // Einsums may run as the planner's collective matmul rings (autodiff::planned_einsum says
+  // where); false: no ring.
+  bool rings = false;
 };
+
+// The options of a tape that records `options`' program (device 0's shards when symbolic).
+autodiff::TapeOptions tape_options(const ProgramOptions& options, autodiff::PlanCache* plans = nullptr);
 
 // A leaf's values: the caller's (options.inputs), else deterministic from options.seed:
 // uniform in [-1, 1), a param's scaled by 1/sqrt(n), n the size of its first letter (the
