@@ -181,8 +181,9 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
 
 Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
                PlannerMemo* memo) {
-  const MatmulPlanning planning = plan_matmul(mesh, c, sizes, options, memo);
-  // The tape records steps one at a time, so a collective matmul ring is no step of its.
+  // The tape records steps one at a time, so a collective matmul ring is no step of its: of
+  // the losers, only the cheapest without one may be needed.
+  const MatmulPlanning planning = plan_matmul(mesh, c, sizes, options, memo, Candidates::chosen);
   const auto ringless = [](const Plan& p) {
     return std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
   };

@@ -94,6 +94,26 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bi
 // peak_bytes_per_device is set by the caller, from its steps' memory).
 void total_up(Plan& plan, const PlanOptions& options);
 
+// total_up's times, a step at a time (in the plan's order: the sums round alike): for a
+// planner that weighs a plan it has not built.
+class PlanTimes {
+ public:
+  void add(const Step& step);
+  double comm_s() const { return comm_; }
+  double compute_s() const { return compute_; }
+  double total_s() const { return overlaps_ ? steps_ : comm_ + compute_; }
+
+ private:
+  double comm_ = 0, compute_ = 0, steps_ = 0;
+  bool overlaps_ = false;
+};
+
+// One way to reshard a tensor: its steps, costed for the tensor's shape, and their memory.
+struct CostedSteps {
+  std::vector<Step> steps;
+  std::vector<StepMemory> memory;
+};
+
 }  // namespace shardmm::detail
 
 namespace shardmm::detail {
@@ -118,7 +138,7 @@ struct PlannerMemo::Impl {
   detail::StepCoster::Memo steps;
   // A matmul planner's reshard options (its reshard_options) by the two specs, names
   // included (the steps carry them), and the shape.
-  std::map<std::string, std::vector<std::vector<Step>>> reshards;
+  std::map<std::string, std::vector<detail::CostedSteps>> reshards;
 };
 
 }  // namespace shardmm
