@@ -205,6 +205,13 @@ class Tape {
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
 
+  // Symbolic tapes: a copy of everything recorded so far, to go on from there more than one
+  // way (solve runs backward from each layout of an op's result gradient after one forward
+  // pass). var() gives the copy's Vars.
+  std::unique_ptr<Tape> fork() const;
+  // The value recorded `id`-th (Var::id): one of a fork's, by the id it has on the original.
+  Var var(int id);
+
   bool symbolic() const;
   const Mesh& mesh() const;
   DType dtype() const;
