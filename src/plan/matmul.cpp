@@ -384,7 +384,8 @@ class MatmulPlanner {
   Plan build_plan(const Candidate& c) const {
     Plan plan;
     plan.steps.reserve(c.steps);
-    for_each_step(c, [&](const Step& s, int operand, const StepMemory&) { plan.steps.emplace_back(s).operand = operand; });
+    for_each_step(c,
+                  [&](const Step& s, int operand, const StepMemory&) { plan.steps.emplace_back(s).operand = operand; });
     plan.peak_bytes_per_device = c.peak_bytes;
     plan.output = c.local->targets[c.target];
     plan.output.tensor = c_.out_tensor;

@@ -25,14 +25,13 @@ inline std::string everything(const Plan& p, const Mesh& m) {
                     (p.fits_memory ? " fits" : " over");
   for (const Step& s : p.steps) {
     out += "\n  ";
-    out += std::string(to_string(s.op)) + " " + s.tensor + " " + m.axis_names(s.axes) + " " +
-           std::to_string(s.dim) + "/" + std::to_string(s.dst_dim) + " op" + std::to_string(s.operand) + " " +
-           format_spec(s.from, m) + " " + (s.from_b.dims.empty() ? "" : format_spec(s.from_b, m) + " ") +
-           format_spec(s.to, m) + " sent=" + std::to_string(s.bytes_sent) + " received=" +
-           std::to_string(s.bytes_received) + " flops=" + exact(s.flops) + " t=" + exact(s.time_s) +
-           " comm=" + exact(s.comm_time_s) + " compute=" + exact(s.compute_time_s) +
-           " ring=" + std::to_string(s.ring_steps) + (s.bidirectional ? " both" : "") +
-           " uncertainty=" + exact(s.confidence.uncertainty_s);
+    out += std::string(to_string(s.op)) + " " + s.tensor + " " + m.axis_names(s.axes) + " " + std::to_string(s.dim) +
+           "/" + std::to_string(s.dst_dim) + " op" + std::to_string(s.operand) + " " + format_spec(s.from, m) + " " +
+           (s.from_b.dims.empty() ? "" : format_spec(s.from_b, m) + " ") + format_spec(s.to, m) +
+           " sent=" + std::to_string(s.bytes_sent) + " received=" + std::to_string(s.bytes_received) +
+           " flops=" + exact(s.flops) + " t=" + exact(s.time_s) + " comm=" + exact(s.comm_time_s) +
+           " compute=" + exact(s.compute_time_s) + " ring=" + std::to_string(s.ring_steps) +
+           (s.bidirectional ? " both" : "") + " uncertainty=" + exact(s.confidence.uncertainty_s);
   }
   return out;
 }
