@@ -400,11 +400,23 @@ class MatmulPlanner {
   // so that the limit picks among the candidates but does not change them.
   void add_plans(Local& local) {
     const Step& einsum = local.einsum;
+    // A's and B's reshards are the same for every target.
+    const Reshards& a_ways = reshard_options(c_.a, einsum.from, a_shape_);
+    const Reshards& b_ways = reshard_options(c_.b, einsum.from_b, b_shape_);
+    std::vector<int> c_layout;
+    append_layout(c_layout, einsum.to);
     for (std::size_t t = 0; t < local.targets.size(); ++t) {
-      for (const detail::CostedSteps& a_steps : reshard_options(c_.a, einsum.from, a_shape_)) {
-        for (const detail::CostedSteps& b_steps : reshard_options(c_.b, einsum.from_b, b_shape_)) {
-          for (const detail::CostedSteps& c_steps : reshard_options(einsum.to, local.targets[t], c_shape_)) {
-            add_plan(local, t, {&a_steps, &b_steps, &c_steps});
+      const Reshards& c_ways = reshard_options(einsum.to, local.targets[t], c_shape_);
+      for (std::size_t a = 0; a < a_ways.ways->size(); ++a) {
+        for (std::size_t b = 0; b < b_ways.ways->size(); ++b) {
+          for (std::size_t c = 0; c < c_ways.ways->size(); ++c) {
+            // A candidate by its steps' layouts: another role combination may give the same one.
+            std::vector<int> signature;
+            for (const std::vector<int>* part : std::initializer_list<const std::vector<int>*>{
+                     &a_ways.signatures[a], &b_ways.signatures[b], &c_ways.signatures[c], &c_layout})
+              signature.insert(signature.end(), part->begin(), part->end());
+            if (!seen_.insert(std::move(signature)).second) continue;
+            add_plan(local, t, {&(*a_ways.ways)[a], &(*b_ways.ways)[b], &(*c_ways.ways)[c]});
           }
         }
       }
@@ -423,20 +435,38 @@ class MatmulPlanner {
     key.push_back(-2);
   }
 
+  // A reshard's ways (detail::CostedSteps), and each one's steps' layouts as numbers (its part
+  // of a candidate's signature).
+  struct Reshards {
+    const std::vector<detail::CostedSteps>* ways = nullptr;
+    std::vector<std::vector<int>> signatures;
+  };
+
   // Remembered: the role combinations share most of their reshards. Each step is costed here,
   // once, for every candidate that takes it.
-  const std::vector<detail::CostedSteps>& reshard_options(const Spec& from, const Spec& to,
-                                                          const std::vector<std::int64_t>& shape) {
+  const Reshards& reshard_options(const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape) {
     std::vector<int> key;
     append_layout(key, from);
     append_layout(key, to);
-    if (const auto it = reshards_.find(key); it != reshards_.end()) return *it->second;
+    if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
+    const auto remember = [&](const std::vector<detail::CostedSteps>& ways) -> const Reshards& {
+      Reshards r{&ways, {}};
+      for (const detail::CostedSteps& way : ways) {
+        std::vector<int>& signature = r.signatures.emplace_back();
+        for (const Step& s : way.steps) {
+          append_layout(signature, s.from);
+          append_layout(signature, s.to);
+          signature.push_back(static_cast<int>(s.op));
+        }
+        signature.push_back(-3);
+      }
+      return reshards_.emplace(std::move(key), std::move(r)).first->second;
+    };
     std::string shared_key;
     if (memo_) {
       for (const Spec* s : {&from, &to}) shared_key += format_spec(*s, mesh_) + " ";
       for (std::int64_t n : shape) shared_key += std::to_string(n) + ",";
-      if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end())
-        return *reshards_.emplace(std::move(key), &it->second).first->second;
+      if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end()) return remember(it->second);
     }
     std::vector<detail::CostedSteps> options;
     // plan_reshard's steps are the chain itself unless it took an exchange.
@@ -448,25 +478,11 @@ class MatmulPlanner {
     for (detail::CostedSteps& option : options) {
       for (Step& s : option.steps) option.memory.push_back(coster_.cost(s, shape));
     }
-    const std::vector<detail::CostedSteps>& kept =
-        memo_ ? memo_->reshards.emplace(std::move(shared_key), std::move(options)).first->second
-              : own_reshards_.emplace_back(std::move(options));
-    return *reshards_.emplace(std::move(key), &kept).first->second;
+    return remember(memo_ ? memo_->reshards.emplace(std::move(shared_key), std::move(options)).first->second
+                          : own_reshards_.emplace_back(std::move(options)));
   }
 
   void add_plan(Local& local, std::size_t target, const std::array<const detail::CostedSteps*, 3>& parts) {
-    std::vector<int> signature;
-    for (const detail::CostedSteps* part : parts) {
-      for (const Step& s : part->steps) {
-        append_layout(signature, s.from);
-        append_layout(signature, s.to);
-        signature.push_back(static_cast<int>(s.op));
-      }
-      signature.push_back(-3);
-    }
-    append_layout(signature, local.einsum.to);
-    if (!seen_.insert(std::move(signature)).second) return;
-
     if (!local.costed) {
       coster_.cost_einsum(local.einsum, sizes_);
       local.memory = coster_.memory(local.einsum, sizes_);
@@ -616,7 +632,7 @@ class MatmulPlanner {
   std::set<std::vector<int>> seen_;                     // plans added, by their steps' layouts
   bool every_output_layout_ = true;
   // By append_layout(from), (to): the memo's entry, or one of own_reshards_ without a memo.
-  std::map<std::vector<int>, const std::vector<detail::CostedSteps>*> reshards_;
+  std::map<std::vector<int>, Reshards> reshards_;
   std::deque<std::vector<detail::CostedSteps>> own_reshards_;
 };
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "shardmm/core/contraction.h"
@@ -49,8 +50,8 @@ class StepCoster {
   // What it remembers, by everything a step's figures depend on but the mesh, the dtype and
   // the hardware profile: a PlannerMemo's outlives the coster.
   struct Memo {
-    std::map<std::string, Cost> costs;
-    std::map<std::string, StepMemory> multiplying;
+    std::unordered_map<std::string, Cost> costs;
+    std::unordered_map<std::string, StepMemory> multiplying;
     EinsumWorkspaces workspaces;
   };
   // `shared` (kept alive by the caller) instead of a memo of its own, when given.
@@ -138,7 +139,8 @@ struct PlannerMemo::Impl {
   detail::StepCoster::Memo steps;
   // A matmul planner's reshard options (its reshard_options) by the two specs, names
   // included (the steps carry them), and the shape.
-  std::map<std::string, std::vector<detail::CostedSteps>> reshards;
+  // (Hashed, as the costs: long keys alike at the start; its entries stay where they are.)
+  std::unordered_map<std::string, std::vector<detail::CostedSteps>> reshards;
 };
 
 }  // namespace shardmm

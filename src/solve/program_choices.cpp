@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
@@ -386,7 +387,9 @@ class OpRecorder {
   const nn::ProgramOptions& options_;
   mutable autodiff::PlanCache plans_;  // the forward repeats for each gradient layout
   mutable std::mutex memo_mutex_;
-  mutable std::map<std::string, OpCost> memo_;  // by signature()
+  // By signature() and the gradient's layout; hashed: 10^5 keys of a few hundred bytes that
+  // differ late (a map compares them byte by byte at every step of its search).
+  mutable std::unordered_map<std::string, OpCost> memo_;
 };
 
 // One combination of an op's specs to record, and what recording it gave.
@@ -817,7 +820,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         std::vector<std::optional<int>> partials;
         for (std::size_t j : group) partials.push_back(jobs[j].partial);
         const Recording& first = jobs[group.front()];
-        std::vector<OpCost> costs = recorder.costs(f.op, f.operands, first.specs, first.regathered, first.pin, partials);
+        std::vector<OpCost> costs =
+            recorder.costs(f.op, f.operands, first.specs, first.regathered, first.pin, partials);
         for (std::size_t i = 0; i < group.size(); ++i) jobs[group[i]].cost = std::move(costs[i]);
       };
       const auto groups_of = [&](const std::vector<std::size_t>& list) {

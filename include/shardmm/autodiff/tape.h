@@ -49,6 +49,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "shardmm/core/mesh.h"
@@ -147,7 +148,8 @@ class PlanCache {
 
  private:
   std::mutex mutex_;
-  std::map<std::string, Plan> plans_, reshards_;
+  // Hashed: the keys are long texts that share long beginnings (a map compares them by bytes).
+  std::unordered_map<std::string, Plan> plans_, reshards_;
   std::vector<std::pair<DType, std::unique_ptr<PlannerMemo>>> idle_;  // memos no thread holds now
 };
 
