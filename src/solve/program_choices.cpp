@@ -385,7 +385,8 @@ class OpRecorder {
 
   const Graph& g_;
   const nn::ProgramOptions& options_;
-  mutable autodiff::PlanCache plans_;  // the forward repeats for each gradient layout
+  // Ops of the same contraction (q, k and v), and the same reshards (backward's), plan once.
+  mutable autodiff::PlanCache plans_;
   mutable std::mutex memo_mutex_;
   // By signature() and the gradient's layout; hashed: 10^5 keys of a few hundred bytes that
   // differ late (a map compares them byte by byte at every step of its search).

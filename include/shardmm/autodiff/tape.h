@@ -132,8 +132,8 @@ const std::vector<LocalFunction>& local_functions();
 inline constexpr int kGradientSumBlocks = 5;
 
 // The plans tapes ask the planners for, shared by tapes that record the same contraction or
-// reshard again (solve records each op once per combination of specs, the forward pass again
-// for every layout of its gradient): planned_einsum's by the contraction, its sizes and the
+// reshard again (solve records each op once per combination of specs, and ops alike in what
+// they contract): planned_einsum's by the contraction, its sizes and the
 // dtype; reshards' by the two specs (names included: the steps carry them), the shape and the
 // dtype. A contraction it has not seen is planned with one of its PlannerMemos (each thread
 // planning takes one of its own), so the contractions share their reshards and step costs
