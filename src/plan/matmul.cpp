@@ -108,7 +108,7 @@ class MatmulPlanner {
   MatmulPlanning plan(Candidates built) {
     // No output requested: the search covers every output layout, each axis sharding any of
     // C's letters too, unless that is past the limit on combinations; then it covers the
-    // layouts the inputs' axes give, and says so (every_output_layout()).
+    // layouts the inputs' axes give, and says so (MatmulPlanning::every_output_layout).
     const auto roles = [this](bool any_output_letter) {
       std::vector<std::vector<Role>> options(static_cast<std::size_t>(mesh_.rank()));
       for (int x = 0; x < mesh_.rank(); ++x) options[static_cast<std::size_t>(x)] = roles_for(x, any_output_letter);

@@ -698,7 +698,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     std::vector<int> vars;
     for (int x : operands) {
       vars.push_back(c.var_of_tensor[static_cast<std::size_t>(x)]);
-      key += " " + std::to_string(vars.back()) + "/" + std::to_string(c.gradient_var[static_cast<std::size_t>(x)]);
+      // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on " " + std::to_string(...) here.
+      key += ' ';
+      key += std::to_string(vars.back());
+      key += '/';
+      key += std::to_string(c.gradient_var[static_cast<std::size_t>(x)]);
     }
     OpFactor& f = factors[key];
     if (f.count++ == 0) {
