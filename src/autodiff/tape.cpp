@@ -363,6 +363,22 @@ Tape::Tape(Communicator& comm, TapeOptions options)
 Tape::Tape(const Mesh& mesh, TapeOptions options) : impl_(std::make_unique<Impl>(nullptr, mesh, std::move(options))) {}
 Tape::~Tape() = default;
 
+std::unique_ptr<Tape> Tape::fork() const {
+  // An executed tape's values are shards its communicator's ranks made together.
+  if (!symbolic()) throw std::logic_error("Tape::fork: only a symbolic tape is copied");
+  auto copy = std::make_unique<Tape>(impl_->mesh, impl_->options);
+  *copy->impl_ = *impl_;
+  return copy;
+}
+
+Var Tape::var(int id) {
+  if (id < 0 || id >= static_cast<int>(impl_->nodes.size())) {
+    throw std::logic_error("Tape::var: no value " + std::to_string(id) + " on a tape of " +
+                           std::to_string(impl_->nodes.size()));
+  }
+  return Var(this, id);
+}
+
 bool Tape::symbolic() const { return impl_->symbolic(); }
 const Mesh& Tape::mesh() const { return impl_->mesh; }
 DType Tape::dtype() const { return impl_->options.dtype; }

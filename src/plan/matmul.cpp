@@ -1,7 +1,9 @@
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <vector>
@@ -102,10 +104,11 @@ class MatmulPlanner {
                              input_bytes(mesh, c.b, b_shape_, options.dtype));
   }
 
-  std::vector<Plan> candidates() {
+  // Every candidate weighed, sorted and chosen from; those `built` asks for built in full.
+  MatmulPlanning plan(Candidates built) {
     // No output requested: the search covers every output layout, each axis sharding any of
     // C's letters too, unless that is past the limit on combinations; then it covers the
-    // layouts the inputs' axes give, and says so (every_output_layout()).
+    // layouts the inputs' axes give, and says so (MatmulPlanning::every_output_layout).
     const auto roles = [this](bool any_output_letter) {
       std::vector<std::vector<Role>> options(static_cast<std::size_t>(mesh_.rank()));
       for (int x = 0; x < mesh_.rank(); ++x) options[static_cast<std::size_t>(x)] = roles_for(x, any_output_letter);
@@ -119,18 +122,29 @@ class MatmulPlanner {
     refuse_too_many_layouts(options);
     std::vector<Role> chosen(options.size());
     enumerate_roles(options, chosen, 0);
-    // Cheapest first; ties go to the smaller footprint, then to fewer steps, then by name.
-    std::stable_sort(plans_.begin(), plans_.end(), [this](const Plan& p, const Plan& q) {
+    // Cheapest first; ties go to the smaller footprint, then to fewer steps, then by name (the
+    // names worked out only for such ties).
+    std::stable_sort(candidates_.begin(), candidates_.end(), [this](const Candidate& p, const Candidate& q) {
       if (p.total_time_s != q.total_time_s) return p.total_time_s < q.total_time_s;
-      if (p.peak_bytes_per_device != q.peak_bytes_per_device) return p.peak_bytes_per_device < q.peak_bytes_per_device;
-      if (p.steps.size() != q.steps.size()) return p.steps.size() < q.steps.size();
-      if (p.description != q.description) return p.description < q.description;
-      return format_spec(p.output, mesh_) < format_spec(q.output, mesh_);
+      if (p.peak_bytes != q.peak_bytes) return p.peak_bytes < q.peak_bytes;
+      if (p.steps != q.steps) return p.steps < q.steps;
+      if (description(p) != description(q)) return description(p) < description(q);
+      return output_text(p) < output_text(q);
     });
-    return std::move(plans_);
+    MatmulPlanning out;
+    out.every_output_layout = every_output_layout_;
+    const int chosen_at = choose(options_.tie_margin);
+    const auto ringless = std::find_if(candidates_.begin(), candidates_.end(),
+                                       [](const Candidate& c) { return c.fits_memory && !c.fused; });
+    for (std::size_t i = 0; i < candidates_.size(); ++i) {
+      const bool is_chosen = static_cast<int>(i) == chosen_at;
+      if (built == Candidates::chosen && !is_chosen && candidates_.begin() + static_cast<std::ptrdiff_t>(i) != ringless)
+        continue;
+      if (is_chosen) out.chosen = static_cast<int>(out.candidates.size());
+      out.candidates.push_back(build_plan(candidates_[i]));
+    }
+    return out;
   }
-
-  bool every_output_layout() const { return every_output_layout_; }
 
  private:
   std::vector<Role> roles_for(int x, bool any_output_letter) const {
@@ -262,19 +276,24 @@ class MatmulPlanner {
       if (r.kind == Role::unreduced_b) ub.push_back(x);
       if (r.kind != Role::none && (r.kind != Role::dim || c_.role(r.letter) == DimRole::contracted)) uc.push_back(x);
     }
-    const Spec a = operand(c_.a, layout, ua);
-    const Spec b = operand(c_.b, layout, ub);
-    Spec local;
-    local.tensor = c_.out_tensor;
-    for (const std::string& d : c_.out_dims) local.dims.push_back({d, layout.at(d)});
-    local.unreduced = uc;
+    Local& local = locals_.emplace_back();
+    Step& einsum = local.einsum;
+    einsum = make_step(OpKind::einsum, operand(c_.a, layout, ua), {});
+    einsum.tensor = c_.out_tensor;
+    einsum.operand = 2;
+    einsum.from_b = operand(c_.b, layout, ub);
+    einsum.to = Spec();
+    einsum.to.tensor = c_.out_tensor;
+    for (const std::string& d : c_.out_dims) einsum.to.dims.push_back({d, layout.at(d)});
+    einsum.to.unreduced = uc;
     if (c_.out) {
-      add_plan(a, b, local, *c_.out);
+      local.targets.push_back(*c_.out);
+      add_plans(local);
       return;
     }
     // No output requested: any fully reduced sharding will do; each pending sum is either
     // all-reduced or reduce-scattered onto one of the output's dimensions.
-    std::vector<Spec> targets{local};
+    std::vector<Spec> targets{einsum.to};
     targets[0].unreduced.clear();
     for (int x : uc) {
       std::vector<Spec> next;
@@ -288,18 +307,117 @@ class MatmulPlanner {
       }
       targets.swap(next);
     }
-    for (const Spec& t : targets) add_plan(a, b, local, t);
+    local.targets = std::move(targets);
+    add_plans(local);
+  }
+
+  // A layout's local einsum (A, B and C as the layout shards them) and the outputs it may be
+  // resharded to; its figures are worked out once, for the first candidate that is no
+  // duplicate (costing may throw on figures that overflow: a layout no candidate needs stays quiet).
+  struct Local {
+    Step einsum;
+    StepMemory memory;
+    bool costed = false;
+    std::vector<Spec> targets;
+  };
+
+  // A collective matmul that takes the place of a serial candidate's einsum and one of its
+  // collectives: the last step of A's (0) or B's (1) reshard, or the first of the result's (2).
+  struct Fused {
+    Step step;
+    StepMemory memory;
+    int part = 0;
+  };
+
+  // A candidate as the planner weighs it: what it is made of, and its figures. Only those the
+  // caller asks for are built into a Plan (build_plan).
+  struct Candidate {
+    std::array<const detail::CostedSteps*, 3> parts{};  // A's, B's and the result's reshards
+    const Local* local = nullptr;
+    std::size_t target = 0;  // into local->targets
+    const Fused* fused = nullptr;
+    double total_time_s = 0;
+    std::int64_t peak_bytes = 0;
+    std::size_t steps = 0;
+    int synchronizations = 0;
+    bool fits_memory = true;
+    // Worked out for ties only.
+    mutable std::optional<std::string> description, output;
+  };
+
+  // fn(step, operand, memory) for each of the candidate's steps in order: A's reshard, B's, the
+  // einsum, the result's; a collective matmul in the einsum's place, without the collective it fuses.
+  template <class Fn>
+  void for_each_step(const Candidate& c, Fn&& fn) const {
+    for (int part = 0; part < 3; ++part) {
+      if (part == 2) {
+        if (c.fused) {
+          fn(c.fused->step, 2, c.fused->memory);
+        } else {
+          fn(c.local->einsum, 2, c.local->memory);
+        }
+      }
+      const detail::CostedSteps& reshard = *c.parts[static_cast<std::size_t>(part)];
+      const std::size_t n = reshard.steps.size();
+      for (std::size_t i = 0; i < n; ++i) {
+        const bool fused_away = c.fused && c.fused->part == part && i == (part == 2 ? 0 : n - 1);
+        if (!fused_away) fn(reshard.steps[i], part, reshard.memory[i]);
+      }
+    }
+  }
+
+  // Its figures, summed in its steps' order as a built plan's are (plan/memory.h, total_up).
+  void weigh(Candidate& c) const {
+    detail::PlanTimes times;
+    PeakBytes peak(inputs_);
+    for_each_step(c, [&](const Step& s, int, const StepMemory& m) {
+      times.add(s);
+      peak.add(m);
+      c.synchronizations += synchronizations(s);
+      ++c.steps;
+    });
+    c.total_time_s = times.total_s();
+    c.peak_bytes = peak.peak(options_.reduction_workspace);
+    c.fits_memory = !options_.mem_limit_bytes || c.peak_bytes <= *options_.mem_limit_bytes;
+  }
+
+  Plan build_plan(const Candidate& c) const {
+    Plan plan;
+    plan.steps.reserve(c.steps);
+    for_each_step(c,
+                  [&](const Step& s, int operand, const StepMemory&) { plan.steps.emplace_back(s).operand = operand; });
+    plan.peak_bytes_per_device = c.peak_bytes;
+    plan.output = c.local->targets[c.target];
+    plan.output.tensor = c_.out_tensor;
+    plan.description = description(c);
+    detail::total_up(plan, options_);
+    return plan;
   }
 
   // One candidate per way of resharding A, B and the result: the chain of the Scaling Book's moves
   // (whose last all_gather or first reduce_scatter a ring can fuse with the einsum), and,
   // where plan_reshard takes an exchange instead, that too. Asked without the memory limit,
   // so that the limit picks among the candidates but does not change them.
-  void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target) {
-    for (const std::vector<Step>& a_steps : reshard_options(c_.a, a, a_shape_)) {
-      for (const std::vector<Step>& b_steps : reshard_options(c_.b, b, b_shape_)) {
-        for (const std::vector<Step>& c_steps : reshard_options(local, target, c_shape_)) {
-          add_plan(a, b, local, target, a_steps, b_steps, c_steps);
+  void add_plans(Local& local) {
+    const Step& einsum = local.einsum;
+    // A's and B's reshards are the same for every target.
+    const Reshards& a_ways = reshard_options(c_.a, einsum.from, a_shape_);
+    const Reshards& b_ways = reshard_options(c_.b, einsum.from_b, b_shape_);
+    std::vector<int> c_layout;
+    append_layout(c_layout, einsum.to);
+    for (std::size_t t = 0; t < local.targets.size(); ++t) {
+      const Reshards& c_ways = reshard_options(einsum.to, local.targets[t], c_shape_);
+      for (std::size_t a = 0; a < a_ways.ways->size(); ++a) {
+        for (std::size_t b = 0; b < b_ways.ways->size(); ++b) {
+          for (std::size_t c = 0; c < c_ways.ways->size(); ++c) {
+            // A candidate by its steps' layouts: another role combination may give the same one.
+            std::vector<int> signature;
+            for (const std::vector<int>* part : std::initializer_list<const std::vector<int>*>{
+                     &a_ways.signatures[a], &b_ways.signatures[b], &c_ways.signatures[c], &c_layout})
+              signature.insert(signature.end(), part->begin(), part->end());
+            if (!seen_.insert(std::move(signature)).second) continue;
+            add_plan(local, t, {&(*a_ways.ways)[a], &(*b_ways.ways)[b], &(*c_ways.ways)[c]});
+          }
         }
       }
     }
@@ -317,79 +435,66 @@ class MatmulPlanner {
     key.push_back(-2);
   }
 
-  // Remembered: the role combinations share most of their reshards.
-  const std::vector<std::vector<Step>>& reshard_options(const Spec& from, const Spec& to,
-                                                        const std::vector<std::int64_t>& shape) {
+  // A reshard's ways (detail::CostedSteps), and each one's steps' layouts as numbers (its part
+  // of a candidate's signature).
+  struct Reshards {
+    const std::vector<detail::CostedSteps>* ways = nullptr;
+    std::vector<std::vector<int>> signatures;
+  };
+
+  // Remembered: the role combinations share most of their reshards. Each step is costed here,
+  // once, for every candidate that takes it.
+  const Reshards& reshard_options(const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape) {
     std::vector<int> key;
     append_layout(key, from);
     append_layout(key, to);
-    if (const auto it = reshards_.find(key); it != reshards_.end()) return *it->second;
+    if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
+    const auto remember = [&](const std::vector<detail::CostedSteps>& ways) -> const Reshards& {
+      Reshards r{&ways, {}};
+      for (const detail::CostedSteps& way : ways) {
+        std::vector<int>& signature = r.signatures.emplace_back();
+        for (const Step& s : way.steps) {
+          append_layout(signature, s.from);
+          append_layout(signature, s.to);
+          signature.push_back(static_cast<int>(s.op));
+        }
+        signature.push_back(-3);
+      }
+      return reshards_.emplace(std::move(key), std::move(r)).first->second;
+    };
     std::string shared_key;
     if (memo_) {
       for (const Spec* s : {&from, &to}) shared_key += format_spec(*s, mesh_) + " ";
       for (std::int64_t n : shape) shared_key += std::to_string(n) + ",";
-      if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end())
-        return *reshards_.emplace(std::move(key), &it->second).first->second;
+      if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end()) return remember(it->second);
     }
-    std::vector<std::vector<Step>> options;
+    std::vector<detail::CostedSteps> options;
     // plan_reshard's steps are the chain itself unless it took an exchange.
     std::vector<Step> planned = detail::plan_reshard(coster_, from, to, shape, unlimited_).steps;
     if (std::any_of(planned.begin(), planned.end(), [](const Step& s) { return s.op == OpKind::exchange; })) {
-      options.push_back(detail::reshard_steps(mesh_, from, to));
+      options.push_back({detail::reshard_steps(mesh_, from, to), {}});
     }
-    options.push_back(std::move(planned));
-    const std::vector<std::vector<Step>>& kept =
-        memo_ ? memo_->reshards.emplace(std::move(shared_key), std::move(options)).first->second
-              : own_reshards_.emplace_back(std::move(options));
-    return *reshards_.emplace(std::move(key), &kept).first->second;
+    options.push_back({std::move(planned), {}});
+    for (detail::CostedSteps& option : options) {
+      for (Step& s : option.steps) option.memory.push_back(coster_.cost(s, shape));
+    }
+    return remember(memo_ ? memo_->reshards.emplace(std::move(shared_key), std::move(options)).first->second
+                          : own_reshards_.emplace_back(std::move(options)));
   }
 
-  void add_plan(const Spec& a, const Spec& b, const Spec& local, const Spec& target, const std::vector<Step>& a_steps,
-                const std::vector<Step>& b_steps, const std::vector<Step>& c_steps) {
-    Plan plan;
-    Step einsum = make_step(OpKind::einsum, a, {});
-    einsum.tensor = c_.out_tensor;
-    einsum.operand = 2;
-    einsum.from_b = b;
-    einsum.to = local;
-
-    std::vector<int> signature;
-    for (const auto* steps : {&a_steps, &b_steps, &c_steps}) {
-      for (const Step& s : *steps) {
-        append_layout(signature, s.from);
-        append_layout(signature, s.to);
-        signature.push_back(static_cast<int>(s.op));
-      }
-      signature.push_back(-3);
+  void add_plan(Local& local, std::size_t target, const std::array<const detail::CostedSteps*, 3>& parts) {
+    if (!local.costed) {
+      coster_.cost_einsum(local.einsum, sizes_);
+      local.memory = coster_.memory(local.einsum, sizes_);
+      local.costed = true;
     }
-    append_layout(signature, local);
-    if (!seen_.insert(std::move(signature)).second) return;
-
-    // Every step's buffers are held for the whole run, beside the caller's inputs (plan/memory.h).
-    std::vector<StepMemory> memory;
-    const std::size_t count = a_steps.size() + b_steps.size() + 1 + c_steps.size();
-    memory.reserve(count);
-    plan.steps.reserve(count);
-    const auto run = [&](const std::vector<Step>& steps, const std::vector<std::int64_t>& shape, int operand) {
-      for (const Step& s : steps) {
-        Step& step = plan.steps.emplace_back(s);
-        step.operand = operand;
-        memory.push_back(coster_.cost(step, shape));
-      }
-    };
-    run(a_steps, a_shape_, 0);
-    run(b_steps, b_shape_, 1);
-    coster_.cost_einsum(einsum, sizes_);
-    memory.push_back(coster_.memory(einsum, sizes_));
-    plan.steps.push_back(std::move(einsum));
-    run(c_steps, c_shape_, 2);
-    plan.peak_bytes_per_device = peak_bytes(inputs_, memory, options_.reduction_workspace);
-    plan.output = target;
-    plan.output.tensor = c_.out_tensor;
-    plan.description = describe(plan);
-    detail::total_up(plan, options_);
-    add_collective_matmuls(plan, memory, a_steps.size() + b_steps.size(), a_steps.size());
-    plans_.push_back(std::move(plan));
+    Candidate serial;
+    serial.parts = parts;
+    serial.local = &local;
+    serial.target = target;
+    weigh(serial);
+    candidates_.push_back(serial);
+    add_collective_matmuls(serial);
   }
 
   // Whether each axis of `group` shards one of `spec`'s dimensions: no two members hold the
@@ -406,33 +511,24 @@ class MatmulPlanner {
   // The collective matmul variants of `serial` (plan/step.h): its operand's last all_gather
   // fused into the einsum, or the einsum fused into the reduce_scatter that follows it.
   // Each is a candidate of its own, costed as a ring; the serialized plan stays one too.
-  void add_collective_matmuls(const Plan& serial, const std::vector<StepMemory>& serial_memory, std::size_t einsum_at,
-                              std::size_t a_steps) {
-    const std::vector<Step>& steps = serial.steps;
-    const Step& einsum = steps[einsum_at];
-    // The fused step takes the einsum's place; B's steps, when A is gathered, run before it.
-    const auto add = [&](std::size_t collective_at, const Step& fused) {
-      Plan plan = serial;
-      std::vector<StepMemory> memory = serial_memory;
-      const auto first = static_cast<std::ptrdiff_t>(std::min(collective_at, einsum_at));
-      const auto last = static_cast<std::ptrdiff_t>(std::max(collective_at, einsum_at));
-      for (const std::ptrdiff_t i : {last, first}) {
-        plan.steps.erase(plan.steps.begin() + i);
-        memory.erase(memory.begin() + i);
-      }
-      const auto at = static_cast<std::ptrdiff_t>(collective_at < einsum_at ? einsum_at - 1 : einsum_at);
-      plan.steps.insert(plan.steps.begin() + at, fused);
-      memory.insert(memory.begin() + at, coster_.memory(fused, sizes_));
-      plan.peak_bytes_per_device = peak_bytes(inputs_, memory, options_.reduction_workspace);
-      plan.description = describe(plan);
-      detail::total_up(plan, options_);
-      plans_.push_back(std::move(plan));
+  void add_collective_matmuls(const Candidate& serial) {
+    const Step& einsum = serial.local->einsum;
+    const auto add = [&](int part, Step fused) {
+      Fused& f = fused_.emplace_back();
+      f.memory = coster_.memory(fused, sizes_);
+      f.step = std::move(fused);
+      f.part = part;
+      Candidate ring = serial;
+      ring.fused = &f;
+      ring.steps = 0;
+      ring.synchronizations = 0;
+      weigh(ring);
+      candidates_.push_back(ring);
     };
     for (int operand = 0; operand < 2; ++operand) {
-      // The operand's steps end just before B's (A) or just before the einsum (B).
-      const std::size_t end = operand == 0 ? a_steps : einsum_at;
-      if (end == (operand == 0 ? 0 : a_steps)) continue;  // the operand has no steps
-      const Step& gather = steps[end - 1];
+      const std::vector<Step>& steps = serial.parts[static_cast<std::size_t>(operand)]->steps;
+      if (steps.empty()) continue;
+      const Step& gather = steps.back();
       if (gather.op != OpKind::all_gather || mesh_.group_size(gather.axes) < 2) continue;
       // A free letter: each shard fills its own rows of C. A contracted one: each adds into all
       // of C (the other operand holds the letter as the gather leaves it, the einsum's rule),
@@ -442,17 +538,18 @@ class MatmulPlanner {
       const bool contracted = c_.role(letter) == DimRole::contracted && shards_every_axis(einsum.to, gather.axes);
       if (!free_in(letter, operand) && !contracted) continue;
       for (bool both_ways : ring_ways(gather.axes)) {
-        add(end - 1, detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_));
+        add(operand, detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_));
       }
     }
-    if (einsum_at + 1 < steps.size()) {
+    const std::vector<Step>& result_steps = serial.parts[2]->steps;
+    if (!result_steps.empty()) {
       // Only a reduce_scatter has a dimension to look at (an all_reduce's `dim` is -1).
-      const Step& scatter = steps[einsum_at + 1];
+      const Step& scatter = result_steps.front();
       if (scatter.op == OpKind::reduce_scatter && mesh_.group_size(scatter.axes) >= 2) {
         const std::string& letter = scatter.to.dims[static_cast<std::size_t>(scatter.dim)].name;
         if (free_in(letter, 0) || free_in(letter, 1)) {
           for (bool both_ways : ring_ways(scatter.axes)) {
-            add(einsum_at + 1, detail::fuse_einsum_reduce_scatter(einsum, scatter, both_ways, sizes_, coster_));
+            add(2, detail::fuse_einsum_reduce_scatter(einsum, scatter, both_ways, sizes_, coster_));
           }
         }
       }
@@ -469,27 +566,54 @@ class MatmulPlanner {
     return {false};
   }
 
-  std::string describe(const Plan& plan) const {
-    std::string out;
-    for (const Step& s : plan.steps) {
-      if (!out.empty()) out += ", then ";
-      if (s.op == OpKind::einsum) {
-        out += "local einsum";
-      } else if (s.op == OpKind::all_gather_einsum) {
-        out += "all_gather " + (s.ring_operand == 0 ? s.from : s.from_b).tensor + " over " + mesh_.axis_names(s.axes) +
-               " overlapped with the local einsum (" + (s.bidirectional ? "bidirectional " : "") + "ring of " +
-               std::to_string(s.ring_steps) + " steps)";
-      } else if (s.op == OpKind::einsum_reduce_scatter) {
-        out += "local einsum overlapped with reduce_scatter " + s.tensor + " over " + mesh_.axis_names(s.axes) + " (" +
-               (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) + " steps)";
-      } else {
-        out += std::string(to_string(s.op)) + " " + s.tensor;
-        if (!s.axes.empty()) out += " over " + mesh_.axis_names(s.axes);
-        // The other steps' layouts follow from the op and its axes; an exchange's does not.
-        if (s.op == OpKind::exchange) out += " to " + format_spec(s.to, mesh_);
-      }
+  const std::string& description(const Candidate& c) const {
+    if (!c.description) {
+      std::string out;
+      for_each_step(c, [&](const Step& s, int, const StepMemory&) {
+        if (!out.empty()) out += ", then ";
+        if (s.op == OpKind::einsum) {
+          out += "local einsum";
+        } else if (s.op == OpKind::all_gather_einsum) {
+          out += "all_gather " + (s.ring_operand == 0 ? s.from : s.from_b).tensor + " over " +
+                 mesh_.axis_names(s.axes) + " overlapped with the local einsum (" +
+                 (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) + " steps)";
+        } else if (s.op == OpKind::einsum_reduce_scatter) {
+          out += "local einsum overlapped with reduce_scatter " + s.tensor + " over " + mesh_.axis_names(s.axes) +
+                 " (" + (s.bidirectional ? "bidirectional " : "") + "ring of " + std::to_string(s.ring_steps) +
+                 " steps)";
+        } else {
+          out += std::string(to_string(s.op)) + " " + s.tensor;
+          if (!s.axes.empty()) out += " over " + mesh_.axis_names(s.axes);
+          // The other steps' layouts follow from the op and its axes; an exchange's does not.
+          if (s.op == OpKind::exchange) out += " to " + format_spec(s.to, mesh_);
+        }
+      });
+      c.description = std::move(out);
     }
-    return out;
+    return *c.description;
+  }
+
+  const std::string& output_text(const Candidate& c) const {
+    if (!c.output) {
+      Spec output = c.local->targets[c.target];
+      output.tensor = c_.out_tensor;
+      c.output = format_spec(output, mesh_);
+    }
+    return *c.output;
+  }
+
+  // PlanOptions::tie_margin: the model's error on a real machine is larger than a percent or
+  // two, while each synchronization exposes the plan to its members' skew, which it does not price.
+  int choose(double tie_margin) const {
+    const auto cheapest =
+        std::find_if(candidates_.begin(), candidates_.end(), [](const Candidate& c) { return c.fits_memory; });
+    if (cheapest == candidates_.end()) return -1;
+    const double tied = cheapest->total_time_s * (1 + tie_margin);
+    auto best = cheapest;
+    for (auto p = cheapest; p != candidates_.end() && p->total_time_s <= tied; ++p) {
+      if (p->fits_memory && p->synchronizations < best->synchronizations) best = p;
+    }
+    return static_cast<int>(best - candidates_.begin());
   }
 
   const Mesh& mesh_;
@@ -501,27 +625,16 @@ class MatmulPlanner {
   PlannerMemo::Impl* memo_;  // shared with other calls, or none
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
-  std::vector<Plan> plans_;
+  std::deque<Local> locals_;
+  std::deque<Fused> fused_;
+  std::vector<Candidate> candidates_;
   std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered
   std::set<std::vector<int>> seen_;                     // plans added, by their steps' layouts
   bool every_output_layout_ = true;
   // By append_layout(from), (to): the memo's entry, or one of own_reshards_ without a memo.
-  std::map<std::vector<int>, const std::vector<std::vector<Step>>*> reshards_;
-  std::deque<std::vector<std::vector<Step>>> own_reshards_;
+  std::map<std::vector<int>, Reshards> reshards_;
+  std::deque<std::vector<detail::CostedSteps>> own_reshards_;
 };
-
-// PlanOptions::tie_margin: the model's error on a real machine is larger than a percent or
-// two, while each synchronization exposes the plan to its members' skew, which it does not price.
-int choose(const std::vector<Plan>& candidates, double tie_margin) {
-  const auto cheapest = std::find_if(candidates.begin(), candidates.end(), [](const Plan& p) { return p.fits_memory; });
-  if (cheapest == candidates.end()) return -1;
-  const double tied = cheapest->total_time_s * (1 + tie_margin);
-  auto best = cheapest;
-  for (auto p = cheapest; p != candidates.end() && p->total_time_s <= tied; ++p) {
-    if (p->fits_memory && synchronizations(*p) < synchronizations(*best)) best = p;
-  }
-  return static_cast<int>(best - candidates.begin());
-}
 
 }  // namespace
 
@@ -529,7 +642,7 @@ PlannerMemo::PlannerMemo() : impl_(std::make_unique<Impl>()) {}
 PlannerMemo::~PlannerMemo() = default;
 
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
-                           PlannerMemo* memo) {
+                           PlannerMemo* memo, Candidates built) {
   validate_spec(c.a, mesh);
   validate_spec(c.b, mesh);
   if (c.out) validate_spec(*c.out, mesh);
@@ -546,12 +659,10 @@ MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSize
                              shared->costs + ", asked to plan on mesh " + mesh.to_string() + ", " + costs);
     }
   }
-  MatmulPlanning result;
-  for (int x = 0; x < mesh.rank(); ++x) result.cases.push_back(classify_axis(mesh, c, x));
-  MatmulPlanner planner(mesh, c, sizes, options, shared);
-  result.candidates = planner.candidates();
-  result.every_output_layout = planner.every_output_layout();
-  result.chosen = choose(result.candidates, options.tie_margin);
+  std::vector<AxisCase> cases;
+  for (int x = 0; x < mesh.rank(); ++x) cases.push_back(classify_axis(mesh, c, x));
+  MatmulPlanning result = MatmulPlanner(mesh, c, sizes, options, shared).plan(built);
+  result.cases = std::move(cases);
   return result;
 }
 

@@ -222,13 +222,19 @@ std::int64_t EinsumWorkspaces::bytes(const EinsumLayout& layout, const std::map<
   return memo_.emplace(std::move(key), bytes).first->second;
 }
 
+void PeakBytes::add(const StepMemory& step) {
+  held_ = saturating_add(held_, step.held);
+  workspace_ = std::max(workspace_, step.reduction_workspace);
+}
+
+std::int64_t PeakBytes::peak(bool reduction_workspace) const {
+  return reduction_workspace ? saturating_add(held_, workspace_) : held_;
+}
+
 std::int64_t peak_bytes(std::int64_t inputs, const std::vector<StepMemory>& steps, bool reduction_workspace) {
-  std::int64_t held = inputs, workspace = 0;
-  for (const StepMemory& s : steps) {
-    held = saturating_add(held, s.held);
-    workspace = std::max(workspace, s.reduction_workspace);
-  }
-  return reduction_workspace ? saturating_add(held, workspace) : held;
+  PeakBytes peak(inputs);
+  for (const StepMemory& s : steps) peak.add(s);
+  return peak.peak(reduction_workspace);
 }
 
 std::int64_t plan_peak_bytes(const Mesh& mesh, const Plan& plan, const std::vector<Spec>& inputs, const DimSizes& sizes,

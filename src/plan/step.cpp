@@ -82,15 +82,14 @@ std::int64_t elements(const std::vector<std::int64_t>& shape, std::size_t from, 
 
 }  // namespace
 
+int synchronizations(const Step& step) {
+  if (is_collective_matmul(step.op)) return step.ring_steps;
+  return is_collective(step.op) ? 1 : 0;
+}
+
 int synchronizations(const Plan& plan) {
   int n = 0;
-  for (const Step& s : plan.steps) {
-    if (is_collective_matmul(s.op)) {
-      n += s.ring_steps;
-    } else if (is_collective(s.op)) {
-      ++n;
-    }
-  }
+  for (const Step& s : plan.steps) n += synchronizations(s);
   return n;
 }
 

@@ -600,21 +600,23 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bi
   return ring_step;
 }
 
-void total_up(Plan& plan, const PlanOptions& options) {
-  plan.comm_time_s = plan.compute_time_s = 0;
-  double steps_time = 0;
-  bool overlaps = false;
-  for (const Step& s : plan.steps) {
-    if (is_collective_matmul(s.op)) {
-      plan.comm_time_s += s.comm_time_s;
-      plan.compute_time_s += s.compute_time_s;
-      overlaps = true;
-    } else {
-      (is_collective(s.op) ? plan.comm_time_s : plan.compute_time_s) += s.time_s;
-    }
-    steps_time += s.time_s;
+void PlanTimes::add(const Step& s) {
+  if (is_collective_matmul(s.op)) {
+    comm_ += s.comm_time_s;
+    compute_ += s.compute_time_s;
+    overlaps_ = true;
+  } else {
+    (is_collective(s.op) ? comm_ : compute_) += s.time_s;
   }
-  plan.total_time_s = overlaps ? steps_time : plan.comm_time_s + plan.compute_time_s;
+  steps_ += s.time_s;
+}
+
+void total_up(Plan& plan, const PlanOptions& options) {
+  PlanTimes times;
+  for (const Step& s : plan.steps) times.add(s);
+  plan.comm_time_s = times.comm_s();
+  plan.compute_time_s = times.compute_s();
+  plan.total_time_s = times.total_s();
   plan.overlapped_time_s = std::max(plan.comm_time_s, plan.compute_time_s);
   plan.fits_memory = !options.mem_limit_bytes || plan.peak_bytes_per_device <= *options.mem_limit_bytes;
 }

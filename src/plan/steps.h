@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "shardmm/core/contraction.h"
@@ -49,8 +50,8 @@ class StepCoster {
   // What it remembers, by everything a step's figures depend on but the mesh, the dtype and
   // the hardware profile: a PlannerMemo's outlives the coster.
   struct Memo {
-    std::map<std::string, Cost> costs;
-    std::map<std::string, StepMemory> multiplying;
+    std::unordered_map<std::string, Cost> costs;
+    std::unordered_map<std::string, StepMemory> multiplying;
     EinsumWorkspaces workspaces;
   };
   // `shared` (kept alive by the caller) instead of a memo of its own, when given.
@@ -94,6 +95,26 @@ Step fuse_einsum_reduce_scatter(const Step& einsum, const Step& scatter, bool bi
 // peak_bytes_per_device is set by the caller, from its steps' memory).
 void total_up(Plan& plan, const PlanOptions& options);
 
+// total_up's times, a step at a time (in the plan's order: the sums round alike): for a
+// planner that weighs a plan it has not built.
+class PlanTimes {
+ public:
+  void add(const Step& step);
+  double comm_s() const { return comm_; }
+  double compute_s() const { return compute_; }
+  double total_s() const { return overlaps_ ? steps_ : comm_ + compute_; }
+
+ private:
+  double comm_ = 0, compute_ = 0, steps_ = 0;
+  bool overlaps_ = false;
+};
+
+// One way to reshard a tensor: its steps, costed for the tensor's shape, and their memory.
+struct CostedSteps {
+  std::vector<Step> steps;
+  std::vector<StepMemory> memory;
+};
+
 }  // namespace shardmm::detail
 
 namespace shardmm::detail {
@@ -118,7 +139,8 @@ struct PlannerMemo::Impl {
   detail::StepCoster::Memo steps;
   // A matmul planner's reshard options (its reshard_options) by the two specs, names
   // included (the steps carry them), and the shape.
-  std::map<std::string, std::vector<std::vector<Step>>> reshards;
+  // (Hashed, as the costs: long keys alike at the start; its entries stay where they are.)
+  std::unordered_map<std::string, std::vector<detail::CostedSteps>> reshards;
 };
 
 }  // namespace shardmm

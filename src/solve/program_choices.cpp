@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
@@ -190,19 +191,38 @@ class OpRecorder {
  public:
   OpRecorder(const Graph& g, const nn::ProgramOptions& options) : g_(g), options_(options) {}
 
-  // Ops alike in everything the tape sees (a transformer's q, k and v projections; a
-  // block's two residual adds) are recorded once: the tape's cost does not depend on names.
-  OpCost cost(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-              const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
-              std::optional<int> result_partial) const {
-    const std::string key = signature(k, operands, operand_specs, operand_regathered, result_pin, result_partial);
+  // Op k in these specs, once for each of `result_partials` (the layouts of its result's
+  // gradient: nullopt, no backward). Ops alike in everything the tape sees (a transformer's q,
+  // k and v projections; a block's two residual adds) are recorded once: the tape's cost does
+  // not depend on names.
+  std::vector<OpCost> costs(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
+                            const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
+                            const std::vector<std::optional<int>>& result_partials) const {
+    const std::string key = signature(k, operands, operand_specs, operand_regathered, result_pin);
+    const auto partial_key = [&](const std::optional<int>& partial) {
+      return key + " " + (partial ? std::to_string(*partial) : "none");
+    };
+    std::vector<OpCost> out(result_partials.size());
+    std::vector<std::size_t> missing;
     {
       const std::lock_guard<std::mutex> lock(memo_mutex_);
-      if (const auto it = memo_.find(key); it != memo_.end()) return named(it->second, k);
+      for (std::size_t i = 0; i < result_partials.size(); ++i) {
+        if (const auto it = memo_.find(partial_key(result_partials[i])); it != memo_.end()) {
+          out[i] = named(it->second, k);
+        } else {
+          missing.push_back(i);
+        }
+      }
     }
-    OpCost out = record(k, operands, operand_specs, operand_regathered, result_pin, result_partial);
+    if (missing.empty()) return out;
+    std::vector<std::optional<int>> partials;
+    for (std::size_t i : missing) partials.push_back(result_partials[i]);
+    std::vector<OpCost> recorded = record(k, operands, operand_specs, operand_regathered, result_pin, partials);
     const std::lock_guard<std::mutex> lock(memo_mutex_);
-    memo_.emplace(key, out);
+    for (std::size_t j = 0; j < missing.size(); ++j) {
+      memo_.emplace(partial_key(partials[j]), recorded[j]);
+      out[missing[j]] = std::move(recorded[j]);
+    }
     return out;
   }
 
@@ -231,10 +251,9 @@ class OpRecorder {
  private:
   // Everything of op k and its specs that the tape sees: the op, each operand's role,
   // letters, spec, whether it is differentiable and regathered (by position, repeats
-  // included), the result's letters, pin and gradient; no tensor names.
+  // included), the result's letters and pin; no tensor names. (The result's gradient: costs().)
   std::string signature(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-                        const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
-                        std::optional<int> result_partial) const {
+                        const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     const auto unnamed = [&](Spec s) {
       s.tensor.clear();
@@ -262,8 +281,7 @@ class OpRecorder {
              (operand_regathered[i] ? "r " : "k ") + letters(t) + " " + unnamed(operand_specs[i]);
     }
     key += " -> " + letters(g_.tensors[static_cast<std::size_t>(op.result)]) + " " +
-           (result_pin ? unnamed(*result_pin) : "free") + " " +
-           (result_partial ? std::to_string(*result_partial) : "none");
+           (result_pin ? unnamed(*result_pin) : "free");
     return key;
   }
 
@@ -273,9 +291,11 @@ class OpRecorder {
     return cost;
   }
 
-  OpCost record(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-                const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
-                std::optional<int> result_partial) const {
+  // Op k recorded alone, forward once; then backward from each of `result_partials` on a copy
+  // of that forward pass (the last on the tape itself).
+  std::vector<OpCost> record(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
+                             const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
+                             const std::vector<std::optional<int>>& result_partials) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     Graph mini;
     mini.file = g_.file;
@@ -304,52 +324,73 @@ class OpRecorder {
       only.operands.push_back(static_cast<int>(std::find(operands.begin(), operands.end(), x) - operands.begin()));
     }
     mini.ops.push_back(only);
-    OpCost out;
+    std::vector<OpCost> out(result_partials.size());
     nn::ProgramOptions forward_only = options_;
     forward_only.train = false;
     try {
       autodiff::Tape tape(mini.mesh, nn::tape_options(options_, &plans_));
       const nn::ProgramRecord rec = nn::record_program(tape, mini, forward_only);
-      const autodiff::Var y = rec.values[static_cast<std::size_t>(r)];
-      out.result = rec.specs[static_cast<std::size_t>(r)];
-      out.result.tensor = g_.tensors[static_cast<std::size_t>(op.result)].source_name;
-      if (result_partial) {
-        if (*result_partial & used_mask(out.result)) return out;  // a gradient cannot be partial over its sharding axes
-        tape.backward_from(y, axes_of(*result_partial, g_.mesh.rank()));
+      Spec result_spec = rec.specs[static_cast<std::size_t>(r)];
+      result_spec.tensor = g_.tensors[static_cast<std::size_t>(op.result)].source_name;
+      for (std::size_t p = 0; p < result_partials.size(); ++p) {
+        const std::optional<int>& partial = result_partials[p];
+        OpCost& cost = out[p];
+        cost.result = result_spec;
+        // A gradient cannot be partial over its sharding axes.
+        if (partial && (*partial & used_mask(result_spec))) continue;
+        const std::unique_ptr<autodiff::Tape> copy = p + 1 < result_partials.size() ? tape.fork() : nullptr;
+        autodiff::Tape& t = copy ? *copy : tape;
+        try {
+          measure(t, rec, r, mini, partial, cost);
+        } catch (const InputError&) {
+          cost.allowed = false;  // its backward cannot bring the gradient back in these specs
+        }
       }
-      for (const autodiff::TapeEvent& e : tape.events()) {
-        if (e.scope == 0) out.time += e.step.time_s;
-      }
-      const std::int64_t result_kept = tape.bytes_saved_for_backward(y);
-      out.result_saved = result_kept > 0;
-      out.internal_memory = tape.memory().activations - result_kept;
-      out.memory = tape.op_memory(0, y, options_.train && g_.loss >= 0);
-      for (std::size_t i = 0; i < operands.size(); ++i) {
-        out.operand_saved.push_back(tape.bytes_saved_for_backward(rec.values[i]) > 0);
-        out.operand_partial.push_back(result_partial ? mask_of(tape.gradient_arrived_unreduced(rec.values[i])) : 0);
-        // A regathered param's gather run again in backward is a step on the param itself
-        // (the gradients' steps move `d` + its name).
-        const std::string& name = mini.tensors[i].name;
-        const auto gathered_in = [&](autodiff::Phase phase) {
-          return std::any_of(tape.events().begin(), tape.events().end(), [&](const autodiff::TapeEvent& e) {
-            return e.phase == phase && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
-          });
-        };
-        out.operand_gathered.push_back(gathered_in(autodiff::Phase::forward));
-        out.operand_regathered.push_back(gathered_in(autodiff::Phase::backward));
-      }
-      out.allowed = true;
     } catch (const InputError&) {
-      out.allowed = false;  // the op cannot hold these specs (a pin it cannot honour)
+      // the op cannot hold these specs (a pin it cannot honour): none is allowed
     }
     return out;
   }
 
+  // Backward from the result's gradient partial over `result_partial` (none: forward only) on
+  // `tape`, which holds the op's forward pass as `rec` recorded it; then the cost read off it.
+  void measure(autodiff::Tape& tape, const nn::ProgramRecord& rec, int r, const Graph& mini,
+               const std::optional<int>& result_partial, OpCost& out) const {
+    const auto var = [&](int i) { return tape.var(rec.values[static_cast<std::size_t>(i)].id()); };
+    const autodiff::Var y = var(r);
+    if (result_partial) tape.backward_from(y, axes_of(*result_partial, g_.mesh.rank()));
+    for (const autodiff::TapeEvent& e : tape.events()) {
+      if (e.scope == 0) out.time += e.step.time_s;
+    }
+    const std::int64_t result_kept = tape.bytes_saved_for_backward(y);
+    out.result_saved = result_kept > 0;
+    out.internal_memory = tape.memory().activations - result_kept;
+    out.memory = tape.op_memory(0, y, options_.train && g_.loss >= 0);
+    for (int i = 0; i < r; ++i) {
+      out.operand_saved.push_back(tape.bytes_saved_for_backward(var(i)) > 0);
+      out.operand_partial.push_back(result_partial ? mask_of(tape.gradient_arrived_unreduced(var(i))) : 0);
+      // A regathered param's gather run again in backward is a step on the param itself
+      // (the gradients' steps move `d` + its name).
+      const std::string& name = mini.tensors[static_cast<std::size_t>(i)].name;
+      const auto gathered_in = [&](autodiff::Phase phase) {
+        return std::any_of(tape.events().begin(), tape.events().end(), [&](const autodiff::TapeEvent& e) {
+          return e.phase == phase && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
+        });
+      };
+      out.operand_gathered.push_back(gathered_in(autodiff::Phase::forward));
+      out.operand_regathered.push_back(gathered_in(autodiff::Phase::backward));
+    }
+    out.allowed = true;
+  }
+
   const Graph& g_;
   const nn::ProgramOptions& options_;
-  mutable autodiff::PlanCache plans_;  // the forward repeats for each gradient layout
+  // Ops of the same contraction (q, k and v), and the same reshards (backward's), plan once.
+  mutable autodiff::PlanCache plans_;
   mutable std::mutex memo_mutex_;
-  mutable std::map<std::string, OpCost> memo_;  // by signature()
+  // By signature() and the gradient's layout; hashed: 10^5 keys of a few hundred bytes that
+  // differ late (a map compares them byte by byte at every step of its search).
+  mutable std::unordered_map<std::string, OpCost> memo_;
 };
 
 // One combination of an op's specs to record, and what recording it gave.
@@ -359,6 +400,7 @@ struct Recording {
   std::vector<char> regathered;  // the operands' (params: FSDP's regather)
   std::optional<Spec> pin;       // the result's, when chosen
   std::optional<int> partial;    // the result's gradient's pending axes (differentiated ops)
+  std::size_t group = 0;         // the jobs of one operand tuple and pin share one
   OpCost cost;
 };
 
@@ -656,7 +698,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
     std::vector<int> vars;
     for (int x : operands) {
       vars.push_back(c.var_of_tensor[static_cast<std::size_t>(x)]);
-      key += " " + std::to_string(vars.back()) + "/" + std::to_string(c.gradient_var[static_cast<std::size_t>(x)]);
+      // Appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on " " + std::to_string(...) here.
+      key += ' ';
+      key += std::to_string(vars.back());
+      key += '/';
+      key += std::to_string(c.gradient_var[static_cast<std::size_t>(x)]);
     }
     OpFactor& f = factors[key];
     if (f.count++ == 0) {
@@ -714,6 +760,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       if (any_empty) continue;
       // Every new combination of this op's specs, recorded in parallel, then entered in order.
       std::vector<Recording> jobs;
+      std::size_t groups = 0;
       while (true) {
         if (f.done.insert(tuple).second) {
           std::vector<Spec> specs;
@@ -741,8 +788,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
               // A gradient is never partial over an axis that shards its value: known before
               // recording when the result is pinned.
               if (pin && partial && (*partial & used_mask(*pin))) continue;
-              jobs.push_back({tuple, specs, regathered, pin, partial, {}});
+              jobs.push_back({tuple, specs, regathered, pin, partial, groups, {}});
             }
+            ++groups;
           }
         }
         std::size_t i = 0;
@@ -770,24 +818,46 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         (any ? twin_jobs : kept_jobs).push_back(j);
         if (!any) job_of.emplace(key(jobs[j], false), j);
       }
-      const auto record = [&](std::size_t j) {
-        jobs[j].cost = recorder.cost(f.op, f.operands, jobs[j].specs, jobs[j].regathered, jobs[j].pin, jobs[j].partial);
+      // The jobs of one combination of specs and result pin (its result gradient's layouts)
+      // share one forward pass: recorded together.
+      const auto record = [&](const std::vector<std::size_t>& group) {
+        if (group.empty()) return;
+        std::vector<std::optional<int>> partials;
+        for (std::size_t j : group) partials.push_back(jobs[j].partial);
+        const Recording& first = jobs[group.front()];
+        std::vector<OpCost> costs =
+            recorder.costs(f.op, f.operands, first.specs, first.regathered, first.pin, partials);
+        for (std::size_t i = 0; i < group.size(); ++i) jobs[group[i]].cost = std::move(costs[i]);
       };
-      for_each_parallel(kept_jobs.size(), [&](std::size_t k) { record(kept_jobs[k]); });
-      for_each_parallel(twin_jobs.size(), [&](std::size_t k) {
-        Recording& job = jobs[twin_jobs[k]];
-        const auto kept = job_of.find(key(job, true));
-        if (kept != job_of.end()) {
-          const OpCost& twin = jobs[kept->second].cost;
-          bool gathers = false;
-          for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i)
-            gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
-          if (!gathers) {
-            job.cost = twin;
-            return;
-          }
+      const auto groups_of = [&](const std::vector<std::size_t>& list) {
+        std::vector<std::vector<std::size_t>> groups;
+        for (std::size_t j : list) {
+          if (groups.empty() || jobs[groups.back().front()].group != jobs[j].group) groups.emplace_back();
+          groups.back().push_back(j);
         }
-        record(twin_jobs[k]);
+        return groups;
+      };
+      const std::vector<std::vector<std::size_t>> kept_groups = groups_of(kept_jobs);
+      for_each_parallel(kept_groups.size(), [&](std::size_t k) { record(kept_groups[k]); });
+      const std::vector<std::vector<std::size_t>> twin_groups = groups_of(twin_jobs);
+      for_each_parallel(twin_groups.size(), [&](std::size_t k) {
+        std::vector<std::size_t> to_record;
+        for (std::size_t j : twin_groups[k]) {
+          Recording& job = jobs[j];
+          const auto kept = job_of.find(key(job, true));
+          if (kept != job_of.end()) {
+            const OpCost& twin = jobs[kept->second].cost;
+            bool gathers = false;
+            for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i)
+              gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
+            if (!gathers) {
+              job.cost = twin;
+              continue;
+            }
+          }
+          to_record.push_back(j);
+        }
+        record(to_record);
       });
       for (const Recording& job : jobs) {
         const OpCost& cost = job.cost;

@@ -70,14 +70,32 @@ SolveOutcome best_of(const ChoiceProblem& p, const SolveLimits& limits) {
   return solve_mip(p, limits);
 }
 
-// `p` without the entries where variable `v` takes a value that `keep` refuses.
-ChoiceProblem restricted(const ChoiceProblem& p, int v, const std::function<bool(int)>& keep) {
-  ChoiceProblem out = p;
-  for (Factor& f : out.factors) {
-    const auto at = std::find(f.vars.begin(), f.vars.end(), v);
-    if (at == f.vars.end()) continue;
-    const auto i = static_cast<std::size_t>(at - f.vars.begin());
-    std::erase_if(f.entries, [&](const FactorEntry& e) { return !keep(e.values[i]); });
+// By variable, by value: whether a restriction keeps it (a variable with no list: every value).
+using Kept = std::vector<std::vector<char>>;
+
+// `p` without the entries where some variable takes a value `keep` refuses. The entries kept
+// are copied once, however many variables it restricts (a program's factors hold 10^5 of them).
+ChoiceProblem restricted(const ChoiceProblem& p, const Kept& keep) {
+  ChoiceProblem out;
+  out.domain = p.domain;
+  out.shared = p.shared;
+  out.points = p.points;
+  out.value_bytes = p.value_bytes;
+  out.factors.reserve(p.factors.size());
+  for (const Factor& f : p.factors) {
+    Factor& kept = out.factors.emplace_back();
+    kept.vars = f.vars;
+    std::vector<std::pair<std::size_t, const std::vector<char>*>> checks;  // (position, its variable's list)
+    for (std::size_t i = 0; i < f.vars.size(); ++i) {
+      const auto v = static_cast<std::size_t>(f.vars[i]);
+      if (v < keep.size() && !keep[v].empty()) checks.push_back({i, &keep[v]});
+    }
+    for (const FactorEntry& e : f.entries) {
+      const bool keeps = std::all_of(checks.begin(), checks.end(), [&](const auto& check) {
+        return (*check.second)[static_cast<std::size_t>(e.values[check.first])] != 0;
+      });
+      if (keeps) kept.entries.push_back(e);
+    }
   }
   return out;
 }
@@ -153,23 +171,20 @@ std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices
       s.name += (a ? "+" : "") + roles[static_cast<std::size_t>(a)] + "(" + g.mesh.axis(a).name + ")";
     }
     const bool fsdp = std::find(roles.begin(), roles.end(), "fsdp") != roles.end();
-    ChoiceProblem p = c.problem;
+    Kept keep(c.values.size());
     for (std::size_t v = 0; v < c.values.size(); ++v) {
       const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
       if (t.role == Role::computed) continue;
-      p = restricted(p, static_cast<int>(v), [&](int value) {
-        const Spec& spec = c.values[v][static_cast<std::size_t>(value)];
-        if (t.role == Role::param && !t.regathered && (c.regathered[v][static_cast<std::size_t>(value)] != 0) != fsdp &&
-            std::any_of(c.regathered[v].begin(), c.regathered[v].end(), [](char r) { return r != 0; })) {
-          return false;
-        }
-        for (int a = 0; a < m; ++a) {
-          if (!leaf_allows(t, spec, a, roles[static_cast<std::size_t>(a)], letters)) return false;
-        }
-        return true;
-      });
+      const bool twins = std::any_of(c.regathered[v].begin(), c.regathered[v].end(), [](char r) { return r != 0; });
+      for (std::size_t value = 0; value < c.values[v].size(); ++value) {
+        const Spec& spec = c.values[v][value];
+        bool allowed = !(t.role == Role::param && !t.regathered && (c.regathered[v][value] != 0) != fsdp && twins);
+        for (int a = 0; a < m && allowed; ++a)
+          allowed = leaf_allows(t, spec, a, roles[static_cast<std::size_t>(a)], letters);
+        keep[v].push_back(allowed ? 1 : 0);
+      }
     }
-    s.outcome = best_of(p, limits);
+    s.outcome = best_of(restricted(c.problem, keep), limits);
     out.push_back(std::move(s));
   }
   std::stable_sort(out.begin(), out.end(), [](const NamedStrategy& a, const NamedStrategy& b) {
@@ -256,12 +271,10 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
       const int chosen = r.outcome.best[static_cast<std::size_t>(v)];
       // Another layout: a param's regathered twin is its chosen spec again.
       const std::vector<Spec>& values = c.values[static_cast<std::size_t>(v)];
-      const SolveOutcome o = best_of(
-          restricted(c.problem, v,
-                     [&](int value) {
-                       return !(values[static_cast<std::size_t>(value)] == values[static_cast<std::size_t>(chosen)]);
-                     }),
-          limits);
+      Kept keep(c.values.size());
+      for (const Spec& value : values)
+        keep[static_cast<std::size_t>(v)].push_back(!(value == values[static_cast<std::size_t>(chosen)]));
+      const SolveOutcome o = best_of(restricted(c.problem, keep), limits);
       if (!o.best.empty()) {
         alt.exists = true;
         alt.spec = c.values[static_cast<std::size_t>(v)][static_cast<std::size_t>(o.best[static_cast<std::size_t>(v)])];

@@ -1,8 +1,12 @@
 // Symbolic tapes that share a PlanCache (solve's recordings) record what tapes without one
-// record: the same steps, times and memory, however many tapes planned through it before.
+// record: the same steps, times and memory, however many tapes planned through it before. And
+// backward on a Tape::fork (solve's, one per layout of an op's result gradient) records what
+// backward on a tape that recorded the forward pass itself records.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,16 +22,9 @@ std::string exact(double x) {
   return text;
 }
 
-// x[B, D] @ w[D, F] -> y[B, F] planned into `out`, then backward from y partial over `partial`:
-// every event and the memory figures.
-std::string record(const Mesh& mesh, PlanCache* cache, const std::string& x, const std::string& w,
-                   const std::string& out, const std::string& partial) {
-  Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, cache});
-  const DimSizes sizes = parse_dims("B=64,D=32,F=48");
-  const Var a = tape.input(x, sizes, {}, true);
-  const Var b = tape.input(w, sizes, {}, true);
-  const Var y = planned_einsum(a, b, tape.spec(out));
-  tape.backward_from(y, partial.empty() ? AxisList{} : tape.axes(partial));
+// Every event on `tape` and its memory figures; after backward, the axes the gradients of its
+// first two values (the inputs) arrived partial over.
+std::string text_of(Tape& tape, const Mesh& mesh) {
   std::string text;
   for (const TapeEvent& e : tape.events()) {
     text += std::string(to_string(e.phase)) + " " + to_string(e.step.op) + " " + e.step.tensor + " " +
@@ -35,7 +32,31 @@ std::string record(const Mesh& mesh, PlanCache* cache, const std::string& x, con
             " sent=" + std::to_string(e.step.bytes_sent) + "\n";
   }
   const TapeMemory m = tape.memory();
-  return text + "activations " + std::to_string(m.activations) + " gradients " + std::to_string(m.gradients);
+  text += "activations " + std::to_string(m.activations) + " gradients " + std::to_string(m.gradients);
+  for (int input : {0, 1}) {
+    if (!tape.events().empty() && tape.events().back().phase == Phase::backward)
+      text += " arrived " + mesh.axis_names(tape.gradient_arrived_unreduced(tape.var(input)));
+  }
+  return text;
+}
+
+// x[B, D] @ w[D, F] -> y[B, F] planned into `out` on `tape`: y.
+Var forward(Tape& tape, const std::string& x, const std::string& w, const std::string& out) {
+  const DimSizes sizes = parse_dims("B=64,D=32,F=48");
+  const Var a = tape.input(x, sizes, {}, true);
+  const Var b = tape.input(w, sizes, {}, true);
+  return planned_einsum(a, b, tape.spec(out));
+}
+
+AxisList axes(Tape& tape, const std::string& partial) { return partial.empty() ? AxisList{} : tape.axes(partial); }
+
+// forward(), then backward from y partial over `partial`: text_of() the tape.
+std::string record(const Mesh& mesh, PlanCache* cache, const std::string& x, const std::string& w,
+                   const std::string& out, const std::string& partial) {
+  Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, cache});
+  const Var y = forward(tape, x, w, out);
+  tape.backward_from(y, axes(tape, partial));
+  return text_of(tape, mesh);
 }
 
 TEST(PlanCache, SharedByManyTapesChangesNoRecording) {
@@ -63,6 +84,37 @@ TEST(PlanCache, SharedByManyTapesChangesNoRecording) {
     }
   }
   EXPECT_EQ(compared, 2 * 5 * 4 * 6);
+}
+
+// One forward pass, forked for each layout of y's gradient: each fork's backward records what a
+// fresh tape's does, and the tape forked from keeps its forward pass alone until its own backward.
+TEST(TapeFork, BackwardOnAForkRecordsWhatAFreshTapeDoes) {
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  int compared = 0;
+  for (const std::string x : {"x[B, D]", "x[B_X, D_Y]", "x[B, D_XY]"}) {
+    for (const std::string w : {"w[D, F]", "w[D_Y, F_X]"}) {
+      for (const std::string out : {"y[B, F]", "y[B_X, F]", "y[B, F]{U_Y}"}) {
+        Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
+        const Var y = forward(tape, x, w, out);
+        const std::string forward_only = text_of(tape, mesh);
+        for (const std::string partial : {"", "X", "Y", "XY"}) {
+          // A gradient is never partial over an axis that shards its value.
+          const std::string dims = out.substr(0, out.find('{'));
+          if (std::any_of(partial.begin(), partial.end(), [&](char a) { return dims.find(a) != std::string::npos; }))
+            continue;
+          const std::unique_ptr<Tape> fork = tape.fork();
+          fork->backward_from(fork->var(y.id()), axes(*fork, partial));
+          EXPECT_EQ(text_of(*fork, mesh), record(mesh, nullptr, x, w, out, partial))
+              << x << " @ " << w << " -> " << out << " partial over '" << partial << "'";
+          EXPECT_EQ(text_of(tape, mesh), forward_only);
+          ++compared;
+        }
+        tape.backward_from(y, {});
+        EXPECT_EQ(text_of(tape, mesh), record(mesh, nullptr, x, w, out, ""));
+      }
+    }
+  }
+  EXPECT_EQ(compared, 3 * 2 * (4 + 2 + 4));  // y[B_X, F]'s gradient is never partial over X
 }
 
 }  // namespace

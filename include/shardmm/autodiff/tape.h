@@ -49,6 +49,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "shardmm/core/mesh.h"
@@ -131,8 +132,8 @@ const std::vector<LocalFunction>& local_functions();
 inline constexpr int kGradientSumBlocks = 5;
 
 // The plans tapes ask the planners for, shared by tapes that record the same contraction or
-// reshard again (solve records each op once per combination of specs, the forward pass again
-// for every layout of its gradient): planned_einsum's by the contraction, its sizes and the
+// reshard again (solve records each op once per combination of specs, and ops alike in what
+// they contract): planned_einsum's by the contraction, its sizes and the
 // dtype; reshards' by the two specs (names included: the steps carry them), the shape and the
 // dtype. A contraction it has not seen is planned with one of its PlannerMemos (each thread
 // planning takes one of its own), so the contractions share their reshards and step costs
@@ -147,7 +148,8 @@ class PlanCache {
 
  private:
   std::mutex mutex_;
-  std::map<std::string, Plan> plans_, reshards_;
+  // Hashed: the keys are long texts that share long beginnings (a map compares them by bytes).
+  std::unordered_map<std::string, Plan> plans_, reshards_;
   std::vector<std::pair<DType, std::unique_ptr<PlannerMemo>>> idle_;  // memos no thread holds now
 };
 
@@ -207,6 +209,13 @@ class Tape {
   ~Tape();
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
+
+  // Symbolic tapes: a copy of everything recorded so far, to go on from there more than one
+  // way (solve runs backward from each layout of an op's result gradient after one forward
+  // pass). var() gives the copy's Vars.
+  std::unique_ptr<Tape> fork() const;
+  // The value recorded `id`-th (Var::id): one of a fork's, by the id it has on the original.
+  Var var(int id);
 
   bool symbolic() const;
   const Mesh& mesh() const;

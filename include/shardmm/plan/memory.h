@@ -105,6 +105,16 @@ StepMemory step_memory(const Mesh& mesh, const Step& step, const DimSizes& sizes
 // inputs + every step's held bytes + (where the backend reduces through a workspace) the
 // largest reduction workspace; saturating.
 std::int64_t peak_bytes(std::int64_t inputs, const std::vector<StepMemory>& steps, bool reduction_workspace);
+// The same, a step at a time: for a planner that weighs a plan it has not built.
+class PeakBytes {
+ public:
+  explicit PeakBytes(std::int64_t inputs) : held_(inputs) {}
+  void add(const StepMemory& step);
+  std::int64_t peak(bool reduction_workspace) const;
+
+ private:
+  std::int64_t held_ = 0, workspace_ = 0;
+};
 
 // A plan input's block of global `shape` on device 0 (the largest), as allocated.
 std::int64_t input_bytes(const Mesh& mesh, const Spec& input, const std::vector<std::int64_t>& shape, DType dtype);

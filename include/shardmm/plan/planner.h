@@ -83,9 +83,19 @@ class PlannerMemo {
   std::unique_ptr<Impl> impl_;
 };
 
+// Which candidates plan_matmul builds in full (steps, specs, description). It weighs every one
+// by its figures either way, so the choice and the order are the same; building the losers is
+// most of its work where a caller plans thousands of contractions (solve).
+enum class Candidates {
+  all,     // every one: the `plan` command lists them; near_tie and find_candidate look among them
+  chosen,  // the chosen one, and the cheapest that fits memory without a collective matmul step
+           // (a tape records steps one at a time), in their order among all
+};
+
 // `memo`, when given, remembers across calls; the answer is the same without it.
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& contraction, const DimSizes& sizes,
-                           const PlanOptions& options, PlannerMemo* memo = nullptr);
+                           const PlanOptions& options, PlannerMemo* memo = nullptr,
+                           Candidates built = Candidates::all);
 
 // The plan's steps' uncertainties summed (Step::confidence): how far its predicted time may be
 // off where the model knows its figures are weak.

@@ -202,5 +202,7 @@ struct Plan {
 // collective matmul ring. Each meeting waits for the group's slowest member, which the cost
 // model does not price (docs/cost-model.md, "Near ties").
 int synchronizations(const Plan& plan);
+// One step's share of that: 1 for a collective, its ring's steps for a collective matmul.
+int synchronizations(const Step& step);
 
 }  // namespace shardmm

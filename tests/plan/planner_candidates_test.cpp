@@ -1,0 +1,93 @@
+// plan_matmul asked to build only the chosen candidate (Candidates::chosen, what a tape asks
+// for) weighs every candidate by its figures without building it: the plans it does build, and
+// its choice, must be those of the call that builds them all, to the last bit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "plan_text.h"
+#include "random_cases.h"
+#include "shardmm/core/error.h"
+#include "shardmm/plan/planner.h"
+
+namespace shardmm {
+namespace {
+
+using testing::everything;
+using testing::Rng;
+using testing::uniform;
+
+bool ringless(const Plan& p) {
+  return std::none_of(p.steps.begin(), p.steps.end(), [](const Step& s) { return is_collective_matmul(s.op); });
+}
+
+// What the call that builds them all says the short list must hold: the chosen candidate and
+// the cheapest that fits without a ring, in their order.
+MatmulPlanning expected_short_list(const MatmulPlanning& all) {
+  MatmulPlanning out;
+  out.every_output_layout = all.every_output_layout;
+  bool ringless_seen = false;
+  for (std::size_t i = 0; i < all.candidates.size(); ++i) {
+    const Plan& p = all.candidates[i];
+    const bool first_ringless = !ringless_seen && p.fits_memory && ringless(p);
+    ringless_seen = ringless_seen || first_ringless;
+    if (static_cast<int>(i) != all.chosen && !first_ringless) continue;
+    if (static_cast<int>(i) == all.chosen) out.chosen = static_cast<int>(out.candidates.size());
+    out.candidates.push_back(p);
+  }
+  return out;
+}
+
+// Random contractions (uneven and empty shards, pending sums, free and pinned outputs) on
+// meshes of up to 3 axes, each planned on a random profile (rings both ways on a torus), with a
+// random memory limit (some candidates over it, sometimes all) and tie margin.
+TEST(PlannerCandidates, ChosenOnlyBuildsWhatAllBuilds) {
+  const std::vector<std::string> profiles = builtin_profile_names();
+  int compared = 0, short_lists = 0, rings_chosen = 0;
+  for (unsigned seed = 1; seed <= testing::scaled_cases(400); ++seed) {
+    Rng rng(seed);
+    const Mesh mesh = testing::random_mesh(rng, 3, 64);
+    // Small sizes for uneven and empty shards, large ones for compute that a ring can hide.
+    const testing::RandomContraction rc = testing::random_contraction(rng, mesh, uniform(rng, 0, 1) ? 9 : 4096);
+    PlanOptions options;
+    options.hw = builtin_profile(profiles[static_cast<std::size_t>(uniform(rng, 0, std::ssize(profiles) - 1))]);
+    options.dtype = uniform(rng, 0, 1) ? DType::bf16 : DType::f32;
+    options.tie_margin = uniform(rng, 0, 3) * 0.02;
+    options.reduction_workspace = uniform(rng, 0, 1) == 1;
+    SCOPED_TRACE("seed " + std::to_string(seed) + ": mesh " + mesh.to_string() + ", " + rc.text + " on " +
+                 options.hw.name);
+    MatmulPlanning all;
+    try {
+      all = plan_matmul(mesh, rc.contraction, rc.sizes, options);
+    } catch (const InputError&) {
+      EXPECT_THROW(plan_matmul(mesh, rc.contraction, rc.sizes, options, nullptr, Candidates::chosen), InputError);
+      continue;
+    }
+    // A limit between the smallest and the largest peak, or under all of them.
+    std::int64_t least = all.candidates.front().peak_bytes_per_device, most = least;
+    for (const Plan& p : all.candidates) {
+      least = std::min(least, p.peak_bytes_per_device);
+      most = std::max(most, p.peak_bytes_per_device);
+    }
+    const int limit = uniform(rng, 0, 3);
+    if (limit > 0) {
+      options.mem_limit_bytes = limit == 1 ? least - 1 : least + (most - least) / limit;
+      all = plan_matmul(mesh, rc.contraction, rc.sizes, options);
+    }
+    const MatmulPlanning chosen = plan_matmul(mesh, rc.contraction, rc.sizes, options, nullptr, Candidates::chosen);
+    ASSERT_EQ(everything(chosen, mesh), everything(expected_short_list(all), mesh));
+    ASSERT_EQ(chosen.cases.size(), all.cases.size());
+    ++compared;
+    short_lists += chosen.candidates.size() < all.candidates.size();
+    rings_chosen += all.chosen >= 0 && !ringless(all.candidates[static_cast<std::size_t>(all.chosen)]);
+  }
+  // The sample held the cases that matter: lists cut short, and rings chosen (two plans built).
+  EXPECT_GT(compared, 300);
+  EXPECT_GT(short_lists, 200);
+  EXPECT_GT(rings_chosen, 5);
+}
+
+}  // namespace
+}  // namespace shardmm
