@@ -365,8 +365,8 @@ void print_hardware(std::ostream& out, const Planning& p) {
                               format_bandwidth(hw.link_bandwidth) +
                               (hw.bidirectional ? " each way (bidirectional)" : " one way") + "; " + hw.topology +
                               "; " + format_time(hw.hop_latency_s) + " per hop" +
-                              (hw.node_devices > 0 ? "; nodes of " + std::to_string(hw.node_devices) +
-                                                         " devices, joined by a scale-out network of " +
+                              (hw.node_devices > 0 ? "; " + std::to_string(hw.node_devices) +
+                                                         " devices per node; between nodes " +
                                                          format_bandwidth(hw.scaleout_bandwidth) +
                                                          " each way per device, " +
                                                          format_time(hw.scaleout_latency_s) + " per hop"
