@@ -371,7 +371,13 @@ void print_hardware(std::ostream& out, const Planning& p) {
   const std::string figures = "peak " + join(peaks, ", ") + "; HBM " + format_bandwidth(hw.hbm_bandwidth) + "; links " +
                               format_bandwidth(hw.link_bandwidth) +
                               (hw.bidirectional ? " each way (bidirectional)" : " one way") + "; " + hw.topology +
-                              "; " + format_time(hw.hop_latency_s) + " per hop";
+                              "; " + format_time(hw.hop_latency_s) + " per hop" +
+                              (hw.node_devices > 0 ? "; " + std::to_string(hw.node_devices) +
+                                                         " devices per node; between nodes " +
+                                                         format_bandwidth(hw.scaleout_bandwidth) +
+                                                         " each way per device, " +
+                                                         format_time(hw.scaleout_latency_s) + " per hop"
+                                                   : std::string());
   out << "            " << wrap(figures, 88, "            ") << "\n";
   if (hw.calibration) {
     std::set<int> group_sizes;

@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardmm/core/error.h"
@@ -17,7 +20,8 @@ namespace shardmm {
 
 namespace {
 
-// --- collectives (docs/cost-model.md, "Collectives on a torus" and "... behind a switch") ---
+// --- collectives (docs/cost-model.md, "Collectives on a torus", "... behind a switch" and
+// "... across nodes") ---
 
 struct Regimes {
   double hops = 0;       // latency-bound: hops * hop_latency_s
@@ -73,6 +77,91 @@ Regimes switched(const HardwareProfile& hw, OpKind op, double n, double bytes) {
       break;
   }
   throw std::logic_error("switched(): not a collective");
+}
+
+// Where the groups over some axes sit in the nodes of a switch profile: the most nodes one
+// group touches and, over every group and node, the fewest and the most members one node holds
+// (a group whose members share a node: nodes 1, fewest = most = its size).
+struct NodeSpan {
+  std::int64_t nodes = 1;
+  std::int64_t fewest = 0;
+  std::int64_t most = 0;
+};
+
+// Counted device by device, node by node (a node is a run of node_devices ids), so that a
+// layout whose nodes cut a group unevenly (X=12 on 8-GPU nodes: 8 and 4) is counted as it is.
+// Memoized: the planners ask about the same few groups thousands of times.
+NodeSpan node_span(const Mesh& mesh, const AxisList& group, std::int64_t node_devices) {
+  using Key = std::tuple<std::vector<std::int64_t>, AxisList, std::int64_t>;
+  static std::mutex mutex;
+  static std::map<Key, NodeSpan> memo;
+  std::vector<std::int64_t> sizes;
+  for (const MeshAxis& a : mesh.axes()) sizes.push_back(a.size);
+  Key key{sizes, group, node_devices};
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = memo.find(key); it != memo.end()) return it->second;
+  }
+  const std::int64_t n = mesh.group_size(group);
+  NodeSpan span{1, n, n};
+  if (mesh.device_count() > node_devices) {
+    span.most = 0;
+    std::map<std::int64_t, std::int64_t> nodes_of;  // by the group's first member
+    std::map<std::int64_t, std::int64_t> here;      // members in the current node, by group
+    for (std::int64_t first = 0; first < mesh.device_count(); first += node_devices) {
+      here.clear();
+      for (std::int64_t d = first; d < std::min(first + node_devices, mesh.device_count()); ++d) {
+        std::int64_t base = d;
+        for (int axis : group) base -= mesh.coord(d, axis) * mesh.stride(axis);
+        ++here[base];
+      }
+      for (const auto& [base, members] : here) {
+        span.nodes = std::max(span.nodes, ++nodes_of[base]);
+        span.fewest = std::min(span.fewest, members);
+        span.most = std::max(span.most, members);
+      }
+    }
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  memo.emplace(std::move(key), span);
+  return span;
+}
+
+// A group across nodes (docs/cost-model.md, "Collectives across nodes"): the Scaling Book's
+// hierarchical model, each level a collective of its own, the levels overlapped, so the slower
+// sets the bandwidth term; NCCL's ring step counts, the steps between nodes at the scale-out
+// latency, for the latency term. V: array_bytes as cost.h defines it.
+CollectiveCost across_nodes(const HardwareProfile& hw, OpKind op, double n, const NodeSpan& span, double bytes) {
+  const double m = static_cast<double>(span.nodes);
+  const double few = static_cast<double>(span.fewest), most = static_cast<double>(span.most);
+  CollectiveCost c;
+  double inside = 0, between = 0;
+  switch (op) {
+    case OpKind::all_gather:
+    case OpKind::reduce_scatter:
+    case OpKind::all_reduce: {
+      // Within a node: the k members' ring over NVLink, V (k - 1) / (k L). Between nodes: what
+      // the node lacks, V (n - k) / n, through its k members' NICs.
+      const double factor = op == OpKind::all_reduce ? 2 : 1;
+      inside = factor * bytes * (most - 1) / (most * hw.link_bandwidth);
+      between = factor * bytes * (n - few) / (n * few * hw.scaleout_bandwidth);
+      c.latency_s = factor * ((n - m) * hw.hop_latency_s + (m - 1) * hw.scaleout_latency_s);
+      break;
+    }
+    case OpKind::all_to_all:
+      // Every member sends V / n to each other member: to the k - 1 in its node over NVLink, to
+      // the n - k in other nodes through its own NIC. One step, the sends concurrent, at the
+      // slower link's latency.
+      inside = bytes * (most - 1) / (n * hw.link_bandwidth);
+      between = bytes * (n - few) / (n * hw.scaleout_bandwidth);
+      c.latency_s = std::max(hw.hop_latency_s, hw.scaleout_latency_s);
+      break;
+    default:
+      throw std::logic_error("across_nodes(): not a collective");
+  }
+  c.bandwidth_s = std::max(inside, between);
+  c.time_s = std::max(c.latency_s, c.bandwidth_s);
+  return c;
 }
 
 // The fit of `op` on `group_size` whose size range holds `bytes`: the segment starting
@@ -205,6 +294,9 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
   if (fit) {
     const double beta_term = fit->beta_s_per_byte * bytes;
     cost = {fit->alpha_s, beta_term, fit->alpha_s + beta_term, {}};
+  } else if (const NodeSpan span = hw.node_devices > 0 ? node_span(mesh, group, hw.node_devices) : NodeSpan{};
+             span.nodes > 1) {
+    cost = across_nodes(hw, op, n, span, bytes);
   } else {
     const Regimes r = hw.topology == "switch" ? switched(hw, op, n, bytes) : torus(hw, op, sizes, bytes);
     cost = {r.hops * hw.hop_latency_s, r.bandwidth, r.time(hw.hop_latency_s), {}};
@@ -299,16 +391,37 @@ LocalOpCost local_op_cost(const HardwareProfile& hw, DType dtype, std::string_vi
   return c;
 }
 
-double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes) {
-  if (bytes < 0) throw UsageError("ring_hop_time: negative bytes");
-  detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
-  return hw.hop_latency_s + static_cast<double>(bytes) / hw.link_bandwidth;
+bool group_spans_nodes(const HardwareProfile& hw, const Mesh& mesh, const AxisList& group) {
+  return hw.node_devices > 0 && node_span(mesh, group, hw.node_devices).nodes > 1;
 }
 
-Bound ring_hop_bound(const HardwareProfile& hw, std::int64_t bytes) {
-  const double hop = ring_hop_time(hw, bytes);
-  if (hop <= 0) return Bound::none;
-  return hw.hop_latency_s >= static_cast<double>(bytes) / hw.link_bandwidth ? Bound::latency : Bound::bandwidth;
+namespace {
+
+// The link one ring hop waits for: a NIC where the ring crosses nodes (every hop moves at once,
+// so the slowest sets the pace), else the profile's link.
+struct HopLink {
+  double latency_s;
+  double bandwidth;
+};
+
+HopLink hop_link(const HardwareProfile& hw, const Mesh& mesh, const AxisList& group, std::int64_t bytes) {
+  if (bytes < 0) throw UsageError("ring_hop_time: negative bytes");
+  detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
+  if (group_spans_nodes(hw, mesh, group)) return {hw.scaleout_latency_s, hw.scaleout_bandwidth};
+  return {hw.hop_latency_s, hw.link_bandwidth};
+}
+
+}  // namespace
+
+double ring_hop_time(const HardwareProfile& hw, const Mesh& mesh, const AxisList& group, std::int64_t bytes) {
+  const HopLink link = hop_link(hw, mesh, group, bytes);
+  return link.latency_s + static_cast<double>(bytes) / link.bandwidth;
+}
+
+Bound ring_hop_bound(const HardwareProfile& hw, const Mesh& mesh, const AxisList& group, std::int64_t bytes) {
+  const HopLink link = hop_link(hw, mesh, group, bytes);
+  if (link.latency_s + static_cast<double>(bytes) / link.bandwidth <= 0) return Bound::none;
+  return link.latency_s >= static_cast<double>(bytes) / link.bandwidth ? Bound::latency : Bound::bandwidth;
 }
 
 std::vector<int> ring_chunks(std::int64_t members, bool bidirectional) {

@@ -83,13 +83,17 @@ const std::vector<HardwareProfile>& builtins() {
     h100.description =
         "NVIDIA H100 SXM in an 8-GPU NVLink 4 node behind NVSwitches (Scaling Book 'How to "
         "Think About GPUs'; NVIDIA datasheet): dense bf16/f16 tensor core, f32 on CUDA cores, "
-        "f64 on the FP64 tensor core; 450 GB/s NVLink egress per direction";
+        "f64 on the FP64 tensor core; 450 GB/s NVLink egress per direction; nodes joined by "
+        "InfiniBand, one 400 Gbps NIC (50 GB/s each way) per GPU (Scaling Book 'Beyond the node level')";
     h100.peak_flops = {{DType::bf16, 9.9e14}, {DType::f16, 9.9e14}, {DType::f32, 6.7e13}, {DType::f64, 6.7e13}};
     h100.hbm_bandwidth = 3.35e12;
     h100.link_bandwidth = 4.5e11;
     h100.bidirectional = true;
     h100.hop_latency_s = 1e-6;
     h100.topology = "switch";
+    h100.node_devices = 8;
+    h100.scaleout_bandwidth = 5e10;
+    h100.scaleout_latency_s = 5e-6;
     v.push_back(std::move(h100));
     return v;
   }();
@@ -113,6 +117,13 @@ void check_rate(double v, const std::string& where, const std::string& key, cons
                      show_number(v));
   }
 }
+void check_latency(double v, const std::string& where, const std::string& key) {
+  if (!std::isfinite(v) || v < 0 || v > 1) {
+    throw InputError(where + ": key '" + key + "' must be a number of seconds from 0 to 1 (a hop takes microseconds), got " +
+                     show_number(v));
+  }
+}
+
 // A profile is a few hundred bytes; the cap stops a path such as /dev/zero from reading
 // until memory runs out.
 constexpr std::size_t kMaxProfileBytes = std::size_t{1} << 20;
@@ -180,7 +191,8 @@ json parse_json(std::string_view text, const std::string& origin) {
 }
 
 const char* const kKeys[] = {"name",          "description",   "peak_flops", "hbm_bandwidth", "link_bandwidth",
-                             "bidirectional", "hop_latency_s", "topology",   "calibration"};
+                             "bidirectional", "hop_latency_s", "topology",   "node_devices", "scaleout_bandwidth",
+                             "scaleout_latency_s", "calibration"};
 
 const json& required(const json& object, const std::string& key, const std::string& origin) {
   const auto it = object.find(key);
@@ -442,14 +454,21 @@ void detail::validate_profile(const HardwareProfile& p, const std::string& where
   }
   check_rate(p.hbm_bandwidth, where, "hbm_bandwidth", "bytes/s");
   check_rate(p.link_bandwidth, where, "link_bandwidth", "bytes/s");
-  if (!std::isfinite(p.hop_latency_s) || p.hop_latency_s < 0 || p.hop_latency_s > 1) {
-    throw InputError(where +
-                     ": key 'hop_latency_s' must be a number of seconds from 0 to 1 (a hop takes "
-                     "microseconds), got " +
-                     show_number(p.hop_latency_s));
-  }
+  check_latency(p.hop_latency_s, where, "hop_latency_s");
   if (p.topology != "torus" && p.topology != "switch") {
     throw InputError(where + ": key 'topology' must be 'torus' or 'switch', got '" + p.topology + "'");
+  }
+  if (p.node_devices < 0) {
+    throw InputError(where + ": key 'node_devices' must be a whole number >= 0 (the devices one switch joins; 0: " +
+                     "one node), got " + std::to_string(p.node_devices));
+  }
+  if (p.node_devices > 0) {
+    if (p.topology != "switch") {
+      throw InputError(where + ": key 'node_devices' needs topology 'switch' (a torus has no nodes: its axes are " +
+                       "its links), got '" + p.topology + "'");
+    }
+    check_rate(p.scaleout_bandwidth, where, "scaleout_bandwidth", "bytes/s");
+    check_latency(p.scaleout_latency_s, where, "scaleout_latency_s");
   }
 }
 
@@ -489,8 +508,8 @@ HardwareProfile parse_profile_json(std::string_view json_text, std::string_view 
   for (const auto& [key, _] : doc.items()) {
     if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
       throw InputError(origin + ": unknown key '" + key +
-                       "'; expected name, description, peak_flops, "
-                       "hbm_bandwidth, link_bandwidth, bidirectional, hop_latency_s, topology, calibration");
+                       "'; expected name, description, peak_flops, hbm_bandwidth, link_bandwidth, bidirectional, "
+                       "hop_latency_s, topology, node_devices, scaleout_bandwidth, scaleout_latency_s, calibration");
     }
   }
 
@@ -521,6 +540,29 @@ HardwareProfile parse_profile_json(std::string_view json_text, std::string_view 
   p.bidirectional = bidi.get<bool>();
   p.hop_latency_s = number_value(required(doc, "hop_latency_s", origin), "hop_latency_s", origin);
   p.topology = string_value(required(doc, "topology", origin), "topology", origin);
+  if (const auto it = doc.find("node_devices"); it != doc.end()) {
+    if (!it->is_number_integer()) wrong_type(origin, "node_devices", "a whole number", *it);
+    // Clamped, not wrapped: a count past any machine still reads as "more than the mesh".
+    p.node_devices = it->is_number_unsigned() ? static_cast<std::int64_t>(std::min<std::uint64_t>(
+                                                    it->get<std::uint64_t>(), std::uint64_t{1} << 62))
+                                              : it->get<std::int64_t>();
+  }
+  // The scale-out network's figures come exactly with nodes: one without the other is a profile
+  // half written (validate_profile says what a negative node_devices means).
+  for (auto [key, field] : {std::pair{"scaleout_bandwidth", &p.scaleout_bandwidth},
+                            std::pair{"scaleout_latency_s", &p.scaleout_latency_s}}) {
+    const auto it = doc.find(key);
+    if (p.node_devices > 0 && it == doc.end()) {
+      throw InputError(origin + ": missing key '" + key +
+                       "'; a profile with node_devices needs scaleout_bandwidth and scaleout_latency_s");
+    }
+    if (p.node_devices == 0 && it != doc.end()) {
+      throw InputError(origin + ": key '" + key +
+                       "' needs node_devices above 0 (the scale-out network joins nodes; without them every device "
+                       "is behind one switch)");
+    }
+    if (it != doc.end()) *field = number_value(*it, key, origin);
+  }
   if (const auto it = doc.find("calibration"); it != doc.end()) p.calibration = parse_calibration(*it, origin);
 
   detail::validate_profile(p, origin);
@@ -538,6 +580,11 @@ std::string profile_to_json(const HardwareProfile& hw) {
               {"bidirectional", hw.bidirectional},
               {"hop_latency_s", hw.hop_latency_s},
               {"topology", hw.topology}};
+  if (hw.node_devices > 0) {
+    doc["node_devices"] = hw.node_devices;
+    doc["scaleout_bandwidth"] = hw.scaleout_bandwidth;
+    doc["scaleout_latency_s"] = hw.scaleout_latency_s;
+  }
   if (hw.calibration) doc["calibration"] = calibration_json(*hw.calibration);
   return doc.dump(2) + "\n";
 }

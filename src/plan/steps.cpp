@@ -545,7 +545,7 @@ Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_c
   s.bytes_received = collective.bytes_received;
   s.ring_steps = static_cast<int>(chunks.size());
   s.confidence.add_part(collective.confidence);
-  const double hop = ring_hop_time(coster.options().hw, hop_bytes);
+  const double hop = ring_hop_time(coster.options().hw, coster.mesh(), collective.axes, hop_bytes);
   s.comm_time_s = hop * static_cast<double>(chunks.size() - 1);  // the hops of one step move at once
   s.compute_time_s = einsum.time_s;
   const auto& calibration = coster.options().hw.calibration;
@@ -553,7 +553,7 @@ Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_c
   // On a calibrated profile each hop's hand-off also costs what no GEMM hides (cost.h).
   const double handoffs = calibration ? static_cast<double>(chunks.size() - 1) * calibration->ring_handoff_s : 0;
   s.time_s = overlapped_ring_time(chunks, chunk_compute_s, hop, overlap) + handoffs;
-  s.bound = s.compute_time_s >= s.comm_time_s ? Bound::compute : ring_hop_bound(coster.options().hw, hop_bytes);
+  s.bound = s.compute_time_s >= s.comm_time_s ? Bound::compute : ring_hop_bound(coster.options().hw, coster.mesh(), collective.axes, hop_bytes);
   return s;
 }
 

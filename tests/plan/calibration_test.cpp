@@ -319,11 +319,11 @@ TEST(CalibratedCost, EachRingHidesTheShareOfItsHopsItsOverlapSays) {
   const char* row_parallel = "A[I, J_X] @ B[J_X, K] -> C[I_X, K]";  // C's partial blocks: 256 x 16 f32
   const HardwareProfile hw = calibrated();
   EXPECT_NEAR(ring_time(fsdp, OpKind::all_gather_einsum, 0, 1) - ring_time(fsdp, OpKind::all_gather_einsum, 1, 1),
-              3 * ring_hop_time(hw, 1024 * 4 * 4), 1e-15);
+              3 * ring_hop_time(hw, mesh, {0}, 1024 * 4 * 4), 1e-15);
   EXPECT_EQ(ring_time(fsdp, OpKind::all_gather_einsum, 1, 0), ring_time(fsdp, OpKind::all_gather_einsum, 1, 1));
   EXPECT_NEAR(ring_time(row_parallel, OpKind::einsum_reduce_scatter, 1, 0) -
                   ring_time(row_parallel, OpKind::einsum_reduce_scatter, 1, 1),
-              3 * ring_hop_time(hw, 256 * 16 * 4), 1e-15);
+              3 * ring_hop_time(hw, mesh, {0}, 256 * 16 * 4), 1e-15);
   EXPECT_EQ(ring_time(row_parallel, OpKind::einsum_reduce_scatter, 0, 1),
             ring_time(row_parallel, OpKind::einsum_reduce_scatter, 1, 1));
 }

@@ -194,8 +194,8 @@ TEST(TorusCollectives, BoundNamesTheLargerTermOnEitherSideOfTheBoundary) {
   EXPECT_DOUBLE_EQ(large.time_s, time_on(v5e, "X=8", OpKind::all_gather, {0}, boundary * 2));
   EXPECT_EQ(collective_cost(v5e, mesh, OpKind::all_gather, {0}, 0).bound(), Bound::none);
   // A ring's hop: the same rule, one link one way (45 kB at 1 us over 45 GB/s).
-  EXPECT_EQ(ring_hop_bound(v5e, 40000), Bound::latency);
-  EXPECT_EQ(ring_hop_bound(v5e, 50000), Bound::bandwidth);
+  EXPECT_EQ(ring_hop_bound(v5e, mesh, {0}, 40000), Bound::latency);
+  EXPECT_EQ(ring_hop_bound(v5e, mesh, {0}, 50000), Bound::bandwidth);
 }
 
 TEST(LocalWork, EinsumBoundIsTheRooflinesLargerTerm) {
@@ -303,6 +303,124 @@ TEST(SwitchCollectives, LatencyStepsAndAxesDoNotMatter) {
   for (OpKind op : {OpKind::all_gather, OpKind::all_reduce, OpKind::all_to_all}) {
     EXPECT_DOUBLE_EQ(time_on(h100, "X=2,Y=4", op, {0, 1}, 1 << 26), time_on(h100, "X=8", op, {0}, 1 << 26));
   }
+}
+
+// ---- across the nodes of a switch profile (docs/cost-model.md, "Collectives across nodes") ----
+
+TEST(NodeCollectives, H100HasTheBooksNode) {
+  // 8 GPUs per node, 8 x 400 Gbps NICs per node: 50 GB/s each way per GPU [SBG].
+  const HardwareProfile h100 = builtin_profile("h100");
+  EXPECT_EQ(h100.node_devices, 8);
+  EXPECT_DOUBLE_EQ(h100.scaleout_bandwidth, 5e10);
+  EXPECT_DOUBLE_EQ(h100.scaleout_latency_s, 5e-6);
+}
+
+TEST(NodeCollectives, AGroupInsideANodeCostsAsBehindOneSwitch) {
+  // X=4,Y=8: each node holds one x and every y, so a group over Y is 8 GPUs of one node.
+  const HardwareProfile h100 = builtin_profile("h100");
+  HardwareProfile one_domain = h100;
+  one_domain.node_devices = 0;
+  for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
+    for (std::int64_t bytes : {std::int64_t{64}, std::int64_t{1} << 30}) {
+      EXPECT_EQ(time_on(h100, "X=4,Y=8", op, {1}, bytes), time_on(one_domain, "X=4,Y=8", op, {1}, bytes))
+          << to_string(op);
+      EXPECT_DOUBLE_EQ(time_on(h100, "X=4,Y=8", op, {1}, bytes), time_on(h100, "Y=8", op, {0}, bytes))
+          << to_string(op);
+    }
+  }
+  // A mesh no larger than a node never leaves it.
+  EXPECT_EQ(time_on(h100, "X=2,Y=4", OpKind::all_gather, {0, 1}, 1 << 26),
+            time_on(one_domain, "X=2,Y=4", OpKind::all_gather, {0, 1}, 1 << 26));
+}
+
+TEST(NodeCollectives, BooksAllGatherOverTwoNodesIsBoundByTheNode) {
+  // Scaling Book GPU chapter, Quiz 4 Question 5: an AllGather of B bytes over exactly 2 nodes
+  // costs B * 7 / (8 * 450e9) = B / 514e9 in the node and B * 1 / (2 * 400e9) = B / 800e9 between
+  // the nodes (8 NICs of 50 GB/s): bounded by the node level.
+  const HardwareProfile h100 = builtin_profile("h100");
+  const double b = 1 << 30;
+  const CollectiveCost c = collective_cost(h100, Mesh::parse("X=16"), OpKind::all_gather, {0}, 1 << 30);
+  EXPECT_DOUBLE_EQ(c.bandwidth_s, b * 7 / (8 * 4.5e11));
+  EXPECT_DOUBLE_EQ(c.time_s, b * 7 / (8 * 4.5e11));
+  // The scale-out part alone, seen where it is the larger: the NICs at 1/100 of the book's.
+  HardwareProfile slow = h100;
+  slow.scaleout_bandwidth = 5e8;
+  EXPECT_DOUBLE_EQ(time_on(slow, "X=16", OpKind::all_gather, {0}, 1 << 30), b / (2 * 8 * 5e8));
+}
+
+TEST(NodeCollectives, BooksAllGatherBeyondTheNodeIsBytesOverNodeEgress) {
+  // Many nodes, all 8 GPUs of each in the group: B (M - 1) / (M * W_node), W_node = 400 GB/s
+  // [SBG "Cross-node collectives", Quiz 4 Question 1]; the node's B * 7 / (8 * 450e9) is less.
+  const HardwareProfile h100 = builtin_profile("h100");
+  const double b = 1 << 30;
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=64", OpKind::all_gather, {0}, 1 << 30), b * 7 / (8 * 4e11));
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=64", OpKind::reduce_scatter, {0}, 1 << 30), b * 7 / (8 * 4e11));
+  // An AllReduce is twice that without in-network reduction.
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=64", OpKind::all_reduce, {0}, 1 << 30), 2 * b * 7 / (8 * 4e11));
+}
+
+TEST(NodeCollectives, AnOuterAxisGoesThroughOneNicPerNode) {
+  // AllGather_X(bf16[D_X, F_Y]) with Y the inner axis of 8 (one node per x), D = 8192, F = 32768:
+  // each device gathers V = 2 D F / 8 bytes from the other 3 nodes through its own NIC:
+  // V * 3 / (4 * 50e9), which is the whole array's 2 D F * 3 / (4 * 400e9): an inner axis of
+  // exactly a node leaves the outer collective's cost as it was [SBG, "Reductions when array is
+  // sharded over a separate axis", Pop Quiz 3].
+  const HardwareProfile h100 = builtin_profile("h100");
+  const double whole = 2.0 * 8192 * 32768;
+  const auto v = static_cast<std::int64_t>(whole / 8);
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=4,Y=8", OpKind::all_gather, {0}, v), whole * 3 / (4 * 4e11));
+  // The same group behind one switch took V * 3 / (4 * 450e9): nine times less.
+  HardwareProfile one_domain = h100;
+  one_domain.node_devices = 0;
+  EXPECT_DOUBLE_EQ(time_on(one_domain, "X=4,Y=8", OpKind::all_gather, {0}, v), v * 3.0 / (4 * 4.5e11));
+  // The same axis sizes the other way round: Y=8 is then the outer axis, two y per node.
+  EXPECT_DOUBLE_EQ(time_on(h100, "Y=8,X=4", OpKind::all_gather, {0}, v), v * (8.0 - 2) / (8 * 2 * 5e10));
+}
+
+TEST(NodeCollectives, BooksAllToAllAcrossNodes) {
+  // N-way AllToAll over M = N / 8 nodes: B (M - 1) / (M^2 W_node) for a global array of B = N S
+  // bytes [SBG, "Other collectives"]; per device S (M - 1) / (M * 50e9).
+  const HardwareProfile h100 = builtin_profile("h100");
+  const double s = 1 << 30;
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=16", OpKind::all_to_all, {0}, 1 << 30), 16 * s * 1 / (4 * 4e11));
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=32", OpKind::all_to_all, {0}, 1 << 30), 32 * s * 3 / (16 * 4e11));
+  // More than 4x slower than inside one node: S * 7 / (8 * 450e9) [SBG].
+  EXPECT_GT(time_on(h100, "X=16", OpKind::all_to_all, {0}, 1 << 30),
+            4 * time_on(h100, "X=8", OpKind::all_to_all, {0}, 1 << 30));
+}
+
+TEST(NodeCollectives, LatencyCountsTheStepsBetweenNodesAtTheScaleOutLatency) {
+  // NCCL's ring: n - 1 steps, of which m - 1 cross nodes [NC]; 16 GPUs on 2 nodes:
+  // 14 * 1 us + 1 * 5 us; an AllReduce twice that; an AllToAll one step, at the network's.
+  const HardwareProfile h100 = builtin_profile("h100");
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=16", OpKind::all_gather, {0}, 64), 19e-6);
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=16", OpKind::all_reduce, {0}, 64), 38e-6);
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=16", OpKind::all_to_all, {0}, 64), 5e-6);
+  EXPECT_EQ(collective_cost(h100, Mesh::parse("X=16"), OpKind::all_gather, {0}, 64).bound(), Bound::latency);
+}
+
+TEST(NodeCollectives, UnevenNodesArePacedByTheNodeWithFewestMembers) {
+  // X=12 on 8-GPU nodes: devices 0-7 and 8-11. The second node's 4 NICs bring in the 8 of 12
+  // shards it lacks; the first node's ring has 8 members.
+  const HardwareProfile h100 = builtin_profile("h100");
+  const double v = 1 << 30;
+  EXPECT_DOUBLE_EQ(time_on(h100, "X=12", OpKind::all_gather, {0}, 1 << 30),
+                   std::max(v * 7 / (8 * 4.5e11), v * 8 / (12 * 4 * 5e10)));
+  EXPECT_TRUE(group_spans_nodes(h100, Mesh::parse("X=12"), {0}));
+  EXPECT_FALSE(group_spans_nodes(h100, Mesh::parse("X=4,Y=8"), {1}));
+  EXPECT_FALSE(group_spans_nodes(builtin_profile("tpu-v5e"), Mesh::parse("X=12"), {0}));
+}
+
+TEST(NodeCollectives, ARingAcrossNodesHopsAtTheNicsPace) {
+  const HardwareProfile h100 = builtin_profile("h100");
+  const Mesh mesh = Mesh::parse("X=2,Y=8");
+  EXPECT_DOUBLE_EQ(ring_hop_time(h100, mesh, {1}, 1 << 20), 1e-6 + (1 << 20) / 4.5e11);
+  EXPECT_DOUBLE_EQ(ring_hop_time(h100, mesh, {0}, 1 << 20), 5e-6 + (1 << 20) / 5e10);
+  // The boundary moves with the link: 5 us * 50 GB/s = 250 kB per hop between nodes, 1 us *
+  // 450 GB/s = 450 kB inside one.
+  EXPECT_EQ(ring_hop_bound(h100, mesh, {0}, 200000), Bound::latency);
+  EXPECT_EQ(ring_hop_bound(h100, mesh, {0}, 300000), Bound::bandwidth);
+  EXPECT_EQ(ring_hop_bound(h100, mesh, {1}, 300000), Bound::latency);
 }
 
 // ---- misuse of the API (programming errors, not user input) ----
@@ -424,18 +542,8 @@ TEST(LocalCopyTime, ReadsAndWritesTheBytes) {
 
 // ---- profile files ----
 
-json to_json(const HardwareProfile& p) {
-  json peaks = json::object();
-  for (const auto& [dtype, flops] : p.peak_flops) peaks[to_string(dtype)] = flops;
-  return {{"name", p.name},
-          {"description", p.description},
-          {"peak_flops", peaks},
-          {"hbm_bandwidth", p.hbm_bandwidth},
-          {"link_bandwidth", p.link_bandwidth},
-          {"bidirectional", p.bidirectional},
-          {"hop_latency_s", p.hop_latency_s},
-          {"topology", p.topology}};
-}
+// The library's own writer: what parse_profile_json must read back unchanged.
+json to_json(const HardwareProfile& p) { return json::parse(profile_to_json(p)); }
 
 void expect_same(const HardwareProfile& a, const HardwareProfile& b) {
   EXPECT_EQ(a.name, b.name);
@@ -446,6 +554,9 @@ void expect_same(const HardwareProfile& a, const HardwareProfile& b) {
   EXPECT_EQ(a.bidirectional, b.bidirectional);
   EXPECT_EQ(a.hop_latency_s, b.hop_latency_s);
   EXPECT_EQ(a.topology, b.topology);
+  EXPECT_EQ(a.node_devices, b.node_devices);
+  EXPECT_EQ(a.scaleout_bandwidth, b.scaleout_bandwidth);
+  EXPECT_EQ(a.scaleout_latency_s, b.scaleout_latency_s);
 }
 
 TEST(ProfileJson, BuiltinsRoundTrip) {
@@ -478,6 +589,15 @@ TEST(ProfileJson, ParsesAValidProfile) {
 }
 
 json valid_profile() { return to_json(builtin_profile("tpu-v5e")); }
+
+// `d` made a switch of 8-device nodes with the h100's scale-out figures.
+json& with_nodes(json& d) {
+  d["topology"] = "switch";
+  d["node_devices"] = 8;
+  d["scaleout_bandwidth"] = 5e10;
+  d["scaleout_latency_s"] = 5e-6;
+  return d;
+}
 
 struct BadProfile {
   std::string what;
@@ -514,7 +634,8 @@ INSTANTIATE_TEST_SUITE_P(
                    std::string("missing key 'topology'") + kMissingTail},
         BadProfile{"unknown_key", [](json& d) { d["hbm_bw"] = 1; },
                    "unknown key 'hbm_bw'; expected name, description, peak_flops, hbm_bandwidth, link_bandwidth, "
-                   "bidirectional, hop_latency_s, topology, calibration"},
+                   "bidirectional, hop_latency_s, topology, node_devices, scaleout_bandwidth, scaleout_latency_s, "
+                   "calibration"},
         BadProfile{"name_not_string", [](json& d) { d["name"] = 5; }, "key 'name' must be a string, got number"},
         BadProfile{"name_empty", [](json& d) { d["name"] = ""; }, "key 'name' must be a non-empty string"},
         BadProfile{"description_not_string", [](json& d) { d["description"] = json::array(); },
@@ -553,7 +674,29 @@ INSTANTIATE_TEST_SUITE_P(
         BadProfile{"topology_not_string", [](json& d) { d["topology"] = 3; },
                    "key 'topology' must be a string, got number"},
         BadProfile{"topology_unknown", [](json& d) { d["topology"] = "ring"; },
-                   "key 'topology' must be 'torus' or 'switch', got 'ring'"}),
+                   "key 'topology' must be 'torus' or 'switch', got 'ring'"},
+        BadProfile{"nodes_negative", [](json& d) { with_nodes(d)["node_devices"] = -8; },
+                   "key 'node_devices' must be a whole number >= 0 (the devices one switch joins; 0: one node), got "
+                   "-8"},
+        BadProfile{"nodes_fraction", [](json& d) { with_nodes(d)["node_devices"] = 7.5; },
+                   "key 'node_devices' must be a whole number, got number"},
+        BadProfile{"nodes_on_a_torus", [](json& d) { with_nodes(d)["topology"] = "torus"; },
+                   "key 'node_devices' needs topology 'switch' (a torus has no nodes: its axes are its links), got "
+                   "'torus'"},
+        BadProfile{"nodes_without_scaleout_bandwidth", [](json& d) { with_nodes(d).erase("scaleout_bandwidth"); },
+                   "missing key 'scaleout_bandwidth'; a profile with node_devices needs scaleout_bandwidth and "
+                   "scaleout_latency_s"},
+        BadProfile{"nodes_without_scaleout_latency", [](json& d) { with_nodes(d).erase("scaleout_latency_s"); },
+                   "missing key 'scaleout_latency_s'; a profile with node_devices needs scaleout_bandwidth and "
+                   "scaleout_latency_s"},
+        BadProfile{"scaleout_without_nodes", [](json& d) { with_nodes(d).erase("node_devices"); },
+                   "key 'scaleout_bandwidth' needs node_devices above 0 (the scale-out network joins nodes; without "
+                   "them every device is behind one switch)"},
+        BadProfile{"scaleout_bandwidth_zero", [](json& d) { with_nodes(d)["scaleout_bandwidth"] = 0; },
+                   "key 'scaleout_bandwidth' must be a finite rate of at least 1 bytes/s, got 0"},
+        BadProfile{"scaleout_latency_huge", [](json& d) { with_nodes(d)["scaleout_latency_s"] = 2; },
+                   "key 'scaleout_latency_s' must be a number of seconds from 0 to 1 (a hop takes microseconds), got "
+                   "2"}),
     [](const ::testing::TestParamInfo<BadProfile>& info) { return info.param.what; });
 
 TEST(ProfileJson, NotAnObject) {

@@ -451,7 +451,16 @@ void check_collective_matmul(const Step& s, const Contraction& c, const Mesh& m,
   // A hop moves the largest shard (all_gather_einsum) or output block (einsum_reduce_scatter).
   const Spec& hop_spec = gathers ? u.collective.from : s.to;
   const std::int64_t hop_bytes = max_local_elements(m, hop_spec, shape_of(hop_spec, sizes)) * dtype_bytes(opt.dtype);
-  const double hop = opt.hw.hop_latency_s + static_cast<double>(hop_bytes) / opt.hw.link_bandwidth;
+  // A ring with members in more than one node (a switch profile's node_devices) hops at the pace
+  // of a hop between nodes: one device's NIC.
+  bool across_nodes = false;
+  for (std::int64_t d = 0; opt.hw.node_devices > 0 && d < m.device_count(); ++d) {
+    for (std::int64_t peer : m.group_members(d, s.axes))
+      across_nodes = across_nodes || peer / opt.hw.node_devices != d / opt.hw.node_devices;
+  }
+  const double hop =
+      across_nodes ? opt.hw.scaleout_latency_s + static_cast<double>(hop_bytes) / opt.hw.scaleout_bandwidth
+                   : opt.hw.hop_latency_s + static_cast<double>(hop_bytes) / opt.hw.link_bandwidth;
   EXPECT_DOUBLE_EQ(s.comm_time_s, hop * static_cast<double>(chunks.size() - 1));
   // A chunk's compute: the einsum's share by the largest chunk of the ring's dimension.
   const std::int64_t size = sizes.at(letter);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <functional>
 #include <random>
+#include <stdexcept>
 
 #include "random_cases.h"
 #include "repo_files.h"
@@ -616,6 +617,53 @@ TEST(Solve, FindsDataParallelismForALargeBatch) {
       }
     }
     expect_no_named_strategy_beats(r);
+  }
+}
+
+// The Scaling Book's answer on GPUs (issue 27): on nodes of 8 H100s joined by InfiniBand, the
+// decoder's tensor parallelism (Megatron's attention: heads split, the output projection's partial
+// sums reduced) stays on the axis inside the node, on NVLink, and the batch is split on the axis
+// across the nodes, whose NICs carry 9x less; whichever name and place the in-node axis has. The
+// sizes of a large dense model (D = 16384): splitting the batch across nodes pays for reducing the
+// gradients there from about 13k tokens per replica (docs/cost-model.md, "Collectives across
+// nodes"); here 16k.
+TEST(Solve, KeepsTensorParallelismInTheNodeAndSplitsTheBatchAcrossNodes) {
+  const program::Program p = free_program("examples/programs/gpt.prog");
+  struct Case {
+    const char* mesh;
+    const char* inside;  // the axis whose groups sit in one node
+    const char* across;
+  };
+  for (const Case& c : {Case{"dp=4,tp=8", "tp", "dp"}, Case{"tp=8,dp=4", "dp", "tp"}}) {
+    SCOPED_TRACE(c.mesh);
+    program::BindOptions b = on_mesh(c.mesh);
+    b.dims = DimSizes{{"B", 16}, {"T", 4096}, {"S", 4096}, {"D", 16384}, {"H", 128}, {"A", 128}, {"F", 65536}};
+    const program::Graph g = program::bind(p, b);
+    SolveOptions o;
+    o.program = bf16();
+    o.program.hw = builtin_profile("h100");
+    o.named = false;
+    const SolveResult r = solve_program(g, o);
+    EXPECT_EQ(r.outcome.status, SolveStatus::optimal);
+    const int inside = *g.mesh.find(c.inside), across = *g.mesh.find(c.across);
+    ASSERT_FALSE(group_spans_nodes(o.program.hw, g.mesh, {inside}));
+    ASSERT_TRUE(group_spans_nodes(o.program.hw, g.mesh, {across}));
+    // A repeat's copies choose together: the first layer's ("q.0") stand for both.
+    const auto spec = [&](const char* tensor) -> const Spec& {
+      const int t = g.find(tensor);
+      if (t < 0) throw std::logic_error(std::string("no tensor ") + tensor);
+      return r.specs[static_cast<std::size_t>(t)];
+    };
+    const auto axes_of = [&](const char* tensor, const char* letter) {
+      const Spec& s = spec(tensor);
+      return s.find_dim(letter) < 0 ? AxisList{-1} : s.dims[static_cast<std::size_t>(s.find_dim(letter))].axes;
+    };
+    for (const char* t : {"x", "g"}) EXPECT_EQ(axes_of(t, "B"), AxisList{across}) << spec_of(r, g, t);
+    for (const char* t : {"q.0", "kt.0", "vt.0", "s.0", "o.0"}) {
+      EXPECT_EQ(axes_of(t, "H"), AxisList{inside}) << spec_of(r, g, t);
+      EXPECT_EQ(axes_of(t, "B"), AxisList{across}) << spec_of(r, g, t);
+    }
+    EXPECT_TRUE(spec("att.0").is_unreduced(inside)) << spec_of(r, g, "att.0");
   }
 }
 

@@ -101,6 +101,13 @@ struct HardwareProfile {
   // "torus": each mesh axis is a ring of direct links, axes use disjoint links.
   // "switch": all devices share a non-blocking switch (NVLink within a node).
   std::string topology = "torus";
+  // A switch profile's node: the devices one switch joins (device ids row-major, so device d
+  // sits in node d / node_devices), the nodes joined by a scale-out network (InfiniBand) in
+  // which each device has its own NIC: scaleout_bandwidth bytes/s each way, scaleout_latency_s
+  // per hop. 0: every device behind the one switch, the scale-out figures unused.
+  std::int64_t node_devices = 0;
+  double scaleout_bandwidth = 0;
+  double scaleout_latency_s = 0;
   // Set in calibrated profiles: their collective fits and GEMM rates replace the formulas
   // where they apply (docs/calibration.md, "How the cost model uses a profile").
   std::optional<Calibration> calibration;
@@ -158,7 +165,9 @@ std::vector<AlphaBetaSegment> fit_alpha_beta_segments(const std::vector<double>&
 
 // One of the four collectives (an exchange is timed from its traffic, as the all_to_all that
 // moves as much). A calibrated profile with a fit for `op` on the group's size uses it (the
-// fit for the size range of `array_bytes`); otherwise the formulas of docs/cost-model.md.
+// fit for the size range of `array_bytes`); otherwise the formulas of docs/cost-model.md: on a
+// switch profile with nodes, a group whose members sit in more than one node pays the
+// scale-out network as well ("Collectives across nodes").
 double collective_time(const HardwareProfile& hw, const Mesh& mesh, OpKind op, const AxisList& group,
                        std::int64_t array_bytes);
 // The same time with its two terms: the fixed per-hop costs (hops x hop latency; a fit's
@@ -211,12 +220,18 @@ struct LocalOpCost {
 };
 LocalOpCost local_op_cost(const HardwareProfile& hw, DType dtype, std::string_view key, std::int64_t bytes);
 
-// Collective matmuls (docs/cost-model.md, "Collective matmul"). One hop of a ring: the hop
-// latency plus `bytes` over one link in one direction.
-double ring_hop_time(const HardwareProfile& hw, std::int64_t bytes);
+// Whether some group over `group`'s axes has members in more than one node of `hw` (always
+// false without nodes: a torus, or a switch profile whose node_devices is 0).
+bool group_spans_nodes(const HardwareProfile& hw, const Mesh& mesh, const AxisList& group);
+
+// Collective matmuls (docs/cost-model.md, "Collective matmul"). One hop of a ring over `group`:
+// the hop latency plus `bytes` over one link in one direction; where the ring crosses nodes
+// (group_spans_nodes), the hops between nodes set the pace: the scale-out latency plus `bytes`
+// over one device's NIC.
+double ring_hop_time(const HardwareProfile& hw, const Mesh& mesh, const AxisList& group, std::int64_t bytes);
 // latency when the hop latency is at least the bytes' time on the link (the Scaling Book's
 // rule: below about 45 kB per hop on a TPU v5e, the latency dominates), else bandwidth.
-Bound ring_hop_bound(const HardwareProfile& hw, std::int64_t bytes);
+Bound ring_hop_bound(const HardwareProfile& hw, const Mesh& mesh, const AxisList& group, std::int64_t bytes);
 // The chunks each step of an all_gather_einsum ring multiplies on a group of `members`:
 // one per step one way round ({1, 1, ..., 1}, `members` steps), or, both ways round, the
 // own shard first and then the two that arrived from either side ({1, 2, .., 2[, 1]}).
