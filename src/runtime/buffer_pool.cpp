@@ -5,6 +5,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "shardmm/runtime/tensor.h"
@@ -24,7 +25,13 @@ namespace {
 // another thread (a result handed back to the caller).
 struct Pool {
   std::mutex mutex;
-  std::multimap<std::size_t, void*> kept;  // by bytes
+  // By bytes, with the thread that freed each: a rank's thread writes and frees its own blocks,
+  // whose lines its core's caches still hold, so it takes those back first.
+  struct Kept {
+    void* data;
+    std::thread::id freed_by;
+  };
+  std::multimap<std::size_t, Kept> kept;
   std::size_t kept_bytes = 0, live_bytes = 0, peak_bytes = 0, reused_bytes = 0;
 
   // Takes kept blocks, largest first, until live + kept fits under the peak. Caller holds mutex.
@@ -33,8 +40,8 @@ struct Pool {
     while (live_bytes + kept_bytes > peak_bytes && !kept.empty()) {
       const auto last = std::prev(kept.end());
       kept_bytes -= last->first;
-      ASAN_UNPOISON_MEMORY_REGION(last->second, last->first);
-      out.push_back(last->second);
+      ASAN_UNPOISON_MEMORY_REGION(last->second.data, last->first);
+      out.push_back(last->second.data);
       kept.erase(last);
     }
     return out;
@@ -73,8 +80,11 @@ void* pool_allocate(std::size_t bytes) {
   {
     std::lock_guard lock(p.mutex);
     p.live_bytes += bytes;
-    if (const auto it = p.kept.find(bytes); it != p.kept.end()) {
-      void* data = it->second;
+    const auto [first, end] = p.kept.equal_range(bytes);
+    if (first != end) {
+      auto it = std::find_if(first, end, [](const auto& k) { return k.second.freed_by == std::this_thread::get_id(); });
+      if (it == end) it = first;
+      void* data = it->second.data;
       p.kept.erase(it);
       p.kept_bytes -= bytes;
       p.reused_bytes += bytes;
@@ -105,7 +115,7 @@ void pool_free(void* data, std::size_t bytes) {
   Pool& p = pool();
   std::lock_guard lock(p.mutex);
   p.live_bytes -= bytes;
-  p.kept.emplace(bytes, data);
+  p.kept.emplace(bytes, Pool::Kept{data, std::this_thread::get_id()});
   p.kept_bytes += bytes;
   ASAN_POISON_MEMORY_REGION(data, bytes);
 }
