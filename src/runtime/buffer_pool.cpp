@@ -80,12 +80,16 @@ void* pool_allocate(std::size_t bytes) {
   {
     std::lock_guard lock(p.mutex);
     p.live_bytes += bytes;
-    const auto [first, end] = p.kept.equal_range(bytes);
-    if (first != end) {
-      auto it = std::find_if(first, end, [](const auto& k) { return k.second.freed_by == std::this_thread::get_id(); });
-      if (it == end) it = first;
+    // Equal keys keep the order they were freed in: the latest freed (this thread's, else any)
+    // is the likeliest still in a cache.
+    const auto range = p.kept.equal_range(bytes);
+    if (range.first != range.second) {
+      const auto latest = std::make_reverse_iterator(range.second), oldest = std::make_reverse_iterator(range.first);
+      auto it = std::find_if(latest, oldest,
+                             [](const auto& k) { return k.second.freed_by == std::this_thread::get_id(); });
+      if (it == oldest) it = latest;
       void* data = it->second.data;
-      p.kept.erase(it);
+      p.kept.erase(std::next(it).base());
       p.kept_bytes -= bytes;
       p.reused_bytes += bytes;
       ASAN_UNPOISON_MEMORY_REGION(data, bytes);

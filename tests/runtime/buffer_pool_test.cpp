@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "random_cases.h"
@@ -55,6 +56,25 @@ TEST(BufferPool, AMissLetsGoOfKeptBlocksRatherThanPassThePeak) {
   const BufferPoolStats s = buffer_pool_stats();
   EXPECT_EQ(s.kept_bytes, 0);
   EXPECT_EQ(s.peak_bytes, live + 2 * kMiB);
+}
+
+// Of the kept blocks of a size, a thread takes back the latest it freed itself, else the latest.
+TEST(BufferPool, AThreadTakesBackTheLatestBlockItFreed) {
+  release_buffer_pool();
+  std::optional<Buffer> older(std::in_place, kMiB / 4, DType::f32), mine(std::in_place, kMiB / 4, DType::f32);
+  std::optional<Buffer> theirs(std::in_place, kMiB / 4, DType::f32);
+  const void* older_data = older->data();
+  const void* mine_data = mine->data();
+  const void* theirs_data = theirs->data();
+  older.reset();
+  mine.reset();
+  std::thread([&] { theirs.reset(); }).join();  // freed last, by another thread
+  const Buffer first(kMiB / 4, DType::f32);
+  EXPECT_EQ(first.data(), mine_data);
+  const Buffer second(kMiB / 4, DType::f32);
+  EXPECT_EQ(second.data(), older_data);
+  const Buffer third(kMiB / 4, DType::f32);
+  EXPECT_EQ(third.data(), theirs_data);
 }
 
 // Random lives of Buffers of a few sizes, small (the heap's, not pooled) and large: the bound
