@@ -23,7 +23,25 @@ constexpr double kLayerNormEps = 1e-5;
 constexpr double kRmsNormEps = 1e-6;
 constexpr double kAdamEps = 1e-8;
 
-// A tensor's letters with their strides, for indexing by letter.
+// A loop nest's strides of one tensor, by the nest's letters: an element's offset is their dot
+// product with the nest's index. Worked out once per loop, not per element (by letter, through
+// maps, the loops ran at ~10 MFLOP/s).
+using Strides = std::vector<std::int64_t>;
+
+std::int64_t offset(const Index& index, const Strides& strides) {
+  std::int64_t o = 0;
+  for (std::size_t k = 0; k < index.size(); ++k) o += index[k] * strides[k];
+  return o;
+}
+
+// The position of `letter` in a loop nest's letters.
+std::size_t position(const std::vector<std::string>& nest, const std::string& letter) {
+  const auto it = std::find(nest.begin(), nest.end(), letter);
+  if (it == nest.end()) throw std::logic_error("a loop of the dense step has no letter " + letter);
+  return static_cast<std::size_t>(it - nest.begin());
+}
+
+// A tensor's letters with their strides.
 struct Layout {
   std::vector<std::string> letters;
   Shape shape;
@@ -40,29 +58,33 @@ struct Layout {
     for (std::int64_t e : shape) n *= e;
     return n;
   }
-  std::int64_t offset(const std::map<std::string, std::int64_t>& index) const {
-    std::int64_t o = 0;
-    for (const std::string& l : letters) o += index.at(l) * stride.at(l);
-    return o;
+  // Its strides along a loop nest over `nest` (0 for a letter it lacks); every letter of the
+  // tensor must be one of the nest's.
+  Strides along(const std::vector<std::string>& nest) const {
+    Strides s(nest.size(), 0);
+    for (const std::string& l : letters) s[position(nest, l)] = stride.at(l);
+    return s;
   }
 };
 
-// Calls f(index) for every index of the letters `letters` sized by `sizes`, row-major.
+// Calls f(index) for every index of the letters `letters` sized by `sizes`, row-major:
+// index[k] is letters[k]'s value.
 template <class F>
 void for_each_index(const std::vector<std::string>& letters, const DimSizes& sizes, F&& f) {
-  std::map<std::string, std::int64_t> index;
+  Shape extent;
   for (const std::string& l : letters) {
-    if (sizes.at(l) == 0) return;
-    index[l] = 0;
+    extent.push_back(sizes.at(l));
+    if (extent.back() == 0) return;
   }
+  Index index(letters.size(), 0);
   for (;;) {
     f(index);
     std::size_t d = letters.size();
     for (;;) {
       if (d == 0) return;
       --d;
-      if (++index[letters[d]] < sizes.at(letters[d])) break;
-      index[letters[d]] = 0;
+      if (++index[d] < extent[d]) break;
+      index[d] = 0;
     }
   }
 }
@@ -144,11 +166,11 @@ class DenseProgram {
       f(0, 1, n, 0);
       return;
     }
-    for_each_index(rest, g_.dims, [&](std::map<std::string, std::int64_t>& idx) {
-      idx[over] = 0;
-      const std::int64_t base = in.offset(idx);
-      idx.erase(over);
-      f(base, stride, n, out ? out->offset(idx) : base);
+    Strides in_strides;  // `over` at 0
+    for (const std::string& l : rest) in_strides.push_back(in.stride.at(l));
+    const Strides out_strides = out ? out->along(rest) : in_strides;
+    for_each_index(rest, g_.dims, [&](const Index& idx) {
+      f(offset(idx, in_strides), stride, n, offset(idx, out_strides));
     });
   }
 
@@ -168,9 +190,11 @@ class DenseProgram {
         const Layout lb = layout(b);
         const std::vector<double>& vb = value(b);
         const std::string& f = op.op.function;
-        for_each_index(all_letters(op), g_.dims, [&](const std::map<std::string, std::int64_t>& i) {
-          const double x = va[la.offset(i)], z = vb[lb.offset(i)];
-          double& dst = y.values[out.offset(i)];
+        const std::vector<std::string> nest = all_letters(op);
+        const Strides sa = la.along(nest), sb = lb.along(nest), sy = out.along(nest);
+        for_each_index(nest, g_.dims, [&](const Index& i) {
+          const double x = va[offset(i, sa)], z = vb[offset(i, sb)];
+          double& dst = y.values[offset(i, sy)];
           if (op.op.kind == OpKind::einsum) {
             dst += x * z;
           } else {
@@ -185,18 +209,22 @@ class DenseProgram {
       case OpKind::scale:
         for (std::size_t i = 0; i < va.size(); ++i) y.values[i] = op.op.constant * va[i];
         break;
-      case OpKind::causal_mask:
-        for_each_index(la.letters, g_.dims, [&](const std::map<std::string, std::int64_t>& i) {
-          const std::int64_t o = la.offset(i);
-          y.values[o] = i.at(op.op.to[0]) <= i.at(op.op.from[0]) ? va[o] : -std::numeric_limits<double>::infinity();
+      case OpKind::causal_mask: {
+        const Strides sa = la.along(la.letters);
+        const std::size_t to = position(la.letters, op.op.to[0]), from = position(la.letters, op.op.from[0]);
+        for_each_index(la.letters, g_.dims, [&](const Index& i) {
+          const std::int64_t o = offset(i, sa);
+          y.values[o] = i[to] <= i[from] ? va[o] : -std::numeric_limits<double>::infinity();
         });
         break;
+      }
       case OpKind::transpose:
       case OpKind::rename:
       case OpKind::split:
       case OpKind::merge:
         if (op.op.kind == OpKind::transpose) {
-          for_each_index(la.letters, g_.dims, [&](const auto& i) { y.values[out.offset(i)] = va[la.offset(i)]; });
+          const Strides sa = la.along(la.letters), sy = out.along(la.letters);
+          for_each_index(la.letters, g_.dims, [&](const Index& i) { y.values[offset(i, sy)] = va[offset(i, sa)]; });
         } else {
           y.values = va;  // the same elements in the same order under other letters
         }
@@ -234,19 +262,25 @@ class DenseProgram {
       if (l != experts && l != tokens) groups.push_back(l);
     }
     const std::int64_t nt = g_.dims.at(tokens), ne = g_.dims.at(experts), nc = g_.dims.at(slots);
-    for_each_index(groups, g_.dims, [&](std::map<std::string, std::int64_t>& i) {
+    // The groups' letters, then the tokens, the experts and the slots.
+    std::vector<std::string> nest = groups;
+    nest.insert(nest.end(), {tokens, experts, slots});
+    const Strides sp = probs.along(nest), sy = out.along(nest);
+    const std::size_t t = groups.size(), e = t + 1, c = t + 2;
+    for_each_index(groups, g_.dims, [&](const Index& group) {
+      Index i = group;
+      i.resize(nest.size(), 0);
       std::vector<double> mine(static_cast<std::size_t>(nt * ne));
-      for (i[tokens] = 0; i[tokens] < nt; ++i[tokens]) {
-        for (i[experts] = 0; i[experts] < ne; ++i[experts])
-          mine[static_cast<std::size_t>(i[tokens] * ne + i[experts])] = p[probs.offset(i)];
+      for (i[t] = 0; i[t] < nt; ++i[t]) {
+        for (i[e] = 0; i[e] < ne; ++i[e]) mine[static_cast<std::size_t>(i[t] * ne + i[e])] = p[offset(i, sp)];
       }
       const auto choices = moe_assign(mine, nt, ne, op.op.top, nc);
-      for (i[tokens] = 0; i[tokens] < nt; ++i[tokens]) {
-        for (const MoeChoice& c : choices[static_cast<std::size_t>(i[tokens])]) {
-          if (!c.kept) continue;
-          i[experts] = c.expert;
-          i[slots] = c.slot;
-          y[out.offset(i)] = 1.0;
+      for (i[t] = 0; i[t] < nt; ++i[t]) {
+        for (const MoeChoice& choice : choices[static_cast<std::size_t>(i[t])]) {
+          if (!choice.kept) continue;
+          i[e] = choice.expert;
+          i[c] = choice.slot;
+          y[offset(i, sy)] = 1.0;
         }
       }
     });
@@ -291,9 +325,11 @@ class DenseProgram {
         const std::vector<double>& vb = value(b);
         std::vector<double>& gb = grad(b);
         const std::string& f = op.op.function;
-        for_each_index(all_letters(op), g_.dims, [&](const std::map<std::string, std::int64_t>& i) {
-          const double g = gy[out.offset(i)];
-          const std::int64_t ia = la.offset(i), ib = lb.offset(i);
+        const std::vector<std::string> nest = all_letters(op);
+        const Strides sa = la.along(nest), sb = lb.along(nest), sy = out.along(nest);
+        for_each_index(nest, g_.dims, [&](const Index& i) {
+          const double g = gy[offset(i, sy)];
+          const std::int64_t ia = offset(i, sa), ib = offset(i, sb);
           if (op.op.kind == OpKind::einsum || f == "mul") {
             ga[ia] += g * vb[ib];
             gb[ib] += g * va[ia];
@@ -310,15 +346,20 @@ class DenseProgram {
       case OpKind::scale:
         for (std::size_t i = 0; i < va.size(); ++i) ga[i] += op.op.constant * gy[i];
         break;
-      case OpKind::causal_mask:
-        for_each_index(la.letters, g_.dims, [&](const std::map<std::string, std::int64_t>& i) {
-          const std::int64_t o = la.offset(i);
-          if (i.at(op.op.to[0]) <= i.at(op.op.from[0])) ga[o] += gy[o];
+      case OpKind::causal_mask: {
+        const Strides sa = la.along(la.letters);
+        const std::size_t to = position(la.letters, op.op.to[0]), from = position(la.letters, op.op.from[0]);
+        for_each_index(la.letters, g_.dims, [&](const Index& i) {
+          const std::int64_t o = offset(i, sa);
+          if (i[to] <= i[from]) ga[o] += gy[o];
         });
         break;
-      case OpKind::transpose:
-        for_each_index(la.letters, g_.dims, [&](const auto& i) { ga[la.offset(i)] += gy[out.offset(i)]; });
+      }
+      case OpKind::transpose: {
+        const Strides sa = la.along(la.letters), sy = out.along(la.letters);
+        for_each_index(la.letters, g_.dims, [&](const Index& i) { ga[offset(i, sa)] += gy[offset(i, sy)]; });
         break;
+      }
       case OpKind::rename:
       case OpKind::split:
       case OpKind::merge:

@@ -10,6 +10,7 @@
 #include "shardmm/runtime/blas.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/runner.h"
+#include "runtime/buffer_pool.h"
 #include "runtime/fingerprint.h"
 #include "runtime/machine_cores.h"
 #include "runtime/threads_backend.h"
@@ -82,6 +83,7 @@ void run_backend(std::string_view backend, const Mesh& mesh, const std::function
     throw InputError("a watchdog of " + detail::seconds(options.watchdog_s) +
                      "; a watchdog is a positive number of seconds, or 0 for SHARDMM_WATCHDOG_S or 300 s");
   }
+  const detail::ReleasePoolAtEnd release_pool;
   // The environment is read only when the program leaves the watchdog to it.
   const double watchdog_s =
       options.watchdog_s > 0 ? options.watchdog_s : detail::threads_options_from_env().watchdog.count();

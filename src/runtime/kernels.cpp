@@ -12,6 +12,7 @@
 
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/blas.h"
+#include "buffer_pool.h"
 
 namespace shardmm {
 namespace {
@@ -229,7 +230,8 @@ SHARDMM_INSTANTIATE(double)
 
 struct LocalEinsum::Impl : EinsumPlan {
   struct Free {
-    void operator()(std::byte* p) const { ::operator delete (p, std::align_val_t{64}); }
+    std::size_t bytes;
+    void operator()(std::byte* p) const { detail::pool_free(p, bytes); }
   };
   std::unique_ptr<std::byte, Free> workspace;
 
@@ -261,8 +263,10 @@ LocalEinsum::LocalEinsum(EinsumLayout layout, std::map<std::string, std::int64_t
                          const OperandBuffers& buffers)
     : impl_(std::make_unique<Impl>(Impl::plan(std::move(layout), extents, dtype, buffers))) {
   if (impl_->workspace_bytes > 0) {
-    impl_->workspace.reset(static_cast<std::byte*>(
-        ::operator new (static_cast<std::size_t>(impl_->workspace_bytes), std::align_val_t{64})));
+    // Whole 64-byte lines, as a Buffer's (aligned_alloc's rule), so that a block serves either once freed.
+    const auto bytes = static_cast<std::size_t>((impl_->workspace_bytes + 63) / 64 * 64);
+    impl_->workspace = {static_cast<std::byte*>(detail::pool_allocate(bytes)), Impl::Free{bytes}};
+    if (!impl_->workspace) throw std::bad_alloc();
   }
 }
 

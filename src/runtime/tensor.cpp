@@ -8,6 +8,7 @@
 #include "shardmm/plan/memory.h"
 #include "shardmm/runtime/communicator.h"
 #include "shardmm/runtime/kernels.h"
+#include "buffer_pool.h"
 #if SHARDMM_HAVE_MPI
 #include "runtime/mpi/shareable_memory.h"
 #endif
@@ -20,19 +21,20 @@ void Buffer::Free::operator()(void* p) const {
 #if SHARDMM_HAVE_MPI
   if (detail::free_shareable(p)) return;
 #endif
-  std::free(p);
+  detail::pool_free(p, bytes);
 }
 
 Buffer::Buffer(std::int64_t elements, DType dtype) : elements_(elements), dtype_(dtype) {
   const std::int64_t bytes = checked_mul(elements, dtype_bytes(dtype), "a buffer's size");
   // Never zero-sized, so that data() is a valid pointer even for an empty shard.
   const std::int64_t rounded = buffer_bytes(elements, dtype);
+  data_.get_deleter().bytes = static_cast<std::size_t>(rounded);
 #if SHARDMM_HAVE_MPI
   if (detail::buffers_shareable() && static_cast<std::size_t>(rounded) >= detail::kShareableMinBytes) {
     data_.reset(detail::allocate_shareable(static_cast<std::size_t>(rounded)));
   }
 #endif
-  if (!data_) data_.reset(std::aligned_alloc(64, static_cast<std::size_t>(rounded)));
+  if (!data_) data_.reset(detail::pool_allocate(static_cast<std::size_t>(rounded)));
   if (!data_) {
     throw InputError("cannot allocate " + std::to_string(bytes) +
                      " bytes for one buffer on this device: not that much memory is free; ask for smaller sizes (" +

@@ -17,6 +17,7 @@
 #include "runtime/threads_backend.h"
 
 #include "runtime/cpu_relax.h"
+#include "runtime/buffer_pool.h"
 #include "runtime/fingerprint.h"
 #include "runtime/ordered_sum.h"
 
@@ -912,6 +913,7 @@ void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& bod
 }  // namespace detail
 
 void run_threads(const Mesh& mesh, const std::function<void(Communicator&)>& body) {
+  const detail::ReleasePoolAtEnd release_pool;
   detail::run_threads(mesh, body, detail::threads_options_from_env());
 }
 

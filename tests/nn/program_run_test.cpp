@@ -393,5 +393,39 @@ TEST(ProgramRun, InferenceRunsTheForwardPassOnly) {
   for (const autodiff::TapeEvent& e : r.events) EXPECT_EQ(e.phase, autodiff::Phase::forward);
 }
 
+
+// Two steps in one run with other inputs (seeds): the second runs in the blocks the first left
+// in the caching pool (tensor.h: BufferPoolStats), whatever they still hold, and both verify.
+// On one rank the reuse is certain; on two, the ranks may take each other's blocks.
+TEST(ProgramRun, TwoStepsInOneRunVerifyInReusedBuffers) {
+  for (const char* mesh : {"X=1", "X=2"}) {
+    SCOPED_TRACE(mesh);
+    program::BindOptions o;
+    o.mesh = Mesh::parse(mesh);
+    o.dims = DimSizes{{"B", 4}, {"T", 32}, {"D", 64}, {"F", 256}};  // blocks of 64 KiB and more: pooled
+    const program::Graph g =
+        program::bind(program::parse_program(testing::read_repo_file("examples/programs/mlp.prog"), "mlp.prog"), o);
+    Verification verified[2];
+    BufferPoolStats after[2];
+    run_backend("threads", g.mesh, [&](Communicator& comm) {
+      for (int s = 0; s < 2; ++s) {
+        nn::ProgramOptions options;
+        options.seed = 1 + static_cast<std::uint64_t>(s);
+        Verification v = nn::run_program(comm, g, options).verification;
+        if (comm.rank() == 0) {
+          verified[s] = std::move(v);
+          after[s] = buffer_pool_stats();
+        }
+      }
+    });
+    EXPECT_TRUE(verified[0].verified) << verified[0].detail;
+    EXPECT_TRUE(verified[1].verified) << verified[1].detail;
+    if (g.mesh.device_count() == 1) {
+      EXPECT_GT(after[1].reused_bytes, after[0].reused_bytes);
+      EXPECT_EQ(after[1].peak_bytes, after[0].peak_bytes);  // the second step held no more than the first
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardmm

@@ -29,7 +29,8 @@ using Index = std::vector<std::int64_t>;
 using Shape = std::vector<std::int64_t>;
 
 // Raw storage for one dtype, 64-byte aligned, allocated once and reused. Allocation
-// failure is an InputError naming the bytes asked for.
+// failure is an InputError naming the bytes asked for. Blocks of 64 KiB and more come from the
+// runtime's caching pool (BufferPoolStats below): a freed one serves the next Buffer of its size.
 class Buffer {
  public:
   Buffer() = default;
@@ -50,12 +51,27 @@ class Buffer {
 
  private:
   struct Free {
+    std::size_t bytes;  // as allocated: the pool keeps blocks by size
     void operator()(void* p) const;
   };
   std::unique_ptr<void, Free> data_;
   std::int64_t elements_ = 0;
   DType dtype_ = DType::f32;
 };
+
+// The caching pool behind Buffers (and einsum workspaces), per process. It keeps freed blocks
+// only while kept + live <= peak, the most bytes live at once since the last release: it never
+// makes the process hold more than its own peak of live buffers, what the memory reports
+// (plan/memory.h, the tape's timeline) count. run_backend releases it when a run ends.
+struct BufferPoolStats {
+  std::int64_t live_bytes = 0;  // in Buffers now
+  std::int64_t kept_bytes = 0;  // freed, kept for reuse
+  std::int64_t peak_bytes = 0;  // the most live at once since the last release
+  std::int64_t reused_bytes = 0;  // served from kept blocks since the last release
+};
+BufferPoolStats buffer_pool_stats();
+// Frees every kept block and starts the peak (from what is live now) and reused_bytes again.
+void release_buffer_pool();
 
 class DistTensor {
  public:
