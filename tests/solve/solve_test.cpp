@@ -593,6 +593,33 @@ TEST(Solve, FindsFsdpWithItsRegatherWhenTheWeightsDoNotFit) {
 // share of the batch and only the weights move, as many bytes as the weights' all_reduce
 // (the optimum may keep a weight split at rest and gather it, which moves the same bytes);
 // tensor parallelism, which moves the activations, is slower.
+// With collective matmul rings (--rings), FSDP's regathered weights are gathered round a ring
+// under each einsum and never held whole in the forward pass: a peak no sharding reaches
+// without rings fits, the answer runs all_gather rings, and `program` with rings costs the
+// emitted file as the solver did.
+TEST(Solve, RingsLetFsdpFitWhereNothingElseDoes) {
+  const program::Program p = program::parse_program(
+      "mesh X=4\ndims B=64, T=1024, D=4096, F=16384\ninput x[B, T, D]\nparam w_in[D, F] regathered\n"
+      "param w_out[F, D] regathered\ninput g[B, T, D]\nu[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\n"
+      "loss sum(y * g)\n",
+      "fsdp.prog");
+  const program::Graph g = program::bind(p, {});
+  SolveOptions o;
+  o.program = on(Machine{"tpu-v5e", DType::bf16});
+  o.program.optimizer = nn::Optimizer::adam;
+  o.program.rings = true;
+  // The least peak: 2.84 GiB with rings, 3.09 GiB without (the gathered weights held whole).
+  o.memory_limit = std::int64_t{3} << 30;
+  SolveOptions without = o;
+  without.program.rings = false;
+  EXPECT_THROW(solve_program(g, without), InputError);
+  const SolveResult fit = solve_program(g, o);
+  ASSERT_EQ(fit.outcome.status, SolveStatus::optimal);
+  EXPECT_LE(fit.outcome.value.memory, *o.memory_limit);
+  EXPECT_EQ(count_of(fit.prediction, OpKind::all_gather_einsum), 2);
+  expect_emitted_costs_the_answer(p, g, o, fit);
+}
+
 TEST(Solve, FindsDataParallelismForALargeBatch) {
   for (const Machine& m : kMachines) {
     SCOPED_TRACE(m.profile);
