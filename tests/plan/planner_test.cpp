@@ -233,8 +233,12 @@ TEST(Matmul, EveryStepNamesWhatBoundsIt) {
     for (const Plan& plan : p.candidates) {
       for (const Step& s : plan.steps) {
         EXPECT_NE(s.bound, Bound::none) << dims << ": " << to_string(s.op);
-        if (s.op == OpKind::einsum) EXPECT_TRUE(s.bound == Bound::compute || s.bound == Bound::memory);
-        if (is_collective(s.op)) EXPECT_TRUE(s.bound == Bound::latency || s.bound == Bound::bandwidth);
+        if (s.op == OpKind::einsum) {
+          EXPECT_TRUE(s.bound == Bound::compute || s.bound == Bound::memory);
+        }
+        if (is_collective(s.op)) {
+          EXPECT_TRUE(s.bound == Bound::latency || s.bound == Bound::bandwidth);
+        }
         if (is_collective_matmul(s.op)) {
           ++rings;
           EXPECT_EQ(s.bound == Bound::compute, s.compute_time_s >= s.comm_time_s) << dims;
@@ -436,7 +440,7 @@ const Plan* serialized(const MatmulPlanning& p, const std::vector<OpKind>& ops) 
 TEST(CollectiveMatmul, WinsWhereComputeHidesTheTransfers) {
   const Mesh mesh = Mesh::parse("X=4");
   const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I, K_X]", mesh);
-  PlanOptions o{DType::bf16, builtin_profile("h100")};
+  PlanOptions o{DType::bf16, builtin_profile("h100"), std::nullopt};
   const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=8192,K=16384"), o);
   const Plan& chosen = p.candidates[static_cast<std::size_t>(p.chosen)];
   ASSERT_EQ(chosen.steps.size(), 1u);
@@ -459,7 +463,7 @@ TEST(CollectiveMatmul, WinsWhereComputeHidesTheTransfers) {
 TEST(CollectiveMatmul, LosesWhereTheTransfersDominate) {
   const Mesh mesh = Mesh::parse("X=4");
   const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I, K_X]", mesh);
-  PlanOptions o{DType::bf16, builtin_profile("h100")};
+  PlanOptions o{DType::bf16, builtin_profile("h100"), std::nullopt};
   const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=64,J=64,K=64"), o);
   const Plan* ring = candidate_with(p, OpKind::all_gather_einsum);
   const Plan* twin = serialized(p, {OpKind::all_gather, OpKind::einsum});
@@ -479,7 +483,7 @@ TEST(CollectiveMatmul, LosesWhereTheTransfersDominate) {
 TEST(CollectiveMatmul, BothWaysRoundHalvesTheHopsOnATorus) {
   const Mesh mesh = Mesh::parse("X=4");
   const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I, K_X]", mesh);
-  PlanOptions o{DType::bf16, builtin_profile("tpu-v5e")};
+  PlanOptions o{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
   const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=8192,K=16"), o);
   const Plan* one_way = candidate_with(p, OpKind::all_gather_einsum, false);
   const Plan* both_ways = candidate_with(p, OpKind::all_gather_einsum, true);
@@ -525,7 +529,7 @@ TEST(Planner, ANearTieGoesToFewerSynchronizations) {
 TEST(FindCandidate, MatchesTheWholeSequenceAndTheDirection) {
   const Mesh mesh = Mesh::parse("X=4");
   const Contraction c = parse_contraction("A[I_X, J] @ B[J, K_X] -> C[I, K_X]", mesh);
-  PlanOptions o{DType::bf16, builtin_profile("tpu-v5e")};
+  PlanOptions o{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
   const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=8192,K=16"), o);
   const Plan* ring = find_candidate(p, {OpKind::all_gather_einsum});
   ASSERT_NE(ring, nullptr);
@@ -550,7 +554,7 @@ TEST(FindCandidate, MatchesTheWholeSequenceAndTheDirection) {
 TEST(CollectiveMatmul, EinsumReduceScatterReplacesTheScatter) {
   const Mesh mesh = Mesh::parse("X=4");
   const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I_X, K]", mesh);
-  PlanOptions o{DType::bf16, builtin_profile("h100")};
+  PlanOptions o{DType::bf16, builtin_profile("h100"), std::nullopt};
   const MatmulPlanning p = plan_matmul(mesh, c, parse_dims("I=8192,J=8192,K=8192"), o);
   const Plan* ring = candidate_with(p, OpKind::einsum_reduce_scatter);
   const Plan* twin = serialized(p, {OpKind::einsum, OpKind::reduce_scatter});
@@ -570,7 +574,7 @@ TEST(CollectiveMatmul, EinsumReduceScatterReplacesTheScatter) {
 // their owner from both sides, 2 hops of a block instead of 3 on 4 devices (3 instead of 4
 // on 5), each step but the last computing a block for either side.
 TEST(CollectiveMatmul, ReduceScatterBothWaysRoundOnATorus) {
-  PlanOptions o{DType::bf16, builtin_profile("tpu-v5e")};
+  PlanOptions o{DType::bf16, builtin_profile("tpu-v5e"), std::nullopt};
   for (const auto& [devices, hops] : {std::pair{4, 2}, std::pair{5, 2}, std::pair{6, 3}}) {
     const Mesh mesh = Mesh::parse("X=" + std::to_string(devices));
     const Contraction c = parse_contraction("A[I, J_X] @ B[J_X, K] -> C[I_X, K]", mesh);
