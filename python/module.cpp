@@ -60,13 +60,13 @@ cli::Planning planning(const std::string& mesh, const std::string& split, const 
 // The flags `shardmm program FILE` and `shardmm solve FILE` take, from the package's
 // arguments (already text): `file` a path, or with `text` the name the program goes by.
 // train: unset as neither --train nor --infer, true as --train, false as --infer. run: --run on
-// the threads backend.
+// the threads backend. rings: --rings.
 cli::ProgramInput program_input(const std::string& file, const std::optional<std::string>& text,
                                 const std::optional<std::string>& mesh, const std::string& split,
                                 const std::optional<std::string>& dims, const std::vector<std::string>& pins,
                                 std::optional<bool> train, const std::string& optimizer,
                                 const std::optional<std::string>& dtype, const std::optional<std::string>& hw,
-                                bool run) {
+                                bool run, bool rings) {
   cli::ProgramInput in;
   in.file = file;
   in.text = text;
@@ -80,6 +80,7 @@ cli::ProgramInput program_input(const std::string& file, const std::optional<std
   in.infer = !train.value_or(true);
   in.optimizer = optimizer;
   in.run = run;
+  in.rings = rings;
   return in;
 }
 

@@ -708,7 +708,7 @@ def run(expr, mesh, dims=None, *, a, b, dtype=None, return_shards=False, verify=
 # --- programs ----------------------------------------------------------------------------
 
 
-def _program_input(source, text, mesh, dims, pins, pins_name, train, optimizer, dtype, hw, split, run):
+def _program_input(source, text, mesh, dims, pins, pins_name, train, optimizer, dtype, hw, split, run, rings):
     """The ProgramInput of ``shardmm program``/``solve``'s FILE and flags."""
     if text is not None:
         if source is not None:
@@ -751,8 +751,10 @@ def _program_input(source, text, mesh, dims, pins, pins_name, train, optimizer, 
         raise TypeError(f"optimizer must be 'sgd' or 'adam', not {_type_name(optimizer)}")
     if not isinstance(run, bool):
         raise TypeError(f"run must be True or False, not {_type_name(run)}")
+    if not isinstance(rings, bool):
+        raise TypeError(f"rings must be True or False, not {_type_name(rings)}")
     return _core.ProgramInput(file, text, mesh_text, split, _dims_text(dims), pin_list, train, optimizer,
-                              _dtype_text(dtype), _optional_text(hw, "hw"), run)
+                              _dtype_text(dtype), _optional_text(hw, "hw"), run, rings)
 
 
 def _verified(document):
@@ -765,7 +767,7 @@ def _verified(document):
 
 
 def program(source=None, mesh=None, dims=None, specs=None, train=None, optimizer="sgd", dtype=None, hw=None,
-            split=None, run=False, *, text=None):
+            split=None, run=False, *, text=None, rings=False):
     """Costs one step of a whole program (docs/programs.md), as ``shardmm program`` does.
 
     >>> p = program(text='''
@@ -793,16 +795,18 @@ def program(source=None, mesh=None, dims=None, specs=None, train=None, optimizer
     execute the step on one thread per device, in f64 unless ``dtype`` is f32, and check every
     computed tensor, gradient and updated param against the dense f64 step (small ``dims``):
     ``.run['verified']``, ``.run['max_abs_error']``; a mismatch raises RuntimeError.
+    ``rings``: einsums may run as collective matmul rings where a ring's backward costs what the
+    unfused pair's does (``--rings``, docs/programs.md).
 
     Returns a Program: ``specs`` {tensor: spec}, ``tensors``, ``ops``, ``collectives``,
     ``memory``, ``time_s``; ``.to_json()`` is ``shardmm program FILE ... --json``.
     """
     return _verified(Program(_core.program(_program_input(source, text, mesh, dims, specs, "specs", train, optimizer,
-                                                          dtype, hw, split, run))))
+                                                          dtype, hw, split, run, rings))))
 
 
 def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=None, optimizer="sgd", top=1,
-          explain=False, dtype=None, hw=None, split=None, time_limit=60, run=False, *, text=None):
+          explain=False, dtype=None, hw=None, split=None, time_limit=60, run=False, *, text=None, rings=False):
     """Finds the fastest sharding of a whole program within a memory limit, as ``shardmm
     solve`` does (docs/solve.md), and says whether it is proven optimal.
 
@@ -828,7 +832,8 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     an int of bytes; InputError when no sharding fits); ``top``, also list the K best distinct
     shardings (1 to 100); ``explain``, each chosen tensor's runner-up layout and what it would
     add; ``time_limit``, each integer program's time limit (past it the answer is 'feasible'
-    with its proven gap); ``run``, execute the answer and check it, as ``program``'s. The
+    with its proven gap); ``run``, execute the answer and check it, and ``rings``, as
+    ``program``'s. The
     GIL is released while the solver runs.
 
     Returns a Solution: ``status``, ``method``, ``objective_s``, ``lower_bound_s``, ``specs``,
@@ -845,7 +850,7 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     if not -2**31 <= top < 2**31:
         raise InputError(f"top {top}: lists 1 to 100 shardings, e.g. top 3")
     doc, pinned = _core.solve(
-        _program_input(source, text, mesh, dims, pins, "pins", train, optimizer, dtype, hw, split, run),
+        _program_input(source, text, mesh, dims, pins, "pins", train, optimizer, dtype, hw, split, run, rings),
         _optional_text(mem_limit, "mem_limit"), int(top), explain, float(time_limit))
     return _verified(Solution(doc, pinned))
 

@@ -28,7 +28,7 @@ bool is_prefix(const AxisList& p, const AxisList& of) {
 // One greedy move towards `to`, or none. Moves are tried cheapest first.
 class ReshardStepper {
  public:
-  ReshardStepper(const Mesh& mesh, const Spec& to) : mesh_(mesh), to_(to) {}
+  explicit ReshardStepper(const Spec& to) : to_(to) {}
 
   bool next(const Spec& s, std::vector<Step>& out) const {
     return reduce_scatter(s, out) || all_to_all(s, out) || slice(s, out) || to_partial(s, out) || all_reduce(s, out) ||
@@ -156,7 +156,6 @@ class ReshardStepper {
     return true;
   }
 
-  const Mesh& mesh_;
   const Spec& to_;
 };
 
@@ -165,7 +164,7 @@ class ReshardStepper {
 std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& to) {
   std::vector<Step> steps;
   Spec state = from;
-  ReshardStepper stepper(mesh, to);
+  ReshardStepper stepper(to);
   // Each move removes or places at least one axis for good, so 4 moves per axis is ample.
   for (int guard = 0; !(state == to); ++guard) {
     if (guard > 4 * mesh.rank() + 4 || !stepper.next(state, steps)) {

@@ -494,10 +494,8 @@ std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_t
     tables = std::move(rest);
     steps.push_back({pick, std::move(best)});
   }
-  double total = 0;
   for (const Table& t : tables) {  // each over no variables: a constant, or nothing allowed
     if (t.size() == 0) return infeasible();
-    total += *std::min_element(t.cost.begin(), t.cost.end());
   }
   Assignment a(n, 0);  // a variable no factor names takes its first value
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {

@@ -46,7 +46,8 @@ MatmulPlanning expected_short_list(const MatmulPlanning& all) {
 TEST(PlannerCandidates, ChosenOnlyBuildsWhatAllBuilds) {
   const std::vector<std::string> profiles = builtin_profile_names();
   int compared = 0, short_lists = 0, rings_chosen = 0;
-  for (unsigned seed = 1; seed <= testing::scaled_cases(400); ++seed) {
+  const int cases = static_cast<int>(testing::scaled_cases(400));
+  for (unsigned seed = 1; seed <= static_cast<unsigned>(cases); ++seed) {
     Rng rng(seed);
     const Mesh mesh = testing::random_mesh(rng, 3, 64);
     // Small sizes for uneven and empty shards, large ones for compute that a ring can hide.
@@ -84,9 +85,10 @@ TEST(PlannerCandidates, ChosenOnlyBuildsWhatAllBuilds) {
     rings_chosen += all.chosen >= 0 && !ringless(all.candidates[static_cast<std::size_t>(all.chosen)]);
   }
   // The sample held the cases that matter: lists cut short, and rings chosen (two plans built).
-  EXPECT_GT(compared, 300);
-  EXPECT_GT(short_lists, 200);
-  EXPECT_GT(rings_chosen, 5);
+  // In proportion to the cases drawn (the sanitizers' scaled runs draw a fifth of them).
+  EXPECT_GT(compared, cases * 3 / 4);
+  EXPECT_GT(short_lists, cases / 2);
+  EXPECT_GT(rings_chosen, cases / 100);
 }
 
 }  // namespace

@@ -39,6 +39,35 @@ def test_program_document_is_the_commands(cli, path, kwargs, flags):
     assert [c["op"] for c in p.collectives] == [c["op"] for c in doc["collectives"]]
 
 
+FSDP = """mesh X=4
+dims B=8, T=256, D=1024, F=2048
+input x[B, T, D] : x[B_X, T, D]
+param w_in[D, F] regathered : w_in[D_X, F]
+param w_out[F, D] regathered : w_out[F_X, D]
+input g[B, T, D] : g[B_X, T, D]
+u[B, T, F] = x @ w_in
+y[B, T, D] = gelu(u) @ w_out
+loss sum(y * g)
+"""
+
+
+def test_rings_gather_fsdps_weights_under_the_einsum(cli, tmp_path):
+    plain = shardmm.program(text=FSDP, hw="tpu-v5e")
+    rings = shardmm.program(text=FSDP, hw="tpu-v5e", rings=True)
+    forward = lambda p: [c["op"] for c in p.collectives if c["phase"] == "forward"]
+    assert forward(plain) == ["all_gather"] and forward(rings) == ["all_gather_einsum"]
+    assert rings.time_s < plain.time_s
+    path = tmp_path / "fsdp.prog"
+    path.write_text(FSDP)
+    status, out, err = cli("program", str(path), "--hw", "tpu-v5e", "--rings", "--json")
+    assert status == 0, err
+    assert json.loads(out)["collectives"] == json.loads(rings.to_json())["collectives"]
+    with pytest.raises(TypeError, match="rings must be True or False"):
+        shardmm.program(text=FSDP, rings="yes")
+    s = shardmm.solve(text=FSDP, hw="tpu-v5e", rings=True, pins={"w_in": "w_in[D_X, F]", "w_out": "w_out[F_X, D]"})
+    assert s.to_json() and json.loads(s.to_json())["rings"] is True
+
+
 def test_the_books_ffn_reduces_once_each_way():
     p = shardmm.program(pathlib.Path(TP_FFN))
     assert p.file == TP_FFN and p.train
