@@ -614,26 +614,41 @@ std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64
   return out;
 }
 
-namespace {
-
-// The values each variable may take in a part of solve_top's search (empty: any).
-using Allowed = std::vector<std::vector<char>>;
-
-ChoiceProblem restricted_to(const ChoiceProblem& p, const Allowed& allowed) {
-  ChoiceProblem out = p;
-  for (std::size_t v = 0; v < allowed.size(); ++v) {
-    if (allowed[v].empty()) continue;
-    Factor f;
+ChoiceProblem restricted(const ChoiceProblem& p, const Kept& keep) {
+  ChoiceProblem out;
+  out.domain = p.domain;
+  out.shared = p.shared;
+  out.points = p.points;
+  out.value_bytes = p.value_bytes;
+  out.factors.reserve(p.factors.size());
+  std::vector<char> named(p.domain.size(), 0);
+  for (const Factor& f : p.factors) {
+    Factor& kept = out.factors.emplace_back();
+    kept.vars = f.vars;
+    std::vector<std::pair<std::size_t, const std::vector<char>*>> checks;  // (position, its variable's list)
+    for (std::size_t i = 0; i < f.vars.size(); ++i) {
+      const auto v = static_cast<std::size_t>(f.vars[i]);
+      named[v] = 1;
+      if (v < keep.size() && !keep[v].empty()) checks.push_back({i, &keep[v]});
+    }
+    for (const FactorEntry& e : f.entries) {
+      const bool keeps = std::all_of(checks.begin(), checks.end(), [&](const auto& check) {
+        return (*check.second)[static_cast<std::size_t>(e.values[check.first])] != 0;
+      });
+      if (keeps) kept.entries.push_back(e);
+    }
+  }
+  // Appended after the others, so that the timeline's figure terms still name their factors.
+  for (std::size_t v = 0; v < keep.size() && v < p.domain.size(); ++v) {
+    if (named[v] || keep[v].empty()) continue;
+    Factor& f = out.factors.emplace_back();
     f.vars = {static_cast<int>(v)};
     for (int x = 0; x < p.domain[v]; ++x) {
-      if (allowed[v][static_cast<std::size_t>(x)]) f.entries.push_back({{x}, 0, 0, {}, {}});
+      if (keep[v][static_cast<std::size_t>(x)]) f.entries.push_back({{x}, 0, 0, {}, {}});
     }
-    out.factors.push_back(std::move(f));
   }
   return out;
 }
-
-}  // namespace
 
 std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& limits, SolveOutcome first, int k,
                                     const BestOf& best) {
@@ -646,7 +661,7 @@ std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& l
     std::iota(on.begin(), on.end(), 0);
   }
   struct Part {
-    Allowed allowed;
+    Kept allowed;
     SolveOutcome outcome;
   };
   // The best part on top; equally fast parts by memory, as the solvers break ties.
@@ -655,7 +670,7 @@ std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& l
     return a.outcome.value.memory > b.outcome.value.memory;
   };
   std::priority_queue<Part, std::vector<Part>, decltype(after)> parts(after);
-  parts.push({Allowed(p.domain.size()), std::move(first)});
+  parts.push({Kept(p.domain.size()), std::move(first)});
   // A part whose solve found nothing in its time (or only with a gap) may hide a better answer
   // than the ones after it: those are then not proven the next best.
   bool proven = true;
@@ -666,16 +681,16 @@ std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& l
     const Assignment x = part.outcome.best;
     out.push_back(std::move(part.outcome));
     if (static_cast<int>(out.size()) == k) break;
-    Allowed allowed = std::move(part.allowed);
+    Kept allowed = std::move(part.allowed);
     for (int v : on) {
       std::vector<char>& values = allowed[static_cast<std::size_t>(v)];
       if (values.empty()) values.assign(static_cast<std::size_t>(p.domain[static_cast<std::size_t>(v)]), 1);
       const auto xv = static_cast<std::size_t>(x[static_cast<std::size_t>(v)]);
-      Allowed other = allowed;
+      Kept other = allowed;
       other[static_cast<std::size_t>(v)][xv] = 0;
       const std::vector<char>& left = other[static_cast<std::size_t>(v)];
       if (std::find(left.begin(), left.end(), 1) != left.end()) {
-        SolveOutcome o = best(restricted_to(p, other), limits);
+        SolveOutcome o = best(restricted(p, other), limits);
         proven = proven && (o.status == SolveStatus::optimal || o.status == SolveStatus::infeasible);
         if (!o.best.empty()) parts.push({std::move(other), std::move(o)});
       }

@@ -70,36 +70,6 @@ SolveOutcome best_of(const ChoiceProblem& p, const SolveLimits& limits) {
   return solve_mip(p, limits);
 }
 
-// By variable, by value: whether a restriction keeps it (a variable with no list: every value).
-using Kept = std::vector<std::vector<char>>;
-
-// `p` without the entries where some variable takes a value `keep` refuses. The entries kept
-// are copied once, however many variables it restricts (a program's factors hold 10^5 of them).
-ChoiceProblem restricted(const ChoiceProblem& p, const Kept& keep) {
-  ChoiceProblem out;
-  out.domain = p.domain;
-  out.shared = p.shared;
-  out.points = p.points;
-  out.value_bytes = p.value_bytes;
-  out.factors.reserve(p.factors.size());
-  for (const Factor& f : p.factors) {
-    Factor& kept = out.factors.emplace_back();
-    kept.vars = f.vars;
-    std::vector<std::pair<std::size_t, const std::vector<char>*>> checks;  // (position, its variable's list)
-    for (std::size_t i = 0; i < f.vars.size(); ++i) {
-      const auto v = static_cast<std::size_t>(f.vars[i]);
-      if (v < keep.size() && !keep[v].empty()) checks.push_back({i, &keep[v]});
-    }
-    for (const FactorEntry& e : f.entries) {
-      const bool keeps = std::all_of(checks.begin(), checks.end(), [&](const auto& check) {
-        return (*check.second)[static_cast<std::size_t>(e.values[check.first])] != 0;
-      });
-      if (keeps) kept.entries.push_back(e);
-    }
-  }
-  return out;
-}
-
 // ---- Named strategies: a role per mesh axis, as restrictions on the leaves' specs.
 //   dp    inputs split by the axis along their batch letter (the first input's first letter);
 //         params not split by it

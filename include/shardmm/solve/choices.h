@@ -143,6 +143,13 @@ Reduced reduce_domains(const ChoiceProblem& p);
 // that can be the peak), solved by CBC. Its status and lower bound are CBC's.
 SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits);
 
+// By variable, by value: whether a restriction keeps it (a variable with no list: every value).
+using Kept = std::vector<std::vector<char>>;
+// `p` without the assignments where some variable takes a value `keep` refuses: the factor
+// entries kept are copied once, however many variables it restricts; a restricted variable no
+// factor names gets a factor of its kept values (time and memory 0).
+ChoiceProblem restricted(const ChoiceProblem& p, const Kept& keep);
+
 // An exact solver of a problem within limits (memory, time; not exclusions): what solve_top
 // asks for each part of the search.
 using BestOf = std::function<SolveOutcome(const ChoiceProblem&, const SolveLimits&)>;
@@ -151,9 +158,9 @@ using BestOf = std::function<SolveOutcome(const ChoiceProblem&, const SolveLimit
 // empty) differ pairwise; fewer when fewer exist. `first` is `best(p, limits)`, already found.
 // Lawler and Murty's partition: the assignments left after an answer x are split into disjoint
 // parts, the i-th with x's values on the first i - 1 distinct-on variables and another value on
-// the i-th; each part is solved by `best` (a copy of `p` with unary factors for those values), and
+// the i-th; each part is solved by `best` (restricted() to those values), and
 // the best part found so far gives the next answer. Exact whenever `best` is: no exclusion
-// constraints, so the dynamic program stays usable. `limits.excluded` must be empty.
+// constraints (parts are restricted()), so the dynamic program stays usable. `limits.excluded` must be empty.
 std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& limits, SolveOutcome first, int k,
                                     const BestOf& best);
 
