@@ -6,9 +6,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iomanip>
+#include <iostream>
 #include <ostream>
 #include <set>
 #include <sstream>
+
+#include <unistd.h>
 
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/communicator.h"
@@ -518,6 +521,26 @@ Json plan_json(const Plan& plan, const Mesh& mesh) {
   j["fits_memory"] = plan.fits_memory;
   j["synchronizations"] = synchronizations(plan);
   return j;
+}
+
+ProgressLine::ProgressLine(double quiet_s, bool terminal_only)
+    : tty_(isatty(2) != 0), silent_(terminal_only && !tty_), quiet_s_(quiet_s) {}
+
+void ProgressLine::show(const std::string& what) {
+  const auto now = std::chrono::steady_clock::now();
+  if (silent_ || std::chrono::duration<double>(now - start_).count() < quiet_s_) return;
+  const std::string phase = what.substr(0, what.find(' '));
+  if (shown_ && phase == phase_ && now - last_ < std::chrono::milliseconds(tty_ ? 100 : 1000)) return;
+  phase_ = phase;
+  last_ = now;
+  shown_ = true;
+  // One write: a line written in pieces can be split by another process's output.
+  std::cerr << std::string(tty_ ? "\r\033[K" : "") + "shardmm: " + what + (tty_ ? "" : "\n") << std::flush;
+}
+
+void ProgressLine::clear() {
+  if (tty_ && shown_) std::cerr << "\r\033[K" << std::flush;
+  shown_ = false;
 }
 
 }  // namespace shardmm::cli

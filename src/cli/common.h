@@ -4,6 +4,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
@@ -170,5 +171,26 @@ Json step_json(const Step& step, const Mesh& mesh);
 // none where the model knows nothing against it (docs/cost-model.md, "Confidence").
 void add_confidence_json(Json& step, const Confidence& confidence);
 Json plan_json(const Plan& plan, const Mesh& mesh);
+
+// Long work's progress on stderr: on a terminal one live line, redrawn at most 10 times a
+// second and cleared at the end; in a log a line a second, and the first of each phase (the
+// text's first word), so a run of short steps does not write thousands of lines. Nothing
+// before `quiet_s` of work: a quick command prints none; nothing in a log when `terminal_only`.
+class ProgressLine {
+ public:
+  explicit ProgressLine(double quiet_s = 0, bool terminal_only = false);
+  void show(const std::string& what);  // printed as "shardmm: <what>"
+  std::function<void(const std::string&)> reporter() {
+    return [this](const std::string& what) { show(what); };
+  }
+  void clear();  // the live line's end (a log's lines stay)
+
+ private:
+  bool tty_, silent_;
+  double quiet_s_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now(), last_;
+  std::string phase_;
+  bool shown_ = false;
+};
 
 }  // namespace shardmm::cli

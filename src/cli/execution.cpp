@@ -1,9 +1,6 @@
 #include "cli/execution.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <iostream>
@@ -111,21 +108,10 @@ RunReport execute(const ExecutionFlags& flags, const Planning& p, const Plan& pl
   req.mem_limit_bytes = p.options.mem_limit_bytes;  // run_plan checks the run's memory against it
   req.check = flags.check;
   req.watchdog_s = flags.watchdog_s.value_or(0);
-  const bool tty = isatty(2);
-  // A live line on a terminal, redrawn at most 10 times a second; in a log a line a second,
-  // and the first of each phase (a run of short repeats must not write thousands of lines).
-  const auto interval = std::chrono::milliseconds(tty ? 100 : 1000);
-  req.progress = [tty, interval, phase = std::string(),
-                  last = std::chrono::steady_clock::time_point()](const std::string& what) mutable {
-    const std::string this_phase = what.substr(0, what.find(' '));
-    const auto now = std::chrono::steady_clock::now();
-    if (this_phase == phase && now - last < interval) return;
-    phase = this_phase;
-    last = now;
-    std::cerr << std::string(tty ? "\r\033[K" : "") + "shardmm: " + what + (tty ? "" : "\n") << std::flush;
-  };
+  ProgressLine progress;
+  req.progress = progress.reporter();
   RunReport r = run_plan(req);
-  if (tty && r.is_root) std::cerr << "\r\033[K" << std::flush;
+  if (r.is_root) progress.clear();
   return r;
 }
 
