@@ -831,8 +831,9 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     fixed), and: ``mem_limit``, the memory per device the step may use ('16GiB', '512MiB' or
     an int of bytes; InputError when no sharding fits); ``top``, also list the K best distinct
     shardings (1 to 100); ``explain``, each chosen tensor's runner-up layout and what it would
-    add; ``time_limit``, each integer program's time limit (past it the answer is 'feasible'
-    with its proven gap); ``run``, execute the answer and check it, and ``rings``, as
+    add; ``time_limit``, the search's time limit in seconds: building the problem (a search
+    that cannot finish in it raises InputError at once) and each integer program (past it the
+    answer is 'feasible' with its proven gap); ``run``, execute the answer and check it, and ``rings``, as
     ``program``'s. The
     GIL is released while the solver runs.
 

@@ -5,9 +5,12 @@
 // optimal or with its proven gap, costed as `shardmm program` costs it, beside the named
 // strategies; --emit writes the program with every spec pinned; --run executes and verifies it.
 #include <cmath>
+#include <iomanip>
 #include <iostream>
+#include <locale>
 #include <memory>
 #include <ostream>
+#include <sstream>
 
 #include "cli/commands.h"
 #include "cli/program_common.h"
@@ -293,7 +296,7 @@ SolveReport evaluate_solve(const SolveRequest& request) {
   }
   if (!(request.seconds > 0) || !std::isfinite(request.seconds)) {
     throw InputError(field("time_limit") + " " + format_given(request.seconds) +
-                     ": an integer program's time limit is a positive number of seconds, e.g. " + field("time_limit") +
+                     ": the search's time limit is a positive number of seconds, e.g. " + field("time_limit") +
                      " 10");
   }
   BoundProgram b = bind_program(in, "--pin");
@@ -307,6 +310,7 @@ SolveReport evaluate_solve(const SolveRequest& request) {
   o.top = request.top;
   o.explain = request.explain;
   o.seconds = request.seconds;
+  o.progress = request.progress;
   solve::SolveResult r = solve::solve_program(b.graph, o);
   std::optional<nn::ProgramRun> run;
   if (in.run) {
@@ -357,8 +361,9 @@ Command add_solve_command(CLI::App& root) {
                 "step (small --dims), e.g. --run");
   app->add_option("--backend", input.backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
   app->add_option("--time-limit", flags->seconds,
-                  "each integer program's time limit in seconds (default 60); past "
-                  "it the answer says its proven gap, e.g. --time-limit 10");
+                  "the search's time limit in seconds (default 60): building the problem (a search that cannot "
+                  "finish in it is refused, exit 2) and each integer program (past it the answer says its proven "
+                  "gap), e.g. --time-limit 10");
   add_dtype_flag(*app, input.common.dtype, kProgramDTypeRule);
   add_hw_flag(*app, input.common.hw);
   add_json_flag(*app, input.common.json);
@@ -379,7 +384,19 @@ Command add_solve_command(CLI::App& root) {
   return {app, [flags](std::ostream& out) {
             const SolveRequest& f = *flags;
             if (f.emit) check_writable_file(*f.emit, "--emit '" + *f.emit + "'");
-            const SolveReport report = evaluate_solve(f);
+            SolveRequest request = f;
+            ProgressLine progress(1.0, /*terminal_only=*/true);
+            if (process_rank(f.input.backend) == 0) {
+              request.progress = [&progress](const solve::BuildProgress& p) {
+                std::ostringstream what;
+                what.imbue(std::locale::classic());
+                what << "recording " << p.recorded << " op costs (" << std::fixed << std::setprecision(1)
+                     << p.seconds << " s): `" << p.op << "`";
+                progress.show(what.str());
+              };
+            }
+            const SolveReport report = evaluate_solve(request);
+            progress.clear();
             if (f.emit) write_file_atomically(*f.emit, pinned_program_text(report), "--emit '" + *f.emit + "'", false);
             const nn::ProgramRun* r = report.run ? &*report.run : nullptr;
             if (r && process_rank(f.input.backend) != 0) return r->verification.verified ? 0 : 3;

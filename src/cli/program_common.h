@@ -74,7 +74,8 @@ struct SolveRequest {
   std::optional<std::string> emit;       // the file the caller writes pinned_program_text to (the document names it)
   int top = 1;                           // 1 to kMaxTop
   bool explain = false;
-  double seconds = 60;  // each integer program's time limit
+  double seconds = 60;  // building the problem's time limit, and each integer program's
+  std::function<void(const solve::BuildProgress&)> progress;  // building the problem (may be empty)
 };
 
 inline constexpr int kMaxTop = 100;

@@ -6,13 +6,17 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <iomanip>
+#include <locale>
 #include <map>
 #include <mutex>
 #include <numeric>
 #include <set>
+#include <sstream>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -432,6 +436,54 @@ void for_each_parallel(std::size_t n, const std::function<void(std::size_t)>& fn
   if (failure) std::rethrow_exception(failure);
 }
 
+// The build's time limit and progress, checked after each batch of recordings.
+class BuildClock {
+ public:
+  explicit BuildClock(const BuildLimits& limits) : limits_(limits) {}
+
+  // A batch of `jobs` recordings of op k is entered; about `jobs_left` more of the op's remain.
+  void batch_done(const Graph& g, int k, std::int64_t jobs, double jobs_left) {
+    const auto now = std::chrono::steady_clock::now();
+    recorded_ += jobs;
+    if (k != op_) {
+      op_ = k;
+      op_jobs_ = 0;
+      op_seconds_ = 0;
+    }
+    op_jobs_ += jobs;
+    op_seconds_ += std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    const double seconds = std::chrono::duration<double>(now - start_).count();
+    const program::GraphOp& op = g.ops[static_cast<std::size_t>(k)];
+    const std::string statement =
+        g.tensors[static_cast<std::size_t>(op.result)].source_name + " = " + op.expression;
+    // The op's own rate so far (memo hits included) projects what its remaining combinations take.
+    const double projected = seconds + jobs_left * op_seconds_ / static_cast<double>(std::max<std::int64_t>(1, op_jobs_));
+    if (seconds <= limits_.seconds && projected <= limits_.seconds) {
+      if (limits_.progress) limits_.progress({statement, recorded_, jobs_left, seconds});
+      return;
+    }
+    std::ostringstream out;
+    out.imbue(std::locale::classic());
+    out << "solve: the search is too large for " << field("time_limit") << " " << limits_.seconds << " s: after "
+        << std::fixed << std::setprecision(1) << seconds << " s it had costed " << recorded_
+        << " ops in candidate specs, and `" << statement << "` alone has about " << std::setprecision(0)
+        << jobs_left << " combinations of specs more";
+    if (projected > seconds) out << " (" << projected - seconds << " s at this rate)";
+    out << "; pin some tensors (" << field("pin") << "), use fewer mesh axes or give more time";
+    throw InputError(out.str());
+  }
+
+ private:
+  const BuildLimits& limits_;
+  const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_ = start_;  // the last batch's end
+  std::int64_t recorded_ = 0;
+  int op_ = -1;  // the op of the last batch, its batches' recordings and seconds
+  std::int64_t op_jobs_ = 0;
+  double op_seconds_ = 0;
+};
+
 // A timeline point's terms being summed up: counts by variable, shared term and (factor, figure).
 struct Terms {
   std::map<int, std::int64_t> value, shared;
@@ -581,7 +633,7 @@ std::vector<char> regathered_of(const ProgramChoices& c, const Assignment& a) {
   return out;
 }
 
-ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) {
+ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits) {
   ProgramChoices c;
   const bool train = options.train && g.loss >= 0;
   c.on_loss_path = loss_path(g);
@@ -734,6 +786,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
   for (std::size_t v = 0; v < c.values.size(); ++v) regather_matters[v].assign(c.values[v].size(), 0);
 
   OpRecorder recorder(g, options);
+  BuildClock clock(limits);
   // Fill the factors in program order until no derived variable gains a value (a repeat's
   // later iterations can feed values back to an earlier factor's operands).
   for (bool grew = true; grew;) {
@@ -755,13 +808,22 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         for (int mask = 0; mask < masks; ++mask) result_partials.push_back(mask);
       }
       std::vector<int> tuple(f.operands.size(), 0);
-      bool any_empty = false;
-      for (int v : f.operand_vars) any_empty = any_empty || c.values[static_cast<std::size_t>(v)].empty();
-      if (any_empty) continue;
-      // Every new combination of this op's specs, recorded in parallel, then entered in order.
+      double combinations = 1;  // of the operands' values: may be far too many to hold at once
+      for (int v : f.operand_vars) combinations *= static_cast<double>(c.values[static_cast<std::size_t>(v)].size());
+      if (combinations == 0) continue;
+      // Every new combination of this op's specs, in batches: each recorded in parallel, then
+      // entered in order, and the time limit checked.
+      double visited = 0, batched = 0;
+      // The kept combinations' costs, by JobKey (below): a regathered combination takes its
+      // kept twin's, recorded in an earlier batch or earlier in its own.
+      using JobKey = std::tuple<std::vector<int>, std::string, int>;
+      std::map<JobKey, OpCost> kept_costs;
+      // Small batches first: the first says soon how fast this op's recordings go.
+      std::size_t batch = std::min<std::size_t>(512, limits.batch);
+      for (bool more = true; more; batch = std::min(2 * batch, limits.batch)) {
       std::vector<Recording> jobs;
       std::size_t groups = 0;
-      while (true) {
+      while (more && jobs.size() < batch) {
         if (f.done.insert(tuple).second) {
           std::vector<Spec> specs;
           std::vector<char> regathered;
@@ -793,15 +855,15 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
             ++groups;
           }
         }
+        ++visited;
         std::size_t i = 0;
         while (i < tuple.size() &&
                ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size()))
           tuple[i++] = 0;
-        if (i == tuple.size()) break;
+        more = i < tuple.size();
       }
       // The kept combinations first; one with regathered params then takes its kept twin's
       // cost where that gathers none of them (regathering changes nothing there).
-      using JobKey = std::tuple<std::vector<int>, std::string, int>;
       const auto key = [&](const Recording& r, bool kept) {
         std::vector<int> t = r.tuple;
         for (std::size_t i = 0; kept && i < t.size(); ++i) {
@@ -811,12 +873,10 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
         return JobKey{t, r.pin ? format_spec(*r.pin, g.mesh) : std::string(), r.partial ? *r.partial : -1};
       };
       std::vector<std::size_t> kept_jobs, twin_jobs;
-      std::map<JobKey, std::size_t> job_of;
       for (std::size_t j = 0; j < jobs.size(); ++j) {
         const bool any =
             std::any_of(jobs[j].regathered.begin(), jobs[j].regathered.end(), [](char r) { return r != 0; });
         (any ? twin_jobs : kept_jobs).push_back(j);
-        if (!any) job_of.emplace(key(jobs[j], false), j);
       }
       // The jobs of one combination of specs and result pin (its result gradient's layouts)
       // share one forward pass: recorded together.
@@ -839,14 +899,15 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
       };
       const std::vector<std::vector<std::size_t>> kept_groups = groups_of(kept_jobs);
       for_each_parallel(kept_groups.size(), [&](std::size_t k) { record(kept_groups[k]); });
+      for (std::size_t j : kept_jobs) kept_costs.emplace(key(jobs[j], false), jobs[j].cost);
       const std::vector<std::vector<std::size_t>> twin_groups = groups_of(twin_jobs);
       for_each_parallel(twin_groups.size(), [&](std::size_t k) {
         std::vector<std::size_t> to_record;
         for (std::size_t j : twin_groups[k]) {
           Recording& job = jobs[j];
-          const auto kept = job_of.find(key(job, true));
-          if (kept != job_of.end()) {
-            const OpCost& twin = jobs[kept->second].cost;
+          const auto kept = kept_costs.find(key(job, true));
+          if (kept != kept_costs.end()) {
+            const OpCost& twin = kept->second;
             bool gathers = false;
             for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i)
               gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
@@ -932,6 +993,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options) 
             at[j++] = 0;
           if (j == at.size() || operand_partials[j].second.empty()) break;
         }
+      }
+      batched += static_cast<double>(jobs.size());
+      clock.batch_done(g, f.op, static_cast<std::int64_t>(jobs.size()), (combinations - visited) * batched / visited);
       }
     }
   }

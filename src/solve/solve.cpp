@@ -169,7 +169,7 @@ std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices
 
 SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   SolveResult r;
-  r.choices = build_choices(g, options.program);
+  r.choices = build_choices(g, options.program, {options.seconds, options.progress});
   const ProgramChoices& c = r.choices;
   SolveLimits limits;
   limits.memory_limit = options.memory_limit;

@@ -1,7 +1,7 @@
 // Every transcript in README.md and docs/*.md is what the command prints today. A transcript
 // is a fenced block's "$ shardmm ..." line and the lines after it; a line "..." (or
 // "... words ...") in the expected output stands for any run of lines. Commands that time
-// something (run, bench, calibrate, --run) print measured figures: for them numbers and the
+// something (run, bench, calibrate, --run, --time-limit) print measured figures: for them numbers and the
 // width of the spaces between words are not compared, everything else is.
 #include <gtest/gtest.h>
 
@@ -103,8 +103,8 @@ bool matches(const std::vector<std::string>& expected, std::size_t e, std::size_
 
 bool measures(const std::vector<std::string>& args) {
   if (args.empty()) return false;
-  return args[0] == "run" || args[0] == "bench" || args[0] == "calibrate" ||
-         std::find(args.begin(), args.end(), "--run") != args.end();
+  const auto has = [&](const char* flag) { return std::find(args.begin(), args.end(), flag) != args.end(); };
+  return args[0] == "run" || args[0] == "bench" || args[0] == "calibrate" || has("--run") || has("--time-limit");
 }
 
 std::string joined(const std::vector<std::string>& lines, std::size_t from, std::size_t to) {

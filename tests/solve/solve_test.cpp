@@ -1,5 +1,6 @@
 // The program solver: its factors add up to what `shardmm program` predicts for the same
 // specs, its three solvers agree, and its answer is the Scaling Book's where the book says.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -696,6 +697,71 @@ TEST(Solve, KeepsTensorParallelismInTheNodeAndSplitsTheBatchAcrossNodes) {
     }
     EXPECT_TRUE(spec("att.0").is_unreduced(inside)) << spec_of(r, g, "att.0");
   }
+}
+
+// The recordings are made in batches (bounded memory on large meshes): the problem is the
+// same whatever their size, a regathered combination's kept twin found in any batch.
+TEST(Choices, DoNotDependOnTheBatchSize) {
+  const program::Graph g = graph(kMlp, on_mesh("X=2,Y=2"));
+  nn::ProgramOptions o = bf16();
+  o.optimizer = nn::Optimizer::adam;
+  BuildLimits small;
+  small.batch = 3;
+  const ProgramChoices a = build_choices(g, o), b = build_choices(g, o, small);
+  EXPECT_EQ(a.evaluations, b.evaluations);
+  EXPECT_EQ(a.values, b.values);
+  EXPECT_EQ(a.problem.domain, b.problem.domain);
+  EXPECT_EQ(a.problem.value_bytes, b.problem.value_bytes);
+  ASSERT_EQ(a.problem.factors.size(), b.problem.factors.size());
+  std::size_t entries = 0;
+  for (std::size_t f = 0; f < a.problem.factors.size(); ++f) {
+    const Factor &x = a.problem.factors[f], &y = b.problem.factors[f];
+    EXPECT_EQ(x.vars, y.vars);
+    ASSERT_EQ(x.entries.size(), y.entries.size()) << "factor " << f;
+    for (std::size_t e = 0; e < x.entries.size(); ++e, ++entries) {
+      EXPECT_EQ(x.entries[e].values, y.entries[e].values);
+      EXPECT_EQ(x.entries[e].time, y.entries[e].time);
+      EXPECT_EQ(x.entries[e].memory, y.entries[e].memory);
+      EXPECT_EQ(x.entries[e].shared, y.entries[e].shared);
+      EXPECT_EQ(x.entries[e].figures, y.entries[e].figures);
+    }
+  }
+  EXPECT_GT(entries, 1000u);
+  ASSERT_EQ(a.problem.points.size(), b.problem.points.size());
+  for (std::size_t p = 0; p < a.problem.points.size(); ++p) {
+    ASSERT_EQ(a.problem.points[p].terms.size(), b.problem.points[p].terms.size());
+    for (std::size_t t = 0; t < a.problem.points[p].terms.size(); ++t) {
+      const PointTerm &x = a.problem.points[p].terms[t], &y = b.problem.points[p].terms[t];
+      EXPECT_TRUE(x.kind == y.kind && x.index == y.index && x.figure == y.figure && x.count == y.count);
+    }
+  }
+}
+
+// A search that cannot be recorded within the time limit is refused as soon as its rate
+// says so, naming the op and how many combinations it has left; progress is reported
+// meanwhile, batch by batch.
+TEST(Choices, ASearchTooLargeForTheTimeLimitIsRefused) {
+  program::BindOptions b = on_mesh("X=4,Y=4,Z=4");
+  b.dims = DimSizes{{"B", 64}, {"T", 64}, {"S", 64}, {"D", 256}, {"H", 16}, {"A", 16}, {"F", 1024}};
+  const program::Graph g = free_graph("examples/programs/gpt.prog", b);
+  BuildLimits limits;
+  limits.seconds = 2;
+  std::int64_t last = 0;
+  int reports = 0;
+  limits.progress = [&](const BuildProgress& p) {
+    EXPECT_GT(p.recorded, last);
+    EXPECT_FALSE(p.op.empty());
+    last = p.recorded;
+    ++reports;
+  };
+  try {
+    build_choices(g, bf16(), limits);
+    FAIL() << "recorded within 2 s";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the search is too large for"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("combinations of specs more"));
+  }
+  EXPECT_GT(reports, 0);
 }
 
 // A repeat block is solved once: 2 or 6 layers make the same problem, costs scaled.

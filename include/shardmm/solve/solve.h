@@ -23,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,7 +55,24 @@ struct ProgramChoices {
   std::vector<int> gradient_var;
   std::int64_t evaluations = 0;  // distinct op recordings that filled the factors
 };
-ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options);
+// How building a choice problem is going: reported after each batch of recordings.
+struct BuildProgress {
+  std::string op;                // the statement being recorded, as the file writes it
+  std::int64_t recorded = 0;     // combinations of specs recorded so far, all ops
+  double remaining_of_op = 0;    // this op's combinations not yet visited
+  double seconds = 0;            // since the build began
+};
+struct BuildLimits {
+  // The build stops with an InputError once it is past this many seconds, or as soon as the
+  // rate it has reached says the op it is on cannot be finished within them.
+  double seconds = std::numeric_limits<double>::infinity();
+  std::function<void(const BuildProgress&)> progress;  // may be empty
+  // At most this many recordings wait at once (an op's next combinations of specs): a mesh
+  // of three or four axes gives an einsum millions. The problem does not depend on it.
+  std::size_t batch = std::size_t{1} << 16;
+};
+ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options,
+                             const BuildLimits& limits = {});
 
 // A named strategy: a role per mesh axis ("dp", "fsdp", "tp", "sp", and "ep" for a program
 // with a route), as restrictions on the leaves' specs (docs/solve.md); the rest of the program
@@ -77,7 +96,8 @@ struct SolveOptions {
   int top = 1;                               // the K best distinct shardings
   bool explain = false;
   bool named = true;    // cost the named strategies
-  double seconds = 60;  // each integer program's time limit
+  double seconds = 60;  // building the problem's time limit, and each integer program's
+  std::function<void(const BuildProgress&)> progress;  // building the problem (may be empty)
 };
 
 struct SolveResult {
