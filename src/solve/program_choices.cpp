@@ -105,19 +105,12 @@ std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool all
 // The einsum results the search considers: each mesh axis shards the letter an operand
 // shards with it, holds the partial sums of a contracted letter an operand shards with it,
 // or is unused. (Any other layout is one of these followed by a slice, which costs nothing
-// and which the consumer does as well.)
-bool follows_operands(const Spec& result, const std::vector<Spec>& operands, const program::Tensor& t) {
-  for (std::size_t d = 0; d < result.dims.size(); ++d) {
-    for (int axis : result.dims[d].axes) {
-      bool found = false;
-      for (const Spec& o : operands) {
-        const int j = o.dim_of_axis(axis);
-        found = found || (j >= 0 && o.dims[static_cast<std::size_t>(j)].name == result.dims[d].name);
-      }
-      if (!found) return false;
-    }
-  }
-  for (int axis : result.unreduced) {
+// and which the consumer does as well.) With collective matmul rings, an axis holding partial
+// sums may also scatter a letter of the result: a reduce_scatter ring under the einsum is
+// cheaper than the consumer's reduce_scatter after it.
+bool follows_operands(const Spec& result, const std::vector<Spec>& operands, const program::Tensor& t, bool rings) {
+  // Whether some operand's sums over `axis` are partial in the result.
+  const auto contracted_over = [&](int axis) {
     bool contracted = false;
     for (const Spec& o : operands) {
       const int j = o.dim_of_axis(axis);
@@ -125,7 +118,20 @@ bool follows_operands(const Spec& result, const std::vector<Spec>& operands, con
                                                       o.dims[static_cast<std::size_t>(j)].name) == t.letters.end());
       contracted = contracted || o.is_unreduced(axis);
     }
-    if (!contracted) return false;
+    return contracted;
+  };
+  for (std::size_t d = 0; d < result.dims.size(); ++d) {
+    for (int axis : result.dims[d].axes) {
+      bool found = false;
+      for (const Spec& o : operands) {
+        const int j = o.dim_of_axis(axis);
+        found = found || (j >= 0 && o.dims[static_cast<std::size_t>(j)].name == result.dims[d].name);
+      }
+      if (!found && !(rings && contracted_over(axis))) return false;
+    }
+  }
+  for (int axis : result.unreduced) {
+    if (!contracted_over(axis)) return false;
   }
   return true;
 }
@@ -840,7 +846,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
             pins.push_back(specs[static_cast<std::size_t>(same - f.operand_vars.begin())]);
           } else if (choice_result) {
             for (const Spec& s : c.values[static_cast<std::size_t>(f.result_var)]) {
-              if (result.pinned || follows_operands(s, specs, result)) pins.push_back(s);
+              if (result.pinned || follows_operands(s, specs, result, options.rings)) pins.push_back(s);
             }
           } else {
             pins.push_back(std::nullopt);

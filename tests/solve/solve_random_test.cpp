@@ -1,5 +1,5 @@
 // The solver on random programs (every op kind, pins, uneven and empty shards, both split
-// rules) on random meshes of up to two axes: its optimum is exhaustive search's, with and
+// rules, with and without collective matmul rings) on random meshes of up to two axes: its optimum is exhaustive search's, with and
 // without a binding memory limit; `shardmm program` costs the answer as the solver did; and
 // the answer, executed on threads, matches the dense f64 step.
 #include <gtest/gtest.h>
@@ -37,6 +37,7 @@ TEST(SolveRandom, OptimumIsExhaustiveSearchsAndRunsVerified) {
     options.train = c % 4 != 3;
     options.optimizer = c % 3 == 0 ? nn::Optimizer::adam : nn::Optimizer::sgd;
     options.seed = static_cast<std::uint64_t>(c);
+    options.rings = c % 5 == 2;  // the einsums' rings, and the scattered results they offer
     ProgramChoices choices;
     try {
       choices = build_choices(g, options);

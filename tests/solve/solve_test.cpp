@@ -621,6 +621,31 @@ TEST(Solve, RingsLetFsdpFitWhereNothingElseDoes) {
   expect_emitted_costs_the_answer(p, g, o, fit);
 }
 
+// Megatron's sequence parallelism with rings: the second einsum's partial sums are scattered
+// over the sequence by a reduce_scatter ring under it. The search offers the einsum that
+// scattered layout (without rings it is the consumer's reduce_scatter, and the optimum gathers
+// the weights instead).
+TEST(Solve, RingsScatterAnEinsumsResultUnderIt) {
+  const program::Program p = program::parse_program(
+      "mesh X=4\ndims B=8, T=2048, D=4096, F=16384\ninput x[B, T, D] : x[B, T_X, D]\n"
+      "param w_in[D, F] : w_in[D, F_X]\nparam w_out[F, D] : w_out[F_X, D]\ninput g[B, T, D] : g[B, T_X, D]\n"
+      "u[B, T, F] = x @ w_in\ny[B, T, D] = gelu(u) @ w_out\nloss sum(y * g)\n",
+      "sp.prog");
+  const program::Graph g = program::bind(p, {});
+  SolveOptions o;
+  o.program = on(Machine{"tpu-v5e", DType::bf16});
+  o.program.rings = true;
+  SolveOptions without = o;
+  without.program.rings = false;
+  const SolveResult ring = solve_program(g, o), plain = solve_program(g, without);
+  ASSERT_EQ(ring.outcome.status, SolveStatus::optimal);
+  EXPECT_EQ(count_of(ring.prediction, OpKind::einsum_reduce_scatter), 1);
+  EXPECT_EQ(spec_of(ring, g, "u"), "u[B, T, F_X]");
+  EXPECT_EQ(spec_of(ring, g, "y"), "y[B, T_X, D]");
+  EXPECT_LT(ring.outcome.value.time, plain.outcome.value.time);
+  expect_emitted_costs_the_answer(p, g, o, ring);
+}
+
 TEST(Solve, FindsDataParallelismForALargeBatch) {
   for (const Machine& m : kMachines) {
     SCOPED_TRACE(m.profile);
