@@ -179,17 +179,9 @@ const CollectiveFit* find_fit(const HardwareProfile& hw, OpKind op, double group
 }
 
 // The measured GEMM rate at `intensity`, or 0 when the profile measured none for `dtype`.
-double calibrated_gemm_rate(const HardwareProfile& hw, DType dtype, double intensity) {
-  if (!hw.calibration) return 0;
-  std::vector<std::pair<double, double>> points;  // (log intensity, rate)
-  for (const GemmRate& g : hw.calibration->gemm) {
-    if (g.dtype == dtype) points.emplace_back(std::log(g.intensity), g.flops_per_s);
-  }
-  if (points.empty()) return 0;
-  std::sort(points.begin(), points.end());
-  const double x = std::log(std::max(intensity, 1e-300));
+// y at x on the line through `points` (sorted by x), the end values beyond them.
+double piecewise_linear(const std::vector<std::pair<double, double>>& points, double x) {
   if (x <= points.front().first) return points.front().second;
-  if (x >= points.back().first) return points.back().second;
   for (std::size_t i = 1; i < points.size(); ++i) {
     if (x <= points[i].first) {
       const auto& [x0, y0] = points[i - 1];
@@ -198,6 +190,34 @@ double calibrated_gemm_rate(const HardwareProfile& hw, DType dtype, double inten
     }
   }
   return points.back().second;
+}
+
+// The measured thin GEMMs of `dtype` as (rows, rate), by rows.
+std::vector<std::pair<double, double>> thin_rates(const HardwareProfile& hw, DType dtype) {
+  std::vector<std::pair<double, double>> out;
+  for (const GemmRate& g : hw.calibration->gemm) {
+    if (g.dtype == dtype && g.shape == kThinGemm) out.emplace_back(static_cast<double>(std::min(g.m, g.n)), g.flops_per_s);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Whether a GEMM of `rows` takes the thin shapes' rate.
+bool thin_covers(const std::vector<std::pair<double, double>>& thin, std::int64_t rows) {
+  return rows > 0 && !thin.empty() && static_cast<double>(rows) <= thin.back().first;
+}
+
+double calibrated_gemm_rate(const HardwareProfile& hw, DType dtype, double intensity, std::int64_t rows) {
+  if (!hw.calibration) return 0;
+  if (const auto thin = thin_rates(hw, dtype); thin_covers(thin, rows))
+    return piecewise_linear(thin, static_cast<double>(rows));
+  std::vector<std::pair<double, double>> points;  // (log intensity, rate)
+  for (const GemmRate& g : hw.calibration->gemm) {
+    if (g.dtype == dtype && g.shape != kThinGemm) points.emplace_back(std::log(g.intensity), g.flops_per_s);
+  }
+  if (points.empty()) return 0;
+  std::sort(points.begin(), points.end());
+  return piecewise_linear(points, std::log(std::max(intensity, 1e-300)));
 }
 
 // "4.00 KiB", "64.0 MiB": three significant digits in binary units, for the reasons below.
@@ -305,27 +325,28 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
   return cost;
 }
 
-double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {
+double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes, std::int64_t rows) {
   if (!std::isfinite(flops) || flops < 0) throw UsageError("einsum_time: flops must be finite and >= 0");
   if (bytes < 0) throw UsageError("einsum_time: negative bytes");
   const double peak = hw.flops_for(dtype);
   detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
-  const double measured = bytes > 0 ? calibrated_gemm_rate(hw, dtype, flops / static_cast<double>(bytes)) : 0;
+  const double measured = bytes > 0 ? calibrated_gemm_rate(hw, dtype, flops / static_cast<double>(bytes), rows) : 0;
   const double call = hw.calibration && flops > 0 ? hw.calibration->einsum_call_s : 0;
   return call + std::max(flops / (measured > 0 ? measured : peak), static_cast<double>(bytes) / hw.hbm_bandwidth);
 }
 
-Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {
+Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes,
+                             std::int64_t rows) {
   Confidence c;
-  if (!hw.calibration || flops <= 0 || bytes <= 0) return c;
+  if (!hw.calibration || flops <= 0 || bytes <= 0 || thin_covers(thin_rates(hw, dtype), rows)) return c;
   double lo = 0, hi = 0;
   for (const GemmRate& g : hw.calibration->gemm) {
-    if (g.dtype != dtype) continue;
+    if (g.dtype != dtype || g.shape == kThinGemm) continue;
     lo = lo == 0 ? g.intensity : std::min(lo, g.intensity);
     hi = std::max(hi, g.intensity);
   }
   const double intensity = flops / static_cast<double>(bytes);
-  const double band = kModelBand * einsum_time(hw, dtype, flops, bytes);
+  const double band = kModelBand * einsum_time(hw, dtype, flops, bytes, rows);
   if (hi == 0) {
     c.add(std::string("no GEMM rate was calibrated for ") + to_string(dtype) + ": the profile's peak", band);
   } else if (intensity < lo) {
@@ -338,8 +359,8 @@ Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flop
   return c;
 }
 
-Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes) {
-  const double time = einsum_time(hw, dtype, flops, bytes);
+Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes, std::int64_t rows) {
+  const double time = einsum_time(hw, dtype, flops, bytes, rows);
   if (time <= 0) return Bound::none;
   return static_cast<double>(bytes) / hw.hbm_bandwidth >= time ? Bound::memory : Bound::compute;
 }

@@ -1,6 +1,7 @@
 #include "plan/steps.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -499,9 +500,26 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
       checked_add(checked_add(max_bytes(step.from, a_shape), max_bytes(step.from_b, b_shape), "the einsum's bytes"),
                   max_bytes(step.to, c_shape), "the einsum's bytes");
   step.flops = flops;
-  step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes);
-  step.bound = einsum_bound(options_.hw, options_.dtype, flops, bytes);
-  step.confidence = einsum_confidence(options_.hw, options_.dtype, flops, bytes);
+  const std::int64_t rows = gemm_rows(step, sizes);
+  step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes, rows);
+  step.bound = einsum_bound(options_.hw, options_.dtype, flops, bytes, rows);
+  step.confidence = einsum_confidence(options_.hw, options_.dtype, flops, bytes, rows);
+}
+
+std::int64_t StepCoster::gemm_rows(const Step& einsum, const DimSizes& sizes, const std::string& chunk_letter,
+                                   double share) const {
+  // M: device 0's extent of the letters only A has; N: of those only B has.
+  const auto free_extent = [&](const Spec& own, const Spec& other) {
+    double extent = 1;
+    for (const DimSpec& d : own.dims) {
+      if (other.find_dim(d.name) >= 0) continue;
+      extent *= static_cast<double>(shard_range(mesh_, sizes.at(d.name), d.axes, 0).extent) *
+                (d.name == chunk_letter ? share : 1.0);
+    }
+    return extent;
+  };
+  const double rows = std::min(free_extent(einsum.from, einsum.from_b), free_extent(einsum.from_b, einsum.from));
+  return static_cast<std::int64_t>(std::llround(std::min(rows, 9e18)));
 }
 
 namespace {
@@ -533,7 +551,7 @@ double chunk_einsum_time(const Step& einsum, const std::string& letter, double s
     chunk_bytes += spec->find_dim(letter) >= 0 ? share * bytes : bytes;
   }
   return einsum_time(coster.options().hw, coster.options().dtype, einsum.flops * share,
-                     static_cast<std::int64_t>(chunk_bytes));
+                     static_cast<std::int64_t>(chunk_bytes), coster.gemm_rows(einsum, sizes, letter, share));
 }
 
 Step fused(OpKind op, const Step& collective, const Step& einsum, double chunk_compute_s,

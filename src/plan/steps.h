@@ -70,6 +70,10 @@ class StepCoster {
   // Largest per-device bytes of `spec` over `shape`.
   std::int64_t max_bytes(const Spec& spec, const std::vector<std::int64_t>& shape) const;
 
+  // The smaller of an einsum's GEMM extents M and N on device 0 (einsum_time's rows), with
+  // `chunk_letter` cut to `share` of its extent for one chunk of a ring.
+  std::int64_t gemm_rows(const Step& einsum, const DimSizes& sizes, const std::string& chunk_letter = {},
+                         double share = 1) const;
   const Mesh& mesh() const { return mesh_; }
   const PlanOptions& options() const { return options_; }
 

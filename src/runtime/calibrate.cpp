@@ -30,10 +30,17 @@ struct GemmShape {
 };
 
 // Large enough to leave the caches ("square"), cache-sized ("small"), and a matrix times
-// a few columns ("skinny"): arithmetic intensities a decade apart.
+// a few columns ("skinny"): arithmetic intensities a decade apart. Then a few rows times a
+// large matrix (kThinGemm), one shape per row count: a BLAS runs these with kernels of their
+// own (one row as a matrix-vector product), whose rates do not follow the intensity. Its
+// extents are not powers of two, which alias in the caches (rows of 4 KiB).
 std::vector<GemmShape> gemm_shapes(bool quick) {
-  if (quick) return {{"skinny", 256, 8, 256}, {"small", 96, 96, 96}, {"square", 256, 256, 256}};
-  return {{"skinny", 1024, 16, 1024}, {"small", 192, 192, 192}, {"square", 1024, 1024, 1024}};
+  std::vector<GemmShape> shapes = quick ? std::vector<GemmShape>{{"skinny", 256, 8, 256}, {"small", 96, 96, 96}, {"square", 256, 256, 256}}
+                                        : std::vector<GemmShape>{{"skinny", 1024, 16, 1024}, {"small", 192, 192, 192}, {"square", 1024, 1024, 1024}};
+  const std::int64_t thin = quick ? 300 : 1100;
+  for (std::int64_t rows : quick ? std::vector<std::int64_t>{1, 2, 4} : std::vector<std::int64_t>{1, 2, 3, 4, 6, 8})
+    shapes.push_back({kThinGemm, rows, thin, thin});
+  return shapes;
 }
 
 std::vector<GemmRate> measure_gemm(const CalibrateOptions& o, int trials) {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <iostream>
@@ -187,7 +188,10 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   EXPECT_DOUBLE_EQ(p.link_bandwidth, 0.5 / ag.beta_s_per_byte);
   EXPECT_DOUBLE_EQ(p.hop_latency_s, ag.alpha_s);
   EXPECT_DOUBLE_EQ(p.hbm_bandwidth, p.calibration->copy_bandwidth);
-  ASSERT_EQ(p.calibration->gemm.size(), 6u);
+  ASSERT_EQ(p.calibration->gemm.size(), 12u);  // per dtype 3 shapes by intensity, 3 thin (1, 2, 4 rows)
+  EXPECT_EQ(std::count_if(p.calibration->gemm.begin(), p.calibration->gemm.end(),
+                          [](const GemmRate& g) { return g.shape == kThinGemm && std::min(g.m, g.n) <= 4; }),
+            6);
   std::map<DType, double> fastest;
   for (const GemmRate& g : p.calibration->gemm) {
     const double flops = 2.0 * static_cast<double>(g.m * g.n * g.k);

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -231,6 +232,45 @@ TEST(CalibratedCost, EinsumTakesTheMeasuredRateAtItsIntensity) {
   EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 1e8, 1000000000), 1000000000 / 1e10);
   // f64 has no measured rate here: its peak.
   EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f64, 4e9, 1000), 1.0);
+}
+
+// A GEMM of a few rows takes the thin shapes' rate at its rows (the BLAS's small-row kernels
+// do not follow the intensity), interpolated between the row counts measured; past the
+// largest, and where its rows are unknown, the rate at its intensity as before.
+TEST(CalibratedCost, AThinEinsumTakesTheMeasuredRateAtItsRows) {
+  HardwareProfile hw = calibrated();
+  const double plain = einsum_time(hw, DType::f32, 4e8, 100000000);
+  hw.calibration->gemm.push_back({DType::f32, kThinGemm, 1, 1100, 1100, 0.5, 3e9});
+  hw.calibration->gemm.push_back({DType::f32, kThinGemm, 2, 1100, 1100, 1.0, 1e9});
+  hw.calibration->gemm.push_back({DType::f32, kThinGemm, 4, 1100, 1100, 2.0, 4e9});
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 4e8, 100000000, 1), 4e8 / 3e9);
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 4e8, 100000000, 2), 4e8 / 1e9);  // slower than one row
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 4e8, 100000000, 3), 4e8 / 2.5e9);
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 4e8, 100000000, 5), plain);
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 4e8, 100000000), plain);
+  // The intensities the thin shapes have do not move the others' interpolation.
+  EXPECT_DOUBLE_EQ(einsum_time(hw, DType::f32, 1.6e9, 100000000), 1.6e9 / 5e9);
+  // A rate by rows is measured, not extrapolated.
+  EXPECT_TRUE(einsum_confidence(hw, DType::f32, 1e8, 100000000, 2).why.empty());
+  EXPECT_FALSE(einsum_confidence(hw, DType::f32, 1e8, 100000000, 5).why.empty());
+
+  // The planner gives an einsum its rows: device 0's extent of A's letters B lacks, or of B's
+  // that A lacks, the smaller; 3 rows over X=2 leave device 0 two.
+  PlanOptions opt;
+  opt.dtype = DType::f32;
+  opt.hw = hw;
+  const Mesh mesh = Mesh::parse("X=2");
+  const MatmulPlanning planning = plan_matmul(mesh, parse_contraction("A[I_X, J] @ B[J, K] -> C[I_X, K]", mesh),
+                                              parse_dims("I=3,J=1000,K=1000"), opt);
+  const auto local = std::find_if(planning.candidates.begin(), planning.candidates.end(),
+                                  [](const Plan& c) { return c.steps.size() == 1; });
+  ASSERT_NE(local, planning.candidates.end());
+  const Plan& p = *local;
+  ASSERT_EQ(p.steps[0].op, OpKind::einsum);
+  const double flops = 2.0 * 2 * 1000 * 1000;
+  EXPECT_DOUBLE_EQ(p.steps[0].flops, flops);
+  EXPECT_DOUBLE_EQ(p.steps[0].time_s,
+                   std::max(flops / 1e9, (2.0 * 1000 + 1000 * 1000 + 2 * 1000) * 4 / hw.hbm_bandwidth));
 }
 
 // On a calibrated profile a collective step also costs the copies the executor makes around

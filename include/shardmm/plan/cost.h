@@ -43,6 +43,9 @@ struct CollectiveFit {
 
 // A measured local GEMM rate: one dtype, one shape class ("square", "skinny"), at the
 // arithmetic intensity 2mnk / (bytes of A, B and C) of the shape measured.
+// The GEMM shapes calibration measures: "skinny", "small", "square" (rates by arithmetic
+// intensity) and kThinGemm, a few rows against a large operand (rates by rows).
+inline constexpr const char* kThinGemm = "thin";
 struct GemmRate {
   DType dtype = DType::f32;
   std::string shape;
@@ -187,13 +190,20 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
 // Roofline: max(flops / peak, bytes / HBM bandwidth). A calibrated profile with GEMM
 // rates for `dtype` takes the rate at this einsum's intensity (flops / bytes) instead of
 // the peak: interpolated in log(intensity) between the measured shapes, clamped at the ends;
-// and it adds its einsum_call_s to every einsum that computes (flops > 0).
-double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
+// and it adds its einsum_call_s to every einsum that computes (flops > 0). `rows`, where
+// known, is the smaller of the GEMM's two free extents on the device (its M and N): a GEMM
+// of no more rows than the profile's "thin" shapes measured takes their rate at its rows,
+// interpolated linearly between the row counts measured (a BLAS's kernels for a few rows
+// change with each row count, not with the intensity).
+double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes,
+                   std::int64_t rows = 0);
 // On a calibrated profile: low where the dtype has no measured GEMM rate, or where the einsum's
-// intensity lies below the shapes measured (the rate is then the lowest shape's, clamped).
-Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
+// intensity lies below the shapes measured (the rate is then the lowest shape's, clamped)
+// and no thin shape covers its rows.
+Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes,
+                             std::int64_t rows = 0);
 // compute when the FLOPs' term of einsum_time is the larger, memory when the bytes' is.
-Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes);
+Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes, std::int64_t rows = 0);
 // A local copy (slice) reads and writes `bytes`.
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes);
 // The rate of a local op's memory traffic, bytes read plus written per second per device:
