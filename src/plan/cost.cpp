@@ -377,7 +377,14 @@ double memory_time(const HardwareProfile& hw, std::int64_t bytes, double bandwid
 }  // namespace
 
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes) {
-  return 2 * memory_time(hw, bytes, hw.hbm_bandwidth, "local_copy_time");
+  double bandwidth = hw.hbm_bandwidth;
+  if (hw.calibration && !hw.calibration->copy_bandwidths.empty() && bytes > 0) {
+    std::vector<std::pair<double, double>> points;  // (log bytes, bandwidth)
+    for (const Calibration::SizedRate& r : hw.calibration->copy_bandwidths)
+      points.emplace_back(std::log(static_cast<double>(r.bytes)), r.bandwidth);
+    bandwidth = piecewise_linear(points, std::log(static_cast<double>(bytes)));
+  }
+  return 2 * memory_time(hw, bytes, bandwidth, "local_copy_time");
 }
 
 double local_op_bandwidth(const HardwareProfile& hw) {

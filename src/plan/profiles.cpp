@@ -283,7 +283,8 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
   check_object(
       doc, "calibration",
       {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"}, origin,
-      {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s", "local_seconds_per_element"});
+      {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s", "local_seconds_per_element",
+       "copy_bandwidths"});
   Calibration c;
   c.backend = string_value(doc.at("backend"), "calibration.backend", origin);
   if (c.backend != "threads" && c.backend != "mpi") {
@@ -295,6 +296,21 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
   c.measured_at = string_value(doc.at("measured_at"), "calibration.measured_at", origin);
   c.copy_bandwidth = rate_value(doc, "calibration", "copy_bandwidth", "bytes/s", origin);
   c.add_bandwidth = rate_value(doc, "calibration", "add_bandwidth", "bytes/s", origin);
+  if (doc.contains("copy_bandwidths")) {
+    const json& rates = doc.at("copy_bandwidths");
+    if (!rates.is_array()) wrong_type(origin, "calibration.copy_bandwidths", "an array", rates);
+    for (std::size_t i = 0; i < rates.size(); ++i) {
+      const std::string where = "calibration.copy_bandwidths[" + std::to_string(i) + "]";
+      check_object(rates[i], where, {"bytes", "bandwidth"}, origin);
+      Calibration::SizedRate r{whole_value(rates[i], where, "bytes", 1, origin),
+                               rate_value(rates[i], where, "bandwidth", "bytes/s", origin)};
+      if (!c.copy_bandwidths.empty() && r.bytes <= c.copy_bandwidths.back().bytes) {
+        throw InputError(origin + ": key '" + where + ".bytes' must be larger than the entry's before it (sizes ascend), got " +
+                         std::to_string(r.bytes));
+      }
+      c.copy_bandwidths.push_back(r);
+    }
+  }
   for (auto [key, field] : {std::pair{"gather_ring_overlap", &c.gather_ring_overlap},
                             std::pair{"scatter_ring_overlap", &c.scatter_ring_overlap}}) {
     if (!doc.contains(key)) continue;
@@ -418,12 +434,15 @@ json calibration_json(const Calibration& c) {
                      {"intensity", g.intensity},
                      {"flops_per_s", g.flops_per_s}});
   }
+  json copies = json::array();
+  for (const Calibration::SizedRate& r : c.copy_bandwidths) copies.push_back({{"bytes", r.bytes}, {"bandwidth", r.bandwidth}});
   json doc = {{"backend", c.backend},
               {"mesh", c.mesh},
               {"host", c.host},
               {"measured_at", c.measured_at},
               {"copy_bandwidth", c.copy_bandwidth},
               {"add_bandwidth", c.add_bandwidth},
+              {"copy_bandwidths", copies},
               {"gather_ring_overlap", c.gather_ring_overlap},
               {"scatter_ring_overlap", c.scatter_ring_overlap},
               {"einsum_call_s", c.einsum_call_s},

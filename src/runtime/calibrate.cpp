@@ -397,10 +397,14 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
     if (!report.is_root) continue;
     std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> points;
     double copy = 0, add = 0;  // rows come by size, ascending: these end as the largest size's, least in cache
+    std::vector<Calibration::SizedRate> copies;
     for (const CollectiveBenchRow& row : report.rows) {
-      if (row.op == "memcpy") copy = 2 * row.busbw;      // each byte read once, written once
-      else if (row.op == "y += x") add = 3 * row.busbw;  // y and x read, y written
-      else {
+      if (row.op == "memcpy") {
+        copy = 2 * row.busbw;  // each byte read once, written once
+        copies.push_back({std::llround(row.busbw * row.time_s), copy});  // busbw: the bytes copied per second
+      } else if (row.op == "y += x") {
+        add = 3 * row.busbw;  // y and x read, y written
+      } else {
         points[row.op].first.push_back(static_cast<double>(row.bytes));
         points[row.op].second.push_back(row.time_s);
       }
@@ -408,6 +412,7 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
     if (cal.copy_bandwidth == 0) {  // from the smallest group: the most ranks idle in between
       cal.copy_bandwidth = copy;
       cal.add_bandwidth = add;
+      cal.copy_bandwidths = std::move(copies);
     }
     for (OpKind op : {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all}) {
       const auto& [bytes, seconds] = points.at(to_string(op));

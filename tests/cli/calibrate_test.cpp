@@ -188,6 +188,12 @@ TEST_F(Calibrated, WritesAProfileThatAgreesWithItsSamples) {
   EXPECT_DOUBLE_EQ(p.link_bandwidth, 0.5 / ag.beta_s_per_byte);
   EXPECT_DOUBLE_EQ(p.hop_latency_s, ag.alpha_s);
   EXPECT_DOUBLE_EQ(p.hbm_bandwidth, p.calibration->copy_bandwidth);
+  // memcpy by the bytes each size's copy moved (half the array on 2 ranks), the largest's the
+  // one copy_bandwidth.
+  ASSERT_EQ(p.calibration->copy_bandwidths.size(), sizes.size());
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    EXPECT_NEAR(static_cast<double>(p.calibration->copy_bandwidths[i].bytes), sizes[i] / 2.0, 1.0);
+  EXPECT_DOUBLE_EQ(p.calibration->copy_bandwidths.back().bandwidth, p.calibration->copy_bandwidth);
   ASSERT_EQ(p.calibration->gemm.size(), 12u);  // per dtype 3 shapes by intensity, 3 thin (1, 2, 4 rows)
   EXPECT_EQ(std::count_if(p.calibration->gemm.begin(), p.calibration->gemm.end(),
                           [](const GemmRate& g) { return g.shape == kThinGemm && std::min(g.m, g.n) <= 4; }),
@@ -354,11 +360,12 @@ TEST_F(Calibrated, PlanAndReshardPredictWithTheFitByDefault) {
   EXPECT_EQ(by_default["dtype"], "f32");
   const json& step = by_default["candidates"][0]["steps"][0];
   ASSERT_EQ(step["op"], "all_gather");
-  // The fit, plus the copy of the device's own 128 x 128 half into the output at the measured
-  // copy bandwidth (2 bytes of traffic per byte copied).
+  // The fit, plus the copy of the device's own 128 x 128 half into the output at the copy
+  // bandwidth measured for its 64 KiB (2 bytes of traffic per byte copied).
   const CollectiveFit& ag = fit(p, OpKind::all_gather);
   EXPECT_DOUBLE_EQ(step["time_s"].get<double>(),
-                   ag.alpha_s + ag.beta_s_per_byte * 131072 + 2.0 * 65536 / p.calibration->copy_bandwidth);
+                   ag.alpha_s + ag.beta_s_per_byte * 131072 + local_copy_time(p, 65536));
+  EXPECT_GT(local_copy_time(p, 65536), 0);
 
   std::vector<std::string> named = reshard, by_file = reshard, analytic = reshard;
   named.insert(named.end(), {"--hw", "calibrated"});

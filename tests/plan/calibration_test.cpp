@@ -273,6 +273,24 @@ TEST(CalibratedCost, AThinEinsumTakesTheMeasuredRateAtItsRows) {
                    std::max(flops / 1e9, (2.0 * 1000 + 1000 * 1000 + 2 * 1000) * 4 / hw.hbm_bandwidth));
 }
 
+// A copy takes the bandwidth measured for its size (the caches hold small ones), interpolated
+// in log(bytes) between the sizes measured and the end ones beyond; without the table, the
+// one copy_bandwidth (the HBM bandwidth of a calibrated profile) as before.
+TEST(CalibratedCost, ACopyTakesTheBandwidthMeasuredForItsSize) {
+  HardwareProfile hw = calibrated();
+  const double plain = local_copy_time(hw, 1 << 20);
+  EXPECT_DOUBLE_EQ(plain, 2.0 * (1 << 20) / hw.hbm_bandwidth);
+  hw.calibration->copy_bandwidths = {{1 << 16, 8e10}, {1 << 20, 4e10}, {1 << 24, 1e10}};
+  EXPECT_DOUBLE_EQ(local_copy_time(hw, 1 << 20), 2.0 * (1 << 20) / 4e10);
+  EXPECT_DOUBLE_EQ(local_copy_time(hw, 1 << 18), 2.0 * (1 << 18) / 6e10);  // halfway in log
+  EXPECT_DOUBLE_EQ(local_copy_time(hw, 1 << 10), 2.0 * (1 << 10) / 8e10);
+  EXPECT_DOUBLE_EQ(local_copy_time(hw, 1 << 28), 2.0 * (1 << 28) / 1e10);
+  EXPECT_EQ(local_copy_time(hw, 0), 0);
+  HardwareProfile analytic = hw;
+  analytic.calibration.reset();
+  EXPECT_DOUBLE_EQ(local_copy_time(analytic, 1 << 20), plain);
+}
+
 // On a calibrated profile a collective step also costs the copies the executor makes around
 // it, at the measured copy bandwidth (2 bytes of traffic per byte copied); mesh X=2, f32.
 TEST(CalibratedCost, CollectivesAddTheExecutorsCopies) {
@@ -505,6 +523,7 @@ TEST(CalibratedProfileJson, RoundTripsEveryField) {
   p.calibration->ring_handoff_s = 4.25e-6;
   p.calibration->local_seconds_per_element[DType::f32] = {{"gelu", 1.25e-8}, {"gelu backward", 2.5e-8}};
   p.calibration->local_seconds_per_element[DType::f64] = {{"accumulate backward", 7.5e-10}};
+  p.calibration->copy_bandwidths = {{2048, 6.5e10}, {1 << 24, 1.25e10}};
   const HardwareProfile q = parse_profile_json(profile_to_json(p), "p.json");
   EXPECT_EQ(q.name, p.name);
   EXPECT_EQ(q.peak_flops, p.peak_flops);
@@ -526,6 +545,11 @@ TEST(CalibratedProfileJson, RoundTripsEveryField) {
   EXPECT_EQ(b.einsum_call_s, 1.5e-6);
   EXPECT_EQ(b.ring_handoff_s, 4.25e-6);
   EXPECT_EQ(b.local_seconds_per_element, a.local_seconds_per_element);
+  ASSERT_EQ(b.copy_bandwidths.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(b.copy_bandwidths[i].bytes, a.copy_bandwidths[i].bytes);
+    EXPECT_EQ(b.copy_bandwidths[i].bandwidth, a.copy_bandwidths[i].bandwidth);
+  }
   ASSERT_EQ(b.collectives.size(), a.collectives.size());
   for (std::size_t i = 0; i < a.collectives.size(); ++i) {
     EXPECT_EQ(b.collectives[i].op, a.collectives[i].op);
@@ -603,6 +627,15 @@ TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
        "microseconds), got 2"},
       {"unknown key lists the optional ones", [](json& d) { d["calibration"]["overlap"] = 1; },
        "gemm, gather_ring_overlap, scatter_ring_overlap, einsum_call_s, ring_handoff_s, local_seconds_per_element"},
+      {"copy sizes not ascending",
+       [](json& d) {
+         d["calibration"]["copy_bandwidths"] = json::array({{{"bytes", 4096}, {"bandwidth", 2e10}},
+                                                            {{"bytes", 4096}, {"bandwidth", 1e10}}});
+       },
+       "key 'calibration.copy_bandwidths[1].bytes' must be larger than the entry's before it (sizes ascend), got 4096"},
+      {"copy of no bandwidth",
+       [](json& d) { d["calibration"]["copy_bandwidths"] = json::array({{{"bytes", 4096}, {"bandwidth", 0}}}); },
+       "key 'calibration.copy_bandwidths[0].bandwidth' must be a finite rate of at least 1 bytes/s, got 0"},
       {"rates not an object", [](json& d) { d["calibration"]["local_seconds_per_element"] = 1; },
        "key 'calibration.local_seconds_per_element' must be an object, got number"},
       {"rates of no dtype", [](json& d) { d["calibration"]["local_seconds_per_element"]["fp32"]["gelu"] = 1e-8; },

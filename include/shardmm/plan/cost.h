@@ -61,8 +61,16 @@ struct Calibration {
   std::string mesh;     // the mesh measured on, e.g. "X=2"
   std::string host;
   std::string measured_at;    // UTC, ISO 8601
-  double copy_bandwidth = 0;  // memcpy: bytes read + written per second, per rank
+  double copy_bandwidth = 0;  // memcpy: bytes read + written per second, per rank (the largest size's)
   double add_bandwidth = 0;   // y += x: bytes read + written per second, per rank
+  // memcpy by the bytes one copy moves, ascending: a copy the caches hold runs several times
+  // faster than copy_bandwidth (on this VM 64 GB/s at 1 MiB, 14 GB/s at 16 MiB). Empty where
+  // a profile predates it (every copy then takes copy_bandwidth).
+  struct SizedRate {
+    std::int64_t bytes = 0;
+    double bandwidth = 0;  // as copy_bandwidth
+  };
+  std::vector<SizedRate> copy_bandwidths;
   // The share of a collective matmul ring's hops that moves while the rank multiplies (0..1),
   // fitted so that the model's ring / serialized ratio is the one measured on this backend
   // (docs/calibration.md, "Ring overlap"): threads lends its buffers and hides nearly all,
@@ -204,7 +212,9 @@ Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flop
                              std::int64_t rows = 0);
 // compute when the FLOPs' term of einsum_time is the larger, memory when the bytes' is.
 Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes, std::int64_t rows = 0);
-// A local copy (slice) reads and writes `bytes`.
+// A local copy (slice) reads and writes `bytes`: at the HBM bandwidth, or on a calibrated
+// profile at the copy bandwidth measured for that size (interpolated in log(bytes) between the
+// sizes measured, the end ones beyond them).
 double local_copy_time(const HardwareProfile& hw, std::int64_t bytes);
 // The rate of a local op's memory traffic, bytes read plus written per second per device:
 // a calibrated profile's measured y += x (add_bandwidth; its memcpy rate where that is
