@@ -110,7 +110,9 @@ TEST(ModelConfigTest, TheProgramPinsEveryTensorAndCarriesTheOptions) {
   const program::Graph g = program::bind(program::parse_program(text, "block.prog"), {});
   EXPECT_EQ(g.mesh, m.mesh);
   for (const program::Tensor& t : g.tensors) {
-    if (!t.temporary && &t != &g.tensors[static_cast<std::size_t>(g.loss)]) EXPECT_TRUE(t.pinned.has_value()) << t.name;
+    if (!t.temporary && &t != &g.tensors[static_cast<std::size_t>(g.loss)]) {
+      EXPECT_TRUE(t.pinned.has_value()) << t.name;
+    }
   }
   EXPECT_EQ(format_spec(*g.tensors[static_cast<std::size_t>(g.find("h"))].pinned, g.mesh), "h[B_dp, T, F_tp]");
   m.causal = false;

@@ -33,9 +33,17 @@ std::int64_t collective_bytes(const nn::ProgramPrediction& p) {
 
 using Counts = std::map<std::string, int>;
 
+// The Scaling Book's GPU in bf16.
+nn::ProgramOptions h100() {
+  nn::ProgramOptions o;
+  o.dtype = DType::bf16;
+  o.hw = builtin_profile("h100");
+  return o;
+}
+
 TEST(ProgramClaims, TensorParallelMlpAllReducesOnceEachWay) {
   const program::Graph g = load("examples/programs/mlp.prog");
-  const nn::ProgramPrediction p = nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
+  const nn::ProgramPrediction p = nn::predict_program(g, h100());
   EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce over X", 1}}));
   EXPECT_EQ(collectives(p, autodiff::Phase::backward, g.mesh), (Counts{{"all_reduce over X", 1}}));
   // The hidden activations stay split: u and a are [B, T, F_X].
@@ -48,7 +56,7 @@ TEST(ProgramClaims, TensorParallelMlpAllReducesOnceEachWay) {
 // (B -> E and E -> B), and backward runs the duals; routing itself moves nothing.
 TEST(ProgramClaims, ExpertParallelMoeSendsTokensByAllToAllEachWay) {
   const program::Graph g = load("examples/programs/moe.prog");
-  const nn::ProgramPrediction p = nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
+  const nn::ProgramPrediction p = nn::predict_program(g, h100());
   EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_to_all over X", 2}}));
   // The router's weight is replicated: its gradient's all_reduce is data parallel's.
   EXPECT_EQ(collectives(p, autodiff::Phase::backward, g.mesh),
@@ -58,7 +66,9 @@ TEST(ProgramClaims, ExpertParallelMoeSendsTokensByAllToAllEachWay) {
   // Each all_to_all moves (N-1)/N of a device's [B/N, E, C, D] buffer.
   const std::int64_t buffer = 2 * 8 * 320 * 1024 * 2;  // bf16
   for (const nn::CollectiveTally& t : nn::tally_collectives(p.events)) {
-    if (t.op == OpKind::all_to_all) EXPECT_EQ(t.bytes, t.count * buffer * 3 / 4);
+    if (t.op == OpKind::all_to_all) {
+      EXPECT_EQ(t.bytes, t.count * buffer * 3 / 4);
+    }
   }
 }
 
@@ -72,7 +82,7 @@ p[T, S] = softmax(s, over=S)
 )",
                                                                 "softmax.prog"),
                                          {});
-  nn::ProgramOptions o{DType::bf16, builtin_profile("h100")};
+  nn::ProgramOptions o = h100();
   o.train = false;
   const nn::ProgramPrediction p = nn::predict_program(g, o);
   EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh),
@@ -81,7 +91,7 @@ p[T, S] = softmax(s, over=S)
 
 TEST(ProgramClaims, TensorParallelBlockAllReducesFourTimesInTrainingTwiceInInference) {
   const program::Graph g = load("examples/programs/block.prog");
-  nn::ProgramOptions o{DType::bf16, builtin_profile("h100")};
+  nn::ProgramOptions o = h100();
   const nn::ProgramPrediction train = nn::predict_program(g, o);
   EXPECT_EQ(collectives(train, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce over X", 2}}));
   EXPECT_EQ(collectives(train, autodiff::Phase::backward, g.mesh), (Counts{{"all_reduce over X", 2}}));
@@ -111,7 +121,7 @@ std::string fsdp_mlp(const std::string& weights) {
 // the gradient, which moves two of those) for 1/N of the parameters, their gradients and the
 // optimizer's state; regathering keeps no gathered weight for backward.
 TEST(ProgramClaims, FsdpMovesOneAndAHalfTimesDataParallelsBytesForAQuarterOfTheParameterMemory) {
-  nn::ProgramOptions o{DType::bf16, builtin_profile("h100")};
+  nn::ProgramOptions o = h100();
   o.optimizer = nn::Optimizer::adam;
   const auto predict = [&](const std::string& w) {
     return nn::predict_program(program::bind(program::parse_program(fsdp_mlp(w), w + ".prog"), {}), o);
@@ -141,7 +151,7 @@ TEST(ProgramClaims, SequenceParallelMovesTensorParallelsBytesForAQuarterOfTheNor
   o.specs["x"] = "x[B, T_X, D]";
   o.specs["g"] = "g[B, T_X, D]";
   const program::Graph sp = load("examples/programs/mlp.prog", o);
-  const nn::ProgramOptions options{DType::bf16, builtin_profile("h100")};
+  const nn::ProgramOptions options = h100();
   const nn::ProgramPrediction ptp = nn::predict_program(tp, options), psp = nn::predict_program(sp, options);
   EXPECT_EQ(collectives(psp, autodiff::Phase::forward, sp.mesh),
             (Counts{{"all_gather over X", 1}, {"reduce_scatter over X", 1}}));
@@ -156,7 +166,7 @@ TEST(ProgramClaims, SequenceParallelMovesTensorParallelsBytesForAQuarterOfTheNor
 TEST(ProgramClaims, A96LayerStackOn8192DevicesAllReducesTwicePerLayerEachWay) {
   const program::Graph g = load("examples/programs/gpt96.prog");
   EXPECT_EQ(g.mesh.device_count(), 8192);
-  const nn::ProgramPrediction p = nn::predict_program(g, {DType::bf16, builtin_profile("h100")});
+  const nn::ProgramPrediction p = nn::predict_program(g, h100());
   // Tensor parallel on X: after attention and after the MLP, and their duals for the norms'
   // inputs; data parallel on Y: each of the 6 x 96 weights' gradients summed over Y.
   EXPECT_EQ(collectives(p, autodiff::Phase::forward, g.mesh), (Counts{{"all_reduce over X", 2 * 96}}));
