@@ -88,8 +88,8 @@ class MatmulPlanner {
         sizes_(sizes),
         options_(options),
         unlimited_(options),
-        coster_(mesh, options, memo ? &memo->steps : nullptr),
-        memo_(memo) {
+        memo_(memo ? memo : &own_memo_),
+        coster_(mesh, options, &memo_->steps) {
     unlimited_.mem_limit_bytes.reset();
     a_shape_ = global_shape(c.a, sizes);
     b_shape_ = global_shape(c.b, sizes);
@@ -98,7 +98,7 @@ class MatmulPlanner {
     for (const std::string& d : c.out_dims) out_dims_only.dims.push_back({d, {}});
     c_shape_ = global_shape(out_dims_only, sizes);
     for (const Spec& s : {c.a, c.b, out_dims_only}) {
-      for (const DimSpec& d : s.dims) letter_ids_.try_emplace(d.name, static_cast<int>(letter_ids_.size()));
+      for (const DimSpec& d : s.dims) letter_ids_.try_emplace(d.name, id(d.name));
     }
     inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype),
                              input_bytes(mesh, c.b, b_shape_, options.dtype));
@@ -401,31 +401,36 @@ class MatmulPlanner {
   void add_plans(Local& local) {
     const Step& einsum = local.einsum;
     // A's and B's reshards are the same for every target.
-    const Reshards& a_ways = reshard_options(c_.a, einsum.from, a_shape_);
-    const Reshards& b_ways = reshard_options(c_.b, einsum.from_b, b_shape_);
-    std::vector<int> c_layout;
+    const detail::ReshardWays& a_ways = reshard_options(c_.a, einsum.from, a_shape_);
+    const detail::ReshardWays& b_ways = reshard_options(c_.b, einsum.from_b, b_shape_);
+    std::vector<std::int64_t> c_layout;
     append_layout(c_layout, einsum.to);
     for (std::size_t t = 0; t < local.targets.size(); ++t) {
-      const Reshards& c_ways = reshard_options(einsum.to, local.targets[t], c_shape_);
-      for (std::size_t a = 0; a < a_ways.ways->size(); ++a) {
-        for (std::size_t b = 0; b < b_ways.ways->size(); ++b) {
-          for (std::size_t c = 0; c < c_ways.ways->size(); ++c) {
+      const detail::ReshardWays& c_ways = reshard_options(einsum.to, local.targets[t], c_shape_);
+      for (std::size_t a = 0; a < a_ways.ways.size(); ++a) {
+        for (std::size_t b = 0; b < b_ways.ways.size(); ++b) {
+          for (std::size_t c = 0; c < c_ways.ways.size(); ++c) {
             // A candidate by its steps' layouts: another role combination may give the same one.
-            std::vector<int> signature;
-            for (const std::vector<int>* part : std::initializer_list<const std::vector<int>*>{
+            std::vector<std::int64_t> signature;
+            for (const std::vector<std::int64_t>* part : std::initializer_list<const std::vector<std::int64_t>*>{
                      &a_ways.signatures[a], &b_ways.signatures[b], &c_ways.signatures[c], &c_layout})
               signature.insert(signature.end(), part->begin(), part->end());
             if (!seen_.insert(std::move(signature)).second) continue;
-            add_plan(local, t, {&(*a_ways.ways)[a], &(*b_ways.ways)[b], &(*c_ways.ways)[c]});
+            add_plan(local, t, {&a_ways.ways[a], &b_ways.ways[b], &c_ways.ways[c]});
           }
         }
       }
     }
   }
 
+  // A letter's or tensor's number in the memo.
+  int id(const std::string& name) {
+    return memo_->ids.try_emplace(name, static_cast<int>(memo_->ids.size())).first->second;
+  }
+
   // A spec as numbers (each dimension's letter and axes, then the pending sums), for keys:
   // the planner looks its reshards and plans up thousands of times per call.
-  void append_layout(std::vector<int>& key, const Spec& s) const {
+  void append_layout(std::vector<std::int64_t>& key, const Spec& s) const {
     for (const DimSpec& d : s.dims) {
       key.push_back(letter_ids_.at(d.name));
       key.insert(key.end(), d.axes.begin(), d.axes.end());
@@ -435,51 +440,35 @@ class MatmulPlanner {
     key.push_back(-2);
   }
 
-  // A reshard's ways (detail::CostedSteps), and each one's steps' layouts as numbers (its part
-  // of a candidate's signature).
-  struct Reshards {
-    const std::vector<detail::CostedSteps>* ways = nullptr;
-    std::vector<std::vector<int>> signatures;
-  };
-
-  // Remembered: the role combinations share most of their reshards. Each step is costed here,
-  // once, for every candidate that takes it.
-  const Reshards& reshard_options(const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape) {
-    std::vector<int> key;
-    append_layout(key, from);
-    append_layout(key, to);
-    if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
-    const auto remember = [&](const std::vector<detail::CostedSteps>& ways) -> const Reshards& {
-      Reshards r{&ways, {}};
-      for (const detail::CostedSteps& way : ways) {
-        std::vector<int>& signature = r.signatures.emplace_back();
-        for (const Step& s : way.steps) {
-          append_layout(signature, s.from);
-          append_layout(signature, s.to);
-          signature.push_back(static_cast<int>(s.op));
-        }
-        signature.push_back(-3);
-      }
-      return reshards_.emplace(std::move(key), std::move(r)).first->second;
-    };
-    std::string shared_key;
-    if (memo_) {
-      for (const Spec* s : {&from, &to}) shared_key += format_spec(*s, mesh_) + " ";
-      for (std::int64_t n : shape) shared_key += std::to_string(n) + ",";
-      if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end()) return remember(it->second);
+  // Remembered: the role combinations, and the calls that plan contractions of the same
+  // tensors, share most of their reshards. Each step is costed here, once, for every
+  // candidate that takes it.
+  const detail::ReshardWays& reshard_options(const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape) {
+    std::vector<std::int64_t> key;
+    for (const Spec* s : {&from, &to}) {
+      key.push_back(id(s->tensor));
+      append_layout(key, *s);
     }
-    std::vector<detail::CostedSteps> options;
+    key.insert(key.end(), shape.begin(), shape.end());
+    if (const auto it = memo_->reshards.find(key); it != memo_->reshards.end()) return it->second;
+    detail::ReshardWays r;
     // plan_reshard's steps are the chain itself unless it took an exchange.
     std::vector<Step> planned = detail::plan_reshard(coster_, from, to, shape, unlimited_).steps;
     if (std::any_of(planned.begin(), planned.end(), [](const Step& s) { return s.op == OpKind::exchange; })) {
-      options.push_back({detail::reshard_steps(mesh_, from, to), {}});
+      r.ways.push_back({detail::reshard_steps(mesh_, from, to), {}});
     }
-    options.push_back({std::move(planned), {}});
-    for (detail::CostedSteps& option : options) {
-      for (Step& s : option.steps) option.memory.push_back(coster_.cost(s, shape));
+    r.ways.push_back({std::move(planned), {}});
+    for (detail::CostedSteps& way : r.ways) {
+      for (Step& s : way.steps) way.memory.push_back(coster_.cost(s, shape));
+      std::vector<std::int64_t>& signature = r.signatures.emplace_back();
+      for (const Step& s : way.steps) {
+        append_layout(signature, s.from);
+        append_layout(signature, s.to);
+        signature.push_back(static_cast<int>(s.op));
+      }
+      signature.push_back(-3);
     }
-    return remember(memo_ ? memo_->reshards.emplace(std::move(shared_key), std::move(options)).first->second
-                          : own_reshards_.emplace_back(std::move(options)));
+    return memo_->reshards.emplace(std::move(key), std::move(r)).first->second;
   }
 
   void add_plan(Local& local, std::size_t target, const std::array<const detail::CostedSteps*, 3>& parts) {
@@ -621,19 +610,17 @@ class MatmulPlanner {
   const DimSizes& sizes_;
   const PlanOptions& options_;
   PlanOptions unlimited_;
+  PlannerMemo::Impl own_memo_;  // without a memo shared with other calls
+  PlannerMemo::Impl* memo_;
   detail::StepCoster coster_;
-  PlannerMemo::Impl* memo_;  // shared with other calls, or none
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::deque<Local> locals_;
   std::deque<Fused> fused_;
   std::vector<Candidate> candidates_;
-  std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered
-  std::set<std::vector<int>> seen_;                     // plans added, by their steps' layouts
+  std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered by the memo
+  std::set<std::vector<std::int64_t>> seen_;            // plans added, by their steps' layouts
   bool every_output_layout_ = true;
-  // By append_layout(from), (to): the memo's entry, or one of own_reshards_ without a memo.
-  std::map<std::vector<int>, Reshards> reshards_;
-  std::deque<std::vector<detail::CostedSteps>> own_reshards_;
 };
 
 }  // namespace

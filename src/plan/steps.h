@@ -127,6 +127,23 @@ std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& 
 Plan plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
                   const PlanOptions& options);
 
+// A memo key of numbers (layouts, names and sizes as numbers: formatting and hashing specs'
+// text took a quarter of a matmul planner's time).
+struct NumbersHash {
+  std::size_t operator()(const std::vector<std::int64_t>& key) const {
+    std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the numbers
+    for (std::int64_t n : key) h = (h ^ static_cast<std::uint64_t>(n)) * 1099511628211ull;
+    return static_cast<std::size_t>(h);
+  }
+};
+
+// One reshard's ways (CostedSteps), and each way's steps' layouts as numbers: its part of a
+// matmul candidate's signature, which tells candidates with the same steps apart.
+struct ReshardWays {
+  std::vector<CostedSteps> ways;
+  std::vector<std::vector<std::int64_t>> signatures;
+};
+
 }  // namespace shardmm::detail
 
 namespace shardmm {
@@ -137,10 +154,11 @@ struct PlannerMemo::Impl {
   std::optional<Mesh> mesh;
   std::string costs;
   detail::StepCoster::Memo steps;
-  // A matmul planner's reshard options (its reshard_options) by the two specs, names
-  // included (the steps carry them), and the shape.
-  // (Hashed, as the costs: long keys alike at the start; its entries stay where they are.)
-  std::unordered_map<std::string, std::vector<detail::CostedSteps>> reshards;
+  // Letters and tensor names numbered, for the keys below (the same numbers in every call).
+  std::map<std::string, int, std::less<>> ids;
+  // A matmul planner's reshard options (its reshard_options) by the two specs as numbers,
+  // names included (the steps carry them), and the shape. Its entries stay where they are.
+  std::unordered_map<std::vector<std::int64_t>, detail::ReshardWays, detail::NumbersHash> reshards;
 };
 
 }  // namespace shardmm
