@@ -100,6 +100,7 @@ class MatmulPlanner {
     for (const Spec& s : {c.a, c.b, out_dims_only}) {
       for (const DimSpec& d : s.dims) letter_ids_.try_emplace(d.name, id(d.name));
     }
+    for (const auto& [letter, number] : letter_ids_) sizes_key_.insert(sizes_key_.end(), {number, sizes.at(letter)});
     inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype),
                              input_bytes(mesh, c.b, b_shape_, options.dtype));
   }
@@ -312,20 +313,18 @@ class MatmulPlanner {
   }
 
   // A layout's local einsum (A, B and C as the layout shards them) and the outputs it may be
-  // resharded to; its figures are worked out once, for the first candidate that is no
+  // resharded to; its figures are looked up or worked out for the first candidate that is no
   // duplicate (costing may throw on figures that overflow: a layout no candidate needs stays quiet).
   struct Local {
     Step einsum;
-    StepMemory memory;
-    bool costed = false;
+    detail::CostedEinsum* costed = nullptr;
     std::vector<Spec> targets;
   };
 
   // A collective matmul that takes the place of a serial candidate's einsum and one of its
   // collectives: the last step of A's (0) or B's (1) reshard, or the first of the result's (2).
   struct Fused {
-    Step step;
-    StepMemory memory;
+    const detail::CostedStep* made = nullptr;
     int part = 0;
   };
 
@@ -352,9 +351,9 @@ class MatmulPlanner {
     for (int part = 0; part < 3; ++part) {
       if (part == 2) {
         if (c.fused) {
-          fn(c.fused->step, 2, c.fused->memory);
+          fn(c.fused->made->step, 2, c.fused->made->memory);
         } else {
-          fn(c.local->einsum, 2, c.local->memory);
+          fn(c.local->costed->einsum.step, 2, c.local->costed->einsum.memory);
         }
       }
       const detail::CostedSteps& reshard = *c.parts[static_cast<std::size_t>(part)];
@@ -472,11 +471,7 @@ class MatmulPlanner {
   }
 
   void add_plan(Local& local, std::size_t target, const std::array<const detail::CostedSteps*, 3>& parts) {
-    if (!local.costed) {
-      coster_.cost_einsum(local.einsum, sizes_);
-      local.memory = coster_.memory(local.einsum, sizes_);
-      local.costed = true;
-    }
+    if (!local.costed) local.costed = &costed_einsum(local.einsum);
     Candidate serial;
     serial.parts = parts;
     serial.local = &local;
@@ -484,6 +479,22 @@ class MatmulPlanner {
     weigh(serial);
     candidates_.push_back(serial);
     add_collective_matmuls(serial);
+  }
+
+  // Remembered: the calls that plan contractions of the same tensors in other output layouts
+  // share most of their local einsums.
+  detail::CostedEinsum& costed_einsum(const Step& einsum) {
+    std::vector<std::int64_t> key{id(einsum.tensor)};
+    for (const Spec* s : {&einsum.from, &einsum.from_b, &einsum.to}) {
+      key.push_back(id(s->tensor));
+      append_layout(key, *s);
+    }
+    key.insert(key.end(), sizes_key_.begin(), sizes_key_.end());
+    if (const auto it = memo_->einsums.find(key); it != memo_->einsums.end()) return it->second;
+    detail::CostedEinsum made{{einsum, {}}, {}};
+    coster_.cost_einsum(made.einsum.step, sizes_);
+    made.einsum.memory = coster_.memory(made.einsum.step, sizes_);
+    return memo_->einsums.emplace(std::move(key), std::move(made)).first->second;
   }
 
   // Whether each axis of `group` shards one of `spec`'s dimensions: no two members hold the
@@ -501,11 +512,19 @@ class MatmulPlanner {
   // fused into the einsum, or the einsum fused into the reduce_scatter that follows it.
   // Each is a candidate of its own, costed as a ring; the serialized plan stays one too.
   void add_collective_matmuls(const Candidate& serial) {
-    const Step& einsum = serial.local->einsum;
-    const auto add = [&](int part, Step fused) {
+    detail::CostedEinsum& costed = *serial.local->costed;
+    const Step& einsum = costed.einsum.step;
+    // The fused step of `part`'s reshard, made by make() unless the memo has it.
+    const auto add = [&](int part, bool both_ways, const auto& make) {
+      const auto key = std::make_tuple(serial.parts[static_cast<std::size_t>(part)], part, both_ways);
+      auto it = costed.fused.find(key);
+      if (it == costed.fused.end()) {
+        detail::CostedStep made{make(), {}};
+        made.memory = coster_.memory(made.step, sizes_);
+        it = costed.fused.emplace(key, std::move(made)).first;
+      }
       Fused& f = fused_.emplace_back();
-      f.memory = coster_.memory(fused, sizes_);
-      f.step = std::move(fused);
+      f.made = &it->second;
       f.part = part;
       Candidate ring = serial;
       ring.fused = &f;
@@ -527,7 +546,8 @@ class MatmulPlanner {
       const bool contracted = c_.role(letter) == DimRole::contracted && shards_every_axis(einsum.to, gather.axes);
       if (!free_in(letter, operand) && !contracted) continue;
       for (bool both_ways : ring_ways(gather.axes)) {
-        add(operand, detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_));
+        add(operand, both_ways,
+            [&] { return detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_); });
       }
     }
     const std::vector<Step>& result_steps = serial.parts[2]->steps;
@@ -538,7 +558,8 @@ class MatmulPlanner {
         const std::string& letter = scatter.to.dims[static_cast<std::size_t>(scatter.dim)].name;
         if (free_in(letter, 0) || free_in(letter, 1)) {
           for (bool both_ways : ring_ways(scatter.axes)) {
-            add(2, detail::fuse_einsum_reduce_scatter(einsum, scatter, both_ways, sizes_, coster_));
+            add(2, both_ways,
+                [&] { return detail::fuse_einsum_reduce_scatter(einsum, scatter, both_ways, sizes_, coster_); });
           }
         }
       }
@@ -614,6 +635,7 @@ class MatmulPlanner {
   PlannerMemo::Impl* memo_;
   detail::StepCoster coster_;
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
+  std::vector<std::int64_t> sizes_key_;  // the letters' numbers and sizes, for the memo's keys
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::deque<Local> locals_;
   std::deque<Fused> fused_;

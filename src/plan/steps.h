@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -144,6 +145,20 @@ struct ReshardWays {
   std::vector<std::vector<std::int64_t>> signatures;
 };
 
+// A step built and costed, and its memory.
+struct CostedStep {
+  Step step;
+  StepMemory memory;
+};
+
+// A matmul's local einsum in one layout, costed, and the collective matmuls that fuse it with a
+// step of one of its reshards: by that reshard's way, the part it reshards (A 0, B 1, the
+// result 2) and whether the ring goes both ways round.
+struct CostedEinsum {
+  CostedStep einsum;
+  std::map<std::tuple<const CostedSteps*, int, bool>, CostedStep> fused;
+};
+
 }  // namespace shardmm::detail
 
 namespace shardmm {
@@ -159,6 +174,8 @@ struct PlannerMemo::Impl {
   // A matmul planner's reshard options (its reshard_options) by the two specs as numbers,
   // names included (the steps carry them), and the shape. Its entries stay where they are.
   std::unordered_map<std::vector<std::int64_t>, detail::ReshardWays, detail::NumbersHash> reshards;
+  // A matmul planner's local einsums by their names, the three layouts and the letters' sizes.
+  std::unordered_map<std::vector<std::int64_t>, detail::CostedEinsum, detail::NumbersHash> einsums;
 };
 
 }  // namespace shardmm
