@@ -281,12 +281,13 @@ Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep
     for (const auto& [letter, size] : sizes) key += " " + letter + "=" + std::to_string(size);
     key += " rings " + std::to_string(rings.scatter) + std::to_string(rings.gather[0]) + std::to_string(rings.gather[1]);
   }
-  const Plan plan = t.options.plans
-                        ? t.options.plans->plan(key, t.plan_options.dtype,
-                                                [&](PlannerMemo& memo) {
-                                                  return tape_plan(t.mesh, c, sizes, t.plan_options, &memo, rings);
-                                                })
-                        : tape_plan(t.mesh, c, sizes, t.plan_options, nullptr, rings);
+  const std::shared_ptr<const Plan> shared =
+      t.options.plans ? t.options.plans->plan(key, t.plan_options.dtype,
+                                              [&](PlannerMemo& memo) {
+                                                return tape_plan(t.mesh, c, sizes, t.plan_options, &memo, rings);
+                                              })
+                      : std::make_shared<const Plan>(tape_plan(t.mesh, c, sizes, t.plan_options, nullptr, rings));
+  const Plan& plan = *shared;
   Var current[3] = {a, b, Var()};
   for (const Step& step : plan.steps) {
     if (multiplies(step.op)) {
@@ -375,8 +376,8 @@ Var reshard(Var x, const Spec& to) {
   Tape::Impl& t = x.tape().impl();
   validate_spec(to, t.mesh);
   check_same_tensor(x.spec(), to, t.mesh);
-  const Plan plan = t.reshard_plan(x.spec(), to, x.shape());
-  for (const Step& s : plan.steps) x = step_node(x, s);
+  const std::shared_ptr<const Plan> plan = t.reshard_plan(x.spec(), to, x.shape());
+  for (const Step& s : plan->steps) x = step_node(x, s);
   return x;
 }
 

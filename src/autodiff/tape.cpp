@@ -26,7 +26,8 @@ const char* to_string(Phase phase) {
 PlanCache::PlanCache() = default;
 PlanCache::~PlanCache() = default;
 
-Plan PlanCache::plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make) {
+std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
+                                            const std::function<Plan(PlannerMemo&)>& make) {
   std::unique_ptr<PlannerMemo> memo;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -48,14 +49,19 @@ Plan PlanCache::plan(const std::string& key, DType dtype, const std::function<Pl
       cache.idle_.emplace_back(dtype, std::move(memo));
     }
   } give_back{*this, dtype, memo};
-  Plan made = make(*memo);  // outside the lock: tapes on other threads plan other contractions meanwhile
+  // Outside the lock: tapes on other threads plan other contractions meanwhile.
+  auto made = std::make_shared<const Plan>(make(*memo));
   const std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(made)).first->second;
 }
 
-Plan PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
-                        const PlanOptions& options) {
-  std::string key = format_spec(from, mesh) + " -> " + format_spec(to, mesh) + " " + to_string(options.dtype);
+std::shared_ptr<const Plan> PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
+                                               const PlanOptions& options) {
+  std::string key = from.tensor;
+  append_spec_key(key, from);
+  key += to.tensor;
+  append_spec_key(key, to);
+  key += to_string(options.dtype);
   for (std::int64_t n : shape) {
     key += ' ';
     key += std::to_string(n);
@@ -64,7 +70,7 @@ Plan PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, cons
     const std::lock_guard<std::mutex> lock(mutex_);
     if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
   }
-  Plan made = plan_reshard(mesh, from, to, shape, options);
+  auto made = std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, options));
   const std::lock_guard<std::mutex> lock(mutex_);
   return reshards_.emplace(std::move(key), std::move(made)).first->second;
 }
@@ -247,16 +253,16 @@ Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& 
   return record(step, sizes, a, &b, out_shape);
 }
 
-Plan Tape::Impl::reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const {
+std::shared_ptr<const Plan> Tape::Impl::reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const {
   return options.plans ? options.plans->reshard(mesh, from, to, shape, plan_options)
-                       : plan_reshard(mesh, from, to, shape, plan_options);
+                       : std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, plan_options));
 }
 
 Value Tape::Impl::reshard(const Value& v, const Spec& to, const Shape& shape) {
   if (v.spec == to) return v;
-  const Plan plan = reshard_plan(v.spec, to, shape);
+  const std::shared_ptr<const Plan> plan = reshard_plan(v.spec, to, shape);
   Value current = v;
-  for (const Step& s : plan.steps) current = run_step(s, current, shape);
+  for (const Step& s : plan->steps) current = run_step(s, current, shape);
   current.spec.tensor = v.spec.tensor;
   return current;
 }
@@ -292,7 +298,7 @@ void Tape::Impl::accumulate(int id, Value grad) {
   // contribution to gather is reduced first, while it is small.
   if (!(mine == whole) && !(grad.spec == mine)) {
     const auto time = [&](const Spec& from, const Spec& to) {
-      return from == to ? 0.0 : reshard_plan(from, to, n.shape).total_time_s;
+      return from == to ? 0.0 : reshard_plan(from, to, n.shape)->total_time_s;
     };
     if (time(grad.spec, whole) <= time(grad.spec, mine) + time(mine, whole)) mine = whole;
   }

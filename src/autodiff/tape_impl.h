@@ -111,7 +111,7 @@ struct Tape::Impl {
   // Records a costed step and, on executed tapes, runs it through a one-step Executor.
   Value record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape);
   // plan_reshard, through options.plans when given.
-  Plan reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const;
+  std::shared_ptr<const Plan> reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const;
   // reshard_plan and run its steps; `v` unchanged when already in `to`.
   Value reshard(const Value& v, const Spec& to, const Shape& shape);
   // Costs a single reshard-type step with the plan layer's figures.
