@@ -163,9 +163,9 @@ void Tape::Impl::enter_unit(int id) {
 
 void Tape::Impl::cost(Step& step, const Shape& shape) const { cost_step(step, mesh, shape, plan_options); }
 
-Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
-  TapeEvent ev{phase, step, false, {}, scope};
+Value Tape::Impl::record(Step step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
   Value out{step.to, nullptr};
+  TraceEvent measured;
   if (!symbolic()) {
     Plan plan;
     plan.steps = {step};
@@ -173,15 +173,15 @@ Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a
     Executor exec(*comm, plan, sizes, options.dtype);
     exec.run(*a.data, b ? b->data.get() : nullptr);
     out.data = std::make_shared<DistTensor>(exec.release());
-    ev.executed = true;
-    ev.measured = exec.trace().at(0);
-    ev.measured.start_s = start;
-    ev.measured.end_s = clock();
+    measured = exec.trace().at(0);
+    measured.start_s = start;
+    measured.end_s = clock();
   }
   if (phase == Phase::backward && !regathering && !units.empty()) {
     units.back().transient = std::max(units.back().transient, held_bytes(out, shape));
   }
-  events.push_back(std::move(ev));
+  // The step moves into the event: a symbolic recording's events are most of what it copies.
+  events.push_back({phase, std::move(step), !symbolic(), std::move(measured), scope});
   return out;
 }
 
@@ -230,10 +230,10 @@ void Tape::Impl::record_local(std::string function, std::string tensor, std::int
 }
 
 Value Tape::Impl::run_step(Step step, const Value& in, const Shape& shape) {
-  DimSizes sizes;
-  add_sizes(sizes, step.from, shape);
+  DimSizes sizes;  // for the executor only
+  if (!symbolic()) add_sizes(sizes, step.from, shape);
   step.operand = 0;
-  return record(step, sizes, in, nullptr, shape);
+  return record(std::move(step), sizes, in, nullptr, shape);
 }
 
 Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& b, const Shape& b_shape,
@@ -250,7 +250,7 @@ Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& 
   add_sizes(sizes, b.spec, b_shape);
   add_sizes(sizes, out, out_shape);
   cost_einsum(step, mesh, sizes, plan_options);
-  return record(step, sizes, a, &b, out_shape);
+  return record(std::move(step), sizes, a, &b, out_shape);
 }
 
 std::shared_ptr<const Plan> Tape::Impl::reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const {
