@@ -97,10 +97,14 @@ class MatmulPlanner {
     out_dims_only.tensor = c.out_tensor;
     for (const std::string& d : c.out_dims) out_dims_only.dims.push_back({d, {}});
     c_shape_ = global_shape(out_dims_only, sizes);
-    for (const Spec& s : {c.a, c.b, out_dims_only}) {
-      for (const DimSpec& d : s.dims) letter_ids_.try_emplace(d.name, id(d.name));
+    letters_ = c.all_dims();
+    for (const std::string& d : c.out_dims) {
+      if (std::find(letters_.begin(), letters_.end(), d) == letters_.end()) letters_.push_back(d);
     }
-    for (const auto& [letter, number] : letter_ids_) sizes_key_.insert(sizes_key_.end(), {number, sizes.at(letter)});
+    for (const std::string& l : letters_) {
+      letter_ids_.push_back(id(l));
+      sizes_key_.insert(sizes_key_.end(), {letter_ids_.back(), sizes.at(l)});
+    }
     inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype),
                              input_bytes(mesh, c.b, b_shape_, options.dtype));
   }
@@ -240,9 +244,9 @@ class MatmulPlanner {
   }
 
   void enumerate_orders(const std::vector<Role>& roles) {
-    const std::vector<std::string> letters = c_.all_dims();
+    const std::size_t letters = letters_.size();
     std::vector<std::vector<AxisList>> per_letter;
-    for (const std::string& l : letters) {
+    for (const std::string& l : letters_) {
       AxisList axes;
       for (int x = 0; x < mesh_.rank(); ++x) {
         if (roles[static_cast<std::size_t>(x)].kind == Role::dim && roles[static_cast<std::size_t>(x)].letter == l)
@@ -250,10 +254,10 @@ class MatmulPlanner {
       }
       per_letter.push_back(axes.size() > 1 ? orders_for(l, axes) : std::vector<AxisList>{axes});
     }
-    std::vector<std::size_t> pick(letters.size(), 0);
+    std::vector<std::size_t> pick(letters, 0);
+    std::vector<AxisList> layout(letters);  // by letter (letters_)
     while (true) {
-      std::map<std::string, AxisList> layout;
-      for (std::size_t i = 0; i < letters.size(); ++i) layout[letters[i]] = per_letter[i][pick[i]];
+      for (std::size_t i = 0; i < letters; ++i) layout[i] = per_letter[i][pick[i]];
       build(roles, layout);
       std::size_t i = 0;
       while (i < pick.size() && ++pick[i] == per_letter[i].size()) pick[i++] = 0;
@@ -261,15 +265,21 @@ class MatmulPlanner {
     }
   }
 
-  Spec operand(const Spec& original, const std::map<std::string, AxisList>& layout, const AxisList& unreduced) const {
+  // A letter's index in letters_.
+  std::size_t letter(const std::string& name) const {
+    return static_cast<std::size_t>(std::find(letters_.begin(), letters_.end(), name) - letters_.begin());
+  }
+
+  Spec operand(const Spec& original, const std::vector<AxisList>& layout, const AxisList& unreduced) const {
     Spec s;
     s.tensor = original.tensor;
-    for (const DimSpec& d : original.dims) s.dims.push_back({d.name, layout.at(d.name)});
+    s.dims.reserve(original.dims.size());
+    for (const DimSpec& d : original.dims) s.dims.push_back({d.name, layout[letter(d.name)]});
     s.unreduced = unreduced;
     return s;
   }
 
-  void build(const std::vector<Role>& roles, const std::map<std::string, AxisList>& layout) {
+  void build(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
     AxisList ua, ub, uc;
     for (int x = 0; x < mesh_.rank(); ++x) {
       const Role& r = roles[static_cast<std::size_t>(x)];
@@ -285,7 +295,7 @@ class MatmulPlanner {
     einsum.from_b = operand(c_.b, layout, ub);
     einsum.to = Spec();
     einsum.to.tensor = c_.out_tensor;
-    for (const std::string& d : c_.out_dims) einsum.to.dims.push_back({d, layout.at(d)});
+    for (const std::string& d : c_.out_dims) einsum.to.dims.push_back({d, layout[letter(d)]});
     einsum.to.unreduced = uc;
     if (c_.out) {
       local.targets.push_back(*c_.out);
@@ -431,7 +441,7 @@ class MatmulPlanner {
   // the planner looks its reshards and plans up thousands of times per call.
   void append_layout(std::vector<std::int64_t>& key, const Spec& s) const {
     for (const DimSpec& d : s.dims) {
-      key.push_back(letter_ids_.at(d.name));
+      key.push_back(letter_ids_[letter(d.name)]);
       key.insert(key.end(), d.axes.begin(), d.axes.end());
       key.push_back(-1);
     }
@@ -640,7 +650,8 @@ class MatmulPlanner {
   std::deque<Local> locals_;
   std::deque<Fused> fused_;
   std::vector<Candidate> candidates_;
-  std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered by the memo
+  std::vector<std::string> letters_;  // the contraction's: A's, B's not in A, then C's in neither
+  std::vector<int> letter_ids_;       // by letter: its number in the memo
   std::set<std::vector<std::int64_t>> seen_;            // plans added, by their steps' layouts
   bool every_output_layout_ = true;
 };
