@@ -105,6 +105,15 @@ class MatmulPlanner {
       letter_ids_.push_back(id(l));
       sizes_key_.insert(sizes_key_.end(), {letter_ids_.back(), sizes.at(l)});
     }
+    for (const Spec* s : {&c.a, &c.b}) {
+      layout_prefix_.push_back(id(s->tensor));
+      append_layout(layout_prefix_, *s);
+    }
+    layout_prefix_.push_back(id(c.out_tensor));
+    for (const std::string& d : c.out_dims) layout_prefix_.push_back(letter_ids_[letter(d)]);
+    layout_prefix_.push_back(-4);
+    layout_prefix_.insert(layout_prefix_.end(), sizes_key_.begin(), sizes_key_.end());
+    if (c.out) out_targets_.push_back(*c.out);
     inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype),
                              input_bytes(mesh, c.b, b_shape_, options.dtype));
   }
@@ -280,6 +289,27 @@ class MatmulPlanner {
   }
 
   void build(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
+    std::vector<std::int64_t> key = layout_prefix_;
+    for (const Role& r : roles) key.insert(key.end(), {r.kind, r.kind == Role::dim ? letter_ids_[letter(r.letter)] : -1});
+    for (const AxisList& axes : layout) {
+      key.insert(key.end(), axes.begin(), axes.end());
+      key.push_back(-1);
+    }
+    auto it = memo_->layouts.find(key);
+    if (it == memo_->layouts.end()) it = memo_->layouts.emplace(std::move(key), made_layout(roles, layout)).first;
+    detail::MatmulLayout& made = it->second;
+    Local& local = locals_.emplace_back();
+    local.layout = &made;
+    if (c_.out) {
+      local.targets = &out_targets_;
+    } else {
+      if (made.free_targets.empty()) made.free_targets = free_targets(made.einsum.to);
+      local.targets = &made.free_targets;
+    }
+    add_plans(local);
+  }
+
+  detail::MatmulLayout made_layout(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
     AxisList ua, ub, uc;
     for (int x = 0; x < mesh_.rank(); ++x) {
       const Role& r = roles[static_cast<std::size_t>(x)];
@@ -287,8 +317,8 @@ class MatmulPlanner {
       if (r.kind == Role::unreduced_b) ub.push_back(x);
       if (r.kind != Role::none && (r.kind != Role::dim || c_.role(r.letter) == DimRole::contracted)) uc.push_back(x);
     }
-    Local& local = locals_.emplace_back();
-    Step& einsum = local.einsum;
+    detail::MatmulLayout made;
+    Step& einsum = made.einsum;
     einsum = make_step(OpKind::einsum, operand(c_.a, layout, ua), {});
     einsum.tensor = c_.out_tensor;
     einsum.operand = 2;
@@ -297,16 +327,19 @@ class MatmulPlanner {
     einsum.to.tensor = c_.out_tensor;
     for (const std::string& d : c_.out_dims) einsum.to.dims.push_back({d, layout[letter(d)]});
     einsum.to.unreduced = uc;
-    if (c_.out) {
-      local.targets.push_back(*c_.out);
-      add_plans(local);
-      return;
-    }
-    // No output requested: any fully reduced sharding will do; each pending sum is either
-    // all-reduced or reduce-scattered onto one of the output's dimensions.
-    std::vector<Spec> targets{einsum.to};
+    // A's and B's reshards are the same for every target.
+    made.a_ways = &reshard_options(c_.a, einsum.from, a_shape_);
+    made.b_ways = &reshard_options(c_.b, einsum.from_b, b_shape_);
+    append_layout(made.c_layout, einsum.to);
+    return made;
+  }
+
+  // No output requested: any fully reduced sharding will do; each pending sum is either
+  // all-reduced or reduce-scattered onto one of the output's dimensions.
+  static std::vector<Spec> free_targets(const Spec& result) {
+    std::vector<Spec> targets{result};
     targets[0].unreduced.clear();
-    for (int x : uc) {
+    for (int x : result.unreduced) {
       std::vector<Spec> next;
       for (const Spec& t : targets) {
         next.push_back(t);
@@ -318,17 +351,15 @@ class MatmulPlanner {
       }
       targets.swap(next);
     }
-    local.targets = std::move(targets);
-    add_plans(local);
+    return targets;
   }
 
   // A layout's local einsum (A, B and C as the layout shards them) and the outputs it may be
   // resharded to; its figures are looked up or worked out for the first candidate that is no
   // duplicate (costing may throw on figures that overflow: a layout no candidate needs stays quiet).
   struct Local {
-    Step einsum;
-    detail::CostedEinsum* costed = nullptr;
-    std::vector<Spec> targets;
+    detail::MatmulLayout* layout = nullptr;
+    const std::vector<Spec>* targets = nullptr;  // out_targets_, or the layout's free_targets
   };
 
   // A collective matmul that takes the place of a serial candidate's einsum and one of its
@@ -363,7 +394,7 @@ class MatmulPlanner {
         if (c.fused) {
           fn(c.fused->made->step, 2, c.fused->made->memory);
         } else {
-          fn(c.local->costed->einsum.step, 2, c.local->costed->einsum.memory);
+          fn(c.local->layout->costed->einsum.step, 2, c.local->layout->costed->einsum.memory);
         }
       }
       const detail::CostedSteps& reshard = *c.parts[static_cast<std::size_t>(part)];
@@ -396,7 +427,7 @@ class MatmulPlanner {
     for_each_step(c,
                   [&](const Step& s, int operand, const StepMemory&) { plan.steps.emplace_back(s).operand = operand; });
     plan.peak_bytes_per_device = c.peak_bytes;
-    plan.output = c.local->targets[c.target];
+    plan.output = (*c.local->targets)[c.target];
     plan.output.tensor = c_.out_tensor;
     plan.description = description(c);
     detail::total_up(plan, options_);
@@ -408,14 +439,12 @@ class MatmulPlanner {
   // where plan_reshard takes an exchange instead, that too. Asked without the memory limit,
   // so that the limit picks among the candidates but does not change them.
   void add_plans(Local& local) {
-    const Step& einsum = local.einsum;
-    // A's and B's reshards are the same for every target.
-    const detail::ReshardWays& a_ways = reshard_options(c_.a, einsum.from, a_shape_);
-    const detail::ReshardWays& b_ways = reshard_options(c_.b, einsum.from_b, b_shape_);
-    std::vector<std::int64_t> c_layout;
-    append_layout(c_layout, einsum.to);
-    for (std::size_t t = 0; t < local.targets.size(); ++t) {
-      const detail::ReshardWays& c_ways = reshard_options(einsum.to, local.targets[t], c_shape_);
+    const Step& einsum = local.layout->einsum;
+    const detail::ReshardWays& a_ways = *local.layout->a_ways;
+    const detail::ReshardWays& b_ways = *local.layout->b_ways;
+    const std::vector<std::int64_t>& c_layout = local.layout->c_layout;
+    for (std::size_t t = 0; t < local.targets->size(); ++t) {
+      const detail::ReshardWays& c_ways = reshard_options(einsum.to, (*local.targets)[t], c_shape_);
       for (std::size_t a = 0; a < a_ways.ways.size(); ++a) {
         for (std::size_t b = 0; b < b_ways.ways.size(); ++b) {
           for (std::size_t c = 0; c < c_ways.ways.size(); ++c) {
@@ -481,7 +510,7 @@ class MatmulPlanner {
   }
 
   void add_plan(Local& local, std::size_t target, const std::array<const detail::CostedSteps*, 3>& parts) {
-    if (!local.costed) local.costed = &costed_einsum(local.einsum);
+    if (!local.layout->costed) local.layout->costed = &costed_einsum(local.layout->einsum);
     Candidate serial;
     serial.parts = parts;
     serial.local = &local;
@@ -522,7 +551,7 @@ class MatmulPlanner {
   // fused into the einsum, or the einsum fused into the reduce_scatter that follows it.
   // Each is a candidate of its own, costed as a ring; the serialized plan stays one too.
   void add_collective_matmuls(const Candidate& serial) {
-    detail::CostedEinsum& costed = *serial.local->costed;
+    detail::CostedEinsum& costed = *serial.local->layout->costed;
     const Step& einsum = costed.einsum.step;
     // The fused step of `part`'s reshard, made by make() unless the memo has it.
     const auto add = [&](int part, bool both_ways, const auto& make) {
@@ -615,7 +644,7 @@ class MatmulPlanner {
 
   const std::string& output_text(const Candidate& c) const {
     if (!c.output) {
-      Spec output = c.local->targets[c.target];
+      Spec output = (*c.local->targets)[c.target];
       output.tensor = c_.out_tensor;
       c.output = format_spec(output, mesh_);
     }
@@ -645,7 +674,9 @@ class MatmulPlanner {
   PlannerMemo::Impl* memo_;
   detail::StepCoster coster_;
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
-  std::vector<std::int64_t> sizes_key_;  // the letters' numbers and sizes, for the memo's keys
+  std::vector<std::int64_t> sizes_key_;     // the letters' numbers and sizes, for the memo's keys
+  std::vector<std::int64_t> layout_prefix_;  // what the memo's layouts are keyed by before the layout itself
+  std::vector<Spec> out_targets_;            // the output spec, when given
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::deque<Local> locals_;
   std::deque<Fused> fused_;
