@@ -102,12 +102,13 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
                        const std::vector<std::string>& out_dims, Shape* out_shape) {
   const DimSizes sizes = letter_sizes(mesh, a, a_shape, b, b_shape);
   check_letters(mesh, a, b, out_dims);
-  const std::string what = "einsum " + format_spec(a, mesh) + " @ " + format_spec(b, mesh);
+  // Formatted only for a message: a symbolic tape runs this for every einsum it records.
+  const auto what = [&] { return "einsum " + format_spec(a, mesh) + " @ " + format_spec(b, mesh); };
   const auto same_in_both = [&](const std::string& name, const char* role) {
     const AxisList& x = a.dims[static_cast<std::size_t>(a.find_dim(name))].axes;
     const AxisList& y = b.dims[static_cast<std::size_t>(b.find_dim(name))].axes;
     if (x != y) {
-      throw InputError(what + " cannot run locally: " + role + " dimension '" + name +
+      throw InputError(what() + " cannot run locally: " + role + " dimension '" + name +
                        "' must be sharded alike in both operands (" + (x.empty() ? "replicated" : mesh.axis_names(x)) +
                        " vs " + (y.empty() ? "replicated" : mesh.axis_names(y)) +
                        "); reshard one, or use planned_einsum");
@@ -132,7 +133,7 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
   }
   for (int x : a.unreduced) {
     if (b.is_unreduced(x)) {
-      throw InputError(what + ": both operands are unreduced over " + mesh.axis(x).name +
+      throw InputError(what() + ": both operands are unreduced over " + mesh.axis(x).name +
                        "; the product of two partial sums is not the partial sum of the product (reduce one first)");
     }
   }
@@ -142,7 +143,7 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
   try {
     validate_spec(c, mesh);
   } catch (const InputError& e) {
-    throw InputError(what + " cannot run locally: its output would be " + format_spec(c, mesh) + ", and " +
+    throw InputError(what() + " cannot run locally: its output would be " + format_spec(c, mesh) + ", and " +
                      e.headline(field) + "; reshard an operand, or use planned_einsum");
   }
   return c;
@@ -281,12 +282,13 @@ Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep
     for (const auto& [letter, size] : sizes) key += " " + letter + "=" + std::to_string(size);
     key += " rings " + std::to_string(rings.scatter) + std::to_string(rings.gather[0]) + std::to_string(rings.gather[1]);
   }
-  const Plan plan = t.options.plans
-                        ? t.options.plans->plan(key, t.plan_options.dtype,
-                                                [&](PlannerMemo& memo) {
-                                                  return tape_plan(t.mesh, c, sizes, t.plan_options, &memo, rings);
-                                                })
-                        : tape_plan(t.mesh, c, sizes, t.plan_options, nullptr, rings);
+  const std::shared_ptr<const Plan> shared =
+      t.options.plans ? t.options.plans->plan(key, t.plan_options.dtype,
+                                              [&](PlannerMemo& memo) {
+                                                return tape_plan(t.mesh, c, sizes, t.plan_options, &memo, rings);
+                                              })
+                      : std::make_shared<const Plan>(tape_plan(t.mesh, c, sizes, t.plan_options, nullptr, rings));
+  const Plan& plan = *shared;
   Var current[3] = {a, b, Var()};
   for (const Step& step : plan.steps) {
     if (multiplies(step.op)) {
@@ -375,8 +377,8 @@ Var reshard(Var x, const Spec& to) {
   Tape::Impl& t = x.tape().impl();
   validate_spec(to, t.mesh);
   check_same_tensor(x.spec(), to, t.mesh);
-  const Plan plan = t.reshard_plan(x.spec(), to, x.shape());
-  for (const Step& s : plan.steps) x = step_node(x, s);
+  const std::shared_ptr<const Plan> plan = t.reshard_plan(x.spec(), to, x.shape());
+  for (const Step& s : plan->steps) x = step_node(x, s);
   return x;
 }
 

@@ -26,7 +26,8 @@ const char* to_string(Phase phase) {
 PlanCache::PlanCache() = default;
 PlanCache::~PlanCache() = default;
 
-Plan PlanCache::plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make) {
+std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
+                                            const std::function<Plan(PlannerMemo&)>& make) {
   std::unique_ptr<PlannerMemo> memo;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -48,14 +49,19 @@ Plan PlanCache::plan(const std::string& key, DType dtype, const std::function<Pl
       cache.idle_.emplace_back(dtype, std::move(memo));
     }
   } give_back{*this, dtype, memo};
-  Plan made = make(*memo);  // outside the lock: tapes on other threads plan other contractions meanwhile
+  // Outside the lock: tapes on other threads plan other contractions meanwhile.
+  auto made = std::make_shared<const Plan>(make(*memo));
   const std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(made)).first->second;
 }
 
-Plan PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
-                        const PlanOptions& options) {
-  std::string key = format_spec(from, mesh) + " -> " + format_spec(to, mesh) + " " + to_string(options.dtype);
+std::shared_ptr<const Plan> PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
+                                               const PlanOptions& options) {
+  std::string key = from.tensor;
+  append_spec_key(key, from);
+  key += to.tensor;
+  append_spec_key(key, to);
+  key += to_string(options.dtype);
   for (std::int64_t n : shape) {
     key += ' ';
     key += std::to_string(n);
@@ -64,7 +70,7 @@ Plan PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, cons
     const std::lock_guard<std::mutex> lock(mutex_);
     if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
   }
-  Plan made = plan_reshard(mesh, from, to, shape, options);
+  auto made = std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, options));
   const std::lock_guard<std::mutex> lock(mutex_);
   return reshards_.emplace(std::move(key), std::move(made)).first->second;
 }
@@ -157,9 +163,9 @@ void Tape::Impl::enter_unit(int id) {
 
 void Tape::Impl::cost(Step& step, const Shape& shape) const { cost_step(step, mesh, shape, plan_options); }
 
-Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
-  TapeEvent ev{phase, step, false, {}, scope};
+Value Tape::Impl::record(Step step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
   Value out{step.to, nullptr};
+  TraceEvent measured;
   if (!symbolic()) {
     Plan plan;
     plan.steps = {step};
@@ -167,15 +173,15 @@ Value Tape::Impl::record(const Step& step, const DimSizes& sizes, const Value& a
     Executor exec(*comm, plan, sizes, options.dtype);
     exec.run(*a.data, b ? b->data.get() : nullptr);
     out.data = std::make_shared<DistTensor>(exec.release());
-    ev.executed = true;
-    ev.measured = exec.trace().at(0);
-    ev.measured.start_s = start;
-    ev.measured.end_s = clock();
+    measured = exec.trace().at(0);
+    measured.start_s = start;
+    measured.end_s = clock();
   }
   if (phase == Phase::backward && !regathering && !units.empty()) {
     units.back().transient = std::max(units.back().transient, held_bytes(out, shape));
   }
-  events.push_back(std::move(ev));
+  // The step moves into the event: a symbolic recording's events are most of what it copies.
+  events.push_back({phase, std::move(step), !symbolic(), std::move(measured), scope});
   return out;
 }
 
@@ -224,10 +230,10 @@ void Tape::Impl::record_local(std::string function, std::string tensor, std::int
 }
 
 Value Tape::Impl::run_step(Step step, const Value& in, const Shape& shape) {
-  DimSizes sizes;
-  add_sizes(sizes, step.from, shape);
+  DimSizes sizes;  // for the executor only
+  if (!symbolic()) add_sizes(sizes, step.from, shape);
   step.operand = 0;
-  return record(step, sizes, in, nullptr, shape);
+  return record(std::move(step), sizes, in, nullptr, shape);
 }
 
 Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& b, const Shape& b_shape,
@@ -244,19 +250,19 @@ Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& 
   add_sizes(sizes, b.spec, b_shape);
   add_sizes(sizes, out, out_shape);
   cost_einsum(step, mesh, sizes, plan_options);
-  return record(step, sizes, a, &b, out_shape);
+  return record(std::move(step), sizes, a, &b, out_shape);
 }
 
-Plan Tape::Impl::reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const {
+std::shared_ptr<const Plan> Tape::Impl::reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const {
   return options.plans ? options.plans->reshard(mesh, from, to, shape, plan_options)
-                       : plan_reshard(mesh, from, to, shape, plan_options);
+                       : std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, plan_options));
 }
 
 Value Tape::Impl::reshard(const Value& v, const Spec& to, const Shape& shape) {
   if (v.spec == to) return v;
-  const Plan plan = reshard_plan(v.spec, to, shape);
+  const std::shared_ptr<const Plan> plan = reshard_plan(v.spec, to, shape);
   Value current = v;
-  for (const Step& s : plan.steps) current = run_step(s, current, shape);
+  for (const Step& s : plan->steps) current = run_step(s, current, shape);
   current.spec.tensor = v.spec.tensor;
   return current;
 }
@@ -292,7 +298,7 @@ void Tape::Impl::accumulate(int id, Value grad) {
   // contribution to gather is reduced first, while it is small.
   if (!(mine == whole) && !(grad.spec == mine)) {
     const auto time = [&](const Spec& from, const Spec& to) {
-      return from == to ? 0.0 : reshard_plan(from, to, n.shape).total_time_s;
+      return from == to ? 0.0 : reshard_plan(from, to, n.shape)->total_time_s;
     };
     if (time(grad.spec, whole) <= time(grad.spec, mine) + time(mine, whole)) mine = whole;
   }

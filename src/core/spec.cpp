@@ -501,6 +501,24 @@ Spec parse_spec(std::string_view text, const Mesh& mesh) { return SpecParser(tex
 
 std::string format_spec(const Spec& spec, const Mesh& mesh) { return format_spec_unchecked(spec, mesh); }
 
+void append_axes_key(std::string& key, const AxisList& axes) {
+  key += '[';
+  for (int a : axes) {
+    key += std::to_string(a);
+    key += ',';
+  }
+  key += ']';
+}
+
+void append_spec_key(std::string& key, const Spec& spec) {
+  key += '|';
+  for (const DimSpec& d : spec.dims) {
+    key += d.name;
+    append_axes_key(key, d.axes);
+  }
+  append_axes_key(key, spec.unreduced);
+}
+
 namespace {
 std::string format_spec_unchecked(const Spec& spec, const Mesh& mesh) {
   std::string out = spec.tensor + "[";

@@ -88,8 +88,8 @@ class MatmulPlanner {
         sizes_(sizes),
         options_(options),
         unlimited_(options),
-        coster_(mesh, options, memo ? &memo->steps : nullptr),
-        memo_(memo) {
+        memo_(memo ? memo : &own_memo_),
+        coster_(mesh, options, &memo_->steps) {
     unlimited_.mem_limit_bytes.reset();
     a_shape_ = global_shape(c.a, sizes);
     b_shape_ = global_shape(c.b, sizes);
@@ -97,9 +97,23 @@ class MatmulPlanner {
     out_dims_only.tensor = c.out_tensor;
     for (const std::string& d : c.out_dims) out_dims_only.dims.push_back({d, {}});
     c_shape_ = global_shape(out_dims_only, sizes);
-    for (const Spec& s : {c.a, c.b, out_dims_only}) {
-      for (const DimSpec& d : s.dims) letter_ids_.try_emplace(d.name, static_cast<int>(letter_ids_.size()));
+    letters_ = c.all_dims();
+    for (const std::string& d : c.out_dims) {
+      if (std::find(letters_.begin(), letters_.end(), d) == letters_.end()) letters_.push_back(d);
     }
+    for (const std::string& l : letters_) {
+      letter_ids_.push_back(id(l));
+      sizes_key_.insert(sizes_key_.end(), {letter_ids_.back(), sizes.at(l)});
+    }
+    for (const Spec* s : {&c.a, &c.b}) {
+      layout_prefix_.push_back(id(s->tensor));
+      append_layout(layout_prefix_, *s);
+    }
+    layout_prefix_.push_back(id(c.out_tensor));
+    for (const std::string& d : c.out_dims) layout_prefix_.push_back(letter_ids_[letter(d)]);
+    layout_prefix_.push_back(-4);
+    layout_prefix_.insert(layout_prefix_.end(), sizes_key_.begin(), sizes_key_.end());
+    if (c.out) out_targets_.push_back(*c.out);
     inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype),
                              input_bytes(mesh, c.b, b_shape_, options.dtype));
   }
@@ -239,9 +253,9 @@ class MatmulPlanner {
   }
 
   void enumerate_orders(const std::vector<Role>& roles) {
-    const std::vector<std::string> letters = c_.all_dims();
+    const std::size_t letters = letters_.size();
     std::vector<std::vector<AxisList>> per_letter;
-    for (const std::string& l : letters) {
+    for (const std::string& l : letters_) {
       AxisList axes;
       for (int x = 0; x < mesh_.rank(); ++x) {
         if (roles[static_cast<std::size_t>(x)].kind == Role::dim && roles[static_cast<std::size_t>(x)].letter == l)
@@ -249,10 +263,10 @@ class MatmulPlanner {
       }
       per_letter.push_back(axes.size() > 1 ? orders_for(l, axes) : std::vector<AxisList>{axes});
     }
-    std::vector<std::size_t> pick(letters.size(), 0);
+    std::vector<std::size_t> pick(letters, 0);
+    std::vector<AxisList> layout(letters);  // by letter (letters_)
     while (true) {
-      std::map<std::string, AxisList> layout;
-      for (std::size_t i = 0; i < letters.size(); ++i) layout[letters[i]] = per_letter[i][pick[i]];
+      for (std::size_t i = 0; i < letters; ++i) layout[i] = per_letter[i][pick[i]];
       build(roles, layout);
       std::size_t i = 0;
       while (i < pick.size() && ++pick[i] == per_letter[i].size()) pick[i++] = 0;
@@ -260,15 +274,42 @@ class MatmulPlanner {
     }
   }
 
-  Spec operand(const Spec& original, const std::map<std::string, AxisList>& layout, const AxisList& unreduced) const {
+  // A letter's index in letters_.
+  std::size_t letter(const std::string& name) const {
+    return static_cast<std::size_t>(std::find(letters_.begin(), letters_.end(), name) - letters_.begin());
+  }
+
+  Spec operand(const Spec& original, const std::vector<AxisList>& layout, const AxisList& unreduced) const {
     Spec s;
     s.tensor = original.tensor;
-    for (const DimSpec& d : original.dims) s.dims.push_back({d.name, layout.at(d.name)});
+    s.dims.reserve(original.dims.size());
+    for (const DimSpec& d : original.dims) s.dims.push_back({d.name, layout[letter(d.name)]});
     s.unreduced = unreduced;
     return s;
   }
 
-  void build(const std::vector<Role>& roles, const std::map<std::string, AxisList>& layout) {
+  void build(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
+    std::vector<std::int64_t> key = layout_prefix_;
+    for (const Role& r : roles) key.insert(key.end(), {r.kind, r.kind == Role::dim ? letter_ids_[letter(r.letter)] : -1});
+    for (const AxisList& axes : layout) {
+      key.insert(key.end(), axes.begin(), axes.end());
+      key.push_back(-1);
+    }
+    auto it = memo_->layouts.find(key);
+    if (it == memo_->layouts.end()) it = memo_->layouts.emplace(std::move(key), made_layout(roles, layout)).first;
+    detail::MatmulLayout& made = it->second;
+    Local& local = locals_.emplace_back();
+    local.layout = &made;
+    if (c_.out) {
+      local.targets = &out_targets_;
+    } else {
+      if (made.free_targets.empty()) made.free_targets = free_targets(made.einsum.to);
+      local.targets = &made.free_targets;
+    }
+    add_plans(local);
+  }
+
+  detail::MatmulLayout made_layout(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
     AxisList ua, ub, uc;
     for (int x = 0; x < mesh_.rank(); ++x) {
       const Role& r = roles[static_cast<std::size_t>(x)];
@@ -276,26 +317,29 @@ class MatmulPlanner {
       if (r.kind == Role::unreduced_b) ub.push_back(x);
       if (r.kind != Role::none && (r.kind != Role::dim || c_.role(r.letter) == DimRole::contracted)) uc.push_back(x);
     }
-    Local& local = locals_.emplace_back();
-    Step& einsum = local.einsum;
+    detail::MatmulLayout made;
+    Step& einsum = made.einsum;
     einsum = make_step(OpKind::einsum, operand(c_.a, layout, ua), {});
     einsum.tensor = c_.out_tensor;
     einsum.operand = 2;
     einsum.from_b = operand(c_.b, layout, ub);
     einsum.to = Spec();
     einsum.to.tensor = c_.out_tensor;
-    for (const std::string& d : c_.out_dims) einsum.to.dims.push_back({d, layout.at(d)});
+    for (const std::string& d : c_.out_dims) einsum.to.dims.push_back({d, layout[letter(d)]});
     einsum.to.unreduced = uc;
-    if (c_.out) {
-      local.targets.push_back(*c_.out);
-      add_plans(local);
-      return;
-    }
-    // No output requested: any fully reduced sharding will do; each pending sum is either
-    // all-reduced or reduce-scattered onto one of the output's dimensions.
-    std::vector<Spec> targets{einsum.to};
+    // A's and B's reshards are the same for every target.
+    made.a_ways = &reshard_options(c_.a, einsum.from, a_shape_);
+    made.b_ways = &reshard_options(c_.b, einsum.from_b, b_shape_);
+    append_layout(made.c_layout, einsum.to);
+    return made;
+  }
+
+  // No output requested: any fully reduced sharding will do; each pending sum is either
+  // all-reduced or reduce-scattered onto one of the output's dimensions.
+  static std::vector<Spec> free_targets(const Spec& result) {
+    std::vector<Spec> targets{result};
     targets[0].unreduced.clear();
-    for (int x : uc) {
+    for (int x : result.unreduced) {
       std::vector<Spec> next;
       for (const Spec& t : targets) {
         next.push_back(t);
@@ -307,25 +351,21 @@ class MatmulPlanner {
       }
       targets.swap(next);
     }
-    local.targets = std::move(targets);
-    add_plans(local);
+    return targets;
   }
 
   // A layout's local einsum (A, B and C as the layout shards them) and the outputs it may be
-  // resharded to; its figures are worked out once, for the first candidate that is no
+  // resharded to; its figures are looked up or worked out for the first candidate that is no
   // duplicate (costing may throw on figures that overflow: a layout no candidate needs stays quiet).
   struct Local {
-    Step einsum;
-    StepMemory memory;
-    bool costed = false;
-    std::vector<Spec> targets;
+    detail::MatmulLayout* layout = nullptr;
+    const std::vector<Spec>* targets = nullptr;  // out_targets_, or the layout's free_targets
   };
 
   // A collective matmul that takes the place of a serial candidate's einsum and one of its
   // collectives: the last step of A's (0) or B's (1) reshard, or the first of the result's (2).
   struct Fused {
-    Step step;
-    StepMemory memory;
+    const detail::CostedStep* made = nullptr;
     int part = 0;
   };
 
@@ -352,9 +392,9 @@ class MatmulPlanner {
     for (int part = 0; part < 3; ++part) {
       if (part == 2) {
         if (c.fused) {
-          fn(c.fused->step, 2, c.fused->memory);
+          fn(c.fused->made->step, 2, c.fused->made->memory);
         } else {
-          fn(c.local->einsum, 2, c.local->memory);
+          fn(c.local->layout->costed->einsum.step, 2, c.local->layout->costed->einsum.memory);
         }
       }
       const detail::CostedSteps& reshard = *c.parts[static_cast<std::size_t>(part)];
@@ -387,7 +427,7 @@ class MatmulPlanner {
     for_each_step(c,
                   [&](const Step& s, int operand, const StepMemory&) { plan.steps.emplace_back(s).operand = operand; });
     plan.peak_bytes_per_device = c.peak_bytes;
-    plan.output = c.local->targets[c.target];
+    plan.output = (*c.local->targets)[c.target];
     plan.output.tensor = c_.out_tensor;
     plan.description = description(c);
     detail::total_up(plan, options_);
@@ -399,35 +439,38 @@ class MatmulPlanner {
   // where plan_reshard takes an exchange instead, that too. Asked without the memory limit,
   // so that the limit picks among the candidates but does not change them.
   void add_plans(Local& local) {
-    const Step& einsum = local.einsum;
-    // A's and B's reshards are the same for every target.
-    const Reshards& a_ways = reshard_options(c_.a, einsum.from, a_shape_);
-    const Reshards& b_ways = reshard_options(c_.b, einsum.from_b, b_shape_);
-    std::vector<int> c_layout;
-    append_layout(c_layout, einsum.to);
-    for (std::size_t t = 0; t < local.targets.size(); ++t) {
-      const Reshards& c_ways = reshard_options(einsum.to, local.targets[t], c_shape_);
-      for (std::size_t a = 0; a < a_ways.ways->size(); ++a) {
-        for (std::size_t b = 0; b < b_ways.ways->size(); ++b) {
-          for (std::size_t c = 0; c < c_ways.ways->size(); ++c) {
+    const Step& einsum = local.layout->einsum;
+    const detail::ReshardWays& a_ways = *local.layout->a_ways;
+    const detail::ReshardWays& b_ways = *local.layout->b_ways;
+    const std::vector<std::int64_t>& c_layout = local.layout->c_layout;
+    for (std::size_t t = 0; t < local.targets->size(); ++t) {
+      const detail::ReshardWays& c_ways = reshard_options(einsum.to, (*local.targets)[t], c_shape_);
+      for (std::size_t a = 0; a < a_ways.ways.size(); ++a) {
+        for (std::size_t b = 0; b < b_ways.ways.size(); ++b) {
+          for (std::size_t c = 0; c < c_ways.ways.size(); ++c) {
             // A candidate by its steps' layouts: another role combination may give the same one.
-            std::vector<int> signature;
-            for (const std::vector<int>* part : std::initializer_list<const std::vector<int>*>{
+            std::vector<std::int64_t> signature;
+            for (const std::vector<std::int64_t>* part : std::initializer_list<const std::vector<std::int64_t>*>{
                      &a_ways.signatures[a], &b_ways.signatures[b], &c_ways.signatures[c], &c_layout})
               signature.insert(signature.end(), part->begin(), part->end());
             if (!seen_.insert(std::move(signature)).second) continue;
-            add_plan(local, t, {&(*a_ways.ways)[a], &(*b_ways.ways)[b], &(*c_ways.ways)[c]});
+            add_plan(local, t, {&a_ways.ways[a], &b_ways.ways[b], &c_ways.ways[c]});
           }
         }
       }
     }
   }
 
+  // A letter's or tensor's number in the memo.
+  int id(const std::string& name) {
+    return memo_->ids.try_emplace(name, static_cast<int>(memo_->ids.size())).first->second;
+  }
+
   // A spec as numbers (each dimension's letter and axes, then the pending sums), for keys:
   // the planner looks its reshards and plans up thousands of times per call.
-  void append_layout(std::vector<int>& key, const Spec& s) const {
+  void append_layout(std::vector<std::int64_t>& key, const Spec& s) const {
     for (const DimSpec& d : s.dims) {
-      key.push_back(letter_ids_.at(d.name));
+      key.push_back(letter_ids_[letter(d.name)]);
       key.insert(key.end(), d.axes.begin(), d.axes.end());
       key.push_back(-1);
     }
@@ -435,59 +478,39 @@ class MatmulPlanner {
     key.push_back(-2);
   }
 
-  // A reshard's ways (detail::CostedSteps), and each one's steps' layouts as numbers (its part
-  // of a candidate's signature).
-  struct Reshards {
-    const std::vector<detail::CostedSteps>* ways = nullptr;
-    std::vector<std::vector<int>> signatures;
-  };
-
-  // Remembered: the role combinations share most of their reshards. Each step is costed here,
-  // once, for every candidate that takes it.
-  const Reshards& reshard_options(const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape) {
-    std::vector<int> key;
-    append_layout(key, from);
-    append_layout(key, to);
-    if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
-    const auto remember = [&](const std::vector<detail::CostedSteps>& ways) -> const Reshards& {
-      Reshards r{&ways, {}};
-      for (const detail::CostedSteps& way : ways) {
-        std::vector<int>& signature = r.signatures.emplace_back();
-        for (const Step& s : way.steps) {
-          append_layout(signature, s.from);
-          append_layout(signature, s.to);
-          signature.push_back(static_cast<int>(s.op));
-        }
-        signature.push_back(-3);
-      }
-      return reshards_.emplace(std::move(key), std::move(r)).first->second;
-    };
-    std::string shared_key;
-    if (memo_) {
-      for (const Spec* s : {&from, &to}) shared_key += format_spec(*s, mesh_) + " ";
-      for (std::int64_t n : shape) shared_key += std::to_string(n) + ",";
-      if (const auto it = memo_->reshards.find(shared_key); it != memo_->reshards.end()) return remember(it->second);
+  // Remembered: the role combinations, and the calls that plan contractions of the same
+  // tensors, share most of their reshards. Each step is costed here, once, for every
+  // candidate that takes it.
+  const detail::ReshardWays& reshard_options(const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape) {
+    std::vector<std::int64_t> key;
+    for (const Spec* s : {&from, &to}) {
+      key.push_back(id(s->tensor));
+      append_layout(key, *s);
     }
-    std::vector<detail::CostedSteps> options;
+    key.insert(key.end(), shape.begin(), shape.end());
+    if (const auto it = memo_->reshards.find(key); it != memo_->reshards.end()) return it->second;
+    detail::ReshardWays r;
     // plan_reshard's steps are the chain itself unless it took an exchange.
     std::vector<Step> planned = detail::plan_reshard(coster_, from, to, shape, unlimited_).steps;
     if (std::any_of(planned.begin(), planned.end(), [](const Step& s) { return s.op == OpKind::exchange; })) {
-      options.push_back({detail::reshard_steps(mesh_, from, to), {}});
+      r.ways.push_back({detail::reshard_steps(mesh_, from, to), {}});
     }
-    options.push_back({std::move(planned), {}});
-    for (detail::CostedSteps& option : options) {
-      for (Step& s : option.steps) option.memory.push_back(coster_.cost(s, shape));
+    r.ways.push_back({std::move(planned), {}});
+    for (detail::CostedSteps& way : r.ways) {
+      for (Step& s : way.steps) way.memory.push_back(coster_.cost(s, shape));
+      std::vector<std::int64_t>& signature = r.signatures.emplace_back();
+      for (const Step& s : way.steps) {
+        append_layout(signature, s.from);
+        append_layout(signature, s.to);
+        signature.push_back(static_cast<int>(s.op));
+      }
+      signature.push_back(-3);
     }
-    return remember(memo_ ? memo_->reshards.emplace(std::move(shared_key), std::move(options)).first->second
-                          : own_reshards_.emplace_back(std::move(options)));
+    return memo_->reshards.emplace(std::move(key), std::move(r)).first->second;
   }
 
   void add_plan(Local& local, std::size_t target, const std::array<const detail::CostedSteps*, 3>& parts) {
-    if (!local.costed) {
-      coster_.cost_einsum(local.einsum, sizes_);
-      local.memory = coster_.memory(local.einsum, sizes_);
-      local.costed = true;
-    }
+    if (!local.layout->costed) local.layout->costed = &costed_einsum(local.layout->einsum);
     Candidate serial;
     serial.parts = parts;
     serial.local = &local;
@@ -495,6 +518,22 @@ class MatmulPlanner {
     weigh(serial);
     candidates_.push_back(serial);
     add_collective_matmuls(serial);
+  }
+
+  // Remembered: the calls that plan contractions of the same tensors in other output layouts
+  // share most of their local einsums.
+  detail::CostedEinsum& costed_einsum(const Step& einsum) {
+    std::vector<std::int64_t> key{id(einsum.tensor)};
+    for (const Spec* s : {&einsum.from, &einsum.from_b, &einsum.to}) {
+      key.push_back(id(s->tensor));
+      append_layout(key, *s);
+    }
+    key.insert(key.end(), sizes_key_.begin(), sizes_key_.end());
+    if (const auto it = memo_->einsums.find(key); it != memo_->einsums.end()) return it->second;
+    detail::CostedEinsum made{{einsum, {}}, {}};
+    coster_.cost_einsum(made.einsum.step, sizes_);
+    made.einsum.memory = coster_.memory(made.einsum.step, sizes_);
+    return memo_->einsums.emplace(std::move(key), std::move(made)).first->second;
   }
 
   // Whether each axis of `group` shards one of `spec`'s dimensions: no two members hold the
@@ -512,11 +551,19 @@ class MatmulPlanner {
   // fused into the einsum, or the einsum fused into the reduce_scatter that follows it.
   // Each is a candidate of its own, costed as a ring; the serialized plan stays one too.
   void add_collective_matmuls(const Candidate& serial) {
-    const Step& einsum = serial.local->einsum;
-    const auto add = [&](int part, Step fused) {
+    detail::CostedEinsum& costed = *serial.local->layout->costed;
+    const Step& einsum = costed.einsum.step;
+    // The fused step of `part`'s reshard, made by make() unless the memo has it.
+    const auto add = [&](int part, bool both_ways, const auto& make) {
+      const auto key = std::make_tuple(serial.parts[static_cast<std::size_t>(part)], part, both_ways);
+      auto it = costed.fused.find(key);
+      if (it == costed.fused.end()) {
+        detail::CostedStep made{make(), {}};
+        made.memory = coster_.memory(made.step, sizes_);
+        it = costed.fused.emplace(key, std::move(made)).first;
+      }
       Fused& f = fused_.emplace_back();
-      f.memory = coster_.memory(fused, sizes_);
-      f.step = std::move(fused);
+      f.made = &it->second;
       f.part = part;
       Candidate ring = serial;
       ring.fused = &f;
@@ -538,7 +585,8 @@ class MatmulPlanner {
       const bool contracted = c_.role(letter) == DimRole::contracted && shards_every_axis(einsum.to, gather.axes);
       if (!free_in(letter, operand) && !contracted) continue;
       for (bool both_ways : ring_ways(gather.axes)) {
-        add(operand, detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_));
+        add(operand, both_ways,
+            [&] { return detail::fuse_all_gather_einsum(gather, einsum, operand, both_ways, sizes_, coster_); });
       }
     }
     const std::vector<Step>& result_steps = serial.parts[2]->steps;
@@ -549,7 +597,8 @@ class MatmulPlanner {
         const std::string& letter = scatter.to.dims[static_cast<std::size_t>(scatter.dim)].name;
         if (free_in(letter, 0) || free_in(letter, 1)) {
           for (bool both_ways : ring_ways(scatter.axes)) {
-            add(2, detail::fuse_einsum_reduce_scatter(einsum, scatter, both_ways, sizes_, coster_));
+            add(2, both_ways,
+                [&] { return detail::fuse_einsum_reduce_scatter(einsum, scatter, both_ways, sizes_, coster_); });
           }
         }
       }
@@ -595,7 +644,7 @@ class MatmulPlanner {
 
   const std::string& output_text(const Candidate& c) const {
     if (!c.output) {
-      Spec output = c.local->targets[c.target];
+      Spec output = (*c.local->targets)[c.target];
       output.tensor = c_.out_tensor;
       c.output = format_spec(output, mesh_);
     }
@@ -621,19 +670,21 @@ class MatmulPlanner {
   const DimSizes& sizes_;
   const PlanOptions& options_;
   PlanOptions unlimited_;
+  PlannerMemo::Impl own_memo_;  // without a memo shared with other calls
+  PlannerMemo::Impl* memo_;
   detail::StepCoster coster_;
-  PlannerMemo::Impl* memo_;  // shared with other calls, or none
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
+  std::vector<std::int64_t> sizes_key_;     // the letters' numbers and sizes, for the memo's keys
+  std::vector<std::int64_t> layout_prefix_;  // what the memo's layouts are keyed by before the layout itself
+  std::vector<Spec> out_targets_;            // the output spec, when given
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::deque<Local> locals_;
   std::deque<Fused> fused_;
   std::vector<Candidate> candidates_;
-  std::map<std::string, int, std::less<>> letter_ids_;  // the contraction's letters, numbered
-  std::set<std::vector<int>> seen_;                     // plans added, by their steps' layouts
+  std::vector<std::string> letters_;  // the contraction's: A's, B's not in A, then C's in neither
+  std::vector<int> letter_ids_;       // by letter: its number in the memo
+  std::set<std::vector<std::int64_t>> seen_;            // plans added, by their steps' layouts
   bool every_output_layout_ = true;
-  // By append_layout(from), (to): the memo's entry, or one of own_reshards_ without a memo.
-  std::map<std::vector<int>, Reshards> reshards_;
-  std::deque<std::vector<detail::CostedSteps>> own_reshards_;
 };
 
 }  // namespace

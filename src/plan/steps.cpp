@@ -131,35 +131,14 @@ void for_each_device_on(const Mesh& mesh, const AxisList& walk, Fn fn) {
 
 }  // namespace
 
-namespace {
-
-// Memo keys: a layout as its letters and axis numbers (format_spec, with the mesh's axis
-// names, took a tenth of a planner's time).
-void append_key(std::string& key, const AxisList& axes) {
-  key += '[';
-  for (int a : axes) key += std::to_string(a) + ',';
-  key += ']';
-}
-
-void append_key(std::string& key, const Spec& spec) {
-  key += '|';
-  for (const DimSpec& d : spec.dims) {
-    key += d.name;
-    append_key(key, d.axes);
-  }
-  append_key(key, spec.unreduced);
-}
-
-}  // namespace
-
 std::int64_t StepCoster::max_bytes(const Spec& spec, const std::vector<std::int64_t>& shape) const {
   return checked_mul(max_local_elements(mesh_, spec, shape), dtype_bytes(options_.dtype), "bytes per device");
 }
 
 StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) {
   std::string key = std::string(to_string(step.op));
-  for (const Spec* spec : {&step.from, &step.to}) append_key(key, *spec);
-  append_key(key, step.axes);
+  for (const Spec* spec : {&step.from, &step.to}) append_spec_key(key, *spec);
+  append_axes_key(key, step.axes);
   for (std::int64_t n : shape) key += std::to_string(n) + ",";
   const auto fill = [&step](const Cost& c) {
     step.bytes_sent = c.sent;
@@ -286,8 +265,8 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
 
 StepMemory StepCoster::memory(const Step& step, const DimSizes& sizes) {
   std::string key = std::string(to_string(step.op));
-  for (const Spec* spec : {&step.from, &step.from_b, &step.to}) append_key(key, *spec);
-  append_key(key, step.axes);
+  for (const Spec* spec : {&step.from, &step.from_b, &step.to}) append_spec_key(key, *spec);
+  append_axes_key(key, step.axes);
   key += std::to_string(step.dim) + "," + std::to_string(step.ring_operand);
   // An all_gather_einsum holds the same buffers one way round or both; einsum_reduce_scatter
   // keeps running sums per way.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -131,6 +132,50 @@ std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& 
 Plan plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
                   const PlanOptions& options);
 
+// A memo key of numbers (layouts, names and sizes as numbers: formatting and hashing specs'
+// text took a quarter of a matmul planner's time).
+struct NumbersHash {
+  std::size_t operator()(const std::vector<std::int64_t>& key) const {
+    std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the numbers
+    for (std::int64_t n : key) h = (h ^ static_cast<std::uint64_t>(n)) * 1099511628211ull;
+    return static_cast<std::size_t>(h);
+  }
+};
+
+// One reshard's ways (CostedSteps), and each way's steps' layouts as numbers: its part of a
+// matmul candidate's signature, which tells candidates with the same steps apart.
+struct ReshardWays {
+  std::vector<CostedSteps> ways;
+  std::vector<std::vector<std::int64_t>> signatures;
+};
+
+// A step built and costed, and its memory.
+struct CostedStep {
+  Step step;
+  StepMemory memory;
+};
+
+// A matmul's local einsum in one layout, costed, and the collective matmuls that fuse it with a
+// step of one of its reshards: by that reshard's way, the part it reshards (A 0, B 1, the
+// result 2) and whether the ring goes both ways round.
+struct CostedEinsum {
+  CostedStep einsum;
+  std::map<std::tuple<const CostedSteps*, int, bool>, CostedStep> fused;
+};
+
+// A matmul's layout (each mesh axis's role, each letter's axes) for its operands' specs, as
+// the planner builds it: the local einsum (costed once a candidate takes it), A's and B's
+// reshards into it, the result's layout as numbers, and without an output spec the layouts
+// the result may be reduced to (worked out once a call asks).
+struct MatmulLayout {
+  Step einsum;
+  CostedEinsum* costed = nullptr;
+  const ReshardWays* a_ways = nullptr;
+  const ReshardWays* b_ways = nullptr;
+  std::vector<std::int64_t> c_layout;
+  std::vector<Spec> free_targets;
+};
+
 }  // namespace shardmm::detail
 
 namespace shardmm {
@@ -141,10 +186,16 @@ struct PlannerMemo::Impl {
   std::optional<Mesh> mesh;
   std::string costs;
   detail::StepCoster::Memo steps;
-  // A matmul planner's reshard options (its reshard_options) by the two specs, names
-  // included (the steps carry them), and the shape.
-  // (Hashed, as the costs: long keys alike at the start; its entries stay where they are.)
-  std::unordered_map<std::string, std::vector<detail::CostedSteps>> reshards;
+  // Letters and tensor names numbered, for the keys below (the same numbers in every call).
+  std::map<std::string, int, std::less<>> ids;
+  // A matmul planner's reshard options (its reshard_options) by the two specs as numbers,
+  // names included (the steps carry them), and the shape. Its entries stay where they are.
+  std::unordered_map<std::vector<std::int64_t>, detail::ReshardWays, detail::NumbersHash> reshards;
+  // A matmul planner's local einsums by their names, the three layouts and the letters' sizes.
+  std::unordered_map<std::vector<std::int64_t>, detail::CostedEinsum, detail::NumbersHash> einsums;
+  // A matmul planner's layouts by the operands' names and specs, the result's name and letters,
+  // the letters' sizes, the axes' roles and the letters' axes.
+  std::unordered_map<std::vector<std::int64_t>, detail::MatmulLayout, detail::NumbersHash> layouts;
 };
 
 }  // namespace shardmm

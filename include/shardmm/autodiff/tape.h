@@ -142,14 +142,17 @@ class PlanCache {
  public:
   PlanCache();
   ~PlanCache();
-  Plan plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make);
+  // The plans are shared, not copied: a recording reads each of them a few times.
+  std::shared_ptr<const Plan> plan(const std::string& key, DType dtype,
+                                   const std::function<Plan(PlannerMemo&)>& make);
   // plan_reshard(mesh, from, to, shape, options), remembered.
-  Plan reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape, const PlanOptions& options);
+  std::shared_ptr<const Plan> reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
+                                      const PlanOptions& options);
 
  private:
   std::mutex mutex_;
   // Hashed: the keys are long texts that share long beginnings (a map compares them by bytes).
-  std::unordered_map<std::string, Plan> plans_, reshards_;
+  std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_, reshards_;
   std::vector<std::pair<DType, std::unique_ptr<PlannerMemo>>> idle_;  // memos no thread holds now
 };
 

@@ -58,6 +58,11 @@ struct Spec {
 
 Spec parse_spec(std::string_view text, const Mesh& mesh);
 std::string format_spec(const Spec& spec, const Mesh& mesh);
+// `spec` appended to a memo key: its letters and axis numbers, then its pending sums; not its
+// name, nor the mesh's axis names (format_spec looks them up, the planners' memos look specs up
+// by the thousand). A key for specs on one mesh.
+void append_spec_key(std::string& key, const Spec& spec);
+void append_axes_key(std::string& key, const AxisList& axes);
 // For specs built in code; throws InputError naming the rule.
 void validate_spec(const Spec& spec, const Mesh& mesh);
 
