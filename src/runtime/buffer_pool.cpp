@@ -33,8 +33,8 @@ struct Pool {
     std::thread::id freed_by;
   };
   std::multimap<std::size_t, Kept> kept;
-  // The blocks lent to a larger request than their own size (buffer_pool.h: kMaxLendRatio), with
-  // that size: a Buffer frees with the bytes it asked for.
+  // The blocks lent to a request smaller than they are (buffer_pool.h: kMaxLendRatio), with their
+  // size: a Buffer frees with the bytes it asked for.
   std::unordered_map<void*, std::size_t> lent_larger;
   // live: the bytes Buffers asked for, in use; spare: what lent blocks hold beyond that. The
   // process has live + spare + kept.
@@ -55,8 +55,8 @@ struct Pool {
   }
 
   // A kept block for `bytes`, taken out of `kept`: of the smallest size that serves it, the latest
-  // freed (this thread's, else any), the likeliest still in a cache; nullptr when none serves.
-  // Caller holds mutex.
+  // freed (this thread's, else any; equal keys keep the order they were freed in), the likeliest
+  // still in a cache; nullptr when none serves. Caller holds mutex.
   void* take(std::size_t bytes) {
     const auto fits = kept.lower_bound(bytes);
     if (fits == kept.end() || fits->first > bytes * detail::kMaxLendRatio) return nullptr;
