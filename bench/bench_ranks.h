@@ -17,9 +17,11 @@ class RankClock {
     comm_.all_reduce(&nothing, 1, DType::f64, all_);
   }
   // The most `seconds` any rank passed (every rank gets it).
-  double slowest(double seconds) {
-    comm_.all_reduce(&seconds, 1, DType::f64, all_, ReduceOp::max);
-    return seconds;
+  double slowest(double seconds) { return latest(seconds); }
+  // The latest of the ranks' `time`s, on a clock they share (in-process ranks'; every rank gets it).
+  double latest(double time) {
+    comm_.all_reduce(&time, 1, DType::f64, all_, ReduceOp::max);
+    return time;
   }
 
  private:

@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "shardmm/runtime/tensor.h"
@@ -32,12 +33,18 @@ struct Pool {
     std::thread::id freed_by;
   };
   std::multimap<std::size_t, Kept> kept;
-  std::size_t kept_bytes = 0, live_bytes = 0, peak_bytes = 0, reused_bytes = 0;
+  // The blocks lent to a request smaller than they are (buffer_pool.h: kMaxLendRatio), with their
+  // size: a Buffer frees with the bytes it asked for.
+  std::unordered_map<void*, std::size_t> lent_larger;
+  // live: the bytes Buffers asked for, in use; spare: what lent blocks hold beyond that. The
+  // process has live + spare + kept.
+  std::size_t kept_bytes = 0, live_bytes = 0, spare_bytes = 0, peak_bytes = 0, reused_bytes = 0;
 
-  // Takes kept blocks, largest first, until live + kept fits under the peak. Caller holds mutex.
+  // Takes kept blocks, largest first, until what the process has fits under the peak. Caller
+  // holds mutex.
   std::vector<void*> trim() {
     std::vector<void*> out;
-    while (live_bytes + kept_bytes > peak_bytes && !kept.empty()) {
+    while (live_bytes + spare_bytes + kept_bytes > peak_bytes && !kept.empty()) {
       const auto last = std::prev(kept.end());
       kept_bytes -= last->first;
       ASAN_UNPOISON_MEMORY_REGION(last->second.data, last->first);
@@ -45,6 +52,31 @@ struct Pool {
       kept.erase(last);
     }
     return out;
+  }
+
+  // A kept block for `bytes`, taken out of `kept`: of the smallest size that serves it, the latest
+  // freed (this thread's, else any; equal keys keep the order they were freed in), the likeliest
+  // still in a cache; nullptr when none serves. Caller holds mutex.
+  void* take(std::size_t bytes) {
+    const auto fits = kept.lower_bound(bytes);
+    if (fits == kept.end() || fits->first > bytes * detail::kMaxLendRatio) return nullptr;
+    const std::size_t block = fits->first;
+    const auto range = kept.equal_range(block);
+    const auto latest = std::make_reverse_iterator(range.second), oldest = std::make_reverse_iterator(range.first);
+    auto it =
+        std::find_if(latest, oldest, [](const auto& k) { return k.second.freed_by == std::this_thread::get_id(); });
+    if (it == oldest) it = latest;
+    void* data = it->second.data;
+    kept.erase(std::next(it).base());
+    kept_bytes -= block;
+    live_bytes += bytes;
+    reused_bytes += bytes;
+    if (block != bytes) {
+      spare_bytes += block - bytes;
+      lent_larger.emplace(data, block);
+    }
+    ASAN_UNPOISON_MEMORY_REGION(data, bytes);  // the rest stays poisoned: no Buffer owns it
+    return data;
   }
 };
 
@@ -79,22 +111,8 @@ void* pool_allocate(std::size_t bytes) {
   std::vector<void*> out;
   {
     std::lock_guard lock(p.mutex);
+    if (void* data = p.take(bytes)) return data;
     p.live_bytes += bytes;
-    // Equal keys keep the order they were freed in: the latest freed (this thread's, else any)
-    // is the likeliest still in a cache.
-    const auto range = p.kept.equal_range(bytes);
-    if (range.first != range.second) {
-      const auto latest = std::make_reverse_iterator(range.second), oldest = std::make_reverse_iterator(range.first);
-      auto it = std::find_if(latest, oldest,
-                             [](const auto& k) { return k.second.freed_by == std::this_thread::get_id(); });
-      if (it == oldest) it = latest;
-      void* data = it->second.data;
-      p.kept.erase(std::next(it).base());
-      p.kept_bytes -= bytes;
-      p.reused_bytes += bytes;
-      ASAN_UNPOISON_MEMORY_REGION(data, bytes);
-      return data;
-    }
     p.peak_bytes = std::max(p.peak_bytes, p.live_bytes);
     out = p.trim();
   }
@@ -117,11 +135,22 @@ void pool_free(void* data, std::size_t bytes) {
     return;
   }
   Pool& p = pool();
-  std::lock_guard lock(p.mutex);
-  p.live_bytes -= bytes;
-  p.kept.emplace(bytes, Pool::Kept{data, std::this_thread::get_id()});
-  p.kept_bytes += bytes;
-  ASAN_POISON_MEMORY_REGION(data, bytes);
+  std::vector<void*> out;
+  {
+    std::lock_guard lock(p.mutex);
+    p.live_bytes -= bytes;
+    if (const auto lent = p.lent_larger.find(data); lent != p.lent_larger.end()) {
+      p.spare_bytes -= lent->second - bytes;
+      bytes = lent->second;
+      p.lent_larger.erase(lent);
+    }
+    p.kept.emplace(bytes, Pool::Kept{data, std::this_thread::get_id()});
+    p.kept_bytes += bytes;
+    ASAN_POISON_MEMORY_REGION(data, bytes);
+    // Over the peak only where a miss came while lent blocks' spare was in use: back under it now.
+    out = p.trim();
+  }
+  free_all(out);
 }
 
 ReleasePoolAtEnd::~ReleasePoolAtEnd() { release_buffer_pool(); }
@@ -131,8 +160,9 @@ ReleasePoolAtEnd::~ReleasePoolAtEnd() { release_buffer_pool(); }
 BufferPoolStats buffer_pool_stats() {
   Pool& p = pool();
   std::lock_guard lock(p.mutex);
-  return {static_cast<std::int64_t>(p.live_bytes), static_cast<std::int64_t>(p.kept_bytes),
-          static_cast<std::int64_t>(p.peak_bytes), static_cast<std::int64_t>(p.reused_bytes)};
+  return {static_cast<std::int64_t>(p.live_bytes), static_cast<std::int64_t>(p.spare_bytes),
+          static_cast<std::int64_t>(p.kept_bytes), static_cast<std::int64_t>(p.peak_bytes),
+          static_cast<std::int64_t>(p.reused_bytes)};
 }
 
 void release_buffer_pool() { release(pool()); }

@@ -30,7 +30,8 @@ using Shape = std::vector<std::int64_t>;
 
 // Raw storage for one dtype, 64-byte aligned, allocated once and reused. Allocation
 // failure is an InputError naming the bytes asked for. Blocks of 64 KiB and more come from the
-// runtime's caching pool (BufferPoolStats below): a freed one serves the next Buffer of its size.
+// runtime's caching pool (BufferPoolStats below): a freed one serves the next Buffer of its size,
+// or one of at least half its size when none of that size is kept.
 class Buffer {
  public:
   Buffer() = default;
@@ -60,14 +61,17 @@ class Buffer {
 };
 
 // The caching pool behind Buffers (and einsum workspaces), per process. It keeps freed blocks
-// only while kept + live <= peak, the most bytes live at once since the last release: it never
-// makes the process hold more than its own peak of live buffers, what the memory reports
-// (plan/memory.h, the tape's timeline) count. run_backend releases it when a run ends.
+// only while live + spare + kept <= peak, the most bytes live at once since the last release: it
+// never makes the process hold more than its own peak of live buffers, what the memory reports
+// (plan/memory.h, the tape's timeline) count, but for the spare of blocks lent to smaller
+// Buffers after a miss that found too little kept (src/runtime/buffer_pool.h), let go of as they
+// are freed. run_backend releases it when a run ends.
 struct BufferPoolStats {
-  std::int64_t live_bytes = 0;  // in Buffers now
-  std::int64_t kept_bytes = 0;  // freed, kept for reuse
-  std::int64_t peak_bytes = 0;  // the most live at once since the last release
-  std::int64_t reused_bytes = 0;  // served from kept blocks since the last release
+  std::int64_t live_bytes = 0;    // in Buffers now, as they asked for
+  std::int64_t spare_bytes = 0;   // in use beyond that: a Buffer given a kept block up to twice its size
+  std::int64_t kept_bytes = 0;    // freed, kept for reuse
+  std::int64_t peak_bytes = 0;    // the most live at once since the last release
+  std::int64_t reused_bytes = 0;  // served from kept blocks since the last release (live bytes)
 };
 BufferPoolStats buffer_pool_stats();
 // Frees every kept block and starts the peak (from what is live now) and reused_bytes again.
