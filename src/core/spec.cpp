@@ -37,8 +37,12 @@ constexpr int kReadingSteps = 1 << 16;
 
 std::string axes_suffix(const AxisList& axes, const Mesh& mesh) {
   if (axes.empty()) return "";
-  if (axes.size() == 1 || mesh.single_char_names()) return "_" + mesh.axis_names(axes);
-  return "_{" + mesh.axis_names(axes) + "}";
+  // Appended, not "_" + names: GCC 12 warns (-Wrestrict, falsely) on a literal + std::string here.
+  const bool braces = axes.size() > 1 && !mesh.single_char_names();
+  std::string out = braces ? "_{" : "_";
+  out += mesh.axis_names(axes);
+  if (braces) out += '}';
+  return out;
 }
 
 struct Violation {

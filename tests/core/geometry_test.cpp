@@ -52,8 +52,12 @@ TEST(Geometry, SplitRulesTileAndInvert) {
         std::int64_t at = 0;
         for (std::size_t i = 0; i < ps.size(); ++i) {
           ASSERT_EQ(ps[i].offset, at) << to_string(rule) << " " << n << " over " << p;
-          if (i > 0) ASSERT_LE(ps[i].extent, ps[i - 1].extent);
-          if (rule == SplitRule::chunk) ASSERT_LE(ps[i].extent, (n + p - 1) / p);
+          if (i > 0) {
+            ASSERT_LE(ps[i].extent, ps[i - 1].extent);
+          }
+          if (rule == SplitRule::chunk) {
+            ASSERT_LE(ps[i].extent, (n + p - 1) / p);
+          }
           for (std::int64_t e = ps[i].offset; e < ps[i].end(); ++e) {
             ASSERT_EQ(split_index(n, p, e, rule), static_cast<std::int64_t>(i)) << to_string(rule) << " " << n;
           }
@@ -104,7 +108,9 @@ TEST(Geometry, ArraySplitProperties) {
       for (std::size_t i = 0; i < ps.size(); ++i) {
         ASSERT_EQ(ps[i].offset, at) << n << " over " << p;
         ASSERT_TRUE(ps[i].extent == n / p || ps[i].extent == n / p + 1);
-        if (i > 0) ASSERT_LE(ps[i].extent, ps[i - 1].extent);
+        if (i > 0) {
+          ASSERT_LE(ps[i].extent, ps[i - 1].extent);
+        }
         at = ps[i].end();
       }
       ASSERT_EQ(at, n);
@@ -242,7 +248,9 @@ TEST_P(ShardBoxes, TileTheTensorExactly) {
       const auto box = shard_box(m, s, shape, dev);
       ASSERT_EQ(box.size(), shape.size());
       auto [it, fresh] = box_of.emplace(position, box);
-      if (!fresh) ASSERT_EQ(it->second, box) << "device " << dev;
+      if (!fresh) {
+        ASSERT_EQ(it->second, box) << "device " << dev;
+      }
       std::int64_t n = 1;
       for (std::size_t d = 0; d < box.size(); ++d) {
         ASSERT_GE(box[d].extent, 0);

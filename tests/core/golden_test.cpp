@@ -76,7 +76,10 @@ std::vector<Case> read_cases(const std::string& name) {
 
 std::string show_shape(const std::vector<std::int64_t>& shape) {
   std::string out;
-  for (std::int64_t n : shape) out += (out.empty() ? "" : ",") + std::to_string(n);
+  for (std::int64_t n : shape) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(n);
+  }
   return out;
 }
 
@@ -111,7 +114,9 @@ TEST(Golden, ValidSpecsPrintCanonically) {
     }
     EXPECT_EQ(got, c.expected);
     // The canonical form is a fixed point.
-    if (c.input.find("--dims") == std::string::npos) EXPECT_EQ(run({c.line, c.mesh, c.expected, ""}), c.expected);
+    if (c.input.find("--dims") == std::string::npos) {
+      EXPECT_EQ(run({c.line, c.mesh, c.expected, ""}), c.expected);
+    }
   }
 }
 
@@ -129,7 +134,9 @@ TEST(Golden, InvalidSpecsGiveTheirExactMessage) {
       const std::string what = e.what();
       EXPECT_EQ(what.substr(0, what.find('\n')), e.headline());
       EXPECT_EQ(e.headline().find('\n'), std::string::npos);
-      if (!e.context().empty()) EXPECT_EQ(what, e.headline() + "\n" + e.context());
+      if (!e.context().empty()) {
+        EXPECT_EQ(what, e.headline() + "\n" + e.context());
+      }
     }
   }
 }
