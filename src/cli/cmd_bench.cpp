@@ -260,6 +260,7 @@ Json matmul_bench_json(const MatmulBenchOptions& o, const std::string& expr, con
   doc["ranks"] = r.ranks;
   doc["gemm_threads"] = r.gemm_threads;
   doc["warmup"] = o.warmup;
+  doc["warmup_time_s"] = o.warmup_min_s;
   doc["repeat"] = o.repeat;
   doc["rounds"] = o.rounds;
   doc["all_candidates"] = o.all;
@@ -335,7 +336,9 @@ void print_speed_checks(std::ostream& out, const MatmulBenchReport& r) {
 void print_matmul_bench(std::ostream& out, const MatmulBenchOptions& o, const std::string& expr,
                         const MatmulBenchReport& r) {
   out << expr << " on mesh " << o.mesh.to_string() << ", " << o.backend << " backend, " << to_string(o.dtype)
-      << ", median of " << o.repeat << " (after " << o.warmup << " warm-up); predictions on " << o.hw.name << "\n";
+      << ", median of " << o.repeat << " (after " << o.warmup << " warm-up"
+      << (o.warmup_min_s > 0 ? ", at least " + format_time(o.warmup_min_s) : std::string()) << "); predictions on "
+      << o.hw.name << "\n";
   out << "reference: one OpenBLAS GEMM of the same FLOPs with " << r.gemm_threads << " thread"
       << (r.gemm_threads == 1 ? "" : "s") << " (the cores the " << r.ranks << " ranks share)\n";
   Table t({"dims", "#", "plan", "predicted", "measured", "meas/pred", "rate", "GEMM rate", "vs GEMM", "comm/compute",
@@ -420,6 +423,7 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
                   "timed runs of each plan and of the GEMM; medians are reported, "
                   "e.g. --repeat 9 (default 7)");
   app->add_option("--warmup", flags->exec.warmup, "untimed runs before them, e.g. --warmup 2 (default 1)");
+  add_warmup_time_flag(*app, flags->exec.warmup_time_s);
   app->add_option("--rounds", flags->rounds,
                   "run the reference GEMM and the plans in turn this many times, --repeat runs each per round, and "
                   "report the median of all of each one's runs: a change in the machine's load then falls on all "
@@ -463,6 +467,7 @@ std::function<int(std::ostream&)> add_matmul(CLI::App& bench) {
     o.hw = p.options.hw;
     o.all = flags->all;
     o.warmup = flags->exec.warmup;
+    o.warmup_min_s = flags->exec.warmup_time_s;
     o.repeat = flags->exec.repeat;
     o.rounds = flags->rounds;
     if (o.rounds < 1) throw InputError("--rounds " + std::to_string(o.rounds) + ": at least one round is needed");

@@ -14,16 +14,20 @@
 
 namespace shardmm::cli {
 
+void add_warmup_time_flag(CLI::App& app, double& seconds) {
+  app.add_option("--warmup-time", seconds,
+                 "then more untimed runs until the warm-up has taken this many seconds, as some machines' clocks and "
+                 "memory speed ramp up over the first tenths of a second; 0 for exactly --warmup runs, e.g. "
+                 "--warmup-time 0.5 (default 0.2)");
+}
+
 void add_execution_flags(CLI::App& app, ExecutionFlags& flags) {
   app.add_option("--backend", flags.backend,
                  "where the ranks run: threads (one thread per device, the default) or mpi (one process per device, "
                  "under mpirun -n <devices>), e.g. --backend mpi");
   app.add_option("--repeat", flags.repeat, "timed runs; the report gives medians, e.g. --repeat 10 (default 5)");
   app.add_option("--warmup", flags.warmup, "untimed runs before them, e.g. --warmup 2 (default 1)");
-  app.add_option("--warmup-time", flags.warmup_time_s,
-                 "then more untimed runs until the warm-up has taken this many seconds, as some machines' clocks and "
-                 "memory speed ramp up over the first tenths of a second; 0 for exactly --warmup runs, e.g. "
-                 "--warmup-time 0.5 (default 0.2)");
+  add_warmup_time_flag(app, flags.warmup_time_s);
   app.add_option("--candidate", flags.candidate,
                  "run this candidate instead of the chosen one: 1-based, as 'plan --all' (or 'reshard') numbers "
                  "them on the same --hw and --dtype, e.g. --candidate 2");

@@ -24,6 +24,8 @@ struct ExecutionFlags {
 
 // --backend, --repeat, --warmup, --warmup-time, --candidate, --no-check, --watchdog, --trace.
 void add_execution_flags(CLI::App& app, ExecutionFlags& flags);
+// --warmup-time alone (bench matmul times plans as run does).
+void add_warmup_time_flag(CLI::App& app, double& seconds);
 
 // Where a command executes only with --run (`run` false): InputError when an execution flag
 // was given without it, instead of ignoring it.

@@ -174,6 +174,7 @@ MatmulBenchReport bench_matmul(const MatmulBenchOptions& o) {
       req.dtype = o.dtype;
       req.contraction = &o.contraction;
       req.warmup = o.warmup;
+      req.warmup_min_s = o.warmup_min_s;
       req.repeat = o.repeat;
       req.check = o.check;
       req.verify = verify;

@@ -38,6 +38,9 @@ struct MatmulBenchOptions {
   HardwareProfile hw;               // the planner's profile (predictions and the choice)
   bool all = false;                 // run every candidate, not only the chosen one
   int warmup = 1;
+  // Each plan's warm-up lasts at least this long (RunRequest::warmup_min_s), as `run`'s does:
+  // a step of microseconds timed after one warm-up run measures the machine waking up.
+  double warmup_min_s = 0.2;
   int repeat = 7;      // the times are medians of `repeat` runs
   int rounds = 1;      // the reference GEMM and the candidates run in turn, `repeat`
                        // runs each per round; each time is the median of all its runs
