@@ -162,8 +162,9 @@ Side run_pdgemm(const Options& o, int context, const Mesh& mesh, const Contracti
         double* out = static_cast<double*>(result.data());
         for (std::int64_t i = 0; i < rows; ++i)
           for (std::int64_t j = 0; j < cols; ++j) out[i * cols + j] = local_c[static_cast<std::size_t>(i + j * rows)];
-        const Verification v =
-            verify ? verify_contraction(comm, c, sizes, DType::f64, result, a_values, b_values) : Verification{true};
+        Verification v;
+        v.verified = true;  // unverified rounds count as passing
+        if (verify) v = verify_contraction(comm, c, sizes, DType::f64, result, a_values, b_values);
         if (comm.rank() == 0) side = {median(times), v.verified, v.max_rel_error};
         if (comm.rank() != 0) side.verified = v.verified;
       },

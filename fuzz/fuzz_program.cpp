@@ -51,7 +51,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (again != text)
       violated("the canonical text does not print back to itself:\n" + text + "\n---\n" + again, input);
     const program::Graph g = program::bind(p, {});
-    if (small(g)) nn::predict_program(g, {DType::f32, builtin_profile("h100")});
+    if (small(g)) {
+      nn::ProgramOptions o;
+      o.dtype = DType::f32;
+      o.hw = builtin_profile("h100");
+      nn::predict_program(g, o);
+    }
   } catch (const InputError&) {
   }
   return 0;
