@@ -833,9 +833,8 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     shardings (1 to 100); ``explain``, each chosen tensor's runner-up layout and what it would
     add; ``time_limit``, the search's time limit in seconds: building the problem (a search
     that cannot finish in it raises InputError at once) and each integer program (past it the
-    answer is 'feasible' with its proven gap); ``run``, execute the answer and check it, and ``rings``, as
-    ``program``'s. The
-    GIL is released while the solver runs.
+    answer is 'feasible' with its proven gap); ``run``, execute the answer and check it, and
+    ``rings``, as ``program``'s. The GIL is released while the solver runs.
 
     Returns a Solution: ``status``, ``method``, ``objective_s``, ``lower_bound_s``, ``specs``,
     ``named_strategies``, ``alternatives``, ``top`` and ``pinned_program()`` (what ``--emit``

@@ -296,8 +296,7 @@ SolveReport evaluate_solve(const SolveRequest& request) {
   }
   if (!(request.seconds > 0) || !std::isfinite(request.seconds)) {
     throw InputError(field("time_limit") + " " + format_given(request.seconds) +
-                     ": the search's time limit is a positive number of seconds, e.g. " + field("time_limit") +
-                     " 10");
+                     ": the search's time limit is a positive number of seconds, e.g. " + field("time_limit") + " 10");
   }
   BoundProgram b = bind_program(in, "--pin");
   solve::SolveOptions o;
@@ -390,8 +389,8 @@ Command add_solve_command(CLI::App& root) {
               request.progress = [&progress](const solve::BuildProgress& p) {
                 std::ostringstream what;
                 what.imbue(std::locale::classic());
-                what << "recording " << p.recorded << " op costs (" << std::fixed << std::setprecision(1)
-                     << p.seconds << " s): `" << p.op << "`";
+                what << "recording " << p.recorded << " op costs (" << std::fixed << std::setprecision(1) << p.seconds
+                     << " s): `" << p.op << "`";
                 progress.show(what.str());
               };
             }

@@ -196,7 +196,8 @@ double piecewise_linear(const std::vector<std::pair<double, double>>& points, do
 std::vector<std::pair<double, double>> thin_rates(const HardwareProfile& hw, DType dtype) {
   std::vector<std::pair<double, double>> out;
   for (const GemmRate& g : hw.calibration->gemm) {
-    if (g.dtype == dtype && g.shape == kThinGemm) out.emplace_back(static_cast<double>(std::min(g.m, g.n)), g.flops_per_s);
+    if (g.dtype == dtype && g.shape == kThinGemm)
+      out.emplace_back(static_cast<double>(std::min(g.m, g.n)), g.flops_per_s);
   }
   std::sort(out.begin(), out.end());
   return out;

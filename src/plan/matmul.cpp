@@ -290,7 +290,8 @@ class MatmulPlanner {
 
   void build(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
     std::vector<std::int64_t> key = layout_prefix_;
-    for (const Role& r : roles) key.insert(key.end(), {r.kind, r.kind == Role::dim ? letter_ids_[letter(r.letter)] : -1});
+    for (const Role& r : roles)
+      key.insert(key.end(), {r.kind, r.kind == Role::dim ? letter_ids_[letter(r.letter)] : -1});
     for (const AxisList& axes : layout) {
       key.insert(key.end(), axes.begin(), axes.end());
       key.push_back(-1);
@@ -674,16 +675,16 @@ class MatmulPlanner {
   PlannerMemo::Impl* memo_;
   detail::StepCoster coster_;
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
-  std::vector<std::int64_t> sizes_key_;     // the letters' numbers and sizes, for the memo's keys
+  std::vector<std::int64_t> sizes_key_;      // the letters' numbers and sizes, for the memo's keys
   std::vector<std::int64_t> layout_prefix_;  // what the memo's layouts are keyed by before the layout itself
   std::vector<Spec> out_targets_;            // the output spec, when given
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::deque<Local> locals_;
   std::deque<Fused> fused_;
   std::vector<Candidate> candidates_;
-  std::vector<std::string> letters_;  // the contraction's: A's, B's not in A, then C's in neither
-  std::vector<int> letter_ids_;       // by letter: its number in the memo
-  std::set<std::vector<std::int64_t>> seen_;            // plans added, by their steps' layouts
+  std::vector<std::string> letters_;          // the contraction's: A's, B's not in A, then C's in neither
+  std::vector<int> letter_ids_;               // by letter: its number in the memo
+  std::set<std::vector<std::int64_t>> seen_;  // plans added, by their steps' layouts
   bool every_output_layout_ = true;
 };
 

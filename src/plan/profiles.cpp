@@ -280,11 +280,11 @@ std::int64_t whole_value(const json& object, const std::string& where, const std
 constexpr OpKind kCollectives[] = {OpKind::all_gather, OpKind::reduce_scatter, OpKind::all_reduce, OpKind::all_to_all};
 
 Calibration parse_calibration(const json& doc, const std::string& origin) {
-  check_object(
-      doc, "calibration",
-      {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"}, origin,
-      {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s", "local_seconds_per_element",
-       "copy_bandwidths"});
+  check_object(doc, "calibration",
+               {"backend", "mesh", "host", "measured_at", "copy_bandwidth", "add_bandwidth", "collectives", "gemm"},
+               origin,
+               {"gather_ring_overlap", "scatter_ring_overlap", "einsum_call_s", "ring_handoff_s",
+                "local_seconds_per_element", "copy_bandwidths"});
   Calibration c;
   c.backend = string_value(doc.at("backend"), "calibration.backend", origin);
   if (c.backend != "threads" && c.backend != "mpi") {
@@ -305,7 +305,8 @@ Calibration parse_calibration(const json& doc, const std::string& origin) {
       Calibration::SizedRate r{whole_value(rates[i], where, "bytes", 1, origin),
                                rate_value(rates[i], where, "bandwidth", "bytes/s", origin)};
       if (!c.copy_bandwidths.empty() && r.bytes <= c.copy_bandwidths.back().bytes) {
-        throw InputError(origin + ": key '" + where + ".bytes' must be larger than the entry's before it (sizes ascend), got " +
+        throw InputError(origin + ": key '" + where +
+                         ".bytes' must be larger than the entry's before it (sizes ascend), got " +
                          std::to_string(r.bytes));
       }
       c.copy_bandwidths.push_back(r);
@@ -435,7 +436,8 @@ json calibration_json(const Calibration& c) {
                      {"flops_per_s", g.flops_per_s}});
   }
   json copies = json::array();
-  for (const Calibration::SizedRate& r : c.copy_bandwidths) copies.push_back({{"bytes", r.bytes}, {"bandwidth", r.bandwidth}});
+  for (const Calibration::SizedRate& r : c.copy_bandwidths)
+    copies.push_back({{"bytes", r.bytes}, {"bandwidth", r.bandwidth}});
   json doc = {{"backend", c.backend},
               {"mesh", c.mesh},
               {"host", c.host},

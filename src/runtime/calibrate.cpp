@@ -32,11 +32,13 @@ struct GemmShape {
 // Large enough to leave the caches ("square"), cache-sized ("small"), and a matrix times
 // a few columns ("skinny"): arithmetic intensities a decade apart. Then a few rows times a
 // large matrix (kThinGemm), one shape per row count: a BLAS runs these with kernels of their
-// own (one row as a matrix-vector product), whose rates do not follow the intensity. Its
-// extents are not powers of two, which alias in the caches (rows of 4 KiB).
+// own, whose rates do not follow the intensity. Its extents are not powers of two, which
+// alias in the caches (rows of 4 KiB).
 std::vector<GemmShape> gemm_shapes(bool quick) {
-  std::vector<GemmShape> shapes = quick ? std::vector<GemmShape>{{"skinny", 256, 8, 256}, {"small", 96, 96, 96}, {"square", 256, 256, 256}}
-                                        : std::vector<GemmShape>{{"skinny", 1024, 16, 1024}, {"small", 192, 192, 192}, {"square", 1024, 1024, 1024}};
+  std::vector<GemmShape> shapes =
+      quick
+          ? std::vector<GemmShape>{{"skinny", 256, 8, 256}, {"small", 96, 96, 96}, {"square", 256, 256, 256}}
+          : std::vector<GemmShape>{{"skinny", 1024, 16, 1024}, {"small", 192, 192, 192}, {"square", 1024, 1024, 1024}};
   const std::int64_t thin = quick ? 300 : 1100;
   for (std::int64_t rows : quick ? std::vector<std::int64_t>{1, 2, 4} : std::vector<std::int64_t>{1, 2, 3, 4, 6, 8})
     shapes.push_back({kThinGemm, rows, thin, thin});
@@ -400,7 +402,7 @@ CalibrationResult calibrate(const CalibrateOptions& o) {
     std::vector<Calibration::SizedRate> copies;
     for (const CollectiveBenchRow& row : report.rows) {
       if (row.op == "memcpy") {
-        copy = 2 * row.busbw;  // each byte read once, written once
+        copy = 2 * row.busbw;                                            // each byte read once, written once
         copies.push_back({std::llround(row.busbw * row.time_s), copy});  // busbw: the bytes copied per second
       } else if (row.op == "y += x") {
         add = 3 * row.busbw;  // y and x read, y written

@@ -461,10 +461,10 @@ class BuildClock {
     last_ = now;
     const double seconds = std::chrono::duration<double>(now - start_).count();
     const program::GraphOp& op = g.ops[static_cast<std::size_t>(k)];
-    const std::string statement =
-        g.tensors[static_cast<std::size_t>(op.result)].source_name + " = " + op.expression;
+    const std::string statement = g.tensors[static_cast<std::size_t>(op.result)].source_name + " = " + op.expression;
     // The op's own rate so far (memo hits included) projects what its remaining combinations take.
-    const double projected = seconds + jobs_left * op_seconds_ / static_cast<double>(std::max<std::int64_t>(1, op_jobs_));
+    const double projected =
+        seconds + jobs_left * op_seconds_ / static_cast<double>(std::max<std::int64_t>(1, op_jobs_));
     if (seconds <= limits_.seconds && projected <= limits_.seconds) {
       if (limits_.progress) limits_.progress({statement, recorded_, jobs_left, seconds});
       return;
@@ -473,8 +473,8 @@ class BuildClock {
     out.imbue(std::locale::classic());
     out << "solve: the search is too large for " << field("time_limit") << " " << limits_.seconds << " s: after "
         << std::fixed << std::setprecision(1) << seconds << " s it had costed " << recorded_
-        << " ops in candidate specs, and `" << statement << "` alone has about " << std::setprecision(0)
-        << jobs_left << " combinations of specs more";
+        << " ops in candidate specs, and `" << statement << "` alone has about " << std::setprecision(0) << jobs_left
+        << " combinations of specs more";
     if (projected > seconds) out << " (" << projected - seconds << " s at this rate)";
     out << "; pin some tensors (" << field("pin") << "), use fewer mesh axes or give more time";
     throw InputError(out.str());
@@ -827,181 +827,182 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       // Small batches first: the first says soon how fast this op's recordings go.
       std::size_t batch = std::min<std::size_t>(512, limits.batch);
       for (bool more = true; more; batch = std::min(2 * batch, limits.batch)) {
-      std::vector<Recording> jobs;
-      std::size_t groups = 0;
-      while (more && jobs.size() < batch) {
-        if (f.done.insert(tuple).second) {
-          std::vector<Spec> specs;
-          std::vector<char> regathered;
+        std::vector<Recording> jobs;
+        std::size_t groups = 0;
+        while (more && jobs.size() < batch) {
+          if (f.done.insert(tuple).second) {
+            std::vector<Spec> specs;
+            std::vector<char> regathered;
+            for (std::size_t i = 0; i < tuple.size(); ++i) {
+              const auto v = static_cast<std::size_t>(f.operand_vars[i]);
+              specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
+              regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
+            }
+            // The result's spec: its own variable's when that is an operand too (a value carried
+            // into the next iteration), else each of its choices, else what the op's rule gives.
+            std::vector<std::optional<Spec>> pins;
+            const auto same = std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var);
+            if (same != f.operand_vars.end()) {
+              pins.push_back(specs[static_cast<std::size_t>(same - f.operand_vars.begin())]);
+            } else if (choice_result) {
+              for (const Spec& s : c.values[static_cast<std::size_t>(f.result_var)]) {
+                if (result.pinned || follows_operands(s, specs, result, options.rings)) pins.push_back(s);
+              }
+            } else {
+              pins.push_back(std::nullopt);
+            }
+            for (const std::optional<Spec>& pin : pins) {
+              for (const std::optional<int>& partial : result_partials) {
+                // A gradient is never partial over an axis that shards its value: known before
+                // recording when the result is pinned.
+                if (pin && partial && (*partial & used_mask(*pin))) continue;
+                jobs.push_back({tuple, specs, regathered, pin, partial, groups, {}});
+              }
+              ++groups;
+            }
+          }
+          ++visited;
+          std::size_t i = 0;
+          while (i < tuple.size() &&
+                 ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size()))
+            tuple[i++] = 0;
+          more = i < tuple.size();
+        }
+        // The kept combinations first; one with regathered params then takes its kept twin's
+        // cost where that gathers none of them (regathering changes nothing there).
+        const auto key = [&](const Recording& r, bool kept) {
+          std::vector<int> t = r.tuple;
+          for (std::size_t i = 0; kept && i < t.size(); ++i) {
+            if (r.regathered[i])
+              t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
+          }
+          return JobKey{t, r.pin ? format_spec(*r.pin, g.mesh) : std::string(), r.partial ? *r.partial : -1};
+        };
+        std::vector<std::size_t> kept_jobs, twin_jobs;
+        for (std::size_t j = 0; j < jobs.size(); ++j) {
+          const bool any =
+              std::any_of(jobs[j].regathered.begin(), jobs[j].regathered.end(), [](char r) { return r != 0; });
+          (any ? twin_jobs : kept_jobs).push_back(j);
+        }
+        // The jobs of one combination of specs and result pin (its result gradient's layouts)
+        // share one forward pass: recorded together.
+        const auto record = [&](const std::vector<std::size_t>& group) {
+          if (group.empty()) return;
+          std::vector<std::optional<int>> partials;
+          for (std::size_t j : group) partials.push_back(jobs[j].partial);
+          const Recording& first = jobs[group.front()];
+          std::vector<OpCost> costs =
+              recorder.costs(f.op, f.operands, first.specs, first.regathered, first.pin, partials);
+          for (std::size_t i = 0; i < group.size(); ++i) jobs[group[i]].cost = std::move(costs[i]);
+        };
+        const auto groups_of = [&](const std::vector<std::size_t>& list) {
+          std::vector<std::vector<std::size_t>> groups;
+          for (std::size_t j : list) {
+            if (groups.empty() || jobs[groups.back().front()].group != jobs[j].group) groups.emplace_back();
+            groups.back().push_back(j);
+          }
+          return groups;
+        };
+        const std::vector<std::vector<std::size_t>> kept_groups = groups_of(kept_jobs);
+        for_each_parallel(kept_groups.size(), [&](std::size_t k) { record(kept_groups[k]); });
+        for (std::size_t j : kept_jobs) kept_costs.emplace(key(jobs[j], false), jobs[j].cost);
+        const std::vector<std::vector<std::size_t>> twin_groups = groups_of(twin_jobs);
+        for_each_parallel(twin_groups.size(), [&](std::size_t k) {
+          std::vector<std::size_t> to_record;
+          for (std::size_t j : twin_groups[k]) {
+            Recording& job = jobs[j];
+            const auto kept = kept_costs.find(key(job, true));
+            if (kept != kept_costs.end()) {
+              const OpCost& twin = kept->second;
+              bool gathers = false;
+              for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i)
+                gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
+              if (!gathers) {
+                job.cost = twin;
+                continue;
+              }
+            }
+            to_record.push_back(j);
+          }
+          record(to_record);
+        });
+        for (const Recording& job : jobs) {
+          const OpCost& cost = job.cost;
+          const std::vector<int>& tuple = job.tuple;
+          const std::vector<Spec>& specs = job.specs;
+          const std::optional<Spec>& pin = job.pin;
+          const std::optional<int>& partial = job.partial;
+          if (!cost.allowed) continue;
+          if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
           for (std::size_t i = 0; i < tuple.size(); ++i) {
-            const auto v = static_cast<std::size_t>(f.operand_vars[i]);
-            specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
-            regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
+            if (cost.operand_regathered[i])
+              regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
           }
-          // The result's spec: its own variable's when that is an operand too (a value carried
-          // into the next iteration), else each of its choices, else what the op's rule gives.
-          std::vector<std::optional<Spec>> pins;
-          const auto same = std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var);
-          if (same != f.operand_vars.end()) {
-            pins.push_back(specs[static_cast<std::size_t>(same - f.operand_vars.begin())]);
-          } else if (choice_result) {
-            for (const Spec& s : c.values[static_cast<std::size_t>(f.result_var)]) {
-              if (result.pinned || follows_operands(s, specs, result, options.rings)) pins.push_back(s);
-            }
-          } else {
-            pins.push_back(std::nullopt);
-          }
-          for (const std::optional<Spec>& pin : pins) {
-            for (const std::optional<int>& partial : result_partials) {
-              // A gradient is never partial over an axis that shards its value: known before
-              // recording when the result is pinned.
-              if (pin && partial && (*partial & used_mask(*pin))) continue;
-              jobs.push_back({tuple, specs, regathered, pin, partial, groups, {}});
-            }
-            ++groups;
-          }
-        }
-        ++visited;
-        std::size_t i = 0;
-        while (i < tuple.size() &&
-               ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size()))
-          tuple[i++] = 0;
-        more = i < tuple.size();
-      }
-      // The kept combinations first; one with regathered params then takes its kept twin's
-      // cost where that gathers none of them (regathering changes nothing there).
-      const auto key = [&](const Recording& r, bool kept) {
-        std::vector<int> t = r.tuple;
-        for (std::size_t i = 0; kept && i < t.size(); ++i) {
-          if (r.regathered[i])
-            t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
-        }
-        return JobKey{t, r.pin ? format_spec(*r.pin, g.mesh) : std::string(), r.partial ? *r.partial : -1};
-      };
-      std::vector<std::size_t> kept_jobs, twin_jobs;
-      for (std::size_t j = 0; j < jobs.size(); ++j) {
-        const bool any =
-            std::any_of(jobs[j].regathered.begin(), jobs[j].regathered.end(), [](char r) { return r != 0; });
-        (any ? twin_jobs : kept_jobs).push_back(j);
-      }
-      // The jobs of one combination of specs and result pin (its result gradient's layouts)
-      // share one forward pass: recorded together.
-      const auto record = [&](const std::vector<std::size_t>& group) {
-        if (group.empty()) return;
-        std::vector<std::optional<int>> partials;
-        for (std::size_t j : group) partials.push_back(jobs[j].partial);
-        const Recording& first = jobs[group.front()];
-        std::vector<OpCost> costs =
-            recorder.costs(f.op, f.operands, first.specs, first.regathered, first.pin, partials);
-        for (std::size_t i = 0; i < group.size(); ++i) jobs[group[i]].cost = std::move(costs[i]);
-      };
-      const auto groups_of = [&](const std::vector<std::size_t>& list) {
-        std::vector<std::vector<std::size_t>> groups;
-        for (std::size_t j : list) {
-          if (groups.empty() || jobs[groups.back().front()].group != jobs[j].group) groups.emplace_back();
-          groups.back().push_back(j);
-        }
-        return groups;
-      };
-      const std::vector<std::vector<std::size_t>> kept_groups = groups_of(kept_jobs);
-      for_each_parallel(kept_groups.size(), [&](std::size_t k) { record(kept_groups[k]); });
-      for (std::size_t j : kept_jobs) kept_costs.emplace(key(jobs[j], false), jobs[j].cost);
-      const std::vector<std::vector<std::size_t>> twin_groups = groups_of(twin_jobs);
-      for_each_parallel(twin_groups.size(), [&](std::size_t k) {
-        std::vector<std::size_t> to_record;
-        for (std::size_t j : twin_groups[k]) {
-          Recording& job = jobs[j];
-          const auto kept = kept_costs.find(key(job, true));
-          if (kept != kept_costs.end()) {
-            const OpCost& twin = kept->second;
-            bool gathers = false;
-            for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i)
-              gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
-            if (!gathers) {
-              job.cost = twin;
-              continue;
+          const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
+          std::map<int, int> value_of;
+          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
+          value_of[f.result_var] = value_index(f.result_var, cost.result);
+          grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
+          if (result_gradient >= 0 && partial) value_of[result_gradient] = *partial;
+          // Each operand's gradient is partial over what this op leaves it partial over,
+          // or (a tensor several ops read) over a set that includes it: their union.
+          std::vector<std::pair<int, std::vector<int>>> operand_partials;
+          if (differentiated) {
+            for (std::size_t i = 0; i < f.operands.size(); ++i) {
+              const int gv = c.gradient_var[static_cast<std::size_t>(f.operands[i])];
+              if (gv < 0) continue;
+              const int left = cost.operand_partial[i];
+              const int used = used_mask(specs[i]);
+              std::vector<int> allowed;
+              for (int mask = 0; mask < masks; ++mask) {
+                const bool fits =
+                    readers[static_cast<std::size_t>(gv - tensor_vars)] > 1 ? (mask & left) == left : mask == left;
+                if (fits && !(mask & used)) allowed.push_back(mask);
+              }
+              operand_partials.push_back({gv, allowed});
             }
           }
-          to_record.push_back(j);
-        }
-        record(to_record);
-      });
-      for (const Recording& job : jobs) {
-        const OpCost& cost = job.cost;
-        const std::vector<int>& tuple = job.tuple;
-        const std::vector<Spec>& specs = job.specs;
-        const std::optional<Spec>& pin = job.pin;
-        const std::optional<int>& partial = job.partial;
-        if (!cost.allowed) continue;
-        if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
-        for (std::size_t i = 0; i < tuple.size(); ++i) {
-          if (cost.operand_regathered[i])
-            regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
-        }
-        const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
-        std::map<int, int> value_of;
-        for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
-        value_of[f.result_var] = value_index(f.result_var, cost.result);
-        grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
-        if (result_gradient >= 0 && partial) value_of[result_gradient] = *partial;
-        // Each operand's gradient is partial over what this op leaves it partial over,
-        // or (a tensor several ops read) over a set that includes it: their union.
-        std::vector<std::pair<int, std::vector<int>>> operand_partials;
-        if (differentiated) {
-          for (std::size_t i = 0; i < f.operands.size(); ++i) {
-            const int gv = c.gradient_var[static_cast<std::size_t>(f.operands[i])];
-            if (gv < 0) continue;
-            const int left = cost.operand_partial[i];
-            const int used = used_mask(specs[i]);
-            std::vector<int> allowed;
-            for (int mask = 0; mask < masks; ++mask) {
-              const bool fits =
-                  readers[static_cast<std::size_t>(gv - tensor_vars)] > 1 ? (mask & left) == left : mask == left;
-              if (fits && !(mask & used)) allowed.push_back(mask);
+          FactorEntry e;
+          e.time = cost.time * f.count;
+          e.figures = {cost.memory.kept, cost.memory.transient, cost.memory.transient_with_result,
+                       cost.memory.backward};
+          if (train) {
+            e.memory = cost.internal_memory * f.count;
+            for (std::size_t i = 0; i < f.operands.size(); ++i) {
+              if (cost.operand_saved[i] && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
+                e.shared.push_back(shared_term(f.operand_vars[i]));
+              }
             }
-            operand_partials.push_back({gv, allowed});
+            if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
           }
-        }
-        FactorEntry e;
-        e.time = cost.time * f.count;
-        e.figures = {cost.memory.kept, cost.memory.transient, cost.memory.transient_with_result, cost.memory.backward};
-        if (train) {
-          e.memory = cost.internal_memory * f.count;
-          for (std::size_t i = 0; i < f.operands.size(); ++i) {
-            if (cost.operand_saved[i] && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
-              e.shared.push_back(shared_term(f.operand_vars[i]));
+          // One entry per combination of the operands' gradient variables' values.
+          std::vector<std::size_t> at(operand_partials.size(), 0);
+          while (true) {
+            std::map<int, int> full = value_of;
+            bool consistent = true;
+            for (std::size_t j = 0; j < operand_partials.size(); ++j) {
+              const auto& [gv, allowed] = operand_partials[j];
+              if (allowed.empty()) {
+                consistent = false;
+                break;
+              }
+              const int mask = allowed[at[j]];
+              const auto [it, fresh] = full.emplace(gv, mask);
+              consistent = consistent && (fresh || it->second == mask);
             }
-          }
-          if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
-        }
-        // One entry per combination of the operands' gradient variables' values.
-        std::vector<std::size_t> at(operand_partials.size(), 0);
-        while (true) {
-          std::map<int, int> full = value_of;
-          bool consistent = true;
-          for (std::size_t j = 0; j < operand_partials.size(); ++j) {
-            const auto& [gv, allowed] = operand_partials[j];
-            if (allowed.empty()) {
-              consistent = false;
-              break;
+            if (consistent) {
+              FactorEntry entry = e;
+              for (int v : f.factor.vars) entry.values.push_back(full.at(v));
+              f.factor.entries.push_back(std::move(entry));
             }
-            const int mask = allowed[at[j]];
-            const auto [it, fresh] = full.emplace(gv, mask);
-            consistent = consistent && (fresh || it->second == mask);
+            std::size_t j = 0;
+            while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size())
+              at[j++] = 0;
+            if (j == at.size() || operand_partials[j].second.empty()) break;
           }
-          if (consistent) {
-            FactorEntry entry = e;
-            for (int v : f.factor.vars) entry.values.push_back(full.at(v));
-            f.factor.entries.push_back(std::move(entry));
-          }
-          std::size_t j = 0;
-          while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size())
-            at[j++] = 0;
-          if (j == at.size() || operand_partials[j].second.empty()) break;
         }
-      }
-      batched += static_cast<double>(jobs.size());
-      clock.batch_done(g, f.op, static_cast<std::int64_t>(jobs.size()), (combinations - visited) * batched / visited);
+        batched += static_cast<double>(jobs.size());
+        clock.batch_done(g, f.op, static_cast<std::int64_t>(jobs.size()), (combinations - visited) * batched / visited);
       }
     }
   }

@@ -363,8 +363,7 @@ TEST_F(Calibrated, PlanAndReshardPredictWithTheFitByDefault) {
   // The fit, plus the copy of the device's own 128 x 128 half into the output at the copy
   // bandwidth measured for its 64 KiB (2 bytes of traffic per byte copied).
   const CollectiveFit& ag = fit(p, OpKind::all_gather);
-  EXPECT_DOUBLE_EQ(step["time_s"].get<double>(),
-                   ag.alpha_s + ag.beta_s_per_byte * 131072 + local_copy_time(p, 65536));
+  EXPECT_DOUBLE_EQ(step["time_s"].get<double>(), ag.alpha_s + ag.beta_s_per_byte * 131072 + local_copy_time(p, 65536));
   EXPECT_GT(local_copy_time(p, 65536), 0);
 
   std::vector<std::string> named = reshard, by_file = reshard, analytic = reshard;

@@ -117,7 +117,8 @@ TEST(SolveCli, BadInputIsOneMessageAndExitTwo) {
       // refused at once with the count, not recorded until the memory runs out.
       {{mlp, "--mesh", "a=8,b=8,c=16,d=8", "--dims", "B=256,T=2048,D=4096,F=16384"},
        "solve: the search is too large for --time-limit 60 s"},
-      {{mlp, "--mesh", "X=2,Y=2,Z=2", "--time-limit", "0.001"}, "solve: the search is too large for --time-limit 0.001 s"},
+      {{mlp, "--mesh", "X=2,Y=2,Z=2", "--time-limit", "0.001"},
+       "solve: the search is too large for --time-limit 0.001 s"},
       {{mlp, "--train", "--infer"}, "--train and --infer exclude each other"},
       {{mlp, "--optimizer", "lion"}, "unknown optimizer 'lion'"},
       {{mlp, "--run", "--dtype", "bf16"}, "--run computes in f32 or f64, not bf16"},

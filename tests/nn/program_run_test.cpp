@@ -394,7 +394,6 @@ TEST(ProgramRun, InferenceRunsTheForwardPassOnly) {
   for (const autodiff::TapeEvent& e : r.events) EXPECT_EQ(e.phase, autodiff::Phase::forward);
 }
 
-
 // Two steps in one run with other inputs (seeds): the second runs in the blocks the first left
 // in the caching pool (tensor.h: BufferPoolStats), whatever they still hold, and both verify.
 // On one rank the reuse is certain; on two, the ranks may take each other's blocks. The last

@@ -629,12 +629,14 @@ TEST(CalibratedProfileJson, EveryMistakeNamesTheKeyAndTheRule) {
        "gemm, gather_ring_overlap, scatter_ring_overlap, einsum_call_s, ring_handoff_s, local_seconds_per_element"},
       {"copy sizes not ascending",
        [](json& d) {
-         d["calibration"]["copy_bandwidths"] = json::array({{{"bytes", 4096}, {"bandwidth", 2e10}},
-                                                            {{"bytes", 4096}, {"bandwidth", 1e10}}});
+         d["calibration"]["copy_bandwidths"] =
+             json::array({{{"bytes", 4096}, {"bandwidth", 2e10}}, {{"bytes", 4096}, {"bandwidth", 1e10}}});
        },
        "key 'calibration.copy_bandwidths[1].bytes' must be larger than the entry's before it (sizes ascend), got 4096"},
       {"copy of no bandwidth",
-       [](json& d) { d["calibration"]["copy_bandwidths"] = json::array({{{"bytes", 4096}, {"bandwidth", 0}}}); },
+       [](json& d) {
+         d["calibration"]["copy_bandwidths"] = json::array({{{"bytes", 4096}, {"bandwidth", 0}}});
+       },
        "key 'calibration.copy_bandwidths[0].bandwidth' must be a finite rate of at least 1 bytes/s, got 0"},
       {"rates not an object", [](json& d) { d["calibration"]["local_seconds_per_element"] = 1; },
        "key 'calibration.local_seconds_per_element' must be an object, got number"},

@@ -143,8 +143,7 @@ class PlanCache {
   PlanCache();
   ~PlanCache();
   // The plans are shared, not copied: a recording reads each of them a few times.
-  std::shared_ptr<const Plan> plan(const std::string& key, DType dtype,
-                                   const std::function<Plan(PlannerMemo&)>& make);
+  std::shared_ptr<const Plan> plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make);
   // plan_reshard(mesh, from, to, shape, options), remembered.
   std::shared_ptr<const Plan> reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
                                       const PlanOptions& options);

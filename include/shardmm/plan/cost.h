@@ -41,11 +41,11 @@ struct CollectiveFit {
   double max_rel_residual = 0;  // max |fit - measured| / measured
 };
 
-// A measured local GEMM rate: one dtype, one shape class ("square", "skinny"), at the
-// arithmetic intensity 2mnk / (bytes of A, B and C) of the shape measured.
 // The GEMM shapes calibration measures: "skinny", "small", "square" (rates by arithmetic
 // intensity) and kThinGemm, a few rows against a large operand (rates by rows).
 inline constexpr const char* kThinGemm = "thin";
+// A measured local GEMM rate: one dtype, one shape class ("square", "skinny", kThinGemm), at
+// the arithmetic intensity 2mnk / (bytes of A, B and C) of the shape measured.
 struct GemmRate {
   DType dtype = DType::f32;
   std::string shape;
@@ -64,8 +64,8 @@ struct Calibration {
   double copy_bandwidth = 0;  // memcpy: bytes read + written per second, per rank (the largest size's)
   double add_bandwidth = 0;   // y += x: bytes read + written per second, per rank
   // memcpy by the bytes one copy moves, ascending: a copy the caches hold runs several times
-  // faster than copy_bandwidth (on this VM 64 GB/s at 1 MiB, 14 GB/s at 16 MiB). Empty where
-  // a profile predates it (every copy then takes copy_bandwidth).
+  // faster than copy_bandwidth. Empty where a profile predates it (every copy then takes
+  // copy_bandwidth).
   struct SizedRate {
     std::int64_t bytes = 0;
     double bandwidth = 0;  // as copy_bandwidth
@@ -203,8 +203,7 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
 // of no more rows than the profile's "thin" shapes measured takes their rate at its rows,
 // interpolated linearly between the row counts measured (a BLAS's kernels for a few rows
 // change with each row count, not with the intensity).
-double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes,
-                   std::int64_t rows = 0);
+double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes, std::int64_t rows = 0);
 // On a calibrated profile: low where the dtype has no measured GEMM rate, or where the einsum's
 // intensity lies below the shapes measured (the rate is then the lowest shape's, clamped)
 // and no thin shape covers its rows.

@@ -57,10 +57,10 @@ struct ProgramChoices {
 };
 // How building a choice problem is going: reported after each batch of recordings.
 struct BuildProgress {
-  std::string op;                // the statement being recorded, as the file writes it
-  std::int64_t recorded = 0;     // combinations of specs recorded so far, all ops
-  double remaining_of_op = 0;    // this op's combinations not yet visited
-  double seconds = 0;            // since the build began
+  std::string op;              // the statement being recorded, as the file writes it
+  std::int64_t recorded = 0;   // combinations of specs recorded so far, all ops
+  double remaining_of_op = 0;  // this op's combinations not yet visited
+  double seconds = 0;          // since the build began
 };
 struct BuildLimits {
   // The build stops with an InputError once it is past this many seconds, or as soon as the
