@@ -640,7 +640,7 @@ TEST(CliRun, APlanRunsUnderALimitOfItsPeakAndIsRefusedOneByteBelow) {
     args.push_back("--json");
     const json plan = parse_stdout(run(args));
     std::vector<std::size_t> picked{plan["chosen"].get<std::size_t>()};
-    for (const std::string& op : {"all_gather_einsum", "einsum_reduce_scatter", "exchange"}) {
+    for (const std::string op : {"all_gather_einsum", "einsum_reduce_scatter", "exchange"}) {
       for (std::size_t i = 0; i < plan["candidates"].size(); ++i) {
         const json& steps = plan["candidates"][i]["steps"];
         if (std::any_of(steps.begin(), steps.end(), [&](const json& s) { return s["op"] == op; })) {
@@ -1164,7 +1164,9 @@ TEST(CliBench, CollectivesTableAndJson) {
     const double size = row["size_bytes"];
     EXPECT_NEAR(algbw, size / row["time_s"].get<double>(), algbw * 1e-9);
     // nccl-tests' factors at n = 2: (n-1)/n = 0.5, all_reduce 2(n-1)/n = 1.
-    if (row["op"] == "all_reduce") EXPECT_NEAR(busbw, algbw, algbw * 1e-9);
+    if (row["op"] == "all_reduce") {
+      EXPECT_NEAR(busbw, algbw, algbw * 1e-9);
+    }
     if (row["op"] == "all_gather" || row["op"] == "reduce_scatter" || row["op"] == "all_to_all") {
       EXPECT_NEAR(busbw, algbw / 2, algbw * 1e-9);
     }
@@ -1207,8 +1209,10 @@ TEST(CliBench, MatmulAllCandidatesJson) {
     EXPECT_EQ(p["gemm"]["m"], n);   // I: A's free dimension
     EXPECT_EQ(p["gemm"]["n"], 24);  // K: B's free dimension
     EXPECT_EQ(p["gemm"]["k"], n);   // J: contracted
-    const MatmulPlanning planning =
-        plan_matmul(mesh, c, {{"I", n}, {"J", n}, {"K", 24}}, PlanOptions{DType::f64, builtin_profile("h100")});
+    PlanOptions options;
+    options.dtype = DType::f64;
+    options.hw = builtin_profile("h100");
+    const MatmulPlanning planning = plan_matmul(mesh, c, {{"I", n}, {"J", n}, {"K", 24}}, options);
     EXPECT_EQ(p["chosen"], planning.chosen);
     ASSERT_EQ(p["runs"].size(), planning.candidates.size());
     double fastest = 1e300;

@@ -107,7 +107,9 @@ TEST(Mesh, GroupMembersAgreeWithGroupRankOnRandomMeshes) {
       for (std::size_t r = 0; r < members.size(); ++r) {
         EXPECT_EQ(m.group_rank(members[r], group), static_cast<std::int64_t>(r));
         for (int a = 0; a < rank; ++a) {
-          if (std::find(group.begin(), group.end(), a) == group.end()) EXPECT_EQ(m.coord(members[r], a), m.coord(d, a));
+          if (std::find(group.begin(), group.end(), a) == group.end()) {
+            EXPECT_EQ(m.coord(members[r], a), m.coord(d, a));
+          }
         }
       }
       EXPECT_EQ(std::set<std::int64_t>(members.begin(), members.end()).size(), members.size());

@@ -134,7 +134,9 @@ TEST(Spec, RoundTripsRandomSpecs) {
     // Multi-character names are always braced when several share a dimension.
     if (!m.single_char_names()) {
       for (const DimSpec& d : s.dims) {
-        if (d.axes.size() > 1) EXPECT_NE(text.find(d.name + "_{"), std::string::npos);
+        if (d.axes.size() > 1) {
+          EXPECT_NE(text.find(d.name + "_{"), std::string::npos);
+        }
       }
     }
   }
