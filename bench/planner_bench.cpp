@@ -2,6 +2,9 @@
 // milliseconds. Google Benchmark; run build/bench/planner_bench.
 #include <benchmark/benchmark.h>
 
+#include <string>
+#include <vector>
+
 #include "shardmm/plan/planner.h"
 
 namespace {
@@ -37,6 +40,46 @@ void BM_Plan8192DevicesCase4(benchmark::State& state) {
   plan_expression(state, "X=16,Y=8,Z=8,W=8", "A[I_X, J_Y] @ B[J_Z, K_X]", "I=65536,J=8192,K=65536");
 }
 BENCHMARK(BM_Plan8192DevicesCase4)->Unit(benchmark::kMillisecond);
+
+// What solve asks of the planner: the same op planned for many layouts of its operands, one
+// PlannerMemo across them (fresh each iteration, so the sweep pays for its own misses), only
+// the chosen plan built. 256 different operand pairs on the 8192 devices: x takes every way
+// of giving each mesh axis to B, T, D or none, w a different one of D, F or none for each.
+std::string spec_text(const char* tensor, const std::vector<std::string>& letters, int code, int base) {
+  static const char* const axes[] = {"X", "Y", "Z", "W"};
+  std::vector<std::string> subscripts(letters.size());
+  for (int a = 0; a < 4; ++a, code /= base) {
+    if (const int dim = code % base; dim < static_cast<int>(letters.size())) subscripts[dim] += axes[a];
+  }
+  std::string out = std::string(tensor) + "[";
+  for (std::size_t d = 0; d < letters.size(); ++d) {
+    out += (d ? ", " : "") + letters[d] + (subscripts[d].empty() ? "" : "_" + subscripts[d]);
+  }
+  return out + "]";
+}
+void BM_Plan8192DevicesEveryInputSpec(benchmark::State& state) {
+  const Mesh mesh = Mesh::parse("X=16,Y=8,Z=8,W=8");
+  const DimSizes sizes = parse_dims("B=4096,T=2048,D=8192,F=32768");
+  std::vector<Contraction> ops;
+  for (int x = 0; x < 256; ++x) {
+    const std::string text = spec_text("X", {"B", "T", "D"}, x, 4) + " @ " + spec_text("W", {"D", "F"}, x * 7 % 81, 3) +
+                             " -> Y[B_X, T_W, F_YZ]";
+    ops.push_back(parse_contraction(text, mesh));
+  }
+  PlanOptions opt;
+  opt.hw = builtin_profile("tpu-v5p");
+  for (auto _ : state) {
+    PlannerMemo memo;
+    for (const Contraction& c : ops) {
+      benchmark::DoNotOptimize(plan_matmul(mesh, c, sizes, opt, &memo, Candidates::chosen).chosen);
+    }
+  }
+  state.counters["ops"] = static_cast<double>(ops.size());
+  // Seconds per op, printed with an SI prefix (u: microseconds).
+  state.counters["s_per_op"] = benchmark::Counter(
+      static_cast<double>(ops.size()), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+}
+BENCHMARK(BM_Plan8192DevicesEveryInputSpec)->Unit(benchmark::kMillisecond);
 
 void BM_Reshard8192Devices(benchmark::State& state) {
   const Mesh mesh = Mesh::parse("X=16,Y=8,Z=8,W=8");

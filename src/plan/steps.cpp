@@ -2,6 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <optional>
+#include <tuple>
+#include <vector>
 
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
@@ -293,8 +297,8 @@ namespace {
 // the sum over members is the product over dimensions of the sums over those coordinates,
 // times the size of the group axes that split nothing under `members`. Each dimension's sum
 // depends on the device's coordinates on that dimension's axes only, so it is remembered by
-// them, and it walks only the members' shards that meet the device's range: costing walks
-// every device once, not every pair.
+// them, and it walks only the members' shards that meet the device's range: costing visits
+// each device once at most (exchange_traffic), not every pair.
 class GroupOverlap {
  public:
   GroupOverlap(const Mesh& mesh, const Spec& own, const Spec& members, const std::vector<std::int64_t>& shape,
@@ -319,26 +323,8 @@ class GroupOverlap {
     }
   }
 
-  // {with the group's blocks, with its own block under `members`} for `device`.
-  std::pair<std::int64_t, std::int64_t> of(std::int64_t device) {
-    std::int64_t with_group = multiplier_, with_itself = 1;
-    for (std::size_t k = 0; k < dims_.size(); ++k) {
-      const auto [sum, self] = dim_overlap(k, device);
-      with_group = checked_mul(with_group, sum, kWhat);
-      with_itself *= self;  // a sub-box of the device's block: fits
-    }
-    return {with_group, with_itself};
-  }
-
- private:
-  static constexpr const char* kWhat = "elements an exchange moves per device";
-  struct Dim {
-    AxisList keyed_by;  // the axes that split this dimension under either spec
-    AxisList varying;   // the group axes that split it under `members`
-    // By the device's coordinates on keyed_by (mixed radix); {-1, -1} until computed.
-    std::vector<std::pair<std::int64_t, std::int64_t>> memo;
-  };
-
+  // Dimension k's factors for `device`: {its overlap with the group's blocks under `members`,
+  // with its own block under `members`}.
   std::pair<std::int64_t, std::int64_t> dim_overlap(std::size_t k, std::int64_t device) {
     Dim& dim = dims_[k];
     std::int64_t key = 0;
@@ -350,6 +336,19 @@ class GroupOverlap {
     const std::int64_t sum = overlap_with_shards(Range{0, shape_[k]}, split, 0, dim.varying, device, mine);
     return known = {sum, overlap_extent(mine, shard_range(mesh_, shape_[k], split, device))};
   }
+  // The factor of the overlap with the group's blocks that no dimension sets: the size of the
+  // group axes that split nothing under `members`.
+  std::int64_t multiplier() const { return multiplier_; }
+
+  static constexpr const char* kWhat = "elements an exchange moves per device";
+
+ private:
+  struct Dim {
+    AxisList keyed_by;  // the axes that split this dimension under either spec
+    AxisList varying;   // the group axes that split it under `members`
+    // By the device's coordinates on keyed_by (mixed radix); {-1, -1} until computed.
+    std::vector<std::pair<std::int64_t, std::int64_t>> memo;
+  };
 
   // The sum, over the members' shards of `r` split along split[level..] (coordinates on the
   // axes not in `varying` being the device's), of their overlap with `mine`. It visits only
@@ -398,32 +397,113 @@ class GroupOverlap {
 
 // Each device's traffic, member by member: a block that several members' new blocks cover
 // goes to each of them, so what a device sends is not its block less what it keeps.
+//
+// A device's figures are products of per-dimension factors (GroupOverlap), each set by its
+// coordinates on the axes that split that dimension under either layout. Dimensions that share
+// no such axis vary independently: every combination of their factors is some device's. So the
+// dimensions fall into parts linked by shared axes (an axis that moves between two dimensions
+// links them); each part's devices are walked on its own axes for its distinct factors, and the
+// maxima are over the combinations of those: one or two per part where the splits are even,
+// against every device of the exchange (8,192 on a 4-axis mesh) walked together, which is what
+// it does where the combinations are no fewer (one part; uneven splits everywhere).
 ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape) {
   GroupOverlap sends(mesh, step.from, step.to, shape, step.axes), receives(mesh, step.to, step.from, shape, step.axes);
-  // A device's figures depend only on its coordinates on the axes that split a dimension
-  // under either layout (GroupOverlap's keys): one device per combination of those.
-  AxisList walk;
-  for (const Spec* spec : {&step.from, &step.to}) {
-    for (const DimSpec& dim : spec->dims) {
-      for (int a : dim.axes) {
-        if (std::find(walk.begin(), walk.end(), a) == walk.end()) walk.push_back(a);
+  const std::size_t dims = shape.size();
+  // part[k]: the first dimension of k's part; axes[p]: the part's axes (p a part's first dimension).
+  std::vector<std::size_t> part(dims);
+  std::iota(part.begin(), part.end(), std::size_t{0});
+  std::vector<AxisList> axes(dims);
+  std::vector<int> dim_of_axis(static_cast<std::size_t>(mesh.rank()), -1);
+  for (std::size_t k = 0; k < dims; ++k) {
+    for (const Spec* spec : {&step.from, &step.to}) {
+      for (int a : spec->dims[k].axes) {
+        int& owner = dim_of_axis[static_cast<std::size_t>(a)];
+        if (owner < 0) {
+          owner = static_cast<int>(k);
+          axes[part[k]].push_back(a);
+          continue;
+        }
+        const std::size_t joined = part[static_cast<std::size_t>(owner)];  // k's part joins the owner's
+        if (joined == part[k]) continue;
+        const std::size_t moved = part[k];
+        for (std::size_t j = 0; j < dims; ++j) {
+          if (part[j] == moved) part[j] = joined;
+        }
+        axes[joined].insert(axes[joined].end(), axes[moved].begin(), axes[moved].end());
+        axes[moved].clear();
       }
     }
   }
+  // A part's factors for a device: {sent with the group, received with the members, kept}.
+  struct Factors {
+    std::int64_t sends = 1, receives = 1, kept = 1;
+    bool operator<(const Factors& o) const {
+      return std::tie(sends, receives, kept) < std::tie(o.sends, o.receives, o.kept);
+    }
+    bool operator==(const Factors& o) const = default;
+    void times(const Factors& o) {
+      sends = checked_mul(sends, o.sends, GroupOverlap::kWhat);
+      receives = checked_mul(receives, o.receives, GroupOverlap::kWhat);
+      kept *= o.kept;  // a sub-box of the device's block: fits
+    }
+  };
+  const auto part_factors = [&](std::size_t p, std::int64_t device) {
+    Factors f;
+    for (std::size_t k = 0; k < dims; ++k) {
+      if (part[k] != p) continue;
+      const auto [sends_k, kept_k] = sends.dim_overlap(k, device);
+      f.times({sends_k, receives.dim_overlap(k, device).first, kept_k});
+    }
+    return f;
+  };
   ExchangeTraffic t;
-  for_each_device_on(mesh, walk, [&](std::int64_t device) {
+  const auto add = [&](const Factors& parts) {
     // What the device keeps is in both sums; it neither sends nor receives it.
-    const auto [wanted_by_group, kept] = sends.of(device);
-    const std::int64_t s = wanted_by_group - kept;
-    const std::int64_t r = receives.of(device).first - kept;
-    t.sent = std::max(t.sent, s);
-    t.received = std::max(t.received, r);
+    Factors device{sends.multiplier(), receives.multiplier(), 1};
+    device.times(parts);
+    const std::int64_t sent = device.sends - device.kept, received = device.receives - device.kept;
+    t.sent = std::max(t.sent, sent);
+    t.received = std::max(t.received, received);
     // The executor packs what it sends, unpacks what it receives, and copies what it keeps
     // from block to block.
-    t.copied = std::max<std::int64_t>(
-        t.copied, checked_add(checked_add(s, r, "elements an exchange copies"), kept, "elements an exchange copies"));
-  });
-  return t;
+    t.copied = std::max<std::int64_t>(t.copied, checked_add(checked_add(sent, received, "elements an exchange copies"),
+                                                            device.kept, "elements an exchange copies"));
+  };
+  std::vector<std::size_t> parts;
+  for (std::size_t p = 0; p < dims; ++p) {
+    if (part[p] == p) parts.push_back(p);
+  }
+  // The parts' distinct factors, while their combinations stay fewer than the devices.
+  AxisList every_axis;
+  for (std::size_t p : parts) every_axis.insert(every_axis.end(), axes[p].begin(), axes[p].end());
+  const std::int64_t devices = mesh.group_size(every_axis);
+  std::vector<std::vector<Factors>> distinct;
+  std::int64_t combinations = 1;
+  for (std::size_t i = 0; i < parts.size() && parts.size() > 1 && combinations < devices; ++i) {
+    std::vector<Factors>& found = distinct.emplace_back();
+    for_each_device_on(mesh, axes[parts[i]],
+                       [&](std::int64_t device) { found.push_back(part_factors(parts[i], device)); });
+    std::sort(found.begin(), found.end());
+    found.erase(std::unique(found.begin(), found.end()), found.end());
+    combinations *= static_cast<std::int64_t>(found.size());  // at most `devices`
+  }
+  if (distinct.size() < parts.size() || combinations >= devices) {  // every device, then
+    for_each_device_on(mesh, every_axis, [&](std::int64_t device) {
+      Factors f;
+      for (std::size_t p : parts) f.times(part_factors(p, device));
+      add(f);
+    });
+    return t;
+  }
+  std::vector<std::size_t> pick(distinct.size(), 0);
+  while (true) {
+    Factors combination;
+    for (std::size_t p = 0; p < distinct.size(); ++p) combination.times(distinct[p][pick[p]]);
+    add(combination);
+    std::size_t p = 0;
+    while (p < distinct.size() && ++pick[p] == distinct[p].size()) pick[p++] = 0;
+    if (p == distinct.size()) return t;
+  }
 }
 
 StepCoster::Cost StepCoster::cost_exchange(const Step& step, const ExchangeTraffic& traffic) const {
