@@ -949,14 +949,19 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
               regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
           }
           const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
-          std::map<int, int> value_of;
-          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
-          value_of[f.result_var] = value_index(f.result_var, cost.result, result.source_name);
+          // The entry's values by its factor's variables (-1: not set yet).
+          const auto slot = [&](int var) {
+            return static_cast<std::size_t>(std::find(f.factor.vars.begin(), f.factor.vars.end(), var) -
+                                            f.factor.vars.begin());
+          };
+          std::vector<int> value_of(f.factor.vars.size(), -1);
+          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[slot(f.operand_vars[i])] = tuple[i];
+          value_of[slot(f.result_var)] = value_index(f.result_var, cost.result, result.source_name);
           grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
-          if (result_gradient >= 0 && partial) value_of[result_gradient] = *partial;
+          if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
           // Each operand's gradient is partial over what this op leaves it partial over,
           // or (a tensor several ops read) over a set that includes it: their union.
-          std::vector<std::pair<int, std::vector<int>>> operand_partials;
+          std::vector<std::pair<std::size_t, std::vector<int>>> operand_partials;  // by slot
           if (differentiated) {
             for (std::size_t i = 0; i < f.operands.size(); ++i) {
               const int gv = c.gradient_var[static_cast<std::size_t>(f.operands[i])];
@@ -969,7 +974,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
                     readers[static_cast<std::size_t>(gv - tensor_vars)] > 1 ? (mask & left) == left : mask == left;
                 if (fits && !(mask & used)) allowed.push_back(mask);
               }
-              operand_partials.push_back({gv, allowed});
+              operand_partials.push_back({slot(gv), allowed});
             }
           }
           FactorEntry e;
@@ -988,22 +993,21 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           // One entry per combination of the operands' gradient variables' values.
           std::vector<std::size_t> at(operand_partials.size(), 0);
           while (true) {
-            std::map<int, int> full = value_of;
+            std::vector<int> full = value_of;
             bool consistent = true;
             for (std::size_t j = 0; j < operand_partials.size(); ++j) {
-              const auto& [gv, allowed] = operand_partials[j];
+              const auto& [at_slot, allowed] = operand_partials[j];
               if (allowed.empty()) {
                 consistent = false;
                 break;
               }
               const int mask = allowed[at[j]];
-              const auto [it, fresh] = full.emplace(gv, mask);
-              consistent = consistent && (fresh || it->second == mask);
+              consistent = consistent && (full[at_slot] < 0 || full[at_slot] == mask);
+              full[at_slot] = mask;
             }
             if (consistent) {
-              FactorEntry entry = e;
-              for (int v : f.factor.vars) entry.values.push_back(full.at(v));
-              f.factor.entries.push_back(std::move(entry));
+              FactorEntry& entry = f.factor.entries.emplace_back(e);
+              entry.values = std::move(full);
             }
             std::size_t j = 0;
             while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size())
