@@ -305,8 +305,8 @@ class OpRecorder {
     return key;
   }
 
-  // Op k recorded alone, forward once; then backward from each of `result_partials` on a copy
-  // of that forward pass (the last on the tape itself).
+  // Op k recorded alone, forward once; then backward from each of `result_partials`, the tape
+  // rewound to the forward pass's end before each.
   std::vector<OpCost> record(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
                              const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
                              const std::vector<std::optional<int>>& result_partials) const {
@@ -352,10 +352,9 @@ class OpRecorder {
         cost.result = result_spec;
         // A gradient cannot be partial over its sharding axes.
         if (partial && (*partial & used_mask(result_spec))) continue;
-        const std::unique_ptr<autodiff::Tape> copy = p + 1 < result_partials.size() ? tape.fork() : nullptr;
-        autodiff::Tape& t = copy ? *copy : tape;
+        tape.rewind();
         try {
-          measure(t, rec, r, mini, partial, cost);
+          measure(tape, rec, r, mini, partial, cost);
         } catch (const InputError&) {
           cost.allowed = false;  // its backward cannot bring the gradient back in these specs
         }
