@@ -369,12 +369,28 @@ Tape::Tape(Communicator& comm, TapeOptions options)
 Tape::Tape(const Mesh& mesh, TapeOptions options) : impl_(std::make_unique<Impl>(nullptr, mesh, std::move(options))) {}
 Tape::~Tape() = default;
 
-std::unique_ptr<Tape> Tape::fork() const {
-  // An executed tape's values are shards its communicator's ranks made together.
-  if (!symbolic()) throw std::logic_error("Tape::fork: only a symbolic tape is copied");
-  auto copy = std::make_unique<Tape>(impl_->mesh, impl_->options);
-  *copy->impl_ = *impl_;
-  return copy;
+void Tape::rewind() {
+  Impl& t = *impl_;
+  // An executed tape's gradients and updates have changed its ranks' data.
+  if (!symbolic()) throw std::logic_error("Tape::rewind: only a symbolic tape goes back");
+  if (!t.backward_done) return;
+  for (Node& n : t.nodes) {
+    n.grad.reset();
+    n.arrived_unreduced.clear();
+    n.regathered = false;
+    n.grad_bytes = 0;
+    n.grad_from = -1;
+    n.grad_to = -1;
+    n.regathered_in = -1;
+  }
+  for (auto& [id, value] : t.forward_values) t.nodes[static_cast<std::size_t>(id)].value = std::move(value);
+  t.forward_values.clear();
+  t.events.resize(t.forward_events);
+  t.units.clear();
+  t.phase = Phase::forward;
+  t.scope = t.forward_scope;
+  t.regathering = false;
+  t.backward_done = false;
 }
 
 Var Tape::var(int id) {
@@ -507,9 +523,14 @@ void Tape::run_backward(Var from, Value seed) {
   if (t.backward_done) throw InputError("backward() runs once per tape");
   t.phase = Phase::backward;
   t.backward_done = true;
+  t.forward_events = t.events.size();
+  t.forward_scope = t.scope;
   // Regathered values leave memory now; a backward that needs one gathers it again.
-  for (Node& n : t.nodes) {
-    if (n.regather) n.value.data.reset();
+  for (std::size_t id = 0; id < t.nodes.size(); ++id) {
+    Node& n = t.nodes[id];
+    if (!n.regather) continue;
+    if (t.symbolic()) t.forward_values.emplace_back(static_cast<int>(id), n.value);
+    n.value.data.reset();
   }
   t.enter_unit(from.id());
   t.accumulate(from.id(), std::move(seed));

@@ -87,6 +87,12 @@ struct Tape::Impl {
   Phase phase = Phase::forward;
   int scope = -1;  // the label of what is recorded now (tape.h: set_scope)
   bool backward_done = false;
+  // What backward changes beyond the nodes' gradient fields, for Tape::rewind: the events the
+  // forward pass recorded, its last scope, and the regathered nodes' values before they were
+  // gathered again.
+  std::size_t forward_events = 0;
+  int forward_scope = -1;
+  std::vector<std::pair<int, Value>> forward_values;
   std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
   Impl(Communicator* c, const Mesh& m, TapeOptions o);

@@ -304,7 +304,7 @@ class MatmulPlanner {
     if (c_.out) {
       local.targets = &out_targets_;
     } else {
-      if (made.free_targets.empty()) made.free_targets = free_targets(made.einsum.to);
+      if (made.free_targets.empty()) made.free_targets = free_targets(made.einsum->to);
       local.targets = &made.free_targets;
     }
     add_plans(local);
@@ -318,9 +318,7 @@ class MatmulPlanner {
       if (r.kind == Role::unreduced_b) ub.push_back(x);
       if (r.kind != Role::none && (r.kind != Role::dim || c_.role(r.letter) == DimRole::contracted)) uc.push_back(x);
     }
-    detail::MatmulLayout made;
-    Step& einsum = made.einsum;
-    einsum = make_step(OpKind::einsum, operand(c_.a, layout, ua), {});
+    Step einsum = make_step(OpKind::einsum, operand(c_.a, layout, ua), {});
     einsum.tensor = c_.out_tensor;
     einsum.operand = 2;
     einsum.from_b = operand(c_.b, layout, ub);
@@ -328,10 +326,12 @@ class MatmulPlanner {
     einsum.to.tensor = c_.out_tensor;
     for (const std::string& d : c_.out_dims) einsum.to.dims.push_back({d, layout[letter(d)]});
     einsum.to.unreduced = uc;
+    detail::MatmulLayout made;
+    made.einsum = &memo_->einsum_steps.try_emplace(einsum_key(einsum), std::move(einsum)).first->second;
     // A's and B's reshards are the same for every target.
-    made.a_ways = &reshard_options(c_.a, einsum.from, a_shape_);
-    made.b_ways = &reshard_options(c_.b, einsum.from_b, b_shape_);
-    append_layout(made.c_layout, einsum.to);
+    made.a_ways = &reshard_options(c_.a, made.einsum->from, a_shape_);
+    made.b_ways = &reshard_options(c_.b, made.einsum->from_b, b_shape_);
+    append_layout(made.c_layout, made.einsum->to);
     return made;
   }
 
@@ -440,7 +440,7 @@ class MatmulPlanner {
   // where plan_reshard takes an exchange instead, that too. Asked without the memory limit,
   // so that the limit picks among the candidates but does not change them.
   void add_plans(Local& local) {
-    const Step& einsum = local.layout->einsum;
+    const Step& einsum = *local.layout->einsum;
     const detail::ReshardWays& a_ways = *local.layout->a_ways;
     const detail::ReshardWays& b_ways = *local.layout->b_ways;
     const std::vector<std::int64_t>& c_layout = local.layout->c_layout;
@@ -511,7 +511,7 @@ class MatmulPlanner {
   }
 
   void add_plan(Local& local, std::size_t target, const std::array<const detail::CostedSteps*, 3>& parts) {
-    if (!local.layout->costed) local.layout->costed = &costed_einsum(local.layout->einsum);
+    if (!local.layout->costed) local.layout->costed = &costed_einsum(*local.layout->einsum);
     Candidate serial;
     serial.parts = parts;
     serial.local = &local;
@@ -521,15 +521,21 @@ class MatmulPlanner {
     add_collective_matmuls(serial);
   }
 
-  // Remembered: the calls that plan contractions of the same tensors in other output layouts
-  // share most of their local einsums.
-  detail::CostedEinsum& costed_einsum(const Step& einsum) {
+  // A local einsum by its names, its three layouts and the letters' sizes.
+  std::vector<std::int64_t> einsum_key(const Step& einsum) {
     std::vector<std::int64_t> key{id(einsum.tensor)};
     for (const Spec* s : {&einsum.from, &einsum.from_b, &einsum.to}) {
       key.push_back(id(s->tensor));
       append_layout(key, *s);
     }
     key.insert(key.end(), sizes_key_.begin(), sizes_key_.end());
+    return key;
+  }
+
+  // Remembered: the calls that plan contractions of the same tensors in other output layouts
+  // share most of their local einsums.
+  detail::CostedEinsum& costed_einsum(const Step& einsum) {
+    std::vector<std::int64_t> key = einsum_key(einsum);
     if (const auto it = memo_->einsums.find(key); it != memo_->einsums.end()) return it->second;
     detail::CostedEinsum made{{einsum, {}}, {}};
     coster_.cost_einsum(made.einsum.step, sizes_);

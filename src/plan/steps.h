@@ -164,11 +164,11 @@ struct CostedEinsum {
 };
 
 // A matmul's layout (each mesh axis's role, each letter's axes) for its operands' specs, as
-// the planner builds it: the local einsum (costed once a candidate takes it), A's and B's
-// reshards into it, the result's layout as numbers, and without an output spec the layouts
-// the result may be reduced to (worked out once a call asks).
+// the planner builds it: the local einsum (the memo's einsum_steps entry; costed once a
+// candidate takes it), A's and B's reshards into it, the result's layout as numbers, and
+// without an output spec the layouts the result may be reduced to (worked out once a call asks).
 struct MatmulLayout {
-  Step einsum;
+  const Step* einsum = nullptr;
   CostedEinsum* costed = nullptr;
   const ReshardWays* a_ways = nullptr;
   const ReshardWays* b_ways = nullptr;
@@ -193,6 +193,9 @@ struct PlannerMemo::Impl {
   std::unordered_map<std::vector<std::int64_t>, detail::ReshardWays, detail::NumbersHash> reshards;
   // A matmul planner's local einsums by their names, the three layouts and the letters' sizes.
   std::unordered_map<std::vector<std::int64_t>, detail::CostedEinsum, detail::NumbersHash> einsums;
+  // The layouts' local einsums before costing, by the same keys: tens of thousands of layouts
+  // (the operands' specs times the axes' roles) share a few thousand.
+  std::unordered_map<std::vector<std::int64_t>, Step, detail::NumbersHash> einsum_steps;
   // A matmul planner's layouts by the operands' names and specs, the result's name and letters,
   // the letters' sizes, the axes' roles and the letters' axes.
   std::unordered_map<std::vector<std::int64_t>, detail::MatmulLayout, detail::NumbersHash> layouts;

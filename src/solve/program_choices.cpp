@@ -13,6 +13,7 @@
 #include <iomanip>
 #include <locale>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <set>
@@ -204,21 +205,25 @@ class OpRecorder {
   // Op k in these specs, once for each of `result_partials` (the layouts of its result's
   // gradient: nullopt, no backward). Ops alike in everything the tape sees (a transformer's q,
   // k and v projections; a block's two residual adds) are recorded once: the tape's cost does
-  // not depend on names.
-  std::vector<OpCost> costs(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
-                            const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
-                            const std::vector<std::optional<int>>& result_partials) const {
+  // not depend on names (a cost's result spec is named after the op that recorded it first).
+  std::vector<std::shared_ptr<const OpCost>> costs(int k, const std::vector<int>& operands,
+                                                   const std::vector<Spec>& operand_specs,
+                                                   const std::vector<char>& operand_regathered,
+                                                   const std::optional<Spec>& result_pin,
+                                                   const std::vector<std::optional<int>>& result_partials) const {
     const std::string key = signature(k, operands, operand_specs, operand_regathered, result_pin);
-    const auto partial_key = [&](const std::optional<int>& partial) {
-      return key + " " + (partial ? std::to_string(*partial) : "none");
+    // By the gradient's layout: none first, then each mask.
+    const auto slot = [](const std::optional<int>& partial) {
+      return partial ? static_cast<std::size_t>(*partial) + 1 : 0;
     };
-    std::vector<OpCost> out(result_partials.size());
+    std::vector<std::shared_ptr<const OpCost>> out(result_partials.size());
     std::vector<std::size_t> missing;
     {
       const std::lock_guard<std::mutex> lock(memo_mutex_);
+      const auto it = memo_.find(key);
       for (std::size_t i = 0; i < result_partials.size(); ++i) {
-        if (const auto it = memo_.find(partial_key(result_partials[i])); it != memo_.end()) {
-          out[i] = named(it->second, k);
+        if (it != memo_.end() && it->second[slot(result_partials[i])]) {
+          out[i] = it->second[slot(result_partials[i])];
         } else {
           missing.push_back(i);
         }
@@ -229,16 +234,21 @@ class OpRecorder {
     for (std::size_t i : missing) partials.push_back(result_partials[i]);
     std::vector<OpCost> recorded = record(k, operands, operand_specs, operand_regathered, result_pin, partials);
     const std::lock_guard<std::mutex> lock(memo_mutex_);
+    auto& memo = memo_.try_emplace(key, (std::size_t{1} << g_.mesh.rank()) + 1).first->second;
     for (std::size_t j = 0; j < missing.size(); ++j) {
-      memo_.emplace(partial_key(partials[j]), recorded[j]);
-      out[missing[j]] = std::move(recorded[j]);
+      std::shared_ptr<const OpCost>& at = memo[slot(partials[j])];
+      if (!at) {
+        at = std::make_shared<const OpCost>(std::move(recorded[j]));
+        ++recordings_;
+      }
+      out[missing[j]] = at;
     }
     return out;
   }
 
   std::int64_t recordings() const {
     const std::lock_guard<std::mutex> lock(memo_mutex_);
-    return static_cast<std::int64_t>(memo_.size());
+    return recordings_;
   }
 
   // Reducing a leaf's gradient, partial over `partial`, into the leaf's spec `s`: its time,
@@ -295,14 +305,8 @@ class OpRecorder {
     return key;
   }
 
-  // A recording for one op, labelled for op k.
-  OpCost named(OpCost cost, int k) const {
-    cost.result.tensor = g_.tensors[static_cast<std::size_t>(g_.ops[static_cast<std::size_t>(k)].result)].source_name;
-    return cost;
-  }
-
-  // Op k recorded alone, forward once; then backward from each of `result_partials` on a copy
-  // of that forward pass (the last on the tape itself).
+  // Op k recorded alone, forward once; then backward from each of `result_partials`, the tape
+  // rewound to the forward pass's end before each.
   std::vector<OpCost> record(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
                              const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin,
                              const std::vector<std::optional<int>>& result_partials) const {
@@ -348,10 +352,9 @@ class OpRecorder {
         cost.result = result_spec;
         // A gradient cannot be partial over its sharding axes.
         if (partial && (*partial & used_mask(result_spec))) continue;
-        const std::unique_ptr<autodiff::Tape> copy = p + 1 < result_partials.size() ? tape.fork() : nullptr;
-        autodiff::Tape& t = copy ? *copy : tape;
+        tape.rewind();
         try {
-          measure(t, rec, r, mini, partial, cost);
+          measure(tape, rec, r, mini, partial, cost);
         } catch (const InputError&) {
           cost.allowed = false;  // its backward cannot bring the gradient back in these specs
         }
@@ -398,20 +401,29 @@ class OpRecorder {
   // Ops of the same contraction (q, k and v), and the same reshards (backward's), plan once.
   mutable autodiff::PlanCache plans_;
   mutable std::mutex memo_mutex_;
-  // By signature() and the gradient's layout; hashed: 10^5 keys of a few hundred bytes that
-  // differ late (a map compares them byte by byte at every step of its search).
-  mutable std::unordered_map<std::string, OpCost> memo_;
+  // By signature(), then by the gradient's layout (costs()); hashed: 10^4 keys of a few hundred
+  // bytes that differ late (a map compares them byte by byte at every step of its search).
+  mutable std::unordered_map<std::string, std::vector<std::shared_ptr<const OpCost>>> memo_;
+  mutable std::int64_t recordings_ = 0;
 };
 
-// One combination of an op's specs to record, and what recording it gave.
-struct Recording {
+// One combination of an op's specs to record: its jobs (one per layout of the result's
+// gradient) share one forward pass.
+struct Combination {
   std::vector<int> tuple;        // the operands' values
   std::vector<Spec> specs;       // the operands' specs
   std::vector<char> regathered;  // the operands' (params: FSDP's regather)
+  bool regathers = false;        // some operand is a regathered param
   std::optional<Spec> pin;       // the result's, when chosen
-  std::optional<int> partial;    // the result's gradient's pending axes (differentiated ops)
-  std::size_t group = 0;         // the jobs of one operand tuple and pin share one
-  OpCost cost;
+  int pin_at = 0;                // its place among the tuple's pins (a regathered twin's are the same)
+  std::vector<std::size_t> jobs;
+};
+
+// One recording: a combination and its result gradient's layout, and what recording it gave.
+struct Recording {
+  std::size_t combination = 0;
+  std::optional<int> partial;  // the result's gradient's pending axes (differentiated ops)
+  std::shared_ptr<const OpCost> cost;
 };
 
 // fn(0) .. fn(n - 1) on the machine's cores: recordings are independent (each its own
@@ -687,12 +699,14 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     c.values.push_back(std::move(values));  // a derived tensor's values come from its op
     c.regathered.push_back(std::move(regathered));
   }
-  const auto value_index = [&](int var, const Spec& s) {
+  // (Specs compare without their names; a new value takes `name`.)
+  const auto value_index = [&](int var, const Spec& s, const std::string& name) {
     std::vector<Spec>& vals = c.values[static_cast<std::size_t>(var)];
     for (std::size_t i = 0; i < vals.size(); ++i) {
       if (vals[i] == s) return static_cast<int>(i);
     }
     vals.push_back(s);
+    vals.back().tensor = name;
     c.regathered[static_cast<std::size_t>(var)].push_back(0);
     return static_cast<int>(vals.size()) - 1;
   };
@@ -822,13 +836,13 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       double visited = 0, batched = 0;
       // The kept combinations' costs, by JobKey (below): a regathered combination takes its
       // kept twin's, recorded in an earlier batch or earlier in its own.
-      using JobKey = std::tuple<std::vector<int>, std::string, int>;
-      std::map<JobKey, OpCost> kept_costs;
+      using JobKey = std::tuple<std::vector<int>, int, int>;
+      std::map<JobKey, std::shared_ptr<const OpCost>> kept_costs;
       // Small batches first: the first says soon how fast this op's recordings go.
       std::size_t batch = std::min<std::size_t>(512, limits.batch);
       for (bool more = true; more; batch = std::min(2 * batch, limits.batch)) {
         std::vector<Recording> jobs;
-        std::size_t groups = 0;
+        std::vector<Combination> combos;
         while (more && jobs.size() < batch) {
           if (f.done.insert(tuple).second) {
             std::vector<Spec> specs;
@@ -838,6 +852,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
               specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
               regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
             }
+            const bool regathers = std::any_of(regathered.begin(), regathered.end(), [](char r) { return r != 0; });
             // The result's spec: its own variable's when that is an operand too (a value carried
             // into the next iteration), else each of its choices, else what the op's rule gives.
             std::vector<std::optional<Spec>> pins;
@@ -851,14 +866,16 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
             } else {
               pins.push_back(std::nullopt);
             }
-            for (const std::optional<Spec>& pin : pins) {
+            for (std::size_t p = 0; p < pins.size(); ++p) {
+              Combination& combo = combos.emplace_back(
+                  Combination{tuple, specs, regathered, regathers, pins[p], static_cast<int>(p), {}});
               for (const std::optional<int>& partial : result_partials) {
                 // A gradient is never partial over an axis that shards its value: known before
                 // recording when the result is pinned.
-                if (pin && partial && (*partial & used_mask(*pin))) continue;
-                jobs.push_back({tuple, specs, regathered, pin, partial, groups, {}});
+                if (combo.pin && partial && (*partial & used_mask(*combo.pin))) continue;
+                combo.jobs.push_back(jobs.size());
+                jobs.push_back({combos.size() - 1, partial, nullptr});
               }
-              ++groups;
             }
           }
           ++visited;
@@ -871,66 +888,58 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
         // The kept combinations first; one with regathered params then takes its kept twin's
         // cost where that gathers none of them (regathering changes nothing there).
         const auto key = [&](const Recording& r, bool kept) {
-          std::vector<int> t = r.tuple;
+          const Combination& combo = combos[r.combination];
+          std::vector<int> t = combo.tuple;
           for (std::size_t i = 0; kept && i < t.size(); ++i) {
-            if (r.regathered[i])
+            if (combo.regathered[i])
               t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
           }
-          return JobKey{t, r.pin ? format_spec(*r.pin, g.mesh) : std::string(), r.partial ? *r.partial : -1};
+          return JobKey{t, combo.pin_at, r.partial ? *r.partial : -1};
         };
-        std::vector<std::size_t> kept_jobs, twin_jobs;
-        for (std::size_t j = 0; j < jobs.size(); ++j) {
-          const bool any =
-              std::any_of(jobs[j].regathered.begin(), jobs[j].regathered.end(), [](char r) { return r != 0; });
-          (any ? twin_jobs : kept_jobs).push_back(j);
-        }
-        // The jobs of one combination of specs and result pin (its result gradient's layouts)
-        // share one forward pass: recorded together.
-        const auto record = [&](const std::vector<std::size_t>& group) {
-          if (group.empty()) return;
+        std::vector<std::size_t> kept_combos, twin_combos;
+        for (std::size_t k = 0; k < combos.size(); ++k) (combos[k].regathers ? twin_combos : kept_combos).push_back(k);
+        // A combination's jobs (of its result gradient's layouts) share one forward pass.
+        const auto record = [&](const Combination& combo, const std::vector<std::size_t>& list) {
+          if (list.empty()) return;
           std::vector<std::optional<int>> partials;
-          for (std::size_t j : group) partials.push_back(jobs[j].partial);
-          const Recording& first = jobs[group.front()];
-          std::vector<OpCost> costs =
-              recorder.costs(f.op, f.operands, first.specs, first.regathered, first.pin, partials);
-          for (std::size_t i = 0; i < group.size(); ++i) jobs[group[i]].cost = std::move(costs[i]);
+          for (std::size_t j : list) partials.push_back(jobs[j].partial);
+          std::vector<std::shared_ptr<const OpCost>> costs =
+              recorder.costs(f.op, f.operands, combo.specs, combo.regathered, combo.pin, partials);
+          for (std::size_t i = 0; i < list.size(); ++i) jobs[list[i]].cost = std::move(costs[i]);
         };
-        const auto groups_of = [&](const std::vector<std::size_t>& list) {
-          std::vector<std::vector<std::size_t>> groups;
-          for (std::size_t j : list) {
-            if (groups.empty() || jobs[groups.back().front()].group != jobs[j].group) groups.emplace_back();
-            groups.back().push_back(j);
-          }
-          return groups;
-        };
-        const std::vector<std::vector<std::size_t>> kept_groups = groups_of(kept_jobs);
-        for_each_parallel(kept_groups.size(), [&](std::size_t k) { record(kept_groups[k]); });
-        for (std::size_t j : kept_jobs) kept_costs.emplace(key(jobs[j], false), jobs[j].cost);
-        const std::vector<std::vector<std::size_t>> twin_groups = groups_of(twin_jobs);
-        for_each_parallel(twin_groups.size(), [&](std::size_t k) {
+        for_each_parallel(kept_combos.size(), [&](std::size_t k) {
+          const Combination& combo = combos[kept_combos[k]];
+          record(combo, combo.jobs);
+        });
+        for (std::size_t k : kept_combos) {
+          for (std::size_t j : combos[k].jobs) kept_costs.emplace(key(jobs[j], false), jobs[j].cost);
+        }
+        for_each_parallel(twin_combos.size(), [&](std::size_t k) {
+          const Combination& combo = combos[twin_combos[k]];
           std::vector<std::size_t> to_record;
-          for (std::size_t j : twin_groups[k]) {
+          for (std::size_t j : combo.jobs) {
             Recording& job = jobs[j];
             const auto kept = kept_costs.find(key(job, true));
             if (kept != kept_costs.end()) {
-              const OpCost& twin = kept->second;
+              const OpCost& twin = *kept->second;
               bool gathers = false;
-              for (std::size_t i = 0; twin.allowed && i < job.regathered.size(); ++i)
-                gathers = gathers || (job.regathered[i] && twin.operand_gathered[i]);
+              for (std::size_t i = 0; twin.allowed && i < combo.regathered.size(); ++i)
+                gathers = gathers || (combo.regathered[i] && twin.operand_gathered[i]);
               if (!gathers) {
-                job.cost = twin;
+                job.cost = kept->second;
                 continue;
               }
             }
             to_record.push_back(j);
           }
-          record(to_record);
+          record(combo, to_record);
         });
         for (const Recording& job : jobs) {
-          const OpCost& cost = job.cost;
-          const std::vector<int>& tuple = job.tuple;
-          const std::vector<Spec>& specs = job.specs;
-          const std::optional<Spec>& pin = job.pin;
+          const OpCost& cost = *job.cost;
+          const Combination& combo = combos[job.combination];
+          const std::vector<int>& tuple = combo.tuple;
+          const std::vector<Spec>& specs = combo.specs;
+          const std::optional<Spec>& pin = combo.pin;
           const std::optional<int>& partial = job.partial;
           if (!cost.allowed) continue;
           if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
@@ -939,14 +948,19 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
               regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
           }
           const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
-          std::map<int, int> value_of;
-          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[f.operand_vars[i]] = tuple[i];
-          value_of[f.result_var] = value_index(f.result_var, cost.result);
+          // The entry's values by its factor's variables (-1: not set yet).
+          const auto slot = [&](int var) {
+            return static_cast<std::size_t>(std::find(f.factor.vars.begin(), f.factor.vars.end(), var) -
+                                            f.factor.vars.begin());
+          };
+          std::vector<int> value_of(f.factor.vars.size(), -1);
+          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[slot(f.operand_vars[i])] = tuple[i];
+          value_of[slot(f.result_var)] = value_index(f.result_var, cost.result, result.source_name);
           grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
-          if (result_gradient >= 0 && partial) value_of[result_gradient] = *partial;
+          if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
           // Each operand's gradient is partial over what this op leaves it partial over,
           // or (a tensor several ops read) over a set that includes it: their union.
-          std::vector<std::pair<int, std::vector<int>>> operand_partials;
+          std::vector<std::pair<std::size_t, std::vector<int>>> operand_partials;  // by slot
           if (differentiated) {
             for (std::size_t i = 0; i < f.operands.size(); ++i) {
               const int gv = c.gradient_var[static_cast<std::size_t>(f.operands[i])];
@@ -959,7 +973,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
                     readers[static_cast<std::size_t>(gv - tensor_vars)] > 1 ? (mask & left) == left : mask == left;
                 if (fits && !(mask & used)) allowed.push_back(mask);
               }
-              operand_partials.push_back({gv, allowed});
+              operand_partials.push_back({slot(gv), allowed});
             }
           }
           FactorEntry e;
@@ -978,22 +992,21 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           // One entry per combination of the operands' gradient variables' values.
           std::vector<std::size_t> at(operand_partials.size(), 0);
           while (true) {
-            std::map<int, int> full = value_of;
+            std::vector<int> full = value_of;
             bool consistent = true;
             for (std::size_t j = 0; j < operand_partials.size(); ++j) {
-              const auto& [gv, allowed] = operand_partials[j];
+              const auto& [at_slot, allowed] = operand_partials[j];
               if (allowed.empty()) {
                 consistent = false;
                 break;
               }
               const int mask = allowed[at[j]];
-              const auto [it, fresh] = full.emplace(gv, mask);
-              consistent = consistent && (fresh || it->second == mask);
+              consistent = consistent && (full[at_slot] < 0 || full[at_slot] == mask);
+              full[at_slot] = mask;
             }
             if (consistent) {
-              FactorEntry entry = e;
-              for (int v : f.factor.vars) entry.values.push_back(full.at(v));
-              f.factor.entries.push_back(std::move(entry));
+              FactorEntry& entry = f.factor.entries.emplace_back(e);
+              entry.values = std::move(full);
             }
             std::size_t j = 0;
             while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size())

@@ -40,21 +40,22 @@ std::string text_of(Tape& tape, const Mesh& mesh) {
   return text;
 }
 
-// x[B, D] @ w[D, F] -> y[B, F] planned into `out` on `tape`: y.
-Var forward(Tape& tape, const std::string& x, const std::string& w, const std::string& out) {
+// x[B, D] @ w[D, F] -> y[B, F] planned into `out` on `tape`, w's gathers kept as `keep_w`: y.
+Var forward(Tape& tape, const std::string& x, const std::string& w, const std::string& out,
+            Gathered keep_w = Gathered::kept) {
   const DimSizes sizes = parse_dims("B=64,D=32,F=48");
   const Var a = tape.input(x, sizes, {}, true);
   const Var b = tape.input(w, sizes, {}, true);
-  return planned_einsum(a, b, tape.spec(out));
+  return planned_einsum(a, b, tape.spec(out), Gathered::kept, keep_w);
 }
 
 AxisList axes(Tape& tape, const std::string& partial) { return partial.empty() ? AxisList{} : tape.axes(partial); }
 
 // forward(), then backward from y partial over `partial`: text_of() the tape.
 std::string record(const Mesh& mesh, PlanCache* cache, const std::string& x, const std::string& w,
-                   const std::string& out, const std::string& partial) {
+                   const std::string& out, const std::string& partial, Gathered keep_w = Gathered::kept) {
   Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, cache});
-  const Var y = forward(tape, x, w, out);
+  const Var y = forward(tape, x, w, out, keep_w);
   tape.backward_from(y, axes(tape, partial));
   return text_of(tape, mesh);
 }
@@ -86,35 +87,47 @@ TEST(PlanCache, SharedByManyTapesChangesNoRecording) {
   EXPECT_EQ(compared, 2 * 5 * 4 * 6);
 }
 
-// One forward pass, forked for each layout of y's gradient: each fork's backward records what a
-// fresh tape's does, and the tape forked from keeps its forward pass alone until its own backward.
-TEST(TapeFork, BackwardOnAForkRecordsWhatAFreshTapeDoes) {
+// A tape's memory timeline as text, to compare.
+std::string timeline_text(const Tape& tape) {
+  std::string text;
+  for (const MemoryPoint& p : tape.memory_timeline()) {
+    text += std::string(to_string(p.phase)) + " " + p.tensor + " " + std::to_string(p.activations) + " " +
+            std::to_string(p.gradients) + " " + std::to_string(p.transient) + "\n";
+  }
+  return text;
+}
+
+// One forward pass, rewound after each backward: each backward records what a fresh tape's
+// does (a regathered weight gathered again included), and each rewind leaves the forward pass
+// as it was.
+TEST(TapeRewind, BackwardAfterARewindRecordsWhatAFreshTapeDoes) {
   const Mesh mesh = Mesh::parse("X=2,Y=2");
   int compared = 0;
-  for (const std::string x : {"x[B, D]", "x[B_X, D_Y]", "x[B, D_XY]"}) {
-    for (const std::string w : {"w[D, F]", "w[D_Y, F_X]"}) {
-      for (const std::string out : {"y[B, F]", "y[B_X, F]", "y[B, F]{U_Y}"}) {
-        Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
-        const Var y = forward(tape, x, w, out);
-        const std::string forward_only = text_of(tape, mesh);
-        for (const std::string partial : {"", "X", "Y", "XY"}) {
-          // A gradient is never partial over an axis that shards its value.
-          const std::string dims = out.substr(0, out.find('{'));
-          if (std::any_of(partial.begin(), partial.end(), [&](char a) { return dims.find(a) != std::string::npos; }))
-            continue;
-          const std::unique_ptr<Tape> fork = tape.fork();
-          fork->backward_from(fork->var(y.id()), axes(*fork, partial));
-          EXPECT_EQ(text_of(*fork, mesh), record(mesh, nullptr, x, w, out, partial))
-              << x << " @ " << w << " -> " << out << " partial over '" << partial << "'";
-          EXPECT_EQ(text_of(tape, mesh), forward_only);
-          ++compared;
+  for (const Gathered keep_w : {Gathered::kept, Gathered::regathered})
+    for (const std::string x : {"x[B, D]", "x[B_X, D_Y]", "x[B, D_XY]"}) {
+      for (const std::string w : {"w[D, F]", "w[D_Y, F_X]"}) {
+        for (const std::string out : {"y[B, F]", "y[B_X, F]", "y[B, F]{U_Y}"}) {
+          Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
+          const Var y = forward(tape, x, w, out, keep_w);
+          const std::string forward_only = text_of(tape, mesh);
+          const std::string forward_timeline = timeline_text(tape);
+          for (const std::string partial : {"", "X", "Y", "XY"}) {
+            // A gradient is never partial over an axis that shards its value.
+            const std::string dims = out.substr(0, out.find('{'));
+            if (std::any_of(partial.begin(), partial.end(), [&](char a) { return dims.find(a) != std::string::npos; }))
+              continue;
+            tape.backward_from(y, axes(tape, partial));
+            EXPECT_EQ(text_of(tape, mesh), record(mesh, nullptr, x, w, out, partial, keep_w))
+                << x << " @ " << w << " -> " << out << " partial over '" << partial << "'";
+            tape.rewind();
+            EXPECT_EQ(text_of(tape, mesh), forward_only);
+            EXPECT_EQ(timeline_text(tape), forward_timeline);
+            ++compared;
+          }
         }
-        tape.backward_from(y, {});
-        EXPECT_EQ(text_of(tape, mesh), record(mesh, nullptr, x, w, out, ""));
       }
     }
-  }
-  EXPECT_EQ(compared, 3 * 2 * (4 + 2 + 4));  // y[B_X, F]'s gradient is never partial over X
+  EXPECT_EQ(compared, 2 * 3 * 2 * (4 + 2 + 4));  // y[B_X, F]'s gradient is never partial over X
 }
 
 }  // namespace

@@ -212,11 +212,11 @@ class Tape {
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;
 
-  // Symbolic tapes: a copy of everything recorded so far, to go on from there more than one
-  // way (solve runs backward from each layout of an op's result gradient after one forward
-  // pass). var() gives the copy's Vars.
-  std::unique_ptr<Tape> fork() const;
-  // The value recorded `id`-th (Var::id): one of a fork's, by the id it has on the original.
+  // Symbolic tapes: back to the end of the forward pass, as if backward (and the updates after
+  // it) had never run, to run it again another way (solve runs backward from each layout of an
+  // op's result gradient after one forward pass). Nothing to undo: no change.
+  void rewind();
+  // The value recorded `id`-th (Var::id).
   Var var(int id);
 
   bool symbolic() const;
