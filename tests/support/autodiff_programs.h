@@ -575,8 +575,11 @@ class ProgramGenerator {
     return static_cast<int>(vars_.size()) - 1;
   }
 
+  // random_spec(.., allow_unreduced = false) still makes unreduced axes at times; drop them.
   Spec whole_spec(const std::string& tensor, const std::vector<std::string>& dims) {
-    return random_spec(rng_, mesh(), tensor, dims, false);
+    Spec s = random_spec(rng_, mesh(), tensor, dims, false);
+    s.unreduced.clear();
+    return s;
   }
 
   const Spec& spec(int v) const { return vars_[static_cast<std::size_t>(v)].spec(); }

@@ -56,7 +56,7 @@ inline Spec random_spec(Rng& rng, const Mesh& mesh, const std::string& tensor, c
     const int choice = uniform(rng, 0, static_cast<int>(dims.size()) + (allow_unreduced ? 1 : 0));
     if (choice < static_cast<int>(dims.size())) {
       if (uniform(rng, 0, 2) > 0) s.dims[static_cast<std::size_t>(choice)].axes.push_back(a);
-    } else if (allow_unreduced && uniform(rng, 0, 2) == 0) {
+    } else if (uniform(rng, 0, 2) == 0) {
       s.unreduced.push_back(a);
     }
   }
