@@ -100,6 +100,11 @@ if [[ "$which" == tsan || "$which" == all ]]; then
   # build runs them all); nor the mpirun tests (not run here, below).
   build tsan "-fsanitize=thread" -DSHARDMM_BUILD_MPIRUN_TESTS=OFF "-DSHARDMM_TEST_DIRS=runtime;autodiff;nn;solve"
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  # OpenBLAS's own thread pool, like Open MPI below, is not built with ThreadSanitizer: where a
+  # caller leaves it more than one thread (CBC's factorization, through LAPACK, in the solve
+  # tests), its workers' copies are reported as races with the caller's buffers. One BLAS thread
+  # keeps the reports to threads ThreadSanitizer can see.
+  export OPENBLAS_NUM_THREADS=1
   # Not the MPI tests (label mpi): Open MPI is not built with ThreadSanitizer, so the
   # synchronization inside it (shared-memory transport, progress thread) is invisible and
   # would be reported as races; and there each rank is its own process, with nothing for
