@@ -1,7 +1,7 @@
 // Symbolic tapes that share a PlanCache (solve's recordings) record what tapes without one
 // record: the same steps, times and memory, however many tapes planned through it before. And
-// backward on a Tape::fork (solve's, one per layout of an op's result gradient) records what
-// backward on a tape that recorded the forward pass itself records.
+// backward after a Tape::rewind (solve's, one per layout of an op's result gradient) records
+// what backward on a fresh tape that recorded the same forward pass records.
 #include <gtest/gtest.h>
 
 #include <algorithm>
