@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -405,7 +404,8 @@ class GroupOverlap {
 // links them); each part's devices are walked on its own axes for its distinct factors, and the
 // maxima are over the combinations of those: one or two per part where the splits are even,
 // against every device of the exchange (8,192 on a 4-axis mesh) walked together, which is what
-// it does where the combinations are no fewer (one part; uneven splits everywhere).
+// it does where that would visit no fewer devices (one part holding every axis) or the
+// combinations are no fewer (uneven splits everywhere).
 ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape) {
   GroupOverlap sends(mesh, step.from, step.to, shape, step.axes), receives(mesh, step.to, step.from, shape, step.axes);
   const std::size_t dims = shape.size();
@@ -473,13 +473,18 @@ ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::
   for (std::size_t p = 0; p < dims; ++p) {
     if (part[p] == p) parts.push_back(p);
   }
-  // The parts' distinct factors, while their combinations stay fewer than the devices.
+  // The parts' distinct factors, where walking the parts apart visits fewer devices than walking
+  // them together, and while their combinations stay fewer than the devices.
   AxisList every_axis;
-  for (std::size_t p : parts) every_axis.insert(every_axis.end(), axes[p].begin(), axes[p].end());
+  std::int64_t apart = 0;
+  for (std::size_t p : parts) {
+    every_axis.insert(every_axis.end(), axes[p].begin(), axes[p].end());
+    apart += mesh.group_size(axes[p]);
+  }
   const std::int64_t devices = mesh.group_size(every_axis);
   std::vector<std::vector<Factors>> distinct;
   std::int64_t combinations = 1;
-  for (std::size_t i = 0; i < parts.size() && parts.size() > 1 && combinations < devices; ++i) {
+  for (std::size_t i = 0; i < parts.size() && apart < devices && combinations < devices; ++i) {
     std::vector<Factors>& found = distinct.emplace_back();
     for_each_device_on(mesh, axes[parts[i]],
                        [&](std::int64_t device) { found.push_back(part_factors(parts[i], device)); });
