@@ -10,7 +10,8 @@
 # planned and predicted with that profile: a rank's GEMM rate depends on how many ranks share the
 # cores, and this VM's speed moves by tens of % within minutes; or a profile file used by every step),
 # CALIBRATE_FLAGS ("": e.g. --quick, passed to each calibrate), SIZES (512,1024,2048,4096), REPEAT (7), ROUNDS (3: the reference GEMM and the plans, and
-# shardmm and PyTorch, alternate this many times),
+# shardmm and PyTorch, alternate this many times), WARMUP_TIME (0.2: `bench matmul --warmup-time`, the
+# untimed seconds before each plan's runs),
 # CHOICE_SIZES (256,512,1024,2048), CROSSOVER_DIMS (I=1024,J=1024), CROSSOVER_SIZES
 # (128,256,512,1024,2048,4096), JUDGE_SIZES (999,1501), JUDGE_DIMS (J=1200), JUDGE_THIN (I=3),
 # SOLVE_PROGRAM (examples/programs/block.prog), SOLVE_DIMS (B=4,T=256,S=256,D=512,H=8,A=64,F=2048),
@@ -37,8 +38,11 @@ JUDGE_THIN=${JUDGE_THIN:-I=3}
 SOLVE_PROGRAM=${SOLVE_PROGRAM:-examples/programs/block.prog}
 SOLVE_DIMS=${SOLVE_DIMS:-B=4,T=256,S=256,D=512,H=8,A=64,F=2048}
 ROUNDS=${ROUNDS:-3}
+WARMUP_TIME=${WARMUP_TIME:-0.2}
 SKIP=${SKIP:-}
 SHARDMM=$BUILD/src/shardmm
+# Every `bench matmul` step times its plans alike.
+MATMUL=(bench matmul --repeat "$REPEAT" --rounds "$ROUNDS" --warmup-time "$WARMUP_TIME")
 mkdir -p "$OUT" "$PLOTS"
 if [[ " $SKIP " != *" plots "* ]]; then
   scripts/setup.sh gnuplot-nox
@@ -85,24 +89,24 @@ step() {
 if wanted gemm; then
   # 1. The chosen plan vs one OpenBLAS GEMM of the same FLOPs on the same cores.
   gather='A[I_X, J] @ B[J_X, K] -> C[I_X, K]'
-  step gemm_threads_X2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --sizes "$SIZES" --repeat "$REPEAT" \
-    --rounds "$ROUNDS" --hw "$(profile X=2 threads gemm_threads_X2)" --json
-  step gemm_mpi_X2 "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$gather" --mesh X=2 --backend mpi --sizes "$SIZES" \
-    --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 mpi gemm_mpi_X2)" --json
+  step gemm_threads_X2 "$SHARDMM" "${MATMUL[@]}" "$gather" --mesh X=2 --sizes "$SIZES" \
+    --hw "$(profile X=2 threads gemm_threads_X2)" --json
+  step gemm_mpi_X2 "${MPIRUN[@]}" -n 2 "$SHARDMM" "${MATMUL[@]}" "$gather" --mesh X=2 --backend mpi --sizes "$SIZES" \
+    --hw "$(profile X=2 mpi gemm_mpi_X2)" --json
 fi
 
 if wanted choice; then
   # 4 and 5. Every candidate of a fixed suite: how often the choice is within 5% of the fastest,
   # and predicted / measured per strategy on PROFILE.
-  step choice_gather "$SHARDMM" bench matmul 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
-    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads choice_gather)" --json
-  step choice_reduce "$SHARDMM" bench matmul 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
-    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads choice_reduce)" --json
-  step choice_2d "$SHARDMM" bench matmul 'A[I_X, J_Y] @ B[J_X, K_Y] -> C[I_X, K_Y]' --mesh X=2,Y=2 \
-    --sizes "$CHOICE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2,Y=2 threads choice_2d)" --json
+  step choice_gather "$SHARDMM" "${MATMUL[@]}" 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
+    --all --hw "$(profile X=2 threads choice_gather)" --json
+  step choice_reduce "$SHARDMM" "${MATMUL[@]}" 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=2 --sizes "$CHOICE_SIZES" \
+    --all --hw "$(profile X=2 threads choice_reduce)" --json
+  step choice_2d "$SHARDMM" "${MATMUL[@]}" 'A[I_X, J_Y] @ B[J_X, K_Y] -> C[I_X, K_Y]' --mesh X=2,Y=2 \
+    --sizes "$CHOICE_SIZES" --all --hw "$(profile X=2,Y=2 threads choice_2d)" --json
   # Gathering A (I x J) or B (J x K): the cheaper one changes where K passes I.
-  step choice_crossover "$SHARDMM" bench matmul 'A[I_X, J] @ B[J, K_X] -> C[I, K_X]' --mesh X=2 \
-    --dims "$CROSSOVER_DIMS" --sizes "$CROSSOVER_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads choice_crossover)" --json
+  step choice_crossover "$SHARDMM" "${MATMUL[@]}" 'A[I_X, J] @ B[J, K_X] -> C[I, K_X]' --mesh X=2 \
+    --dims "$CROSSOVER_DIMS" --sizes "$CROSSOVER_SIZES" --all --hw "$(profile X=2 threads choice_crossover)" --json
 fi
 
 if wanted judge; then
@@ -115,24 +119,24 @@ if wanted judge; then
   for expr in 'A[I_X, J] @ B[J_X, K] -> C[I_X, K]' 'A[I, J_X] @ B[J_X, K] -> C[I, K]' \
     'A[I_X, J] @ B[J, K_X] -> C[I, K_X]' 'A[I, J_X] @ B[J_X, K] -> C[I_X, K]'; do
     n=$((n + 1))
-    step "judge_threads_X2_$n" "$SHARDMM" bench matmul "$expr" --mesh X=2 --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" \
-      --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads "judge_threads_X2_$n")" --json
-    step "judge_mpi_X2_$n" "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$expr" --mesh X=2 --backend mpi \
-      --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
+    step "judge_threads_X2_$n" "$SHARDMM" "${MATMUL[@]}" "$expr" --mesh X=2 --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" \
+      --all --hw "$(profile X=2 threads "judge_threads_X2_$n")" --json
+    step "judge_mpi_X2_$n" "${MPIRUN[@]}" -n 2 "$SHARDMM" "${MATMUL[@]}" "$expr" --mesh X=2 --backend mpi \
+      --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" --all \
       --hw "$(profile X=2 mpi "judge_mpi_X2_$n")" --json
   done
   thin='A[I_X, J] @ B[J_X, K] -> C[I_X, K]'
-  step judge_threads_X2_thin "$SHARDMM" bench matmul "$thin" --mesh X=2 --dims "$JUDGE_THIN" --sizes "$JUDGE_SIZES" \
-    --all --repeat "$REPEAT" --rounds "$ROUNDS" --hw "$(profile X=2 threads judge_threads_X2_thin)" --json
-  step judge_mpi_X2_thin "${MPIRUN[@]}" -n 2 "$SHARDMM" bench matmul "$thin" --mesh X=2 --backend mpi \
-    --dims "$JUDGE_THIN" --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
+  step judge_threads_X2_thin "$SHARDMM" "${MATMUL[@]}" "$thin" --mesh X=2 --dims "$JUDGE_THIN" --sizes "$JUDGE_SIZES" \
+    --all --hw "$(profile X=2 threads judge_threads_X2_thin)" --json
+  step judge_mpi_X2_thin "${MPIRUN[@]}" -n 2 "$SHARDMM" "${MATMUL[@]}" "$thin" --mesh X=2 --backend mpi \
+    --dims "$JUDGE_THIN" --sizes "$JUDGE_SIZES" --all \
     --hw "$(profile X=2 mpi judge_mpi_X2_thin)" --json
   two_d='A[I_X, J_Y] @ B[J_X, K_Y] -> C[I_X, K_Y]'
-  step judge_threads_X2Y2 "$SHARDMM" bench matmul "$two_d" --mesh X=2,Y=2 --dims "$JUDGE_DIMS" \
-    --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
+  step judge_threads_X2Y2 "$SHARDMM" "${MATMUL[@]}" "$two_d" --mesh X=2,Y=2 --dims "$JUDGE_DIMS" \
+    --sizes "$JUDGE_SIZES" --all \
     --hw "$(profile X=2,Y=2 threads judge_threads_X2Y2)" --json
-  step judge_mpi_X2Y2 "${MPIRUN[@]}" -n 4 "$SHARDMM" bench matmul "$two_d" --mesh X=2,Y=2 --backend mpi \
-    --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" --all --repeat "$REPEAT" --rounds "$ROUNDS" \
+  step judge_mpi_X2Y2 "${MPIRUN[@]}" -n 4 "$SHARDMM" "${MATMUL[@]}" "$two_d" --mesh X=2,Y=2 --backend mpi \
+    --dims "$JUDGE_DIMS" --sizes "$JUDGE_SIZES" --all \
     --hw "$(profile X=2,Y=2 mpi judge_mpi_X2Y2)" --json
 fi
 

@@ -5,6 +5,7 @@
 #include <random>
 
 #include "autodiff_testing.h"
+#include "random_cases.h"
 #include "shardmm/autodiff/tape.h"
 
 namespace shardmm {
@@ -129,8 +130,10 @@ TEST(SeedExamples, ShardedGemmBackpropThousandSizesPerSplit) {
     for (double& x : v) x = small(rng);
     return v;
   };
+  // A thousand per split, fewer under the sanitizers (testing::scaled_cases).
+  const unsigned trials = testing::scaled_cases(1000);
   for (Split split : {Split::rows, Split::columns, Split::inner}) {
-    for (int trial = 0; trial < 1000; ++trial) {
+    for (unsigned trial = 0; trial < trials; ++trial) {
       Gemm p;
       p.m = std::uniform_int_distribution<std::int64_t>(0, 9)(rng);
       p.k = std::uniform_int_distribution<std::int64_t>(0, 9)(rng);

@@ -67,7 +67,8 @@ Mesh four_device_mesh(testing::Rng& rng) {
 
 TEST(MpiExecutorTest, RandomContractionsMatchThreadsBitForBit) {
   int plans = 0;
-  for (int i = 0; i < 120; ++i) {
+  const int cases = static_cast<int>(testing::scaled_cases(120));
+  for (int i = 0; i < cases; ++i) {
     const std::uint64_t seed = 7000 + static_cast<std::uint64_t>(i);
     testing::Rng rng(seed);  // every rank draws the same cases
     const Mesh mesh = four_device_mesh(rng);
@@ -83,7 +84,7 @@ TEST(MpiExecutorTest, RandomContractionsMatchThreadsBitForBit) {
       ++plans;
     }
   }
-  EXPECT_GT(plans, 120);
+  EXPECT_GT(plans, cases);
 }
 
 // The collective matmul rings (isend/irecv between chunk GEMMs) on the mpi backend: every
