@@ -81,8 +81,8 @@ void add_planning_flags(CLI::App& app, PlanningFlags& flags, bool dims_required)
                "bytes; units B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)");
   app.add_option("--tie-margin", flags.tie_margin,
                  "candidates predicted within this fraction of the cheapest one's time are a near tie, which goes to "
-                 "the one whose devices synchronize least often (collectives, ring steps); 0 picks the cheapest, "
-                 "e.g. --tie-margin 0 (default 0.02)");
+                 "the one whose devices synchronize least often (collectives, ring steps), e.g. --tie-margin 0.02 "
+                 "(default 0: the cheapest)");
   add_json_flag(app, flags.json);
   app.add_flag("--show", flags.show, "draw how each tensor's blocks lie on the mesh devices, e.g. --show");
 }

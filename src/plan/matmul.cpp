@@ -658,8 +658,8 @@ class MatmulPlanner {
     return *c.output;
   }
 
-  // PlanOptions::tie_margin: the model's error on a real machine is larger than a percent or
-  // two, while each synchronization exposes the plan to its members' skew, which it does not price.
+  // PlanOptions::tie_margin (default 0): a near tie goes to the plan whose members meet least
+  // often, for machines whose skew between members the calibration does not see.
   int choose(double tie_margin) const {
     const auto cheapest =
         std::find_if(candidates_.begin(), candidates_.end(), [](const Candidate& c) { return c.fits_memory; });

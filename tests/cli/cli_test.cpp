@@ -416,7 +416,7 @@ TEST(CliJson, KeysAreTheDocumentedOnesInTheirOrder) {
     return k == "roles" || k == "cases" || k == "near_tie" || k == "every_output_layout";
   });
   EXPECT_EQ(keys_of(reshard), expected);
-  EXPECT_EQ(reshard["tie_margin"], 0.02);
+  EXPECT_EQ(reshard["tie_margin"], 0);
   const std::vector<std::string> model{"model", "mlp",    "--strategy",      "tp",    "--mesh",
                                        "X=2",   "--dims", "B=2,T=2,D=4,F=4", "--json"};
   std::vector<std::string> with_run = model;

@@ -35,7 +35,7 @@ struct PlanOptions {
   bool reduction_workspace = false;
   // Candidates predicted within this fraction of the cheapest one's time are a near tie, which
   // goes to the one with the fewest synchronizations (plan/step.h). 0: the cheapest, always.
-  double tie_margin = 0.02;
+  double tie_margin = 0;
 };
 
 // Plans `from` -> `to` for one tensor of global `shape` (the two specs name the same
