@@ -154,7 +154,6 @@ void expect_local_steps(const program::Graph& g, const nn::ProgramPrediction& p,
 }
 
 TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
-  testing::Rng rng(20261204);
   std::map<std::string, int> seen;
   std::map<std::pair<autodiff::Phase, std::string>, int> local_steps;
   // Every program is written and tallied (the coverage check below is about the generator);
@@ -162,6 +161,8 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
   const int written = 1000;
   const int stride = written / static_cast<int>(testing::scaled_cases(written));
   for (int c = 0; c < written; ++c) {
+    const std::uint64_t seed = 20261204 + static_cast<std::uint64_t>(c);
+    testing::Rng rng(seed);
     const Mesh mesh = testing::random_mesh(rng, 3, 8);
     testing::ProgramWriter writer(rng, mesh);
     const testing::RandomProgram p = writer.write(testing::uniform(rng, 2, 6));
@@ -169,8 +170,10 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
     // Half the programs split as torch.chunk (the same draws either way).
     program::BindOptions bind;
     bind.split = c % 2 ? SplitRule::chunk : SplitRule::array;
-    SCOPED_TRACE("case " + std::to_string(c) + ", split " + std::string(to_string(bind.split)) + ":\n" + p.text);
-    const program::Graph g = bind_text(p.text, bind);
+    SCOPED_TRACE("case " + std::to_string(c) + " (seed " + std::to_string(seed) + "), split " +
+                 std::string(to_string(bind.split)) + ":\n" + p.text);
+    program::Graph g;
+    ASSERT_NO_THROW(g = bind_text(p.text, bind)) << "the writer wrote a program that does not bind";
     nn::ProgramOptions options;
     options.seed = static_cast<std::uint64_t>(c);
     // Every program's prediction (symbolic: cheap) has its local steps.
@@ -340,11 +343,12 @@ TEST(ProgramRun, RingsRunAsOneStepWithTheUnfusedPairsBackward) {
 // Random programs with rings allowed, on the ring-friendly profile: every one that runs a ring
 // verifies against the dense step, and its prediction is what the run recorded.
 TEST(ProgramRun, RandomProgramsWithRingsMatchTheDenseStep) {
-  testing::Rng rng(20261205);
   int gather_rings = 0, scatter_rings = 0, executed = 0;
   const int written = 3000;
   const int budget = static_cast<int>(testing::scaled_cases(45));
   for (int c = 0; c < written && executed < budget; ++c) {
+    const std::uint64_t seed = 20261205 + static_cast<std::uint64_t>(c);
+    testing::Rng rng(seed);
     const Mesh mesh = testing::random_mesh(rng, 3, 8);
     testing::ProgramWriter writer(rng, mesh);
     const testing::RandomProgram p = writer.write(testing::uniform(rng, 2, 6));
@@ -357,8 +361,9 @@ TEST(ProgramRun, RandomProgramsWithRingsMatchTheDenseStep) {
       at = text.find(']', at) + 1;
       text.insert(at, " regathered");
     }
-    SCOPED_TRACE("case " + std::to_string(c) + ":\n" + text);
-    const program::Graph g = bind_text(text, bind);
+    SCOPED_TRACE("case " + std::to_string(c) + " (seed " + std::to_string(seed) + "):\n" + text);
+    program::Graph g;
+    ASSERT_NO_THROW(g = bind_text(text, bind)) << "the writer wrote a program that does not bind";
     nn::ProgramOptions options;
     options.seed = static_cast<std::uint64_t>(c);
     options.hw = ring_friendly();
