@@ -4,6 +4,7 @@
 // prediction against what the executed run records.
 #include <gtest/gtest.h>
 
+#include <climits>
 #include <cstdio>
 #include <map>
 #include <tuple>
@@ -183,10 +184,12 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
     ASSERT_TRUE(r.verification.verified) << r.verification.detail;
     expect_prediction_matches(g, options, r);
   }
+  std::pair<int, std::string> fewest_op{INT_MAX, ""}, fewest_step{INT_MAX, ""};  // (count, name)
   for (const char* k : {"relu",      "gelu",   "silu",  "tanh",   "exp",         "scale",   "add",        "sub",
                         "mul",       "einsum", "sum",   "mean",   "max",         "softmax", "layer_norm", "rms_norm",
                         "transpose", "split",  "merge", "rename", "causal_mask", "route"}) {
     EXPECT_GE(seen[k], 3) << "op " << k << " rarely generated";
+    fewest_op = std::min(fewest_op, {seen[k], k});
   }
   // Every local op's kind, forward and backward (a route's dispatch gets no gradient; the
   // loss's sum is the whole-tensor reduction the generator writes).
@@ -195,10 +198,14 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
         "mul",       "sum",       "reduce_sum", "reduce_mean", "reduce_max",  "softmax", "layer_norm", "rms_norm",
         "transpose", "split_dim", "merge_dims", "rename",      "causal_mask", "route"}) {
     EXPECT_GE((local_steps[{autodiff::Phase::forward, f}]), 1) << f << " forward";
+    fewest_step = std::min(fewest_step, {local_steps[{autodiff::Phase::forward, f}], std::string(f) + " forward"});
     if (std::string(f) != "route") {
       EXPECT_GE((local_steps[{autodiff::Phase::backward, f}]), 1) << f << " backward";
+      fewest_step = std::min(fewest_step, {local_steps[{autodiff::Phase::backward, f}], std::string(f) + " backward"});
     }
   }
+  std::printf("%d programs: the rarest op %s written %d times, the rarest local step %s taken %d times\n", written,
+              fewest_op.second.c_str(), fewest_op.first, fewest_step.second.c_str(), fewest_step.first);
 }
 
 // A norm over D reads and writes each device's rows: sequence parallelism (T split over X=4)

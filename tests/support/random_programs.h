@@ -237,6 +237,9 @@ class ProgramWriter {
             }
           }
           finish(fresh(), out, "split(" + a + ", R -> P Q)", "split");
+          // Half the time merged straight back (as attention's heads are): a merge otherwise
+          // needs a later op to take a value with P Q still side by side, which is rare.
+          if (uniform(rng_, 0, 1)) finish(fresh(), la, "merge(" + last_ + ", P Q -> R)", "merge");
           return;
         }
         const auto p = std::find(la.begin(), la.end(), "P");
