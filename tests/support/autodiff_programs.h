@@ -575,11 +575,8 @@ class ProgramGenerator {
     return static_cast<int>(vars_.size()) - 1;
   }
 
-  // random_spec(.., allow_unreduced = false) still makes unreduced axes at times; drop them.
   Spec whole_spec(const std::string& tensor, const std::vector<std::string>& dims) {
-    Spec s = random_spec(rng_, mesh(), tensor, dims, false);
-    s.unreduced.clear();
-    return s;
+    return random_spec(rng_, mesh(), tensor, dims, false);
   }
 
   const Spec& spec(int v) const { return vars_[static_cast<std::size_t>(v)].spec(); }

@@ -94,9 +94,7 @@ class ProgramWriter {
   }
 
   std::string spec_text(const std::string& name, const std::vector<std::string>& l, bool allow_unreduced) {
-    Spec s = random_spec(rng_, mesh_, name, l, allow_unreduced);
-    if (!allow_unreduced) s.unreduced.clear();  // random_spec makes some even when told not to
-    return format_spec(s, mesh_);
+    return format_spec(random_spec(rng_, mesh_, name, l, allow_unreduced), mesh_);
   }
 
   void add(const std::string& name, const std::vector<std::string>& l) {
