@@ -4,6 +4,8 @@
 // events and memory against the executed ones.
 #include <gtest/gtest.h>
 
+#include <climits>
+#include <cstdio>
 #include <map>
 
 #include "autodiff_programs.h"
@@ -39,14 +41,20 @@ TEST(Gradients, RandomCompositionsMatchFiniteDifferencesAndOneDevice) {
 
     testing::check_program(p);
   }
+  std::pair<int, Kind> fewest{INT_MAX, Kind::sum}, fewest_sharded{INT_MAX, Kind::sum};  // (count, kind)
   for (int k = 0; k <= static_cast<int>(testing::kLastKind); ++k) {
     EXPECT_GE(seen[static_cast<Kind>(k)], 5)
         << "op " << testing::kind_name(static_cast<Kind>(k)) << " rarely generated";
+    fewest = std::min(fewest, {seen[static_cast<Kind>(k)], static_cast<Kind>(k)});
   }
   for (int k = static_cast<int>(Kind::reduce_sum); k <= static_cast<int>(Kind::rms_norm_over); ++k) {
     EXPECT_GE(sharded_letter[static_cast<Kind>(k)], 5)
         << "op " << testing::kind_name(static_cast<Kind>(k)) << " rarely over a sharded letter";
+    fewest_sharded = std::min(fewest_sharded, {sharded_letter[static_cast<Kind>(k)], static_cast<Kind>(k)});
   }
+  std::printf("%d programs: the rarest op %s generated %d times, %s over a sharded letter %d times (the fewest)\n",
+              cases, testing::kind_name(fewest.second), fewest.first, testing::kind_name(fewest_sharded.second),
+              fewest_sharded.first);
 }
 
 }  // namespace

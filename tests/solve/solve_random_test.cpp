@@ -22,17 +22,21 @@ double predicted_time(const nn::ProgramPrediction& p) {
 }
 
 TEST(SolveRandom, OptimumIsExhaustiveSearchsAndRunsVerified) {
-  testing::Rng rng(20261205);
   const int cases = static_cast<int>(testing::scaled_cases(150));
   int compared = 0, limited = 0, executed = 0;
   for (int c = 0; c < cases; ++c) {
+    const std::uint64_t seed = 20261205 + static_cast<std::uint64_t>(c);
+    testing::Rng rng(seed);
     const Mesh mesh = testing::random_mesh(rng, 2, 4);
     testing::ProgramWriter writer(rng, mesh);
     const testing::RandomProgram p = writer.write(testing::uniform(rng, 2, 5));
     program::BindOptions bind;
     bind.split = c % 2 ? SplitRule::chunk : SplitRule::array;
-    SCOPED_TRACE("case " + std::to_string(c) + ", split " + std::string(to_string(bind.split)) + ":\n" + p.text);
-    const program::Graph g = program::bind(program::parse_program(p.text, "random.prog"), bind);
+    SCOPED_TRACE("case " + std::to_string(c) + " (seed " + std::to_string(seed) + "), split " +
+                 std::string(to_string(bind.split)) + ":\n" + p.text);
+    program::Graph g;
+    ASSERT_NO_THROW(g = program::bind(program::parse_program(p.text, "random.prog"), bind))
+        << "the writer wrote a program that does not bind";
     nn::ProgramOptions options;
     options.train = c % 4 != 3;
     options.optimizer = c % 3 == 0 ? nn::Optimizer::adam : nn::Optimizer::sgd;

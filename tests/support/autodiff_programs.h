@@ -575,11 +575,8 @@ class ProgramGenerator {
     return static_cast<int>(vars_.size()) - 1;
   }
 
-  // random_spec(.., allow_unreduced = false) still makes unreduced axes at times; drop them.
   Spec whole_spec(const std::string& tensor, const std::vector<std::string>& dims) {
-    Spec s = random_spec(rng_, mesh(), tensor, dims, false);
-    s.unreduced.clear();
-    return s;
+    return random_spec(rng_, mesh(), tensor, dims, false);
   }
 
   const Spec& spec(int v) const { return vars_[static_cast<std::size_t>(v)].spec(); }
@@ -606,6 +603,24 @@ class ProgramGenerator {
     }
     if (!u.empty()) cur = push({Kind::all_reduce, {cur}, {}, {}, "", "", u});
     return cur;
+  }
+
+  // Half the time, when `cur`'s letter `d` is not sharded, a reshard moves a mesh axis (one
+  // with no sum pending over it) onto `d`: the ops over a letter meet a sharded one more often
+  // than the letters' random layouts alone give them.
+  int maybe_sharded_along(int cur, const std::string& d) {
+    Spec to = spec(cur);
+    const std::size_t at = static_cast<std::size_t>(to.find_dim(d));
+    AxisList movable;
+    for (int a = 0; a < mesh().rank(); ++a) {
+      if (!to.is_unreduced(a)) movable.push_back(a);
+    }
+    if (!to.dims[at].axes.empty() || movable.empty() || uniform(rng_, 0, 1) == 0) return cur;
+    const int axis = movable[static_cast<std::size_t>(uniform(rng_, 0, static_cast<int>(movable.size()) - 1))];
+    for (DimSpec& other : to.dims)
+      other.axes.erase(std::remove(other.axes.begin(), other.axes.end(), axis), other.axes.end());
+    to.dims[at].axes.push_back(axis);
+    return push({Kind::reshard, {cur}, {}, to});
   }
 
   // Gathers the last dimension whole (softmax and layer norm need whole rows).
@@ -819,6 +834,7 @@ class ProgramGenerator {
         const Kind k[] = {Kind::softmax_over, Kind::layer_norm_over, Kind::rms_norm_over};
         Instr in{k[uniform(rng_, 0, 2)], {cur}};
         in.dim = spec(cur).dims[static_cast<std::size_t>(uniform(rng_, 0, 1))].name;
+        in.args = {maybe_sharded_along(cur, in.dim)};
         return push(in);
       }
       case 15: {  // a reduction over either dimension (sums of partial sums too), then an outer
@@ -828,6 +844,7 @@ class ProgramGenerator {
         if (kind == Kind::reduce_max) cur = make_whole(cur);
         Instr in{kind, {cur}};
         in.dim = spec(cur).dims[static_cast<std::size_t>(uniform(rng_, 0, 1))].name;
+        in.args = {maybe_sharded_along(cur, in.dim)};
         const int r = push(in);
         const Spec s = spec(r);
         const std::string l = letter();

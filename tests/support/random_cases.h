@@ -52,11 +52,13 @@ inline Spec random_spec(Rng& rng, const Mesh& mesh, const std::string& tensor, c
   std::vector<int> order(static_cast<std::size_t>(mesh.rank()));
   for (int i = 0; i < mesh.rank(); ++i) order[static_cast<std::size_t>(i)] = i;
   std::shuffle(order.begin(), order.end(), rng);
+  const int n = static_cast<int>(dims.size());
   for (int a : order) {
-    const int choice = uniform(rng, 0, static_cast<int>(dims.size()) + (allow_unreduced ? 1 : 0));
-    if (choice < static_cast<int>(dims.size())) {
+    // A dimension (sharded 2 times in 3), else unreduced 1 time in 3 if allowed, else unused.
+    const int choice = uniform(rng, 0, allow_unreduced ? n + 1 : n);
+    if (choice < n) {
       if (uniform(rng, 0, 2) > 0) s.dims[static_cast<std::size_t>(choice)].axes.push_back(a);
-    } else if (uniform(rng, 0, 2) == 0) {
+    } else if (allow_unreduced && uniform(rng, 0, 2) == 0) {
       s.unreduced.push_back(a);
     }
   }

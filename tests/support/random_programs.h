@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -50,7 +51,17 @@ class ProgramWriter {
       op();
     }
     for (const std::string& leaf : std::vector<std::string>(unused_.begin(), unused_.end())) {
-      // An elementwise product with the last value keeps every leaf in the program.
+      // An elementwise product with the last value keeps every leaf in the program; the last
+      // value first sums away letters the leaf lacks while the two have more than 4 together.
+      while (joined(last_, leaf).size() > 4) {
+        const std::vector<std::string>& l = letters_[last_];
+        const std::string over = *std::find_if(l.begin(), l.end(), [&](const std::string& x) {
+          return std::find(letters_[leaf].begin(), letters_[leaf].end(), x) == letters_[leaf].end();
+        });
+        std::vector<std::string> out;
+        std::copy_if(l.begin(), l.end(), std::back_inserter(out), [&](const std::string& x) { return x != over; });
+        finish(fresh(), out, "sum(" + last_ + ", over=" + over + ")", "sum");
+      }
       binary_line("mul", last_, leaf);
     }
     lines_.push_back("loss sum(" + last_ + ")");
@@ -83,9 +94,7 @@ class ProgramWriter {
   }
 
   std::string spec_text(const std::string& name, const std::vector<std::string>& l, bool allow_unreduced) {
-    Spec s = random_spec(rng_, mesh_, name, l, allow_unreduced);
-    if (!allow_unreduced) s.unreduced.clear();  // random_spec makes some even when told not to
-    return format_spec(s, mesh_);
+    return format_spec(random_spec(rng_, mesh_, name, l, allow_unreduced), mesh_);
   }
 
   void add(const std::string& name, const std::vector<std::string>& l) {
@@ -119,14 +128,19 @@ class ProgramWriter {
     add(name, l);
   }
 
-  void binary_line(const std::string& f, const std::string& a, const std::string& b) {
+  // a's letters, then b's that a lacks: what an elementwise op of the two gives.
+  std::vector<std::string> joined(const std::string& a, const std::string& b) {
     std::vector<std::string> l = letters_[a];
     for (const std::string& x : letters_[b]) {
       if (std::find(l.begin(), l.end(), x) == l.end()) l.push_back(x);
     }
-    if (l.size() > 4) l.resize(4);  // never: operands have at most 4 letters together below
+    return l;
+  }
+
+  // Its callers keep a and b within 4 letters together.
+  void binary_line(const std::string& f, const std::string& a, const std::string& b) {
     const char* sym = f == "add" ? " + " : f == "sub" ? " - " : " * ";
-    finish(fresh(), l, a + sym + b, f);
+    finish(fresh(), joined(a, b), a + sym + b, f);
     unused_.erase(a);
     unused_.erase(b);
   }
@@ -148,11 +162,7 @@ class ProgramWriter {
       case 2:
       case 3: {
         std::string b = operand();
-        std::vector<std::string> both = la;
-        for (const std::string& x : letters_[b]) {
-          if (!has(x)) both.push_back(x);
-        }
-        if (both.size() > 4) {
+        if (joined(a, b).size() > 4) {
           if (leaves_.count(b)) unused_.insert(b);  // not used here after all
           b = a;
         }
@@ -225,6 +235,9 @@ class ProgramWriter {
             }
           }
           finish(fresh(), out, "split(" + a + ", R -> P Q)", "split");
+          // Half the time merged straight back (as attention's heads are): a merge otherwise
+          // needs a later op to take a value with P Q still side by side, which is rare.
+          if (uniform(rng_, 0, 1)) finish(fresh(), la, "merge(" + last_ + ", P Q -> R)", "merge");
           return;
         }
         const auto p = std::find(la.begin(), la.end(), "P");
