@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <numeric>
+#include <stdexcept>
 #include <tuple>
 #include <vector>
 
@@ -158,7 +159,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
   DimSizes sizes;
   for (std::size_t d = 0; d < shape.size(); ++d) sizes[step.from.dims[d].name] = shape[d];
   if (step.op == OpKind::exchange) {
-    const ExchangeTraffic traffic = exchange_traffic(mesh_, step, shape);
+    const ExchangeTraffic traffic = exchange_traffic(mesh_, step, shape, &memo_->exchange_dims);
     Cost c = cost_exchange(step, traffic);
     c.memory = step_memory(mesh_, step, sizes, options_.dtype, &traffic, &memo_->workspaces);
     return fill(memo_->costs[key] = c);
@@ -368,39 +369,44 @@ class GroupOverlap {
   std::int64_t multiplier_ = 1;
 };
 
-// A device's figures in some dimensions: {sent with the group, received with the members, kept}.
-struct Factors {
-  std::int64_t sends = 1, receives = 1, kept = 1;
-  bool operator<(const Factors& o) const {
-    return std::tie(sends, receives, kept) < std::tie(o.sends, o.receives, o.kept);
-  }
-  bool operator==(const Factors& o) const = default;
-  void times(const Factors& o) {
-    sends = checked_mul(sends, o.sends, GroupOverlap::kWhat);
-    receives = checked_mul(receives, o.receives, GroupOverlap::kWhat);
-    kept *= o.kept;  // a sub-box of the device's block: fits
-  }
-};
-
 // Each dimension's factors by the device's coordinates on the axes that split it under either
-// layout, worked out once each, and walks over devices that keep every dimension's key up to
-// date as a coordinate steps (an odometer): a visit is a few lookups and products, not a
-// division per axis and dimension.
+// layout (ExchangeDimFactors), worked out once each, and walks over devices that keep every
+// dimension's key up to date as a coordinate steps (an odometer): a visit is a few lookups and
+// products, not a division per axis and dimension.
 class DimFactors {
  public:
+  // The tables in `memo` where given (found or added there), else the walker's own.
   DimFactors(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape, const GroupOverlap& sends,
-             const GroupOverlap& receives)
-      : mesh_(mesh), step_(step), shape_(shape), sends_(sends), receives_(receives), dims_(step.from.dims.size()) {
-    for (std::size_t k = 0; k < dims_.size(); ++k) {
-      Dim& dim = dims_[k];
+             const GroupOverlap& receives, ExchangeDimMemo* memo)
+      : mesh_(mesh), step_(step), shape_(shape), sends_(sends), receives_(receives) {
+    own_.resize(memo ? 0 : shape.size());
+    for (std::size_t k = 0; k < shape.size(); ++k) {
+      AxisList axes;
       for (const Spec* spec : {&step.from, &step.to}) {
         for (int a : spec->dims[k].axes) {
-          if (std::find(dim.axes.begin(), dim.axes.end(), a) == dim.axes.end()) dim.axes.push_back(a);
+          if (std::find(axes.begin(), axes.end(), a) == axes.end()) axes.push_back(a);
         }
       }
-      std::int64_t keys = 1;
-      for (int a : dim.axes) keys *= mesh.size(a);  // at most the device count
-      dim.which.assign(static_cast<std::size_t>(keys), 0);
+      ExchangeDimFactors* dim = memo ? nullptr : &own_[k];
+      if (memo) {
+        // Its extent, its axes under each layout, and those of them the group holds.
+        std::vector<std::int64_t> key{shape[k]};
+        for (const Spec* spec : {&step.from, &step.to}) {
+          key.push_back(std::ssize(spec->dims[k].axes));
+          key.insert(key.end(), spec->dims[k].axes.begin(), spec->dims[k].axes.end());
+        }
+        for (int a : step.axes) {
+          if (std::find(axes.begin(), axes.end(), a) != axes.end()) key.push_back(a);
+        }
+        dim = &(*memo)[key];
+      }
+      if (dim->which.empty()) {
+        dim->axes = std::move(axes);
+        std::int64_t keys = 1;
+        for (int a : dim->axes) keys *= mesh.size(a);  // at most the device count
+        dim->which.assign(static_cast<std::size_t>(keys), 0);
+      }
+      dims_.push_back(dim);
     }
   }
 
@@ -412,7 +418,7 @@ class DimFactors {
     std::vector<std::int64_t> key_step(walk.size() * dims.size(), 0);
     for (std::size_t j = 0; j < dims.size(); ++j) {
       std::int64_t stride = 1;
-      const AxisList& axes = dims_[dims[j]].axes;
+      const AxisList& axes = dims_[dims[j]]->axes;
       for (std::size_t i = axes.size(); i-- > 0;) {  // the first axis the most significant
         const auto at = std::find(walk.begin(), walk.end(), axes[i]);
         if (at != walk.end()) key_step[static_cast<std::size_t>(at - walk.begin()) * dims.size() + j] = stride;
@@ -422,7 +428,7 @@ class DimFactors {
     std::vector<std::int64_t> coord(walk.size(), 0), key(dims.size(), 0);
     std::int64_t device = 0;
     while (true) {
-      Factors f;
+      ExchangeFactors f;
       for (std::size_t j = 0; j < dims.size(); ++j) f.times(at(dims[j], key[j], device));
       fn(f);
       std::size_t i = 0;
@@ -443,23 +449,14 @@ class DimFactors {
   }
 
  private:
-  // A dimension's few distinct factors, and by key the one that is its: a table of small
-  // numbers stays in cache where one of factors (8,192 keys on a 4-axis mesh) would not.
-  struct Dim {
-    AxisList axes;                           // the axes splitting it under either layout, the key's digits
-    std::vector<std::uint32_t> which;        // by key (mixed radix): 1 + its factors' index, 0 until worked out
-    std::vector<Factors> distinct;           // in the order found
-    std::map<Factors, std::uint32_t> index;  // distinct's
-  };
-
-  const Factors& at(std::size_t k, std::int64_t key, std::int64_t device) {
-    Dim& dim = dims_[k];
+  const ExchangeFactors& at(std::size_t k, std::int64_t key, std::int64_t device) {
+    ExchangeDimFactors& dim = *dims_[k];
     std::uint32_t& which = dim.which[static_cast<std::size_t>(key)];
     if (which == 0) {
       const Range from = shard_range(mesh_, shape_[k], step_.from.dims[k].axes, device);
       const Range to = shard_range(mesh_, shape_[k], step_.to.dims[k].axes, device);
-      const Factors f{sends_.dim_overlap(k, device, from), receives_.dim_overlap(k, device, to),
-                      overlap_extent(from, to)};
+      const ExchangeFactors f{sends_.dim_overlap(k, device, from), receives_.dim_overlap(k, device, to),
+                              overlap_extent(from, to)};
       const auto [it, added] = dim.index.emplace(f, static_cast<std::uint32_t>(dim.distinct.size()));
       if (added) dim.distinct.push_back(f);
       which = it->second + 1;
@@ -472,10 +469,17 @@ class DimFactors {
   const std::vector<std::int64_t>& shape_;
   const GroupOverlap& sends_;
   const GroupOverlap& receives_;
-  std::vector<Dim> dims_;
+  std::vector<ExchangeDimFactors> own_;
+  std::vector<ExchangeDimFactors*> dims_;  // by dimension
 };
 
 }  // namespace
+
+void ExchangeFactors::overflow(const ExchangeFactors& o) const {
+  checked_mul(sends, o.sends, GroupOverlap::kWhat);
+  checked_mul(receives, o.receives, GroupOverlap::kWhat);
+  throw std::logic_error("ExchangeFactors::overflow: the products fit");
+}
 
 // Each device's traffic, member by member: a block that several members' new blocks cover
 // goes to each of them, so what a device sends is not its block less what it keeps.
@@ -489,10 +493,11 @@ class DimFactors {
 // against every device of the exchange (8,192 on a 4-axis mesh) walked together, which is what
 // it does where that would visit no fewer devices (one part holding every axis) or the
 // combinations are no fewer (uneven splits everywhere).
-ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape) {
+ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape,
+                                 ExchangeDimMemo* memo) {
   // A device's block under `from` against the group's under `to` (what it sends), and the reverse.
   const GroupOverlap sends(mesh, step.to, shape, step.axes), receives(mesh, step.from, shape, step.axes);
-  DimFactors factors(mesh, step, shape, sends, receives);
+  DimFactors factors(mesh, step, shape, sends, receives, memo);
   const std::size_t dims = shape.size();
   // part[k]: the first dimension of k's part; axes[p]: the part's axes (p a part's first dimension).
   std::vector<std::size_t> part(dims);
@@ -527,9 +532,9 @@ ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::
     return out;
   };
   ExchangeTraffic t;
-  const auto add = [&](const Factors& parts) {
+  const auto add = [&](const ExchangeFactors& parts) {
     // What the device keeps is in both sums; it neither sends nor receives it.
-    Factors device{sends.multiplier(), receives.multiplier(), 1};
+    ExchangeFactors device{sends.multiplier(), receives.multiplier(), 1};
     device.times(parts);
     const std::int64_t sent = device.sends - device.kept, received = device.receives - device.kept;
     t.sent = std::max(t.sent, sent);
@@ -552,11 +557,11 @@ ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::
     apart += mesh.group_size(axes[p]);
   }
   const std::int64_t devices = mesh.group_size(every_axis);
-  std::vector<std::vector<Factors>> distinct;
+  std::vector<std::vector<ExchangeFactors>> distinct;
   std::int64_t combinations = 1;
   for (std::size_t i = 0; i < parts.size() && apart < devices && combinations < devices; ++i) {
-    std::vector<Factors>& found = distinct.emplace_back();
-    factors.walk(axes[parts[i]], dims_of(parts[i]), [&](const Factors& f) { found.push_back(f); });
+    std::vector<ExchangeFactors>& found = distinct.emplace_back();
+    factors.walk(axes[parts[i]], dims_of(parts[i]), [&](const ExchangeFactors& f) { found.push_back(f); });
     std::sort(found.begin(), found.end());
     found.erase(std::unique(found.begin(), found.end()), found.end());
     combinations *= static_cast<std::int64_t>(found.size());  // at most `devices`
@@ -569,7 +574,7 @@ ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::
   }
   std::vector<std::size_t> pick(distinct.size(), 0);
   while (true) {
-    Factors combination;
+    ExchangeFactors combination;
     for (std::size_t p = 0; p < distinct.size(); ++p) combination.times(distinct[p][pick[p]]);
     add(combination);
     std::size_t p = 0;
