@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <map>
 #include <numeric>
+#include <stdexcept>
 #include <tuple>
 #include <vector>
 
@@ -156,7 +159,7 @@ StepMemory StepCoster::cost(Step& step, const std::vector<std::int64_t>& shape) 
   DimSizes sizes;
   for (std::size_t d = 0; d < shape.size(); ++d) sizes[step.from.dims[d].name] = shape[d];
   if (step.op == OpKind::exchange) {
-    const ExchangeTraffic traffic = exchange_traffic(mesh_, step, shape);
+    const ExchangeTraffic traffic = exchange_traffic(mesh_, step, shape, &memo_->exchange_dims);
     Cost c = cost_exchange(step, traffic);
     c.memory = step_memory(mesh_, step, sizes, options_.dtype, &traffic, &memo_->workspaces);
     return fill(memo_->costs[key] = c);
@@ -289,51 +292,33 @@ StepMemory StepCoster::memory(const Step& step, const DimSizes& sizes) {
 
 namespace {
 
-// What a device's block under `own` shares with the blocks under `members` of the members of
-// its group (itself included), and with its own block under `members`. A box overlap is the
-// product of its dimensions' overlaps, and a member's range in dimension k depends only on its
-// coordinates on the group axes that split k under `members` (elsewhere it has the device's):
+// What a device's block under one layout shares with the blocks under `members` of the members
+// of its group (itself included). A box overlap is the product of its dimensions' overlaps, and
+// a member's range in dimension k depends only on its coordinates on the group axes that split
+// k under `members` (elsewhere it has the device's):
 // the sum over members is the product over dimensions of the sums over those coordinates,
 // times the size of the group axes that split nothing under `members`. Each dimension's sum
-// depends on the device's coordinates on that dimension's axes only, so it is remembered by
-// them, and it walks only the members' shards that meet the device's range: costing visits
-// each device once at most (exchange_traffic), not every pair.
+// depends on the device's coordinates on that dimension's axes only (exchange_traffic
+// remembers it by them), and it walks only the members' shards that meet the device's range.
 class GroupOverlap {
  public:
-  GroupOverlap(const Mesh& mesh, const Spec& own, const Spec& members, const std::vector<std::int64_t>& shape,
-               const AxisList& group)
-      : mesh_(mesh), own_(own), members_(members), shape_(shape), dims_(shape.size()) {
+  GroupOverlap(const Mesh& mesh, const Spec& members, const std::vector<std::int64_t>& shape, const AxisList& group)
+      : mesh_(mesh), members_(members), shape_(shape), varying_(shape.size()) {
     AxisList splitting_none = group;
     for (std::size_t k = 0; k < shape.size(); ++k) {
-      Dim& dim = dims_[k];
-      dim.keyed_by = own.dims[k].axes;
       for (int a : members.dims[k].axes) {
-        if (std::find(dim.keyed_by.begin(), dim.keyed_by.end(), a) == dim.keyed_by.end()) dim.keyed_by.push_back(a);
         if (std::find(group.begin(), group.end(), a) == group.end()) continue;
-        dim.varying.push_back(a);
+        varying_[k].push_back(a);
         splitting_none.erase(std::find(splitting_none.begin(), splitting_none.end(), a));
       }
     }
     for (int a : splitting_none) multiplier_ = checked_mul(multiplier_, mesh.axis(a).size, kWhat);
-    for (Dim& dim : dims_) {
-      std::int64_t keys = 1;
-      for (int a : dim.keyed_by) keys *= mesh.size(a);  // at most the device count
-      dim.memo.assign(static_cast<std::size_t>(keys), {-1, -1});
-    }
   }
 
-  // Dimension k's factors for `device`: {its overlap with the group's blocks under `members`,
-  // with its own block under `members`}.
-  std::pair<std::int64_t, std::int64_t> dim_overlap(std::size_t k, std::int64_t device) {
-    Dim& dim = dims_[k];
-    std::int64_t key = 0;
-    for (int a : dim.keyed_by) key = key * mesh_.size(a) + mesh_.coord(device, a);
-    auto& known = dim.memo[static_cast<std::size_t>(key)];
-    if (known.first >= 0) return known;
-    const AxisList& split = members_.dims[k].axes;
-    const Range mine = shard_range(mesh_, shape_[k], own_.dims[k].axes, device);
-    const std::int64_t sum = overlap_with_shards(Range{0, shape_[k]}, split, 0, dim.varying, device, mine);
-    return known = {sum, overlap_extent(mine, shard_range(mesh_, shape_[k], split, device))};
+  // Dimension k's factor for `device`, whose range in k is `mine`: its overlap with the group's
+  // blocks under `members`.
+  std::int64_t dim_overlap(std::size_t k, std::int64_t device, const Range& mine) const {
+    return overlap_with_shards(Range{0, shape_[k]}, members_.dims[k].axes, 0, varying_[k], device, mine);
   }
   // The factor of the overlap with the group's blocks that no dimension sets: the size of the
   // group axes that split nothing under `members`.
@@ -342,13 +327,6 @@ class GroupOverlap {
   static constexpr const char* kWhat = "elements an exchange moves per device";
 
  private:
-  struct Dim {
-    AxisList keyed_by;  // the axes that split this dimension under either spec
-    AxisList varying;   // the group axes that split it under `members`
-    // By the device's coordinates on keyed_by (mixed radix); {-1, -1} until computed.
-    std::vector<std::pair<std::int64_t, std::int64_t>> memo;
-  };
-
   // The sum, over the members' shards of `r` split along split[level..] (coordinates on the
   // axes not in `varying` being the device's), of their overlap with `mine`. It visits only
   // the shards that meet `mine`, and takes a range inside `mine` whole when every axis left
@@ -385,14 +363,123 @@ class GroupOverlap {
   }
 
   const Mesh& mesh_;
-  const Spec& own_;
   const Spec& members_;
   const std::vector<std::int64_t>& shape_;
-  std::vector<Dim> dims_;
+  std::vector<AxisList> varying_;  // by dimension: the group axes that split it under `members`
   std::int64_t multiplier_ = 1;
 };
 
+// Each dimension's factors by the device's coordinates on the axes that split it under either
+// layout (ExchangeDimFactors), worked out once each, and walks over devices that keep every
+// dimension's key up to date as a coordinate steps (an odometer): a visit is a few lookups and
+// products, not a division per axis and dimension.
+class DimFactors {
+ public:
+  // The tables in `memo` where given (found or added there), else the walker's own.
+  DimFactors(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape, const GroupOverlap& sends,
+             const GroupOverlap& receives, ExchangeDimMemo* memo)
+      : mesh_(mesh), step_(step), shape_(shape), sends_(sends), receives_(receives) {
+    own_.resize(memo ? 0 : shape.size());
+    for (std::size_t k = 0; k < shape.size(); ++k) {
+      AxisList axes;
+      for (const Spec* spec : {&step.from, &step.to}) {
+        for (int a : spec->dims[k].axes) {
+          if (std::find(axes.begin(), axes.end(), a) == axes.end()) axes.push_back(a);
+        }
+      }
+      ExchangeDimFactors* dim = memo ? nullptr : &own_[k];
+      if (memo) {
+        // Its extent, its axes under each layout, and those of them the group holds.
+        std::vector<std::int64_t> key{shape[k]};
+        for (const Spec* spec : {&step.from, &step.to}) {
+          key.push_back(std::ssize(spec->dims[k].axes));
+          key.insert(key.end(), spec->dims[k].axes.begin(), spec->dims[k].axes.end());
+        }
+        for (int a : step.axes) {
+          if (std::find(axes.begin(), axes.end(), a) != axes.end()) key.push_back(a);
+        }
+        dim = &(*memo)[key];
+      }
+      if (dim->which.empty()) {
+        dim->axes = std::move(axes);
+        std::int64_t keys = 1;
+        for (int a : dim->axes) keys *= mesh.size(a);  // at most the device count
+        dim->which.assign(static_cast<std::size_t>(keys), 0);
+      }
+      dims_.push_back(dim);
+    }
+  }
+
+  // Calls fn(f) for each device whose coordinates are 0 off `walk`, with f the product of the
+  // factors of `dims` for it.
+  template <typename Fn>
+  void walk(const AxisList& walk, const std::vector<std::size_t>& dims, Fn fn) {
+    // By walked axis, by dimension of `dims`: what a step of the axis adds to the dimension's key.
+    std::vector<std::int64_t> key_step(walk.size() * dims.size(), 0);
+    for (std::size_t j = 0; j < dims.size(); ++j) {
+      std::int64_t stride = 1;
+      const AxisList& axes = dims_[dims[j]]->axes;
+      for (std::size_t i = axes.size(); i-- > 0;) {  // the first axis the most significant
+        const auto at = std::find(walk.begin(), walk.end(), axes[i]);
+        if (at != walk.end()) key_step[static_cast<std::size_t>(at - walk.begin()) * dims.size() + j] = stride;
+        stride *= mesh_.size(axes[i]);
+      }
+    }
+    std::vector<std::int64_t> coord(walk.size(), 0), key(dims.size(), 0);
+    std::int64_t device = 0;
+    while (true) {
+      ExchangeFactors f;
+      for (std::size_t j = 0; j < dims.size(); ++j) f.times(at(dims[j], key[j], device));
+      fn(f);
+      std::size_t i = 0;
+      for (; i < walk.size(); ++i) {
+        const std::int64_t size = mesh_.size(walk[i]);
+        const std::int64_t* steps = &key_step[i * dims.size()];
+        if (++coord[i] < size) {
+          device += mesh_.stride(walk[i]);
+          for (std::size_t j = 0; j < dims.size(); ++j) key[j] += steps[j];
+          break;
+        }
+        coord[i] = 0;
+        device -= (size - 1) * mesh_.stride(walk[i]);
+        for (std::size_t j = 0; j < dims.size(); ++j) key[j] -= (size - 1) * steps[j];
+      }
+      if (i == walk.size()) return;
+    }
+  }
+
+ private:
+  const ExchangeFactors& at(std::size_t k, std::int64_t key, std::int64_t device) {
+    ExchangeDimFactors& dim = *dims_[k];
+    std::uint32_t& which = dim.which[static_cast<std::size_t>(key)];
+    if (which == 0) {
+      const Range from = shard_range(mesh_, shape_[k], step_.from.dims[k].axes, device);
+      const Range to = shard_range(mesh_, shape_[k], step_.to.dims[k].axes, device);
+      const ExchangeFactors f{sends_.dim_overlap(k, device, from), receives_.dim_overlap(k, device, to),
+                              overlap_extent(from, to)};
+      const auto [it, added] = dim.index.emplace(f, static_cast<std::uint32_t>(dim.distinct.size()));
+      if (added) dim.distinct.push_back(f);
+      which = it->second + 1;
+    }
+    return dim.distinct[which - 1];
+  }
+
+  const Mesh& mesh_;
+  const Step& step_;
+  const std::vector<std::int64_t>& shape_;
+  const GroupOverlap& sends_;
+  const GroupOverlap& receives_;
+  std::vector<ExchangeDimFactors> own_;
+  std::vector<ExchangeDimFactors*> dims_;  // by dimension
+};
+
 }  // namespace
+
+void ExchangeFactors::overflow(const ExchangeFactors& o) const {
+  checked_mul(sends, o.sends, GroupOverlap::kWhat);
+  checked_mul(receives, o.receives, GroupOverlap::kWhat);
+  throw std::logic_error("ExchangeFactors::overflow: the products fit");
+}
 
 // Each device's traffic, member by member: a block that several members' new blocks cover
 // goes to each of them, so what a device sends is not its block less what it keeps.
@@ -406,8 +493,11 @@ class GroupOverlap {
 // against every device of the exchange (8,192 on a 4-axis mesh) walked together, which is what
 // it does where that would visit no fewer devices (one part holding every axis) or the
 // combinations are no fewer (uneven splits everywhere).
-ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape) {
-  GroupOverlap sends(mesh, step.from, step.to, shape, step.axes), receives(mesh, step.to, step.from, shape, step.axes);
+ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape,
+                                 ExchangeDimMemo* memo) {
+  // A device's block under `from` against the group's under `to` (what it sends), and the reverse.
+  const GroupOverlap sends(mesh, step.to, shape, step.axes), receives(mesh, step.from, shape, step.axes);
+  DimFactors factors(mesh, step, shape, sends, receives, memo);
   const std::size_t dims = shape.size();
   // part[k]: the first dimension of k's part; axes[p]: the part's axes (p a part's first dimension).
   std::vector<std::size_t> part(dims);
@@ -434,32 +524,17 @@ ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::
       }
     }
   }
-  // A part's factors for a device: {sent with the group, received with the members, kept}.
-  struct Factors {
-    std::int64_t sends = 1, receives = 1, kept = 1;
-    bool operator<(const Factors& o) const {
-      return std::tie(sends, receives, kept) < std::tie(o.sends, o.receives, o.kept);
-    }
-    bool operator==(const Factors& o) const = default;
-    void times(const Factors& o) {
-      sends = checked_mul(sends, o.sends, GroupOverlap::kWhat);
-      receives = checked_mul(receives, o.receives, GroupOverlap::kWhat);
-      kept *= o.kept;  // a sub-box of the device's block: fits
-    }
-  };
-  const auto part_factors = [&](std::size_t p, std::int64_t device) {
-    Factors f;
+  const auto dims_of = [&](std::size_t p) {
+    std::vector<std::size_t> out;
     for (std::size_t k = 0; k < dims; ++k) {
-      if (part[k] != p) continue;
-      const auto [sends_k, kept_k] = sends.dim_overlap(k, device);
-      f.times({sends_k, receives.dim_overlap(k, device).first, kept_k});
+      if (part[k] == p) out.push_back(k);
     }
-    return f;
+    return out;
   };
   ExchangeTraffic t;
-  const auto add = [&](const Factors& parts) {
+  const auto add = [&](const ExchangeFactors& parts) {
     // What the device keeps is in both sums; it neither sends nor receives it.
-    Factors device{sends.multiplier(), receives.multiplier(), 1};
+    ExchangeFactors device{sends.multiplier(), receives.multiplier(), 1};
     device.times(parts);
     const std::int64_t sent = device.sends - device.kept, received = device.receives - device.kept;
     t.sent = std::max(t.sent, sent);
@@ -482,27 +557,24 @@ ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::
     apart += mesh.group_size(axes[p]);
   }
   const std::int64_t devices = mesh.group_size(every_axis);
-  std::vector<std::vector<Factors>> distinct;
+  std::vector<std::vector<ExchangeFactors>> distinct;
   std::int64_t combinations = 1;
   for (std::size_t i = 0; i < parts.size() && apart < devices && combinations < devices; ++i) {
-    std::vector<Factors>& found = distinct.emplace_back();
-    for_each_device_on(mesh, axes[parts[i]],
-                       [&](std::int64_t device) { found.push_back(part_factors(parts[i], device)); });
+    std::vector<ExchangeFactors>& found = distinct.emplace_back();
+    factors.walk(axes[parts[i]], dims_of(parts[i]), [&](const ExchangeFactors& f) { found.push_back(f); });
     std::sort(found.begin(), found.end());
     found.erase(std::unique(found.begin(), found.end()), found.end());
     combinations *= static_cast<std::int64_t>(found.size());  // at most `devices`
   }
   if (distinct.size() < parts.size() || combinations >= devices) {  // every device, then
-    for_each_device_on(mesh, every_axis, [&](std::int64_t device) {
-      Factors f;
-      for (std::size_t p : parts) f.times(part_factors(p, device));
-      add(f);
-    });
+    std::vector<std::size_t> all(dims);
+    std::iota(all.begin(), all.end(), std::size_t{0});
+    factors.walk(every_axis, all, add);
     return t;
   }
   std::vector<std::size_t> pick(distinct.size(), 0);
   while (true) {
-    Factors combination;
+    ExchangeFactors combination;
     for (std::size_t p = 0; p < distinct.size(); ++p) combination.times(distinct[p][pick[p]]);
     add(combination);
     std::size_t p = 0;

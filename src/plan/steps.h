@@ -2,6 +2,7 @@
 // public door to one step).
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -18,6 +19,16 @@
 
 namespace shardmm::detail {
 
+// A memo key of numbers (layouts, names and sizes as numbers: formatting and hashing specs'
+// text took a quarter of a matmul planner's time).
+struct NumbersHash {
+  std::size_t operator()(const std::vector<std::int64_t>& key) const {
+    std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the numbers
+    for (std::int64_t n : key) h = (h ^ static_cast<std::uint64_t>(n)) * 1099511628211ull;
+    return static_cast<std::size_t>(h);
+  }
+};
+
 // How many leading axes two axis lists share.
 std::size_t common_prefix(const AxisList& a, const AxisList& b);
 // The exchange from `from` to `to` (plan/step.h), which must have the same pending sums.
@@ -29,7 +40,39 @@ Step make_exchange(const Spec& from, const Spec& to);
 struct ExchangeTraffic {
   std::int64_t sent = 0, received = 0, copied = 0;
 };
-ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape);
+
+// A device's figures in some dimensions of an exchange: the elements its block shares with
+// the group's blocks under the other layout (sent), the group's with its own block under the
+// other layout (received), and its own two blocks with each other (kept).
+struct ExchangeFactors {
+  std::int64_t sends = 1, receives = 1, kept = 1;
+  auto operator<=>(const ExchangeFactors&) const = default;
+  // Checked (InputError on overflow), inline: walks multiply factors for each of 8,192 devices.
+  void times(const ExchangeFactors& o) {
+    std::int64_t s = 0, r = 0;
+    if (__builtin_mul_overflow(sends, o.sends, &s) || __builtin_mul_overflow(receives, o.receives, &r)) overflow(o);
+    sends = s;
+    receives = r;
+    kept *= o.kept;  // a sub-box of the device's block: fits
+  }
+  [[noreturn]] void overflow(const ExchangeFactors& o) const;
+};
+// One dimension's factors by the device's coordinates on the axes that split it under either
+// layout (`axes`, the first the most significant digit of a key): an index into its few
+// distinct factors, kept small so that a table of 8,192 keys stays in cache.
+struct ExchangeDimFactors {
+  AxisList axes;
+  std::vector<std::uint32_t> which;  // by key: 1 + the index into `distinct`; 0 until worked out
+  std::vector<ExchangeFactors> distinct;
+  std::map<ExchangeFactors, std::uint32_t> index;  // distinct's
+};
+// A dimension's factors depend on its extent, its axes under both layouts and which of those
+// the exchange's group holds: a planner's exchanges share most of them. By those, as numbers.
+using ExchangeDimMemo = std::unordered_map<std::vector<std::int64_t>, ExchangeDimFactors, NumbersHash>;
+
+// The traffic, its dimensions' factors remembered in `memo` when given (one mesh's).
+ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape,
+                                 ExchangeDimMemo* memo = nullptr);
 
 // plan/memory.h's step_memory, given an exchange's traffic where it is known already, and
 // with the einsums' workspaces remembered in `workspaces` where given.
@@ -54,6 +97,7 @@ class StepCoster {
     std::unordered_map<std::string, Cost> costs;
     std::unordered_map<std::string, StepMemory> multiplying;
     EinsumWorkspaces workspaces;
+    ExchangeDimMemo exchange_dims;
   };
   // `shared` (kept alive by the caller) instead of a memo of its own, when given.
   StepCoster(const Mesh& mesh, const PlanOptions& options, Memo* shared = nullptr)
@@ -131,16 +175,6 @@ std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& 
 // reshards shares its memo); `options` sets the memory limit the plan is judged by.
 Plan plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
                   const PlanOptions& options);
-
-// A memo key of numbers (layouts, names and sizes as numbers: formatting and hashing specs'
-// text took a quarter of a matmul planner's time).
-struct NumbersHash {
-  std::size_t operator()(const std::vector<std::int64_t>& key) const {
-    std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the numbers
-    for (std::int64_t n : key) h = (h ^ static_cast<std::uint64_t>(n)) * 1099511628211ull;
-    return static_cast<std::size_t>(h);
-  }
-};
 
 // One reshard's ways (CostedSteps), and each way's steps' layouts as numbers: its part of a
 // matmul candidate's signature, which tells candidates with the same steps apart.

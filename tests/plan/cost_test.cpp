@@ -806,7 +806,8 @@ TEST(ExampleProfiles, ShippedExamplesLoad) {
 // An exchange's traffic against every pair of group members summed: what each device's block
 // under `from` shares with each member's block under `to` and the reverse, on random meshes of
 // up to four axes (uneven and empty blocks under both split rules). exchange_traffic instead
-// multiplies per-dimension sums and combines the distinct ones of independent dimensions.
+// multiplies per-dimension sums and combines the distinct ones of independent dimensions; with
+// a memo, it takes each dimension's sums from the exchanges it costed before on the mesh.
 TEST(ExchangeTraffic, EqualsEveryMemberPairSummed) {
   const auto box_overlap = [](const std::vector<Range>& a, const std::vector<Range>& b) {
     std::int64_t n = 1;
@@ -820,34 +821,40 @@ TEST(ExchangeTraffic, EqualsEveryMemberPairSummed) {
     const std::vector<std::string> letters(all_letters.begin(), all_letters.begin() + testing::uniform(rng, 1, 3));
     std::vector<std::int64_t> shape;
     for (std::size_t k = 0; k < letters.size(); ++k) shape.push_back(testing::uniform(rng, 1, 9));
-    const Spec from = testing::random_spec(rng, mesh, "A", letters, true);
-    Spec to = testing::random_spec(rng, mesh, "A", letters, false);
-    to.unreduced = from.unreduced;  // an exchange keeps the pending sums
-    for (int a : to.unreduced) {    // and moves no axis they are pending over
-      for (DimSpec& d : to.dims) d.axes.erase(std::remove(d.axes.begin(), d.axes.end(), a), d.axes.end());
-    }
-    const Step step = detail::make_exchange(from, to);
-    const detail::ExchangeTraffic t = detail::exchange_traffic(mesh, step, shape);
-    detail::ExchangeTraffic expected;
-    for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
-      const std::vector<Range> mine_from = shard_box(mesh, from, shape, d), mine_to = shard_box(mesh, to, shape, d);
-      const std::int64_t kept = box_overlap(mine_from, mine_to);
-      std::int64_t sent = -kept, received = -kept;
-      for (std::int64_t m : mesh.group_members(d, step.axes)) {
-        sent += box_overlap(mine_from, shard_box(mesh, to, shape, m));
-        received += box_overlap(mine_to, shard_box(mesh, from, shape, m));
+    detail::ExchangeDimMemo memo;  // the mesh's, across the exchanges below
+    // Three exchanges between random layouts, each costed without the memo and with it.
+    for (int exchange = 0; exchange < 3; ++exchange) {
+      const Spec from = testing::random_spec(rng, mesh, "A", letters, true);
+      Spec to = testing::random_spec(rng, mesh, "A", letters, false);
+      to.unreduced = from.unreduced;  // an exchange keeps the pending sums
+      for (int a : to.unreduced) {    // and moves no axis they are pending over
+        for (DimSpec& d : to.dims) d.axes.erase(std::remove(d.axes.begin(), d.axes.end(), a), d.axes.end());
       }
-      expected.sent = std::max(expected.sent, sent);
-      expected.received = std::max(expected.received, received);
-      expected.copied = std::max(expected.copied, sent + received + kept);
+      const Step step = detail::make_exchange(from, to);
+      detail::ExchangeTraffic expected;
+      for (std::int64_t d = 0; d < mesh.device_count(); ++d) {
+        const std::vector<Range> mine_from = shard_box(mesh, from, shape, d), mine_to = shard_box(mesh, to, shape, d);
+        const std::int64_t kept = box_overlap(mine_from, mine_to);
+        std::int64_t sent = -kept, received = -kept;
+        for (std::int64_t m : mesh.group_members(d, step.axes)) {
+          sent += box_overlap(mine_from, shard_box(mesh, to, shape, m));
+          received += box_overlap(mine_to, shard_box(mesh, from, shape, m));
+        }
+        expected.sent = std::max(expected.sent, sent);
+        expected.received = std::max(expected.received, received);
+        expected.copied = std::max(expected.copied, sent + received + kept);
+      }
+      SCOPED_TRACE("seed " + std::to_string(seed) + ": " + mesh.to_string() + " split " +
+                   std::string(to_string(mesh.split_rule())) + ", " + format_spec(from, mesh) + " -> " +
+                   format_spec(to, mesh));
+      for (detail::ExchangeDimMemo* with : {static_cast<detail::ExchangeDimMemo*>(nullptr), &memo}) {
+        const detail::ExchangeTraffic t = detail::exchange_traffic(mesh, step, shape, with);
+        EXPECT_EQ(t.sent, expected.sent) << (with ? "with the memo" : "without a memo");
+        EXPECT_EQ(t.received, expected.received) << (with ? "with the memo" : "without a memo");
+        EXPECT_EQ(t.copied, expected.copied) << (with ? "with the memo" : "without a memo");
+      }
+      if (::testing::Test::HasFailure()) return;  // one reproducible failure, not a flood
     }
-    SCOPED_TRACE("seed " + std::to_string(seed) + ": " + mesh.to_string() + " split " +
-                 std::string(to_string(mesh.split_rule())) + ", " + format_spec(from, mesh) + " -> " +
-                 format_spec(to, mesh));
-    EXPECT_EQ(t.sent, expected.sent);
-    EXPECT_EQ(t.received, expected.received);
-    EXPECT_EQ(t.copied, expected.copied);
-    if (::testing::Test::HasFailure()) return;  // one reproducible failure, not a flood
   }
 }
 
