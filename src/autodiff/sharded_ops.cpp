@@ -241,17 +241,17 @@ Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, co
   // Without rings only the chosen plan and the cheapest ringless one may be needed, all the
   // planner then builds; with some allowed, the cheapest whose rings are may be any candidate.
   const bool any_ring = rings.scatter || rings.gather[0] || rings.gather[1];
-  const MatmulPlanning planning =
-      plan_matmul(mesh, c, sizes, options, memo, any_ring ? Candidates::all : Candidates::chosen);
+  MatmulPlanning planning = plan_matmul(mesh, c, sizes, options, memo, any_ring ? Candidates::all : Candidates::chosen);
   const auto usable = [&](const Plan& p) {
     return std::all_of(p.steps.begin(), p.steps.end(),
                        [&](const Step& s) { return !is_collective_matmul(s.op) || rings.allows(s); });
   };
+  // Moved out, not copied: solve plans tens of thousands of contractions.
   if (planning.chosen >= 0 && usable(planning.candidates[static_cast<std::size_t>(planning.chosen)])) {
-    return planning.candidates[static_cast<std::size_t>(planning.chosen)];
+    return std::move(planning.candidates[static_cast<std::size_t>(planning.chosen)]);
   }
-  for (const Plan& p : planning.candidates) {
-    if (p.fits_memory && usable(p)) return p;
+  for (Plan& p : planning.candidates) {
+    if (p.fits_memory && usable(p)) return std::move(p);
   }
   throw InputError("planned_einsum: no plan for " + format_contraction(c, mesh));
 }

@@ -55,24 +55,36 @@ std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
   return plans_.emplace(key, std::move(made)).first->second;
 }
 
+std::size_t PlanCache::ReshardHash::operator()(const ReshardQuery& q) const {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the numbers and the names' hashes
+  const auto add = [&h](std::uint64_t n) { h = (h ^ n) * 1099511628211ull; };
+  const auto add_axes = [&](const AxisList& axes) {
+    for (int a : axes) add(static_cast<std::uint64_t>(a));
+    add(~std::uint64_t{0});
+  };
+  for (const Spec* s : {&q.from, &q.to}) {
+    add(std::hash<std::string>{}(s->tensor));
+    for (const DimSpec& d : s->dims) {
+      add(std::hash<std::string>{}(d.name));
+      add_axes(d.axes);
+    }
+    add_axes(s->unreduced);
+  }
+  for (std::int64_t n : q.shape) add(static_cast<std::uint64_t>(n));
+  add(static_cast<std::uint64_t>(q.dtype));
+  return static_cast<std::size_t>(h);
+}
+
 std::shared_ptr<const Plan> PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
                                                const PlanOptions& options) {
-  std::string key = from.tensor;
-  append_spec_key(key, from);
-  key += to.tensor;
-  append_spec_key(key, to);
-  key += to_string(options.dtype);
-  for (std::int64_t n : shape) {
-    key += ' ';
-    key += std::to_string(n);
-  }
+  const ReshardQuery query{from, to, shape, options.dtype};
   {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (const auto it = reshards_.find(key); it != reshards_.end()) return it->second;
+    if (const auto it = reshards_.find(query); it != reshards_.end()) return it->second;
   }
   auto made = std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, options));
   const std::lock_guard<std::mutex> lock(mutex_);
-  return reshards_.emplace(std::move(key), std::move(made)).first->second;
+  return reshards_.emplace(Reshard{from, to, shape, options.dtype}, std::move(made)).first->second;
 }
 
 AxisList sharding_axes(const Spec& spec) {

@@ -105,11 +105,12 @@ class MatmulPlanner {
       letter_ids_.push_back(id(l));
       sizes_key_.insert(sizes_key_.end(), {letter_ids_.back(), sizes.at(l)});
     }
+    named_ = {{{&c.a.tensor, id(c.a.tensor)}, {&c.b.tensor, id(c.b.tensor)}, {&c.out_tensor, id(c.out_tensor)}}};
     for (const Spec* s : {&c.a, &c.b}) {
-      layout_prefix_.push_back(id(s->tensor));
+      layout_prefix_.push_back(tensor_id(s->tensor));
       append_layout(layout_prefix_, *s);
     }
-    layout_prefix_.push_back(id(c.out_tensor));
+    layout_prefix_.push_back(tensor_id(c.out_tensor));
     for (const std::string& d : c.out_dims) layout_prefix_.push_back(letter_ids_[letter(d)]);
     layout_prefix_.push_back(-4);
     layout_prefix_.insert(layout_prefix_.end(), sizes_key_.begin(), sizes_key_.end());
@@ -289,7 +290,10 @@ class MatmulPlanner {
   }
 
   void build(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
-    std::vector<std::int64_t> key = layout_prefix_;
+    std::vector<std::int64_t> key;
+    key.reserve(layout_prefix_.size() + 2 * roles.size() + 2 * letters_.size() +
+                static_cast<std::size_t>(mesh_.rank()));
+    key = layout_prefix_;
     for (const Role& r : roles)
       key.insert(key.end(), {r.kind, r.kind == Role::dim ? letter_ids_[letter(r.letter)] : -1});
     for (const AxisList& axes : layout) {
@@ -331,7 +335,9 @@ class MatmulPlanner {
     // A's and B's reshards are the same for every target.
     made.a_ways = &reshard_options(c_.a, made.einsum->from, a_shape_);
     made.b_ways = &reshard_options(c_.b, made.einsum->from_b, b_shape_);
-    append_layout(made.c_layout, made.einsum->to);
+    std::vector<std::int64_t> c_layout;
+    append_layout(c_layout, made.einsum->to);
+    made.c_layout = signature_id(std::move(c_layout));
     return made;
   }
 
@@ -443,18 +449,15 @@ class MatmulPlanner {
     const Step& einsum = *local.layout->einsum;
     const detail::ReshardWays& a_ways = *local.layout->a_ways;
     const detail::ReshardWays& b_ways = *local.layout->b_ways;
-    const std::vector<std::int64_t>& c_layout = local.layout->c_layout;
+    const int c_layout = local.layout->c_layout;
     for (std::size_t t = 0; t < local.targets->size(); ++t) {
       const detail::ReshardWays& c_ways = reshard_options(einsum.to, (*local.targets)[t], c_shape_);
       for (std::size_t a = 0; a < a_ways.ways.size(); ++a) {
         for (std::size_t b = 0; b < b_ways.ways.size(); ++b) {
           for (std::size_t c = 0; c < c_ways.ways.size(); ++c) {
             // A candidate by its steps' layouts: another role combination may give the same one.
-            std::vector<std::int64_t> signature;
-            for (const std::vector<std::int64_t>* part : std::initializer_list<const std::vector<std::int64_t>*>{
-                     &a_ways.signatures[a], &b_ways.signatures[b], &c_ways.signatures[c], &c_layout})
-              signature.insert(signature.end(), part->begin(), part->end());
-            if (!seen_.insert(std::move(signature)).second) continue;
+            if (!seen_.insert({a_ways.signatures[a], b_ways.signatures[b], c_ways.signatures[c], c_layout}).second)
+              continue;
             add_plan(local, t, {&a_ways.ways[a], &b_ways.ways[b], &c_ways.ways[c]});
           }
         }
@@ -465,6 +468,20 @@ class MatmulPlanner {
   // A letter's or tensor's number in the memo.
   int id(const std::string& name) {
     return memo_->ids.try_emplace(name, static_cast<int>(memo_->ids.size())).first->second;
+  }
+
+  // A tensor's number: A's, B's and the result's without looking them up again.
+  int tensor_id(const std::string& name) {
+    for (const auto& [known, number] : named_) {
+      if (*known == name) return number;
+    }
+    return id(name);
+  }
+
+  // A signature's number in the memo.
+  int signature_id(std::vector<std::int64_t> signature) {
+    return memo_->signatures.try_emplace(std::move(signature), static_cast<int>(memo_->signatures.size()))
+        .first->second;
   }
 
   // A spec as numbers (each dimension's letter and axes, then the pending sums), for keys:
@@ -484,8 +501,9 @@ class MatmulPlanner {
   // candidate that takes it.
   const detail::ReshardWays& reshard_options(const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape) {
     std::vector<std::int64_t> key;
+    key.reserve(2 * (2 + 2 * from.dims.size() + static_cast<std::size_t>(mesh_.rank())) + shape.size());
     for (const Spec* s : {&from, &to}) {
-      key.push_back(id(s->tensor));
+      key.push_back(tensor_id(s->tensor));
       append_layout(key, *s);
     }
     key.insert(key.end(), shape.begin(), shape.end());
@@ -499,13 +517,14 @@ class MatmulPlanner {
     r.ways.push_back({std::move(planned), {}});
     for (detail::CostedSteps& way : r.ways) {
       for (Step& s : way.steps) way.memory.push_back(coster_.cost(s, shape));
-      std::vector<std::int64_t>& signature = r.signatures.emplace_back();
+      std::vector<std::int64_t> signature;
       for (const Step& s : way.steps) {
         append_layout(signature, s.from);
         append_layout(signature, s.to);
         signature.push_back(static_cast<int>(s.op));
       }
       signature.push_back(-3);
+      r.signatures.push_back(signature_id(std::move(signature)));
     }
     return memo_->reshards.emplace(std::move(key), std::move(r)).first->second;
   }
@@ -523,9 +542,11 @@ class MatmulPlanner {
 
   // A local einsum by its names, its three layouts and the letters' sizes.
   std::vector<std::int64_t> einsum_key(const Step& einsum) {
-    std::vector<std::int64_t> key{id(einsum.tensor)};
+    std::vector<std::int64_t> key;
+    key.reserve(1 + 3 * (2 + 2 * letters_.size() + static_cast<std::size_t>(mesh_.rank())) + sizes_key_.size());
+    key.push_back(tensor_id(einsum.tensor));
     for (const Spec* s : {&einsum.from, &einsum.from_b, &einsum.to}) {
-      key.push_back(id(s->tensor));
+      key.push_back(tensor_id(s->tensor));
       append_layout(key, *s);
     }
     key.insert(key.end(), sizes_key_.begin(), sizes_key_.end());
@@ -690,7 +711,8 @@ class MatmulPlanner {
   std::vector<Candidate> candidates_;
   std::vector<std::string> letters_;          // the contraction's: A's, B's not in A, then C's in neither
   std::vector<int> letter_ids_;               // by letter: its number in the memo
-  std::set<std::vector<std::int64_t>> seen_;  // plans added, by their steps' layouts
+  std::array<std::pair<const std::string*, int>, 3> named_;  // A's, B's and the result's names, numbered
+  std::set<std::array<int, 4>> seen_;                        // plans added, by their reshards' and result's signatures
   bool every_output_layout_ = true;
 };
 

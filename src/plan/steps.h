@@ -176,11 +176,12 @@ std::vector<Step> reshard_steps(const Mesh& mesh, const Spec& from, const Spec& 
 Plan plan_reshard(StepCoster& coster, const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
                   const PlanOptions& options);
 
-// One reshard's ways (CostedSteps), and each way's steps' layouts as numbers: its part of a
-// matmul candidate's signature, which tells candidates with the same steps apart.
+// One reshard's ways (CostedSteps), and each way's steps' layouts as numbers, numbered
+// (PlannerMemo::Impl::signatures): its part of a matmul candidate's signature, which tells
+// candidates with the same steps apart.
 struct ReshardWays {
   std::vector<CostedSteps> ways;
-  std::vector<std::vector<std::int64_t>> signatures;
+  std::vector<int> signatures;
 };
 
 // A step built and costed, and its memory.
@@ -206,7 +207,7 @@ struct MatmulLayout {
   CostedEinsum* costed = nullptr;
   const ReshardWays* a_ways = nullptr;
   const ReshardWays* b_ways = nullptr;
-  std::vector<std::int64_t> c_layout;
+  int c_layout = -1;  // the result's layout as numbers, numbered (PlannerMemo::Impl::signatures)
   std::vector<Spec> free_targets;
 };
 
@@ -233,6 +234,9 @@ struct PlannerMemo::Impl {
   // A matmul planner's layouts by the operands' names and specs, the result's name and letters,
   // the letters' sizes, the axes' roles and the letters' axes.
   std::unordered_map<std::vector<std::int64_t>, detail::MatmulLayout, detail::NumbersHash> layouts;
+  // The reshard ways' signatures and the layouts' results as numbers, each numbered once: a
+  // candidate's signature is then four numbers (a planner weighs hundreds of thousands).
+  std::unordered_map<std::vector<std::int64_t>, int, detail::NumbersHash> signatures;
 };
 
 }  // namespace shardmm

@@ -135,7 +135,7 @@ inline constexpr int kGradientSumBlocks = 5;
 // reshard again (solve records each op once per combination of specs, and ops alike in what
 // they contract): planned_einsum's by the contraction, its sizes and the
 // dtype; reshards' by the two specs (names included: the steps carry them), the shape and the
-// dtype. A contraction it has not seen is planned with one of its PlannerMemos (each thread
+// dtype, compared as they are (no text made for a key: a solve looks reshards up millions of times). A contraction it has not seen is planned with one of its PlannerMemos (each thread
 // planning takes one of its own), so the contractions share their reshards and step costs
 // too. Thread-safe; one cache serves tapes of one mesh, hardware profile and memory limit.
 class PlanCache {
@@ -149,9 +149,36 @@ class PlanCache {
                                       const PlanOptions& options);
 
  private:
+  // A reshard as asked: the key kept (Reshard) and the one looked up (ReshardQuery), alike.
+  struct Reshard {
+    Spec from, to;
+    Shape shape;
+    DType dtype;
+  };
+  struct ReshardQuery {
+    const Spec& from;
+    const Spec& to;
+    const Shape& shape;
+    DType dtype;
+  };
+  struct ReshardHash {
+    using is_transparent = void;
+    std::size_t operator()(const Reshard& r) const { return (*this)(ReshardQuery{r.from, r.to, r.shape, r.dtype}); }
+    std::size_t operator()(const ReshardQuery& q) const;
+  };
+  struct ReshardEqual {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      return a.from.tensor == b.from.tensor && a.from == b.from && a.to.tensor == b.to.tensor && a.to == b.to &&
+             a.shape == b.shape && a.dtype == b.dtype;
+    }
+  };
+
   std::mutex mutex_;
   // Hashed: the keys are long texts that share long beginnings (a map compares them by bytes).
-  std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_, reshards_;
+  std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_;
+  std::unordered_map<Reshard, std::shared_ptr<const Plan>, ReshardHash, ReshardEqual> reshards_;
   std::vector<std::pair<DType, std::unique_ptr<PlannerMemo>>> idle_;  // memos no thread holds now
 };
 
