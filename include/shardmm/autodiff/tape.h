@@ -133,11 +133,12 @@ inline constexpr int kGradientSumBlocks = 5;
 
 // The plans tapes ask the planners for, shared by tapes that record the same contraction or
 // reshard again (solve records each op once per combination of specs, and ops alike in what
-// they contract): planned_einsum's by the contraction, its sizes and the
-// dtype; reshards' by the two specs (names included: the steps carry them), the shape and the
-// dtype, compared as they are (no text made for a key: a solve looks reshards up millions of times). A contraction it has not seen is planned with one of its PlannerMemos (each thread
-// planning takes one of its own), so the contractions share their reshards and step costs
-// too. Thread-safe; one cache serves tapes of one mesh, hardware profile and memory limit.
+// they contract): planned_einsum's by the contraction, its sizes and the dtype; reshards' by
+// the two specs (names included: the steps carry them), the shape and the dtype, compared as
+// they are (no text made for a key: a solve looks reshards up millions of times). A
+// contraction it has not seen is planned with one of its PlannerMemos (each thread planning
+// takes one of its own), so the contractions share their reshards and step costs too.
+// Thread-safe; one cache serves tapes of one mesh, hardware profile and memory limit.
 class PlanCache {
  public:
   PlanCache();
