@@ -5,6 +5,7 @@
 //
 //   build/bench/solve_measured_bench --program examples/programs/block.prog --mesh X=2
 //       [--dims B=4,T=256,...] [--hw PROFILE] [--backend threads|mpi] [--dtype f32] [--repeat 7]
+//       [--function gelu]
 //   mpirun -n 4 build/bench/solve_measured_bench ... --mesh X=2,Y=2 --backend mpi
 //
 // Every rank solves the program (the solve is deterministic), then each distinct sharding (the
@@ -23,6 +24,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -49,6 +51,8 @@ struct Candidate {
   program::Graph verified;       // the same specs at small dims
   double predicted = 0;          // seconds: the solver's cost of the step
   std::vector<double> measured;  // seconds, per repeat
+  // --function's local steps on device 0, per repeat: their predicted and measured seconds.
+  std::vector<double> function_predicted, function_measured;
 };
 
 // The optimum first, then each distinct sharding of the named strategies that apply.
@@ -83,15 +87,16 @@ std::vector<Candidate> candidates(const program::Graph& g, const program::Graph&
 constexpr const char* kUsage =
     "usage: solve_measured_bench --program FILE [--mesh M] [--dims L=n,...] [--hw PROFILE]\n"
     "                            [--backend threads|mpi] [--dtype f32|f64] [--optimizer sgd|adam] [--repeat N]\n"
-    "                            [--json]\n"
+    "                            [--function NAME] [--json]\n"
     "Solves the program's training step on the mesh (the file's, or --mesh) with the profile (--hw: a\n"
     "built-in name or a JSON file; default the calibrated one, else h100), then runs the optimum and\n"
     "every named strategy that applies: one step each verified at small dims (each letter at most 12;\n"
     "exit 3 on a wrong result), a warm-up,\n"
     "and --repeat (7) timed steps taking turns. Prints, per sharding, the predicted step time, the\n"
     "measured median with its lowest and highest, measured/predicted, and measured against the fastest\n"
-    "named strategy's median (--json: one JSON document). Under mpirun give --backend mpi with as\n"
-    "many ranks as devices.\n"
+    "named strategy's median (--json: one JSON document). --function NAME (gelu, layer_norm, ...) adds\n"
+    "that local function's steps on device 0, forward and backward: predicted and measured per step\n"
+    "(medians). Under mpirun give --backend mpi with as many ranks as devices.\n"
     "Exit 2 on a bad flag or program, 3 on a wrong result.\n";
 
 // The span of a rank's executed step: from its first op's start to its last op's end.
@@ -107,11 +112,22 @@ double step_span(const autodiff::Tape& tape) {
   return last - first;
 }
 
+// The predicted and measured seconds of the executed local steps of `function` on this rank.
+std::pair<double, double> function_time(const autodiff::Tape& tape, const std::string& function) {
+  double predicted = 0, measured = 0;
+  for (const autodiff::TapeEvent& e : tape.events()) {
+    if (!e.executed || e.step.op != OpKind::local || e.step.function != function) continue;
+    predicted += e.step.time_s;
+    measured += e.measured.end_s - e.measured.start_s;
+  }
+  return {predicted, measured};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string file, mesh_text, dims_text, hw = "calibrated", backend = "threads", dtype_text = "f32",
-                                          optimizer_text = "sgd";
+                                          optimizer_text = "sgd", function;
   int repeat = 7;
   bool json = false;
   const std::optional<int> stop = bench::parse_flags("solve_measured_bench", kUsage, [&] {
@@ -125,8 +141,9 @@ int main(int argc, char** argv) {
       else if (flag == "--dtype") dtype_text = flags.value();
       else if (flag == "--optimizer") optimizer_text = flags.value();
       else if (flag == "--repeat") repeat = flags.count(1);
+      else if (flag == "--function") function = flags.value();
       else if (flag == "--json") json = true;
-      else flags.unknown("--program --mesh --dims --hw --backend --dtype --optimizer --repeat --json");
+      else flags.unknown("--program --mesh --dims --hw --backend --dtype --optimizer --repeat --function --json");
     }
     if (file.empty()) throw InputError("--program is required (a program file, e.g. examples/programs/block.prog)");
   });
@@ -176,7 +193,12 @@ int main(int argc, char** argv) {
           autodiff::Tape tape(comm, {options.dtype, options.hw, 0});
           nn::execute_program_step(tape, c.pinned, options);
           const double seconds = clock.slowest(step_span(tape));
-          if (k > 0 && comm.rank() == 0) c.measured.push_back(seconds);  // repeat 0 warms up
+          if (k > 0 && comm.rank() == 0) {  // repeat 0 warms up
+            c.measured.push_back(seconds);
+            const auto [predicted, measured] = function_time(tape, function);
+            c.function_predicted.push_back(predicted);
+            c.function_measured.push_back(measured);
+          }
         }
       }
     });
@@ -211,6 +233,11 @@ int main(int argc, char** argv) {
                                     {"low_s", *low},
                                     {"high_s", *high},
                                     {"vs_fastest_named", vs_named(c)}});
+        if (!function.empty()) {
+          doc["shardings"].back()["function"] = {{"name", function},
+                                                 {"predicted_s", median(c.function_predicted)},
+                                                 {"measured_s", median(c.function_measured)}};
+        }
       }
       std::printf("%s\n", doc.dump().c_str());
       return 0;
@@ -226,6 +253,10 @@ int main(int argc, char** argv) {
       std::snprintf(range, sizeof range, "%.2f-%.2f", *low * 1e3, *high * 1e3);
       std::printf("%-44s %9.3f %9.3f %13s %9.3f %9.3f\n", c.names.c_str(), c.predicted * 1e3, m * 1e3, range,
                   m / c.predicted, vs_named(c));
+      if (function.empty()) continue;
+      const double fp = median(c.function_predicted), fm = median(c.function_measured);
+      std::printf("  %-42s %9.3f %9.3f %13s %9.3f\n", (function + "'s steps").c_str(), fp * 1e3, fm * 1e3, "",
+                  fp > 0 ? fm / fp : 0.0);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "solve_measured_bench: %s\n", e.what());

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "autodiff/activation_kernels.h"
 #include "shardmm/autodiff/shape_ops.h"
 #include "shardmm/core/error.h"
 
@@ -67,67 +68,6 @@ Value relabeled(Tape::Impl& t, const Value& v, Spec spec, const Shape& shape, st
 
 namespace {
 
-enum class Activation { relu, gelu, silu, tanh, exp };
-
-const char* name(Activation f) {
-  switch (f) {
-    case Activation::relu:
-      return "relu";
-    case Activation::gelu:
-      return "gelu";
-    case Activation::silu:
-      return "silu";
-    case Activation::tanh:
-      return "tanh";
-    case Activation::exp:
-      return "exp";
-  }
-  return "?";
-}
-
-constexpr double kGeluC = 0.044715;
-const double kSqrt2OverPi = std::sqrt(2.0 / std::acos(-1.0));
-
-double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
-
-double apply(Activation f, double x) {
-  switch (f) {
-    case Activation::relu:
-      return x > 0 ? x : 0.0;
-    case Activation::gelu:
-      return 0.5 * x * (1.0 + std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x)));
-    case Activation::silu:
-      return x * sigmoid(x);
-    case Activation::tanh:
-      return std::tanh(x);
-    case Activation::exp:
-      return std::exp(x);
-  }
-  return 0;
-}
-
-double derivative(Activation f, double x) {
-  switch (f) {
-    case Activation::relu:
-      return x > 0 ? 1.0 : 0.0;
-    case Activation::gelu: {
-      const double t = std::tanh(kSqrt2OverPi * (x + kGeluC * x * x * x));
-      return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 3.0 * kGeluC * x * x);
-    }
-    case Activation::silu: {
-      const double s = sigmoid(x);
-      return s * (1.0 + x * (1.0 - s));
-    }
-    case Activation::tanh: {
-      const double t = std::tanh(x);
-      return 1.0 - t * t;
-    }
-    case Activation::exp:
-      return std::exp(x);
-  }
-  return 0;
-}
-
 void require_same_spec(const Mesh& mesh, Var a, Var b, const char* op) {
   if (!(a.spec() == b.spec()) || a.shape() != b.shape()) {
     throw InputError(std::string(op) + " needs both operands in one layout and shape; got " +
@@ -135,25 +75,29 @@ void require_same_spec(const Mesh& mesh, Var a, Var b, const char* op) {
   }
 }
 
-Var unary(Var x, Activation f) {
+// The activation F (activation_kernels.h) forward, and its slope backward.
+template <class F>
+Var unary(Var x) {
   Tape& tape = x.tape();
   Tape::Impl& t = tape.impl();
-  require_whole(t.mesh, x.spec(), name(f));
+  require_whole(t.mesh, x.spec(), F::name);
   const Node& nx = t.node(x);
   Spec spec = nx.value.spec;
-  spec.tensor = std::string(name(f)) + "(" + nx.value.spec.tensor + ")";
-  LocalWork work(t, name(f), spec.tensor);
-  Value y = elementwise(t, std::move(spec), nx.shape, nx.value, nullptr, [f](double v, double) { return apply(f, v); });
+  spec.tensor = std::string(F::name) + "(" + nx.value.spec.tensor + ")";
+  LocalWork work(t, F::name, spec.tensor);
+  Value y = blockwise(t, std::move(spec), nx.shape, nx.value, nullptr,
+                      [](const auto* x, const auto*, auto* y, std::int64_t n) { kernels::forward<F>(x, y, n); });
   work.pass(nx.value.spec, nx.shape).pass(y.spec, nx.shape).finish();  // x read, y written
   t.node(x).saved = t.node(x).saved || t.node(x).requires_grad;        // another reader may keep it already
   const Shape shape = nx.shape;
-  return t.add_node(tape, std::move(y), shape, {x.id()}, [f](Tape::Impl& impl, const Node& self, const Value& grad) {
+  return t.add_node(tape, std::move(y), shape, {x.id()}, [](Tape::Impl& impl, const Node& self, const Value& grad) {
     const int ix = self.inputs[0];
     const Value g = impl.align(grad, self.value.spec, self.shape);
     const Value& xv = impl.saved_value(ix);
-    LocalWork work(impl, name(f), "d" + self.value.spec.tensor);
+    LocalWork work(impl, F::name, "d" + self.value.spec.tensor);
     const Value dx =
-        elementwise(impl, g.spec, self.shape, g, &xv, [f](double gr, double v) { return gr * derivative(f, v); });
+        blockwise(impl, g.spec, self.shape, g, &xv,
+                  [](const auto* g, const auto* x, auto* dx, std::int64_t n) { kernels::backward<F>(g, x, dx, n); });
     work.pass(g.spec, self.shape, 3).finish();  // g and x read, dx written
     impl.accumulate(ix, std::move(dx));
   });
@@ -208,11 +152,11 @@ Var scaled_sum(Var x, double scale, const char* op) {
 
 }  // namespace
 
-Var relu(Var x) { return unary(x, Activation::relu); }
-Var gelu(Var x) { return unary(x, Activation::gelu); }
-Var silu(Var x) { return unary(x, Activation::silu); }
-Var tanh(Var x) { return unary(x, Activation::tanh); }
-Var exp(Var x) { return unary(x, Activation::exp); }
+Var relu(Var x) { return unary<kernels::Relu>(x); }
+Var gelu(Var x) { return unary<kernels::Gelu>(x); }
+Var silu(Var x) { return unary<kernels::Silu>(x); }
+Var tanh(Var x) { return unary<kernels::Tanh>(x); }
+Var exp(Var x) { return unary<kernels::Exp>(x); }
 
 namespace {
 
@@ -232,10 +176,10 @@ Var swiglu(Var gate, Var up) {
   const Node& nb = t.node(up);
   Spec spec = na.value.spec;
   spec.tensor = "swiglu(" + na.value.spec.tensor + "," + nb.value.spec.tensor + ")";
-  const auto silu_of = [](double x) { return apply(Activation::silu, x); };
   LocalWork work(t, "swiglu", spec.tensor);
-  Value y = elementwise(t, std::move(spec), na.shape, na.value, &nb.value,
-                        [silu_of](double x, double z) { return silu_of(x) * z; });
+  Value y = blockwise(
+      t, std::move(spec), na.shape, na.value, &nb.value,
+      [](const auto* x, const auto* z, auto* y, std::int64_t n) { kernels::gated<kernels::Silu>(x, z, y, n); });
   work.pass(y.spec, na.shape, 3).finish();  // gate and up read, y written
   // dup = g silu(gate) reads gate; dgate = g up silu'(gate) reads both.
   const bool a_grad = na.requires_grad, b_grad = nb.requires_grad;
@@ -243,17 +187,21 @@ Var swiglu(Var gate, Var up) {
   t.node(up).saved = t.node(up).saved || a_grad;
   const Shape shape = na.shape;
   return t.add_node(tape, std::move(y), shape, {gate.id(), up.id()},
-                    [silu_of](Tape::Impl& impl, const Node& self, const Value& grad) {
+                    [](Tape::Impl& impl, const Node& self, const Value& grad) {
                       const int ia = self.inputs[0], ib = self.inputs[1];
                       const Value g = impl.align(grad, self.value.spec, self.shape);
                       const Value& av = impl.saved_value(ia);
                       const Value& bv = impl.saved_value(ib);
                       LocalWork work(impl, "swiglu", "d" + self.value.spec.tensor);
-                      const Value slope = elementwise(impl, g.spec, self.shape, av, &bv, [](double x, double z) {
-                        return z * derivative(Activation::silu, x);
-                      });
-                      const Value gated = elementwise(impl, g.spec, self.shape, av, nullptr,
-                                                      [silu_of](double x, double) { return silu_of(x); });
+                      // slope = up silu'(gate): the backward kernel with up as its gradient.
+                      const Value slope = blockwise(impl, g.spec, self.shape, bv, &av,
+                                                    [](const auto* z, const auto* x, auto* y, std::int64_t n) {
+                                                      kernels::backward<kernels::Silu>(z, x, y, n);
+                                                    });
+                      const Value gated = blockwise(impl, g.spec, self.shape, av, nullptr,
+                                                    [](const auto* x, const auto*, auto* y, std::int64_t n) {
+                                                      kernels::forward<kernels::Silu>(x, y, n);
+                                                    });
                       const auto times = [](double x, double z) { return x * z; };
                       Value da = elementwise(impl, g.spec, self.shape, g, &slope, times);
                       Value db = elementwise(impl, g.spec, self.shape, g, &gated, times);

@@ -28,22 +28,28 @@ const T* in(const Value& v) {
   return v.data->buffer().as<T>();
 }
 
-// out[i] = f(a[i], b[i]) in double (b null: f(a[i], 0)), on executed tapes; the layout only
-// on symbolic ones.
-template <class F>
-Value elementwise(Tape::Impl& t, Spec spec, const Shape& shape, const Value& a, const Value* b, F f) {
+// kernel(a, b, out, n) over a's shard and a new one of `spec`, with T* pointers of the tape's
+// element type (b's null where b is), on executed tapes; the layout only on symbolic ones.
+template <class Kernel>
+Value blockwise(Tape::Impl& t, Spec spec, const Shape& shape, const Value& a, const Value* b, Kernel kernel) {
   Value out{std::move(spec), nullptr};
   if (!a.data) return out;
   auto data = t.make_shard(out.spec, shape);
   with_type(t.options.dtype, [&](auto* type) {
     using T = std::remove_pointer_t<decltype(type)>;
-    const T* x = in<T>(a);
-    const T* z = b ? in<T>(*b) : nullptr;
-    T* dst = data->buffer().as<T>();
-    for (std::int64_t i = 0; i < data->elements(); ++i) dst[i] = static_cast<T>(f(x[i], z ? z[i] : T(0)));
+    kernel(in<T>(a), b ? in<T>(*b) : static_cast<const T*>(nullptr), data->buffer().as<T>(), data->elements());
   });
   out.data = std::move(data);
   return out;
+}
+
+// out[i] = f(a[i], b[i]) in double (b null: f(a[i], 0)).
+template <class F>
+Value elementwise(Tape::Impl& t, Spec spec, const Shape& shape, const Value& a, const Value* b, F f) {
+  return blockwise(t, std::move(spec), shape, a, b, [&f](const auto* x, const auto* z, auto* dst, std::int64_t n) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(x)>>;
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(f(x[i], z ? z[i] : T(0)));
+  });
 }
 
 // One local op's work, forward or in its backward, recorded as OpKind::local events
