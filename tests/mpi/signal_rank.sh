@@ -9,6 +9,9 @@ set -u
 mpiexec=$1 shardmm=$2 signal=$3
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+# Our job's ranks carry this in their environment: another run of this test on the machine
+# (another checkout's suite) has the same command line, and its rank 2 is not ours to signal.
+export SHARDMM_SIGNAL_TEST_JOB="$$.$RANDOM"
 "$mpiexec" --allow-run-as-root --oversubscribe --bind-to none -n 4 "$shardmm" reshard 'A[I_X, J]' 'A[I, J]' \
   --mesh X=4 --dims I=4096,J=4096 --dtype f32 --run --backend mpi --repeat 1000000 --warmup 0 --warmup-time 0 \
   --watchdog 2 >"$out" 2>&1 &
@@ -16,7 +19,9 @@ job=$!
 rank2=
 for _ in $(seq 300); do  # up to 30 s for the ranks to start
   for p in $(pgrep -f "reshard A\[I_X, J\] A\[I, J\]"); do
-    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2" && rank2=$p
+    environ=$(tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null)
+    grep -qx "SHARDMM_SIGNAL_TEST_JOB=$SHARDMM_SIGNAL_TEST_JOB" <<<"$environ" &&
+      grep -qx "OMPI_COMM_WORLD_RANK=2" <<<"$environ" && rank2=$p
   done
   [[ -n $rank2 ]] && break
   sleep 0.1
