@@ -146,6 +146,15 @@ int main(int argc, char** argv) {
       else flags.unknown("--program --mesh --dims --hw --backend --dtype --optimizer --repeat --function --json");
     }
     if (file.empty()) throw InputError("--program is required (a program file, e.g. examples/programs/block.prog)");
+    if (!function.empty()) {
+      std::string known;
+      for (const autodiff::LocalFunction& f : autodiff::local_functions()) {
+        if (f.name == function) return;
+        known += known.empty() ? "" : ", ";
+        known += f.name;
+      }
+      throw InputError("--function " + function + " is no local function; the tape's are " + known);
+    }
   });
   if (stop) return *stop;
   try {

@@ -1,6 +1,6 @@
 // The activations' element kernels (relu, gelu, silu, tanh, exp): value and slope in double,
 // by branch-free formulas whose time does not depend on the values and which the compiler
-// vectorizes: 4-20 times the speed of libm's std::tanh and std::exp element by element
+// vectorizes: 3.8-20 times the speed of libm's std::tanh and std::exp element by element
 // (docs/benchmarks.md, "Activations: kernels vs libm"), which branch on the argument's range,
 // so that their time on a step's values could differ from the calibration's. Accuracy (tests/autodiff/activation_kernels_test.cpp): tanh
 // and exp within 1 ulp of the exact value rounded (3 of glibc's tanh, 1 of its exp) over the
