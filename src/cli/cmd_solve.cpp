@@ -36,8 +36,14 @@ double serialized_measured(const std::vector<autodiff::TapeEvent>& events) {
   return s;
 }
 
-std::string status_text(const solve::SolveOutcome& o) {
+std::string status_text(const solve::SolveOutcome& o, const std::optional<solve::NeighbourhoodSearch>& search) {
   if (o.status == solve::SolveStatus::optimal) return "optimal";
+  if (search && search->converged_axes == 2)
+    return "no change of one or two axes' places improves it (a local optimum; no bound proven)";
+  if (search && search->converged_axes == 1)
+    return "no change of one axis's places improves it (a local optimum; the time limit ended the search of two "
+           "axes' changes; no bound proven)";
+  if (search) return "the best found before the time limit ended the search (no bound proven)";
   const double gap = o.value.time > 0 ? (o.value.time - o.lower_bound) / o.value.time : 0;
   return "feasible, within " + format_sig3(100 * gap) + "% of the proven bound " + format_time(o.lower_bound);
 }
@@ -87,8 +93,15 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
   for (const solve::Factor& fac : c.problem.factors) entries += fac.entries.size();
   out << "\nSearch: " << chosen << " tensors to choose (inputs, params, einsum results; a repeat's copies choose "
       << "together), " << c.evaluations << " op recordings, " << entries << " costed combinations.\n";
-  out << "Solved by " << r.outcome.method << " in " << format_time(r.outcome.seconds) << ": " << status_text(r.outcome)
-      << ".\n";
+  if (r.search) {
+    out << "The whole space is too large to build on " << g.mesh.rank() << " axes: searched from the best named "
+        << "strategy by neighbourhoods (every tensor's places of one axis, then two, open and the others kept; each "
+           "solved exactly), "
+        << r.search->builds << " of them in " << format_time(r.search->seconds)
+        << "; the costed combinations and the table's choices are the last one's.\n";
+  }
+  out << "Solved by " << r.outcome.method << " in " << format_time(r.outcome.seconds) << ": "
+      << status_text(r.outcome, r.search) << ".\n";
 
   out << "\nChosen sharding:\n";
   Table tensors({"tensor", "role", "sharding", "how", "device 0"});
@@ -190,16 +203,18 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
 
 namespace {
 
-Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const solve::SolveOutcome& o) {
+// An outcome and `all` (by graph tensor; empty when none was found): its chosen tensors' specs.
+Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const solve::SolveOutcome& o,
+                  const std::vector<Spec>& all) {
+  const bool bound = o.method != "neighbourhood search";  // a search proves none
   Json j = {{"status", solve::to_string(o.status)},
             {"method", o.method},
             {"time_s", o.value.time},
             {"memory_bytes", o.value.memory},
-            {"lower_bound_s", o.lower_bound},
+            {"lower_bound_s", bound ? Json(o.lower_bound) : Json(nullptr)},
             {"solve_seconds", o.seconds}};
   Json specs = Json::object();
-  if (!o.best.empty()) {
-    const std::vector<Spec> all = solve::specs_of(c, o.best);
+  if (!all.empty()) {
     for (std::size_t v = 0; v < c.chosen.size(); ++v) {
       const int t = c.tensor_of_var[v];
       if (c.chosen[v])
@@ -209,6 +224,11 @@ Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const
   }
   j["specs"] = specs;
   return j;
+}
+
+// An outcome of the problem `c`.
+Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const solve::SolveOutcome& o) {
+  return outcome_json(c, g, o, o.best.empty() ? std::vector<Spec>{} : solve::specs_of(c, o.best));
 }
 
 }  // namespace
@@ -236,8 +256,12 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   doc["status"] = solve::to_string(r.outcome.status);
   doc["method"] = r.outcome.method;
   doc["objective_s"] = r.outcome.value.time;
-  doc["lower_bound_s"] = r.outcome.lower_bound;
+  doc["lower_bound_s"] = r.search ? Json(nullptr) : Json(r.outcome.lower_bound);  // a search proves none
   doc["solve_seconds"] = r.outcome.seconds;
+  doc["search"] = r.search ? Json{{"neighbourhoods", r.search->builds},
+                                  {"converged_axes", r.search->converged_axes},
+                                  {"seconds", r.search->seconds}}
+                           : Json(nullptr);
   doc["op_recordings"] = c.evaluations;
   Json tensors = Json::array();
   for (int t : shown_tensors(g, c)) {
@@ -257,7 +281,7 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   doc["collectives"] = collectives_json(g.mesh, r.prediction.events);
   Json named = Json::array();
   for (const solve::NamedStrategy& s : r.named) {
-    Json row = outcome_json(c, g, s.outcome);
+    Json row = outcome_json(c, g, s.outcome, s.specs);
     row["name"] = s.name;
     named.push_back(row);
   }

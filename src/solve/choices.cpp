@@ -19,6 +19,8 @@ const char* to_string(SolveStatus s) {
       return "optimal";
     case SolveStatus::feasible:
       return "feasible";
+    case SolveStatus::local:
+      return "local";
     case SolveStatus::infeasible:
       return "infeasible";
     case SolveStatus::unknown:

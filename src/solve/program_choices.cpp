@@ -54,12 +54,42 @@ std::string group_key(const std::string& name) {
 
 // Every spec of `t` on the mesh: each axis shards one letter, is unreduced (when allowed) or
 // unused; a letter's axes in every order; no letter split into more pieces than its size.
-std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool allow_unreduced) {
+// With `around`, only its neighbourhood: the axes outside `free_axes` stay as `around` has
+// them (their letter, or partial sums, and their order within a letter).
+std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool allow_unreduced,
+                            const Spec* around = nullptr, int free_axes = 0) {
   const int m = mesh.rank();
   const int rank = static_cast<int>(t.letters.size());
   const int choices = rank + 1 + (allow_unreduced ? 1 : 0);  // a letter, unused, unreduced
+  // By axis: where `around` puts it (a letter's place, rank: unused, rank + 1: unreduced).
+  const auto place_in_around = [&](int a) {
+    const int d = around->dim_of_axis(a);
+    return d >= 0 ? d : around->is_unreduced(a) ? rank + 1 : rank;
+  };
+  // The orders a letter's axes may take in the neighbourhood: around's, or its fixed axes in
+  // around's order with the free ones before or after them in mesh order (fewer orders than
+  // every interleaving: two free axes on a letter with two fixed ones have 12).
+  const auto in_neighbourhood = [&](int d, const AxisList& axes) {
+    const AxisList& was = around->dims[static_cast<std::size_t>(d)].axes;
+    if (axes == was) return true;
+    AxisList fixed, moved;
+    for (int a : axes) (free_axes >> a & 1 ? moved : fixed).push_back(a);
+    AxisList want;
+    for (int a : was) {
+      if (!(free_axes >> a & 1)) want.push_back(a);
+    }
+    if (fixed != want || !std::is_sorted(moved.begin(), moved.end())) return false;
+    const auto first_moved = std::find_if(axes.begin(), axes.end(), [&](int a) { return free_axes >> a & 1; });
+    return fixed.empty() || moved.empty() || first_moved == axes.begin() ||
+           static_cast<std::size_t>(first_moved - axes.begin()) == fixed.size();
+  };
   std::vector<Spec> out;
   std::vector<int> pick(static_cast<std::size_t>(m), 0);
+  if (around) {
+    for (int a = 0; a < m; ++a) {
+      if (!(free_axes >> a & 1)) pick[static_cast<std::size_t>(a)] = place_in_around(a);
+    }
+  }
   while (true) {
     std::vector<AxisList> dims(static_cast<std::size_t>(rank));
     AxisList unreduced;
@@ -79,8 +109,9 @@ std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool all
       std::vector<std::vector<AxisList>> orders(static_cast<std::size_t>(rank));
       for (int d = 0; d < rank; ++d) {
         AxisList axes = dims[static_cast<std::size_t>(d)];
-        do orders[static_cast<std::size_t>(d)].push_back(axes);
-        while (std::next_permutation(axes.begin(), axes.end()));
+        do {
+          if (!around || in_neighbourhood(d, axes)) orders[static_cast<std::size_t>(d)].push_back(axes);
+        } while (std::next_permutation(axes.begin(), axes.end()));
       }
       std::vector<std::size_t> at(static_cast<std::size_t>(rank), 0);
       while (true) {
@@ -96,8 +127,17 @@ std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool all
         if (d == rank) break;
       }
     }
+    // The next pick of the free axes (all of them without `around`).
     int a = 0;
-    while (a < m && ++pick[static_cast<std::size_t>(a)] == choices) pick[static_cast<std::size_t>(a++)] = 0;
+    while (a < m) {
+      if (around && !(free_axes >> a & 1)) {
+        ++a;
+      } else if (++pick[static_cast<std::size_t>(a)] == choices) {
+        pick[static_cast<std::size_t>(a++)] = 0;
+      } else {
+        break;
+      }
+    }
     if (a == m) break;
   }
   return out;
@@ -197,6 +237,8 @@ struct OpCost {
 
 // The figures an op factor's entries carry (FactorEntry::figures), from Tape::OpMemory.
 enum Figure { kKept, kTransient, kTransientWithResult, kBackward };
+
+}  // namespace
 
 class OpRecorder {
  public:
@@ -407,6 +449,12 @@ class OpRecorder {
   mutable std::int64_t recordings_ = 0;
 };
 
+Recordings::Recordings(const Graph& g, const nn::ProgramOptions& options)
+    : recorder_(std::make_unique<OpRecorder>(g, options)) {}
+Recordings::~Recordings() = default;
+
+namespace {
+
 // One combination of an op's specs to record: its jobs (one per layout of the result's
 // gradient) share one forward pass.
 struct Combination {
@@ -489,7 +537,7 @@ class BuildClock {
         << " combinations of specs more";
     if (projected > seconds) out << " (" << projected - seconds << " s at this rate)";
     out << "; pin some tensors (" << field("pin") << "), use fewer mesh axes or give more time";
-    throw InputError(out.str());
+    throw SearchTooLarge(out.str());
   }
 
  private:
@@ -651,7 +699,8 @@ std::vector<char> regathered_of(const ProgramChoices& c, const Assignment& a) {
   return out;
 }
 
-ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits) {
+ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits,
+                             const Neighbourhood* neighbourhood, Recordings* recordings) {
   ProgramChoices c;
   const bool train = options.train && g.loss >= 0;
   c.on_loss_path = loss_path(g);
@@ -678,7 +727,10 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     if (tensor.pinned) {
       values = {*tensor.pinned};
     } else if (leaf || (einsum && !tensor.temporary)) {
-      values = all_specs(tensor, g.mesh, /*allow_unreduced=*/!leaf);
+      values = neighbourhood ? all_specs(tensor, g.mesh, !leaf, &neighbourhood->around.at(t), neighbourhood->free_axes)
+                             : all_specs(tensor, g.mesh, /*allow_unreduced=*/!leaf);
+      if (leaf && neighbourhood && neighbourhood->leaf_allows)
+        std::erase_if(values, [&](const Spec& s) { return !neighbourhood->leaf_allows(tensor, s); });
     }
     for (Spec& s : values) s.tensor = tensor.source_name;  // as written: `wq`, not `wq.0`
     std::vector<char> regathered(values.size(), tensor.regathered ? 1 : 0);
@@ -742,6 +794,15 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     }
     c.gradient_var[t] = it->second;
   }
+  // In a neighbourhood, a gradient is partial over the fixed axes as around it.
+  if (neighbourhood && !neighbourhood->partials.empty() &&
+      neighbourhood->partials.size() != static_cast<std::size_t>(next_var - tensor_vars))
+    throw UsageError("build_choices: the neighbourhood's partials are not the graph's gradients");
+  const auto partial_in_neighbourhood = [&](int gradient_var, int mask) {
+    if (!neighbourhood || neighbourhood->partials.empty()) return true;
+    const int around = neighbourhood->partials[static_cast<std::size_t>(gradient_var - tensor_vars)];
+    return ((mask ^ around) & ~neighbourhood->free_axes) == 0;
+  };
   const auto add_var = [](std::vector<int>& vars, int v) {
     if (v >= 0 && std::find(vars.begin(), vars.end(), v) == vars.end()) vars.push_back(v);
   };
@@ -805,7 +866,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   std::vector<std::vector<char>> regather_matters(c.values.size());
   for (std::size_t v = 0; v < c.values.size(); ++v) regather_matters[v].assign(c.values[v].size(), 0);
 
-  OpRecorder recorder(g, options);
+  std::optional<Recordings> own;
+  const OpRecorder& recorder = *(recordings ? recordings : &own.emplace(g, options))->recorder_;
   BuildClock clock(limits);
   // Fill the factors in program order until no derived variable gains a value (a repeat's
   // later iterations can feed values back to an earlier factor's operands).
@@ -825,7 +887,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       } else if (result_gradient < 0) {
         result_partials = {0};  // the loss: its gradient is the whole seed
       } else {
-        for (int mask = 0; mask < masks; ++mask) result_partials.push_back(mask);
+        for (int mask = 0; mask < masks; ++mask) {
+          if (partial_in_neighbourhood(result_gradient, mask)) result_partials.push_back(mask);
+        }
       }
       std::vector<int> tuple(f.operands.size(), 0);
       double combinations = 1;  // of the operands' values: may be far too many to hold at once
@@ -969,6 +1033,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
               const int used = used_mask(specs[i]);
               std::vector<int> allowed;
               for (int mask = 0; mask < masks; ++mask) {
+                if (!partial_in_neighbourhood(gv, mask)) continue;
                 const bool fits =
                     readers[static_cast<std::size_t>(gv - tensor_vars)] > 1 ? (mask & left) == left : mask == left;
                 if (fits && !(mask & used)) allowed.push_back(mask);
@@ -1050,6 +1115,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     c.problem.domain.push_back(std::max<int>(1, static_cast<int>(c.values[v].size())));
     if (c.values[v].empty()) {
       const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+      if (t.producer < 0) throw InputError("solve: the neighbourhood allows no spec of " + t.name);
       throw InputError("solve: no sharding of the operands of " + t.name + " lets its op run (" +
                        g.ops[static_cast<std::size_t>(t.producer)].expression + ")");
     }
@@ -1106,7 +1172,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       for (std::size_t i = 0; i < c.values[v].size(); ++i) {
         const int used = used_mask(c.values[v][i]);
         for (int mask = 0; mask < masks; ++mask) {
-          if (mask & used) continue;
+          if ((mask & used) || !partial_in_neighbourhood(gv, mask)) continue;
           const auto [time, largest] = recorder.reduce(t, c.values[v][i], mask);
           reduce.entries.push_back({{static_cast<int>(i), mask}, time * n, 0, {}, {largest}});
         }

@@ -4,6 +4,8 @@
 #include "shardmm/solve/solve.h"
 
 #include <algorithm>
+#include <bit>
+#include <chrono>
 #include <functional>
 #include <sstream>
 
@@ -31,18 +33,19 @@ std::string bytes_text(std::int64_t b) {
   return os.str();
 }
 
-// "the least any sharding needs is 1.20 GiB (params 512 MiB, ...); its largest tensors: ...",
-// for a memory limit nothing fits.
+// "the least peak any sharding reaches is 1.20 GiB (params 512 MiB, ...); its largest tensors
+// ...", for a memory limit nothing fits (`proven`: the integer program's least, else a search's).
 std::string least_memory_text(const Graph& g, const ProgramChoices& c, const SolveOutcome& least,
-                              const nn::ProgramOptions& options) {
+                              const nn::ProgramOptions& options, bool proven) {
   const std::vector<Spec> specs = specs_of(c, least.best);
   const nn::ProgramMemory m = nn::predict_program(pinned_graph(g, specs, regathered_of(c, least.best)), options).memory;
   const nn::ProgramMemoryPoint& peak = m.timeline.at(m.peak_point);
-  std::string out = "the least peak any sharding reaches is " + bytes_text(peak.total()) + " (params " +
-                    bytes_text(peak.params) + ", inputs " + bytes_text(peak.inputs) + ", gradients " +
-                    bytes_text(peak.gradients) + ", optimizer state " + bytes_text(peak.optimizer_state) +
-                    ", activations " + bytes_text(peak.activations) + ", transient " + bytes_text(peak.transient) +
-                    "); its largest tensors, per device:";
+  std::string out =
+      std::string(proven ? "the least peak any sharding reaches is " : "the least peak the search found is ") +
+      bytes_text(peak.total()) + " (params " + bytes_text(peak.params) + ", inputs " + bytes_text(peak.inputs) +
+      ", gradients " + bytes_text(peak.gradients) + ", optimizer state " + bytes_text(peak.optimizer_state) +
+      ", activations " + bytes_text(peak.activations) + ", transient " + bytes_text(peak.transient) +
+      "); its largest tensors, per device:";
   std::vector<std::pair<std::int64_t, std::string>> sizes;
   for (std::size_t v = 0; v < c.values.size(); ++v) {
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
@@ -102,7 +105,8 @@ bool leaf_allows(const program::Tensor& t, const Spec& s, int axis, const std::s
   return has ? letter == want : dim < 0;
 }
 
-std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices& c, const SolveLimits& limits) {
+// The program's batch, sequence and experts letters, and the roles its named strategies take.
+std::pair<Letters, std::vector<std::string>> named_roles(const Graph& g) {
   Letters letters;
   for (int i : g.leaves()) {
     const program::Tensor& t = g.tensors[static_cast<std::size_t>(i)];
@@ -118,6 +122,13 @@ std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices
     roles_here.push_back("ep");
     break;
   }
+  return {letters, roles_here};
+}
+
+// The named strategies' roles, a role per mesh axis: every combination up to two axes; past
+// that the same role on every axis.
+std::vector<std::vector<std::string>> named_plans(const Graph& g) {
+  const std::vector<std::string> roles_here = named_roles(g).second;
   const int m = g.mesh.rank();
   // Every role per axis up to two axes; past that the same role on every axis.
   std::vector<std::vector<std::string>> plans;
@@ -134,55 +145,294 @@ std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices
   } else {
     for (const std::string& r : roles_here) plans.push_back(std::vector<std::string>(static_cast<std::size_t>(m), r));
   }
-  std::vector<NamedStrategy> out;
-  for (const std::vector<std::string>& roles : plans) {
-    NamedStrategy s;
-    for (int a = 0; a < m; ++a) {
-      s.name += (a ? "+" : "") + roles[static_cast<std::size_t>(a)] + "(" + g.mesh.axis(a).name + ")";
+  return plans;
+}
+
+std::string named_text(const Graph& g, const std::vector<std::string>& roles) {
+  std::string name;
+  for (int a = 0; a < g.mesh.rank(); ++a)
+    name += (a ? "+" : "") + roles[static_cast<std::size_t>(a)] + "(" + g.mesh.axis(a).name + ")";
+  return name;
+}
+
+// The values of `c` a named strategy's roles allow (its leaves' specs).
+Kept named_keep(const Graph& g, const ProgramChoices& c, const std::vector<std::string>& roles) {
+  const Letters letters = named_roles(g).first;
+  const bool fsdp = std::find(roles.begin(), roles.end(), "fsdp") != roles.end();
+  Kept keep(c.values.size());
+  for (std::size_t v = 0; v < c.values.size(); ++v) {
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
+    if (t.role == Role::computed) continue;
+    const bool twins = std::any_of(c.regathered[v].begin(), c.regathered[v].end(), [](char r) { return r != 0; });
+    for (std::size_t value = 0; value < c.values[v].size(); ++value) {
+      const Spec& spec = c.values[v][value];
+      bool allowed = !(t.role == Role::param && !t.regathered && (c.regathered[v][value] != 0) != fsdp && twins);
+      for (int a = 0; a < g.mesh.rank() && allowed; ++a)
+        allowed = leaf_allows(t, spec, a, roles[static_cast<std::size_t>(a)], letters);
+      keep[v].push_back(allowed ? 1 : 0);
     }
-    const bool fsdp = std::find(roles.begin(), roles.end(), "fsdp") != roles.end();
-    Kept keep(c.values.size());
-    for (std::size_t v = 0; v < c.values.size(); ++v) {
-      const program::Tensor& t = g.tensors[static_cast<std::size_t>(c.tensor_of_var[v])];
-      if (t.role == Role::computed) continue;
-      const bool twins = std::any_of(c.regathered[v].begin(), c.regathered[v].end(), [](char r) { return r != 0; });
-      for (std::size_t value = 0; value < c.values[v].size(); ++value) {
-        const Spec& spec = c.values[v][value];
-        bool allowed = !(t.role == Role::param && !t.regathered && (c.regathered[v][value] != 0) != fsdp && twins);
-        for (int a = 0; a < m && allowed; ++a)
-          allowed = leaf_allows(t, spec, a, roles[static_cast<std::size_t>(a)], letters);
-        keep[v].push_back(allowed ? 1 : 0);
-      }
-    }
-    s.outcome = best_of(restricted(c.problem, keep), limits);
-    out.push_back(std::move(s));
   }
-  std::stable_sort(out.begin(), out.end(), [](const NamedStrategy& a, const NamedStrategy& b) {
+  return keep;
+}
+
+void sort_named(std::vector<NamedStrategy>& named) {
+  std::stable_sort(named.begin(), named.end(), [](const NamedStrategy& a, const NamedStrategy& b) {
     const bool fa = !a.outcome.best.empty(), fb = !b.outcome.best.empty();
     if (fa != fb) return fa;
     return fa && a.outcome.value.time < b.outcome.value.time;
   });
+}
+
+std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices& c, const SolveLimits& limits) {
+  std::vector<NamedStrategy> out;
+  for (const std::vector<std::string>& roles : named_plans(g)) {
+    NamedStrategy s{named_text(g, roles), best_of(restricted(c.problem, named_keep(g, c, roles)), limits), {}};
+    if (!s.outcome.best.empty()) s.specs = specs_of(c, s.outcome.best);
+    out.push_back(std::move(s));
+  }
+  sort_named(out);
   return out;
+}
+
+// ---- Meshes whose whole search space is too large to build (an einsum on three axes has a
+// million combinations of its operands' specs). The search moves by exact steps instead: from
+// a sharding to the best of its neighbourhood where some mesh axes take any place and the
+// others stay (Neighbourhood, solved as above), each set of axes in turn, until no set improves
+// it. Each neighbourhood holds the sharding it starts from, so no step makes it worse.
+
+using Clock = std::chrono::steady_clock;
+
+struct Found {
+  ProgramChoices choices;  // the neighbourhood it was found in
+  SolveOutcome outcome;    // empty best: nothing found
+  bool fits = false;       // within the memory limit
+};
+
+// Within the memory limit first, then faster, then less memory.
+bool improves(const SolveOutcome& o, bool fits, const Found& than) {
+  if (than.outcome.best.empty() || fits != than.fits) return fits || than.outcome.best.empty();
+  const double t = o.value.time, u = than.outcome.value.time;
+  if (fits && t < u - 1e-12 * std::abs(u)) return true;
+  const bool tied = !fits || std::abs(t - u) <= 1e-12 * std::abs(u);
+  return tied && o.value.memory < than.outcome.value.memory;
+}
+
+// Every tensor as pinned, or replicated.
+std::vector<Spec> replicated_specs(const Graph& g) {
+  std::vector<Spec> out;
+  for (const program::Tensor& t : g.tensors) out.push_back(t.pinned ? *t.pinned : program::replicated_spec(t));
+  return out;
+}
+
+// A sharding the roles allow: each leaf split by an axis where its role says (a param by the
+// letter with the largest pieces left), the rest replicated.
+std::vector<Spec> named_start(const Graph& g, const std::vector<std::string>& roles) {
+  const Letters l = named_roles(g).first;
+  std::vector<Spec> out = replicated_specs(g);
+  for (std::size_t i = 0; i < g.tensors.size(); ++i) {
+    const program::Tensor& t = g.tensors[i];
+    if (t.pinned || t.role == Role::computed) continue;
+    Spec& s = out[i];
+    const auto parts = [&](std::size_t d) {
+      std::int64_t n = 1;
+      for (int a : s.dims[d].axes) n *= g.mesh.size(a);
+      return n;
+    };
+    const auto letter_at = [&](const std::string& letter) {
+      return static_cast<int>(std::find(t.letters.begin(), t.letters.end(), letter) - t.letters.begin());
+    };
+    for (int a = 0; a < g.mesh.rank(); ++a) {
+      const std::string& role = roles[static_cast<std::size_t>(a)];
+      int d = static_cast<int>(t.letters.size());  // none
+      if (t.role == Role::param && role == "ep") {
+        d = letter_at(l.experts);
+      } else if (t.role == Role::param && role != "dp") {
+        double largest = 0;
+        for (std::size_t j = 0; j < t.letters.size(); ++j) {
+          const double piece = static_cast<double>(t.shape[j]) / static_cast<double>(parts(j) * g.mesh.size(a));
+          if (piece >= 1 && piece > largest) largest = piece, d = static_cast<int>(j);
+        }
+      } else if (t.role == Role::input && role != "tp") {
+        d = letter_at(role == "sp" ? l.sequence : l.batch);
+      }
+      if (d < static_cast<int>(t.letters.size()) &&
+          parts(static_cast<std::size_t>(d)) * g.mesh.size(a) <= t.shape[static_cast<std::size_t>(d)])
+        s.dims[static_cast<std::size_t>(d)].axes.push_back(a);
+    }
+  }
+  return out;
+}
+
+// The gradient variables' values of what was found: the axes each gradient is partial over.
+std::vector<int> gradient_values(const Found& f) {
+  return {f.outcome.best.begin() + static_cast<std::ptrdiff_t>(f.choices.values.size()), f.outcome.best.end()};
+}
+
+struct Searched {
+  Found best;
+  bool converged = false;
+};
+
+// From `around`, the neighbourhoods of every set of `axes` mesh axes in turn until none
+// improves the sharding (or the deadline passes), within `roles` when given (a named strategy).
+Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, const SolveLimits& limits,
+                               Recordings& recordings, std::vector<Spec> around, std::vector<int> partials, int axes,
+                               const std::vector<std::string>* roles, Clock::time_point deadline,
+                               NeighbourhoodSearch& tally) {
+  std::function<bool(const program::Tensor&, const Spec&)> allows;
+  if (roles) {
+    allows = [&g, roles, letters = named_roles(g).first](const program::Tensor& t, const Spec& s) {
+      for (int a = 0; a < g.mesh.rank(); ++a) {
+        if (!leaf_allows(t, s, a, (*roles)[static_cast<std::size_t>(a)], letters)) return false;
+      }
+      return true;
+    };
+  }
+  std::vector<int> sets;  // bit masks of `axes` axes
+  for (int mask = 1; mask < 1 << g.mesh.rank(); ++mask) {
+    if (std::popcount(static_cast<unsigned>(mask)) == axes) sets.push_back(mask);
+  }
+  Searched out;
+  // Neighbourhoods since the last improvement (the one it came from counts: it is its best).
+  std::size_t unimproved = 0;
+  for (std::size_t i = 0; unimproved < sets.size(); i = (i + 1) % sets.size()) {
+    const double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0) return out;
+    const Neighbourhood n{around, sets[i], partials, allows};
+    ProgramChoices c;
+    try {
+      c = build_choices(g, options.program, {left, options.progress}, &n, &recordings);
+    } catch (const SearchTooLarge&) {
+      if (out.best.outcome.best.empty()) throw;
+      return out;
+    } catch (const InputError&) {
+      if (!roles) throw;
+      out.converged = true;  // the roles allow none of some leaf's specs: they do not apply
+      return out;
+    }
+    ++tally.builds;
+    const ChoiceProblem p = roles ? restricted(c.problem, named_keep(g, c, *roles)) : c.problem;
+    SolveLimits step = limits;
+    step.seconds = left;
+    SolveOutcome o = best_of(p, step);
+    const bool fits = !o.best.empty();
+    if (!fits && limits.memory_limit) {
+      // Nothing here fits the limit: towards the least memory, to search on from there.
+      step.memory_limit.reset();
+      step.minimize_memory = true;
+      o = solve_mip(p, step);
+    }
+    if (!o.best.empty() && improves(o, fits, out.best)) {
+      around = specs_of(c, o.best);
+      out.best = {std::move(c), std::move(o), fits};
+      partials = gradient_values(out.best);
+      unimproved = 1;
+    } else {
+      ++unimproved;
+    }
+  }
+  out.converged = true;
+  return out;
+}
+
+// The neighbourhood search (SolveResult::search): the named strategies one axis at a time,
+// then from the best of them (or from replicated) two axes at a time.
+Found solve_by_neighbourhoods(const Graph& g, const SolveOptions& options, const SolveLimits& limits,
+                              Recordings& recordings, Clock::time_point deadline, SolveResult& r) {
+  const auto start = Clock::now();
+  NeighbourhoodSearch& tally = r.search.emplace();
+  std::vector<Spec> around = replicated_specs(g);
+  std::vector<int> partials;  // the gradients' of `around`: every layout until a search has found one
+  if (options.named) {
+    std::optional<SolveOutcome> fastest;  // of the named strategies
+    for (const std::vector<std::string>& roles : named_plans(g)) {
+      const Searched s =
+          search_neighbourhoods(g, options, limits, recordings, named_start(g, roles), {}, 1, &roles, deadline, tally);
+      NamedStrategy named{named_text(g, roles), s.best.outcome, {}};
+      if (!s.best.fits) {
+        named.outcome = {};
+        named.outcome.status = s.converged ? SolveStatus::infeasible : SolveStatus::unknown;
+      } else {
+        named.outcome.status = s.converged ? SolveStatus::local : SolveStatus::feasible;
+        named.outcome.method = "neighbourhood search";
+        named.specs = specs_of(s.best.choices, s.best.outcome.best);
+        if (!fastest || improves(s.best.outcome, true, Found{{}, *fastest, true})) {
+          fastest = s.best.outcome;
+          around = named.specs;
+          partials = gradient_values(s.best);
+        }
+      }
+      r.named.push_back(std::move(named));
+    }
+    sort_named(r.named);
+  }
+  // One axis at a time first: its neighbourhoods are a few times smaller than two axes'.
+  Searched best = search_neighbourhoods(g, options, limits, recordings, around, partials, 1, nullptr, deadline, tally);
+  tally.converged_axes = best.converged ? 1 : 0;
+  if (best.converged && !best.best.outcome.best.empty()) {
+    Searched pairs =
+        search_neighbourhoods(g, options, limits, recordings, specs_of(best.best.choices, best.best.outcome.best),
+                              gradient_values(best.best), 2, nullptr, deadline, tally);
+    if (pairs.converged) tally.converged_axes = 2;
+    if (!pairs.best.outcome.best.empty()) best.best = std::move(pairs.best);
+  }
+  tally.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  // Not fitting, its assignment (kept) holds the least memory the search found.
+  if (!best.best.fits) {
+    best.best.outcome.status = tally.converged_axes ? SolveStatus::infeasible : SolveStatus::unknown;
+  } else {
+    best.best.outcome.status = tally.converged_axes ? SolveStatus::local : SolveStatus::feasible;
+    best.best.outcome.lower_bound = 0;  // none proven
+  }
+  best.best.outcome.method = "neighbourhood search";
+  best.best.outcome.seconds = tally.seconds;
+  return std::move(best.best);
 }
 
 }  // namespace
 
 SolveResult solve_program(const Graph& g, const SolveOptions& options) {
+  const auto deadline =
+      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.seconds));
   SolveResult r;
-  r.choices = build_choices(g, options.program, {options.seconds, options.progress});
-  const ProgramChoices& c = r.choices;
   SolveLimits limits;
   limits.memory_limit = options.memory_limit;
   limits.seconds = options.seconds;
+  Recordings recordings(g, options.program);
+  // Past two axes the whole space is tried with a quarter of the time: it is built only for
+  // small programs, and the build says within its first ops when it cannot be.
+  const bool many_axes = g.mesh.rank() > 2;
+  bool whole = !options.by_neighbourhoods;
+  if (whole) {
+    try {
+      r.choices =
+          build_choices(g, options.program, {many_axes ? options.seconds / 4 : options.seconds, options.progress},
+                        nullptr, &recordings);
+    } catch (const SearchTooLarge&) {
+      if (!many_axes) throw;
+      whole = false;
+    }
+  }
+  std::optional<Found> searched;
+  if (!whole) {
+    searched = solve_by_neighbourhoods(g, options, limits, recordings, deadline, r);
+    r.choices = std::move(searched->choices);
+  }
+  const ProgramChoices& c = r.choices;
   for (std::size_t v = 0; v < c.chosen.size(); ++v) {
     if (c.chosen[v]) limits.distinct_on.push_back(static_cast<int>(v));
   }
 
-  r.outcome = best_of(c.problem, limits);
-  if (options.memory_limit) {
-    SolveLimits free = limits;
-    free.memory_limit.reset();
-    r.unconstrained = best_of(c.problem, free);
+  if (searched) {
+    r.outcome = searched->outcome;
+    if (!searched->fits) r.outcome.best.clear();
+  } else {
+    r.outcome = best_of(c.problem, limits);
+    if (options.memory_limit) {
+      SolveLimits free = limits;
+      free.memory_limit.reset();
+      r.unconstrained = best_of(c.problem, free);
+    }
   }
   if (r.outcome.best.empty()) {
     if (r.outcome.status == SolveStatus::unknown) {
@@ -194,11 +444,17 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     std::string why = "no sharding of the program fits";
     if (options.memory_limit) {
       why += " in " + field("mem_limit") + " " + bytes_text(*options.memory_limit) + " per device";
-      SolveLimits least;
-      least.minimize_memory = true;
-      least.seconds = options.seconds;
-      const SolveOutcome o = solve_mip(c.problem, least);
-      if (!o.best.empty()) why += ": " + least_memory_text(g, c, o, options.program);
+      if (searched) {
+        // The search's least: not proven the least there is.
+        if (!searched->outcome.best.empty())
+          why += ": " + least_memory_text(g, c, searched->outcome, options.program, /*proven=*/false);
+      } else {
+        SolveLimits least;
+        least.minimize_memory = true;
+        least.seconds = options.seconds;
+        const SolveOutcome o = solve_mip(c.problem, least);
+        if (!o.best.empty()) why += ": " + least_memory_text(g, c, o, options.program, /*proven=*/true);
+      }
     }
     throw InputError("solve: " + why);
   }
@@ -217,8 +473,9 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     if (!g.tensors[t].regathered && !gathers_again[static_cast<std::size_t>(c.var_of_tensor[t])]) r.regathered[t] = 0;
   }
 
-  if (r.outcome.method == "dynamic programming") {
-    // Each part of the K-best search is solved as fast as the optimum was.
+  if (r.outcome.method == "dynamic programming" || searched) {
+    // Each part of the K-best search is solved as fast as the optimum was (in a search: its
+    // neighbourhood's optimum, the answer).
     r.top = solve_top(c.problem, limits, r.outcome, options.top, best_of);
   } else {
     // The integer program takes exclusions directly: one solve per answer, not one per part.
@@ -232,7 +489,7 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     }
   }
 
-  if (options.named) r.named = named_strategies(g, c, limits);
+  if (options.named && !searched) r.named = named_strategies(g, c, limits);
 
   if (options.explain) {
     for (int v : limits.distinct_on) {

@@ -65,6 +65,9 @@ def commands(tmp, source):
                         "--dims", "B=8,T=64,D=256,F=1024", "--mem-limit", "4MiB"]),
         ("solve.json", ["solve", str(source / "examples/programs/mlp_free.prog"), "--mesh", "X=2",
                         "--dims", "B=2,T=2,D=4,F=6", "--run", "--infer"]),
+        # three axes: a neighbourhood search, --top and --explain within its last neighbourhood
+        ("solve.json", ["solve", str(source / "examples/programs/mlp_free.prog"), "--mesh", "a=2,b=2,c=2",
+                        "--dims", "B=8,T=64,D=256,F=1024", "--explain", "--top", "2"]),
         ("bench-collectives.json", ["bench", "collectives", "--mesh", "X=2", "--sizes", "1KiB", "--trials", "1"]),
         ("bench-matmul.json", ["bench", "matmul", "A[I_X, J] @ B[J, K_X]", "--mesh", "X=2", "--sizes", "32",
                                "--repeat", "1", "--warmup", "0"]),

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <functional>
 #include <random>
 #include <stdexcept>
@@ -790,6 +791,57 @@ TEST(Choices, ASearchTooLargeForTheTimeLimitIsRefused) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("combinations of specs more"));
   }
   EXPECT_GT(reports, 0);
+}
+
+// Past two axes the whole space is too large to build (the MLP's `u = h @ w_in` has 1.5
+// million combinations on 2x2x2): the search by neighbourhoods finds a sharding that the
+// emitted program costs as the solver says, that no named strategy beats, and that no
+// neighbourhood of one or two axes around it improves; each neighbourhood holds its centre
+// and keeps the other axes where the centre has them.
+TEST(Solve, SearchesMeshesOfMoreAxesByNeighbourhoods) {
+  const program::Program p = free_program("examples/programs/mlp_free.prog");
+  const program::Graph g = program::bind(p, small_mlp("a=2,b=2,c=2"));
+  SolveOptions o;
+  o.program = bf16();
+  o.seconds = 600;
+  const SolveResult r = solve_program(g, o);
+  ASSERT_TRUE(r.search.has_value());
+  EXPECT_EQ(r.search->converged_axes, 2);
+  EXPECT_EQ(r.outcome.status, SolveStatus::local);
+  EXPECT_THAT(r.outcome.method, ::testing::StartsWith("neighbourhood search"));
+  expect_emitted_costs_the_answer(p, g, o, r);
+  expect_no_named_strategy_beats(r);
+  for (const NamedStrategy& s : r.named) {
+    if (s.outcome.best.empty()) continue;
+    const nn::ProgramPrediction named = nn::predict_program(pinned_graph(g, s.specs), o.program);
+    EXPECT_NEAR(predicted_time(named), s.outcome.value.time, 1e-9 * s.outcome.value.time) << s.name;
+  }
+
+  Recordings recordings(g, o.program);
+  const std::vector<int> partials(r.outcome.best.begin() + static_cast<std::ptrdiff_t>(r.choices.values.size()),
+                                  r.outcome.best.end());
+  for (int free = 1; free < 8; ++free) {
+    if (std::popcount(static_cast<unsigned>(free)) > 2) continue;
+    SCOPED_TRACE("free axes " + std::to_string(free));
+    const Neighbourhood n{r.specs, free, partials, {}};
+    const ProgramChoices c = build_choices(g, o.program, {}, &n, &recordings);
+    const std::optional<SolveOutcome> best = solve_elimination(c.problem);
+    ASSERT_TRUE(best.has_value());
+    EXPECT_GE(best->value.time, r.outcome.value.time * (1 - 1e-12));
+    for (std::size_t v = 0; v < c.values.size(); ++v) {
+      if (!c.chosen[v]) continue;
+      const Spec& centre = r.specs[static_cast<std::size_t>(c.tensor_of_var[v])];
+      EXPECT_NE(std::find(c.values[v].begin(), c.values[v].end(), centre), c.values[v].end()) << centre.tensor;
+      for (const Spec& s : c.values[v]) {
+        for (int a = 0; a < 3; ++a) {
+          if (free >> a & 1) continue;
+          const int d = s.dim_of_axis(a);
+          EXPECT_EQ(d, centre.dim_of_axis(a)) << format_spec(s, g.mesh);
+          EXPECT_EQ(s.is_unreduced(a), centre.is_unreduced(a)) << format_spec(s, g.mesh);
+        }
+      }
+    }
+  }
 }
 
 // A repeat block is solved once: 2 or 6 layers make the same problem, costs scaled.

@@ -96,6 +96,7 @@ struct SolveLimits {
 enum class SolveStatus {
   optimal,     // proven optimal
   feasible,    // found, with a gap to the proven lower bound
+  local,       // the best of every neighbourhood around it (solve.h), no bound proven
   infeasible,  // no assignment is allowed within the memory limit (proven)
   unknown,     // the time limit passed before any assignment was found
 };

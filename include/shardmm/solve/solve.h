@@ -25,10 +25,12 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "shardmm/core/error.h"
 #include "shardmm/nn/program.h"
 #include "shardmm/program/program.h"
 #include "shardmm/solve/choices.h"
@@ -71,8 +73,46 @@ struct BuildLimits {
   // of three or four axes gives an einsum millions. The problem does not depend on it.
   std::size_t batch = std::size_t{1} << 16;
 };
-ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options,
-                             const BuildLimits& limits = {});
+// The build's search is too large for its time limit (BuildLimits::seconds).
+class SearchTooLarge : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+// A neighbourhood of a sharding: every chosen tensor keeps `around`'s spec (by graph tensor)
+// on the mesh axes outside `free_axes` (the letter each shards, or its partial sums, and their
+// order within a letter); the free axes take any place. On meshes of more than two axes the
+// whole space is too large to build; solve_program searches it by neighbourhoods.
+struct Neighbourhood {
+  std::vector<Spec> around;
+  int free_axes = 0;  // a bit per mesh axis
+  // By gradient variable (ProgramChoices::gradient_var, less the tensor variables; empty:
+  // every one), the axes around's gradient is partial over: on the fixed axes it stays so.
+  std::vector<int> partials;
+  std::function<bool(const program::Tensor&, const Spec&)> leaf_allows;  // may be empty: all
+};
+
+class OpRecorder;
+// The op recordings builds make, kept for later builds of the same graph and options (a
+// neighbourhood search builds many problems that overlap). Holds references to both.
+class Recordings {
+ public:
+  Recordings(const program::Graph& g, const nn::ProgramOptions& options);
+  ~Recordings();
+  Recordings(const Recordings&) = delete;
+  Recordings& operator=(const Recordings&) = delete;
+
+ private:
+  friend ProgramChoices build_choices(const program::Graph&, const nn::ProgramOptions&, const BuildLimits&,
+                                      const Neighbourhood*, Recordings*);
+  std::unique_ptr<OpRecorder> recorder_;
+};
+
+// The choice problem of `g`: the whole search space, or only `neighbourhood`'s; throws
+// SearchTooLarge when the limits say it cannot be built in time. `recordings` (may be null):
+// the recordings of earlier builds, reused and added to.
+ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits = {},
+                             const Neighbourhood* neighbourhood = nullptr, Recordings* recordings = nullptr);
 
 // A named strategy: a role per mesh axis ("dp", "fsdp", "tp", "sp", and "ep" for a program
 // with a route), as restrictions on the leaves' specs (docs/solve.md); the rest of the program
@@ -80,6 +120,7 @@ ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& 
 struct NamedStrategy {
   std::string name;      // "dp(X)+tp(Y)"
   SolveOutcome outcome;  // infeasible when the roles do not apply to the program
+  std::vector<Spec> specs;  // by graph tensor, when found
 };
 
 struct Alternative {  // --explain: a tensor's runner-up
@@ -98,9 +139,24 @@ struct SolveOptions {
   bool named = true;    // cost the named strategies
   double seconds = 60;  // building the problem's time limit, and each integer program's
   std::function<void(const BuildProgress&)> progress;  // building the problem (may be empty)
+  // Search by neighbourhoods (NeighbourhoodSearch) even where the whole space can be built.
+  bool by_neighbourhoods = false;
+};
+
+// How the search went on a mesh whose whole search space is too large to build (more than
+// two axes): from the best named strategy (each found by neighbourhoods of one axis), the best
+// of each neighbourhood where one axis takes any place, in turn, until none improves it; then
+// the same with two axes, as long as the time limit allows.
+struct NeighbourhoodSearch {
+  int builds = 0;          // neighbourhoods built and solved, the named strategies' included
+  int converged_axes = 0;  // 2: no neighbourhood of one or two axes improves the answer; 1: none
+                           // of one axis; 0: the time limit ended the search before
+  double seconds = 0;
 };
 
 struct SolveResult {
+  // The choice problem the answer is an assignment of: the whole space, or the neighbourhood
+  // where the search found it (then top-K and the runner-ups are within it).
   ProgramChoices choices;
   SolveOutcome outcome;              // the best
   std::vector<Spec> specs;           // by graph tensor, the best's
@@ -109,7 +165,8 @@ struct SolveResult {
   std::vector<SolveOutcome> top;     // the best first, then the next distinct ones (top > 1)
   std::vector<NamedStrategy> named;
   std::vector<Alternative> alternatives;      // explain: one per chosen variable
-  std::optional<SolveOutcome> unconstrained;  // with a memory limit: the best without it
+  std::optional<SolveOutcome> unconstrained;  // with a memory limit: the best without it (exact only)
+  std::optional<NeighbourhoodSearch> search;  // when the space was searched by neighbourhoods
 };
 
 // InputError when no sharding fits the memory limit (naming what the fastest one needs).
