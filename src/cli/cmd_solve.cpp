@@ -92,12 +92,14 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
   for (char x : c.chosen) chosen += x ? 1 : 0;
   for (const solve::Factor& fac : c.problem.factors) entries += fac.entries.size();
   out << "\nSearch: " << chosen << " tensors to choose (inputs, params, einsum results; a repeat's copies choose "
-      << "together), " << c.evaluations << " op recordings, " << entries << " costed combinations.\n";
+      << "together), " << (r.search ? r.search->recordings : c.evaluations) << " op recordings, " << entries
+      << " costed combinations.\n";
   if (r.search) {
     out << "The whole space is too large to build on " << g.mesh.rank() << " axes: searched from the best named "
         << "strategy by neighbourhoods (every tensor's places of one axis, then two, open and the others kept; each "
            "solved exactly), "
         << r.search->builds << " of them in " << format_time(r.search->seconds)
+        << " (one axis at a time: " << format_time(r.search->one_axis_seconds) << ")"
         << "; the costed combinations and the table's choices are the last one's.\n";
   }
   out << "Solved by " << r.outcome.method << " in " << format_time(r.outcome.seconds) << ": "
@@ -260,9 +262,10 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   doc["solve_seconds"] = r.outcome.seconds;
   doc["search"] = r.search ? Json{{"neighbourhoods", r.search->builds},
                                   {"converged_axes", r.search->converged_axes},
-                                  {"seconds", r.search->seconds}}
+                                  {"seconds", r.search->seconds},
+                                  {"one_axis_seconds", r.search->one_axis_seconds}}
                            : Json(nullptr);
-  doc["op_recordings"] = c.evaluations;
+  doc["op_recordings"] = r.search ? r.search->recordings : c.evaluations;
   Json tensors = Json::array();
   for (int t : shown_tensors(g, c)) {
     const program::Tensor& tensor = g.tensors[static_cast<std::size_t>(t)];

@@ -238,8 +238,6 @@ struct OpCost {
 // The figures an op factor's entries carry (FactorEntry::figures), from Tape::OpMemory.
 enum Figure { kKept, kTransient, kTransientWithResult, kBackward };
 
-}  // namespace
-
 class OpRecorder {
  public:
   OpRecorder(const Graph& g, const nn::ProgramOptions& options) : g_(g), options_(options) {}
@@ -448,12 +446,6 @@ class OpRecorder {
   mutable std::unordered_map<std::string, std::vector<std::shared_ptr<const OpCost>>> memo_;
   mutable std::int64_t recordings_ = 0;
 };
-
-Recordings::Recordings(const Graph& g, const nn::ProgramOptions& options)
-    : recorder_(std::make_unique<OpRecorder>(g, options)) {}
-Recordings::~Recordings() = default;
-
-namespace {
 
 // One combination of an op's specs to record: its jobs (one per layout of the result's
 // gradient) share one forward pass.
@@ -700,7 +692,7 @@ std::vector<char> regathered_of(const ProgramChoices& c, const Assignment& a) {
 }
 
 ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits,
-                             const Neighbourhood* neighbourhood, Recordings* recordings) {
+                             const Neighbourhood* neighbourhood) {
   ProgramChoices c;
   const bool train = options.train && g.loss >= 0;
   c.on_loss_path = loss_path(g);
@@ -866,8 +858,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   std::vector<std::vector<char>> regather_matters(c.values.size());
   for (std::size_t v = 0; v < c.values.size(); ++v) regather_matters[v].assign(c.values[v].size(), 0);
 
-  std::optional<Recordings> own;
-  const OpRecorder& recorder = *(recordings ? recordings : &own.emplace(g, options))->recorder_;
+  OpRecorder recorder(g, options);
   BuildClock clock(limits);
   // Fill the factors in program order until no derived variable gains a value (a repeat's
   // later iterations can feed values back to an earlier factor's operands).

@@ -276,7 +276,7 @@ struct Searched {
 // From `around`, the neighbourhoods of every set of `axes` mesh axes in turn until none
 // improves the sharding (or the deadline passes), within `roles` when given (a named strategy).
 Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, const SolveLimits& limits,
-                               Recordings& recordings, std::vector<Spec> around, std::vector<int> partials, int axes,
+                               std::vector<Spec> around, std::vector<int> partials, int axes,
                                const std::vector<std::string>* roles, Clock::time_point deadline,
                                NeighbourhoodSearch& tally) {
   std::function<bool(const program::Tensor&, const Spec&)> allows;
@@ -301,16 +301,16 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
     const Neighbourhood n{around, sets[i], partials, allows};
     ProgramChoices c;
     try {
-      c = build_choices(g, options.program, {left, options.progress}, &n, &recordings);
+      c = build_choices(g, options.program, {left, options.progress}, &n);
     } catch (const SearchTooLarge&) {
-      if (out.best.outcome.best.empty()) throw;
-      return out;
+      return out;  // the time limit: the best so far (nothing, if this was the first)
     } catch (const InputError&) {
       if (!roles) throw;
       out.converged = true;  // the roles allow none of some leaf's specs: they do not apply
       return out;
     }
     ++tally.builds;
+    tally.recordings += c.evaluations;
     const ChoiceProblem p = roles ? restricted(c.problem, named_keep(g, c, *roles)) : c.problem;
     SolveLimits step = limits;
     step.seconds = left;
@@ -338,16 +338,15 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
 // The neighbourhood search (SolveResult::search): the named strategies one axis at a time,
 // then from the best of them (or from replicated) two axes at a time.
 Found solve_by_neighbourhoods(const Graph& g, const SolveOptions& options, const SolveLimits& limits,
-                              Recordings& recordings, Clock::time_point deadline, SolveResult& r) {
+                              Clock::time_point deadline, SolveResult& r) {
   const auto start = Clock::now();
   NeighbourhoodSearch& tally = r.search.emplace();
   std::vector<Spec> around = replicated_specs(g);
-  std::vector<int> partials;  // the gradients' of `around`: every layout until a search has found one
+  std::vector<int> partials;     // the gradients' of `around`: every layout until a search has found one
+  std::optional<Found> fastest;  // of the named strategies: the answer if the time limit cuts the rest
   if (options.named) {
-    std::optional<SolveOutcome> fastest;  // of the named strategies
     for (const std::vector<std::string>& roles : named_plans(g)) {
-      const Searched s =
-          search_neighbourhoods(g, options, limits, recordings, named_start(g, roles), {}, 1, &roles, deadline, tally);
+      Searched s = search_neighbourhoods(g, options, limits, named_start(g, roles), {}, 1, &roles, deadline, tally);
       NamedStrategy named{named_text(g, roles), s.best.outcome, {}};
       if (!s.best.fits) {
         named.outcome = {};
@@ -356,10 +355,10 @@ Found solve_by_neighbourhoods(const Graph& g, const SolveOptions& options, const
         named.outcome.status = s.converged ? SolveStatus::local : SolveStatus::feasible;
         named.outcome.method = "neighbourhood search";
         named.specs = specs_of(s.best.choices, s.best.outcome.best);
-        if (!fastest || improves(s.best.outcome, true, Found{{}, *fastest, true})) {
-          fastest = s.best.outcome;
+        if (!fastest || improves(s.best.outcome, true, *fastest)) {
           around = named.specs;
           partials = gradient_values(s.best);
+          fastest = std::move(s.best);
         }
       }
       r.named.push_back(std::move(named));
@@ -367,15 +366,16 @@ Found solve_by_neighbourhoods(const Graph& g, const SolveOptions& options, const
     sort_named(r.named);
   }
   // One axis at a time first: its neighbourhoods are a few times smaller than two axes'.
-  Searched best = search_neighbourhoods(g, options, limits, recordings, around, partials, 1, nullptr, deadline, tally);
+  Searched best = search_neighbourhoods(g, options, limits, around, partials, 1, nullptr, deadline, tally);
   tally.converged_axes = best.converged ? 1 : 0;
+  tally.one_axis_seconds = std::chrono::duration<double>(Clock::now() - start).count();
   if (best.converged && !best.best.outcome.best.empty()) {
-    Searched pairs =
-        search_neighbourhoods(g, options, limits, recordings, specs_of(best.best.choices, best.best.outcome.best),
-                              gradient_values(best.best), 2, nullptr, deadline, tally);
+    Searched pairs = search_neighbourhoods(g, options, limits, specs_of(best.best.choices, best.best.outcome.best),
+                                           gradient_values(best.best), 2, nullptr, deadline, tally);
     if (pairs.converged) tally.converged_axes = 2;
     if (!pairs.best.outcome.best.empty()) best.best = std::move(pairs.best);
   }
+  if (best.best.outcome.best.empty() && fastest) best.best = std::move(*fastest);
   tally.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   // Not fitting, its assignment (kept) holds the least memory the search found.
   if (!best.best.fits) {
@@ -398,7 +398,6 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   SolveLimits limits;
   limits.memory_limit = options.memory_limit;
   limits.seconds = options.seconds;
-  Recordings recordings(g, options.program);
   // Past two axes the whole space is tried with a quarter of the time: it is built only for
   // small programs, and the build says within its first ops when it cannot be.
   const bool many_axes = g.mesh.rank() > 2;
@@ -406,8 +405,7 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   if (whole) {
     try {
       r.choices =
-          build_choices(g, options.program, {many_axes ? options.seconds / 4 : options.seconds, options.progress},
-                        nullptr, &recordings);
+          build_choices(g, options.program, {many_axes ? options.seconds / 4 : options.seconds, options.progress});
     } catch (const SearchTooLarge&) {
       if (!many_axes) throw;
       whole = false;
@@ -415,7 +413,7 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   }
   std::optional<Found> searched;
   if (!whole) {
-    searched = solve_by_neighbourhoods(g, options, limits, recordings, deadline, r);
+    searched = solve_by_neighbourhoods(g, options, limits, deadline, r);
     r.choices = std::move(searched->choices);
   }
   const ProgramChoices& c = r.choices;

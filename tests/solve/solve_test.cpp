@@ -817,14 +817,13 @@ TEST(Solve, SearchesMeshesOfMoreAxesByNeighbourhoods) {
     EXPECT_NEAR(predicted_time(named), s.outcome.value.time, 1e-9 * s.outcome.value.time) << s.name;
   }
 
-  Recordings recordings(g, o.program);
   const std::vector<int> partials(r.outcome.best.begin() + static_cast<std::ptrdiff_t>(r.choices.values.size()),
                                   r.outcome.best.end());
   for (int free = 1; free < 8; ++free) {
     if (std::popcount(static_cast<unsigned>(free)) > 2) continue;
     SCOPED_TRACE("free axes " + std::to_string(free));
     const Neighbourhood n{r.specs, free, partials, {}};
-    const ProgramChoices c = build_choices(g, o.program, {}, &n, &recordings);
+    const ProgramChoices c = build_choices(g, o.program, {}, &n);
     const std::optional<SolveOutcome> best = solve_elimination(c.problem);
     ASSERT_TRUE(best.has_value());
     EXPECT_GE(best->value.time, r.outcome.value.time * (1 - 1e-12));

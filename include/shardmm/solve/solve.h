@@ -25,7 +25,6 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,27 +91,10 @@ struct Neighbourhood {
   std::function<bool(const program::Tensor&, const Spec&)> leaf_allows;  // may be empty: all
 };
 
-class OpRecorder;
-// The op recordings builds make, kept for later builds of the same graph and options (a
-// neighbourhood search builds many problems that overlap). Holds references to both.
-class Recordings {
- public:
-  Recordings(const program::Graph& g, const nn::ProgramOptions& options);
-  ~Recordings();
-  Recordings(const Recordings&) = delete;
-  Recordings& operator=(const Recordings&) = delete;
-
- private:
-  friend ProgramChoices build_choices(const program::Graph&, const nn::ProgramOptions&, const BuildLimits&,
-                                      const Neighbourhood*, Recordings*);
-  std::unique_ptr<OpRecorder> recorder_;
-};
-
 // The choice problem of `g`: the whole search space, or only `neighbourhood`'s; throws
-// SearchTooLarge when the limits say it cannot be built in time. `recordings` (may be null):
-// the recordings of earlier builds, reused and added to.
+// SearchTooLarge when the limits say it cannot be built in time.
 ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits = {},
-                             const Neighbourhood* neighbourhood = nullptr, Recordings* recordings = nullptr);
+                             const Neighbourhood* neighbourhood = nullptr);
 
 // A named strategy: a role per mesh axis ("dp", "fsdp", "tp", "sp", and "ep" for a program
 // with a route), as restrictions on the leaves' specs (docs/solve.md); the rest of the program
@@ -152,6 +134,8 @@ struct NeighbourhoodSearch {
   int converged_axes = 0;  // 2: no neighbourhood of one or two axes improves the answer; 1: none
                            // of one axis; 0: the time limit ended the search before
   double seconds = 0;
+  double one_axis_seconds = 0;  // until the search of one axis at a time ended
+  std::int64_t recordings = 0;  // op recordings, all neighbourhoods'
 };
 
 struct SolveResult {
