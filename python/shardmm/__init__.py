@@ -505,10 +505,10 @@ class Program(_Document):
 
 
 class Strategy(_Record):
-    """A solver's answer: ``status`` ('optimal', 'feasible', 'infeasible'), ``method``,
-    ``time_s`` (its objective), ``memory_bytes`` (the step's peak per device),
-    ``lower_bound_s`` and ``specs`` {tensor: spec} of the tensors it chose; a named strategy
-    has its ``name`` too."""
+    """A solver's answer: ``status`` ('optimal', 'feasible', 'local' (a neighbourhood
+    search's), 'infeasible'), ``method``, ``time_s`` (its objective), ``memory_bytes`` (the
+    step's peak per device), ``lower_bound_s`` (None where none is proven) and ``specs``
+    {tensor: spec} of the tensors it chose; a named strategy has its ``name`` too."""
 
     def __repr__(self):
         name = f"{self._doc['name']}: " if "name" in self._doc else ""
@@ -517,7 +517,9 @@ class Strategy(_Record):
 
 class Solution(_Document):
     """The fastest sharding ``solve`` found: ``status`` ('optimal', or 'feasible' with a
-    proven gap), ``method``, ``objective_s`` and ``lower_bound_s``, ``specs`` {tensor: spec}
+    proven gap; past two mesh axes 'local', a neighbourhood search's local optimum, with
+    ``search`` saying how far it got), ``method``, ``objective_s`` and ``lower_bound_s``
+    (None after a neighbourhood search), ``specs`` {tensor: spec}
     of every tensor, ``tensors`` (each with how it got its spec), ``predicted`` (the step's
     time and memory as ``program`` costs it), ``named_strategies``, ``alternatives`` (with
     ``explain``), ``top`` (the best distinct shardings), ``unconstrained`` (with a memory
@@ -831,15 +833,16 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     fixed), and: ``mem_limit``, the memory per device the step may use ('16GiB', '512MiB' or
     an int of bytes; InputError when no sharding fits); ``top``, also list the K best distinct
     shardings (1 to 100); ``explain``, each chosen tensor's runner-up layout and what it would
-    add; ``time_limit``, the search's time limit in seconds: building the problem (a search
-    that cannot finish in it raises InputError at once) and each integer program (past it the
-    answer is 'feasible' with its proven gap); ``run``, execute the answer and check it, and
+    add; ``time_limit``, the search's time limit in seconds: building the problem (on up to
+    two axes a search that cannot finish in it raises InputError at once; past two the
+    neighbourhood search answers with the best it found) and each integer program (past it
+    the answer is 'feasible' with its proven gap); ``run``, execute the answer and check it, and
     ``rings``, as ``program``'s. The GIL is released while the solver runs.
 
     Returns a Solution: ``status``, ``method``, ``objective_s``, ``lower_bound_s``, ``specs``,
     ``named_strategies``, ``alternatives``, ``top`` and ``pinned_program()`` (what ``--emit``
-    writes); ``.to_json()`` is ``shardmm solve FILE ... --json`` (but ``solve_seconds``, the
-    time the solver took).
+    writes); ``.to_json()`` is ``shardmm solve FILE ... --json`` (but ``solve_seconds`` and
+    ``search``'s seconds, the times the solver took).
     """
     if isinstance(top, bool) or not isinstance(top, _numbers.Integral):
         raise TypeError(f"top must be an int, not {_type_name(top)}")

@@ -6,6 +6,7 @@
 // strategies; --emit writes the program with every spec pinned; --run executes and verifies it.
 #include <cmath>
 #include <iomanip>
+#include <map>
 #include <iostream>
 #include <locale>
 #include <memory>
@@ -95,8 +96,11 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
       << "together), " << (r.search ? r.search->recordings : c.evaluations) << " op recordings, " << entries
       << " costed combinations.\n";
   if (r.search) {
-    out << "The whole space is too large to build on " << g.mesh.rank() << " axes: searched from the best named "
-        << "strategy by neighbourhoods (every tensor's places of one axis, then two, open and the others kept; each "
+    out << (o.search == solve::SolveOptions::Search::neighbourhoods
+                ? std::string("Searched (--search neighbourhoods)")
+                : "The whole space is too large to build on " + std::to_string(g.mesh.rank()) + " axes: searched")
+        << " from the best named strategy by neighbourhoods (every tensor's places of one axis, then two, open and the "
+           "others kept; each "
            "solved exactly), "
         << r.search->builds << " of them in " << format_time(r.search->seconds)
         << " (one axis at a time: " << format_time(r.search->one_axis_seconds) << ")"
@@ -325,6 +329,17 @@ SolveReport evaluate_solve(const SolveRequest& request) {
     throw InputError(field("time_limit") + " " + format_given(request.seconds) +
                      ": the search's time limit is a positive number of seconds, e.g. " + field("time_limit") + " 10");
   }
+  const std::map<std::string, solve::SolveOptions::Search> searches = {
+      {"auto", solve::SolveOptions::Search::automatic},
+      {"whole", solve::SolveOptions::Search::whole},
+      {"neighbourhoods", solve::SolveOptions::Search::neighbourhoods}};
+  const auto search = searches.find(request.search);
+  if (search == searches.end()) {
+    throw InputError(field("search") + " '" + request.search +
+                     "': searches auto (the whole space where it can be built, else by neighbourhoods), whole or "
+                     "neighbourhoods, e.g. " +
+                     field("search") + " whole");
+  }
   BoundProgram b = bind_program(in, "--pin");
   solve::SolveOptions o;
   o.program.dtype = b.planning.options.dtype;
@@ -336,6 +351,7 @@ SolveReport evaluate_solve(const SolveRequest& request) {
   o.top = request.top;
   o.explain = request.explain;
   o.seconds = request.seconds;
+  o.search = search->second;
   o.progress = request.progress;
   solve::SolveResult r = solve::solve_program(b.graph, o);
   std::optional<nn::ProgramRun> run;
@@ -387,9 +403,14 @@ Command add_solve_command(CLI::App& root) {
                 "step (small --dims), e.g. --run");
   app->add_option("--backend", input.backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
   app->add_option("--time-limit", flags->seconds,
-                  "the search's time limit in seconds (default 60): building the problem (a search that cannot "
-                  "finish in it is refused, exit 2) and each integer program (past it the answer says its proven "
-                  "gap), e.g. --time-limit 10");
+                  "the search's time limit in seconds (default 60): building the problem (on up to two axes a "
+                  "search that cannot finish in it is refused, exit 2; past two, the neighbourhood search answers "
+                  "with the best it found) and each integer program (past it the answer says its proven gap), "
+                  "e.g. --time-limit 10");
+  app->add_option("--search", flags->search,
+                  "auto (default): the whole space where it can be built (always on up to two axes; past two, "
+                  "within a quarter of --time-limit), else by neighbourhoods; whole: only the whole space (a proven "
+                  "optimum or a refusal); neighbourhoods: the neighbourhood search, e.g. --search neighbourhoods");
   add_dtype_flag(*app, input.common.dtype, kProgramDTypeRule);
   add_hw_flag(*app, input.common.hw);
   add_json_flag(*app, input.common.json);
@@ -398,12 +419,15 @@ Command add_solve_command(CLI::App& root) {
       "einsum's partial sums, or is unused; uneven splits legal); every other tensor follows from its op. Each op is\n"
       "costed forward and backward by the same planner and duals as `shardmm program`; the objective is the\n"
       "serialized step time, subject to the per-device memory of --mem-limit. Dynamic programming solves it exactly;\n"
-      "when the memory limit binds an integer program (CBC) does, and says 'optimal' or its proven gap.\n"
+      "when the memory limit binds an integer program (CBC) does, and says 'optimal' or its proven gap. Past two\n"
+      "mesh axes the whole space is too large to build: it is searched by neighbourhoods (one axis's places, then\n"
+      "two axes', open in every tensor; each solved exactly), and the answer is a local optimum, said so.\n"
       "Exit status: 0, 2 bad input or nothing fits, 3 wrong result (--run).\n\n"
       "Examples:\n"
       "  shardmm solve examples/programs/mlp_free.prog\n"
       "  shardmm solve examples/programs/mlp_free.prog --pin x='x[B_X, T, D]' --explain\n"
       "  shardmm solve examples/programs/mlp_free.prog --mesh X=2,Y=2 --dims B=8,T=64,D=256,F=1024\n"
+      "  shardmm solve examples/programs/mlp_free.prog --mesh a=2,b=2,c=2 --dims B=8,T=64,D=256,F=1024\n"
       "  shardmm solve examples/programs/mlp_free.prog --mem-limit 700MiB --optimizer adam --top 3\n"
       "  shardmm solve examples/programs/tp_ffn.prog --run --emit /tmp/tp_ffn.solved.prog\n\n" +
       std::string(kDocsHint) + " docs/solve.md.");

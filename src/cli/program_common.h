@@ -75,6 +75,7 @@ struct SolveRequest {
   int top = 1;                           // 1 to kMaxTop
   bool explain = false;
   double seconds = 60;  // building the problem's time limit, and each integer program's
+  std::string search = "auto";  // auto, whole or neighbourhoods (solve::SolveOptions::Search)
   std::function<void(const solve::BuildProgress&)> progress;  // building the problem (may be empty)
 };
 

@@ -400,14 +400,14 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   limits.seconds = options.seconds;
   // Past two axes the whole space is tried with a quarter of the time: it is built only for
   // small programs, and the build says within its first ops when it cannot be.
-  const bool many_axes = g.mesh.rank() > 2;
-  bool whole = !options.by_neighbourhoods;
+  const bool fall_back = options.search == SolveOptions::Search::automatic && g.mesh.rank() > 2;
+  bool whole = options.search != SolveOptions::Search::neighbourhoods;
   if (whole) {
     try {
       r.choices =
-          build_choices(g, options.program, {many_axes ? options.seconds / 4 : options.seconds, options.progress});
+          build_choices(g, options.program, {fall_back ? options.seconds / 4 : options.seconds, options.progress});
     } catch (const SearchTooLarge&) {
-      if (!many_axes) throw;
+      if (!fall_back) throw;
       whole = false;
     }
   }

@@ -64,6 +64,44 @@ TEST(SolveCli, EmitWritesAProgramThatCostsTheSame) {
   fs::remove(file);
 }
 
+// Three axes: a neighbourhood search, said so in the text and the JSON (no bound proven); its
+// emitted program costs what it found.
+TEST(SolveCli, SearchesThreeAxesByNeighbourhoods) {
+  const fs::path file = fs::temp_directory_path() / ("shardmm_searched_" + std::to_string(::getpid()) + ".prog");
+  // Forced (the whole space might be built within a quarter of a time limit on a fast machine),
+  // and with time enough to converge under a sanitizer.
+  const std::vector<std::string> args = {
+      "solve",    example("mlp_free.prog"), "--mesh",       "a=2,b=2,c=2", "--dims", "B=8,T=256,D=1024,F=4096",
+      "--search", "neighbourhoods",         "--time-limit", "600"};
+  const Result text = cli(args);
+  ASSERT_EQ(text.status, 0) << text.err;
+  EXPECT_THAT(text.out, HasSubstr("The whole space is too large to build on 3 axes: searched from the best named"));
+  EXPECT_THAT(text.out, HasSubstr("Solved by neighbourhood search in "));
+  EXPECT_THAT(text.out, HasSubstr(": no change of one or two axes' places improves it (a local optimum"));
+  std::vector<std::string> with_json = args;
+  for (const char* a : {"--json", "--emit"}) with_json.push_back(a);
+  with_json.push_back(file.string());
+  const Result r = cli(with_json);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json doc = json::parse(r.out);
+  EXPECT_EQ(doc["status"], "local");
+  EXPECT_EQ(doc["method"], "neighbourhood search");
+  EXPECT_TRUE(doc["lower_bound_s"].is_null());
+  EXPECT_EQ(doc["search"]["converged_axes"], 2);
+  EXPECT_GT(doc["search"]["neighbourhoods"].get<int>(), 3);
+  EXPECT_DOUBLE_EQ(doc["objective_s"].get<double>(), doc["predicted"]["time_s"].get<double>());
+  for (const json& s : doc["named_strategies"]) {
+    if (!s["specs"].empty()) {
+      EXPECT_GE(s["time_s"].get<double>(), doc["objective_s"].get<double>() * (1 - 1e-12)) << s["name"];
+    }
+  }
+  const Result p = cli({"program", file.string(), "--json"});
+  ASSERT_EQ(p.status, 0) << p.err;
+  EXPECT_DOUBLE_EQ(json::parse(p.out)["predicted_time_s"]["serialized"].get<double>(),
+                   doc["predicted"]["time_s"].get<double>());
+  fs::remove(file);
+}
+
 TEST(SolveCli, RunVerifiesTheAnswer) {
   const Result r = cli({"solve", example("mlp_free.prog"), "--mesh", "X=2", "--dims", "B=2,T=4,D=8,F=16", "--run",
                         "--pin", "w_in=w_in[D, F_X]", "--optimizer", "adam"});
@@ -116,6 +154,10 @@ TEST(SolveCli, BadInputIsOneMessageAndExitTwo) {
       // Three axes: searched by neighbourhoods, none of which is solved in a millisecond.
       {{mlp, "--mesh", "X=2,Y=2,Z=2", "--time-limit", "0.001"},
        "solve: no sharding found within --time-limit 0.001 s; give more time, pin some tensors or use fewer mesh axes"},
+      {{mlp, "--search", "greedy"}, "--search 'greedy': searches auto"},
+      // --search whole on three axes: the whole space, refused when it cannot be built in time.
+      {{mlp, "--mesh", "X=2,Y=2,Z=2", "--search", "whole", "--time-limit", "1"},
+       "solve: the search is too large for --time-limit 1 s"},
       {{mlp, "--train", "--infer"}, "--train and --infer exclude each other"},
       {{mlp, "--optimizer", "lion"}, "unknown optimizer 'lion'"},
       {{mlp, "--run", "--dtype", "bf16"}, "--run computes in f32 or f64, not bf16"},

@@ -127,7 +127,7 @@ TEST(SolveRandom, NeighbourhoodSearchCostsWhatItSaysAndRunsVerified) {
     const program::Graph& g = rc.graph;
     SolveOptions o;
     o.program = rc.options;
-    o.by_neighbourhoods = true;
+    o.search = SolveOptions::Search::neighbourhoods;
     o.seconds = 600;
     const SolveResult r = solve_program(g, o);
     ASSERT_TRUE(r.search.has_value());

@@ -121,8 +121,11 @@ struct SolveOptions {
   bool named = true;    // cost the named strategies
   double seconds = 60;  // building the problem's time limit, and each integer program's
   std::function<void(const BuildProgress&)> progress;  // building the problem (may be empty)
-  // Search by neighbourhoods (NeighbourhoodSearch) even where the whole space can be built.
-  bool by_neighbourhoods = false;
+  // automatic: the whole space on up to two axes; past two, the whole space if it can be built
+  // in a quarter of the time limit, else by neighbourhoods (NeighbourhoodSearch). whole: the
+  // whole space (SearchTooLarge when it cannot be built in time). neighbourhoods: always so.
+  enum class Search { automatic, whole, neighbourhoods };
+  Search search = Search::automatic;
 };
 
 // How the search went on a mesh whose whole search space is too large to build (more than
