@@ -438,50 +438,103 @@ class DimFactors {
       }
     }
     std::vector<std::int64_t> coord(walk.size(), 0), key(dims.size(), 0);
-    std::int64_t device = 0;
     while (true) {
       ExchangeFactors f;
-      for (std::size_t j = 0; j < dims.size(); ++j) f.times(at(dims[j], key[j], device));
+      for (std::size_t j = 0; j < dims.size(); ++j) f.times(at(dims[j], key[j]));
       fn(f);
       std::size_t i = 0;
       for (; i < walk.size(); ++i) {
         const std::int64_t size = mesh_.size(walk[i]);
         const std::int64_t* steps = &key_step[i * dims.size()];
         if (++coord[i] < size) {
-          device += mesh_.stride(walk[i]);
           for (std::size_t j = 0; j < dims.size(); ++j) key[j] += steps[j];
           break;
         }
         coord[i] = 0;
-        device -= (size - 1) * mesh_.stride(walk[i]);
         for (std::size_t j = 0; j < dims.size(); ++j) key[j] -= (size - 1) * steps[j];
       }
       if (i == walk.size()) return;
     }
   }
 
-  // Dimension k's table, worked out for every key.
+  // Dimension k's table, worked out for every key: an odometer over its axes that keeps the
+  // device, the key and the device's pieces under both layouts (each layout's pieces split once,
+  // not a split per axis for every key).
   const ExchangeDimFactors& complete(std::size_t k) {
     ExchangeDimFactors& dim = *dims_[k];
-    if (!dim.complete) {
-      walk(dim.axes, {k}, [](const ExchangeFactors&) {});
-      dim.complete = true;
+    if (dim.complete) return dim;
+    const AxisList& from_axes = step_.from.dims[k].axes;
+    const AxisList& to_axes = step_.to.dims[k].axes;
+    const std::vector<Range> from = pieces(shape_[k], from_axes), to = pieces(shape_[k], to_axes);
+    // By axis of the key (the last the least significant): what a step of its coordinate adds to
+    // the key, the device, and the indices into `from` and `to`.
+    const std::size_t n = dim.axes.size();
+    std::vector<std::int64_t> key_step(n), device_step(n), from_step(n), to_step(n), coord(n, 0);
+    const auto index_step = [&](const AxisList& axes, int axis) {
+      std::int64_t stride = 1;
+      for (std::size_t i = axes.size(); i-- > 0;) {
+        if (axes[i] == axis) return stride;
+        stride *= mesh_.size(axes[i]);
+      }
+      return std::int64_t{0};
+    };
+    std::int64_t stride = 1;
+    for (std::size_t i = n; i-- > 0;) {
+      const int axis = dim.axes[i];
+      key_step[i] = stride;
+      stride *= mesh_.size(axis);
+      device_step[i] = mesh_.stride(axis);
+      from_step[i] = index_step(from_axes, axis);
+      to_step[i] = index_step(to_axes, axis);
     }
+    std::int64_t key = 0, device = 0, in_from = 0, in_to = 0;
+    while (true) {
+      std::uint32_t& which = dim.which[static_cast<std::size_t>(key)];
+      if (which == 0) {
+        const Range& mine_from = from[static_cast<std::size_t>(in_from)];
+        const Range& mine_to = to[static_cast<std::size_t>(in_to)];
+        which = dim.number({sends_.dim_overlap(k, device, mine_from), receives_.dim_overlap(k, device, mine_to),
+                            overlap_extent(mine_from, mine_to)}) +
+                1;
+      }
+      std::size_t i = n;
+      while (i-- > 0) {
+        const std::int64_t size = mesh_.size(dim.axes[i]);
+        const std::int64_t back = ++coord[i] < size ? 1 : 1 - size;
+        if (back != 1) coord[i] = 0;
+        key += back * key_step[i];
+        device += back * device_step[i];
+        in_from += back * from_step[i];
+        in_to += back * to_step[i];
+        if (back == 1) break;
+      }
+      if (i == static_cast<std::size_t>(-1)) break;
+    }
+    dim.complete = true;
     return dim;
   }
 
  private:
-  const ExchangeFactors& at(std::size_t k, std::int64_t key, std::int64_t device) {
-    ExchangeDimFactors& dim = *dims_[k];
-    std::uint32_t& which = dim.which[static_cast<std::size_t>(key)];
-    if (which == 0) {
-      const Range from = shard_range(mesh_, shape_[k], step_.from.dims[k].axes, device);
-      const Range to = shard_range(mesh_, shape_[k], step_.to.dims[k].axes, device);
-      const ExchangeFactors f{sends_.dim_overlap(k, device, from), receives_.dim_overlap(k, device, to),
-                              overlap_extent(from, to)};
-      which = dim.number(f) + 1;
+  // A complete table's factors for `key`.
+  const ExchangeFactors& at(std::size_t k, std::int64_t key) const {
+    const ExchangeDimFactors& dim = *dims_[k];
+    return dim.distinct[dim.which[static_cast<std::size_t>(key)] - 1];
+  }
+
+  // The pieces of [0, n) split along `axes`, by the coordinates on them (the first the most
+  // significant): shard_range's, for every device.
+  std::vector<Range> pieces(std::int64_t n, const AxisList& axes) const {
+    std::vector<Range> out{Range{0, n}};
+    for (int a : axes) {
+      const std::int64_t parts = mesh_.size(a);
+      std::vector<Range> next;
+      next.reserve(out.size() * static_cast<std::size_t>(parts));
+      for (const Range& r : out) {
+        for (std::int64_t c = 0; c < parts; ++c) next.push_back(split_range(r, parts, c, mesh_.split_rule()));
+      }
+      out.swap(next);
     }
-    return dim.distinct[which - 1];
+    return out;
   }
 
   const Mesh& mesh_;
