@@ -302,15 +302,25 @@ namespace {
 // remembers it by them), and it walks only the members' shards that meet the device's range.
 class GroupOverlap {
  public:
-  GroupOverlap(const Mesh& mesh, const Spec& members, const std::vector<std::int64_t>& shape, const AxisList& group)
-      : mesh_(mesh), members_(members), shape_(shape), varying_(shape.size()) {
+  // `members` the group's layout, `own` the device's.
+  GroupOverlap(const Mesh& mesh, const Spec& members, const Spec& own, const std::vector<std::int64_t>& shape,
+               const AxisList& group)
+      : mesh_(mesh), members_(members), shape_(shape), varying_(shape.size()), covers_own_(shape.size()) {
     AxisList splitting_none = group;
     for (std::size_t k = 0; k < shape.size(); ++k) {
-      for (int a : members.dims[k].axes) {
-        if (std::find(group.begin(), group.end(), a) == group.end()) continue;
+      const AxisList& axes = members.dims[k].axes;
+      std::size_t fixed = 0;  // the leading axes outside the group
+      for (int a : axes) {
+        if (std::find(group.begin(), group.end(), a) == group.end()) {
+          fixed += varying_[k].empty();
+          continue;
+        }
         varying_[k].push_back(a);
         splitting_none.erase(std::find(splitting_none.begin(), splitting_none.end(), a));
       }
+      // The members' blocks tile the block of the axes outside the group, which holds the
+      // device's own block where those axes lead both layouts: the overlap is the device's block.
+      covers_own_[k] = fixed + varying_[k].size() == axes.size() && common_prefix(axes, own.dims[k].axes) >= fixed;
     }
     for (int a : splitting_none) multiplier_ = checked_mul(multiplier_, mesh.axis(a).size, kWhat);
   }
@@ -318,6 +328,7 @@ class GroupOverlap {
   // Dimension k's factor for `device`, whose range in k is `mine`: its overlap with the group's
   // blocks under `members`.
   std::int64_t dim_overlap(std::size_t k, std::int64_t device, const Range& mine) const {
+    if (covers_own_[k]) return mine.extent;
     return overlap_with_shards(Range{0, shape_[k]}, members_.dims[k].axes, 0, varying_[k], device, mine);
   }
   // The factor of the overlap with the group's blocks that no dimension sets: the size of the
@@ -366,6 +377,7 @@ class GroupOverlap {
   const Spec& members_;
   const std::vector<std::int64_t>& shape_;
   std::vector<AxisList> varying_;  // by dimension: the group axes that split it under `members`
+  std::vector<bool> covers_own_;   // by dimension: whether the overlap is the device's own block
   std::int64_t multiplier_ = 1;
 };
 
@@ -426,42 +438,103 @@ class DimFactors {
       }
     }
     std::vector<std::int64_t> coord(walk.size(), 0), key(dims.size(), 0);
-    std::int64_t device = 0;
     while (true) {
       ExchangeFactors f;
-      for (std::size_t j = 0; j < dims.size(); ++j) f.times(at(dims[j], key[j], device));
+      for (std::size_t j = 0; j < dims.size(); ++j) f.times(at(dims[j], key[j]));
       fn(f);
       std::size_t i = 0;
       for (; i < walk.size(); ++i) {
         const std::int64_t size = mesh_.size(walk[i]);
         const std::int64_t* steps = &key_step[i * dims.size()];
         if (++coord[i] < size) {
-          device += mesh_.stride(walk[i]);
           for (std::size_t j = 0; j < dims.size(); ++j) key[j] += steps[j];
           break;
         }
         coord[i] = 0;
-        device -= (size - 1) * mesh_.stride(walk[i]);
         for (std::size_t j = 0; j < dims.size(); ++j) key[j] -= (size - 1) * steps[j];
       }
       if (i == walk.size()) return;
     }
   }
 
- private:
-  const ExchangeFactors& at(std::size_t k, std::int64_t key, std::int64_t device) {
+  // Dimension k's table, worked out for every key: an odometer over its axes that keeps the
+  // device, the key and the device's pieces under both layouts (each layout's pieces split once,
+  // not a split per axis for every key).
+  const ExchangeDimFactors& complete(std::size_t k) {
     ExchangeDimFactors& dim = *dims_[k];
-    std::uint32_t& which = dim.which[static_cast<std::size_t>(key)];
-    if (which == 0) {
-      const Range from = shard_range(mesh_, shape_[k], step_.from.dims[k].axes, device);
-      const Range to = shard_range(mesh_, shape_[k], step_.to.dims[k].axes, device);
-      const ExchangeFactors f{sends_.dim_overlap(k, device, from), receives_.dim_overlap(k, device, to),
-                              overlap_extent(from, to)};
-      const auto [it, added] = dim.index.emplace(f, static_cast<std::uint32_t>(dim.distinct.size()));
-      if (added) dim.distinct.push_back(f);
-      which = it->second + 1;
+    if (dim.complete) return dim;
+    const AxisList& from_axes = step_.from.dims[k].axes;
+    const AxisList& to_axes = step_.to.dims[k].axes;
+    const std::vector<Range> from = pieces(shape_[k], from_axes), to = pieces(shape_[k], to_axes);
+    // By axis of the key (the last the least significant): what a step of its coordinate adds to
+    // the key, the device, and the indices into `from` and `to`.
+    const std::size_t n = dim.axes.size();
+    std::vector<std::int64_t> key_step(n), device_step(n), from_step(n), to_step(n), coord(n, 0);
+    const auto index_step = [&](const AxisList& axes, int axis) {
+      std::int64_t stride = 1;
+      for (std::size_t i = axes.size(); i-- > 0;) {
+        if (axes[i] == axis) return stride;
+        stride *= mesh_.size(axes[i]);
+      }
+      return std::int64_t{0};
+    };
+    std::int64_t stride = 1;
+    for (std::size_t i = n; i-- > 0;) {
+      const int axis = dim.axes[i];
+      key_step[i] = stride;
+      stride *= mesh_.size(axis);
+      device_step[i] = mesh_.stride(axis);
+      from_step[i] = index_step(from_axes, axis);
+      to_step[i] = index_step(to_axes, axis);
     }
-    return dim.distinct[which - 1];
+    std::int64_t key = 0, device = 0, in_from = 0, in_to = 0;
+    while (true) {
+      std::uint32_t& which = dim.which[static_cast<std::size_t>(key)];
+      if (which == 0) {
+        const Range& mine_from = from[static_cast<std::size_t>(in_from)];
+        const Range& mine_to = to[static_cast<std::size_t>(in_to)];
+        which = dim.number({sends_.dim_overlap(k, device, mine_from), receives_.dim_overlap(k, device, mine_to),
+                            overlap_extent(mine_from, mine_to)}) +
+                1;
+      }
+      std::size_t i = n;
+      while (i-- > 0) {
+        const std::int64_t size = mesh_.size(dim.axes[i]);
+        const std::int64_t back = ++coord[i] < size ? 1 : 1 - size;
+        if (back != 1) coord[i] = 0;
+        key += back * key_step[i];
+        device += back * device_step[i];
+        in_from += back * from_step[i];
+        in_to += back * to_step[i];
+        if (back == 1) break;
+      }
+      if (i == static_cast<std::size_t>(-1)) break;
+    }
+    dim.complete = true;
+    return dim;
+  }
+
+ private:
+  // A complete table's factors for `key`.
+  const ExchangeFactors& at(std::size_t k, std::int64_t key) const {
+    const ExchangeDimFactors& dim = *dims_[k];
+    return dim.distinct[dim.which[static_cast<std::size_t>(key)] - 1];
+  }
+
+  // The pieces of [0, n) split along `axes`, by the coordinates on them (the first the most
+  // significant): shard_range's, for every device.
+  std::vector<Range> pieces(std::int64_t n, const AxisList& axes) const {
+    std::vector<Range> out{Range{0, n}};
+    for (int a : axes) {
+      const std::int64_t parts = mesh_.size(a);
+      std::vector<Range> next;
+      next.reserve(out.size() * static_cast<std::size_t>(parts));
+      for (const Range& r : out) {
+        for (std::int64_t c = 0; c < parts; ++c) next.push_back(split_range(r, parts, c, mesh_.split_rule()));
+      }
+      out.swap(next);
+    }
+    return out;
   }
 
   const Mesh& mesh_;
@@ -475,6 +548,23 @@ class DimFactors {
 
 }  // namespace
 
+std::uint32_t ExchangeDimFactors::number(const ExchangeFactors& f) {
+  constexpr std::size_t kScanned = 16;
+  if (index.empty()) {
+    if (const auto at = std::find(distinct.begin(), distinct.end(), f); at != distinct.end()) {
+      return static_cast<std::uint32_t>(at - distinct.begin());
+    }
+    if (distinct.size() < kScanned) {
+      distinct.push_back(f);
+      return static_cast<std::uint32_t>(distinct.size() - 1);
+    }
+    for (std::size_t i = 0; i < distinct.size(); ++i) index.emplace(distinct[i], static_cast<std::uint32_t>(i));
+  }
+  const auto [it, added] = index.emplace(f, static_cast<std::uint32_t>(distinct.size()));
+  if (added) distinct.push_back(f);
+  return it->second;
+}
+
 void ExchangeFactors::overflow(const ExchangeFactors& o) const {
   checked_mul(sends, o.sends, GroupOverlap::kWhat);
   checked_mul(receives, o.receives, GroupOverlap::kWhat);
@@ -485,48 +575,61 @@ void ExchangeFactors::overflow(const ExchangeFactors& o) const {
 // goes to each of them, so what a device sends is not its block less what it keeps.
 //
 // A device's figures are products of per-dimension factors (GroupOverlap), each set by its
-// coordinates on the axes that split that dimension under either layout. Dimensions that share
-// no such axis vary independently: every combination of their factors is some device's. So the
-// dimensions fall into parts linked by shared axes (an axis that moves between two dimensions
-// links them); each part's devices are walked on its own axes for its distinct factors, and the
-// maxima are over the combinations of those: one or two per part where the splits are even,
-// against every device of the exchange (8,192 on a 4-axis mesh) walked together, which is what
-// it does where that would visit no fewer devices (one part holding every axis) or the
-// combinations are no fewer (uneven splits everywhere).
+// coordinates on the axes that split that dimension under either layout. Each dimension's table
+// is worked out for all its keys (at most one per device, kept in the memo), which gives its
+// distinct factors. A dimension with one (even splits where its layouts nest, or it does not
+// change) is a constant of every device's product, and links nothing. The others fall into
+// parts linked by shared axes (an axis that moves between two dimensions links them), whose
+// factors vary independently: every combination of the parts' distinct factors is some
+// device's. A part of one dimension has its table's distinct factors; a part of several is
+// walked on its own axes for them; the maxima are over their combinations. Where walking the
+// parts apart would visit no fewer devices than walking them together, or the combinations are
+// no fewer than the devices (uneven splits everywhere), every device of the varying dimensions
+// is walked instead.
 ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::vector<std::int64_t>& shape,
                                  ExchangeDimMemo* memo) {
   // A device's block under `from` against the group's under `to` (what it sends), and the reverse.
-  const GroupOverlap sends(mesh, step.to, shape, step.axes), receives(mesh, step.from, shape, step.axes);
+  const GroupOverlap sends(mesh, step.to, step.from, shape, step.axes),
+      receives(mesh, step.from, step.to, shape, step.axes);
   DimFactors factors(mesh, step, shape, sends, receives, memo);
   const std::size_t dims = shape.size();
-  // part[k]: the first dimension of k's part; axes[p]: the part's axes (p a part's first dimension).
+  // The constant dimensions' product, and the dimensions that vary.
+  ExchangeFactors constant;
+  std::vector<std::size_t> varying;
+  for (std::size_t k = 0; k < dims; ++k) {
+    const ExchangeDimFactors& table = factors.complete(k);
+    if (table.distinct.size() == 1) {
+      constant.times(table.distinct.front());
+    } else {
+      varying.push_back(k);
+    }
+  }
+  // part[k]: the first varying dimension of k's part; axes[p]: the part's axes (p a part's first dimension).
   std::vector<std::size_t> part(dims);
   std::iota(part.begin(), part.end(), std::size_t{0});
   std::vector<AxisList> axes(dims);
   std::vector<int> dim_of_axis(static_cast<std::size_t>(mesh.rank()), -1);
-  for (std::size_t k = 0; k < dims; ++k) {
-    for (const Spec* spec : {&step.from, &step.to}) {
-      for (int a : spec->dims[k].axes) {
-        int& owner = dim_of_axis[static_cast<std::size_t>(a)];
-        if (owner < 0) {
-          owner = static_cast<int>(k);
-          axes[part[k]].push_back(a);
-          continue;
-        }
-        const std::size_t joined = part[static_cast<std::size_t>(owner)];  // k's part joins the owner's
-        if (joined == part[k]) continue;
-        const std::size_t moved = part[k];
-        for (std::size_t j = 0; j < dims; ++j) {
-          if (part[j] == moved) part[j] = joined;
-        }
-        axes[joined].insert(axes[joined].end(), axes[moved].begin(), axes[moved].end());
-        axes[moved].clear();
+  for (std::size_t k : varying) {
+    for (int a : factors.complete(k).axes) {
+      int& owner = dim_of_axis[static_cast<std::size_t>(a)];
+      if (owner < 0) {
+        owner = static_cast<int>(k);
+        axes[part[k]].push_back(a);
+        continue;
       }
+      const std::size_t joined = part[static_cast<std::size_t>(owner)];  // k's part joins the owner's
+      if (joined == part[k]) continue;
+      const std::size_t moved = part[k];
+      for (std::size_t j : varying) {
+        if (part[j] == moved) part[j] = joined;
+      }
+      axes[joined].insert(axes[joined].end(), axes[moved].begin(), axes[moved].end());
+      axes[moved].clear();
     }
   }
   const auto dims_of = [&](std::size_t p) {
     std::vector<std::size_t> out;
-    for (std::size_t k = 0; k < dims; ++k) {
+    for (std::size_t k : varying) {
       if (part[k] == p) out.push_back(k);
     }
     return out;
@@ -545,36 +648,44 @@ ExchangeTraffic exchange_traffic(const Mesh& mesh, const Step& step, const std::
                                                             device.kept, "elements an exchange copies"));
   };
   std::vector<std::size_t> parts;
-  for (std::size_t p = 0; p < dims; ++p) {
-    if (part[p] == p) parts.push_back(p);
+  for (std::size_t k : varying) {
+    if (part[k] == k) parts.push_back(k);
   }
-  // The parts' distinct factors, where walking the parts apart visits fewer devices than walking
-  // them together, and while their combinations stay fewer than the devices.
+  // The parts' distinct factors, where walking the parts of several dimensions apart visits
+  // fewer devices than walking them together, and while their combinations stay fewer than the
+  // devices.
   AxisList every_axis;
   std::int64_t apart = 0;
   for (std::size_t p : parts) {
     every_axis.insert(every_axis.end(), axes[p].begin(), axes[p].end());
-    apart += mesh.group_size(axes[p]);
+    if (dims_of(p).size() > 1) apart += mesh.group_size(axes[p]);
   }
   const std::int64_t devices = mesh.group_size(every_axis);
   std::vector<std::vector<ExchangeFactors>> distinct;
   std::int64_t combinations = 1;
   for (std::size_t i = 0; i < parts.size() && apart < devices && combinations < devices; ++i) {
-    std::vector<ExchangeFactors>& found = distinct.emplace_back();
-    factors.walk(axes[parts[i]], dims_of(parts[i]), [&](const ExchangeFactors& f) { found.push_back(f); });
-    std::sort(found.begin(), found.end());
-    found.erase(std::unique(found.begin(), found.end()), found.end());
-    combinations *= static_cast<std::int64_t>(found.size());  // at most `devices`
+    const std::vector<std::size_t> part_dims = dims_of(parts[i]);
+    if (part_dims.size() == 1) {
+      distinct.push_back(factors.complete(part_dims.front()).distinct);
+    } else {
+      std::vector<ExchangeFactors>& found = distinct.emplace_back();
+      factors.walk(axes[parts[i]], part_dims, [&](const ExchangeFactors& f) { found.push_back(f); });
+      std::sort(found.begin(), found.end());
+      found.erase(std::unique(found.begin(), found.end()), found.end());
+    }
+    combinations *= static_cast<std::int64_t>(distinct.back().size());  // at most `devices`
   }
-  if (distinct.size() < parts.size() || combinations >= devices) {  // every device, then
-    std::vector<std::size_t> all(dims);
-    std::iota(all.begin(), all.end(), std::size_t{0});
-    factors.walk(every_axis, all, add);
+  if (distinct.size() < parts.size() || combinations >= devices) {  // every device of the varying dimensions, then
+    factors.walk(every_axis, varying, [&](const ExchangeFactors& f) {
+      ExchangeFactors device = constant;
+      device.times(f);
+      add(device);
+    });
     return t;
   }
   std::vector<std::size_t> pick(distinct.size(), 0);
   while (true) {
-    ExchangeFactors combination;
+    ExchangeFactors combination = constant;
     for (std::size_t p = 0; p < distinct.size(); ++p) combination.times(distinct[p][pick[p]]);
     add(combination);
     std::size_t p = 0;

@@ -64,7 +64,13 @@ struct ExchangeDimFactors {
   AxisList axes;
   std::vector<std::uint32_t> which;  // by key: 1 + the index into `distinct`; 0 until worked out
   std::vector<ExchangeFactors> distinct;
-  std::map<ExchangeFactors, std::uint32_t> index;  // distinct's
+  bool complete = false;  // every key worked out: `distinct` holds each factor some key has
+  // f's index into `distinct`, added there if new: a scan while they are few (most dimensions
+  // have one to four), `index` beyond.
+  std::uint32_t number(const ExchangeFactors& f);
+
+ private:
+  std::map<ExchangeFactors, std::uint32_t> index;  // distinct's, once they are many
 };
 // A dimension's factors depend on its extent, its axes under both layouts and which of those
 // the exchange's group holds: a planner's exchanges share most of them. By those, as numbers.

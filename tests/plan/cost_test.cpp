@@ -805,9 +805,10 @@ TEST(ExampleProfiles, ShippedExamplesLoad) {
 
 // An exchange's traffic against every pair of group members summed: what each device's block
 // under `from` shares with each member's block under `to` and the reverse, on random meshes of
-// up to four axes (uneven and empty blocks under both split rules). exchange_traffic instead
-// multiplies per-dimension sums and combines the distinct ones of independent dimensions; with
-// a memo, it takes each dimension's sums from the exchanges it costed before on the mesh.
+// up to four axes (uneven and empty blocks under both split rules, and even ones). exchange_traffic
+// instead multiplies per-dimension sums, takes a dimension whose sums are the same on every device
+// as a constant, and combines the distinct ones of independent dimensions; with a memo, it takes
+// each dimension's sums from the exchanges it costed before on the mesh.
 TEST(ExchangeTraffic, EqualsEveryMemberPairSummed) {
   const auto box_overlap = [](const std::vector<Range>& a, const std::vector<Range>& b) {
     std::int64_t n = 1;
@@ -820,7 +821,10 @@ TEST(ExchangeTraffic, EqualsEveryMemberPairSummed) {
     const std::vector<std::string> all_letters{"I", "J", "K"};
     const std::vector<std::string> letters(all_letters.begin(), all_letters.begin() + testing::uniform(rng, 1, 3));
     std::vector<std::int64_t> shape;
-    for (std::size_t k = 0; k < letters.size(); ++k) shape.push_back(testing::uniform(rng, 1, 9));
+    // Every third mesh splits its extents evenly (multiples of the device count): dimensions
+    // whose layouts nest then have one factor for every device.
+    const std::int64_t even = seed % 3 == 0 ? mesh.device_count() : 1;
+    for (std::size_t k = 0; k < letters.size(); ++k) shape.push_back(testing::uniform(rng, 1, 9) * even);
     detail::ExchangeDimMemo memo;  // the mesh's, across the exchanges below
     // Three exchanges between random layouts, each costed without the memo and with it.
     for (int exchange = 0; exchange < 3; ++exchange) {
