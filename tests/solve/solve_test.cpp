@@ -442,40 +442,6 @@ TEST(Solve, AMemoryLimitThatBindsIsHonouredByTheIntegerProgram) {
   }
 }
 
-// The same on three axes, searched by neighbourhoods: each solved by the integer program under
-// the limit; a limit nothing the search meets fits names the least peak it found.
-TEST(Solve, AMemoryLimitBindsTheNeighbourhoodSearch) {
-  const program::Program p = free_program("examples/programs/mlp_free.prog");
-  const program::Graph g = program::bind(p, small_mlp("a=2,b=2,c=2"));
-  SolveOptions o;
-  o.program = bf16();
-  o.seconds = 600;
-  const SolveResult free = solve_program(g, o);
-  ASSERT_TRUE(free.search.has_value());
-  EXPECT_TRUE(nn::tally_collectives(free.prediction.events).empty());  // every device computes alone
-  o.memory_limit = free.outcome.value.memory / 2;
-  const SolveResult r = solve_program(g, o);
-  ASSERT_TRUE(r.search.has_value());
-  EXPECT_EQ(r.outcome.status, SolveStatus::local);
-  EXPECT_LE(r.prediction.memory.peak(), *o.memory_limit);
-  EXPECT_GT(r.outcome.value.time, free.outcome.value.time);
-  expect_emitted_costs_the_answer(p, g, o, r);
-  for (const NamedStrategy& s : r.named) {
-    if (s.outcome.best.empty()) continue;
-    EXPECT_LE(s.outcome.value.memory, *o.memory_limit) << s.name;
-    EXPECT_GE(s.outcome.value.time, r.outcome.value.time * (1 - 1e-12)) << s.name;
-  }
-  o.memory_limit = 1 << 10;
-  try {
-    solve_program(g, o);
-    ADD_FAILURE() << "1 KiB fits";
-  } catch (const InputError& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("no sharding of the program fits in mem_limit 1 KiB per device: the "
-                                               "least peak the search found is "));
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("its largest tensors, per device: "));
-  }
-}
-
 // The solver's optimum on a whole program equals exhaustive search over the same choices,
 // with and without a memory limit (a 2-D mesh's problem takes exhaustive search minutes).
 TEST(Solve, ProgramOptimumEqualsExhaustiveSearch) {
@@ -522,6 +488,41 @@ TEST(Solve, PinnedProgramCostsWhatTheSolverFound) {
     o.program = bf16();
     o.named = false;
     expect_emitted_costs_the_answer(p, g, o, solve_program(g, o));
+  }
+}
+
+// A memory limit on three axes, searched by neighbourhoods: each solved by the integer program under
+// the limit; a limit nothing the search meets fits names the least peak it found.
+TEST(Solve, AMemoryLimitBindsTheNeighbourhoodSearch) {
+  const program::Program p = free_program("examples/programs/mlp_free.prog");
+  const program::Graph g = program::bind(p, small_mlp("a=2,b=2,c=2"));
+  SolveOptions o;
+  o.program = bf16();
+  o.search = SolveOptions::Search::neighbourhoods;  // auto might build the whole space in 150 s
+  o.seconds = 600;
+  const SolveResult free = solve_program(g, o);
+  ASSERT_TRUE(free.search.has_value());
+  EXPECT_TRUE(nn::tally_collectives(free.prediction.events).empty());  // every device computes alone
+  o.memory_limit = free.outcome.value.memory / 2;
+  const SolveResult r = solve_program(g, o);
+  ASSERT_TRUE(r.search.has_value());
+  EXPECT_EQ(r.outcome.status, SolveStatus::local);
+  EXPECT_LE(r.prediction.memory.peak(), *o.memory_limit);
+  EXPECT_GT(r.outcome.value.time, free.outcome.value.time);
+  expect_emitted_costs_the_answer(p, g, o, r);
+  for (const NamedStrategy& s : r.named) {
+    if (s.outcome.best.empty()) continue;
+    EXPECT_LE(s.outcome.value.memory, *o.memory_limit) << s.name;
+    EXPECT_GE(s.outcome.value.time, r.outcome.value.time * (1 - 1e-12)) << s.name;
+  }
+  o.memory_limit = 1 << 10;
+  try {
+    solve_program(g, o);
+    ADD_FAILURE() << "1 KiB fits";
+  } catch (const InputError& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("no sharding of the program fits in mem_limit 1 KiB per device: the "
+                                               "least peak the search found is "));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("its largest tensors, per device: "));
   }
 }
 
@@ -837,6 +838,7 @@ TEST(Solve, SearchesMeshesOfMoreAxesByNeighbourhoods) {
   const program::Graph g = program::bind(p, small_mlp("a=2,b=2,c=2"));
   SolveOptions o;
   o.program = bf16();
+  o.search = SolveOptions::Search::neighbourhoods;  // auto might build the whole space in 150 s
   o.seconds = 600;
   const SolveResult r = solve_program(g, o);
   ASSERT_TRUE(r.search.has_value());
