@@ -75,7 +75,7 @@ TEST(SolveCli, SearchesThreeAxesByNeighbourhoods) {
       "--search", "neighbourhoods",         "--time-limit", "600"};
   const Result text = cli(args);
   ASSERT_EQ(text.status, 0) << text.err;
-  EXPECT_THAT(text.out, HasSubstr("The whole space is too large to build on 3 axes: searched from the best named"));
+  EXPECT_THAT(text.out, HasSubstr("Searched (--search neighbourhoods) from the best named strategy by neighbourhoods"));
   EXPECT_THAT(text.out, HasSubstr("Solved by neighbourhood search in "));
   EXPECT_THAT(text.out, HasSubstr(": no change of one or two axes' places improves it (a local optimum"));
   std::vector<std::string> with_json = args;
