@@ -491,15 +491,22 @@ TEST(Solve, PinnedProgramCostsWhatTheSolverFound) {
   }
 }
 
+// Options that search by neighbourhoods (auto might build the whole 2x2x2 space within a
+// quarter of the time limit: minutes, gigabytes), with time to converge under a sanitizer.
+SolveOptions by_neighbourhoods() {
+  SolveOptions o;
+  o.program = bf16();
+  o.search = SolveOptions::Search::neighbourhoods;
+  o.seconds = 600;
+  return o;
+}
+
 // A memory limit on three axes, searched by neighbourhoods: each solved by the integer program under
 // the limit; a limit nothing the search meets fits names the least peak it found.
 TEST(Solve, AMemoryLimitBindsTheNeighbourhoodSearch) {
   const program::Program p = free_program("examples/programs/mlp_free.prog");
   const program::Graph g = program::bind(p, small_mlp("a=2,b=2,c=2"));
-  SolveOptions o;
-  o.program = bf16();
-  o.search = SolveOptions::Search::neighbourhoods;  // auto might build the whole space in 150 s
-  o.seconds = 600;
+  SolveOptions o = by_neighbourhoods();
   const SolveResult free = solve_program(g, o);
   ASSERT_TRUE(free.search.has_value());
   EXPECT_TRUE(nn::tally_collectives(free.prediction.events).empty());  // every device computes alone
@@ -836,10 +843,7 @@ TEST(Choices, ASearchTooLargeForTheTimeLimitIsRefused) {
 TEST(Solve, SearchesMeshesOfMoreAxesByNeighbourhoods) {
   const program::Program p = free_program("examples/programs/mlp_free.prog");
   const program::Graph g = program::bind(p, small_mlp("a=2,b=2,c=2"));
-  SolveOptions o;
-  o.program = bf16();
-  o.search = SolveOptions::Search::neighbourhoods;  // auto might build the whole space in 150 s
-  o.seconds = 600;
+  const SolveOptions o = by_neighbourhoods();
   const SolveResult r = solve_program(g, o);
   ASSERT_TRUE(r.search.has_value());
   EXPECT_EQ(r.search->converged_axes, 2);
