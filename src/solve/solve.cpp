@@ -314,13 +314,24 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
     const ChoiceProblem p = roles ? restricted(c.problem, named_keep(g, c, *roles)) : c.problem;
     SolveLimits step = limits;
     step.seconds = left;
-    SolveOutcome o = best_of(p, step);
-    const bool fits = !o.best.empty();
-    if (!fits && limits.memory_limit) {
-      // Nothing here fits the limit: towards the least memory, to search on from there.
-      step.memory_limit.reset();
-      step.minimize_memory = true;
-      o = solve_mip(p, step);
+    SolveOutcome o;
+    bool fits = true;
+    if (limits.memory_limit && !out.best.fits) {
+      // Nothing found so far fits the limit: the least memory here first. It fits (then the
+      // fastest within the limit is searched for) or is where the search goes on from: one
+      // integer program where nothing fits, not a proof of infeasibility and then the least.
+      SolveLimits least = step;
+      least.memory_limit.reset();
+      least.minimize_memory = true;
+      o = solve_mip(p, least);
+      fits = !o.best.empty() && o.value.memory <= *limits.memory_limit;
+      if (fits) {
+        SolveOutcome fastest = best_of(p, step);
+        if (!fastest.best.empty()) o = std::move(fastest);
+      }
+    } else {
+      o = best_of(p, step);
+      fits = !o.best.empty();
     }
     if (!o.best.empty() && improves(o, fits, out.best)) {
       around = specs_of(c, o.best);
