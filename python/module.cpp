@@ -389,13 +389,14 @@ PYBIND11_MODULE(_shardmm, m) {
   // The document and the program with every spec pinned (what --emit writes). The GIL is
   // released while the solver runs: an integer program may take up to its time limit.
   m.def("solve", [](const cli::ProgramInput& in, const std::optional<std::string>& mem_limit, int top, bool explain,
-                    double seconds) {
+                    double seconds, const std::string& search) {
     cli::SolveRequest request;
     request.input = in;
     request.mem_limit = mem_limit;
     request.top = top;
     request.explain = explain;
     request.seconds = seconds;
+    request.search = search;
     py::gil_scoped_release released;
     const cli::SolveReport report = cli::evaluate_solve(request);
     return std::make_pair(cli::solve_json(request, report).dump(2), cli::pinned_program_text(report));

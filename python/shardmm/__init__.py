@@ -808,7 +808,8 @@ def program(source=None, mesh=None, dims=None, specs=None, train=None, optimizer
 
 
 def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=None, optimizer="sgd", top=1,
-          explain=False, dtype=None, hw=None, split=None, time_limit=60, run=False, *, text=None, rings=False):
+          explain=False, dtype=None, hw=None, split=None, time_limit=60, run=False, *, text=None, rings=False,
+          search="auto"):
     """Finds the fastest sharding of a whole program within a memory limit, as ``shardmm
     solve`` does (docs/solve.md), and says whether it is proven optimal.
 
@@ -836,8 +837,11 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     add; ``time_limit``, the search's time limit in seconds: building the problem (on up to
     two axes a search that cannot finish in it raises InputError at once; past two the
     neighbourhood search answers with the best it found) and each integer program (past it
-    the answer is 'feasible' with its proven gap); ``run``, execute the answer and check it, and
-    ``rings``, as ``program``'s. The GIL is released while the solver runs.
+    the answer is 'feasible' with its proven gap); ``run``, execute the answer and check it;
+    ``rings``, as ``program``'s; ``search``, 'auto' (the whole space where it can be built, else
+    by neighbourhoods: status 'local'), 'whole' (the proven optimum, or InputError when the space
+    cannot be built in time) or 'neighbourhoods' (``--search``, docs/solve.md). The GIL is
+    released while the solver runs.
 
     Returns a Solution: ``status``, ``method``, ``objective_s``, ``lower_bound_s``, ``specs``,
     ``named_strategies``, ``alternatives``, ``top`` and ``pinned_program()`` (what ``--emit``
@@ -850,11 +854,13 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
         raise TypeError(f"explain must be True or False, not {_type_name(explain)}")
     if isinstance(time_limit, bool) or not isinstance(time_limit, _numbers.Real):
         raise TypeError(f"time_limit must be a number, not {_type_name(time_limit)}")
+    if not isinstance(search, str):
+        raise TypeError(f"search must be a str, not {_type_name(search)}")
     if not -2**31 <= top < 2**31:
         raise InputError(f"top {top}: lists 1 to 100 shardings, e.g. top 3")
     doc, pinned = _core.solve(
         _program_input(source, text, mesh, dims, pins, "pins", train, optimizer, dtype, hw, split, run, rings),
-        _optional_text(mem_limit, "mem_limit"), int(top), explain, float(time_limit))
+        _optional_text(mem_limit, "mem_limit"), int(top), explain, float(time_limit), search)
     return _verified(Solution(doc, pinned))
 
 

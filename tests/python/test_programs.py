@@ -148,6 +148,36 @@ def test_solve_document_is_the_commands(cli, tmp_path, path, kwargs, flags):
     assert again.peak_bytes == s.predicted["memory"]["peak_bytes"] == s.top[0].memory_bytes
 
 
+# Two matmuls of two-letter tensors: searched on three axes in about a second.
+TWO_LETTER_MLP = """input x[B, D]
+param w_in[D, F]
+param w_out[F, D]
+u[B, F] = x @ w_in
+a[B, F] = gelu(u)
+y[B, D] = a @ w_out
+loss sum(y * y)
+"""
+
+
+def test_a_search_by_neighbourhoods_is_the_commands(cli, tmp_path):
+    path = tmp_path / "mlp.prog"
+    path.write_text(TWO_LETTER_MLP, encoding="utf-8")
+    s = shardmm.solve(str(path), mesh="a=2,b=2,c=2", dims="B=64,D=256,F=1024", time_limit=600,
+                      search="neighbourhoods")
+    assert s.status == "local" and s.method == "neighbourhood search" and s.lower_bound_s is None
+    assert s.search["converged_axes"] == 2 and s.search["neighbourhoods"] > 3
+    status, out, err = cli("solve", str(path), "--mesh", "a=2,b=2,c=2", "--dims", "B=64,D=256,F=1024",
+                           "--time-limit", "600", "--search", "neighbourhoods", "--json")
+    assert status == 0, err
+
+    def timeless(doc):
+        doc = without_solve_seconds(doc)
+        doc["search"] = {k: v for k, v in doc["search"].items() if not k.endswith("seconds")}
+        return doc
+
+    assert timeless(json.loads(s.to_json())) == timeless(json.loads(out))
+
+
 def test_a_binding_limit_is_kept_and_reported():
     s = shardmm.solve(MLP_FREE, dims="B=8,T=64,D=256,F=1024", mem_limit=4 << 20)
     assert s.method == "integer program (CBC)" and s.memory_limit_bytes == 4 << 20
@@ -193,6 +223,8 @@ def flags_spelled(message, fields):
     (lambda: shardmm.solve(MLP_FREE, time_limit=-1), ["solve", MLP_FREE, "--time-limit", "-1"],
      [("time_limit -1", "--time-limit -1"), ("e.g. time_limit", "e.g. --time-limit")]),
     (lambda: shardmm.solve(MLP_FREE, dtype="f7"), ["solve", MLP_FREE, "--dtype", "f7"], []),
+    (lambda: shardmm.solve(MLP_FREE, search="local"), ["solve", MLP_FREE, "--search", "local"],
+     [("search 'local'", "--search 'local'"), ("e.g. search", "e.g. --search")]),
 ])
 def test_errors_carry_the_commands_message(cli, tmp_path, call, flags, fields):
     with pytest.raises(shardmm.InputError) as e:
@@ -235,6 +267,7 @@ def test_wrong_types_raise_type_error():
                  lambda: shardmm.solve(MLP_FREE, explain=1),
                  lambda: shardmm.solve(MLP_FREE, time_limit="10"),
                  lambda: shardmm.solve(MLP_FREE, mem_limit=1.5),
+                 lambda: shardmm.solve(MLP_FREE, search=None),
                  lambda: shardmm.program(MLP, run="yes")):
         with pytest.raises(TypeError):
             call()
