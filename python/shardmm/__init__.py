@@ -507,8 +507,8 @@ class Program(_Document):
 class Strategy(_Record):
     """A solver's answer: ``status`` ('optimal', 'feasible', 'local' (a neighbourhood
     search's), 'infeasible'), ``method``, ``time_s`` (its objective), ``memory_bytes`` (the
-    step's peak per device), ``lower_bound_s`` (None where none is proven) and ``specs``
-    {tensor: spec} of the tensors it chose; a named strategy has its ``name`` too."""
+    step's peak per device), ``lower_bound_s`` (proven: no sharding in its space is faster; a
+    search's, the compute bound) and ``specs`` {tensor: spec} of the tensors it chose; a named strategy has its ``name`` too."""
 
     def __repr__(self):
         name = f"{self._doc['name']}: " if "name" in self._doc else ""
@@ -519,7 +519,8 @@ class Solution(_Document):
     """The fastest sharding ``solve`` found: ``status`` ('optimal', or 'feasible' with a
     proven gap; past two mesh axes 'local', a neighbourhood search's local optimum, with
     ``search`` saying how far it got), ``method``, ``objective_s`` and ``lower_bound_s``
-    (None after a neighbourhood search), ``specs`` {tensor: spec}
+    (after a neighbourhood search the compute bound: every device computing an even share,
+    nothing communicated), ``specs`` {tensor: spec}
     of every tensor, ``tensors`` (each with how it got its spec), ``predicted`` (the step's
     time and memory as ``program`` costs it), ``named_strategies``, ``alternatives`` (with
     ``explain``), ``top`` (the best distinct shardings), ``unconstrained`` (with a memory

@@ -39,14 +39,19 @@ double serialized_measured(const std::vector<autodiff::TapeEvent>& events) {
 
 std::string status_text(const solve::SolveOutcome& o, const std::optional<solve::NeighbourhoodSearch>& search) {
   if (o.status == solve::SolveStatus::optimal) return "optimal";
-  if (search && search->converged_axes == 2)
-    return "no change of one or two axes' places improves it (a local optimum; no bound proven)";
-  if (search && search->converged_axes == 1)
-    return "no change of one axis's places improves it (a local optimum; the time limit ended the search of two "
-           "axes' changes; no bound proven)";
-  if (search) return "the best found before the time limit ended the search (no bound proven)";
   const double gap = o.value.time > 0 ? (o.value.time - o.lower_bound) / o.value.time : 0;
-  return "feasible, within " + format_sig3(100 * gap) + "% of the proven bound " + format_time(o.lower_bound);
+  const std::string within = "within " + format_sig3(100 * gap) + "% of the proven bound " + format_time(o.lower_bound);
+  // A search's bound is the compute bound: no sharding computes faster than every device
+  // busy with an even share and nothing communicated.
+  const std::string compute = within + " (every device computing an even share, nothing communicated)";
+  if (search && search->converged_axes == 2)
+    return "no change of one or two axes' places improves it: a local optimum, " + compute;
+  if (search && search->converged_axes == 1)
+    return "no change of one axis's places improves it (the time limit ended the search of two axes' changes): a "
+           "local optimum, " +
+           compute;
+  if (search) return "the best found before the time limit ended the search, " + compute;
+  return "feasible, " + within;
 }
 
 // The tensors a user reads: each statement once (a repeat's first copy), no nested expressions.
@@ -212,12 +217,11 @@ namespace {
 // An outcome and `all` (by graph tensor; empty when none was found): its chosen tensors' specs.
 Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const solve::SolveOutcome& o,
                   const std::vector<Spec>& all) {
-  const bool bound = o.method != "neighbourhood search";  // a search proves none
   Json j = {{"status", solve::to_string(o.status)},
             {"method", o.method},
             {"time_s", o.value.time},
             {"memory_bytes", o.value.memory},
-            {"lower_bound_s", bound ? Json(o.lower_bound) : Json(nullptr)},
+            {"lower_bound_s", o.lower_bound},
             {"solve_seconds", o.seconds}};
   Json specs = Json::object();
   if (!all.empty()) {
@@ -262,7 +266,7 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   doc["status"] = solve::to_string(r.outcome.status);
   doc["method"] = r.outcome.method;
   doc["objective_s"] = r.outcome.value.time;
-  doc["lower_bound_s"] = r.search ? Json(nullptr) : Json(r.outcome.lower_bound);  // a search proves none
+  doc["lower_bound_s"] = r.outcome.lower_bound;
   doc["solve_seconds"] = r.outcome.seconds;
   doc["search"] = r.search ? Json{{"neighbourhoods", r.search->builds},
                                   {"converged_axes", r.search->converged_axes},
@@ -422,7 +426,8 @@ Command add_solve_command(CLI::App& root) {
       "when the memory limit binds an integer program (CBC) does, and says 'optimal' or its proven gap. Past two\n"
       "mesh axes the whole space is too large to build but for small programs: it is then searched by\n"
       "neighbourhoods (one axis's places, then two axes', open in every tensor; each solved exactly), and the\n"
-      "answer is a local optimum, said so (--search).\n"
+      "answer is a local optimum, said so (--search), with the compute bound no sharding beats (every device\n"
+      "computing an even share, nothing communicated).\n"
       "Exit status: 0, 2 bad input or nothing fits, 3 wrong result (--run).\n\n"
       "Examples:\n"
       "  shardmm solve examples/programs/mlp_free.prog\n"

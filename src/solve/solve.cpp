@@ -393,7 +393,6 @@ Found solve_by_neighbourhoods(const Graph& g, const SolveOptions& options, const
     best.best.outcome.status = tally.converged_axes ? SolveStatus::infeasible : SolveStatus::unknown;
   } else {
     best.best.outcome.status = tally.converged_axes ? SolveStatus::local : SolveStatus::feasible;
-    best.best.outcome.lower_bound = 0;  // none proven
   }
   best.best.outcome.method = "neighbourhood search";
   best.best.outcome.seconds = tally.seconds;
@@ -401,6 +400,40 @@ Found solve_by_neighbourhoods(const Graph& g, const SolveOptions& options, const
 }
 
 }  // namespace
+
+// (docs/solve.md, "A bound past two axes") The program recorded replicated: nothing
+// communicated, every device computing everything. Any sharding computes each einsum's products
+// and each local op's elements (forward, backward, the update) somewhere, so its busiest device
+// does at least 1/N of them, and moves 1/N of each einsum's operands and result; no GEMM runs
+// faster than the fastest rate the profile knows, and a local op's time is proportional to the
+// elements it touches.
+double compute_bound(const Graph& g, const nn::ProgramOptions& options) {
+  std::vector<Spec> replicated;
+  for (const program::Tensor& t : g.tensors) replicated.push_back(program::replicated_spec(t));
+  const nn::ProgramPrediction whole = nn::predict_program(pinned_graph(g, replicated), options);
+  const HardwareProfile& hw = options.hw;
+  double rate = hw.flops_for(options.dtype);
+  if (hw.calibration) {
+    for (const GemmRate& r : hw.calibration->gemm) {
+      if (r.dtype == options.dtype) rate = std::max(rate, r.flops_per_s);
+    }
+  }
+  const auto devices = static_cast<double>(g.mesh.device_count());
+  const auto bytes = [&](const Spec& s) {
+    double n = dtype_bytes(options.dtype);
+    for (const DimSpec& d : s.dims) n *= static_cast<double>(g.dims.at(d.name));
+    return n;
+  };
+  double bound = 0;
+  for (const autodiff::TapeEvent& e : whole.events) {
+    const Step& s = e.step;
+    if (s.op == OpKind::local) bound += s.time_s / devices;
+    // An einsum's devices together hold each operand and result element at least once.
+    if (s.op == OpKind::einsum)
+      bound += std::max(s.flops / rate, (bytes(s.from) + bytes(s.from_b) + bytes(s.to)) / hw.hbm_bandwidth) / devices;
+  }
+  return bound;
+}
 
 SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   const auto deadline =
@@ -499,6 +532,25 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   }
 
   if (options.named && !searched) r.named = named_strategies(g, c, limits);
+  if (searched) {
+    // The next distinct shardings are the answer's neighbourhood's: local like it. Nothing
+    // here proves more than the compute bound, which holds for every sharding.
+    const double bound = compute_bound(g, options.program);
+    for (SolveOutcome& o : r.top) {
+      if (o.status == SolveStatus::optimal) o.status = SolveStatus::local;
+      o.method = r.outcome.method;
+      o.lower_bound = bound;
+    }
+    for (NamedStrategy& s : r.named) {
+      if (!s.outcome.best.empty()) s.outcome.lower_bound = bound;
+    }
+    r.outcome.lower_bound = bound;
+  } else if (r.outcome.status == SolveStatus::feasible) {
+    // The integer program's time limit passed: its bound, or the compute bound where higher.
+    const double bound = compute_bound(g, options.program);
+    r.outcome.lower_bound = std::max(r.outcome.lower_bound, bound);
+    if (!r.top.empty()) r.top.front().lower_bound = r.outcome.lower_bound;
+  }
 
   if (options.explain) {
     for (int v : limits.distinct_on) {

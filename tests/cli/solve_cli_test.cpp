@@ -64,8 +64,8 @@ TEST(SolveCli, EmitWritesAProgramThatCostsTheSame) {
   fs::remove(file);
 }
 
-// Three axes: a neighbourhood search, said so in the text and the JSON (no bound proven); its
-// emitted program costs what it found.
+// Three axes: a neighbourhood search, said so in the text and the JSON with the compute bound
+// (the only one proven); its emitted program costs what it found.
 TEST(SolveCli, SearchesThreeAxesByNeighbourhoods) {
   const fs::path dir = fs::temp_directory_path();
   const fs::path program = dir / ("shardmm_search_" + std::to_string(::getpid()) + ".prog");
@@ -83,16 +83,23 @@ TEST(SolveCli, SearchesThreeAxesByNeighbourhoods) {
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("Searched (--search neighbourhoods) from the best named strategy by neighbourhoods"));
   EXPECT_THAT(text.out, HasSubstr("Solved by neighbourhood search in "));
-  EXPECT_THAT(text.out, HasSubstr(": no change of one or two axes' places improves it (a local optimum"));
+  EXPECT_THAT(text.out, HasSubstr(": no change of one or two axes' places improves it: a local optimum, within "));
+  EXPECT_THAT(text.out, HasSubstr(" (every device computing an even share, nothing communicated).\n"));
   std::vector<std::string> with_json = args;
-  for (const char* a : {"--json", "--emit"}) with_json.push_back(a);
+  for (const char* a : {"--json", "--top", "2", "--emit"}) with_json.push_back(a);
   with_json.push_back(file.string());
   const Result r = cli(with_json);
   ASSERT_EQ(r.status, 0) << r.err;
   const json doc = json::parse(r.out);
   EXPECT_EQ(doc["status"], "local");
   EXPECT_EQ(doc["method"], "neighbourhood search");
-  EXPECT_TRUE(doc["lower_bound_s"].is_null());
+  // The compute bound: above nothing, below the answer.
+  EXPECT_GT(doc["lower_bound_s"].get<double>(), 0);
+  EXPECT_LE(doc["lower_bound_s"].get<double>(), doc["objective_s"].get<double>());
+  for (const json& t : doc["top"]) {
+    EXPECT_EQ(t["status"], "local");
+    EXPECT_EQ(t["lower_bound_s"], doc["lower_bound_s"]);
+  }
   EXPECT_EQ(doc["search"]["converged_axes"], 2);
   EXPECT_GT(doc["search"]["neighbourhoods"].get<int>(), 3);
   EXPECT_DOUBLE_EQ(doc["objective_s"].get<double>(), doc["predicted"]["time_s"].get<double>());

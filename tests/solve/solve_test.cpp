@@ -861,6 +861,9 @@ TEST(Solve, SearchesMeshesOfMoreAxesByNeighbourhoods) {
   EXPECT_THAT(r.outcome.method, ::testing::StartsWith("neighbourhood search"));
   expect_emitted_costs_the_answer(p, g, o, r);
   expect_no_named_strategy_beats(r);
+  EXPECT_EQ(r.outcome.lower_bound, compute_bound(g, o.program));
+  EXPECT_GT(r.outcome.lower_bound, 0);
+  EXPECT_LE(r.outcome.lower_bound, r.outcome.value.time);
   for (const NamedStrategy& s : r.named) {
     if (s.outcome.best.empty()) continue;
     const nn::ProgramPrediction named = nn::predict_program(pinned_graph(g, s.specs), o.program);
@@ -891,6 +894,25 @@ TEST(Solve, SearchesMeshesOfMoreAxesByNeighbourhoods) {
       }
     }
   }
+}
+
+// The compute bound is one device's step divided by the devices: on one device, where every
+// einsum of the decoder is costed as in the bound (the larger of its FLOPs at the peak and its
+// bytes at the memory's bandwidth) and nothing is communicated, it is the step itself; on 8
+// devices an eighth of it. (SolveRandom: it is below every optimum.)
+TEST(Solve, TheComputeBoundIsOneDevicesStepOverTheDevices) {
+  const program::Program p = free_program("examples/programs/gpt.prog");
+  const auto bound_on = [&](const char* mesh) {
+    program::BindOptions b = on_mesh(mesh);
+    b.dims = DimSizes{{"B", 8}, {"T", 2048}, {"S", 2048}, {"D", 4096}, {"H", 32}, {"A", 128}, {"F", 16384}};
+    return program::bind(p, b);
+  };
+  const nn::ProgramOptions o = bf16();
+  const program::Graph one = bound_on("X=1");
+  const double step = predicted_time(nn::predict_program(one, o));
+  EXPECT_NEAR(compute_bound(one, o), step, 1e-12 * step);
+  const program::Graph eight = bound_on("X=4,Y=2");
+  EXPECT_NEAR(compute_bound(eight, o), step / 8, 1e-12 * step);
 }
 
 // A repeat block is solved once: 2 or 6 layers make the same problem, costs scaled.

@@ -159,6 +159,10 @@ struct SolveResult {
 // InputError when no sharding fits the memory limit (naming what the fastest one needs).
 SolveResult solve_program(const program::Graph& g, const SolveOptions& options);
 
+// A step time no sharding of `g` beats (pins aside): its compute divided evenly over the
+// mesh's devices with nothing communicated. The bound a neighbourhood search reports.
+double compute_bound(const program::Graph& g, const nn::ProgramOptions& options);
+
 // The graph's tensors in the specs of an assignment (by graph tensor).
 std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a);
 // The graph's params an assignment regathers (by graph tensor: 1 or 0).
