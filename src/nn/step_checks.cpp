@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace shardmm::nn::detail {
 
@@ -18,13 +19,16 @@ void compare(Verification& v, const std::string& what, const std::vector<double>
   if (v.tolerance == 0) v.tolerance = tol;  // the first tensor's, until an element comes closer to its own
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double err = std::abs(got[i] - want[i]);
-    const bool worst = !(err / tol <= v.max_rel_error / rel);
+    // The first NaN stays the worst: nothing compares above it.
+    const bool worst = !std::isnan(v.max_rel_error) && !(err / tol <= v.max_rel_error / rel);
     if (worst) {
       v.max_abs_error = err;
       v.max_rel_error = err / (1.0 + scale);
       v.tolerance = tol;
-      v.detail = what + " element " + std::to_string(i) + ": got " + std::to_string(got[i]) + ", expected " +
-                 std::to_string(want[i]);
+      // Digits enough to tell them apart at the tolerance of f64 (1e-9 relative).
+      char text[96];
+      std::snprintf(text, sizeof text, ": got %.12g, expected %.12g", got[i], want[i]);
+      v.detail = what + " element " + std::to_string(i) + text;
     }
     if (!(err <= tol)) v.verified = false;
   }

@@ -406,6 +406,32 @@ TEST(ProgramRun, InferenceRunsTheForwardPassOnly) {
   for (const autodiff::TapeEvent& e : r.events) EXPECT_EQ(e.phase, autodiff::Phase::forward);
 }
 
+// A gradient that is zero but for rounding (a norm's outputs summed), through Adam's first
+// step (lr g / (|g| + eps)): the sharded and dense steps round differently, and their updates
+// differ by up to lr. The update is checked as the update of the gradient the step computed
+// (that gradient checked against the dense one); against the dense update this run was WRONG
+// (random program case 1185 of solve_random_test at 10x).
+TEST(ProgramRun, AdamOnAGradientZeroButForRoundingVerifies) {
+  program::BindOptions b;
+  b.split = SplitRule::chunk;
+  const program::Graph g = bind_text(R"(
+mesh X=1,Y=3
+dims I=1, J=3, K=4
+input x0[J, K] : x0[J_Y, K]
+param p1[I, K] : p1[I_Y, K]
+t3[J, K, I] = x0 - p1
+t4[I, K] = layer_norm(exp(scale(p1, 0.5)), over=K)
+loss sum(max(t4, over=I))
+)",
+                                     b);
+  nn::ProgramOptions o;
+  o.optimizer = nn::Optimizer::adam;
+  o.dtype = DType::f64;
+  o.seed = 1185;
+  const nn::ProgramRun r = run_threads_program(g, o);
+  EXPECT_TRUE(r.verification.verified) << r.verification.detail;
+}
+
 // Two steps in one run with other inputs (seeds): the second runs in the blocks the first left
 // in the caching pool (tensor.h: BufferPoolStats), whatever they still hold, and both verify.
 // On one rank the reuse is certain; on two, the ranks may take each other's blocks. The last
