@@ -14,6 +14,7 @@ packages=(
   python3-dev pybind11-dev python3-numpy  # import shardmm (python/)
   python3-pytest python3-hypothesis       # its tests (tests/python/)
   coinor-libcbc-dev pkg-config            # shardmm solve: CBC solves its integer programs
+  libjemalloc-dev                         # the shardmm command's allocator (src/CMakeLists.txt)
   python3-torch  # bench_torch_matmul: the same sharded matmuls in torch.distributed (gloo); it skipped without
   "$@"
 )
