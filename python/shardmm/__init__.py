@@ -835,10 +835,10 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     fixed), and: ``mem_limit``, the memory per device the step may use ('16GiB', '512MiB' or
     an int of bytes; InputError when no sharding fits); ``top``, also list the K best distinct
     shardings (1 to 100); ``explain``, each chosen tensor's runner-up layout and what it would
-    add; ``time_limit``, the search's time limit in seconds: building the problem (on up to
-    two axes a search that cannot finish in it raises InputError at once; past two the
-    neighbourhood search answers with the best it found) and each integer program (past it
-    the answer is 'feasible' with its proven gap); ``run``, execute the answer and check it;
+    add; ``time_limit``, the whole solve's time limit in seconds: building the problem (on up
+    to two axes a search that cannot finish in it raises InputError at once; past two the
+    neighbourhood search answers with the best it found), then each integer program with what
+    is left (past it the answer is 'feasible' with its proven gap); ``run``, execute the answer and check it;
     ``rings``, as ``program``'s; ``search``, 'auto' (the whole space where it can be built, else
     by neighbourhoods: status 'local'), 'whole' (the proven optimum, or InputError when the space
     cannot be built in time) or 'neighbourhoods' (``--search``, docs/solve.md). The GIL is

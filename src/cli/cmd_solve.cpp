@@ -161,7 +161,8 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
     for (const solve::NamedStrategy& s : r.named) {
       if (s.outcome.best.empty()) {
         table.add({s.name, "-", "-",
-                   s.outcome.status == solve::SolveStatus::infeasible ? "does not apply or fit" : "not found"});
+                   s.outcome.status == solve::SolveStatus::infeasible ? "does not apply or fit"
+                                                                      : "not found within --time-limit"});
         continue;
       }
       table.add({s.name, format_time(s.outcome.value.time), format_bytes(static_cast<double>(s.outcome.value.memory)),
@@ -407,10 +408,10 @@ Command add_solve_command(CLI::App& root) {
                 "step (small --dims), e.g. --run");
   app->add_option("--backend", input.backend, "where --run executes: threads (default) or mpi, e.g. --backend mpi");
   app->add_option("--time-limit", flags->seconds,
-                  "the search's time limit in seconds (default 60): building the problem (on up to two axes a "
-                  "search that cannot finish in it is refused, exit 2; past two, the neighbourhood search answers "
-                  "with the best it found) and each integer program (past it the answer says its proven gap), "
-                  "e.g. --time-limit 10");
+                  "the whole solve's time limit in seconds (default 60): building the problem (on up to two axes "
+                  "a search that cannot finish in it is refused, exit 2; past two, the neighbourhood search "
+                  "answers with the best it found), then each integer program with what is left (past it the "
+                  "answer says its proven gap), e.g. --time-limit 10");
   app->add_option("--search", flags->search,
                   "auto (default): the whole space where it can be built (always on up to two axes; past two, "
                   "within a quarter of --time-limit), else by neighbourhoods; whole: only the whole space (a proven "

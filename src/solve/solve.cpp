@@ -183,9 +183,12 @@ void sort_named(std::vector<NamedStrategy>& named) {
   });
 }
 
-std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices& c, const SolveLimits& limits) {
+// `seconds_left` gives each integer program what is left of the time limit.
+std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices& c, SolveLimits limits,
+                                            const std::function<double()>& seconds_left) {
   std::vector<NamedStrategy> out;
   for (const std::vector<std::string>& roles : named_plans(g)) {
+    limits.seconds = seconds_left();
     NamedStrategy s{named_text(g, roles), best_of(restricted(c.problem, named_keep(g, c, roles)), limits), {}};
     if (!s.outcome.best.empty()) s.specs = specs_of(c, s.outcome.best);
     out.push_back(std::move(s));
@@ -438,10 +441,14 @@ double compute_bound(const Graph& g, const nn::ProgramOptions& options) {
 SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.seconds));
+  // --time-limit bounds the whole solve: each integer program gets what is left of it (CBC
+  // answers at once, with what it has, when that is nothing).
+  const auto seconds_left = [deadline] {
+    return std::max(1e-3, std::chrono::duration<double>(deadline - Clock::now()).count());
+  };
   SolveResult r;
   SolveLimits limits;
   limits.memory_limit = options.memory_limit;
-  limits.seconds = options.seconds;
   // Past two axes the whole space is tried with a quarter of the time: it is built only for
   // small programs, and the build says within its first ops when it cannot be.
   const bool fall_back = options.search == SolveOptions::Search::automatic && g.mesh.rank() > 2;
@@ -469,10 +476,12 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     r.outcome = searched->outcome;
     if (!searched->fits) r.outcome.best.clear();
   } else {
+    limits.seconds = seconds_left();
     r.outcome = best_of(c.problem, limits);
     if (options.memory_limit) {
       SolveLimits free = limits;
       free.memory_limit.reset();
+      free.seconds = seconds_left();
       r.unconstrained = best_of(c.problem, free);
     }
   }
@@ -493,9 +502,16 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
       } else {
         SolveLimits least;
         least.minimize_memory = true;
-        least.seconds = options.seconds;
+        least.seconds = seconds_left();
         const SolveOutcome o = solve_mip(c.problem, least);
-        if (!o.best.empty()) why += ": " + least_memory_text(g, c, o, options.program, /*proven=*/true);
+        if (!o.best.empty()) {
+          why += ": " + least_memory_text(g, c, o, options.program, /*proven=*/o.status == SolveStatus::optimal);
+        } else {
+          std::ostringstream seconds;
+          seconds << options.seconds;
+          why += " (the least peak any sharding reaches was not found within " + field("time_limit") + " " +
+                 seconds.str() + " s)";
+        }
       }
     }
     throw InputError("solve: " + why);
@@ -518,6 +534,7 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   if (r.outcome.method == "dynamic programming" || searched) {
     // Each part of the K-best search is solved as fast as the optimum was (in a search: its
     // neighbourhood's optimum, the answer).
+    limits.seconds = seconds_left();
     r.top = solve_top(c.problem, limits, r.outcome, options.top, best_of);
   } else {
     // The integer program takes exclusions directly: one solve per answer, not one per part.
@@ -525,13 +542,14 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     SolveLimits next = limits;
     for (int k = 1; k < options.top; ++k) {
       next.excluded.push_back(r.top.back().best);
+      next.seconds = seconds_left();
       SolveOutcome o = solve_mip(c.problem, next);
       if (o.best.empty()) break;
       r.top.push_back(std::move(o));
     }
   }
 
-  if (options.named && !searched) r.named = named_strategies(g, c, limits);
+  if (options.named && !searched) r.named = named_strategies(g, c, limits, seconds_left);
   if (searched) {
     // The next distinct shardings are the answer's neighbourhood's: local like it. Nothing
     // here proves more than the compute bound, which holds for every sharding.
@@ -562,6 +580,7 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
       Kept keep(c.values.size());
       for (const Spec& value : values)
         keep[static_cast<std::size_t>(v)].push_back(!(value == values[static_cast<std::size_t>(chosen)]));
+      limits.seconds = seconds_left();
       const SolveOutcome o = best_of(restricted(c.problem, keep), limits);
       if (!o.best.empty()) {
         alt.exists = true;
