@@ -404,12 +404,12 @@ Found solve_by_neighbourhoods(const Graph& g, const SolveOptions& options, const
 
 }  // namespace
 
-// (docs/solve.md, "A bound past two axes") The program recorded replicated: nothing
-// communicated, every device computing everything. Any sharding computes each einsum's products
-// and each local op's elements (forward, backward, the update) somewhere, so its busiest device
-// does at least 1/N of them, and moves 1/N of each einsum's operands and result; no GEMM runs
-// faster than the fastest rate the profile knows, and a local op's time is proportional to the
-// elements it touches.
+// The compute bound (docs/solve.md, "Meshes of more than two axes"): the program recorded
+// replicated, nothing communicated, every device computing everything. Any sharding computes
+// each einsum's products and each local op's elements (forward, backward, the update)
+// somewhere, so its busiest device does at least 1/N of them, and moves 1/N of each einsum's
+// operands and result; no GEMM runs faster than the fastest rate the profile knows, and a local
+// op's time is proportional to the elements it touches.
 double compute_bound(const Graph& g, const nn::ProgramOptions& options) {
   std::vector<Spec> replicated;
   for (const program::Tensor& t : g.tensors) replicated.push_back(program::replicated_spec(t));
