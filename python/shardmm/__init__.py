@@ -508,7 +508,8 @@ class Strategy(_Record):
     """A solver's answer: ``status`` ('optimal', 'feasible', 'local' (a neighbourhood
     search's), 'infeasible'), ``method``, ``time_s`` (its objective), ``memory_bytes`` (the
     step's peak per device), ``lower_bound_s`` (proven: no sharding in its space is faster; a
-    search's, the compute bound) and ``specs`` {tensor: spec} of the tensors it chose; a named strategy has its ``name`` too."""
+    search's, the compute bound) and ``specs`` {tensor: spec} of the tensors it chose; a
+    named strategy has its ``name`` too."""
 
     def __repr__(self):
         name = f"{self._doc['name']}: " if "name" in self._doc else ""
@@ -838,8 +839,8 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     add; ``time_limit``, the whole solve's time limit in seconds: building the problem (on up
     to two axes a search that cannot finish in it raises InputError at once; past two the
     neighbourhood search answers with the best it found), then each integer program with what
-    is left (past it the answer is 'feasible' with its proven gap); ``run``, execute the answer and check it;
-    ``rings``, as ``program``'s; ``search``, 'auto' (the whole space where it can be built, else
+    is left (past it the answer is 'feasible' with its proven gap); ``run``, execute the
+    answer and check it; ``rings``, as ``program``'s; ``search``, 'auto' (the whole space where it can be built, else
     by neighbourhoods: status 'local'), 'whole' (the proven optimum, or InputError when the space
     cannot be built in time) or 'neighbourhoods' (``--search``, docs/solve.md). The GIL is
     released while the solver runs.
