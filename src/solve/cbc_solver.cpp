@@ -13,9 +13,14 @@
 // Objective: sum y * time, in microseconds (CBC's tolerances are absolute), plus the memory
 // tie-break (choices.h) on y's and w's bytes, or on P where it has a row per point; or (minimize_memory)
 // the memory row itself, or P.
-#include <coin/Cbc_C_Interface.h>
+#include <coin/CbcModel.hpp>
+#include <coin/CbcSolver.hpp>
+#include <coin/ClpEventHandler.hpp>
+#include <coin/CoinPackedMatrix.hpp>
+#include <coin/OsiClpSolverInterface.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -60,31 +65,61 @@ std::vector<SparseRow> peak_candidates(std::vector<SparseRow> rows) {
   return kept;
 }
 
-struct ModelDeleter {
-  void operator()(Cbc_Model* m) const { Cbc_deleteModel(m); }
-};
-
-class Rows {
+// The program's columns and rows as they are made, loaded into the solver at once.
+class IntegerProgram {
  public:
-  explicit Rows(Cbc_Model* m) : m_(m) {}
+  int column(double lb, double ub, double obj, bool integer) {
+    lower_.push_back(lb);
+    upper_.push_back(ub);
+    objective_.push_back(obj);
+    if (integer) integers_.push_back(static_cast<int>(objective_.size()) - 1);
+    return static_cast<int>(objective_.size()) - 1;
+  }
   void add(const std::vector<int>& cols, const std::vector<double>& coefs, char sense, double rhs) {
-    Cbc_addRow(m_, "", static_cast<int>(cols.size()), cols.data(), coefs.data(), sense, rhs);
+    starts_.push_back(static_cast<CoinBigIndex>(indices_.size()));
+    lengths_.push_back(static_cast<int>(cols.size()));
+    indices_.insert(indices_.end(), cols.begin(), cols.end());
+    values_.insert(values_.end(), coefs.begin(), coefs.end());
+    row_lower_.push_back(sense == 'L' ? -kUnbounded : rhs);
+    row_upper_.push_back(sense == 'G' ? kUnbounded : rhs);
+  }
+  void load_into(OsiClpSolverInterface& solver) const {
+    const CoinPackedMatrix rows(false, static_cast<int>(objective_.size()), static_cast<int>(lengths_.size()),
+                                static_cast<CoinBigIndex>(values_.size()), values_.data(), indices_.data(),
+                                starts_.data(), lengths_.data());
+    solver.loadProblem(rows, lower_.data(), upper_.data(), objective_.data(), row_lower_.data(), row_upper_.data());
+    solver.setInteger(integers_.data(), static_cast<int>(integers_.size()));
   }
 
  private:
-  Cbc_Model* m_;
+  std::vector<double> lower_, upper_, objective_, values_, row_lower_, row_upper_;
+  std::vector<int> integers_, indices_, lengths_;
+  std::vector<CoinBigIndex> starts_;
+};
+
+// Stops Clp's simplex at its first iteration past the deadline. CBC's own time limit is
+// checked between its phases and nodes, not inside an LP: a root LP of a large program ran
+// minutes past it. `stopped` says that it struck (an LP cut short may have been taken as
+// solved or infeasible: nothing CBC then says is proven).
+class Deadline : public ClpEventHandler {
+ public:
+  Deadline(std::chrono::steady_clock::time_point at, std::atomic<bool>* stopped) : at_(at), stopped_(stopped) {}
+  int event(Event which) override {
+    if (which != endOfIteration || std::chrono::steady_clock::now() < at_) return -1;
+    *stopped_ = true;
+    return 0;  // Clp stops with status 5, "stopped by event"
+  }
+  ClpEventHandler* clone() const override { return new Deadline(*this); }
+
+ private:
+  std::chrono::steady_clock::time_point at_;
+  std::atomic<bool>* stopped_;
 };
 
 SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   const auto start = std::chrono::steady_clock::now();
-  std::unique_ptr<Cbc_Model, ModelDeleter> owner(Cbc_newModel());
-  Cbc_Model* m = owner.get();
-  Cbc_setLogLevel(m, 0);
-  int next = 0;
-  const auto column = [&](double lb, double ub, double obj, bool integer) {
-    Cbc_addCol(m, "", lb, ub, obj, integer ? 1 : 0, 0, nullptr, nullptr);
-    return next++;
-  };
+  IntegerProgram lp;
+  const auto column = [&](double lb, double ub, double obj, bool integer) { return lp.column(lb, ub, obj, integer); };
   // The timeline's rows only where memory is constrained or minimized: they cost CBC time, and
   // without them ties between equally fast shardings go to the memory held at once.
   const bool peak_rows = !p.points.empty() && (limits.memory_limit || limits.minimize_memory);
@@ -110,13 +145,12 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     }
   }
 
-  Rows rows(m);
-  for (std::size_t v = 0; v < p.domain.size(); ++v) rows.add(x[v], std::vector<double>(x[v].size(), 1.0), 'E', 1);
+  for (std::size_t v = 0; v < p.domain.size(); ++v) lp.add(x[v], std::vector<double>(x[v].size(), 1.0), 'E', 1);
   std::vector<int> cols;
   std::vector<double> coefs;
   for (std::size_t f = 0; f < p.factors.size(); ++f) {
     const Factor& factor = p.factors[f];
-    rows.add(y[f], std::vector<double>(y[f].size(), 1.0), 'E', 1);
+    lp.add(y[f], std::vector<double>(y[f].size(), 1.0), 'E', 1);
     for (std::size_t i = 0; i < factor.vars.size(); ++i) {
       const auto u = static_cast<std::size_t>(factor.vars[i]);
       for (int d = 0; d < p.domain[u]; ++d) {
@@ -128,7 +162,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
             coefs.push_back(1.0);
           }
         }
-        rows.add(cols, coefs, 'E', 0);
+        lp.add(cols, coefs, 'E', 0);
       }
     }
     // Shared terms this factor names: w[s][d] covers every entry naming s with s's variable at d.
@@ -150,7 +184,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
         cols.push_back(y[f][static_cast<std::size_t>(e)]);
         coefs.push_back(-1.0);
       }
-      rows.add(cols, coefs, 'G', 0);
+      lp.add(cols, coefs, 'G', 0);
     }
   }
   double most_peak = 0;  // no point holds more, whatever the choices (for the time bound)
@@ -175,7 +209,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
         c.push_back(y[static_cast<std::size_t>(f)][e]);
         k.push_back(bytes);
       }
-      rows.add(c, k, 'E', 0);
+      lp.add(c, k, 'E', 0);
       return it->second;
     };
     std::vector<SparseRow> points;
@@ -226,7 +260,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
         cols.push_back(col);
         coefs.push_back(coef);
       }
-      rows.add(cols, coefs, 'L', 0);
+      lp.add(cols, coefs, 'L', 0);
     }
   } else if (limits.memory_limit) {
     cols.clear();
@@ -244,7 +278,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
         coefs.push_back(static_cast<double>(p.shared[s].bytes[d]));
       }
     }
-    rows.add(cols, coefs, 'L', static_cast<double>(*limits.memory_limit));
+    lp.add(cols, coefs, 'L', static_cast<double>(*limits.memory_limit));
   }
   for (const Assignment& a : limits.excluded) {
     cols.clear();
@@ -254,16 +288,29 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
     }
     for (int v : on)
       cols.push_back(x[static_cast<std::size_t>(v)][static_cast<std::size_t>(a[static_cast<std::size_t>(v)])]);
-    rows.add(cols, std::vector<double>(cols.size(), 1.0), 'L', static_cast<double>(on.size()) - 1);
+    lp.add(cols, std::vector<double>(cols.size(), 1.0), 'L', static_cast<double>(on.size()) - 1);
   }
 
-  Cbc_setMaximumSeconds(m, limits.seconds);
-  Cbc_setAllowableGap(m, 1e-7);  // microseconds: 0.1 ps, below any step's resolution
-  Cbc_setAllowableFractionGap(m, 1e-9);
+  // As CBC's C interface sets a model up (CbcMain0 before the problem, CbcMain1 to solve it),
+  // with the deadline's handler in the LP solver (CbcModel's copies of it clone the handler).
+  std::atomic<bool> stopped{false};
+  CbcModel model{OsiClpSolverInterface()};
+  CbcSolverUsefulData data;
+  CbcMain0(model, data);
+  auto& solver = dynamic_cast<OsiClpSolverInterface&>(*model.solver());
+  lp.load_into(solver);
+  const Deadline deadline(start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                      std::chrono::duration<double>(limits.seconds)),
+                          &stopped);
+  solver.getModelPtr()->passInEventHandler(&deadline);
+  model.setLogLevel(0);
+  model.setMaximumSeconds(limits.seconds);
+  model.setAllowableGap(1e-7);  // microseconds: 0.1 ps, below any step's resolution
+  model.setAllowableFractionGap(1e-9);
   // CBC prunes what cannot beat the incumbent by its cutoff increment (1e-5 by default: 10 ps
   // here), which is more than the memory tie-break separates equally fast shardings by.
-  Cbc_setParameter(m, "increment", "1e-9");
-  Cbc_solve(m);
+  const char* argv[] = {"shardmm", "-increment", "1e-9", "-timeMode", "elapsed", "-solve", "-quit"};
+  CbcMain1(static_cast<int>(std::size(argv)), argv, model, nullptr, data);
 
   // CBC's bound is on time plus the tie-break; no assignment's tie-break exceeds the largest
   // peak any point could hold, or the largest memory every factor and shared term could add.
@@ -278,13 +325,17 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       for (const SharedTerm& s : p.shared)
         most += static_cast<double>(*std::max_element(s.bytes.begin(), s.bytes.end()));
     }
-    return std::max(0.0, Cbc_getBestPossibleObjValue(m) / kScale - kSecondsPerByteTieBreak * most);
+    // None proven (COIN's infinity: CBC stopped before its bound), or none to trust (stopped).
+    const double bound = model.getBestPossibleObjValue();
+    if (stopped || !(std::abs(bound) < 1e30)) return 0.0;
+    return std::max(0.0, bound / kScale - kSecondsPerByteTieBreak * most);
   };
   SolveOutcome out;
   out.method = "integer program (CBC)";
-  const double* sol = Cbc_getColSolution(m);
-  const bool found = Cbc_numberSavedSolutions(m) > 0 || (Cbc_isProvenOptimal(m) && sol != nullptr);
-  if (Cbc_isProvenInfeasible(m)) {
+  const double* sol = model.getColSolution();
+  const bool proven_optimal = !stopped && model.isProvenOptimal();
+  const bool found = model.numberSavedSolutions() > 0 || (proven_optimal && sol != nullptr);
+  if (!stopped && model.isProvenInfeasible()) {
     out.status = SolveStatus::infeasible;
   } else if (found && sol != nullptr) {
     out.best.assign(p.domain.size(), 0);
@@ -294,7 +345,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       }
     }
     out.value = evaluate(p, out.best);
-    out.status = Cbc_isProvenOptimal(m) ? SolveStatus::optimal : SolveStatus::feasible;
+    out.status = proven_optimal ? SolveStatus::optimal : SolveStatus::feasible;
     out.lower_bound = out.status == SolveStatus::optimal || limits.minimize_memory
                           ? out.value.time
                           : std::min(out.value.time, time_bound());
