@@ -380,7 +380,7 @@ Json program_json(const ProgramRequest& request, const ProgramReport& report) {
 ProgramReport evaluate_program(const ProgramRequest& request) {
   const ProgramInput& in = request.input;
   if (!request.inputs.empty() && !in.run) throw InputError("--input works with --run; add --run");
-  BoundProgram b = bind_program(in, "--spec");
+  BoundProgram b = bind_program(in, "spec");
   const program::Graph& g = b.graph;
   nn::ProgramOptions options;
   options.dtype = b.planning.options.dtype;

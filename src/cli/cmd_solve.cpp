@@ -345,7 +345,7 @@ SolveReport evaluate_solve(const SolveRequest& request) {
                      "neighbourhoods, e.g. " +
                      field("search") + " whole");
   }
-  BoundProgram b = bind_program(in, "--pin");
+  BoundProgram b = bind_program(in, "pin");
   solve::SolveOptions o;
   o.program.dtype = b.planning.options.dtype;
   o.program.hw = b.planning.options.hw;

@@ -414,7 +414,8 @@ Json mesh_json(const Mesh& mesh) {
 }
 
 std::string describe_mesh(const Mesh& mesh) {
-  return mesh.to_string() + " (" + std::to_string(mesh.device_count()) + " devices" +
+  return mesh.to_string() + " (" + std::to_string(mesh.device_count()) +
+         (mesh.device_count() == 1 ? " device" : " devices") +
          (mesh.split_rule() == SplitRule::array ? "" : "; --split " + std::string(to_string(mesh.split_rule()))) + ")";
 }
 

@@ -23,30 +23,32 @@ program::Program read_program(const std::string& file) {
 
 program::BindOptions program_bind_options(const std::optional<std::string>& mesh, const std::string& split,
                                           const std::optional<std::string>& dims, const std::vector<std::string>& pins,
-                                          const std::string& pin_flag) {
+                                          const std::string& pins_field) {
   program::BindOptions o;
+  o.specs_field = pins_field;
   o.split = parse_split_rule(split);
   if (mesh) o.mesh = parse_mesh(*mesh, o.split);
   if (dims) o.dims = parse_dims(*dims);
   for (const std::string& s : pins) {
     const std::size_t eq = s.find('=');
     if (eq == std::string::npos || eq == 0 || eq + 1 == s.size()) {
-      throw InputError(pin_flag + " '" + s + "': expected NAME=SPEC, e.g. " + pin_flag + " w_in='w_in[D, F_X]'");
+      throw InputError(field(pins_field) + " '" + s + "': expected NAME=SPEC, e.g. " + field(pins_field) +
+                       " w_in='w_in[D, F_X]'");
     }
     const std::string name = s.substr(0, eq);
     if (!o.specs.emplace(name, s.substr(eq + 1)).second) {
-      throw InputError(pin_flag + " " + name + " is given twice; give each tensor one spec");
+      throw InputError(field(pins_field) + " " + name + " is given twice; give each tensor one spec");
     }
   }
   return o;
 }
 
-BoundProgram bind_program(const ProgramInput& in, const std::string& pin_flag) {
+BoundProgram bind_program(const ProgramInput& in, const std::string& pins_field) {
   if (in.train && in.infer) throw InputError("--train and --infer exclude each other; give one");
   const nn::Optimizer optimizer = nn::parse_optimizer(in.optimizer);
   program::Program parsed = in.text ? program::parse_program(*in.text, in.file) : read_program(in.file);
   program::Graph g =
-      program::bind(parsed, program_bind_options(in.mesh, in.common.split, in.common.dims, in.pins, pin_flag));
+      program::bind(parsed, program_bind_options(in.mesh, in.common.split, in.common.dims, in.pins, pins_field));
   PlanningFlags planning = in.common;
   planning.mesh = g.mesh.to_string();
   planning.dims.reset();

@@ -44,8 +44,8 @@ struct BoundProgram {
   nn::Optimizer optimizer = nn::Optimizer::sgd;
 };
 
-// InputError as the command reports it; `pin_flag` names the pins (--spec, --pin).
-BoundProgram bind_program(const ProgramInput& in, const std::string& pin_flag);
+// InputError as the command reports it; `pins_field` names the pins ("spec", "pin").
+BoundProgram bind_program(const ProgramInput& in, const std::string& pins_field);
 
 // --- shardmm program ---
 
@@ -98,10 +98,11 @@ std::string pinned_program_text(const SolveReport& report);
 // The file's text, parsed: InputError for a missing, binary or oversized file or bad grammar.
 program::Program read_program(const std::string& file);
 
-// --mesh, --split, --dims, and the NAME=SPEC pins of `pin_flag` (--spec, --pin) as bind options.
+// --mesh, --split, --dims, and the NAME=SPEC pins of field `pins_field` ("spec": program's --spec;
+// "pin": solve's --pin) as bind options.
 program::BindOptions program_bind_options(const std::optional<std::string>& mesh, const std::string& split,
                                           const std::optional<std::string>& dims, const std::vector<std::string>& pins,
-                                          const std::string& pin_flag);
+                                          const std::string& pins_field);
 
 // Predicted seconds of a step's events by what they do: collectives; einsums; local work on
 // each device's own blocks (the local ops and the update, and the slices and to_partial pads

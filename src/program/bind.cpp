@@ -92,7 +92,8 @@ class Binder {
     bind_dims();
     for (const auto& [name, text] : options_.specs) {
       if (!declared(program_.items, name)) {
-        throw InputError("spec for '" + name + "' in " + field("spec") + ": the program has no tensor '" + name + "'");
+        throw InputError("spec for '" + name + "' in " + field(options_.specs_field) + ": the program has no tensor '" +
+                         name + "'");
       }
     }
     std::int64_t ops = 0;
@@ -313,7 +314,7 @@ class Binder {
     }
     const auto bad = [&](const std::string& why) {
       const std::string full = "spec '" + text + "' of '" + s.name + "': " + why;
-      if (at.line == 0) throw InputError(full + " (in " + field("spec") + ")");
+      if (at.line == 0) throw InputError(full + " (in " + field(options_.specs_field) + ")");
       fail(at, full, len);
     };
     // The spec's own tensor name may be the statement's (w_in[D, F_X]) or absent ([D, F_X]);
@@ -329,7 +330,8 @@ class Binder {
       spec = parse_spec(text.substr(open), graph_.mesh);
     } catch (const InputError& e) {
       // parse_spec's own message names the spec and the rule.
-      if (at.line == 0) throw InputError(e.headline() + " (in " + field("spec") + " for '" + s.name + "')");
+      if (at.line == 0)
+        throw InputError(e.headline() + " (in " + field(options_.specs_field) + " for '" + s.name + "')");
       fail(at, e.headline(), len);
     }
     spec.tensor = s.name;

@@ -161,8 +161,10 @@ TEST(SolveCli, BadInputIsOneMessageAndExitTwo) {
       {{mlp, "--mem-limit", "lots"}, "--mem-limit"},
       {{mlp, "--mem-limit", "1MiB"}, "no sharding of the program fits in --mem-limit 1 MiB per device"},
       {{mlp, "--pin", "w_in"}, "--pin 'w_in': expected NAME=SPEC"},
-      {{mlp, "--pin", "w=[D]"}, "the program has no tensor 'w'"},
+      {{mlp, "--pin", "w=[D]"}, "spec for 'w' in --pin: the program has no tensor 'w'"},
       {{mlp, "--pin", "w_in=w_in[D_Y, F]"}, "unknown mesh axis 'Y'"},
+      {{mlp, "--pin", "w_in=w_in[D_X, F_X]"}, "(in --pin for 'w_in')"},
+      {{mlp, "--pin", "w_in=w_in[F, D]"}, "are not the tensor's [D, F] in order (in --pin)"},
       {{mlp, "--top", "0"}, "--top"},
       {{mlp, "--time-limit", "-1"}, "--time-limit -1: the search's time limit"},
       // Three axes: searched by neighbourhoods, none of which is solved in a millisecond.

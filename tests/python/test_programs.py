@@ -219,6 +219,8 @@ def flags_spelled(message, fields):
      [("mem_limit 1 MiB", "--mem-limit 1 MiB")]),
     (lambda: shardmm.solve(MLP_FREE, mem_limit="lots"), ["solve", MLP_FREE, "--mem-limit", "lots"],
      [("bad mem_limit", "bad --mem-limit")]),
+    (lambda: shardmm.solve(MLP_FREE, pins={"zz": "zz[A]"}), ["solve", MLP_FREE, "--pin", "zz=zz[A]"],
+     [("in pin", "in --pin")]),
     (lambda: shardmm.solve(MLP_FREE, top=0), ["solve", MLP_FREE, "--top", "0"], [("top", "--top")]),
     (lambda: shardmm.solve(MLP_FREE, time_limit=-1), ["solve", MLP_FREE, "--time-limit", "-1"],
      [("time_limit -1", "--time-limit -1"), ("e.g. time_limit", "e.g. --time-limit")]),

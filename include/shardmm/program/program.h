@@ -169,6 +169,7 @@ struct BindOptions {
   std::optional<DimSizes> dims;              // overrides (entry by entry) the file's `dims`
   std::map<std::string, std::string> specs;  // NAME -> spec text, overriding the file's pins; a
                                              // repeat's tensor by its written name pins every copy
+  std::string specs_field = "spec";          // the field `specs` came in, as messages name it
 };
 
 // Unrolls, sizes and checks the program: every letter sized, every operand defined
