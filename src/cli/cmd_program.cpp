@@ -272,6 +272,7 @@ void print_program_report(std::ostream& out, const ProgramRequest& request, cons
       out << "  " << pad(autodiff::to_string(phase)) << "measured " << format_time(measured(phase))
           << " on device 0 vs " << format_time(t.comm + t.compute()) << " predicted\n";
     }
+    out << prediction_profile_note(p);
   }
 }
 

@@ -205,11 +205,13 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
         << ").\n";
   if (run) {
     const Verification& v = run->verification;
-    out << "\nRun (" << f.backend << ", " << g.mesh.device_count() << " ranks): " << (v.verified ? "verified" : "WRONG")
+    out << "\nRun (" << f.backend << ", " << g.mesh.device_count()
+        << (g.mesh.device_count() == 1 ? " rank): " : " ranks): ") << (v.verified ? "verified" : "WRONG")
         << " against the dense f64 step of the program (max abs error " << format_error(v.max_abs_error)
         << ", tolerance " << format_error(v.tolerance) << ")\n";
     out << "  measured " << format_time(serialized_measured(run->events)) << " on device 0 vs "
-        << format_time(serialized(pred.events)) << " predicted\n";
+        << format_time(serialized(pred.events)) << " predicted\n"
+        << prediction_profile_note(p);
   }
 }
 

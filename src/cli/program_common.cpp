@@ -79,6 +79,12 @@ EventTimes event_times(const std::vector<autodiff::TapeEvent>& events) {
   return t;
 }
 
+std::string prediction_profile_note(const Planning& p) {
+  if (p.hw_source != "built-in") return "";
+  return "  (predicted on the built-in " + p.options.hw.name +
+         " profile, not this machine: `shardmm calibrate` measures this one, which then becomes the default)\n";
+}
+
 std::string event_times_text(const EventTimes& t) {
   return "communication " + format_time(t.comm) + " + einsum " + format_time(t.einsum) + " + local " +
          format_time(t.local);
