@@ -55,14 +55,19 @@ struct Candidate {
   std::vector<double> function_predicted, function_measured;
 };
 
-// The optimum first, then each distinct sharding of the named strategies that apply.
-std::vector<Candidate> candidates(const program::Graph& g, const program::Graph& small, const solve::SolveResult& r) {
+// The optimum first, then each distinct step of the named strategies that apply: a named
+// strategy whose regathered params gather nothing again runs the optimum's step when its specs
+// are the optimum's (fsdp beside pinned Megatron weights), and is the optimum's row.
+std::vector<Candidate> candidates(const program::Graph& g, const program::Graph& small, const solve::SolveResult& r,
+                                  const nn::ProgramOptions& options) {
   std::vector<Candidate> out;
   std::map<std::string, std::size_t> by_layout;  // the pinned program's text -> row
   const auto add = [&](const std::string& name, const solve::SolveOutcome& o) {
     if (o.best.empty()) return;
     const std::vector<Spec> specs = solve::specs_of(r.choices, o.best);
-    const std::vector<char> regathered = solve::regathered_of(r.choices, o.best);
+    const std::vector<char> regathered = solve::regathering_that_gathers(
+        g, r.choices, solve::regathered_of(r.choices, o.best),
+        nn::predict_program(solve::pinned_graph(g, specs, solve::regathered_of(r.choices, o.best)), options).events);
     std::string layout;
     for (std::size_t t = 0; t < specs.size(); ++t)
       layout += format_spec(specs[t], g.mesh) + (regathered[t] ? "r" : "") + ";";
@@ -179,7 +184,7 @@ int main(int argc, char** argv) {
     solve::SolveOptions solve_options;
     solve_options.program = options;
     const solve::SolveResult r = solve::solve_program(g, solve_options);
-    std::vector<Candidate> rows = candidates(g, small, r);
+    std::vector<Candidate> rows = candidates(g, small, r, options);
 
     bool verified = true;  // device 0's verdict (every rank gets the same one)
     run_backend(backend, g.mesh, [&](Communicator& comm) {

@@ -691,6 +691,21 @@ std::vector<char> regathered_of(const ProgramChoices& c, const Assignment& a) {
   return out;
 }
 
+std::vector<char> regathering_that_gathers(const Graph& g, const ProgramChoices& c, std::vector<char> regathered,
+                                           const std::vector<autodiff::TapeEvent>& events) {
+  // By variable: a repeat's copies keep or drop the flag together.
+  std::vector<char> gathers_again(c.values.size(), 0);
+  for (const autodiff::TapeEvent& e : events) {
+    if (e.phase != autodiff::Phase::backward || e.step.op != shardmm::OpKind::all_gather) continue;
+    const int t = g.find(e.step.tensor);
+    if (t >= 0) gathers_again[static_cast<std::size_t>(c.var_of_tensor[static_cast<std::size_t>(t)])] = 1;
+  }
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    if (!g.tensors[t].regathered && !gathers_again[static_cast<std::size_t>(c.var_of_tensor[t])]) regathered[t] = 0;
+  }
+  return regathered;
+}
+
 ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits,
                              const Neighbourhood* neighbourhood) {
   ProgramChoices c;

@@ -519,17 +519,8 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   r.specs = specs_of(c, r.outcome.best);
   r.regathered = regathered_of(c, r.outcome.best);
   r.prediction = nn::predict_program(pinned_graph(g, r.specs, r.regathered), options.program);
-  // Where the answer's regathered param gathers nothing again (its kept twin tied), it is
-  // reported kept: the same step, and a file that says only what matters.
-  std::vector<char> gathers_again(c.values.size(), 0);
-  for (const autodiff::TapeEvent& e : r.prediction.events) {
-    if (e.phase != autodiff::Phase::backward || e.step.op != OpKind::all_gather) continue;
-    const int t = g.find(e.step.tensor);
-    if (t >= 0) gathers_again[static_cast<std::size_t>(c.var_of_tensor[static_cast<std::size_t>(t)])] = 1;
-  }
-  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-    if (!g.tensors[t].regathered && !gathers_again[static_cast<std::size_t>(c.var_of_tensor[t])]) r.regathered[t] = 0;
-  }
+  // Reported kept where it gathers nothing again: the same step, and a file that says only what matters.
+  r.regathered = regathering_that_gathers(g, c, std::move(r.regathered), r.prediction.events);
 
   if (r.outcome.method == "dynamic programming" || searched) {
     // Each part of the K-best search is solved as fast as the optimum was (in a search: its

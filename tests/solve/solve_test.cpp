@@ -697,6 +697,34 @@ TEST(Solve, FindsFsdpWithItsRegatherWhenTheWeightsDoNotFit) {
   }
 }
 
+// A regathered flag is kept where the step gathers the param again in backward (FSDP), and
+// cleared where nothing is gathered (Megatron's split weights: the kept twin's very step).
+TEST(Solve, RegatheringThatGathersKeepsOnlyTheParamsGatheredAgain) {
+  const program::Graph g = graph(
+      "mesh X=2\ndims B=8, D=16, F=32\ninput x[B, D]\nparam w_in[D, F]\nparam w_out[F, D]\n"
+      "u[B, F] = x @ w_in\ny[B, D] = relu(u) @ w_out\nloss sum(y)\n");
+  const ProgramChoices c = build_choices(g, bf16(), {});
+  const auto at = [&](const char* name) { return static_cast<std::size_t>(g.find(name)); };
+  // Both weights regathered, the leaves in these specs, the rest as their ops give them.
+  const auto kept = [&](const char* x, const char* w_in, const char* w_out) {
+    std::vector<Spec> specs;
+    for (const program::Tensor& t : g.tensors) specs.push_back(program::replicated_spec(t));
+    specs[at("x")] = parse_spec(x, g.mesh);
+    specs[at("w_in")] = parse_spec(w_in, g.mesh);
+    specs[at("w_out")] = parse_spec(w_out, g.mesh);
+    program::Graph pinned = pinned_graph(g, specs);
+    for (const char* computed : {"u", "y"}) pinned.tensors[at(computed)].pinned.reset();
+    for (const char* w : {"w_in", "w_out"}) pinned.tensors[at(w)].regathered = true;
+    std::vector<char> regathered(g.tensors.size(), 0);
+    regathered[at("w_in")] = regathered[at("w_out")] = 1;
+    const nn::ProgramPrediction step = nn::predict_program(pinned, bf16());
+    const std::vector<char> out = regathering_that_gathers(g, c, regathered, step.events);
+    return std::pair{out[at("w_in")], out[at("w_out")]};
+  };
+  EXPECT_EQ(kept("x[B, D]", "w_in[D, F_X]", "w_out[F_X, D]"), (std::pair<char, char>(0, 0)));
+  EXPECT_EQ(kept("x[B_X, D]", "w_in[D_X, F]", "w_out[F_X, D]").first, 1);
+}
+
 // A large batch, small weights and memory to spare: data parallelism. Each device runs its
 // share of the batch and only the weights move, as many bytes as the weights' all_reduce
 // (the optimum may keep a weight split at rest and gather it, which moves the same bytes);

@@ -167,6 +167,12 @@ double compute_bound(const program::Graph& g, const nn::ProgramOptions& options)
 std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a);
 // The graph's params an assignment regathers (by graph tensor: 1 or 0).
 std::vector<char> regathered_of(const ProgramChoices& c, const Assignment& a);
+// `regathered` without the params the step never gathers again in backward (`events`: the
+// step's, in those specs and flags), but for those the file says regather: a regathered value
+// that tied its kept twin (nothing to gather again) is the same step as the kept one.
+std::vector<char> regathering_that_gathers(const program::Graph& g, const ProgramChoices& c,
+                                           std::vector<char> regathered,
+                                           const std::vector<autodiff::TapeEvent>& events);
 
 // `g` with every tensor pinned to `specs` except the nested expressions (a program file
 // cannot pin them; their ops' rules give them the same layouts again).
