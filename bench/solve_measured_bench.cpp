@@ -101,7 +101,8 @@ constexpr const char* kUsage =
     "measured median with its lowest and highest, measured/predicted, and measured against the fastest\n"
     "named strategy's median (--json: one JSON document). --function NAME (gelu, layer_norm, ...) adds\n"
     "that local function's steps on device 0, forward and backward: predicted and measured per step\n"
-    "(medians). Under mpirun give --backend mpi with as many ranks as devices.\n"
+    "(medians); a step kind (einsum, all_gather, reduce_scatter, all_reduce, ...) adds its steps. Under mpirun give "
+    "--backend mpi with as many ranks as devices.\n"
     "Exit 2 on a bad flag or program, 3 on a wrong result.\n";
 
 // The span of a rank's executed step: from its first op's start to its last op's end.
@@ -117,11 +118,13 @@ double step_span(const autodiff::Tape& tape) {
   return last - first;
 }
 
-// The predicted and measured seconds of the executed local steps of `function` on this rank.
+// The predicted and measured seconds of the executed steps on this rank that are local steps of
+// `function`, or steps of that kind (einsum, all_gather, ...).
 std::pair<double, double> function_time(const autodiff::Tape& tape, const std::string& function) {
   double predicted = 0, measured = 0;
   for (const autodiff::TapeEvent& e : tape.events()) {
-    if (!e.executed || e.step.op != OpKind::local || e.step.function != function) continue;
+    const bool named = e.step.op == OpKind::local ? e.step.function == function : to_string(e.step.op) == function;
+    if (!e.executed || !named) continue;
     predicted += e.step.time_s;
     measured += e.measured.end_s - e.measured.start_s;
   }
@@ -158,7 +161,14 @@ int main(int argc, char** argv) {
         known += known.empty() ? "" : ", ";
         known += f.name;
       }
-      throw InputError("--function " + function + " is no local function; the tape's are " + known);
+      std::string kinds;
+      for (int k = 0; k <= static_cast<int>(OpKind::local); ++k) {
+        if (static_cast<OpKind>(k) == OpKind::local) continue;
+        if (to_string(static_cast<OpKind>(k)) == function) return;
+        kinds += std::string(kinds.empty() ? "" : ", ") + to_string(static_cast<OpKind>(k));
+      }
+      throw InputError("--function " + function + " is no local function nor step kind; the tape's functions are " +
+                       known + "; the step kinds " + kinds);
     }
   });
   if (stop) return *stop;
