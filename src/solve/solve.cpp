@@ -439,6 +439,11 @@ double compute_bound(const Graph& g, const nn::ProgramOptions& options) {
 }
 
 SolveResult solve_program(const Graph& g, const SolveOptions& options) {
+  // A profile without the dtype's peak rate fails every einsum's costing, which the build takes
+  // for specs the op cannot hold ("no sharding fits"): its own message instead.
+  if (std::any_of(g.ops.begin(), g.ops.end(),
+                  [](const program::GraphOp& op) { return op.op.kind == program::OpKind::einsum; }))
+    options.program.hw.flops_for(options.program.dtype);
   const auto deadline =
       Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.seconds));
   // --time-limit bounds the whole solve: each integer program gets what is left of it (CBC

@@ -179,6 +179,7 @@ TEST(SolveCli, BadInputIsOneMessageAndExitTwo) {
       {{mlp, "--train", "--infer"}, "--train and --infer exclude each other"},
       {{mlp, "--optimizer", "lion"}, "unknown optimizer 'lion'"},
       {{mlp, "--run", "--dtype", "bf16"}, "--run computes in f32 or f64, not bf16"},
+      {{mlp, "--hw", "tpu-v5e", "--dtype", "f64"}, "profile 'tpu-v5e' has no peak FLOP/s for f64"},
       {{mlp, "--run"}, "give smaller --dims with --run"},
       {{mlp, "--emit", "/nonexistent/dir/x.prog"}, "--emit '/nonexistent/dir/x.prog'"},
   };
