@@ -65,9 +65,9 @@ std::vector<Candidate> candidates(const program::Graph& g, const program::Graph&
   const auto add = [&](const std::string& name, const solve::SolveOutcome& o) {
     if (o.best.empty()) return;
     const std::vector<Spec> specs = solve::specs_of(r.choices, o.best);
+    const std::vector<char> chosen = solve::regathered_of(r.choices, o.best);
     const std::vector<char> regathered = solve::regathering_that_gathers(
-        g, r.choices, solve::regathered_of(r.choices, o.best),
-        nn::predict_program(solve::pinned_graph(g, specs, solve::regathered_of(r.choices, o.best)), options).events);
+        g, r.choices, chosen, nn::predict_program(solve::pinned_graph(g, specs, chosen), options).events);
     std::string layout;
     for (std::size_t t = 0; t < specs.size(); ++t)
       layout += format_spec(specs[t], g.mesh) + (regathered[t] ? "r" : "") + ";";
@@ -101,8 +101,8 @@ constexpr const char* kUsage =
     "measured median with its lowest and highest, measured/predicted, and measured against the fastest\n"
     "named strategy's median (--json: one JSON document). --function NAME (gelu, layer_norm, ...) adds\n"
     "that local function's steps on device 0, forward and backward: predicted and measured per step\n"
-    "(medians); a step kind (einsum, all_gather, reduce_scatter, all_reduce, ...) adds its steps. Under mpirun give "
-    "--backend mpi with as many ranks as devices.\n"
+    "(medians); a step kind (einsum, all_gather, reduce_scatter, all_reduce, ...) adds its steps.\n"
+    "Under mpirun give --backend mpi with as many ranks as devices.\n"
     "Exit 2 on a bad flag or program, 3 on a wrong result.\n";
 
 // The span of a rank's executed step: from its first op's start to its last op's end.

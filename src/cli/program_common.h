@@ -114,11 +114,11 @@ struct EventTimes {
 };
 EventTimes event_times(const std::vector<autodiff::TapeEvent>& events);
 // "communication 1.20 ms + einsum 3.40 ms + local 512 µs"
+std::string event_times_text(const EventTimes& t);
+
 // For a run's measured times beside the predicted ones: where the prediction is for a built-in
 // profile (a GPU or TPU, not this machine), a line that says so; else nothing.
 std::string prediction_profile_note(const Planning& p);
-
-std::string event_times_text(const EventTimes& t);
 
 // The step's collectives per phase, as a table (text) and as rows (JSON).
 void print_collectives(std::ostream& out, const Mesh& mesh, const std::vector<autodiff::TapeEvent>& events);

@@ -25,7 +25,6 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <memory>
 #include <string>
 
 #include "shardmm/core/error.h"
@@ -119,20 +118,19 @@ class Deadline : public ClpEventHandler {
 SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
   const auto start = std::chrono::steady_clock::now();
   IntegerProgram lp;
-  const auto column = [&](double lb, double ub, double obj, bool integer) { return lp.column(lb, ub, obj, integer); };
   // The timeline's rows only where memory is constrained or minimized: they cost CBC time, and
   // without them ties between equally fast shardings go to the memory held at once.
   const bool peak_rows = !p.points.empty() && (limits.memory_limit || limits.minimize_memory);
   std::vector<std::vector<int>> x(p.domain.size());
   for (std::size_t v = 0; v < p.domain.size(); ++v) {
-    for (int d = 0; d < p.domain[v]; ++d) x[v].push_back(column(0, 1, 0, true));
+    for (int d = 0; d < p.domain[v]; ++d) x[v].push_back(lp.column(0, 1, 0, true));
   }
   std::vector<std::vector<int>> y(p.factors.size());
   for (std::size_t f = 0; f < p.factors.size(); ++f) {
     for (const FactorEntry& e : p.factors[f].entries) {
       const double memory = peak_rows ? 0.0 : static_cast<double>(e.memory);  // else P has it
       const double cost = limits.minimize_memory ? memory : (e.time + kSecondsPerByteTieBreak * memory) * kScale;
-      y[f].push_back(column(0, 1, cost, true));
+      y[f].push_back(lp.column(0, 1, cost, true));
     }
   }
   std::vector<std::vector<int>> w(p.shared.size());
@@ -145,7 +143,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       // tiny costs (1e-11 against times of 1e3), CBC's preprocessing and cuts cut off the optimum
       // of some problems (Solvers.AgreeWithExhaustiveSearchOnRandomProblems at 10x, trial 2575:
       // 1,456 us "optimal" where 1,311 us fits).
-      w[s].push_back(column(0, 1, limits.minimize_memory ? memory : kSecondsPerByteTieBreak * memory * kScale, true));
+      w[s].push_back(
+          lp.column(0, 1, limits.minimize_memory ? memory : kSecondsPerByteTieBreak * memory * kScale, true));
     }
   }
 
@@ -203,7 +202,7 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
                       [i](const FactorEntry& e) { return e.figures[static_cast<std::size_t>(i)] == 0; })) {
         return -1;
       }
-      it->second = column(0, kUnbounded, 0, false);
+      it->second = lp.column(0, kUnbounded, 0, false);
       std::vector<int> c = {it->second};
       std::vector<double> k = {-1.0};
       const auto& entries = p.factors[static_cast<std::size_t>(f)].entries;
@@ -255,8 +254,8 @@ SolveOutcome mip(const ChoiceProblem& p, const SolveLimits& limits) {
       }
       most_peak = std::max(most_peak, most);
     }
-    const int peak = column(0, limits.memory_limit ? static_cast<double>(*limits.memory_limit) : kUnbounded,
-                            limits.minimize_memory ? 1.0 : kSecondsPerByteTieBreak * kScale, false);
+    const int peak = lp.column(0, limits.memory_limit ? static_cast<double>(*limits.memory_limit) : kUnbounded,
+                               limits.minimize_memory ? 1.0 : kSecondsPerByteTieBreak * kScale, false);
     for (const SparseRow& r : peak_candidates(std::move(points))) {
       cols = {peak};
       coefs = {-1.0};

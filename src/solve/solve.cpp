@@ -524,7 +524,8 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   r.specs = specs_of(c, r.outcome.best);
   r.regathered = regathered_of(c, r.outcome.best);
   r.prediction = nn::predict_program(pinned_graph(g, r.specs, r.regathered), options.program);
-  // Reported kept where it gathers nothing again: the same step, and a file that says only what matters.
+  // Reported kept where it gathers nothing again: the same step, and a file that says only what
+  // matters.
   r.regathered = regathering_that_gathers(g, c, std::move(r.regathered), r.prediction.events);
 
   if (r.outcome.method == "dynamic programming" || searched) {
