@@ -360,6 +360,7 @@ SolveReport evaluate_solve(const SolveRequest& request) {
   o.seconds = request.seconds;
   o.search = search->second;
   o.progress = request.progress;
+  o.leave_caches_to_exit = request.leave_caches_to_exit;
   solve::SolveResult r = solve::solve_program(b.graph, o);
   std::optional<nn::ProgramRun> run;
   if (in.run) {
@@ -444,6 +445,7 @@ Command add_solve_command(CLI::App& root) {
             const SolveRequest& f = *flags;
             if (f.emit) check_writable_file(*f.emit, "--emit '" + *f.emit + "'");
             SolveRequest request = f;
+            request.leave_caches_to_exit = true;
             ProgressLine progress(1.0, /*terminal_only=*/true);
             if (process_rank(f.input.backend) == 0) {
               request.progress = [&progress](const solve::BuildProgress& p) {

@@ -77,6 +77,7 @@ struct SolveRequest {
   double seconds = 60;  // building the problem's time limit, and each integer program's
   std::string search = "auto";  // auto, whole or neighbourhoods (solve::SolveOptions::Search)
   std::function<void(const solve::BuildProgress&)> progress;  // building the problem (may be empty)
+  bool leave_caches_to_exit = false;                          // the command's process ends next (solve::BuildLimits)
 };
 
 inline constexpr int kMaxTop = 100;

@@ -21,6 +21,7 @@
 #include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 
 #include "shardmm/autodiff/tape.h"
 #include "shardmm/core/error.h"
@@ -446,6 +447,17 @@ class OpRecorder {
   mutable std::unordered_map<std::string, std::vector<std::shared_ptr<const OpCost>>> memo_;
   mutable std::int64_t recordings_ = 0;
 };
+
+// A recorder kept, never freed, until the process ends (BuildLimits::leave_caches_to_exit): the
+// latest one left; the one before it is freed here. Reachable from a static, so a leak checker
+// does not report it.
+void leave_to_exit(std::unique_ptr<OpRecorder> recorder) {
+  static std::mutex mutex;
+  static auto* const kept = new std::unique_ptr<OpRecorder>();
+  std::unique_ptr<OpRecorder> previous;
+  const std::lock_guard<std::mutex> lock(mutex);
+  previous = std::exchange(*kept, std::move(recorder));
+}
 
 // One combination of an op's specs to record: its jobs (one per layout of the result's
 // gradient) share one forward pass.
@@ -873,7 +885,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   std::vector<std::vector<char>> regather_matters(c.values.size());
   for (std::size_t v = 0; v < c.values.size(); ++v) regather_matters[v].assign(c.values[v].size(), 0);
 
-  OpRecorder recorder(g, options);
+  auto recorder_owned = std::make_unique<OpRecorder>(g, options);
+  OpRecorder& recorder = *recorder_owned;
   BuildClock clock(limits);
   // Fill the factors in program order until no derived variable gains a value (a repeat's
   // later iterations can feed values back to an earlier factor's operands).
@@ -1222,6 +1235,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   for (std::size_t k = 0; k < g.ops.size(); ++k) factor_of[k] = factor_index.at(factor_of_op[k]);
   add_timeline(c, g, options, factor_of, shared_of_var, reduce_factors);
   c.evaluations = recorder.recordings();
+  if (limits.leave_caches_to_exit) leave_to_exit(std::move(recorder_owned));
   return c;
 }
 

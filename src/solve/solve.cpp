@@ -175,6 +175,14 @@ Kept named_keep(const Graph& g, const ProgramChoices& c, const std::vector<std::
   return keep;
 }
 
+BuildLimits build_limits(const SolveOptions& options, double seconds) {
+  BuildLimits limits;
+  limits.seconds = seconds;
+  limits.progress = options.progress;
+  limits.leave_caches_to_exit = options.leave_caches_to_exit;
+  return limits;
+}
+
 void sort_named(std::vector<NamedStrategy>& named) {
   std::stable_sort(named.begin(), named.end(), [](const NamedStrategy& a, const NamedStrategy& b) {
     const bool fa = !a.outcome.best.empty(), fb = !b.outcome.best.empty();
@@ -304,7 +312,7 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
     const Neighbourhood n{around, sets[i], partials, allows};
     ProgramChoices c;
     try {
-      c = build_choices(g, options.program, {left, options.progress}, &n);
+      c = build_choices(g, options.program, build_limits(options, left), &n);
     } catch (const SearchTooLarge&) {
       return out;  // the time limit: the best so far (nothing, if this was the first)
     } catch (const InputError&) {
@@ -461,7 +469,7 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   if (whole) {
     try {
       r.choices =
-          build_choices(g, options.program, {fall_back ? options.seconds / 4 : options.seconds, options.progress});
+          build_choices(g, options.program, build_limits(options, fall_back ? options.seconds / 4 : options.seconds));
     } catch (const SearchTooLarge&) {
       if (!fall_back) throw;
       whole = false;

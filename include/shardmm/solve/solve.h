@@ -71,6 +71,11 @@ struct BuildLimits {
   // At most this many recordings wait at once (an op's next combinations of specs): a mesh
   // of three or four axes gives an einsum millions. The problem does not depend on it.
   std::size_t batch = std::size_t{1} << 16;
+  // Leave what the build remembered (the ops' recordings, the tapes' plans, the planner's memo:
+  // some 10^6 small allocations, a tenth of a second or more to free) to the process's end
+  // instead of freeing it on return: for a command that exits right after, as compilers do.
+  // Only the latest build's are left (an earlier one's are freed when the next returns).
+  bool leave_caches_to_exit = false;
 };
 // The build's search is too large for its time limit (BuildLimits::seconds).
 class SearchTooLarge : public InputError {
@@ -121,6 +126,7 @@ struct SolveOptions {
   bool named = true;    // cost the named strategies
   double seconds = 60;  // building the problem's time limit, and each integer program's
   std::function<void(const BuildProgress&)> progress;  // building the problem (may be empty)
+  bool leave_caches_to_exit = false;                   // BuildLimits::leave_caches_to_exit
   // automatic: the whole space on up to two axes; past two, the whole space if it can be built
   // in a quarter of the time limit, else by neighbourhoods (NeighbourhoodSearch). whole: the
   // whole space (SearchTooLarge when it cannot be built in time). neighbourhoods: always so.
