@@ -509,7 +509,8 @@ class Strategy(_Record):
     search's), 'infeasible'), ``method``, ``time_s`` (its objective), ``memory_bytes`` (the
     step's peak per device), ``lower_bound_s`` (proven: no sharding in its space is faster; a
     search's, the compute bound) and ``specs`` {tensor: spec} of the tensors it chose; a
-    named strategy has its ``name`` too."""
+    named strategy has its ``name`` too, and ``why_not`` ('infeasible': why it found
+    nothing; else None)."""
 
     def __repr__(self):
         name = f"{self._doc['name']}: " if "name" in self._doc else ""
@@ -829,6 +830,8 @@ def solve(source=None, mesh=None, dims=None, pins=None, mem_limit=None, train=No
     ('optimal', 'w_in[D, F_X]', 'w_out[F_X, D]')
     >>> [(n.name, n.status) for n in s.named_strategies]  # x pinned replicated: no data parallelism
     [('tp(X)', 'optimal'), ('dp(X)', 'infeasible'), ('fsdp(X)', 'infeasible'), ('sp(X)', 'infeasible')]
+    >>> s.named_strategies[1].why_not
+    "contradicts x's pin x[B, T, D] (dp on X)"
     >>> print(s.pinned_program().splitlines()[4])
     param w_out[F, D] : w_out[F_X, D]
 

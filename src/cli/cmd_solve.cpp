@@ -161,8 +161,7 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
     for (const solve::NamedStrategy& s : r.named) {
       if (s.outcome.best.empty()) {
         table.add({s.name, "-", "-",
-                   s.outcome.status == solve::SolveStatus::infeasible ? "does not apply or fit"
-                                                                      : "not found within --time-limit"});
+                   s.outcome.status == solve::SolveStatus::infeasible ? s.why_not : "not found within --time-limit"});
         continue;
       }
       table.add({s.name, format_time(s.outcome.value.time), format_bytes(static_cast<double>(s.outcome.value.memory)),
@@ -297,6 +296,7 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
   for (const solve::NamedStrategy& s : r.named) {
     Json row = outcome_json(c, g, s.outcome, s.specs);
     row["name"] = s.name;
+    row["why_not"] = s.why_not.empty() ? Json(nullptr) : Json(s.why_not);
     named.push_back(row);
   }
   doc["named_strategies"] = named;

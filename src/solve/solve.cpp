@@ -155,6 +155,35 @@ std::string named_text(const Graph& g, const std::vector<std::string>& roles) {
   return name;
 }
 
+// Why a named strategy found no sharding (NamedStrategy::why_not): a pinned leaf its roles do
+// not allow, a leaf none of whose specs (`keep`, where the whole space was built) they allow,
+// or, failing those, the memory limit or some op's specs.
+std::string why_none(const Graph& g, const std::vector<std::string>& roles, const SolveLimits& limits,
+                     const ProgramChoices* c = nullptr, const Kept* keep = nullptr) {
+  const Letters letters = named_roles(g).first;
+  for (int i : g.leaves()) {
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(i)];
+    if (!t.pinned) continue;
+    for (int a = 0; a < g.mesh.rank(); ++a) {
+      const std::string& role = roles[static_cast<std::size_t>(a)];
+      if (!leaf_allows(t, *t.pinned, a, role, letters))
+        return "contradicts " + t.source_name + "'s pin " + format_spec(*t.pinned, g.mesh) + " (" + role + " on " +
+               g.mesh.axis(a).name + ")";
+    }
+  }
+  for (std::size_t v = 0; c && keep && v < keep->size(); ++v) {
+    const auto& allowed = (*keep)[v];
+    const program::Tensor& t = g.tensors[static_cast<std::size_t>(c->tensor_of_var[v])];
+    if (t.role != Role::computed && std::none_of(allowed.begin(), allowed.end(), [](char k) { return k != 0; })) {
+      std::string shape;
+      for (std::int64_t n : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
+      return "fits no spec of " + format_spec(program::replicated_spec(t), g.mesh) + " (shape [" + shape + "])";
+    }
+  }
+  if (limits.memory_limit) return "nothing fits the memory limit";
+  return "leaves some op no specs it can hold";
+}
+
 // The values of `c` a named strategy's roles allow (its leaves' specs).
 Kept named_keep(const Graph& g, const ProgramChoices& c, const std::vector<std::string>& roles) {
   const Letters letters = named_roles(g).first;
@@ -197,8 +226,10 @@ std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices
   std::vector<NamedStrategy> out;
   for (const std::vector<std::string>& roles : named_plans(g)) {
     limits.seconds = seconds_left();
-    NamedStrategy s{named_text(g, roles), best_of(restricted(c.problem, named_keep(g, c, roles)), limits), {}};
+    const Kept keep = named_keep(g, c, roles);
+    NamedStrategy s{named_text(g, roles), best_of(restricted(c.problem, keep), limits), {}, {}};
     if (!s.outcome.best.empty()) s.specs = specs_of(c, s.outcome.best);
+    if (s.outcome.status == SolveStatus::infeasible) s.why_not = why_none(g, roles, limits, &c, &keep);
     out.push_back(std::move(s));
   }
   sort_named(out);
@@ -369,10 +400,11 @@ Found solve_by_neighbourhoods(const Graph& g, const SolveOptions& options, const
   if (options.named) {
     for (const std::vector<std::string>& roles : named_plans(g)) {
       Searched s = search_neighbourhoods(g, options, limits, named_start(g, roles), {}, 1, &roles, deadline, tally);
-      NamedStrategy named{named_text(g, roles), s.best.outcome, {}};
+      NamedStrategy named{named_text(g, roles), s.best.outcome, {}, {}};
       if (!s.best.fits) {
         named.outcome = {};
         named.outcome.status = s.converged ? SolveStatus::infeasible : SolveStatus::unknown;
+        if (s.converged) named.why_not = why_none(g, roles, limits);
       } else {
         named.outcome.status = s.converged ? SolveStatus::local : SolveStatus::feasible;
         named.outcome.method = "neighbourhood search";

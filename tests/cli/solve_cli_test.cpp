@@ -46,6 +46,32 @@ TEST(SolveCli, FindsMegatronAndSaysItIsOptimal) {
   }
 }
 
+// A named strategy that finds nothing says why: a pin its roles contradict, a leaf none of whose
+// specs they allow, or the memory limit; the JSON's why_not is the same phrase, null for one found.
+TEST(SolveCli, NamedStrategiesThatFindNothingSayWhy) {
+  const Result pinned = cli({"solve", example("mlp_free.prog"), "--pin", "x=x[B, T_X, D]"});
+  ASSERT_EQ(pinned.status, 0) << pinned.err;
+  EXPECT_THAT(pinned.out, HasSubstr("dp(X)           -        -  contradicts x's pin x[B, T_X, D] (dp on X)\n"));
+  EXPECT_THAT(pinned.out, HasSubstr("tp(X)           -        -  contradicts x's pin x[B, T_X, D] (tp on X)\n"));
+  // B=4 cannot be split eight ways (nor T=1): only tp applies.
+  const json small = json::parse(
+      cli({"solve", example("mlp_free.prog"), "--mesh", "X=8", "--dims", "B=4,T=1,D=64,F=64", "--json"}).out);
+  for (const json& s : small["named_strategies"]) {
+    if (s["name"] == "tp(X)") {
+      EXPECT_EQ(s["status"], "optimal");
+      EXPECT_TRUE(s["why_not"].is_null());
+    } else {
+      EXPECT_EQ(s["status"], "infeasible") << s["name"];
+      EXPECT_EQ(s["why_not"], "fits no spec of x[B, T, D] (shape [4, 1, 64])") << s["name"];
+    }
+  }
+  // dp and tp keep every weight whole (800 and 864 MiB at these sizes).
+  const Result limited = cli({"solve", example("mlp_free.prog"), "--mem-limit", "700MiB"});
+  ASSERT_EQ(limited.status, 0) << limited.err;
+  EXPECT_THAT(limited.out, HasSubstr("dp(X)           -        -  nothing fits the memory limit\n"));
+  EXPECT_THAT(limited.out, HasSubstr("tp(X)           -        -  nothing fits the memory limit\n"));
+}
+
 TEST(SolveCli, EmitWritesAProgramThatCostsTheSame) {
   const fs::path file = fs::temp_directory_path() / ("shardmm_solved_" + std::to_string(::getpid()) + ".prog");
   // At these sizes a replicated step is fastest and needs 5.5 MiB: the limit binds.

@@ -108,6 +108,9 @@ struct NamedStrategy {
   std::string name;      // "dp(X)+tp(Y)"
   SolveOutcome outcome;  // infeasible when the roles do not apply to the program
   std::vector<Spec> specs;  // by graph tensor, when found
+  // Infeasible: why, as a phrase ("contradicts x's pin x[B, T_X, D] (dp on X)", "fits no
+  // spec of x[B, T, D] (shape [4, 8, 16])", "nothing fits the memory limit").
+  std::string why_not;
 };
 
 struct Alternative {  // --explain: a tensor's runner-up
