@@ -32,9 +32,14 @@ std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
-    const auto idle = std::find_if(idle_.begin(), idle_.end(), [&](const auto& m) { return m.first == dtype; });
+    // The memo this thread gave back last, if idle: threads given runs of related contractions
+    // then find what they planned before (each memo learns its own thread's).
+    const auto ours = [&](const IdleMemo& m) { return m.dtype == dtype && m.thread == std::this_thread::get_id(); };
+    auto idle = std::find_if(idle_.begin(), idle_.end(), ours);
+    if (idle == idle_.end())
+      idle = std::find_if(idle_.begin(), idle_.end(), [&](const IdleMemo& m) { return m.dtype == dtype; });
     if (idle != idle_.end()) {
-      memo = std::move(idle->second);
+      memo = std::move(idle->memo);
       idle_.erase(idle);
     }
   }
@@ -46,7 +51,7 @@ std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
     std::unique_ptr<PlannerMemo>& memo;
     ~GiveBack() {
       const std::lock_guard<std::mutex> lock(cache.mutex_);
-      cache.idle_.emplace_back(dtype, std::move(memo));
+      cache.idle_.push_back({dtype, std::this_thread::get_id(), std::move(memo)});
     }
   } give_back{*this, dtype, memo};
   // Outside the lock: tapes on other threads plan other contractions meanwhile.

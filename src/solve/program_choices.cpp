@@ -489,13 +489,18 @@ void for_each_parallel(std::size_t n, const std::function<void(std::size_t)>& fn
   std::atomic<std::size_t> next{0};
   std::exception_ptr failure;
   std::mutex failure_mutex;
+  // Runs of consecutive indices: neighbouring combinations share operand specs, whose plans
+  // the planner memo of the thread that records them keeps (autodiff::PlanCache).
+  constexpr std::size_t kRun = 64;
   const auto work = [&] {
-    for (std::size_t i; (i = next++) < n;) {
-      try {
-        fn(i);
-      } catch (...) {
-        const std::lock_guard<std::mutex> lock(failure_mutex);
-        if (!failure) failure = std::current_exception();
+    for (std::size_t first; (first = next.fetch_add(kRun)) < n;) {
+      for (std::size_t i = first; i < std::min(n, first + kRun); ++i) {
+        try {
+          fn(i);
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(failure_mutex);
+          if (!failure) failure = std::current_exception();
+        }
       }
     }
   };

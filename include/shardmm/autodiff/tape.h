@@ -49,6 +49,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -180,7 +181,12 @@ class PlanCache {
   // Hashed: the keys are long texts that share long beginnings (a map compares them by bytes).
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_;
   std::unordered_map<Reshard, std::shared_ptr<const Plan>, ReshardHash, ReshardEqual> reshards_;
-  std::vector<std::pair<DType, std::unique_ptr<PlannerMemo>>> idle_;  // memos no thread holds now
+  struct IdleMemo {
+    DType dtype;
+    std::thread::id thread;  // the last to hold it
+    std::unique_ptr<PlannerMemo> memo;
+  };
+  std::vector<IdleMemo> idle_;  // memos no thread holds now
 };
 
 // One point of the memory timeline (Tape::memory_timeline): the bytes one device holds while
