@@ -277,7 +277,7 @@ Var planned_einsum(Var a, Var b, const Spec& out, Gathered keep_a, Gathered keep
     rings.gather[1] = keep_b == Gathered::regathered || !t.node(a).requires_grad;
   }
   std::string key;
-  if (t.options.plans) {
+  if (t.options.plans && t.options.plans->keeps_contractions()) {
     key = format_contraction(c, t.mesh) + " " + to_string(t.plan_options.dtype);
     for (const auto& [letter, size] : sizes) key += " " + letter + "=" + std::to_string(size);
     key += " rings " + std::to_string(rings.scatter) + std::to_string(rings.gather[0]) + std::to_string(rings.gather[1]);

@@ -23,7 +23,7 @@ const char* to_string(Phase phase) {
   return "?";
 }
 
-PlanCache::PlanCache() = default;
+PlanCache::PlanCache(Keep keep) : keep_(keep) {}
 PlanCache::~PlanCache() = default;
 
 std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
@@ -31,7 +31,7 @@ std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
   std::unique_ptr<PlannerMemo> memo;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
+    if (const auto it = plans_.find(key); keeps_contractions() && it != plans_.end()) return it->second;
     // The memo this thread gave back last, if idle: threads given runs of related contractions
     // then find what they planned before (each memo learns its own thread's).
     const auto ours = [&](const IdleMemo& m) { return m.dtype == dtype && m.thread == std::this_thread::get_id(); };
@@ -56,6 +56,7 @@ std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
   } give_back{*this, dtype, memo};
   // Outside the lock: tapes on other threads plan other contractions meanwhile.
   auto made = std::make_shared<const Plan>(make(*memo));
+  if (!keeps_contractions()) return made;
   const std::lock_guard<std::mutex> lock(mutex_);
   return plans_.emplace(key, std::move(made)).first->second;
 }

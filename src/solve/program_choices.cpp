@@ -439,8 +439,9 @@ class OpRecorder {
 
   const Graph& g_;
   const nn::ProgramOptions& options_;
-  // Ops of the same contraction (q, k and v), and the same reshards (backward's), plan once.
-  mutable autodiff::PlanCache plans_;
+  // The same reshards (backward's) plan once; the contractions share the planner's memos but
+  // are not kept (memo_ keeps each combination's recording, which plans its contraction once).
+  mutable autodiff::PlanCache plans_{autodiff::PlanCache::Keep::reshards_and_memos};
   mutable std::mutex memo_mutex_;
   // By signature(), then by the gradient's layout (costs()); hashed: 10^4 keys of a few hundred
   // bytes that differ late (a map compares them byte by byte at every step of its search).

@@ -142,9 +142,16 @@ inline constexpr int kGradientSumBlocks = 5;
 // Thread-safe; one cache serves tapes of one mesh, hardware profile and memory limit.
 class PlanCache {
  public:
-  PlanCache();
+  // Which plans it keeps: the contractions' too, or (for a caller that asks for each
+  // contraction about once: solve's recorder keeps whole recordings) only the reshards and
+  // the planner memos: 28,000 contraction plans nobody asked for again were a third of a
+  // 32-layer solve's memory, and touching it a tenth of its time.
+  enum class Keep { all, reshards_and_memos };
+  explicit PlanCache(Keep keep = Keep::all);
   ~PlanCache();
-  // The plans are shared, not copied: a recording reads each of them a few times.
+  bool keeps_contractions() const { return keep_ == Keep::all; }
+  // The plans are shared, not copied: a recording reads each of them a few times. `key` is
+  // unused (may be empty) where it keeps no contraction.
   std::shared_ptr<const Plan> plan(const std::string& key, DType dtype, const std::function<Plan(PlannerMemo&)>& make);
   // plan_reshard(mesh, from, to, shape, options), remembered.
   std::shared_ptr<const Plan> reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
@@ -177,6 +184,7 @@ class PlanCache {
     }
   };
 
+  const Keep keep_;
   std::mutex mutex_;
   // Hashed: the keys are long texts that share long beginnings (a map compares them by bytes).
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_;
