@@ -320,7 +320,8 @@ struct RowIndex {
 // The order a bucket's tables are joined in (the smallest first, then each time the one that
 // the variables already joined narrow most) and the joined size it predicts, as if the
 // tables' values were independent; never more than the dense product of their domains.
-std::pair<std::vector<std::size_t>, double> join_order(const ChoiceProblem& p, const std::vector<const Table*>& bucket) {
+std::pair<std::vector<std::size_t>, double> join_order(const std::vector<int>& domain,
+                                                       const std::vector<const Table*>& bucket) {
   std::vector<std::size_t> order;
   std::vector<int> joined;
   std::vector<char> taken(bucket.size(), 0);
@@ -333,7 +334,7 @@ std::pair<std::vector<std::size_t>, double> join_order(const ChoiceProblem& p, c
       double growth = static_cast<double>(bucket[b]->size());
       if (!order.empty()) {
         for (int v : bucket[b]->vars) {
-          if (std::find(joined.begin(), joined.end(), v) != joined.end()) growth /= p.domain[static_cast<std::size_t>(v)];
+          if (std::find(joined.begin(), joined.end(), v) != joined.end()) growth /= domain[static_cast<std::size_t>(v)];
         }
       }
       if (pick == bucket.size() || growth < pick_growth) {
@@ -347,7 +348,7 @@ std::pair<std::vector<std::size_t>, double> join_order(const ChoiceProblem& p, c
     for (int v : bucket[pick]->vars) {
       if (std::find(joined.begin(), joined.end(), v) != joined.end()) continue;
       joined.push_back(v);
-      dense *= p.domain[static_cast<std::size_t>(v)];
+      dense *= domain[static_cast<std::size_t>(v)];
     }
   }
   return {order, std::min(size, dense)};
@@ -436,18 +437,11 @@ class BucketJoin {
   std::int64_t joined_ = 0, max_joined_ = 0;
 };
 
-// The status and the best assignment: the caller evaluates it.
-std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_table) {
-  const std::size_t n = p.domain.size();
-  std::vector<Table> tables;
-  for (const Factor& f : p.factors) {
-    Table& t = tables.emplace_back();
-    t.vars = f.vars;
-    for (const FactorEntry& e : f.entries) {
-      t.rows.insert(t.rows.end(), e.values.begin(), e.values.end());
-      t.cost.push_back(e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory));
-    }
-  }
+// The status and the best assignment of the variables of `domain` (their numbers of values)
+// over `tables`, one per factor: the caller evaluates it.
+std::optional<SolveOutcome> eliminate(const std::vector<int>& domain, std::vector<Table> tables,
+                                      std::int64_t max_table) {
+  const std::size_t n = domain.size();
   // For back substitution: each eliminated variable's best value by the tuple of the others.
   struct Step {
     int var;
@@ -472,7 +466,7 @@ std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_t
       if (holding[v].empty()) continue;
       std::vector<const Table*> bucket;
       for (std::size_t k : holding[v]) bucket.push_back(&tables[k]);
-      auto [order, size] = join_order(p, bucket);
+      auto [order, size] = join_order(domain, bucket);
       if (pick < 0 || size < pick_size) {
         pick = static_cast<int>(v);
         pick_size = size;
@@ -516,9 +510,8 @@ std::optional<SolveOutcome> eliminate(const ChoiceProblem& p, std::int64_t max_t
   return out;
 }
 
-}  // namespace
-
-Reduced reduce_domains(const ChoiceProblem& p) {
+// By variable and value: whether the value survives arc consistency (reduce_domains).
+std::vector<std::vector<char>> supported_values(const ChoiceProblem& p) {
   const std::size_t n = p.domain.size();
   std::vector<std::vector<char>> alive(n);
   for (std::size_t v = 0; v < n; ++v) alive[v].assign(static_cast<std::size_t>(p.domain[v]), 1);
@@ -548,19 +541,36 @@ Reduced reduce_domains(const ChoiceProblem& p) {
       }
     }
   }
-  Reduced r;
-  r.kept.resize(n);
-  std::vector<std::vector<int>> index(n);
+  return alive;
+}
+
+// The surviving values renumbered: by variable, each original value's new number (-1: dropped)
+// and each new number's original value; false when some variable keeps none.
+bool renumber(const std::vector<std::vector<char>>& alive, std::vector<std::vector<int>>& index,
+              std::vector<std::vector<int>>& kept) {
+  const std::size_t n = alive.size();
+  index.assign(n, {});
+  kept.assign(n, {});
   for (std::size_t v = 0; v < n; ++v) {
     index[v].assign(alive[v].size(), -1);
     for (std::size_t x = 0; x < alive[v].size(); ++x) {
       if (!alive[v][x]) continue;
-      index[v][x] = static_cast<int>(r.kept[v].size());
-      r.kept[v].push_back(static_cast<int>(x));
+      index[v][x] = static_cast<int>(kept[v].size());
+      kept[v].push_back(static_cast<int>(x));
     }
-    if (r.kept[v].empty()) return {};  // nothing allowed: `empty` says so
-    r.problem.domain.push_back(static_cast<int>(r.kept[v].size()));
+    if (kept[v].empty()) return false;
   }
+  return true;
+}
+
+}  // namespace
+
+Reduced reduce_domains(const ChoiceProblem& p) {
+  const std::size_t n = p.domain.size();
+  Reduced r;
+  std::vector<std::vector<int>> index;
+  if (!renumber(supported_values(p), index, r.kept)) return {};  // nothing allowed: `empty` says so
+  for (std::size_t v = 0; v < n; ++v) r.problem.domain.push_back(static_cast<int>(r.kept[v].size()));
   for (const Factor& f : p.factors) {
     Factor g;
     g.vars = f.vars;
@@ -597,18 +607,40 @@ Assignment Reduced::original(const Assignment& a) const {
 
 std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table) {
   const auto start = std::chrono::steady_clock::now();
-  const Reduced r = reduce_domains(p);
+  // reduce_domains' problem without copying its entries: the tables straight from p's.
+  std::vector<std::vector<int>> index, kept;
   std::optional<SolveOutcome> out;
-  if (r.empty) {
+  if (!renumber(supported_values(p), index, kept)) {
     out.emplace();
     out->method = "dynamic programming";
     out->status = SolveStatus::infeasible;
   } else {
-    out = eliminate(r.problem, max_table);
+    std::vector<int> domain;
+    for (const std::vector<int>& values : kept) domain.push_back(static_cast<int>(values.size()));
+    std::vector<Table> tables;
+    for (const Factor& f : p.factors) {
+      Table& t = tables.emplace_back();
+      t.vars = f.vars;
+      for (const FactorEntry& e : f.entries) {
+        const std::size_t at = t.rows.size();
+        bool alive = true;
+        for (std::size_t i = 0; i < f.vars.size() && alive; ++i) {
+          const int x = index[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])];
+          alive = x >= 0;
+          t.rows.push_back(x);
+        }
+        if (!alive) {
+          t.rows.resize(at);
+          continue;
+        }
+        t.cost.push_back(e.time + kSecondsPerByteTieBreak * static_cast<double>(e.memory));
+      }
+    }
+    out = eliminate(domain, std::move(tables), max_table);
   }
   if (!out) return out;
   if (!out->best.empty()) {
-    out->best = r.original(out->best);
+    for (std::size_t v = 0; v < out->best.size(); ++v) out->best[v] = kept[v][static_cast<std::size_t>(out->best[v])];
     out->value = evaluate(p, out->best);
     out->lower_bound = out->value.time;
   }
