@@ -739,10 +739,10 @@ MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSize
                              shared->costs + ", asked to plan on mesh " + mesh.to_string() + ", " + costs);
     }
   }
-  std::vector<AxisCase> cases;
-  for (int x = 0; x < mesh.rank(); ++x) cases.push_back(classify_axis(mesh, c, x));
   MatmulPlanning result = MatmulPlanner(mesh, c, sizes, options, shared).plan(built);
-  result.cases = std::move(cases);
+  if (built == Candidates::all) {
+    for (int x = 0; x < mesh.rank(); ++x) result.cases.push_back(classify_axis(mesh, c, x));
+  }
   return result;
 }
 

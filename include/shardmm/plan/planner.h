@@ -53,7 +53,7 @@ struct AxisCase {
 };
 
 struct MatmulPlanning {
-  std::vector<AxisCase> cases;
+  std::vector<AxisCase> cases;   // Candidates::all only
   std::vector<Plan> candidates;  // distinct strategies, cheapest first (ties broken by description)
   // Index into candidates; -1 when none fits the memory limit. Among those that fit, the one
   // with the fewest synchronizations within PlanOptions::tie_margin of the cheapest's time
@@ -89,7 +89,8 @@ class PlannerMemo {
 enum class Candidates {
   all,     // every one: the `plan` command lists them; near_tie and find_candidate look among them
   chosen,  // the chosen one, and the cheapest that fits memory without a collective matmul step
-           // (a tape records steps one at a time), in their order among all
+           // (a tape records steps one at a time), in their order among all; no `cases` (their
+           // reasons are texts, a tenth of the work of planning a contraction the memo knows)
 };
 
 // `memo`, when given, remembers across calls; the answer is the same without it.
