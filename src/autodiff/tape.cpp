@@ -84,13 +84,14 @@ std::size_t PlanCache::ReshardHash::operator()(const ReshardQuery& q) const {
 std::shared_ptr<const Plan> PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
                                                const PlanOptions& options) {
   const ReshardQuery query{from, to, shape, options.dtype};
+  ReshardPart& part = reshards_[ReshardHash{}(query) % reshards_.size()];
   {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (const auto it = reshards_.find(query); it != reshards_.end()) return it->second;
+    const std::lock_guard<std::mutex> lock(part.mutex);
+    if (const auto it = part.plans.find(query); it != part.plans.end()) return it->second;
   }
   auto made = std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, options));
-  const std::lock_guard<std::mutex> lock(mutex_);
-  return reshards_.emplace(Reshard{from, to, shape, options.dtype}, std::move(made)).first->second;
+  const std::lock_guard<std::mutex> lock(part.mutex);
+  return part.plans.emplace(Reshard{from, to, shape, options.dtype}, std::move(made)).first->second;
 }
 
 AxisList sharding_axes(const Spec& spec) {

@@ -42,6 +42,7 @@
 // docs/autodiff.md has each op's rule.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -185,10 +186,16 @@ class PlanCache {
   };
 
   const Keep keep_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // plans_ and idle_
   // Hashed: the keys are long texts that share long beginnings (a map compares them by bytes).
   std::unordered_map<std::string, std::shared_ptr<const Plan>> plans_;
-  std::unordered_map<Reshard, std::shared_ptr<const Plan>, ReshardHash, ReshardEqual> reshards_;
+  // Split by the key's hash, each part with its own lock: a solve's threads look reshards up
+  // millions of times, and one lock for all had them waiting for each other.
+  struct ReshardPart {
+    std::mutex mutex;
+    std::unordered_map<Reshard, std::shared_ptr<const Plan>, ReshardHash, ReshardEqual> plans;
+  };
+  std::array<ReshardPart, 16> reshards_;
   struct IdleMemo {
     DType dtype;
     std::thread::id thread;  // the last to hold it
