@@ -491,11 +491,12 @@ void for_each_parallel(std::size_t n, const std::function<void(std::size_t)>& fn
   std::exception_ptr failure;
   std::mutex failure_mutex;
   // Runs of consecutive indices: neighbouring combinations share operand specs, whose plans
-  // the planner memo of the thread that records them keeps (autodiff::PlanCache).
-  constexpr std::size_t kRun = 64;
+  // the planner memo of the thread that records them keeps (autodiff::PlanCache). At most 64,
+  // and at least four runs a thread: a neighbourhood's ops have tens of combinations.
+  const std::size_t run = std::clamp<std::size_t>(n / (4 * threads), 1, 64);
   const auto work = [&] {
-    for (std::size_t first; (first = next.fetch_add(kRun)) < n;) {
-      for (std::size_t i = first; i < std::min(n, first + kRun); ++i) {
+    for (std::size_t first; (first = next.fetch_add(run)) < n;) {
+      for (std::size_t i = first; i < std::min(n, first + run); ++i) {
         try {
           fn(i);
         } catch (...) {

@@ -204,11 +204,13 @@ Kept named_keep(const Graph& g, const ProgramChoices& c, const std::vector<std::
   return keep;
 }
 
-BuildLimits build_limits(const SolveOptions& options, double seconds) {
+// A search's builds free their caches as they go: one left to the exit would live on beside
+// the next build's (a higher peak), and which build is the last is not known.
+BuildLimits build_limits(const SolveOptions& options, double seconds, bool searching) {
   BuildLimits limits;
   limits.seconds = seconds;
   limits.progress = options.progress;
-  limits.leave_caches_to_exit = options.leave_caches_to_exit;
+  limits.leave_caches_to_exit = options.leave_caches_to_exit && !searching;
   return limits;
 }
 
@@ -343,7 +345,7 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
     const Neighbourhood n{around, sets[i], partials, allows};
     ProgramChoices c;
     try {
-      c = build_choices(g, options.program, build_limits(options, left), &n);
+      c = build_choices(g, options.program, build_limits(options, left, true), &n);
     } catch (const SearchTooLarge&) {
       return out;  // the time limit: the best so far (nothing, if this was the first)
     } catch (const InputError&) {
@@ -500,8 +502,8 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   bool whole = options.search != SolveOptions::Search::neighbourhoods;
   if (whole) {
     try {
-      r.choices =
-          build_choices(g, options.program, build_limits(options, fall_back ? options.seconds / 4 : options.seconds));
+      r.choices = build_choices(g, options.program,
+                                build_limits(options, fall_back ? options.seconds / 4 : options.seconds, false));
     } catch (const SearchTooLarge&) {
       if (!fall_back) throw;
       whole = false;

@@ -129,7 +129,7 @@ struct SolveOptions {
   bool named = true;    // cost the named strategies
   double seconds = 60;  // building the problem's time limit, and each integer program's
   std::function<void(const BuildProgress&)> progress;  // building the problem (may be empty)
-  bool leave_caches_to_exit = false;                   // BuildLimits::leave_caches_to_exit
+  bool leave_caches_to_exit = false;                   // BuildLimits::leave_caches_to_exit (not a search's builds)
   // automatic: the whole space on up to two axes; past two, the whole space if it can be built
   // in a quarter of the time limit, else by neighbourhoods (NeighbourhoodSearch). whole: the
   // whole space (SearchTooLarge when it cannot be built in time). neighbourhoods: always so.
