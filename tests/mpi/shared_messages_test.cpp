@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -263,6 +264,30 @@ TEST(SharedMessages, AKeptBlockIsLentAgainUnderItsName) {
     ranks[1].release(*r);
     ASSERT_TRUE(t && ranks[0].acknowledged(*t));
   }
+  set_buffers_shareable(false);
+}
+
+// A step's blocks, all freed, serve the next step of the same sizes in the same order: none is
+// made anew (its pages faulted in again). Kept only by a count or by bytes below the step's, the
+// blocks freed first were gone by the time the next step asked for them again.
+TEST(SharedMessages, EveryFreedBlockServesTheNextStep) {
+  set_buffers_shareable(true);
+  std::vector<std::size_t> sizes;
+  for (int i = 0; i < 200; ++i) sizes.push_back((std::size_t{64} << 10) * static_cast<std::size_t>(1 + i % 50));
+  const auto step = [&] {
+    std::set<std::pair<std::int32_t, std::uint64_t>> names;
+    std::vector<void*> blocks;
+    for (std::size_t bytes : sizes) {
+      blocks.push_back(allocate_shareable(bytes));
+      const std::optional<BlockPlace> place = find_shareable(blocks.back(), bytes);
+      if (place) names.insert({place->block.fd, place->block.serial});
+    }
+    for (void* b : blocks) EXPECT_TRUE(free_shareable(b));
+    return names;
+  };
+  const auto first = step();
+  ASSERT_EQ(first.size(), sizes.size());
+  EXPECT_EQ(step(), first);
   set_buffers_shareable(false);
 }
 

@@ -44,9 +44,10 @@ bool buffers_shareable();
 // to the heap.
 void* allocate_shareable(std::size_t bytes);
 // Frees `data` if it is a block from allocate_shareable; false (and nothing done) otherwise.
-// While Buffers are shareable, a few freed blocks are kept, under their names, for the next
-// requests of their size: a peer that mapped one reads the same memory when it is lent
-// again, and no new pages are faulted in (blocks are sized in quarter steps of powers of two).
+// While Buffers are shareable, every freed block is kept, under its name, for the next request
+// of its size class (blocks are sized in quarter steps of powers of two): a peer that mapped one
+// reads the same memory when it is lent again, and no new pages are faulted in. A class's blocks
+// never outnumber the most of them live at once; switching off releases them.
 bool free_shareable(void* data);
 // The block of this process that holds [data, data + bytes), if any.
 std::optional<BlockPlace> find_shareable(const void* data, std::size_t bytes);
