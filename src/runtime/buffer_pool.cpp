@@ -40,17 +40,15 @@ struct Pool {
   // process has live + spare + kept.
   std::size_t kept_bytes = 0, live_bytes = 0, spare_bytes = 0, peak_bytes = 0, reused_bytes = 0;
 
-  // Takes kept blocks, largest first, until what the process has fits under the peak. Caller
-  // holds mutex.
-  std::vector<void*> trim() {
+  // Takes every kept block out. Caller holds mutex.
+  std::vector<void*> take_all() {
     std::vector<void*> out;
-    while (live_bytes + spare_bytes + kept_bytes > peak_bytes && !kept.empty()) {
-      const auto last = std::prev(kept.end());
-      kept_bytes -= last->first;
-      ASAN_UNPOISON_MEMORY_REGION(last->second.data, last->first);
-      out.push_back(last->second.data);
-      kept.erase(last);
+    for (const auto& [bytes, k] : kept) {
+      ASAN_UNPOISON_MEMORY_REGION(k.data, bytes);
+      out.push_back(k.data);
     }
+    kept.clear();
+    kept_bytes = 0;
     return out;
   }
 
@@ -96,7 +94,7 @@ void release(Pool& p) {
     std::lock_guard lock(p.mutex);
     p.peak_bytes = p.live_bytes;
     p.reused_bytes = 0;
-    out = p.trim();
+    out = p.take_all();
   }
   free_all(out);
 }
@@ -108,15 +106,12 @@ namespace detail {
 void* pool_allocate(std::size_t bytes) {
   if (bytes < kPooledMinBytes) return std::aligned_alloc(64, bytes);
   Pool& p = pool();
-  std::vector<void*> out;
   {
     std::lock_guard lock(p.mutex);
     if (void* data = p.take(bytes)) return data;
     p.live_bytes += bytes;
     p.peak_bytes = std::max(p.peak_bytes, p.live_bytes);
-    out = p.trim();
   }
-  free_all(out);
   void* data = std::aligned_alloc(64, bytes);
   if (!data) {  // the kept blocks of other sizes may be what is missing
     release(p);
@@ -135,7 +130,6 @@ void pool_free(void* data, std::size_t bytes) {
     return;
   }
   Pool& p = pool();
-  std::vector<void*> out;
   {
     std::lock_guard lock(p.mutex);
     p.live_bytes -= bytes;
@@ -147,10 +141,7 @@ void pool_free(void* data, std::size_t bytes) {
     p.kept.emplace(bytes, Pool::Kept{data, std::this_thread::get_id()});
     p.kept_bytes += bytes;
     ASAN_POISON_MEMORY_REGION(data, bytes);
-    // Over the peak only where a miss came while lent blocks' spare was in use: back under it now.
-    out = p.trim();
   }
-  free_all(out);
 }
 
 ReleasePoolAtEnd::~ReleasePoolAtEnd() { release_buffer_pool(); }

@@ -467,11 +467,10 @@ TEST(ProgramRun, TwoStepsInOneRunVerifyInReusedBuffers) {
     EXPECT_TRUE(verified[0].verified) << verified[0].detail;
     EXPECT_TRUE(verified[1].verified) << verified[1].detail;
     EXPECT_GT(after[1].reused_bytes, after[0].reused_bytes);
-    for (const BufferPoolStats& s : after) {  // between steps, within the peak the reports count
-      EXPECT_LE(s.live_bytes + s.spare_bytes + s.kept_bytes, s.peak_bytes);
-    }
     if (g.mesh.device_count() == 1) {
       EXPECT_EQ(after[1].peak_bytes, after[0].peak_bytes);  // the second step held no more than the first
+      const auto held = [](const BufferPoolStats& s) { return s.live_bytes + s.spare_bytes + s.kept_bytes; };
+      EXPECT_EQ(held(after[1]), held(after[0]));  // and made no block the first did not
     }
   }
 }

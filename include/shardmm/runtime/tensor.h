@@ -60,12 +60,10 @@ class Buffer {
   DType dtype_ = DType::f32;
 };
 
-// The caching pool behind Buffers (and einsum workspaces), per process. It keeps freed blocks
-// only while live + spare + kept <= peak, the most bytes live at once since the last release: it
-// never makes the process hold more than its own peak of live buffers, what the memory reports
-// (plan/memory.h, the tape's timeline) count, but for the spare of blocks lent to smaller
-// Buffers after a miss that found too little kept (src/runtime/buffer_pool.h), let go of as they
-// are freed. run_backend releases it when a run ends.
+// The caching pool behind Buffers (and einsum workspaces), per process. It keeps every freed
+// block for the next Buffer it serves (its size, or up to twice the request) until the run ends:
+// run_backend releases it. A block is made only when none kept serves, so the blocks of a size
+// never outnumber the most of that size in use at once (src/runtime/buffer_pool.h).
 struct BufferPoolStats {
   std::int64_t live_bytes = 0;    // in Buffers now, as they asked for
   std::int64_t spare_bytes = 0;   // in use beyond that: a Buffer given a kept block up to twice its size
