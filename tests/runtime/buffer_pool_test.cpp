@@ -193,11 +193,12 @@ TEST(BufferPool, RandomAllocationsMakeNoMoreBlocksThanTheirSizesUsedAtOnce) {
       if (live.back().bytes() >= (std::int64_t{64} << 10)) most.emplace(live.back().bytes(), 0);
     }
     std::int64_t bound = 0;
-    for (auto& [bytes, n] : most) {
+    for (auto& [asked, n] : most) {
+      const std::int64_t block = asked;  // a structured binding is not captured before C++20
       const auto in_range = std::count_if(
-          live.begin(), live.end(), [&](const Buffer& b) { return 2 * b.bytes() >= bytes && b.bytes() <= bytes; });
+          live.begin(), live.end(), [&](const Buffer& b) { return 2 * b.bytes() >= block && b.bytes() <= block; });
       n = std::max<std::int64_t>(n, in_range);
-      bound += n * bytes;
+      bound += n * block;
     }
     ASSERT_LE(held() - before, bound) << "after step " << i;
   }
