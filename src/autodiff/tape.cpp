@@ -31,7 +31,9 @@ std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
   std::unique_ptr<PlannerMemo> memo;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (const auto it = plans_.find(key); keeps_contractions() && it != plans_.end()) return it->second;
+    if (keeps_contractions()) {
+      if (const auto it = plans_.find(key); it != plans_.end()) return it->second;
+    }
     // The memo this thread gave back last, if idle: threads given runs of related contractions
     // then find what they planned before (each memo learns its own thread's).
     const auto ours = [&](const IdleMemo& m) { return m.dtype == dtype && m.thread == std::this_thread::get_id(); };

@@ -40,15 +40,17 @@ struct Pool {
   // process has live + spare + kept.
   std::size_t kept_bytes = 0, live_bytes = 0, spare_bytes = 0, peak_bytes = 0, reused_bytes = 0;
 
-  // Takes every kept block out. Caller holds mutex.
-  std::vector<void*> take_all() {
+  // Takes kept blocks out, largest first, until what the process has is at most `bound`.
+  // Caller holds mutex.
+  std::vector<void*> trim(std::size_t bound) {
     std::vector<void*> out;
-    for (const auto& [bytes, k] : kept) {
-      ASAN_UNPOISON_MEMORY_REGION(k.data, bytes);
-      out.push_back(k.data);
+    while (live_bytes + spare_bytes + kept_bytes > bound && !kept.empty()) {
+      const auto last = std::prev(kept.end());
+      kept_bytes -= last->first;
+      ASAN_UNPOISON_MEMORY_REGION(last->second.data, last->first);
+      out.push_back(last->second.data);
+      kept.erase(last);
     }
-    kept.clear();
-    kept_bytes = 0;
     return out;
   }
 
@@ -94,7 +96,7 @@ void release(Pool& p) {
     std::lock_guard lock(p.mutex);
     p.peak_bytes = p.live_bytes;
     p.reused_bytes = 0;
-    out = p.take_all();
+    out = p.trim(0);
   }
   free_all(out);
 }
@@ -106,12 +108,15 @@ namespace detail {
 void* pool_allocate(std::size_t bytes) {
   if (bytes < kPooledMinBytes) return std::aligned_alloc(64, bytes);
   Pool& p = pool();
+  std::vector<void*> out;
   {
     std::lock_guard lock(p.mutex);
     if (void* data = p.take(bytes)) return data;
     p.live_bytes += bytes;
     p.peak_bytes = std::max(p.peak_bytes, p.live_bytes);
+    out = p.trim(detail::kMaxHeldOverPeak * p.peak_bytes);
   }
+  free_all(out);
   void* data = std::aligned_alloc(64, bytes);
   if (!data) {  // the kept blocks of other sizes may be what is missing
     release(p);

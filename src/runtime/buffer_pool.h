@@ -14,16 +14,18 @@
 // again (n = 512 on 2 ranks: 2 MiB a step, 512 faults). A kept block up to kMaxLendRatio times
 // a request therefore serves it, whole, when none of the request's size is kept.
 //
-// What it holds: every freed block, until the run ends (run_backend and run_threads release it,
-// and a failed allocation lets go of every kept block first). A block is made only on a miss, when
-// no kept block serves the request, so the blocks of a size never outnumber the most of that size
-// in use at once: a step that repeats the last one's sizes makes none. The process then holds, size
-// by size, what its steps used at once, which may be more than its peak of live bytes (the figure
-// plan/memory.h and the tape's memory timeline predict: BufferPoolStats::peak_bytes), where sizes
-// take turns. Kept within that peak, as the pool once was, a step's sizes did not fit in the
-// order the next step asked for them: the blocks it let go of were faulted in again each step
-// (2 threads ranks of the decoder block: 160,000 page faults against 55,000 and steps 10-40%
-// slower, with a higher peak resident memory, 253 MB against 228 MB, from malloc's fresh pages).
+// What it holds: freed blocks, until the run ends (run_backend and run_threads release it, and a
+// failed allocation lets go of every kept block first). A block is made only on a miss, when no
+// kept block serves the request, so the blocks of a size never outnumber the most of that size in
+// use at once: a step that repeats the last one's sizes makes none. That may be more than the
+// process's peak of live bytes (the figure plan/memory.h and the tape's memory timeline predict:
+// BufferPoolStats::peak_bytes) where sizes take turns; a miss lets go of kept blocks, largest
+// first, beyond kMaxHeldOverPeak times that peak, so that a run sweeping sizes (calibrate, the
+// benchmarks) does not keep every size it met. Kept within the peak itself, as the pool once was,
+// a step's sizes did not fit in the order the next step asked for them: the blocks it let go of
+// were faulted in again each step (2 threads ranks of the decoder block: 160,000 page faults
+// against 55,000 and steps 10-40% slower, with a higher peak resident memory, 253 MB against
+// 228 MB, from malloc's fresh pages).
 
 #pragma once
 
@@ -37,6 +39,9 @@ constexpr std::size_t kPooledMinBytes = std::size_t{64} << 10;
 // The largest kept block that may serve a request, as a multiple of it: the bytes a lent block
 // holds beyond its request are then at most the request's own.
 constexpr std::size_t kMaxLendRatio = 2;
+// What the pool's blocks (in use, spare and kept) may come to after a miss, as a multiple of the
+// most bytes in use at once since the last release.
+constexpr std::size_t kMaxHeldOverPeak = 2;
 
 // `bytes` bytes aligned to 64, uninitialized (a kept block holds what it held); nullptr when the
 // memory is not there even after letting go of every kept block.

@@ -268,12 +268,13 @@ TEST(SharedMessages, AKeptBlockIsLentAgainUnderItsName) {
 }
 
 // A step's blocks, all freed, serve the next step of the same sizes in the same order: none is
-// made anew (its pages faulted in again). Kept only by a count or by bytes below the step's, the
+// made anew (its pages faulted in again). Kept only by a count (32) below the step's, the
 // blocks freed first were gone by the time the next step asked for them again.
 TEST(SharedMessages, EveryFreedBlockServesTheNextStep) {
   set_buffers_shareable(true);
   std::vector<std::size_t> sizes;
-  for (int i = 0; i < 200; ++i) sizes.push_back((std::size_t{64} << 10) * static_cast<std::size_t>(1 + i % 50));
+  // 200 blocks, 131 MiB: far past 32, within the 256 MiB kept.
+  for (int i = 0; i < 200; ++i) sizes.push_back((std::size_t{64} << 10) * static_cast<std::size_t>(1 + i % 20));
   const auto step = [&] {
     std::set<std::pair<std::int32_t, std::uint64_t>> names;
     std::vector<void*> blocks;

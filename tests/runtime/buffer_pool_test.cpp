@@ -174,6 +174,18 @@ TEST(BufferPool, StepsWhoseSizesTakeTurnsMakeNoBlockAfterTheFirst) {
   EXPECT_GT(held_after_first, buffer_pool_stats().peak_bytes);  // past the peak: 14 MiB against 8
 }
 
+// A run sweeping sizes (calibrate's, a benchmark's) keeps no more than twice its peak: a miss
+// lets go of the kept blocks of sizes met before, largest first.
+TEST(BufferPool, ASweepOfSizesHoldsAtMostTwiceItsPeak) {
+  release_buffer_pool();
+  const std::int64_t before = held();
+  for (int i = 1; i <= 24; ++i) {
+    const Buffer b(i * kMiB / 4, DType::f32);  // i MiB, one at a time
+    EXPECT_LE(held() - before, 2 * buffer_pool_stats().peak_bytes) << i << " MiB";
+  }
+  EXPECT_LE(held() - before, 2 * 24 * kMiB);
+}
+
 // Random lives of Buffers of a few sizes, small (the heap's, not pooled) and large: after every
 // step the pool holds no more than, for each size b asked for, the most Buffers of b/2 to b bytes
 // (those a block of b may serve) in use at once, times b; and blocks are reused.

@@ -60,10 +60,11 @@ class Buffer {
   DType dtype_ = DType::f32;
 };
 
-// The caching pool behind Buffers (and einsum workspaces), per process. It keeps every freed
-// block for the next Buffer it serves (its size, or up to twice the request) until the run ends:
+// The caching pool behind Buffers (and einsum workspaces), per process. It keeps freed blocks
+// for the next Buffer they serve (their size, or up to twice the request) until the run ends:
 // run_backend releases it. A block is made only when none kept serves, so the blocks of a size
-// never outnumber the most of that size in use at once (src/runtime/buffer_pool.h).
+// never outnumber the most of that size in use at once; a miss lets go of kept blocks beyond
+// twice the peak of live bytes (src/runtime/buffer_pool.h).
 struct BufferPoolStats {
   std::int64_t live_bytes = 0;    // in Buffers now, as they asked for
   std::int64_t spare_bytes = 0;   // in use beyond that: a Buffer given a kept block up to twice its size

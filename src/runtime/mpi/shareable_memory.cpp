@@ -49,14 +49,16 @@ std::map<std::uintptr_t, Block> registry;  // by data address
 std::uint64_t next_serial =
     (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();  // under registry_mutex
 // Freed blocks kept for reuse, oldest first; under registry_mutex. Every freed block is kept
-// (until Buffers stop being shareable, or the descriptor budget needs it): a block of a size
-// class is made only where none of the class is free, so the blocks of a class never outnumber
-// the most of it live at once, and a step that repeats the last one's shapes finds every buffer
-// it needs. Keeping 32 (and, by bytes, any bound below a step's turnover), the blocks a step
-// freed first were gone when the next step asked for them again in the same order: the 2-rank
-// decoder block's steps faulted most of their buffers' pages in anew, a third of their time
-// (docs/benchmarks.md, "Solve: measured").
+// (until Buffers stop being shareable, the descriptor budget needs it, or they pass kIdleBytes,
+// the oldest going first: a run sweeping sizes keeps no more): a block of a size class is made
+// only where none of the class is free, so the blocks of a class never outnumber the most of it
+// live at once, and a step that repeats the last one's shapes finds every buffer it needs.
+// Keeping only the 32 freed last, the blocks a step freed first were gone when the next step
+// asked for them again in the same order: the 2-rank decoder block's steps faulted most of their
+// buffers' pages in anew, a third of their time (docs/benchmarks.md, "Solve: measured").
 std::deque<Block> idle;
+std::size_t idle_bytes = 0;  // their data bytes; under registry_mutex
+constexpr std::size_t kIdleBytes = std::size_t{256} << 20;
 
 // Each block holds a descriptor while it lives: at most half of this process's limit go to
 // blocks, so that MPI and the program keep the rest (a Buffer beyond it comes from the heap).
@@ -81,6 +83,7 @@ std::size_t size_class(std::size_t bytes) {
 // Takes the oldest kept block out of `idle`. Caller holds registry_mutex.
 Block take_oldest_idle() {
   const Block b = idle.front();
+  idle_bytes -= b.bytes;
   idle.pop_front();
   return b;
 }
@@ -108,6 +111,7 @@ void set_buffers_shareable(bool on) {
   {
     std::lock_guard lock(registry_mutex);
     released.swap(idle);
+    idle_bytes = 0;
   }
   for (const Block& b : released) release(b);
 }
@@ -121,6 +125,7 @@ void* allocate_shareable(std::size_t bytes) {
     const auto it = std::find_if(idle.begin(), idle.end(), [&](const Block& b) { return b.bytes == capacity; });
     if (it != idle.end()) {
       const Block b = *it;
+      idle_bytes -= b.bytes;
       idle.erase(it);
       char* data = static_cast<char*>(b.base) + kHeaderBytes;
       registry.emplace(reinterpret_cast<std::uintptr_t>(data), b);
@@ -154,7 +159,8 @@ void* allocate_shareable(std::size_t bytes) {
 }
 
 // A freed block is kept for the next request of its size class, under the same name: a peer
-// that mapped it reads the same memory, and neither side pays for new pages.
+// that mapped it reads the same memory, and neither side pays for new pages. The oldest go
+// beyond kIdleBytes.
 bool free_shareable(void* data) {
   if (live_blocks.load() == 0) return false;
   std::vector<Block> released;
@@ -163,9 +169,10 @@ bool free_shareable(void* data) {
     const auto it = registry.find(reinterpret_cast<std::uintptr_t>(data));
     if (it == registry.end()) return false;
     idle.push_back(it->second);
+    idle_bytes += it->second.bytes;
     registry.erase(it);
     live_blocks.fetch_sub(1);
-    while (!idle.empty() && !shareable.load()) released.push_back(take_oldest_idle());
+    while (!idle.empty() && (idle_bytes > kIdleBytes || !shareable.load())) released.push_back(take_oldest_idle());
   }
   for (const Block& b : released) release(b);
   return true;

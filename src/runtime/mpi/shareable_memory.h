@@ -47,7 +47,8 @@ void* allocate_shareable(std::size_t bytes);
 // While Buffers are shareable, every freed block is kept, under its name, for the next request
 // of its size class (blocks are sized in quarter steps of powers of two): a peer that mapped one
 // reads the same memory when it is lent again, and no new pages are faulted in. A class's blocks
-// never outnumber the most of them live at once; switching off releases them.
+// never outnumber the most of them live at once; the oldest go past 256 MiB kept, and switching
+// off releases them all.
 bool free_shareable(void* data);
 // The block of this process that holds [data, data + bytes), if any.
 std::optional<BlockPlace> find_shareable(const void* data, std::size_t bytes);
