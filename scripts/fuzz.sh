@@ -37,12 +37,14 @@ fi
 
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-failed=()
 seed=${FUZZ_SEED:-1}
 runs=()
 [[ -n "${FUZZ_RUNS:-}" ]] && runs=(-runs="$FUZZ_RUNS")
 [[ "${FUZZ_FRESH:-0}" == 1 ]] && rm -rf build-fuzz/corpus
-for target in parse cli program; do
+# The targets run side by side (one process each: the machine's cores share them).
+targets=(parse cli program)
+pids=()
+for target in "${targets[@]}"; do
   work=build-fuzz/corpus/$target
   mkdir -p "$work" build-fuzz/artifacts
   log=build-fuzz/fuzz_$target.log
@@ -50,9 +52,16 @@ for target in parse cli program; do
   [[ $target == program ]] && max_len=2048  # a program is many lines
   echo "fuzz: fuzz_$target for ${seconds}s (log: $log)" >&2
   # New inputs go to the first corpus directory (the work copy); the checked-in one seeds it.
-  if build-fuzz/fuzz/fuzz_$target "$work" "fuzz/corpus/$target" -dict="fuzz/$target.dict" \
-      -seed="$seed" "${runs[@]}" -max_total_time="$seconds" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      -artifact_prefix="build-fuzz/artifacts/$target-" </dev/null >"$log" 2>&1; then
+  build-fuzz/fuzz/fuzz_$target "$work" "fuzz/corpus/$target" -dict="fuzz/$target.dict" \
+    -seed="$seed" "${runs[@]}" -max_total_time="$seconds" -max_len="$max_len" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -artifact_prefix="build-fuzz/artifacts/$target-" </dev/null >"$log" 2>&1 &
+  pids+=($!)
+done
+failed=()
+for i in "${!targets[@]}"; do
+  target=${targets[$i]}
+  log=build-fuzz/fuzz_$target.log
+  if wait "${pids[$i]}"; then
     { grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true; } | sed "s/^/fuzz: fuzz_$target /" >&2
   else
     echo "fuzz: fuzz_$target FAILED; the end of its log:" >&2

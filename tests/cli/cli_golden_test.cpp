@@ -13,6 +13,7 @@
 
 #include "cli_in_process.h"
 #include "shardmm/runtime/runner.h"
+#include "test_paths.h"
 
 namespace shardmm {
 namespace {
@@ -70,7 +71,7 @@ std::string backends_text() {
 }
 
 std::vector<Case> load_cases() {
-  const std::string path = std::string(SHARDMM_TESTS_DIR) + "/golden/cli_errors.txt";
+  const std::string path = shardmm::testing::tests_dir() + "/golden/cli_errors.txt";
   std::ifstream in(path);
   EXPECT_TRUE(in) << "cannot open " << path;
   std::vector<Case> cases;
@@ -104,7 +105,7 @@ std::vector<Case> load_cases() {
 // The command run from the tests directory, where the golden lines' file arguments lie.
 testing::CliResult run_in_tests_dir(const std::vector<std::string>& args) {
   const std::filesystem::path cwd = std::filesystem::current_path();
-  std::filesystem::current_path(SHARDMM_TESTS_DIR);
+  std::filesystem::current_path(shardmm::testing::tests_dir());
   testing::CliResult r = testing::run_cli_in_process(args);
   std::filesystem::current_path(cwd);
   return r;

@@ -31,6 +31,7 @@
 #include "shardmm/core/spec.h"
 #include "shardmm/plan/cost.h"
 #include "shardmm/plan/planner.h"
+#include "test_paths.h"
 
 namespace shardmm {
 namespace {
@@ -53,6 +54,7 @@ Result run(const std::vector<std::string>& args, int timeout_s = 120, std::optio
     ADD_FAILURE() << "pipe failed";
     return {};
   }
+  std::string path = shardmm::testing::cli_path();  // before the fork: the child only runs it
   const pid_t pid = fork();
   if (pid == 0) {
     dup2(out_pipe[1], 1);
@@ -66,7 +68,6 @@ Result run(const std::vector<std::string>& args, int timeout_s = 120, std::optio
       if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(126);
     }
     std::vector<char*> argv;
-    std::string path = SHARDMM_CLI_PATH;
     argv.push_back(path.data());
     std::vector<std::string> copy = args;
     for (std::string& a : copy) argv.push_back(a.data());
@@ -362,7 +363,7 @@ TEST(CliPlan, Case3JsonIsTheLibrarysPlan) {
 // The keys of the first table after the line of docs/json-schema.md that starts with
 // `heading`, in order ("| `a`, `b` |" names two).
 std::vector<std::string> documented_keys(const std::string& heading) {
-  std::ifstream in(std::string(SHARDMM_TESTS_DIR) + "/../docs/json-schema.md");
+  std::ifstream in(shardmm::testing::repo_dir() + "/docs/json-schema.md");
   EXPECT_TRUE(in);
   std::vector<std::string> keys;
   bool found = false;

@@ -14,6 +14,7 @@
 #include <iterator>
 #include <string>
 #include <vector>
+#include "test_paths.h"
 
 extern "C" int fuzz_parse_one(const std::uint8_t* data, std::size_t size);
 extern "C" int fuzz_cli_one(const std::uint8_t* data, std::size_t size);
@@ -24,7 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kRoot = fs::path(SHARDMM_TESTS_DIR).parent_path();
+const fs::path kRoot = fs::path(shardmm::testing::tests_dir()).parent_path();
 
 std::vector<fs::path> corpus(const std::string& name) {
   std::vector<fs::path> files;

@@ -14,6 +14,7 @@
 
 #include "cli_in_process.h"
 #include "shardmm/core/npy.h"
+#include "test_paths.h"
 
 namespace shardmm {
 namespace {
@@ -24,7 +25,7 @@ using ::testing::StartsWith;
 using Result = testing::CliResult;
 namespace fs = std::filesystem;
 
-const std::string kRoot = fs::path(SHARDMM_TESTS_DIR).parent_path().string();
+const std::string kRoot = fs::path(shardmm::testing::tests_dir()).parent_path().string();
 std::string example(const std::string& name) { return kRoot + "/examples/programs/" + name; }
 
 Result program(std::vector<std::string> args) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_in_process.h"
+#include "test_paths.h"
 
 namespace shardmm {
 namespace {
@@ -21,7 +22,7 @@ using ::testing::StartsWith;
 using Result = testing::CliResult;
 namespace fs = std::filesystem;
 
-const std::string kRoot = fs::path(SHARDMM_TESTS_DIR).parent_path().string();
+const std::string kRoot = fs::path(shardmm::testing::tests_dir()).parent_path().string();
 std::string example(const std::string& name) { return kRoot + "/examples/programs/" + name; }
 
 Result cli(std::vector<std::string> args) { return testing::run_cli_in_process(std::move(args)); }

@@ -19,6 +19,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/core/mesh.h"
 #include "shardmm/core/spec.h"
+#include "test_paths.h"
 
 namespace shardmm {
 namespace {
@@ -56,7 +57,7 @@ std::string decode_expected(const std::string& s) {
 }
 
 std::vector<Case> read_cases(const std::string& name) {
-  const std::string path = std::string(SHARDMM_TESTS_DIR) + "/golden/" + name;
+  const std::string path = shardmm::testing::tests_dir() + "/golden/" + name;
   std::ifstream in(path);
   EXPECT_TRUE(in.good()) << "cannot read " << path;
   std::vector<Case> cases;

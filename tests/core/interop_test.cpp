@@ -10,6 +10,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/core/interop.h"
 #include "shardmm/core/spec.h"
+#include "test_paths.h"
 
 namespace shardmm {
 namespace {
@@ -83,7 +84,7 @@ TEST(Interop, RefusesBadFormsWithOneLine) {
 
 // Every valid spec of the golden file (not the contractions or sizes) through both forms.
 TEST(Interop, EveryGoldenSpecRoundTrips) {
-  std::ifstream in(std::string(SHARDMM_TESTS_DIR) + "/golden/valid_specs.txt");
+  std::ifstream in(shardmm::testing::tests_dir() + "/golden/valid_specs.txt");
   ASSERT_TRUE(in.good());
   int specs = 0, without_placements = 0;
   for (std::string line; std::getline(in, line);) {

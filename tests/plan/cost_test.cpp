@@ -21,6 +21,7 @@
 #include "plan/steps.h"
 #include "random_cases.h"
 #include "shardmm/core/geometry.h"
+#include "test_paths.h"
 
 namespace shardmm {
 namespace {
@@ -796,7 +797,7 @@ TEST_F(LoadProfile, ReadsAtMostOneMiB) {
 }
 
 TEST(ExampleProfiles, ShippedExamplesLoad) {
-  const auto dir = std::filesystem::path(SHARDMM_TESTS_DIR) / ".." / "profiles";
+  const auto dir = std::filesystem::path(shardmm::testing::repo_dir()) / "profiles";
   const HardwareProfile cpu = load_profile((dir / "example-cpu.json").string());
   EXPECT_EQ(cpu.name, "example-cpu");
   EXPECT_GT(cpu.flops_for(DType::f32), 0);

@@ -14,6 +14,7 @@
 #include "shardmm/plan/planner.h"
 #include "shardmm/runtime/kernels.h"
 #include "shardmm/runtime/runner.h"
+#include "test_paths.h"
 
 // Under AddressSanitizer or ThreadSanitizer an allocation the sanitizer cannot serve
 // (petabytes, below) aborts the program unless it may return null as malloc does.
@@ -220,10 +221,10 @@ TEST(MemoryTest, AllocationFailureIsAnInputErrorNotACrash) {
   }
 }
 
-#ifdef SHARDMM_CLI_PATH
+#ifdef SHARDMM_HAVE_CLI
 // The command gets the check through run_plan: one line, exit status 2.
 TEST(MemoryTest, TheCommandRefusesARunLargerThanTheMachine) {
-  const std::string command = std::string(SHARDMM_CLI_PATH) +
+  const std::string command = shardmm::testing::cli_path() +
                               " run 'A[I, J_X] @ B[J_X, K] -> C[I, K]' --mesh X=4 --dims I=1048576,J=1048576,K=1048576"
                               " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");

@@ -14,6 +14,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/runner.h"
 #include "shardmm/solve/solve.h"
+#include "test_paths.h"
 
 namespace shardmm::solve {
 namespace {
@@ -124,10 +125,10 @@ TEST(SolveRandom, OptimumIsExhaustiveSearchsAndRunsVerified) {
 // measured GEMM and local rates included; and it is tight somewhere (where the optimum computes
 // alone and evenly), so a bound that were too high would show.
 TEST(SolveRandom, NoShardingBeatsTheComputeBound) {
-  const std::pair<const char*, DType> profiles[] = {
+  const std::pair<std::string, DType> profiles[] = {
       {"h100", DType::bf16},
       {"tpu-v5e", DType::bf16},
-      {SHARDMM_TESTS_DIR "/solve/profiles/calibrated-cpu.json", DType::f32}};
+      {shardmm::testing::tests_dir() + "/solve/profiles/calibrated-cpu.json", DType::f32}};
   const int cases = static_cast<int>(testing::scaled_cases(150));
   double tightest = 0;
   for (int c = 0; c < cases; ++c) {

@@ -15,6 +15,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/nn/collectives.h"
 #include "shardmm/solve/solve.h"
+#include "test_paths.h"
 
 namespace shardmm::solve {
 namespace {
@@ -409,8 +410,7 @@ nn::ProgramOptions on(const Machine& m) {
   nn::ProgramOptions o = bf16();
   o.dtype = m.dtype;
   const std::string profile = m.profile;
-  o.hw = load_profile(profile.find('/') == std::string::npos ? profile
-                                                             : std::string(SHARDMM_TESTS_DIR) + "/../" + profile);
+  o.hw = load_profile(profile.find('/') == std::string::npos ? profile : shardmm::testing::repo_dir() + "/" + profile);
   return o;
 }
 
