@@ -131,7 +131,7 @@ std::size_t check_transcript(const Block& b, std::size_t at) {
   const std::vector<std::string> args(words.begin() + 1, words.end());
   // From the repository's root, as the README's commands run (the docs name files from there).
   const std::filesystem::path cwd = std::filesystem::current_path();
-  std::filesystem::current_path(std::filesystem::path(shardmm::testing::tests_dir()).parent_path());
+  std::filesystem::current_path(std::filesystem::path(shardmm::testing::repo_dir()));
   const testing::CliResult r = testing::run_cli_in_process(args);
   std::filesystem::current_path(cwd);
   const bool error = at + 1 < b.lines.size() && b.lines[at + 1].rfind("shardmm: error: ", 0) == 0;
@@ -154,7 +154,7 @@ std::size_t check_transcript(const Block& b, std::size_t at) {
 }
 
 TEST(CliDocs, EveryTranscriptIsWhatTheCommandPrints) {
-  const std::filesystem::path root = std::filesystem::path(shardmm::testing::tests_dir()).parent_path();
+  const std::filesystem::path root = std::filesystem::path(shardmm::testing::repo_dir());
   std::vector<std::filesystem::path> files{root / "README.md"};
   for (const auto& entry : std::filesystem::directory_iterator(root / "docs")) {
     if (entry.path().extension() == ".md") files.push_back(entry.path());

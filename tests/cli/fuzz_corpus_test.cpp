@@ -25,7 +25,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const fs::path kRoot = fs::path(shardmm::testing::tests_dir()).parent_path();
+const fs::path kRoot = fs::path(shardmm::testing::repo_dir());
 
 std::vector<fs::path> corpus(const std::string& name) {
   std::vector<fs::path> files;

@@ -25,7 +25,7 @@ using ::testing::StartsWith;
 using Result = testing::CliResult;
 namespace fs = std::filesystem;
 
-const std::string kRoot = fs::path(shardmm::testing::tests_dir()).parent_path().string();
+const std::string kRoot = shardmm::testing::repo_dir();
 std::string example(const std::string& name) { return kRoot + "/examples/programs/" + name; }
 
 Result program(std::vector<std::string> args) {

@@ -22,7 +22,7 @@ using ::testing::StartsWith;
 using Result = testing::CliResult;
 namespace fs = std::filesystem;
 
-const std::string kRoot = fs::path(shardmm::testing::tests_dir()).parent_path().string();
+const std::string kRoot = shardmm::testing::repo_dir();
 std::string example(const std::string& name) { return kRoot + "/examples/programs/" + name; }
 
 Result cli(std::vector<std::string> args) { return testing::run_cli_in_process(std::move(args)); }

@@ -221,7 +221,7 @@ TEST(MemoryTest, AllocationFailureIsAnInputErrorNotACrash) {
   }
 }
 
-#ifdef SHARDMM_HAVE_CLI
+#ifdef SHARDMM_CLI_FROM_BINARY
 // The command gets the check through run_plan: one line, exit status 2.
 TEST(MemoryTest, TheCommandRefusesARunLargerThanTheMachine) {
   const std::string command = shardmm::testing::cli_path() +
