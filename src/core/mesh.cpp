@@ -15,8 +15,22 @@ SplitRule parse_split_rule(std::string_view text) {
                    "DTensor's Shard: 10 over 4 is 3,3,3,1)");
 }
 
+void throw_axis_list_full() {
+  throw InputError("more than " + std::to_string(kMaxMeshAxes) +
+                   " mesh axes in one list; a mesh has at most that many and an axis appears once in a list");
+}
+
+void throw_not_an_axis(int axis) {
+  throw InputError("mesh axis index " + std::to_string(axis) + " is not an axis of any mesh; a mesh has at most " +
+                   std::to_string(kMaxMeshAxes) + " axes, numbered from 0");
+}
+
 Mesh::Mesh(std::vector<MeshAxis> axes, SplitRule split) : axes_(std::move(axes)), split_(split) {
   if (axes_.empty()) throw InputError("a mesh needs at least one axis, e.g. X=4");
+  if (axes_.size() > static_cast<std::size_t>(kMaxMeshAxes)) {
+    throw InputError("the mesh has " + std::to_string(axes_.size()) + " axes; a mesh has at most " +
+                     std::to_string(kMaxMeshAxes) + " (axes of size 1 included)");
+  }
   for (std::size_t i = 0; i < axes_.size(); ++i) {
     const MeshAxis& a = axes_[i];
     if (!text::is_identifier(a.name)) {

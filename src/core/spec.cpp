@@ -35,6 +35,19 @@ namespace {
 // The most steps the search for an axis run's readings takes (see split_names).
 constexpr int kReadingSteps = 1 << 16;
 
+// The axes as written, up to and including the first one named again: a list holds each axis
+// once (AxisList has room for a mesh's axes, no more), and that first repeat is what the rule
+// check names.
+AxisList through_first_repeat(const std::vector<int>& written) {
+  AxisList axes;
+  for (int a : written) {
+    const bool repeat = std::find(axes.begin(), axes.end(), a) != axes.end();
+    axes.push_back(a);
+    if (repeat) break;
+  }
+  return axes;
+}
+
 std::string axes_suffix(const AxisList& axes, const Mesh& mesh) {
   if (axes.empty()) return "";
   // Appended, not "_" + names: GCC 12 warns (-Wrestrict, falsely) on a literal + std::string here.
@@ -333,7 +346,7 @@ class SpecParser {
       text::trim(src_, from, to);
       if (from == to) fail("empty braces in " + what + "; list its mesh axes, e.g. I_{XY}", from - 1, 2);
       if (src_.substr(from, to - from).find(',') != std::string_view::npos) {
-        AxisList axes;
+        std::vector<int> axes;
         std::size_t start = from;
         for (std::size_t i = from; i <= to; ++i) {
           if (i == to || src_[i] == ',') {
@@ -351,7 +364,7 @@ class SpecParser {
             start = i + 1;
           }
         }
-        return axes;
+        return through_first_repeat(axes);
       }
     }
     return split_names(from, to, what, label);
@@ -412,14 +425,15 @@ class SpecParser {
     // axis it repeats. Past the first reading only legal ones are followed, and a budget of
     // steps bounds the search (axes named a, aa, aaa, ... make the readings exponential).
     std::vector<AxisList> legal;
-    AxisList first, reading;
+    AxisList first;
+    std::vector<int> reading;
     std::vector<bool> used(static_cast<std::size_t>(mesh_.rank()), false);
     int repeats = 0, steps_left = kReadingSteps;
     bool cut = false;  // the budget ran out before the search ended
     const auto read = [&](const auto& self, std::size_t i) -> void {
       if (i == n) {
-        if (first.empty()) first = reading;
-        if (repeats == 0) legal.push_back(reading);
+        if (first.empty()) first = through_first_repeat(reading);
+        if (repeats == 0) legal.push_back(AxisList(reading.begin(), reading.end()));
         return;
       }
       // Once the first reading is known, one with a repeat leads to no legal reading.

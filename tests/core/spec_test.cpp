@@ -87,11 +87,13 @@ TEST(Spec, AnAxisRunWithOneLegalReadingIsThatReading) {
   const std::string msg = error_of([&] { parse_spec("A[I_XYXY]", m); });
   EXPECT_NE(msg.find("(X,Y,XY or XY,X,Y)"), std::string::npos) << msg;
   EXPECT_NE(error_of([&] { parse_spec("A[I_XYXYX]", m); }).find("appears twice"), std::string::npos);
-  // Axes a, aa, ..., a^39 read a run of 781 a's in exponentially many ways, none of them legal
-  // (distinct lengths sum to 780 at most): the search stops at its budget and says so.
+  // Axes a, aa, ..., a^16 (a mesh's most) read a run of 137 a's in exponentially many ways,
+  // none of them legal (distinct lengths sum to 136 at most): the search stops at its budget
+  // and says so.
   std::string axes, run;
-  for (int k = 1; k < 40; ++k) axes += (axes.empty() ? "" : ",") + std::string(static_cast<std::size_t>(k), 'a') + "=1";
-  run.assign(781, 'a');
+  for (int k = 1; k <= kMaxMeshAxes; ++k)
+    axes += (axes.empty() ? "" : ",") + std::string(static_cast<std::size_t>(k), 'a') + "=1";
+  run.assign(137, 'a');
   EXPECT_NE(error_of([&] { parse_spec("A[I_" + run + "]", Mesh::parse(axes)); }).find("too many ways to search"),
             std::string::npos);
 }

@@ -17,10 +17,9 @@
 #include <string_view>
 #include <vector>
 
-namespace shardmm {
+#include "shardmm/core/axis_list.h"
 
-// Mesh axis indices, ordered major to minor where order matters.
-using AxisList = std::vector<int>;
+namespace shardmm {
 
 // How n elements split p ways when p does not divide n (core/geometry.h). Both give the
 // larger pieces first.
