@@ -111,8 +111,10 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
         << " (one axis at a time: " << format_time(r.search->one_axis_seconds) << ")"
         << "; the costed combinations and the table's choices are the last one's.\n";
   }
-  out << "Solved by " << r.outcome.method << " in " << format_time(r.outcome.seconds) << ": "
-      << status_text(r.outcome, r.search) << ".\n";
+  out << "Solved by " << r.outcome.method << " in " << format_time(r.outcome.seconds) << " ("
+      << (r.search ? "its problems built in " + format_time(r.search->build_seconds)
+                   : "its problem built in " + format_time(c.build_seconds))
+      << "): " << status_text(r.outcome, r.search) << ".\n";
 
   out << "\nChosen sharding:\n";
   Table tensors({"tensor", "role", "sharding", "how", "device 0"});
@@ -276,6 +278,7 @@ Json solve_json(const SolveRequest& request, const SolveReport& report) {
                                   {"one_axis_seconds", r.search->one_axis_seconds}}
                            : Json(nullptr);
   doc["op_recordings"] = r.search ? r.search->recordings : c.evaluations;
+  doc["build_seconds"] = r.search ? r.search->build_seconds : c.build_seconds;
   Json tensors = Json::array();
   for (int t : shown_tensors(g, c)) {
     const program::Tensor& tensor = g.tensors[static_cast<std::size_t>(t)];

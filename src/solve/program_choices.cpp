@@ -727,6 +727,7 @@ std::vector<char> regathering_that_gathers(const Graph& g, const ProgramChoices&
 
 ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits,
                              const Neighbourhood* neighbourhood) {
+  const auto started = std::chrono::steady_clock::now();
   ProgramChoices c;
   const bool train = options.train && g.loss >= 0;
   c.on_loss_path = loss_path(g);
@@ -1242,6 +1243,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   for (std::size_t k = 0; k < g.ops.size(); ++k) factor_of[k] = factor_index.at(factor_of_op[k]);
   add_timeline(c, g, options, factor_of, shared_of_var, reduce_factors);
   c.evaluations = recorder.recordings();
+  c.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (limits.leave_caches_to_exit) leave_to_exit(std::move(recorder_owned));
   return c;
 }

@@ -356,6 +356,7 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
     }
     ++tally.builds;
     tally.recordings += c.evaluations;
+    tally.build_seconds += c.build_seconds;
     const ChoiceProblem p = roles ? restricted(c.problem, named_keep(g, c, *roles)) : c.problem;
     SolveLimits step = limits;
     step.seconds = left;

@@ -31,12 +31,16 @@ TEST(SolveCli, FindsMegatronAndSaysItIsOptimal) {
   const Result r = cli({"solve", example("mlp_free.prog"), "--explain"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("Solved by dynamic programming in "));
+  EXPECT_THAT(r.out, HasSubstr(" (its problem built in "));
   EXPECT_THAT(r.out, HasSubstr(": optimal."));
   EXPECT_THAT(r.out, HasSubstr("w_in[D, F_X]"));
   EXPECT_THAT(r.out, HasSubstr("w_out[F_X, D]"));
   EXPECT_THAT(r.out, HasSubstr("Each choice's runner-up"));
   const json doc = json::parse(cli({"solve", example("mlp_free.prog"), "--json"}).out);
   EXPECT_EQ(doc["status"], "optimal");
+  // The build (207 ops recorded) and the dynamic program, timed apart.
+  EXPECT_GT(doc["build_seconds"].get<double>(), 0);
+  EXPECT_GT(doc["solve_seconds"].get<double>(), 0);
   EXPECT_EQ(doc["top"][0]["specs"]["w_in"], "w_in[D, F_X]");
   EXPECT_DOUBLE_EQ(doc["objective_s"].get<double>(), doc["predicted"]["time_s"].get<double>());
   // No named strategy is faster than the optimum.
@@ -110,6 +114,7 @@ TEST(SolveCli, SearchesThreeAxesByNeighbourhoods) {
   ASSERT_EQ(text.status, 0) << text.err;
   EXPECT_THAT(text.out, HasSubstr("Searched (--search neighbourhoods) from the best named strategy by neighbourhoods"));
   EXPECT_THAT(text.out, HasSubstr("Solved by neighbourhood search in "));
+  EXPECT_THAT(text.out, HasSubstr(" (its problems built in "));
   EXPECT_THAT(text.out, HasSubstr(": no change of one or two axes' places improves it: a local optimum, within "));
   EXPECT_THAT(text.out, HasSubstr(" (every device computing an even share, nothing communicated).\n"));
   std::vector<std::string> with_json = args;
@@ -128,6 +133,9 @@ TEST(SolveCli, SearchesThreeAxesByNeighbourhoods) {
     EXPECT_EQ(t["lower_bound_s"], doc["lower_bound_s"]);
   }
   EXPECT_EQ(doc["search"]["converged_axes"], 2);
+  // Every neighbourhood's build, within the search's time.
+  EXPECT_GT(doc["build_seconds"].get<double>(), 0);
+  EXPECT_LE(doc["build_seconds"].get<double>(), doc["search"]["seconds"].get<double>());
   EXPECT_GT(doc["search"]["neighbourhoods"].get<int>(), 3);
   EXPECT_DOUBLE_EQ(doc["objective_s"].get<double>(), doc["predicted"]["time_s"].get<double>());
   for (const json& s : doc["named_strategies"]) {

@@ -55,6 +55,7 @@ struct ProgramChoices {
   // -1 when it gets no gradient. A repeat's copies share one where the same statements read them.
   std::vector<int> gradient_var;
   std::int64_t evaluations = 0;  // distinct op recordings that filled the factors
+  double build_seconds = 0;      // wall time of the build (recording the ops, filling the factors)
 };
 // How building a choice problem is going: reported after each batch of recordings.
 struct BuildProgress {
@@ -148,6 +149,7 @@ struct NeighbourhoodSearch {
   double seconds = 0;
   double one_axis_seconds = 0;  // until the search of one axis at a time ended
   std::int64_t recordings = 0;  // op recordings, all neighbourhoods'
+  double build_seconds = 0;     // building the neighbourhoods' problems, all of them
 };
 
 struct SolveResult {
