@@ -12,20 +12,12 @@
 #include "shardmm/core/error.h"
 #include "shardmm/core/mesh.h"
 #include "shardmm/core/spec.h"
+#include "input_error.h"
 
 namespace shardmm {
 namespace {
 
 std::vector<int> as_vector(const AxisList& axes) { return {axes.begin(), axes.end()}; }
-
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const InputError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // Random edits applied to an AxisList and to a std::vector<int> side by side agree.
 TEST(AxisList, EditsAgreeWithAVector) {
@@ -100,19 +92,20 @@ TEST(AxisList, HoldsEveryAxisOfTheLargestMesh) {
 
 TEST(AxisList, RefusesMoreAxesThanAMeshHas) {
   AxisList full(static_cast<std::size_t>(kMaxMeshAxes), 0);
-  EXPECT_EQ(message_of([&] { full.push_back(1); }),
+  EXPECT_EQ(testing::input_error([&] { full.push_back(1); }),
             "more than 16 mesh axes in one list; a mesh has at most that many and an axis appears once in a list");
   EXPECT_EQ(full.size(), static_cast<std::size_t>(kMaxMeshAxes));
   EXPECT_THROW(AxisList(static_cast<std::size_t>(kMaxMeshAxes) + 1, 0), InputError);
   std::vector<MeshAxis> axes;
   for (int i = 0; i <= kMaxMeshAxes; ++i) axes.push_back({"a" + std::to_string(i), 1});
-  EXPECT_EQ(message_of([&] { Mesh{axes}; }), "the mesh has 17 axes; a mesh has at most 16 (axes of size 1 included)");
+  EXPECT_EQ(testing::input_error([&] { Mesh{axes}; }),
+            "the mesh has 17 axes; a mesh has at most 16 (axes of size 1 included)");
 }
 
 TEST(AxisList, KeepsABadIndexAsGivenOrRefusesIt) {
   const AxisList negative{-1};
   EXPECT_EQ(negative[0], -1);  // reported as -1 by whoever checks it against a mesh
-  EXPECT_EQ(message_of([] { AxisList{1000}; }),
+  EXPECT_EQ(testing::input_error([] { AxisList{1000}; }),
             "mesh axis index 1000 is not an axis of any mesh; a mesh has at most 16 axes, numbered from 0");
 }
 
@@ -124,7 +117,7 @@ TEST(AxisList, SpecRepeatingAnAxisPastTheCapacityNamesTheRepeat) {
   for (int i = 0; i < 40; ++i) many += std::string(i ? "," : "") + "X";
   many += "}]";
   for (const std::string& text : {many, "A[I_" + std::string(40, 'X') + "]", std::string("A[I_{X,X}]")}) {
-    EXPECT_NE(message_of([&] { parse_spec(text, mesh); }).find("mesh axis 'X' appears twice in dimension I"),
+    EXPECT_NE(testing::input_error([&] { parse_spec(text, mesh); }).find("mesh axis 'X' appears twice in dimension I"),
               std::string::npos)
         << text;
   }
