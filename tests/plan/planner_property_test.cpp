@@ -37,14 +37,14 @@ void PrintTo(const Spec& s, std::ostream* os) {
     *os << (i ? ", " : "") << s.dims[i].name;
     if (!s.dims[i].axes.empty()) {
       *os << "_{";
-      for (std::size_t j = 0; j < s.dims[i].axes.size(); ++j) *os << (j ? "," : "") << s.dims[i].axes[j];
+      for (std::size_t j = 0; j < s.dims[i].axes.size(); ++j) *os << (j ? "," : "") << int{s.dims[i].axes[j]};
       *os << "}";
     }
   }
   *os << "]";
   if (!s.unreduced.empty()) {
     *os << "{U_";
-    for (std::size_t j = 0; j < s.unreduced.size(); ++j) *os << (j ? "," : "") << s.unreduced[j];
+    for (std::size_t j = 0; j < s.unreduced.size(); ++j) *os << (j ? "," : "") << int{s.unreduced[j]};
     *os << "}";
   }
 }
