@@ -4,6 +4,7 @@
 // prediction against what the executed run records.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <map>
@@ -160,7 +161,7 @@ TEST(ProgramRun, RandomProgramsMatchTheDenseStepAndTheirPrediction) {
   // Every program is written and tallied (the coverage check below is about the generator);
   // a scaled run (the sanitizer builds) executes an evenly spread subset of them.
   const int written = 1000;
-  const int stride = written / static_cast<int>(testing::scaled_cases(written));
+  const int stride = std::max(1, written / static_cast<int>(testing::scaled_cases(written)));
   for (int c = 0; c < written; ++c) {
     const std::uint64_t seed = 20261204 + static_cast<std::uint64_t>(c);
     testing::Rng rng(seed);
@@ -351,7 +352,8 @@ TEST(ProgramRun, RingsRunAsOneStepWithTheUnfusedPairsBackward) {
 // verifies against the dense step, and its prediction is what the run recorded.
 TEST(ProgramRun, RandomProgramsWithRingsMatchTheDenseStep) {
   int gather_rings = 0, scatter_rings = 0, executed = 0;
-  const int written = 3000;
+  // About one program in forty runs a ring: a scaled-up run writes as many more.
+  const int written = static_cast<int>(std::max(3000u, testing::scaled_cases(3000)));
   const int budget = static_cast<int>(testing::scaled_cases(45));
   for (int c = 0; c < written && executed < budget; ++c) {
     const std::uint64_t seed = 20261205 + static_cast<std::uint64_t>(c);

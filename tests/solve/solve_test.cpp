@@ -848,7 +848,7 @@ TEST(Solve, KeepsTensorParallelismInTheNodeAndSplitsTheBatchAcrossNodes) {
   const Case cases[] = {{"dp=4,tp=8", "tp", "dp"}, {"tp=8,dp=4", "dp", "tp"}};
   // Each solve records a 2-axis decoder (about 20 s here); the sanitizers' scaled runs take the
   // first order only, which runs the same code.
-  for (unsigned i = 0; i < testing::scaled_cases(2); ++i) {
+  for (std::size_t i = 0; i < std::min<std::size_t>(testing::scaled_cases(2), std::size(cases)); ++i) {
     const Case& c = cases[i];
     SCOPED_TRACE(c.mesh);
     program::BindOptions b = on_mesh(c.mesh);
