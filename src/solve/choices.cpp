@@ -521,11 +521,16 @@ std::optional<SolveOutcome> eliminate(const std::vector<int>& domain, std::vecto
   return out;
 }
 
-// By variable and value: whether the value survives arc consistency (reduce_domains).
-std::vector<std::vector<char>> supported_values(const ChoiceProblem& p) {
+// By variable and value: whether the value survives arc consistency (reduce_domains), the
+// values `keep` refuses (where given) dropped first.
+std::vector<std::vector<char>> supported_values(const ChoiceProblem& p, const Kept* keep = nullptr) {
   const std::size_t n = p.domain.size();
   std::vector<std::vector<char>> alive(n);
-  for (std::size_t v = 0; v < n; ++v) alive[v].assign(static_cast<std::size_t>(p.domain[v]), 1);
+  for (std::size_t v = 0; v < n; ++v) {
+    alive[v].assign(static_cast<std::size_t>(p.domain[v]), 1);
+    if (!keep || v >= keep->size() || (*keep)[v].empty()) continue;
+    for (std::size_t x = 0; x < alive[v].size(); ++x) alive[v][x] = x < (*keep)[v].size() && (*keep)[v][x] != 0;
+  }
   // A value no entry of some factor of its variable supports (among entries whose values are
   // all alive) is never part of an allowed assignment: drop it, until nothing changes.
   for (bool changed = true; changed;) {
@@ -616,12 +621,15 @@ Assignment Reduced::original(const Assignment& a) const {
   return out;
 }
 
-std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table) {
+namespace {
+
+// solve_elimination of `p`, or of restricted(p, *keep) where given.
+std::optional<SolveOutcome> eliminate_within(const ChoiceProblem& p, const Kept* keep, std::int64_t max_table) {
   const auto start = std::chrono::steady_clock::now();
   // reduce_domains' problem without copying its entries: the tables straight from p's.
   std::vector<std::vector<int>> index, kept;
   std::optional<SolveOutcome> out;
-  if (!renumber(supported_values(p), index, kept)) {
+  if (!renumber(supported_values(p, keep), index, kept)) {
     out.emplace();
     out->method = "dynamic programming";
     out->status = SolveStatus::infeasible;
@@ -657,6 +665,16 @@ std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64
   }
   out->seconds = seconds_since(start);
   return out;
+}
+
+}  // namespace
+
+std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table) {
+  return eliminate_within(p, nullptr, max_table);
+}
+
+std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, const Kept& keep, std::int64_t max_table) {
+  return eliminate_within(p, &keep, max_table);
 }
 
 ChoiceProblem restricted(const ChoiceProblem& p, const Kept& keep) {
@@ -735,7 +753,7 @@ std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& l
       other[static_cast<std::size_t>(v)][xv] = 0;
       const std::vector<char>& left = other[static_cast<std::size_t>(v)];
       if (std::find(left.begin(), left.end(), 1) != left.end()) {
-        SolveOutcome o = best(restricted(p, other), limits);
+        SolveOutcome o = best(p, other, limits);
         proven = proven && (o.status == SolveStatus::optimal || o.status == SolveStatus::infeasible);
         if (!o.best.empty()) parts.push({std::move(other), std::move(o)});
       }

@@ -62,16 +62,17 @@ std::string least_memory_text(const Graph& g, const ProgramChoices& c, const Sol
   return out;
 }
 
-// The best assignment of `p` within the limits: dynamic programming first (exact, fast, blind
-// to memory), the integer program when memory binds, exclusions apply or the tables grow too big.
-SolveOutcome best_of(const ChoiceProblem& p, const SolveLimits& limits) {
+// The best assignment of restricted(p, keep) (no lists: of `p`) within the limits: dynamic
+// programming first (exact, fast, blind to memory; on p's own entries), the integer program
+// when memory binds, exclusions apply or the tables grow too big.
+SolveOutcome best_of(const ChoiceProblem& p, const Kept& keep, const SolveLimits& limits) {
   if (limits.excluded.empty()) {
-    if (std::optional<SolveOutcome> dp = solve_elimination(p)) {
+    if (std::optional<SolveOutcome> dp = solve_elimination(p, keep)) {
       if (dp->status == SolveStatus::infeasible) return *dp;
       if (!limits.memory_limit || dp->value.memory <= *limits.memory_limit) return *dp;
     }
   }
-  return solve_mip(p, limits);
+  return keep.empty() ? solve_mip(p, limits) : solve_mip(restricted(p, keep), limits);
 }
 
 // ---- Named strategies: a role per mesh axis, as restrictions on the leaves' specs.
@@ -230,7 +231,7 @@ std::vector<NamedStrategy> named_strategies(const Graph& g, const ProgramChoices
   for (const std::vector<std::string>& roles : named_plans(g)) {
     limits.seconds = seconds_left();
     const Kept keep = named_keep(g, c, roles);
-    NamedStrategy s{named_text(g, roles), best_of(restricted(c.problem, keep), limits), {}, {}};
+    NamedStrategy s{named_text(g, roles), best_of(c.problem, keep, limits), {}, {}};
     if (!s.outcome.best.empty()) s.specs = specs_of(c, s.outcome.best);
     if (s.outcome.status == SolveStatus::infeasible) s.why_not = why_none(g, roles, limits, &c, &keep);
     out.push_back(std::move(s));
@@ -357,7 +358,7 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
     ++tally.builds;
     tally.recordings += c.evaluations;
     tally.build_seconds += c.build_seconds;
-    const ChoiceProblem p = roles ? restricted(c.problem, named_keep(g, c, *roles)) : c.problem;
+    const Kept keep = roles ? named_keep(g, c, *roles) : Kept{};
     SolveLimits step = limits;
     step.seconds = left;
     SolveOutcome o;
@@ -369,14 +370,14 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
       SolveLimits least = step;
       least.memory_limit.reset();
       least.minimize_memory = true;
-      o = solve_mip(p, least);
+      o = keep.empty() ? solve_mip(c.problem, least) : solve_mip(restricted(c.problem, keep), least);
       fits = !o.best.empty() && o.value.memory <= *limits.memory_limit;
       if (fits) {
-        SolveOutcome fastest = best_of(p, step);
+        SolveOutcome fastest = best_of(c.problem, keep, step);
         if (!fastest.best.empty()) o = std::move(fastest);
       }
     } else {
-      o = best_of(p, step);
+      o = best_of(c.problem, keep, step);
       fits = !o.best.empty();
     }
     if (!o.best.empty() && improves(o, fits, out.best)) {
@@ -526,12 +527,12 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
     if (!searched->fits) r.outcome.best.clear();
   } else {
     limits.seconds = seconds_left();
-    r.outcome = best_of(c.problem, limits);
+    r.outcome = best_of(c.problem, {}, limits);
     if (options.memory_limit) {
       SolveLimits free = limits;
       free.memory_limit.reset();
       free.seconds = seconds_left();
-      r.unconstrained = best_of(c.problem, free);
+      r.unconstrained = best_of(c.problem, {}, free);
     }
   }
   if (r.outcome.best.empty()) {
@@ -628,7 +629,7 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
       for (const Spec& value : values)
         keep[static_cast<std::size_t>(v)].push_back(!(value == values[static_cast<std::size_t>(chosen)]));
       limits.seconds = seconds_left();
-      const SolveOutcome o = best_of(restricted(c.problem, keep), limits);
+      const SolveOutcome o = best_of(c.problem, keep, limits);
       if (!o.best.empty()) {
         alt.exists = true;
         alt.spec = c.values[static_cast<std::size_t>(v)][static_cast<std::size_t>(o.best[static_cast<std::size_t>(v)])];

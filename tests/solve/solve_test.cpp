@@ -219,6 +219,51 @@ TEST(Solvers, AgreeWithExhaustiveSearchOnRandomProblems) {
   EXPECT_GT(limited, trials / 8);
 }
 
+// The dynamic program of a restriction without making it (solve_elimination with a Kept)
+// finds what it finds on the restricted problem and what exhaustive search finds there, its
+// answer one the restriction keeps and evaluated as on the whole problem. Restrictions: some
+// variables with a list (some refusing every value, some a variable no factor names), others
+// with none.
+TEST(Solvers, EliminationWithinARestrictionIsEliminationOfTheRestrictedProblem) {
+  std::mt19937 rng(41);
+  int feasible = 0, infeasible = 0;
+  const int trials = static_cast<int>(testing::scaled_cases(400));
+  for (int trial = 0; trial < trials; ++trial) {
+    ChoiceProblem p = random_problem(rng);
+    if (trial % 4 == 0) p.domain.push_back(std::uniform_int_distribution<int>(1, 3)(rng));  // named by no factor
+    Kept keep(p.domain.size());
+    for (std::size_t v = 0; v < keep.size(); ++v) {
+      if (std::uniform_int_distribution<int>(0, 2)(rng) == 0) continue;
+      for (int x = 0; x < p.domain[v]; ++x) keep[v].push_back(std::uniform_int_distribution<int>(0, 3)(rng) != 0);
+    }
+    if (trial % 3 == 0) keep.resize(std::uniform_int_distribution<std::size_t>(0, keep.size())(rng));
+    const ChoiceProblem r = restricted(p, keep);
+    const std::optional<SolveOutcome> within = solve_elimination(p, keep);
+    const std::optional<SolveOutcome> made = solve_elimination(r);
+    const SolveOutcome truth = solve_exhaustive(r, {});
+    ASSERT_TRUE(within && made);
+    ASSERT_EQ(within->status, truth.status) << trial;
+    ASSERT_EQ(made->status, truth.status) << trial;
+    if (truth.status != SolveStatus::optimal) {
+      ++infeasible;
+      EXPECT_TRUE(within->best.empty()) << trial;
+      continue;
+    }
+    ++feasible;
+    EXPECT_NEAR(within->value.time, truth.value.time, 1e-12) << trial;
+    EXPECT_NEAR(within->value.time, made->value.time, 1e-12) << trial;
+    EXPECT_EQ(within->value.memory, evaluate(r, within->best).memory) << trial;
+    EXPECT_TRUE(evaluate(r, within->best).allowed) << trial;
+    for (std::size_t v = 0; v < keep.size(); ++v) {
+      if (!keep[v].empty()) {
+        EXPECT_TRUE(keep[v][static_cast<std::size_t>(within->best[v])]) << trial << " var " << v;
+      }
+    }
+  }
+  EXPECT_GT(feasible, trials / 4);
+  EXPECT_GT(infeasible, trials / 20);
+}
+
 // A problem whose integer program's root relaxation takes CBC seconds: a ring of variables,
 // each pair of neighbours and some random pairs a factor over all their values, memory shared
 // and limited so that the relaxation is fractional.
@@ -312,13 +357,13 @@ TEST(Solvers, TopKEqualsExhaustiveSearchsKBest) {
     if (best_free.status != SolveStatus::optimal) continue;
     const bool limited = trial % 3 == 0;
     if (limited) limits.memory_limit = best_free.value.memory - std::uniform_int_distribution<int>(0, 40)(rng);
-    const BestOf best = [&](const ChoiceProblem& q, const SolveLimits& l) {
-      if (l.memory_limit) return solve_mip(q, l);
-      std::optional<SolveOutcome> dp = solve_elimination(q);
+    const BestOf best = [&](const ChoiceProblem& q, const Kept& keep, const SolveLimits& l) {
+      if (l.memory_limit) return solve_mip(restricted(q, keep), l);
+      std::optional<SolveOutcome> dp = solve_elimination(q, keep);
       EXPECT_TRUE(dp.has_value());
       return *dp;
     };
-    const SolveOutcome first = best(p, limits);
+    const SolveOutcome first = best(p, {}, limits);
     if (first.status != SolveStatus::optimal) continue;
     const int k = 6;
     const std::vector<SolveOutcome> top = solve_top(p, limits, first, k, best);

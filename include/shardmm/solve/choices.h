@@ -128,6 +128,14 @@ SolveOutcome solve_exhaustive(const ChoiceProblem& p, const SolveLimits& limits,
 // `max_table` tuples.
 std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, std::int64_t max_table = 4'000'000);
 
+// By variable, by value: whether a restriction keeps it (a variable with no list: every value).
+using Kept = std::vector<std::vector<char>>;
+// solve_elimination of restricted(p, keep) without making it: the values `keep` refuses are
+// dropped where the tables are built from p's entries (a solve asks for tens of restrictions
+// of one problem: the named strategies, --explain's runners-up, --top's parts).
+std::optional<SolveOutcome> solve_elimination(const ChoiceProblem& p, const Kept& keep,
+                                              std::int64_t max_table = 4'000'000);
+
 // The problem without the values no allowed assignment can take (a value some factor of its
 // variable allows with no tuple of live values), repeated until nothing changes: what both
 // solvers work on. `empty`: some variable has no value left (nothing is allowed).
@@ -144,24 +152,22 @@ Reduced reduce_domains(const ChoiceProblem& p);
 // that can be the peak), solved by CBC. Its status and lower bound are CBC's.
 SolveOutcome solve_mip(const ChoiceProblem& p, const SolveLimits& limits);
 
-// By variable, by value: whether a restriction keeps it (a variable with no list: every value).
-using Kept = std::vector<std::vector<char>>;
 // `p` without the assignments where some variable takes a value `keep` refuses: the factor
 // entries kept are copied once, however many variables it restricts; a restricted variable no
 // factor names gets a factor of its kept values (time and memory 0).
 ChoiceProblem restricted(const ChoiceProblem& p, const Kept& keep);
 
-// An exact solver of a problem within limits (memory, time; not exclusions): what solve_top
-// asks for each part of the search.
-using BestOf = std::function<SolveOutcome(const ChoiceProblem&, const SolveLimits&)>;
+// An exact solver of restricted(p, keep) within limits (memory, time; not exclusions): what
+// solve_top asks for each part of the search.
+using BestOf = std::function<SolveOutcome(const ChoiceProblem& p, const Kept& keep, const SolveLimits&)>;
 
 // The `k` best assignments, best first, whose values on `limits.distinct_on` (every variable when
 // empty) differ pairwise; fewer when fewer exist. `first` is `best(p, limits)`, already found.
 // Lawler and Murty's partition: the assignments left after an answer x are split into disjoint
 // parts, the i-th with x's values on the first i - 1 distinct-on variables and another value on
-// the i-th; each part is solved by `best` (restricted() to those values), and
+// the i-th; each part is solved by `best` (restricted to those values), and
 // the best part found so far gives the next answer. Exact whenever `best` is: no exclusion
-// constraints (parts are restricted()), so the dynamic program stays usable. `limits.excluded` must be empty.
+// constraints (parts are restrictions), so the dynamic program stays usable. `limits.excluded` must be empty.
 std::vector<SolveOutcome> solve_top(const ChoiceProblem& p, const SolveLimits& limits, SolveOutcome first, int k,
                                     const BestOf& best);
 
