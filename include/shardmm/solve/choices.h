@@ -162,7 +162,7 @@ ChoiceProblem restricted(const ChoiceProblem& p, const Kept& keep);
 using BestOf = std::function<SolveOutcome(const ChoiceProblem& p, const Kept& keep, const SolveLimits&)>;
 
 // The `k` best assignments, best first, whose values on `limits.distinct_on` (every variable when
-// empty) differ pairwise; fewer when fewer exist. `first` is `best(p, limits)`, already found.
+// empty) differ pairwise; fewer when fewer exist. `first` is `best(p, {}, limits)`, already found.
 // Lawler and Murty's partition: the assignments left after an answer x are split into disjoint
 // parts, the i-th with x's values on the first i - 1 distinct-on variables and another value on
 // the i-th; each part is solved by `best` (restricted to those values), and
