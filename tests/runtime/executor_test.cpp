@@ -182,10 +182,11 @@ struct RingCase {
   const char* dims;
 };
 
-// Runs each case's `ring` candidates (one way round, and both ways from 3 members; planned
-// for tpu-v5e, a torus) and its serialized twin on real-valued f64 data and expects them
-// within rounding of each other. Returns how many rings ran.
-int expect_rings_near_serialized(const std::vector<RingCase>& cases, OpKind ring, const std::vector<OpKind>& twin) {
+// Runs each case's candidates whose steps are `ring` (one way round, and both ways from 3
+// members; planned for tpu-v5e, a torus) and its serialized twin on real-valued f64 data and
+// expects them within rounding of each other. Returns how many rings ran.
+int expect_rings_near_serialized(const std::vector<RingCase>& cases, const std::vector<OpKind>& ring,
+                                 const std::vector<OpKind>& twin) {
   PlanOptions torus = options(DType::f32);  // tpu-v5e has no f64 peak; the plan's steps do not depend on it
   torus.hw = builtin_profile("tpu-v5e");
   int rings = 0;
@@ -197,7 +198,7 @@ int expect_rings_near_serialized(const std::vector<RingCase>& cases, OpKind ring
     const std::vector<double> serial = run_real_valued(mesh, plan_with(p, twin), c, sizes, DType::f64);
     for (bool both_ways : {false, true}) {
       if (both_ways && mesh.device_count() < 3) continue;
-      const std::vector<double> got = run_real_valued(mesh, plan_with(p, {ring}, both_ways), c, sizes, DType::f64);
+      const std::vector<double> got = run_real_valued(mesh, plan_with(p, ring, both_ways), c, sizes, DType::f64);
       EXPECT_EQ(got.size(), serial.size()) << k.expr;
       for (std::size_t i = 0; i < std::min(got.size(), serial.size()); ++i) {
         EXPECT_NEAR(got[i], serial[i], 1e-12) << k.expr << (both_ways ? " both ways " : " one way ") << i;
@@ -218,7 +219,7 @@ TEST(ExecutorTest, AllGatherEinsumIsWithinRoundingOfTheSerializedPlan) {
   EXPECT_EQ(expect_rings_near_serialized({{"X=4", "A[I_X, J] @ B[J, K] -> C[I, K]", "I=37,J=29,K=23"},
                                           {"X=3", "A[I, J] @ B[J, K_X] -> C[I, K]", "I=19,J=31,K=17"},
                                           {"X=5", "A[J, I_X] @ B[J, K] -> C[K, I]", "I=23,J=9,K=12"}},
-                                         OpKind::all_gather_einsum, {OpKind::all_gather, OpKind::einsum}),
+                                         {OpKind::all_gather_einsum}, {OpKind::all_gather, OpKind::einsum}),
             6);
 }
 
@@ -246,7 +247,7 @@ TEST(ExecutorTest, AllGatherEinsumOverAContractedDimensionIsWithinRoundingOfTheS
       EXPECT_TRUE(gathers_contracted(ring.steps[0])) << k.expr;
     }
   }
-  EXPECT_EQ(expect_rings_near_serialized(cases, OpKind::all_gather_einsum, {OpKind::all_gather, OpKind::einsum}), 9);
+  EXPECT_EQ(expect_rings_near_serialized(cases, {OpKind::all_gather_einsum}, {OpKind::all_gather, OpKind::einsum}), 9);
 }
 
 // A rank's threads communicator that reports, as mpi does through MPI messages, that its
@@ -378,8 +379,38 @@ TEST(ExecutorTest, EinsumReduceScatterIsWithinRoundingOfTheSerializedPlan) {
                                           {"X=4", "A[I, J_X] @ B[J_X, K] -> C[I_X, K]", "I=26,J=41,K=15"},
                                           {"X=3", "A[I, J_X] @ B[J_X, K] -> C[I, K_X]", "I=13,J=22,K=29"},
                                           {"X=5", "A[J_X, I] @ B[K, J_X] -> C[K, I_X]", "I=23,J=9,K=12"}},
-                                         OpKind::einsum_reduce_scatter, {OpKind::einsum, OpKind::reduce_scatter}),
+                                         {OpKind::einsum_reduce_scatter}, {OpKind::einsum, OpKind::reduce_scatter}),
             7);
+}
+
+// A ring over the leading axes of a gather or scatter over two, the rest gathered before it
+// or scattered after it (plan/matmul.cpp, add_split_ways) against the serialized split: A's
+// rows gathered, B's contracted dimension gathered, the partial sums scattered; uneven shards
+// on X=3,Y=2, the ring over X one way and both ways round.
+TEST(ExecutorTest, RingsOverSomeOfACollectivesAxesAreWithinRoundingOfTheSerializedPlan) {
+  const std::vector<RingCase> gathers = {{"X=3,Y=2", "A[I_XY, J] @ B[J, K] -> C[I, K]", "I=37,J=13,K=11"},
+                                         {"X=3,Y=2", "A[I_XY, J] @ B[J_XY, K] -> C[I_XY, K]", "I=20,J=29,K=9"}};
+  const std::vector<RingCase> scatters = {{"X=3,Y=2", "A[I, J_XY] @ B[J_XY, K] -> C[I_XY, K]", "I=17,J=29,K=7"}};
+  PlanOptions torus = options(DType::f32);
+  torus.hw = builtin_profile("tpu-v5e");
+  for (const auto& [cases, ring] :
+       {std::pair{gathers, std::vector{OpKind::all_gather, OpKind::all_gather_einsum}},
+        std::pair{scatters, std::vector{OpKind::einsum_reduce_scatter, OpKind::reduce_scatter}}}) {
+    for (const RingCase& k : cases) {
+      const Mesh mesh = Mesh::parse(k.mesh);
+      const MatmulPlanning p = plan_matmul(mesh, parse_contraction(k.expr, mesh), parse_dims(k.dims), torus);
+      const Plan& split = plan_with(p, ring);
+      const bool gathered = ring[0] == OpKind::all_gather;
+      EXPECT_EQ(split.steps[gathered ? 0 : 1].axes, AxisList{1}) << k.expr;
+      EXPECT_EQ(split.steps[gathered ? 1 : 0].axes, AxisList{0}) << k.expr;
+    }
+  }
+  EXPECT_EQ(expect_rings_near_serialized(gathers, {OpKind::all_gather, OpKind::all_gather_einsum},
+                                         {OpKind::all_gather, OpKind::all_gather, OpKind::einsum}),
+            4);
+  EXPECT_EQ(expect_rings_near_serialized(scatters, {OpKind::einsum_reduce_scatter, OpKind::reduce_scatter},
+                                         {OpKind::einsum, OpKind::reduce_scatter, OpKind::reduce_scatter}),
+            2);
 }
 
 TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
