@@ -342,7 +342,8 @@ class MatmulPlanner {
   }
 
   // No output requested: any fully reduced sharding will do; each pending sum is either
-  // all-reduced or reduce-scattered onto one of the output's dimensions.
+  // all-reduced or reduce-scattered onto one of the output's dimensions, the axes a dimension
+  // takes in any order after those it has.
   static std::vector<Spec> free_targets(const Spec& result) {
     std::vector<Spec> targets{result};
     targets[0].unreduced.clear();
@@ -351,9 +352,13 @@ class MatmulPlanner {
       for (const Spec& t : targets) {
         next.push_back(t);
         for (std::size_t d = 0; d < t.dims.size(); ++d) {
-          Spec rs = t;
-          rs.dims[d].axes.push_back(x);
-          next.push_back(rs);
+          const AxisList& axes = t.dims[d].axes;
+          for (std::size_t at = result.dims[d].axes.size(); at <= axes.size(); ++at) {
+            Spec rs = t;
+            AxisList& to = rs.dims[d].axes;
+            to.insert(to.begin() + static_cast<std::ptrdiff_t>(at), x);
+            next.push_back(std::move(rs));
+          }
         }
       }
       targets.swap(next);

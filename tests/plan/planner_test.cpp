@@ -661,5 +661,26 @@ TEST(Matmul, AScatterOverSeveralAxesSplitsWhereLatencyBinds) {
   EXPECT_DOUBLE_EQ(chosen.steps[2].time_s, 3 * o.hw.hop_latency_s);
 }
 
+// Without an output spec the result's pending sums may be scattered onto a dimension in any
+// order: asked for C[R_YX], a ring over Y and a reduce_scatter over X; the free search must
+// weigh that output too (it only took the axes in the mesh's order, and missed it: seed 13719
+// of PlannerProperty.RandomContractionsOnSmallMeshes at 20 times its cases).
+TEST(Matmul, TheFreeSearchScattersOntoADimensionInEveryOrder) {
+  const Mesh mesh = Mesh::parse("X=2,Y=3");
+  const std::string text = "A[R, Q, K_X] @ B[K_Y, Q]{U_X}";
+  const DimSizes sizes = parse_dims("K=8,Q=8,R=10");
+  for (const std::string& profile : builtin_profile_names()) {
+    for (DType dtype : {DType::bf16, DType::f32}) {
+      const PlanOptions o{dtype, builtin_profile(profile), std::nullopt};
+      const MatmulPlanning free = plan_matmul(mesh, parse_contraction(text, mesh), sizes, o);
+      const MatmulPlanning yx = plan_matmul(mesh, parse_contraction(text + " -> C[R_YX]", mesh), sizes, o);
+      EXPECT_LE(free.candidates.at(0).total_time_s, yx.candidates.at(0).total_time_s) << profile;
+      EXPECT_TRUE(std::any_of(free.candidates.begin(), free.candidates.end(), [&](const Plan& p) {
+        return format_spec(p.output, mesh) == "C[R_YX]";
+      })) << profile;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace shardmm
