@@ -418,6 +418,7 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
   std::int64_t plans_run = 0;
   std::map<std::string, int> rings_run;  // collective matmuls, by kind and way round
   int exchanges_run = 0;                 // operand or result reshards done as one exchange
+  int split_rings_run = 0;               // rings beside a collective of theirs on the same dimension
   for (int i = 0; i < cases; ++i) {
     const std::uint64_t seed = 1000 + static_cast<std::uint64_t>(i);
     testing::Rng rng(seed);
@@ -443,10 +444,18 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
       ASSERT_EQ(r.global, expected) << context;
       expect_trace_matches(plan, r, context);
       ++plans_run;
-      for (const Step& s : plan.steps) {
+      for (std::size_t k = 0; k < plan.steps.size(); ++k) {
+        const Step& s = plan.steps[k];
         if (is_collective_matmul(s.op)) {
           ++rings_run[std::string(to_string(s.op)) + (gathers_contracted(s) ? " contracted" : "") +
                       (s.bidirectional ? " both ways" : "")];
+          // A ring over the leading axes of a gather split in two (the rest gathered right
+          // before it) or of a scatter (the rest scattered right after).
+          const bool gather = s.op == OpKind::all_gather_einsum;
+          const Step* beside = gather ? (k > 0 ? &plan.steps[k - 1] : nullptr)
+                                      : (k + 1 < plan.steps.size() ? &plan.steps[k + 1] : nullptr);
+          split_rings_run += beside && beside->op == (gather ? OpKind::all_gather : OpKind::reduce_scatter) &&
+                             beside->dim == s.dim && (!gather || beside->operand == s.ring_operand);
         }
         exchanges_run += s.op == OpKind::exchange;
       }
@@ -460,8 +469,10 @@ TEST(ExecutorTest, RandomContractionsEveryCandidateMatchesDenseReference) {
       EXPECT_GE(rings_run[kind], 20) << kind;
     }
     EXPECT_GE(exchanges_run, 20);
+    EXPECT_GE(split_rings_run, 20);
   }
   RecordProperty("exchanges_run", exchanges_run);
+  RecordProperty("split_rings_run", split_rings_run);
   for (const auto& [kind, count] : rings_run) RecordProperty(kind, count);
 }
 
