@@ -333,8 +333,8 @@ class MatmulPlanner {
     detail::MatmulLayout made;
     made.einsum = &memo_->einsum_steps.try_emplace(einsum_key(einsum), std::move(einsum)).first->second;
     // A's and B's reshards are the same for every target.
-    made.a_ways = &reshard_options(c_.a, made.einsum->from, a_shape_, 0);
-    made.b_ways = &reshard_options(c_.b, made.einsum->from_b, b_shape_, 1);
+    made.a_ways = &reshard_options(c_.a, made.einsum->from, a_shape_, RingEnd::last_all_gather);
+    made.b_ways = &reshard_options(c_.b, made.einsum->from_b, b_shape_, RingEnd::last_all_gather);
     std::vector<std::int64_t> c_layout;
     append_layout(c_layout, made.einsum->to);
     made.c_layout = signature_id(std::move(c_layout));
@@ -456,7 +456,8 @@ class MatmulPlanner {
     const detail::ReshardWays& b_ways = *local.layout->b_ways;
     const int c_layout = local.layout->c_layout;
     for (std::size_t t = 0; t < local.targets->size(); ++t) {
-      const detail::ReshardWays& c_ways = reshard_options(einsum.to, (*local.targets)[t], c_shape_, 2);
+      const detail::ReshardWays& c_ways =
+          reshard_options(einsum.to, (*local.targets)[t], c_shape_, RingEnd::first_reduce_scatter);
       for (std::size_t a = 0; a < a_ways.ways.size(); ++a) {
         for (std::size_t b = 0; b < b_ways.ways.size(); ++b) {
           for (std::size_t c = 0; c < c_ways.ways.size(); ++c) {
@@ -503,12 +504,13 @@ class MatmulPlanner {
 
   // Remembered: the role combinations, and the calls that plan contractions of the same
   // tensors, share most of their reshards. Each step is costed here, once, for every
-  // candidate that takes it. `part`: what the reshard is for (A 0, B 1, the result 2).
+  // candidate that takes it. `ring_end`: which of its steps a ring may fuse.
+  enum class RingEnd { last_all_gather, first_reduce_scatter };
   const detail::ReshardWays& reshard_options(const Spec& from, const Spec& to, const std::vector<std::int64_t>& shape,
-                                             int part) {
+                                             RingEnd ring_end) {
     std::vector<std::int64_t> key;
     key.reserve(3 + 2 * (2 + 2 * from.dims.size() + static_cast<std::size_t>(mesh_.rank())) + shape.size());
-    key.push_back(part);
+    key.push_back(static_cast<int>(ring_end));
     for (const Spec* s : {&from, &to}) {
       key.push_back(tensor_id(s->tensor));
       append_layout(key, *s);
@@ -522,7 +524,7 @@ class MatmulPlanner {
       r.ways.push_back({detail::reshard_steps(mesh_, from, to), {}});
     }
     r.ways.push_back({std::move(planned), {}});
-    for (std::size_t w = 0, n = r.ways.size(); w < n; ++w) add_split_ways(r, w, part);
+    for (std::size_t w = 0, n = r.ways.size(); w < n; ++w) add_split_ways(r, w, ring_end);
     for (detail::CostedSteps& way : r.ways) {
       for (Step& s : way.steps) way.memory.push_back(coster_.cost(s, shape));
       std::vector<std::int64_t> signature;
@@ -537,22 +539,19 @@ class MatmulPlanner {
     return memo_->reshards.emplace(std::move(key), std::move(r)).first->second;
   }
 
-  // Beside a way whose step a ring may fuse (add_collective_matmuls: an operand's last
-  // all_gather, the result's first reduce_scatter) is a collective over several axes, that
+  // Beside a way whose step at `ring_end` (an operand's last all_gather, the result's first
+  // reduce_scatter: add_collective_matmuls) is a collective over several axes, that
   // collective split in two, each half over a group of two or more: a ring can then take the
   // leading axes alone (a dimension's leading axes are scattered first and gathered last),
   // where a ring over all of them pays more steps' latency than it hides. Without the ring
-  // the split is a candidate of its own, as every ring's serialized twin is.
-  void add_split_ways(detail::ReshardWays& r, std::size_t way, int part) const {
+  // the split is a candidate of its own, as every ring's serialized twin is. Whatever the
+  // letter's role: a memo's ways serve every contraction of the tensor alike.
+  void add_split_ways(detail::ReshardWays& r, std::size_t way, RingEnd ring_end) const {
     const std::vector<Step> steps = r.ways[way].steps;  // a copy: adding ways moves them
     if (steps.empty()) return;
-    const bool gather = part < 2;
+    const bool gather = ring_end == RingEnd::last_all_gather;
     const Step& whole = gather ? steps.back() : steps.front();
     if (whole.op != (gather ? OpKind::all_gather : OpKind::reduce_scatter)) return;
-    const std::string& letter = whole.from.dims[static_cast<std::size_t>(whole.dim)].name;
-    const bool ring_may_fuse = gather ? free_in(letter, part) || c_.role(letter) == DimRole::contracted
-                                      : free_in(letter, 0) || free_in(letter, 1);
-    if (!ring_may_fuse) return;
     for (std::size_t k = 1; k < whole.axes.size(); ++k) {
       if (mesh_.size(whole.axes[k - 1]) == 1) continue;  // the same groups as the cut before it
       const AxisList leading(whole.axes.begin(), whole.axes.begin() + static_cast<std::ptrdiff_t>(k));
