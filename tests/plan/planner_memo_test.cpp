@@ -18,9 +18,8 @@ namespace {
 using testing::everything;
 
 // Plans each contraction of `texts` (its output spec dropped where it ends in " (free)": the
-// output's letters stay) in each of `sizes`,
-// with and without one memo shared by them all, and expects the same answers. Returns how
-// many it compared.
+// output's letters stay) in each of `sizes`, with and without one memo shared by them all,
+// and expects the same answers. Returns how many it compared.
 int expect_memo_changes_no_plan(const Mesh& mesh, const std::vector<std::string>& texts,
                                 const std::vector<std::string>& sizes) {
   const PlanOptions options{DType::bf16, builtin_profile("h100"), std::nullopt};

@@ -423,12 +423,17 @@ TEST(CollectiveMatmul, RingChunksAndTime) {
   EXPECT_THROW(overlapped_ring_time({1, 1}, 1.0, 3.0, 1.5), UsageError);
 }
 
+// The ops of a plan's steps, in order.
+std::vector<OpKind> ops_of(const Plan& plan) {
+  std::vector<OpKind> ops;
+  for (const Step& s : plan.steps) ops.push_back(s.op);
+  return ops;
+}
+
 // The serialized candidate whose steps are exactly `ops`.
 const Plan* serialized(const MatmulPlanning& p, const std::vector<OpKind>& ops) {
   for (const Plan& plan : p.candidates) {
-    std::vector<OpKind> got;
-    for (const Step& s : plan.steps) got.push_back(s.op);
-    if (got == ops) return &plan;
+    if (ops_of(plan) == ops) return &plan;
   }
   return nullptr;
 }
@@ -590,13 +595,6 @@ TEST(CollectiveMatmul, ReduceScatterBothWaysRoundOnATorus) {
     EXPECT_DOUBLE_EQ(one_way->steps[0].comm_time_s * hops, s.comm_time_s * (devices - 1)) << devices;
     EXPECT_LT(both_ways->total_time_s, one_way->total_time_s) << devices;
   }
-}
-
-// The ops of a plan's steps, in order.
-std::vector<OpKind> ops_of(const Plan& plan) {
-  std::vector<OpKind> ops;
-  for (const Step& s : plan.steps) ops.push_back(s.op);
-  return ops;
 }
 
 // A reduce_scatter over several axes right after the einsum is also offered split in two: a
