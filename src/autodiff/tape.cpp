@@ -63,6 +63,16 @@ std::shared_ptr<const Plan> PlanCache::plan(const std::string& key, DType dtype,
   return plans_.emplace(key, std::move(made)).first->second;
 }
 
+void PlanCache::forget_contractions() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  plans_.clear();
+  for (IdleMemo& m : idle_) m.memo->forget_contractions();
+  for (ReshardPart& part : reshards_) {
+    const std::lock_guard<std::mutex> part_lock(part.mutex);
+    part.plans.clear();
+  }
+}
+
 std::size_t PlanCache::ReshardHash::operator()(const ReshardQuery& q) const {
   std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the numbers and the names' hashes
   const auto add = [&h](std::uint64_t n) { h = (h ^ n) * 1099511628211ull; };

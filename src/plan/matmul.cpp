@@ -764,6 +764,15 @@ class MatmulPlanner {
 PlannerMemo::PlannerMemo() : impl_(std::make_unique<Impl>()) {}
 PlannerMemo::~PlannerMemo() = default;
 
+void PlannerMemo::forget_contractions() {
+  // The layouts point into the reshards and einsum steps; all go together.
+  impl_->layouts.clear();
+  impl_->reshards.clear();
+  impl_->einsums.clear();
+  impl_->einsum_steps.clear();
+  impl_->signatures.clear();
+}
+
 MatmulPlanning plan_matmul(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
                            PlannerMemo* memo, Candidates built) {
   validate_spec(c.a, mesh);

@@ -19,9 +19,10 @@ using testing::everything;
 
 // Plans each contraction of `texts` (its output spec dropped where it ends in " (free)": the
 // output's letters stay) in each of `sizes`, with and without one memo shared by them all,
-// and expects the same answers. Returns how many it compared.
+// and expects the same answers. The memo forgets its contractions after every `forget_every`
+// of them (0: never). Returns how many it compared.
 int expect_memo_changes_no_plan(const Mesh& mesh, const std::vector<std::string>& texts,
-                                const std::vector<std::string>& sizes) {
+                                const std::vector<std::string>& sizes, int forget_every = 0) {
   const PlanOptions options{DType::bf16, builtin_profile("h100"), std::nullopt};
   PlannerMemo memo;
   int compared = 0;
@@ -45,16 +46,15 @@ int expect_memo_changes_no_plan(const Mesh& mesh, const std::vector<std::string>
       EXPECT_EQ(remembered, fresh) << text << " (" << size << ")";
       if (remembered != fresh) return compared;
       ++compared;
+      if (forget_every > 0 && compared % forget_every == 0) memo.forget_contractions();
     }
   }
   return compared;
 }
 
 // A[I, J] @ B[J, K] in every spec each operand may take on X=2,Y=2 (each axis sharding one
-// letter, in either order, or neither), and the result free or pinned to a few layouts:
-// one memo plans them all, in two sizes of I (the memo's figures must not mix them up).
-TEST(PlannerMemo, SharedByManyContractionsChangesNoPlan) {
-  const Mesh mesh = Mesh::parse("X=2,Y=2");
+// letter, in either order, or neither), and the result free or pinned to a few layouts.
+std::vector<std::string> contractions_on_a_2x2_mesh() {
   const std::vector<std::string> a_specs{"A[I, J]",     "A[I_X, J]",  "A[I_Y, J]",  "A[I, J_X]", "A[I, J_Y]",
                                          "A[I_X, J_Y]", "A[I_Y, J_X]", "A[I_XY, J]", "A[I_YX, J]", "A[I, J_XY]"};
   const std::vector<std::string> b_specs{"B[J, K]",    "B[J_X, K]",   "B[J_Y, K]",   "B[J, K_X]",
@@ -67,7 +67,22 @@ TEST(PlannerMemo, SharedByManyContractionsChangesNoPlan) {
       for (const std::string& out : outputs) texts.push_back(a + " @ " + b + out);
     }
   }
-  EXPECT_EQ(expect_memo_changes_no_plan(mesh, texts, {"I=64,J=32,K=48", "I=40,J=32,K=48"}), 2 * 10 * 7 * 5);
+  return texts;
+}
+
+// One memo plans them all, in two sizes of I (the memo's figures must not mix them up).
+TEST(PlannerMemo, SharedByManyContractionsChangesNoPlan) {
+  EXPECT_EQ(expect_memo_changes_no_plan(Mesh::parse("X=2,Y=2"), contractions_on_a_2x2_mesh(),
+                                        {"I=64,J=32,K=48", "I=40,J=32,K=48"}),
+            2 * 10 * 7 * 5);
+}
+
+// The memo forgetting its contractions now and then (as solve's recorder makes it after each
+// op), keeping the steps' costs: the next contractions plan as they would with a fresh one.
+TEST(PlannerMemo, ForgettingItsContractionsChangesNoPlan) {
+  EXPECT_EQ(expect_memo_changes_no_plan(Mesh::parse("X=2,Y=2"), contractions_on_a_2x2_mesh(),
+                                        {"I=64,J=32,K=48", "I=40,J=32,K=48"}, 37),
+            2 * 10 * 7 * 5);
 }
 
 // The same tensors in contractions where their letters play other roles (batch, free,

@@ -157,6 +157,10 @@ class PlanCache {
   // plan_reshard(mesh, from, to, shape, options), remembered.
   std::shared_ptr<const Plan> reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
                                       const PlanOptions& options);
+  // Drops the plans it keeps and what its memos keep of contractions (each memo's
+  // forget_contractions), for a caller done with the tensors they name; not while a tape plans
+  // with it. The steps' costs stay.
+  void forget_contractions();
 
  private:
   // A reshard as asked: the key kept (Reshard) and the one looked up (ReshardQuery), alike.

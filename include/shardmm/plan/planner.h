@@ -76,6 +76,11 @@ class PlannerMemo {
   ~PlannerMemo();
   PlannerMemo(const PlannerMemo&) = delete;
   PlannerMemo& operator=(const PlannerMemo&) = delete;
+  // Drops what it keeps of contractions (their layouts and reshards, which name the tensors)
+  // and keeps the steps' costs, which other tensors' contractions on the mesh share: a caller
+  // done with some tensors (solve, after each op) frees most of the memo and keeps the part
+  // whose misses cost most (an exchange's traffic on thousands of devices).
+  void forget_contractions();
   struct Impl;
   Impl& impl() { return *impl_; }
 
