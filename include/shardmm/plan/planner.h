@@ -77,9 +77,8 @@ class PlannerMemo {
   PlannerMemo(const PlannerMemo&) = delete;
   PlannerMemo& operator=(const PlannerMemo&) = delete;
   // Drops what it keeps of contractions (their layouts and reshards, which name the tensors)
-  // and keeps the steps' costs, which other tensors' contractions on the mesh share: a caller
-  // done with some tensors (solve, after each op) frees most of the memo and keeps the part
-  // whose misses cost most (an exchange's traffic on thousands of devices).
+  // and keeps the steps' costs, which name none and serve other tensors' contractions on the
+  // mesh: for a caller done with some tensors (solve, after each op), most of the memory.
   void forget_contractions();
   struct Impl;
   Impl& impl() { return *impl_; }
