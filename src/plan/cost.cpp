@@ -304,7 +304,7 @@ CollectiveCost collective_cost(const HardwareProfile& hw, const Mesh& mesh, OpKi
     }
     if (mesh.size(axis) > 1) sizes.push_back(static_cast<double>(mesh.size(axis)));
   }
-  detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
+  detail::check_profile(hw);
   if (sizes.empty() || array_bytes == 0) return {};
 
   const auto bytes = static_cast<double>(array_bytes);
@@ -330,7 +330,7 @@ double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::in
   if (!std::isfinite(flops) || flops < 0) throw UsageError("einsum_time: flops must be finite and >= 0");
   if (bytes < 0) throw UsageError("einsum_time: negative bytes");
   const double peak = hw.flops_for(dtype);
-  detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
+  detail::check_profile(hw);
   const double measured = bytes > 0 ? calibrated_gemm_rate(hw, dtype, flops / static_cast<double>(bytes), rows) : 0;
   const double call = hw.calibration && flops > 0 ? hw.calibration->einsum_call_s : 0;
   return call + std::max(flops / (measured > 0 ? measured : peak), static_cast<double>(bytes) / hw.hbm_bandwidth);
@@ -371,7 +371,7 @@ namespace {
 // Memory traffic of `bytes` (read plus written) at `bandwidth` (docs/cost-model.md, "Local ops").
 double memory_time(const HardwareProfile& hw, std::int64_t bytes, double bandwidth, const char* caller) {
   if (bytes < 0) throw UsageError(std::string(caller) + ": negative bytes");
-  detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
+  detail::check_profile(hw);
   return static_cast<double>(bytes) / bandwidth;
 }
 
@@ -435,7 +435,7 @@ struct HopLink {
 
 HopLink hop_link(const HardwareProfile& hw, const Mesh& mesh, const AxisList& group, std::int64_t bytes) {
   if (bytes < 0) throw UsageError("ring_hop_time: negative bytes");
-  detail::validate_profile(hw, "hardware profile '" + hw.name + "'");
+  detail::check_profile(hw);
   if (group_spans_nodes(hw, mesh, group)) return {hw.scaleout_latency_s, hw.scaleout_bandwidth};
   return {hw.hop_latency_s, hw.link_bandwidth};
 }

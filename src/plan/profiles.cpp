@@ -101,7 +101,8 @@ const std::vector<HardwareProfile>& builtins() {
 }
 
 // One set of value rules for profiles from files and profiles built in code; `where` names
-
+// the file or the profile in the error. The rules' words are built only for a value that
+// breaks them: the cost formulas check their profile on every call (detail::check_profile).
 void check_positive(double v, const std::string& where, const std::string& key, const char* unit) {
   if (!std::isfinite(v) || v <= 0) {
     throw InputError(where + ": key '" + key + "' must be a positive finite number (" + unit + "), got " +
@@ -111,17 +112,16 @@ void check_positive(double v, const std::string& where, const std::string& key, 
 
 // A rate (FLOP/s, bytes/s) divides work into a time: below 1 per second the times it gives
 // run past any clock (5e-324 bytes/s makes every transfer infinite).
-void check_rate(double v, const std::string& where, const std::string& key, const char* unit) {
-  if (!std::isfinite(v) || v < 1) {
-    throw InputError(where + ": key '" + key + "' must be a finite rate of at least 1 " + unit + ", got " +
-                     show_number(v));
-  }
+bool is_rate(double v) { return std::isfinite(v) && v >= 1; }
+std::string rate_rule(const std::string& key, const char* unit, double v) {
+  return "key '" + key + "' must be a finite rate of at least 1 " + unit + ", got " + show_number(v);
 }
-void check_latency(double v, const std::string& where, const std::string& key) {
-  if (!std::isfinite(v) || v < 0 || v > 1) {
-    throw InputError(where + ": key '" + key + "' must be a number of seconds from 0 to 1 (a hop takes microseconds), got " +
-                     show_number(v));
-  }
+void check_rate(double v, const std::string& where, const std::string& key, const char* unit) {
+  if (!is_rate(v)) throw InputError(where + ": " + rate_rule(key, unit, v));
+}
+bool is_latency(double v) { return std::isfinite(v) && v >= 0 && v <= 1; }
+std::string latency_rule(const std::string& key, double v) {
+  return "key '" + key + "' must be a number of seconds from 0 to 1 (a hop takes microseconds), got " + show_number(v);
 }
 
 // A profile is a few hundred bytes; the cap stops a path such as /dev/zero from reading
@@ -459,38 +459,45 @@ json calibration_json(const Calibration& c) {
 
 }  // namespace
 
-void detail::validate_profile(const HardwareProfile& p, const std::string& where) {
-  if (p.name.empty()) throw InputError(where + ": key 'name' must be a non-empty string");
+std::optional<std::string> detail::profile_problem(const HardwareProfile& p) {
+  if (p.name.empty()) return "key 'name' must be a non-empty string";
   if (std::any_of(p.name.begin(), p.name.end(),
                   [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; })) {
-    throw InputError(where +
-                     ": key 'name' must be one line of printable text (it heads reports), without control "
-                     "characters such as a newline");
+    return "key 'name' must be one line of printable text (it heads reports), without control characters such as a "
+           "newline";
   }
-  if (p.peak_flops.empty()) {
-    throw InputError(where + ": key 'peak_flops' must give at least one dtype (bf16, f16, f32, f64)");
-  }
+  if (p.peak_flops.empty()) return "key 'peak_flops' must give at least one dtype (bf16, f16, f32, f64)";
   for (const auto& [dtype, flops] : p.peak_flops) {
-    check_rate(flops, where, std::string("peak_flops.") + to_string(dtype), "FLOP/s");
+    if (!is_rate(flops)) return rate_rule(std::string("peak_flops.") + to_string(dtype), "FLOP/s", flops);
   }
-  check_rate(p.hbm_bandwidth, where, "hbm_bandwidth", "bytes/s");
-  check_rate(p.link_bandwidth, where, "link_bandwidth", "bytes/s");
-  check_latency(p.hop_latency_s, where, "hop_latency_s");
+  if (!is_rate(p.hbm_bandwidth)) return rate_rule("hbm_bandwidth", "bytes/s", p.hbm_bandwidth);
+  if (!is_rate(p.link_bandwidth)) return rate_rule("link_bandwidth", "bytes/s", p.link_bandwidth);
+  if (!is_latency(p.hop_latency_s)) return latency_rule("hop_latency_s", p.hop_latency_s);
   if (p.topology != "torus" && p.topology != "switch") {
-    throw InputError(where + ": key 'topology' must be 'torus' or 'switch', got '" + p.topology + "'");
+    return "key 'topology' must be 'torus' or 'switch', got '" + p.topology + "'";
   }
   if (p.node_devices < 0) {
-    throw InputError(where + ": key 'node_devices' must be a whole number >= 0 (the devices one switch joins; 0: " +
-                     "one node), got " + std::to_string(p.node_devices));
+    return "key 'node_devices' must be a whole number >= 0 (the devices one switch joins; 0: one node), got " +
+           std::to_string(p.node_devices);
   }
   if (p.node_devices > 0) {
     if (p.topology != "switch") {
-      throw InputError(where + ": key 'node_devices' needs topology 'switch' (a torus has no nodes: its axes are " +
-                       "its links), got '" + p.topology + "'");
+      return "key 'node_devices' needs topology 'switch' (a torus has no nodes: its axes are its links), got '" +
+             p.topology + "'";
     }
-    check_rate(p.scaleout_bandwidth, where, "scaleout_bandwidth", "bytes/s");
-    check_latency(p.scaleout_latency_s, where, "scaleout_latency_s");
+    if (!is_rate(p.scaleout_bandwidth)) return rate_rule("scaleout_bandwidth", "bytes/s", p.scaleout_bandwidth);
+    if (!is_latency(p.scaleout_latency_s)) return latency_rule("scaleout_latency_s", p.scaleout_latency_s);
   }
+  return std::nullopt;
+}
+
+void detail::validate_profile(const HardwareProfile& p, const std::string& where) {
+  if (const std::optional<std::string> problem = profile_problem(p)) throw InputError(where + ": " + *problem);
+}
+
+void detail::check_profile(const HardwareProfile& p) {
+  if (const std::optional<std::string> problem = profile_problem(p))
+    throw InputError("hardware profile '" + p.name + "': " + *problem);
 }
 
 double HardwareProfile::flops_for(DType dtype) const {
