@@ -702,6 +702,12 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
 
 }  // namespace
 
+std::vector<int> gradient_partials(const ProgramChoices& c, const Assignment& a) {
+  const int last = c.gradient_var.empty() ? -1 : *std::max_element(c.gradient_var.begin(), c.gradient_var.end());
+  const auto first = static_cast<std::ptrdiff_t>(c.values.size());
+  return {a.begin() + first, a.begin() + std::max(first, static_cast<std::ptrdiff_t>(last) + 1)};
+}
+
 std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a) {
   std::vector<Spec> out;
   for (std::size_t t = 0; t < c.var_of_tensor.size(); ++t) {
@@ -831,9 +837,42 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     }
     c.gradient_var[t] = it->second;
   }
+  const int gradient_vars = next_var - tensor_vars;
+  // A gradient several ops read reaches its producer partial over exactly the union of what
+  // they leave it partial over (Tape::accumulate). Each reader's part is a variable of its own,
+  // what its op leaves, and union factors tie the parts to the gradient's variable (letting each
+  // reader's factor take any superset of its part instead was not exact: a producer whose
+  // backward is cheaper from a more partial gradient, as from a result pinned unreduced, was
+  // costed from one that no reader leaves). Parts are shared by the copies of a statement.
+  std::map<std::pair<int, int>, int> part_var;                                   // by (op, tensor read)
+  std::vector<std::vector<int>> parts(static_cast<std::size_t>(gradient_vars));  // by gradient variable
+  {
+    std::map<std::tuple<int, std::string, int>, int> part_by_key;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+      const int gv = c.gradient_var[t];
+      if (gv < 0 || readers[static_cast<std::size_t>(gv - tensor_vars)] < 2) continue;
+      std::set<int> ops;
+      for (int k : g.tensors[t].consumers) {
+        if (c.on_loss_path[static_cast<std::size_t>(k)]) ops.insert(k);
+      }
+      std::map<std::string, int> seen;  // a statement's readers so far (a statement may read it twice)
+      for (int k : ops) {
+        const std::string statement =
+            group_key(g.tensors[static_cast<std::size_t>(g.ops[static_cast<std::size_t>(k)].result)].name);
+        const auto [it, added] = part_by_key.emplace(std::tuple{gv, statement, seen[statement]++}, next_var);
+        if (added) parts[static_cast<std::size_t>(gv - tensor_vars)].push_back(next_var++);
+        part_var[{k, static_cast<int>(t)}] = it->second;
+      }
+    }
+  }
+  // The variable of op k's part of the gradient of the tensor x it reads.
+  const auto read_gradient_var = [&](int k, int x) {
+    const auto it = part_var.find({k, x});
+    return it != part_var.end() ? it->second : c.gradient_var[static_cast<std::size_t>(x)];
+  };
   // In a neighbourhood, a gradient is partial over the fixed axes as around it.
   if (neighbourhood && !neighbourhood->partials.empty() &&
-      neighbourhood->partials.size() != static_cast<std::size_t>(next_var - tensor_vars))
+      neighbourhood->partials.size() != static_cast<std::size_t>(gradient_vars))
     throw UsageError("build_choices: the neighbourhood's partials are not the graph's gradients");
   const auto partial_in_neighbourhood = [&](int gradient_var, int mask) {
     if (!neighbourhood || neighbourhood->partials.empty()) return true;
@@ -872,7 +911,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       key += ' ';
       key += std::to_string(vars.back());
       key += '/';
-      key += std::to_string(c.gradient_var[static_cast<std::size_t>(x)]);
+      key += std::to_string(read_gradient_var(static_cast<int>(k), x));
     }
     OpFactor& f = factors[key];
     if (f.count++ == 0) {
@@ -884,7 +923,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       add_var(f.factor.vars, f.result_var);
       if (c.on_loss_path[k]) {
         add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(op.result)]);
-        for (int x : operands) add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(x)]);
+        for (int x : operands) add_var(f.factor.vars, read_gradient_var(static_cast<int>(k), x));
       }
     }
     factor_of_op.push_back(key);
@@ -1059,22 +1098,19 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           value_of[slot(f.result_var)] = value_index(f.result_var, cost.result, result.source_name);
           grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
           if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
-          // Each operand's gradient is partial over what this op leaves it partial over,
-          // or (a tensor several ops read) over a set that includes it: their union.
+          // Each operand's gradient (or its part: read_gradient_var) is partial over what this
+          // op leaves it partial over.
           std::vector<std::pair<std::size_t, std::vector<int>>> operand_partials;  // by slot
           if (differentiated) {
             for (std::size_t i = 0; i < f.operands.size(); ++i) {
-              const int gv = c.gradient_var[static_cast<std::size_t>(f.operands[i])];
+              const int gv = read_gradient_var(f.op, f.operands[i]);
               if (gv < 0) continue;
               const int left = cost.operand_partial[i];
-              const int used = used_mask(specs[i]);
+              // A part's union is the gradient the neighbourhood holds to around's axes.
+              const bool part = gv >= tensor_vars + gradient_vars;
               std::vector<int> allowed;
-              for (int mask = 0; mask < masks; ++mask) {
-                if (!partial_in_neighbourhood(gv, mask)) continue;
-                const bool fits =
-                    readers[static_cast<std::size_t>(gv - tensor_vars)] > 1 ? (mask & left) == left : mask == left;
-                if (fits && !(mask & used)) allowed.push_back(mask);
-              }
+              if (!(left & used_mask(specs[i])) && (part || partial_in_neighbourhood(gv, left)))
+                allowed.push_back(left);
               operand_partials.push_back({slot(gv), allowed});
             }
           }
@@ -1158,7 +1194,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
                        g.ops[static_cast<std::size_t>(t.producer)].expression + ")");
     }
   }
-  for (int v = tensor_vars; v < next_var; ++v) c.problem.domain.push_back(masks);
+  for (int v = tensor_vars; v < tensor_vars + gradient_vars; ++v) c.problem.domain.push_back(masks);
   std::map<std::string, int> factor_index;
   for (auto& [key, f] : factors) {
     factor_index[key] = static_cast<int>(c.problem.factors.size());
@@ -1175,7 +1211,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     for (const Spec& spec : c.values[v])
       c.problem.value_bytes[v].push_back(local_bytes(g, spec, t.shape, options.dtype));
   }
-  for (int v = tensor_vars; v < next_var; ++v)
+  for (int v = tensor_vars; v < tensor_vars + gradient_vars; ++v)
     c.problem.value_bytes[static_cast<std::size_t>(v)].assign(static_cast<std::size_t>(masks), 0);
   std::vector<int> reduce_factors;  // a leaf's gradient reductions
   // Leaves: the value, its gradient (train), Adam's two moments (params), and a param's update
@@ -1249,6 +1285,27 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       }
       c.problem.factors.push_back(std::move(f));
     }
+  }
+  // The union of a gradient's parts: a chain of factors, each taking one more part, through
+  // variables of their own (a factor over every part at once would list masks^parts entries).
+  for (int gv = tensor_vars; gv < tensor_vars + gradient_vars; ++gv) {
+    const std::vector<int>& of = parts[static_cast<std::size_t>(gv - tensor_vars)];
+    for (std::size_t i = 1; i < of.size(); ++i) {
+      const int so_far = i == 1 ? of[0] : next_var - 1;
+      const int to = i + 1 == of.size() ? gv : next_var++;
+      Factor u;
+      u.vars = {so_far, of[i], to};
+      for (int a = 0; a < masks; ++a) {
+        for (int b = 0; b < masks; ++b) {
+          if (to != gv || partial_in_neighbourhood(gv, a | b)) u.entries.push_back({{a, b, a | b}, 0, 0, {}, {}});
+        }
+      }
+      c.problem.factors.push_back(std::move(u));
+    }
+  }
+  for (int v = tensor_vars + gradient_vars; v < next_var; ++v) {
+    c.problem.domain.push_back(masks);
+    c.problem.value_bytes.emplace_back(static_cast<std::size_t>(masks), 0);
   }
   std::vector<int> factor_of(g.ops.size());
   for (std::size_t k = 0; k < g.ops.size(); ++k) factor_of[k] = factor_index.at(factor_of_op[k]);

@@ -309,10 +309,8 @@ std::vector<Spec> named_start(const Graph& g, const std::vector<std::string>& ro
   return out;
 }
 
-// The gradient variables' values of what was found: the axes each gradient is partial over.
-std::vector<int> gradient_values(const Found& f) {
-  return {f.outcome.best.begin() + static_cast<std::ptrdiff_t>(f.choices.values.size()), f.outcome.best.end()};
-}
+// The gradient variables' values of what was found.
+std::vector<int> gradient_values(const Found& f) { return gradient_partials(f.choices, f.outcome.best); }
 
 struct Searched {
   Found best;

@@ -53,6 +53,8 @@ struct ProgramChoices {
   // By graph tensor: the variable (after the tensor variables) holding the mesh axes its
   // gradient is partial over when it reaches its producer or its reduction (a bit mask), or
   // -1 when it gets no gradient. A repeat's copies share one where the same statements read them.
+  // After the gradient variables come those of the parts of a gradient several ops read (each
+  // reader's, what it leaves), and of their unions, partial too.
   std::vector<int> gradient_var;
   std::int64_t evaluations = 0;  // distinct op recordings that filled the factors
   double build_seconds = 0;      // wall time of the build (recording the ops, filling the factors)
@@ -174,6 +176,9 @@ SolveResult solve_program(const program::Graph& g, const SolveOptions& options);
 // mesh's devices with nothing communicated. The bound a neighbourhood search reports.
 double compute_bound(const program::Graph& g, const nn::ProgramOptions& options);
 
+// The gradient variables' values of an assignment, by gradient variable (less the tensor
+// variables): the axes each gradient is partial over, as Neighbourhood::partials takes them.
+std::vector<int> gradient_partials(const ProgramChoices& c, const Assignment& a);
 // The graph's tensors in the specs of an assignment (by graph tensor).
 std::vector<Spec> specs_of(const ProgramChoices& c, const Assignment& a);
 // The graph's params an assignment regathers (by graph tensor: 1 or 0).
