@@ -103,7 +103,9 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
   if (r.search) {
     out << (o.search == solve::SolveOptions::Search::neighbourhoods
                 ? std::string("Searched (--search neighbourhoods)")
-                : "The whole space is too large to build on " + std::to_string(g.mesh.rank()) + " axes: searched")
+                : "The whole space is too large to build on " +
+                      std::to_string(std::popcount(static_cast<unsigned>(solve::placed_axes(g.mesh)))) +
+                      " axes: searched")
         << " from the best named strategy by neighbourhoods (every tensor's places of one axis, then two, open and the "
            "others kept; each "
            "solved exactly), "

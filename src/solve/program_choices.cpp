@@ -60,6 +60,8 @@ std::string group_key(const std::string& name) {
 std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool allow_unreduced,
                             const Spec* around = nullptr, int free_axes = 0) {
   const int m = mesh.rank();
+  // The axes it picks a place for: the placed ones (of the free ones, in a neighbourhood).
+  const int moving = placed_axes(mesh) & (around ? free_axes : ~0);
   const int rank = static_cast<int>(t.letters.size());
   const int choices = rank + 1 + (allow_unreduced ? 1 : 0);  // a letter, unused, unreduced
   // By axis: where `around` puts it (a letter's place, rank: unused, rank + 1: unreduced).
@@ -86,10 +88,8 @@ std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool all
   };
   std::vector<Spec> out;
   std::vector<int> pick(static_cast<std::size_t>(m), 0);
-  if (around) {
-    for (int a = 0; a < m; ++a) {
-      if (!(free_axes >> a & 1)) pick[static_cast<std::size_t>(a)] = place_in_around(a);
-    }
+  for (int a = 0; a < m; ++a) {
+    if (!(moving >> a & 1)) pick[static_cast<std::size_t>(a)] = around ? place_in_around(a) : rank;
   }
   while (true) {
     std::vector<AxisList> dims(static_cast<std::size_t>(rank));
@@ -128,10 +128,10 @@ std::vector<Spec> all_specs(const program::Tensor& t, const Mesh& mesh, bool all
         if (d == rank) break;
       }
     }
-    // The next pick of the free axes (all of them without `around`).
+    // The next pick of the moving axes.
     int a = 0;
     while (a < m) {
-      if (around && !(free_axes >> a & 1)) {
+      if (!(moving >> a & 1)) {
         ++a;
       } else if (++pick[static_cast<std::size_t>(a)] == choices) {
         pick[static_cast<std::size_t>(a++)] = 0;
@@ -701,6 +701,14 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
 }
 
 }  // namespace
+
+int placed_axes(const Mesh& mesh) {
+  int placed = 0;
+  for (int a = 0; a < mesh.rank(); ++a) {
+    if (mesh.size(a) > 1) placed |= 1 << a;
+  }
+  return placed ? placed : (1 << mesh.rank()) - 1;
+}
 
 std::vector<int> gradient_partials(const ProgramChoices& c, const Assignment& a) {
   const int last = c.gradient_var.empty() ? -1 : *std::max_element(c.gradient_var.begin(), c.gradient_var.end());

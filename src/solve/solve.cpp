@@ -93,6 +93,7 @@ struct Letters {
 };
 
 bool leaf_allows(const program::Tensor& t, const Spec& s, int axis, const std::string& role, const Letters& l) {
+  if (role.empty()) return true;  // a size-1 axis: no role
   const int dim = s.dim_of_axis(axis);
   const std::string letter = dim >= 0 ? s.dims[static_cast<std::size_t>(dim)].name : "";
   if (t.role == Role::param) {
@@ -127,33 +128,41 @@ std::pair<Letters, std::vector<std::string>> named_roles(const Graph& g) {
   return {letters, roles_here};
 }
 
-// The named strategies' roles, a role per mesh axis: every combination up to two axes; past
-// that the same role on every axis.
+// The named strategies' roles, a role per mesh axis ("": none, a size-1 axis's; placed_axes):
+// every combination up to two placed axes; past that the same role on every placed axis.
 std::vector<std::vector<std::string>> named_plans(const Graph& g) {
   const std::vector<std::string> roles_here = named_roles(g).second;
-  const int m = g.mesh.rank();
-  // Every role per axis up to two axes; past that the same role on every axis.
+  std::vector<std::size_t> placed;
+  for (int a = 0; a < g.mesh.rank(); ++a) {
+    if (placed_axes(g.mesh) >> a & 1) placed.push_back(static_cast<std::size_t>(a));
+  }
+  const std::size_t m = placed.size();
   std::vector<std::vector<std::string>> plans;
+  std::vector<std::string> roles(static_cast<std::size_t>(g.mesh.rank()));
   if (m <= 2) {
-    std::vector<std::string> roles(static_cast<std::size_t>(m));
-    std::vector<std::size_t> at(static_cast<std::size_t>(m), 0);
+    std::vector<std::size_t> at(m, 0);
     while (true) {
-      for (int a = 0; a < m; ++a) roles[static_cast<std::size_t>(a)] = roles_here[at[static_cast<std::size_t>(a)]];
+      for (std::size_t i = 0; i < m; ++i) roles[placed[i]] = roles_here[at[i]];
       plans.push_back(roles);
-      int a = 0;
-      while (a < m && ++at[static_cast<std::size_t>(a)] == roles_here.size()) at[static_cast<std::size_t>(a++)] = 0;
-      if (a == m) break;
+      std::size_t i = 0;
+      while (i < m && ++at[i] == roles_here.size()) at[i++] = 0;
+      if (i == m) break;
     }
   } else {
-    for (const std::string& r : roles_here) plans.push_back(std::vector<std::string>(static_cast<std::size_t>(m), r));
+    for (const std::string& r : roles_here) {
+      for (std::size_t a : placed) roles[a] = r;
+      plans.push_back(roles);
+    }
   }
   return plans;
 }
 
 std::string named_text(const Graph& g, const std::vector<std::string>& roles) {
   std::string name;
-  for (int a = 0; a < g.mesh.rank(); ++a)
-    name += (a ? "+" : "") + roles[static_cast<std::size_t>(a)] + "(" + g.mesh.axis(a).name + ")";
+  for (int a = 0; a < g.mesh.rank(); ++a) {
+    const std::string& role = roles[static_cast<std::size_t>(a)];
+    if (!role.empty()) name += (name.empty() ? "" : "+") + role + "(" + g.mesh.axis(a).name + ")";
+  }
   return name;
 }
 
@@ -289,6 +298,7 @@ std::vector<Spec> named_start(const Graph& g, const std::vector<std::string>& ro
     };
     for (int a = 0; a < g.mesh.rank(); ++a) {
       const std::string& role = roles[static_cast<std::size_t>(a)];
+      if (role.empty()) continue;
       int d = static_cast<int>(t.letters.size());  // none
       if (t.role == Role::param && role == "ep") {
         d = letter_at(l.experts);
@@ -334,7 +344,7 @@ Searched search_neighbourhoods(const Graph& g, const SolveOptions& options, cons
   }
   std::vector<int> sets;  // bit masks of `axes` axes
   for (int mask = 1; mask < 1 << g.mesh.rank(); ++mask) {
-    if (std::popcount(static_cast<unsigned>(mask)) == axes) sets.push_back(mask);
+    if (std::popcount(static_cast<unsigned>(mask)) == axes && !(mask & ~placed_axes(g.mesh))) sets.push_back(mask);
   }
   Searched out;
   // Neighbourhoods since the last improvement (the one it came from counts: it is its best).
@@ -499,7 +509,8 @@ SolveResult solve_program(const Graph& g, const SolveOptions& options) {
   limits.memory_limit = options.memory_limit;
   // Past two axes the whole space is tried with a quarter of the time: it is built only for
   // small programs, and the build says within its first ops when it cannot be.
-  const bool fall_back = options.search == SolveOptions::Search::automatic && g.mesh.rank() > 2;
+  const bool fall_back = options.search == SolveOptions::Search::automatic &&
+                         std::popcount(static_cast<unsigned>(placed_axes(g.mesh))) > 2;
   bool whole = options.search != SolveOptions::Search::neighbourhoods;
   if (whole) {
     try {

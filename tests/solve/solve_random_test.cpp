@@ -29,7 +29,9 @@ double predicted_time(const nn::ProgramPrediction& p) {
 // axes and `max_devices` devices), bound with one split rule or the other, and options to cost
 // it with (train or not, sgd or adam, rings or not).
 struct RandomCase {
-  std::string text;  // for the failures' trace
+  std::string text;     // for the failures' trace
+  std::string program;  // the program file
+  SplitRule split = SplitRule::array;
   program::Graph graph;
   nn::ProgramOptions options;
 };
@@ -41,6 +43,8 @@ RandomCase random_case(std::uint64_t seed, int c, int max_axes, std::int64_t max
   program::BindOptions bind;
   bind.split = c % 2 ? SplitRule::chunk : SplitRule::array;
   RandomCase out;
+  out.program = p.text;
+  out.split = bind.split;
   out.text = "case " + std::to_string(c) + " (seed " + std::to_string(seed) + "), split " +
              std::string(to_string(bind.split)) + ":\n" + p.text;
   try {
@@ -146,6 +150,41 @@ TEST(SolveRandom, NoShardingBeatsTheComputeBound) {
     tightest = std::max(tightest, bound / dp->value.time);
   }
   EXPECT_GT(tightest, 0.99);
+}
+
+// A size-1 axis splits nothing: the search leaves it unused (placed_axes) and finds the
+// optimum it finds on the mesh without the axis, wherever the axis stands.
+TEST(SolveRandom, ASizeOneAxisChangesNoOptimum) {
+  const int cases = static_cast<int>(testing::scaled_cases(60));
+  for (int c = 0; c < cases; ++c) {
+    const RandomCase rc = random_case(20261207 + static_cast<std::uint64_t>(c), c, 2, 4, 4);
+    SCOPED_TRACE(rc.text);
+    std::vector<MeshAxis> axes = rc.graph.mesh.axes();
+    testing::Rng rng(static_cast<std::uint64_t>(c));
+    axes.insert(axes.begin() + testing::uniform(rng, 0, static_cast<int>(axes.size())), MeshAxis{"U", 1});
+    const Mesh with_unit(axes);
+    SCOPED_TRACE("with the mesh " + with_unit.to_string());
+    std::string text = rc.program;
+    const std::size_t line = text.find("mesh ");
+    ASSERT_NE(line, std::string::npos);
+    text.replace(line, text.find('\n', line) - line, "mesh " + with_unit.to_string());
+    program::BindOptions bind;
+    bind.split = rc.split;
+    const program::Graph g = program::bind(program::parse_program(text, "random.prog"), bind);
+    const std::optional<SolveOutcome> without = solve_elimination(build_choices(rc.graph, rc.options).problem);
+    const ProgramChoices choices = build_choices(g, rc.options);
+    const std::optional<SolveOutcome> with = solve_elimination(choices.problem);
+    ASSERT_TRUE(without.has_value());
+    ASSERT_TRUE(with.has_value());
+    ASSERT_EQ(with->status, SolveStatus::optimal);
+    // (The dynamic program is blind to memory: of equally fast shardings it may take another.)
+    EXPECT_NEAR(with->value.time, without->value.time, 1e-12 * without->value.time);
+    const int unit = 1 << static_cast<int>(std::find(axes.begin(), axes.end(), MeshAxis{"U", 1}) - axes.begin());
+    // (A mesh of one device keeps its axes: placed_axes.)
+    if (rc.graph.mesh.device_count() > 1) {
+      EXPECT_EQ(placed_axes(g.mesh) & unit, 0);
+    }
+  }
 }
 
 TEST(SolveRandom, NeighbourhoodSearchCostsWhatItSaysAndRunsVerified) {

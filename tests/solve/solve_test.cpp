@@ -623,6 +623,36 @@ SolveOptions by_neighbourhoods() {
   return o;
 }
 
+// A size-1 axis splits nothing: the search leaves it unused wherever it stands, the named
+// strategies give it no role, and the whole space is built as on the mesh without it (not
+// searched by neighbourhoods, as three axes would be): the same optimum, proven.
+TEST(Solve, ASizeOneAxisIsLeftUnused) {
+  const program::Program p = free_program("examples/programs/mlp_free.prog");
+  SolveOptions o;
+  o.program = bf16();
+  const SolveResult two = solve_program(program::bind(p, small_mlp("X=2,Y=2")), o);
+  for (const char* mesh : {"X=2,Y=2,Z=1", "Z=1,X=2,Y=2", "X=2,Z=1,Y=2,W=1"}) {
+    SCOPED_TRACE(mesh);
+    const program::Graph g = program::bind(p, small_mlp(mesh));
+    const SolveResult r = solve_program(g, o);
+    EXPECT_FALSE(r.search.has_value());
+    ASSERT_EQ(r.outcome.status, SolveStatus::optimal);
+    EXPECT_NEAR(r.outcome.value.time, two.outcome.value.time, 1e-12 * two.outcome.value.time);
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+      for (const DimSpec& d : r.specs[t].dims) {
+        for (int a : d.axes) EXPECT_GT(g.mesh.size(a), 1) << format_spec(r.specs[t], g.mesh);
+      }
+    }
+    ASSERT_EQ(r.named.size(), two.named.size());
+    for (std::size_t i = 0; i < r.named.size(); ++i) {
+      EXPECT_EQ(r.named[i].name, two.named[i].name);
+      EXPECT_NEAR(r.named[i].outcome.value.time, two.named[i].outcome.value.time,
+                  1e-12 * two.named[i].outcome.value.time);
+    }
+    expect_emitted_costs_the_answer(p, g, o, r);
+  }
+}
+
 // A gradient two ops read (t1: the product and the rename in it) reaches its producer partial
 // over the union of what they leave, nothing more: here neither leaves it partial, and the
 // scale's backward slices it out of t1's pinned partial sums. The solver once let the

@@ -99,6 +99,12 @@ struct Neighbourhood {
   std::function<bool(const program::Tensor&, const Spec&)> leaf_allows;  // may be empty: all
 };
 
+// The mesh axes the search places (a bit per axis): those of size above 1. A size-1 axis
+// splits nothing (a spec sharded over it costs what the same spec without it does): the
+// search leaves it unused, but where a pin or a neighbourhood's start uses it, and the named
+// strategies give it no role. A mesh of size-1 axes only (one device) keeps them all.
+int placed_axes(const Mesh& mesh);
+
 // The choice problem of `g`: the whole search space, or only `neighbourhood`'s; throws
 // SearchTooLarge when the limits say it cannot be built in time.
 ProgramChoices build_choices(const program::Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits = {},
