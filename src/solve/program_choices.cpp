@@ -854,6 +854,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   // costed from one that no reader leaves). Parts are shared by the copies of a statement.
   std::map<std::pair<int, int>, int> part_var;                                   // by (op, tensor read)
   std::vector<std::vector<int>> parts(static_cast<std::size_t>(gradient_vars));  // by gradient variable
+  std::vector<int> gradient_of_part;                                             // by part variable, from the first
   {
     std::map<std::tuple<int, std::string, int>, int> part_by_key;
     for (std::size_t t = 0; t < g.tensors.size(); ++t) {
@@ -868,7 +869,10 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
         const std::string statement =
             group_key(g.tensors[static_cast<std::size_t>(g.ops[static_cast<std::size_t>(k)].result)].name);
         const auto [it, added] = part_by_key.emplace(std::tuple{gv, statement, seen[statement]++}, next_var);
-        if (added) parts[static_cast<std::size_t>(gv - tensor_vars)].push_back(next_var++);
+        if (added) {
+          parts[static_cast<std::size_t>(gv - tensor_vars)].push_back(next_var++);
+          gradient_of_part.push_back(gv);
+        }
         part_var[{k, static_cast<int>(t)}] = it->second;
       }
     }
@@ -886,6 +890,12 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     if (!neighbourhood || neighbourhood->partials.empty()) return true;
     const int around = neighbourhood->partials[static_cast<std::size_t>(gradient_var - tensor_vars)];
     return ((mask ^ around) & ~neighbourhood->free_axes) == 0;
+  };
+  // ... and a part of it over no fixed axis that it is not partial over.
+  const auto part_in_neighbourhood = [&](int gradient_var, int mask) {
+    if (!neighbourhood || neighbourhood->partials.empty()) return true;
+    const int around = neighbourhood->partials[static_cast<std::size_t>(gradient_var - tensor_vars)];
+    return (mask & ~around & ~neighbourhood->free_axes) == 0;
   };
   const auto add_var = [](std::vector<int>& vars, int v) {
     if (v >= 0 && std::find(vars.begin(), vars.end(), v) == vars.end()) vars.push_back(v);
@@ -1114,11 +1124,13 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
               const int gv = read_gradient_var(f.op, f.operands[i]);
               if (gv < 0) continue;
               const int left = cost.operand_partial[i];
-              // A part's union is the gradient the neighbourhood holds to around's axes.
-              const bool part = gv >= tensor_vars + gradient_vars;
+              const int first_part = tensor_vars + gradient_vars;
+              const bool fits =
+                  gv >= first_part
+                      ? part_in_neighbourhood(gradient_of_part[static_cast<std::size_t>(gv - first_part)], left)
+                      : partial_in_neighbourhood(gv, left);
               std::vector<int> allowed;
-              if (!(left & used_mask(specs[i])) && (part || partial_in_neighbourhood(gv, left)))
-                allowed.push_back(left);
+              if (!(left & used_mask(specs[i])) && fits) allowed.push_back(left);
               operand_partials.push_back({slot(gv), allowed});
             }
           }
@@ -1295,19 +1307,38 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     }
   }
   // The union of a gradient's parts: a chain of factors, each taking one more part, through
-  // variables of their own (a factor over every part at once would list masks^parts entries).
+  // variables of their own (a factor over every part at once would list masks^parts entries),
+  // over only the values the parts take in their readers' entries (over every mask, a chain
+  // multiplied the tables the dynamic program joins it with by up to masks).
+  std::vector<std::set<int>> part_values(static_cast<std::size_t>(next_var - tensor_vars - gradient_vars));
+  for (const Factor& f : c.problem.factors) {
+    for (std::size_t i = 0; i < f.vars.size(); ++i) {
+      const int first_part = tensor_vars + gradient_vars;
+      if (f.vars[i] < first_part) continue;
+      for (const FactorEntry& e : f.entries)
+        part_values[static_cast<std::size_t>(f.vars[i] - first_part)].insert(e.values[i]);
+    }
+  }
   for (int gv = tensor_vars; gv < tensor_vars + gradient_vars; ++gv) {
     const std::vector<int>& of = parts[static_cast<std::size_t>(gv - tensor_vars)];
+    const auto values_of = [&](int part) {
+      return part_values[static_cast<std::size_t>(part - tensor_vars - gradient_vars)];
+    };
+    std::set<int> so_far_values = of.empty() ? std::set<int>{} : values_of(of[0]);
     for (std::size_t i = 1; i < of.size(); ++i) {
       const int so_far = i == 1 ? of[0] : next_var - 1;
       const int to = i + 1 == of.size() ? gv : next_var++;
       Factor u;
       u.vars = {so_far, of[i], to};
-      for (int a = 0; a < masks; ++a) {
-        for (int b = 0; b < masks; ++b) {
-          if (to != gv || partial_in_neighbourhood(gv, a | b)) u.entries.push_back({{a, b, a | b}, 0, 0, {}, {}});
+      std::set<int> to_values;
+      for (int a : so_far_values) {
+        for (int b : values_of(of[i])) {
+          if (to == gv && !partial_in_neighbourhood(gv, a | b)) continue;
+          u.entries.push_back({{a, b, a | b}, 0, 0, {}, {}});
+          to_values.insert(a | b);
         }
       }
+      so_far_values = std::move(to_values);
       c.problem.factors.push_back(std::move(u));
     }
   }
