@@ -1321,7 +1321,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   }
   for (int gv = tensor_vars; gv < tensor_vars + gradient_vars; ++gv) {
     const std::vector<int>& of = parts[static_cast<std::size_t>(gv - tensor_vars)];
-    const auto values_of = [&](int part) {
+    const auto values_of = [&](int part) -> const std::set<int>& {
       return part_values[static_cast<std::size_t>(part - tensor_vars - gradient_vars)];
     };
     std::set<int> so_far_values = of.empty() ? std::set<int>{} : values_of(of[0]);
