@@ -508,13 +508,14 @@ class Strategy(_Record):
     """A solver's answer: ``status`` ('optimal', 'feasible', 'local' (a neighbourhood
     search's), 'infeasible'), ``method``, ``time_s`` (its objective), ``memory_bytes`` (the
     step's peak per device), ``lower_bound_s`` (proven: no sharding in its space is faster; a
-    search's, the compute bound) and ``specs`` {tensor: spec} of the tensors it chose; a
-    named strategy has its ``name`` too, and ``why_not`` ('infeasible': why it found
-    nothing; else None)."""
+    search's, the compute bound) and ``specs`` {tensor: spec} of the tensors it chose (the
+    three figures None and ``specs`` empty where it found nothing); a named strategy has its
+    ``name`` too, and ``why_not`` ('infeasible': why it found nothing; else None)."""
 
     def __repr__(self):
         name = f"{self._doc['name']}: " if "name" in self._doc else ""
-        return f"<Strategy {name}{self._doc['status']}, {self._doc['time_s']:.3g} s>"
+        time = self._doc["time_s"]
+        return f"<Strategy {name}{self._doc['status']}" + (f", {time:.3g} s>" if time is not None else ">")
 
 
 class Solution(_Document):

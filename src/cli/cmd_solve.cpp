@@ -221,13 +221,15 @@ void print_solve_report(std::ostream& out, const SolveRequest& request, const So
 namespace {
 
 // An outcome and `all` (by graph tensor; empty when none was found): its chosen tensors' specs.
+// With none found its figures are null, not zeros (a named strategy that does not apply).
 Json outcome_json(const solve::ProgramChoices& c, const program::Graph& g, const solve::SolveOutcome& o,
                   const std::vector<Spec>& all) {
+  const bool found = !all.empty();
   Json j = {{"status", solve::to_string(o.status)},
-            {"method", o.method},
-            {"time_s", o.value.time},
-            {"memory_bytes", o.value.memory},
-            {"lower_bound_s", o.lower_bound},
+            {"method", o.method.empty() ? Json(nullptr) : Json(o.method)},
+            {"time_s", found ? Json(o.value.time) : Json(nullptr)},
+            {"memory_bytes", found ? Json(o.value.memory) : Json(nullptr)},
+            {"lower_bound_s", found ? Json(o.lower_bound) : Json(nullptr)},
             {"solve_seconds", o.seconds}};
   Json specs = Json::object();
   if (!all.empty()) {

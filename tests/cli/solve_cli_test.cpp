@@ -65,9 +65,16 @@ TEST(SolveCli, NamedStrategiesThatFindNothingSayWhy) {
     if (s["name"] == "tp(X)") {
       EXPECT_EQ(s["status"], "optimal");
       EXPECT_TRUE(s["why_not"].is_null());
+      EXPECT_GT(s["time_s"].get<double>(), 0);
+      EXPECT_GT(s["memory_bytes"].get<std::int64_t>(), 0);
     } else {
       EXPECT_EQ(s["status"], "infeasible") << s["name"];
       EXPECT_EQ(s["why_not"], "fits no spec of x[B, T, D] (shape [4, 1, 64])") << s["name"];
+      // Nothing found: no figures (zeros would read as a free step).
+      EXPECT_TRUE(s["time_s"].is_null()) << s["name"];
+      EXPECT_TRUE(s["memory_bytes"].is_null()) << s["name"];
+      EXPECT_TRUE(s["lower_bound_s"].is_null()) << s["name"];
+      EXPECT_TRUE(s["specs"].empty()) << s["name"];
     }
   }
   // dp and tp keep every weight whole (800 and 864 MiB at these sizes).

@@ -186,6 +186,19 @@ def test_a_binding_limit_is_kept_and_reported():
     assert s.unconstrained["memory_bytes"] > 4 << 20
 
 
+def test_a_named_strategy_that_finds_nothing_has_no_figures():
+    # B=4 cannot be split eight ways (nor T=1): only tp applies.
+    s = shardmm.solve(MLP_FREE, mesh="X=8", dims="B=4,T=1,D=64,F=64")
+    found = {n.name: n for n in s.named_strategies if n.status != "infeasible"}
+    assert list(found) == ["tp(X)"] and found["tp(X)"].time_s > 0
+    for n in s.named_strategies:
+        if n.name in found:
+            continue
+        assert n.time_s is None and n.memory_bytes is None and n.lower_bound_s is None
+        assert n.specs == {} and n.why_not.startswith("fits no spec of x")
+        assert repr(n) == f"<Strategy {n.name}: infeasible>"
+
+
 def test_solve_finds_megatron_on_the_free_mlp():
     s = shardmm.solve(MLP_FREE, explain=True)
     assert s.status == "optimal" and s.objective_s == s.lower_bound_s > 0
