@@ -664,7 +664,7 @@ std::optional<SolveOutcome> eliminate_within(const ChoiceProblem& p, const Kept*
     std::vector<int> domain;
     for (const std::vector<int>& values : kept) domain.push_back(static_cast<int>(values.size()));
     // A variable left one value is no table's column: it would be joined only to be dropped
-    // (a pass over every row of its tables, with a large table a quarter of a second).
+    // (a pass over every row of its tables: 0.4-0.6 s for one of 1.7 million rows).
     std::vector<Table> tables;
     for (const Factor& f : p.factors) {
       Table& t = tables.emplace_back();
