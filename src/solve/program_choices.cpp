@@ -702,6 +702,18 @@ void add_timeline(ProgramChoices& c, const Graph& g, const nn::ProgramOptions& o
 
 }  // namespace
 
+class RecordingCache {
+ public:
+  RecordingCache(const Graph& g, const nn::ProgramOptions& options) : recorder(g, options), g(g), options(options) {}
+  OpRecorder recorder;
+  const Graph& g;
+  const nn::ProgramOptions& options;
+};
+
+std::shared_ptr<RecordingCache> recording_cache(const Graph& g, const nn::ProgramOptions& options) {
+  return std::make_shared<RecordingCache>(g, options);
+}
+
 int placed_axes(const Mesh& mesh) {
   int placed = 0;
   for (int a = 0; a < mesh.rank(); ++a) {
@@ -960,8 +972,12 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   std::vector<std::vector<char>> regather_matters(c.values.size());
   for (std::size_t v = 0; v < c.values.size(); ++v) regather_matters[v].assign(c.values[v].size(), 0);
 
-  auto recorder_owned = std::make_unique<OpRecorder>(g, options);
-  OpRecorder& recorder = *recorder_owned;
+  if (limits.recordings && (&limits.recordings->g != &g || &limits.recordings->options != &options))
+    throw UsageError("build_choices: the recordings given are of another graph or options");
+  std::unique_ptr<OpRecorder> recorder_owned;
+  if (!limits.recordings) recorder_owned = std::make_unique<OpRecorder>(g, options);
+  OpRecorder& recorder = limits.recordings ? limits.recordings->recorder : *recorder_owned;
+  const std::int64_t recorded_before = recorder.recordings();
   BuildClock clock(limits);
   // Fill the factors in program order until no derived variable gains a value (a repeat's
   // later iterations can feed values back to an earlier factor's operands).
@@ -1349,9 +1365,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   std::vector<int> factor_of(g.ops.size());
   for (std::size_t k = 0; k < g.ops.size(); ++k) factor_of[k] = factor_index.at(factor_of_op[k]);
   add_timeline(c, g, options, factor_of, shared_of_var, reduce_factors);
-  c.evaluations = recorder.recordings();
+  c.evaluations = recorder.recordings() - recorded_before;
   c.build_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  if (limits.leave_caches_to_exit) leave_to_exit(std::move(recorder_owned));
+  if (limits.leave_caches_to_exit && recorder_owned) leave_to_exit(std::move(recorder_owned));
   return c;
 }
 

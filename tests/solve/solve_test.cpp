@@ -1101,6 +1101,55 @@ TEST(Solve, SearchesMeshesOfMoreAxesByNeighbourhoods) {
   }
 }
 
+// A build that takes its recordings from earlier builds (RecordingCache: a neighbourhood search
+// shares them across one axis's neighbourhoods) builds the problem a build of its own would, and
+// records only what no earlier build did: nothing, built again.
+TEST(Choices, RecordingsKeptAcrossBuildsBuildTheSameProblem) {
+  const program::Graph g = free_graph("examples/programs/mlp_free.prog", small_mlp("a=2,b=2,c=2"));
+  const SolveOptions o = by_neighbourhoods();
+  const SolveResult r = solve_program(g, o);
+  const std::vector<int> partials = gradient_partials(r.choices, r.outcome.best);
+  const auto expect_same = [](const ProgramChoices& a, const ProgramChoices& b) {
+    EXPECT_EQ(a.values, b.values);
+    EXPECT_EQ(a.problem.domain, b.problem.domain);
+    EXPECT_EQ(a.problem.value_bytes, b.problem.value_bytes);
+    EXPECT_EQ(a.problem.points.size(), b.problem.points.size());
+    ASSERT_EQ(a.problem.factors.size(), b.problem.factors.size());
+    for (std::size_t f = 0; f < a.problem.factors.size(); ++f) {
+      const Factor& x = a.problem.factors[f];
+      const Factor& y = b.problem.factors[f];
+      ASSERT_EQ(x.vars, y.vars) << "factor " << f;
+      ASSERT_EQ(x.entries.size(), y.entries.size()) << "factor " << f;
+      for (std::size_t e = 0; e < x.entries.size(); ++e) {
+        EXPECT_EQ(x.entries[e].values, y.entries[e].values);
+        EXPECT_EQ(x.entries[e].time, y.entries[e].time);
+        EXPECT_EQ(x.entries[e].memory, y.entries[e].memory);
+        EXPECT_EQ(x.entries[e].shared, y.entries[e].shared);
+        EXPECT_EQ(x.entries[e].figures, y.entries[e].figures);
+      }
+    }
+  };
+  BuildLimits shared;
+  shared.recordings = recording_cache(g, o.program);
+  std::int64_t alone = 0, kept = 0;
+  for (int free : {1, 2, 4, 3, 5, 6, 1}) {
+    SCOPED_TRACE("free axes " + std::to_string(free));
+    const Neighbourhood n{r.specs, free, partials, {}};
+    const ProgramChoices own = build_choices(g, o.program, {}, &n);
+    const ProgramChoices warm = build_choices(g, o.program, shared, &n);
+    expect_same(own, warm);
+    EXPECT_GT(own.evaluations, 0);
+    EXPECT_LE(warm.evaluations, own.evaluations);
+    alone += own.evaluations;
+    kept += warm.evaluations;
+    EXPECT_EQ(build_choices(g, o.program, shared, &n).evaluations, 0);
+  }
+  EXPECT_LT(kept, alone);
+  // Kept for one program and options only.
+  const nn::ProgramOptions other = o.program;
+  EXPECT_THROW(build_choices(g, other, shared), UsageError);
+}
+
 // The compute bound is one device's step divided by the devices: on one device, where every
 // einsum of the decoder is costed as in the bound (the larger of its FLOPs at the peak and its
 // bytes at the memory's bandwidth) and nothing is communicated, it is the step itself; on 8

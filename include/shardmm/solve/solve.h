@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +60,14 @@ struct ProgramChoices {
   std::int64_t evaluations = 0;  // distinct op recordings that filled the factors
   double build_seconds = 0;      // wall time of the build (recording the ops, filling the factors)
 };
+// The ops' recordings of one program and its options (ProgramOptions), kept for the next build
+// of the same (BuildLimits::recordings): a recording depends on the op and its specs, not on the
+// neighbourhood that asked for it, and one axis's neighbourhoods of a search ask for many of the
+// same (the 8,192-device decoder's search of one axis at a time: 39,104 recordings and 9.2 s
+// each build its own, 22,720 and 5.5 s sharing them; medians of four runs).
+class RecordingCache;
+std::shared_ptr<RecordingCache> recording_cache(const program::Graph& g, const nn::ProgramOptions& options);
+
 // How building a choice problem is going: reported after each batch of recordings.
 struct BuildProgress {
   std::string op;              // the statement being recorded, as the file writes it
@@ -79,6 +88,10 @@ struct BuildLimits {
   // instead of freeing it on return: for a command that exits right after, as compilers do.
   // Only the latest build's are left (an earlier one's are freed when the next returns).
   bool leave_caches_to_exit = false;
+  // Where given, the build records into it, and takes what an earlier build recorded: it must
+  // be of the same graph and options (the same objects). ProgramChoices::evaluations counts
+  // the ops this build recorded. Not left to exit: its owner frees it.
+  std::shared_ptr<RecordingCache> recordings;
 };
 // The build's search is too large for its time limit (BuildLimits::seconds).
 class SearchTooLarge : public InputError {
