@@ -238,10 +238,10 @@ bool RingUse::allows(const Step& ring) const {
 
 Plan tape_plan(const Mesh& mesh, const Contraction& c, const DimSizes& sizes, const PlanOptions& options,
                PlannerMemo* memo, const RingUse& rings) {
-  // Without rings only the chosen plan and the cheapest ringless one may be needed, all the
-  // planner then builds; with some allowed, the cheapest whose rings are may be any candidate.
+  // Without rings the planner weighs and builds serial plans only; with some allowed, the
+  // cheapest whose rings are may be any candidate.
   const bool any_ring = rings.scatter || rings.gather[0] || rings.gather[1];
-  MatmulPlanning planning = plan_matmul(mesh, c, sizes, options, memo, any_ring ? Candidates::all : Candidates::chosen);
+  MatmulPlanning planning = plan_matmul(mesh, c, sizes, options, memo, any_ring ? Candidates::all : Candidates::serial);
   const auto usable = [&](const Plan& p) {
     return std::all_of(p.steps.begin(), p.steps.end(),
                        [&](const Step& s) { return !is_collective_matmul(s.op) || rings.allows(s); });

@@ -121,6 +121,7 @@ class MatmulPlanner {
 
   // Every candidate weighed, sorted and chosen from; those `built` asks for built in full.
   MatmulPlanning plan(Candidates built) {
+    rings_ = built == Candidates::all;
     // No output requested: the search covers every output layout, each axis sharding any of
     // C's letters too, unless that is past the limit on combinations; then it covers the
     // layouts the inputs' axes give, and says so (MatmulPlanning::every_output_layout).
@@ -149,12 +150,9 @@ class MatmulPlanner {
     MatmulPlanning out;
     out.every_output_layout = every_output_layout_;
     const int chosen_at = choose(options_.tie_margin);
-    const auto ringless = std::find_if(candidates_.begin(), candidates_.end(),
-                                       [](const Candidate& c) { return c.fits_memory && !c.fused; });
     for (std::size_t i = 0; i < candidates_.size(); ++i) {
       const bool is_chosen = static_cast<int>(i) == chosen_at;
-      if (built == Candidates::chosen && !is_chosen && candidates_.begin() + static_cast<std::ptrdiff_t>(i) != ringless)
-        continue;
+      if (built == Candidates::serial && !is_chosen) continue;
       if (is_chosen) out.chosen = static_cast<int>(out.candidates.size());
       out.candidates.push_back(build_plan(candidates_[i]));
     }
@@ -580,7 +578,7 @@ class MatmulPlanner {
     serial.target = target;
     weigh(serial);
     candidates_.push_back(serial);
-    add_collective_matmuls(serial);
+    if (rings_) add_collective_matmuls(serial);
   }
 
   // A local einsum by its names, its three layouts and the letters' sizes.
@@ -757,6 +755,7 @@ class MatmulPlanner {
   std::array<std::pair<const std::string*, int>, 3> named_;  // A's, B's and the result's names, numbered
   std::set<std::array<int, 4>> seen_;                        // plans added, by their reshards' and result's signatures
   bool every_output_layout_ = true;
+  bool rings_ = true;  // whether collective matmuls are weighed (Candidates::all)
 };
 
 }  // namespace
