@@ -222,18 +222,25 @@ int used_mask(const Spec& s) {
 // What one op costs, recorded alone: its operands as leaves in their specs, its result
 // pinned (or left to its rule), backward started from the result's gradient as its consumers
 // deliver it (the result's layout, partial over `result_partial`).
+// What a recording says of one of the op's distinct operands.
+struct OperandCost {
+  bool saved = false;       // kept for the backward pass
+  bool gathered = false;    // all-gathered in forward
+  bool regathered = false;  // gathered again in backward
+  int partial = 0;          // the axes its gradient is left partial over
+};
+
+// A recording's figures. Tens of thousands are kept (OpRecorder's memo): the result's spec is
+// shared by the recordings of one forward pass, the operands' figures are one vector.
 struct OpCost {
   bool allowed = false;
-  Spec result;
-  double time = 0;                       // the op's forward and backward steps (bringing its
-                                         // operands' gradients to their layouts; not reducing them)
-  std::int64_t internal_memory = 0;      // activations its own intermediate values keep
-  std::vector<char> operand_saved;       // by distinct operand: kept for the backward pass
-  std::vector<int> operand_partial;      // by distinct operand: the axes its gradient is left partial over
-  std::vector<char> operand_gathered;    // by distinct operand: all-gathered in forward
-  std::vector<char> operand_regathered;  // by distinct operand: gathered again in backward
-  bool result_saved = false;             // its own backward keeps its result (softmax)
-  autodiff::Tape::OpMemory memory;       // its figures on the step's timeline (factor entries' figures)
+  std::shared_ptr<const Spec> result;  // the forward pass's (none where the op cannot hold the specs)
+  double time = 0;                     // the op's forward and backward steps (bringing its
+                                       // operands' gradients to their layouts; not reducing them)
+  std::int64_t internal_memory = 0;    // activations its own intermediate values keep
+  std::vector<OperandCost> operands;   // by distinct operand
+  bool result_saved = false;           // its own backward keeps its result (softmax)
+  autodiff::Tape::OpMemory memory;     // its figures on the step's timeline (factor entries' figures)
 };
 
 // The figures an op factor's entries carry (FactorEntry::figures), from Tape::OpMemory.
@@ -392,14 +399,14 @@ class OpRecorder {
     try {
       autodiff::Tape tape(mini.mesh, nn::tape_options(options_, &plans_));
       const nn::ProgramRecord rec = nn::record_program(tape, mini, forward_only);
-      Spec result_spec = rec.specs[static_cast<std::size_t>(r)];
-      result_spec.tensor = g_.tensors[static_cast<std::size_t>(op.result)].source_name;
+      auto result_spec = std::make_shared<Spec>(rec.specs[static_cast<std::size_t>(r)]);
+      result_spec->tensor = g_.tensors[static_cast<std::size_t>(op.result)].source_name;
       for (std::size_t p = 0; p < result_partials.size(); ++p) {
         const std::optional<int>& partial = result_partials[p];
         OpCost& cost = out[p];
         cost.result = result_spec;
         // A gradient cannot be partial over its sharding axes.
-        if (partial && (*partial & used_mask(result_spec))) continue;
+        if (partial && (*partial & used_mask(*result_spec))) continue;
         tape.rewind();
         try {
           measure(tape, rec, r, mini, partial, cost);
@@ -428,8 +435,9 @@ class OpRecorder {
     out.internal_memory = tape.memory().activations - result_kept;
     out.memory = tape.op_memory(0, y, options_.train && g_.loss >= 0);
     for (int i = 0; i < r; ++i) {
-      out.operand_saved.push_back(tape.bytes_saved_for_backward(var(i)) > 0);
-      out.operand_partial.push_back(result_partial ? mask_of(tape.gradient_arrived_unreduced(var(i))) : 0);
+      OperandCost& operand = out.operands.emplace_back();
+      operand.saved = tape.bytes_saved_for_backward(var(i)) > 0;
+      operand.partial = result_partial ? mask_of(tape.gradient_arrived_unreduced(var(i))) : 0;
       // A regathered param's gather run again in backward is a step on the param itself
       // (the gradients' steps move `d` + its name).
       const std::string& name = mini.tensors[static_cast<std::size_t>(i)].name;
@@ -438,8 +446,8 @@ class OpRecorder {
           return e.phase == phase && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
         });
       };
-      out.operand_gathered.push_back(gathered_in(autodiff::Phase::forward));
-      out.operand_regathered.push_back(gathered_in(autodiff::Phase::backward));
+      operand.gathered = gathered_in(autodiff::Phase::forward);
+      operand.regathered = gathered_in(autodiff::Phase::backward);
     }
     out.allowed = true;
   }
@@ -1098,7 +1106,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
               const OpCost& twin = *kept->second;
               bool gathers = false;
               for (std::size_t i = 0; twin.allowed && i < combo.regathered.size(); ++i)
-                gathers = gathers || (combo.regathered[i] && twin.operand_gathered[i]);
+                gathers = gathers || (combo.regathered[i] && twin.operands[i].gathered);
               if (!gathers) {
                 job.cost = kept->second;
                 continue;
@@ -1108,6 +1116,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           }
           record(combo, to_record);
         });
+        // A combination's jobs come one after another and share their result spec: looked up once.
+        const Spec* last_result = nullptr;
+        int last_result_value = -1;
         for (const Recording& job : jobs) {
           const OpCost& cost = *job.cost;
           const Combination& combo = combos[job.combination];
@@ -1116,9 +1127,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           const std::optional<Spec>& pin = combo.pin;
           const std::optional<int>& partial = job.partial;
           if (!cost.allowed) continue;
-          if (pin && !(cost.result == *pin)) continue;  // the rule gives another layout
+          if (pin && !(*cost.result == *pin)) continue;  // the rule gives another layout
           for (std::size_t i = 0; i < tuple.size(); ++i) {
-            if (cost.operand_regathered[i])
+            if (cost.operands[i].regathered)
               regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
           }
           const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
@@ -1129,7 +1140,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           };
           std::vector<int> value_of(f.factor.vars.size(), -1);
           for (std::size_t i = 0; i < tuple.size(); ++i) value_of[slot(f.operand_vars[i])] = tuple[i];
-          value_of[slot(f.result_var)] = value_index(f.result_var, cost.result, result.source_name);
+          if (cost.result.get() != last_result) {
+            last_result = cost.result.get();
+            last_result_value = value_index(f.result_var, *cost.result, result.source_name);
+          }
+          value_of[slot(f.result_var)] = last_result_value;
           grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
           if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
           // Each operand's gradient (or its part: read_gradient_var) is partial over what this
@@ -1139,7 +1154,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
             for (std::size_t i = 0; i < f.operands.size(); ++i) {
               const int gv = read_gradient_var(f.op, f.operands[i]);
               if (gv < 0) continue;
-              const int left = cost.operand_partial[i];
+              const int left = cost.operands[i].partial;
               const int first_part = tensor_vars + gradient_vars;
               const bool fits =
                   gv >= first_part
@@ -1157,7 +1172,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           if (train) {
             e.memory = cost.internal_memory * f.count;
             for (std::size_t i = 0; i < f.operands.size(); ++i) {
-              if (cost.operand_saved[i] && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
+              if (cost.operands[i].saved && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
                 e.shared.push_back(shared_term(f.operand_vars[i]));
               }
             }
