@@ -219,9 +219,6 @@ int used_mask(const Spec& s) {
   return m;
 }
 
-// What one op costs, recorded alone: its operands as leaves in their specs, its result
-// pinned (or left to its rule), backward started from the result's gradient as its consumers
-// deliver it (the result's layout, partial over `result_partial`).
 // What a recording says of one of the op's distinct operands.
 struct OperandCost {
   bool saved = false;       // kept for the backward pass
@@ -230,8 +227,10 @@ struct OperandCost {
   int partial = 0;          // the axes its gradient is left partial over
 };
 
-// A recording's figures. Tens of thousands are kept (OpRecorder's memo): the result's spec is
-// shared by the recordings of one forward pass, the operands' figures are one vector.
+// What one op costs, recorded alone: its operands as leaves in their specs, its result
+// pinned (or left to its rule), backward started from the result's gradient as its consumers
+// deliver it (the result's layout, partial over `result_partial`). Tens of thousands are kept
+// (OpRecorder's memo): the recordings of one forward pass share its result spec.
 struct OpCost {
   bool allowed = false;
   std::shared_ptr<const Spec> result;  // the forward pass's (none where the op cannot hold the specs)
