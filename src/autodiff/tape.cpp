@@ -279,11 +279,13 @@ Value Tape::Impl::run_einsum(const Value& a, const Shape& a_shape, const Value& 
   step.from = a.spec;
   step.from_b = b.spec;
   step.to = out;
-  DimSizes sizes;
-  add_sizes(sizes, a.spec, a_shape);
-  add_sizes(sizes, b.spec, b_shape);
-  add_sizes(sizes, out, out_shape);
-  cost_einsum(step, mesh, sizes, plan_options);
+  cost_einsum(step, mesh, a_shape, b_shape, out_shape, plan_options);
+  DimSizes sizes;  // for the executor only
+  if (!symbolic()) {
+    add_sizes(sizes, a.spec, a_shape);
+    add_sizes(sizes, b.spec, b_shape);
+    add_sizes(sizes, out, out_shape);
+  }
   return record(std::move(step), sizes, a, &b, out_shape);
 }
 

@@ -606,8 +606,14 @@ std::vector<std::int64_t> global_shape(const Spec& spec, const DimSizes& sizes) 
                        " has no size; add " + d.name + "=<size> to " + field("dims"));
     }
     shape.push_back(it->second);
-    elements = checked_mul(elements, it->second,
-                           "the element count of " + (spec.tensor.empty() ? std::string("the tensor") : spec.tensor));
+    // The message is built only to be thrown (checked_mul throws it): planners call this for
+    // every einsum they cost.
+    std::int64_t grown = 0;
+    if (__builtin_mul_overflow(elements, it->second, &grown)) {
+      checked_mul(elements, it->second,
+                  "the element count of " + (spec.tensor.empty() ? std::string("the tensor") : spec.tensor));
+    }
+    elements = grown;
   }
   return shape;
 }

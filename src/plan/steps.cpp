@@ -67,8 +67,10 @@ void cost_step(Step& step, const Mesh& mesh, const std::vector<std::int64_t>& sh
   detail::StepCoster(mesh, options).cost(step, shape);
 }
 
-void cost_einsum(Step& step, const Mesh& mesh, const DimSizes& sizes, const PlanOptions& options) {
-  detail::StepCoster(mesh, options).cost_einsum(step, sizes);
+void cost_einsum(Step& step, const Mesh& mesh, const std::vector<std::int64_t>& a_shape,
+                 const std::vector<std::int64_t>& b_shape, const std::vector<std::int64_t>& c_shape,
+                 const PlanOptions& options) {
+  detail::StepCoster(mesh, options).cost_einsum(step, a_shape, b_shape, c_shape);
 }
 
 Step local_step(std::string function, std::string tensor, bool backward, std::int64_t memory_bytes, DType dtype,
@@ -723,31 +725,27 @@ StepCoster::Cost StepCoster::cost_exchange(const Step& step, const ExchangeTraff
 }
 
 void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
-  // Each letter's local extent comes from the operand that holds it (batch and contracted
-  // letters are sharded alike in both, so either will do).
-  struct Letter {
-    std::int64_t size;
-    const AxisList* axes;
-  };
-  std::vector<Letter> letters;
-  for (const Spec* spec : {&step.from, &step.from_b}) {
-    for (const DimSpec& d : spec->dims) {
-      if (spec == &step.from_b && step.from.find_dim(d.name) >= 0) continue;
-      letters.push_back({sizes.at(d.name), &d.axes});
-    }
-  }
-  std::vector<std::int64_t> a_shape, b_shape, c_shape;
-  for (const DimSpec& d : step.from.dims) a_shape.push_back(sizes.at(d.name));
-  for (const DimSpec& d : step.from_b.dims) b_shape.push_back(sizes.at(d.name));
-  for (const DimSpec& d : step.to.dims) c_shape.push_back(sizes.at(d.name));
-  // Device 0 holds the first (largest) shard of every dimension: the most work and bytes.
+  cost_einsum(step, global_shape(step.from, sizes), global_shape(step.from_b, sizes), global_shape(step.to, sizes));
+}
+
+void StepCoster::cost_einsum(Step& step, const std::vector<std::int64_t>& a_shape,
+                             const std::vector<std::int64_t>& b_shape, const std::vector<std::int64_t>& c_shape) {
+  // Device 0 holds the first (largest) shard of every dimension: the most work and bytes. Each
+  // letter's local extent comes from the operand that holds it (batch and contracted letters
+  // are sharded alike in both, so either will do).
   double flops = 2;
-  for (const Letter& l : letters) flops *= static_cast<double>(shard_range(mesh_, l.size, *l.axes, 0).extent);
+  for (std::size_t i = 0; i < step.from.dims.size(); ++i) {
+    flops *= static_cast<double>(shard_range(mesh_, a_shape[i], step.from.dims[i].axes, 0).extent);
+  }
+  for (std::size_t i = 0; i < step.from_b.dims.size(); ++i) {
+    const DimSpec& d = step.from_b.dims[i];
+    if (step.from.find_dim(d.name) < 0) flops *= static_cast<double>(shard_range(mesh_, b_shape[i], d.axes, 0).extent);
+  }
   const std::int64_t bytes =
       checked_add(checked_add(max_bytes(step.from, a_shape), max_bytes(step.from_b, b_shape), "the einsum's bytes"),
                   max_bytes(step.to, c_shape), "the einsum's bytes");
   step.flops = flops;
-  const std::int64_t rows = gemm_rows(step, sizes);
+  const std::int64_t rows = gemm_rows(step, a_shape, b_shape);
   step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes, rows);
   step.bound = einsum_bound(options_.hw, options_.dtype, flops, bytes, rows);
   step.confidence = einsum_confidence(options_.hw, options_.dtype, flops, bytes, rows);
@@ -755,17 +753,25 @@ void StepCoster::cost_einsum(Step& step, const DimSizes& sizes) {
 
 std::int64_t StepCoster::gemm_rows(const Step& einsum, const DimSizes& sizes, const std::string& chunk_letter,
                                    double share) const {
+  return gemm_rows(einsum, global_shape(einsum.from, sizes), global_shape(einsum.from_b, sizes), chunk_letter, share);
+}
+
+std::int64_t StepCoster::gemm_rows(const Step& einsum, const std::vector<std::int64_t>& a_shape,
+                                   const std::vector<std::int64_t>& b_shape, const std::string& chunk_letter,
+                                   double share) const {
   // M: device 0's extent of the letters only A has; N: of those only B has.
-  const auto free_extent = [&](const Spec& own, const Spec& other) {
+  const auto free_extent = [&](const Spec& own, const std::vector<std::int64_t>& shape, const Spec& other) {
     double extent = 1;
-    for (const DimSpec& d : own.dims) {
+    for (std::size_t i = 0; i < own.dims.size(); ++i) {
+      const DimSpec& d = own.dims[i];
       if (other.find_dim(d.name) >= 0) continue;
-      extent *= static_cast<double>(shard_range(mesh_, sizes.at(d.name), d.axes, 0).extent) *
-                (d.name == chunk_letter ? share : 1.0);
+      extent *=
+          static_cast<double>(shard_range(mesh_, shape[i], d.axes, 0).extent) * (d.name == chunk_letter ? share : 1.0);
     }
     return extent;
   };
-  const double rows = std::min(free_extent(einsum.from, einsum.from_b), free_extent(einsum.from_b, einsum.from));
+  const double rows =
+      std::min(free_extent(einsum.from, a_shape, einsum.from_b), free_extent(einsum.from_b, b_shape, einsum.from));
   return static_cast<std::int64_t>(std::llround(std::min(rows, 9e18)));
 }
 

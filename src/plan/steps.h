@@ -113,8 +113,11 @@ class StepCoster {
 
   // Returns the step's memory (plan/memory.h) in the options' dtype.
   StepMemory cost(Step& step, const std::vector<std::int64_t>& shape);
-  // `sizes` gives each letter's global size.
+  // `sizes` gives each letter's global size; or the operands' and the result's global shapes
+  // (a symbolic tape costs every einsum it records: no map of sizes to build and search).
   void cost_einsum(Step& step, const DimSizes& sizes);
+  void cost_einsum(Step& step, const std::vector<std::int64_t>& a_shape, const std::vector<std::int64_t>& b_shape,
+                   const std::vector<std::int64_t>& c_shape);
   // The memory of a multiplying step (einsum or collective matmul), remembered.
   StepMemory memory(const Step& step, const DimSizes& sizes);
 
@@ -124,6 +127,9 @@ class StepCoster {
   // The smaller of an einsum's GEMM extents M and N on device 0 (einsum_time's rows), with
   // `chunk_letter` cut to `share` of its extent for one chunk of a ring.
   std::int64_t gemm_rows(const Step& einsum, const DimSizes& sizes, const std::string& chunk_letter = {},
+                         double share = 1) const;
+  std::int64_t gemm_rows(const Step& einsum, const std::vector<std::int64_t>& a_shape,
+                         const std::vector<std::int64_t>& b_shape, const std::string& chunk_letter = {},
                          double share = 1) const;
   const Mesh& mesh() const { return mesh_; }
   const PlanOptions& options() const { return options_; }

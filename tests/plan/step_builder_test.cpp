@@ -42,7 +42,8 @@ TEST(StepBuilder, EinsumCostsAsPlanMatmulCostsIt) {
   Step built = make_step(OpKind::einsum, c.a, {});
   built.from_b = c.b;
   built.to = chosen.steps[0].to;
-  cost_einsum(built, mesh, sizes, f32_v5e());
+  cost_einsum(built, mesh, global_shape(built.from, sizes), global_shape(built.from_b, sizes),
+              global_shape(built.to, sizes), f32_v5e());
   EXPECT_GT(built.flops, 0);
   expect_same_cost(built, chosen.steps[0], mesh);
 }

@@ -24,8 +24,11 @@ Step make_step(OpKind op, const Spec& from, AxisList axes, int dim = -1, int dst
 
 // Fills a reshard step's bytes, FLOPs and predicted time for a tensor of global `shape`.
 void cost_step(Step& step, const Mesh& mesh, const std::vector<std::int64_t>& shape, const PlanOptions& options);
-// The same for an einsum step; `sizes` gives each letter's global size.
-void cost_einsum(Step& step, const Mesh& mesh, const DimSizes& sizes, const PlanOptions& options);
+// The same for an einsum step, its operands (`from`, `from_b`) and result (`to`) of these
+// global shapes.
+void cost_einsum(Step& step, const Mesh& mesh, const std::vector<std::int64_t>& a_shape,
+                 const std::vector<std::int64_t>& b_shape, const std::vector<std::int64_t>& c_shape,
+                 const PlanOptions& options);
 // A local step (OpKind::local) computing `function` into (or for) `tensor`, in the backward
 // pass or not, reading plus writing `memory_bytes` per device (the most any device) in
 // elements of `dtype`, costed by local_op_cost.
