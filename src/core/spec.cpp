@@ -10,13 +10,6 @@
 
 namespace shardmm {
 
-int Spec::find_dim(std::string_view name) const {
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    if (dims[i].name == name) return static_cast<int>(i);
-  }
-  return -1;
-}
-
 int Spec::dim_of_axis(int axis) const {
   for (std::size_t i = 0; i < dims.size(); ++i) {
     if (std::find(dims[i].axes.begin(), dims[i].axes.end(), axis) != dims[i].axes.end()) {

@@ -43,8 +43,19 @@ struct Spec {
   AxisList unreduced;  // kept sorted in mesh order
 
   int rank() const { return static_cast<int>(dims.size()); }
-  // Index of the dimension named `name`, or -1.
-  int find_dim(std::string_view name) const;
+  // Index of the dimension named `name`, or -1. Inline, comparing characters itself: the
+  // planners and the symbolic tape look letters up millions of times, and a letter is a
+  // character or a few, not worth a call to memcmp.
+  int find_dim(std::string_view name) const {
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+      const std::string& n = dims[i].name;
+      if (n.size() != name.size()) continue;
+      std::size_t c = 0;
+      while (c < n.size() && n[c] == name[c]) ++c;
+      if (c == n.size()) return static_cast<int>(i);
+    }
+    return -1;
+  }
   // Index of the dimension that `axis` shards, or -1.
   int dim_of_axis(int axis) const;
   bool is_unreduced(int axis) const;
