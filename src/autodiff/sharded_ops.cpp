@@ -22,17 +22,24 @@ bool is_suffix(const AxisList& s, const AxisList& of) {
          std::equal(s.begin(), s.end(), of.end() - static_cast<std::ptrdiff_t>(s.size()));
 }
 
-// Global sizes of every letter of a and b; InputError when a letter's sizes differ.
-DimSizes letter_sizes(const Mesh& mesh, const Spec& a, const Shape& a_shape, const Spec& b, const Shape& b_shape) {
-  DimSizes sizes;
-  for (std::size_t i = 0; i < a.dims.size(); ++i) sizes[a.dims[i].name] = a_shape[i];
+// InputError when a letter of both a and b has a different size in each.
+void check_sizes(const Mesh& mesh, const Spec& a, const Shape& a_shape, const Spec& b, const Shape& b_shape) {
   for (std::size_t i = 0; i < b.dims.size(); ++i) {
-    const auto [it, fresh] = sizes.emplace(b.dims[i].name, b_shape[i]);
-    if (!fresh && it->second != b_shape[i]) {
-      throw InputError("einsum: dimension '" + b.dims[i].name + "' has size " + std::to_string(it->second) + " in " +
-                       format_spec(a, mesh) + " but " + std::to_string(b_shape[i]) + " in " + format_spec(b, mesh));
+    const int j = a.find_dim(b.dims[i].name);
+    if (j >= 0 && a_shape[static_cast<std::size_t>(j)] != b_shape[i]) {
+      throw InputError("einsum: dimension '" + b.dims[i].name + "' has size " +
+                       std::to_string(a_shape[static_cast<std::size_t>(j)]) + " in " + format_spec(a, mesh) + " but " +
+                       std::to_string(b_shape[i]) + " in " + format_spec(b, mesh));
     }
   }
+}
+
+// Global sizes of every letter of a and b; InputError when a letter's sizes differ.
+DimSizes letter_sizes(const Mesh& mesh, const Spec& a, const Shape& a_shape, const Spec& b, const Shape& b_shape) {
+  check_sizes(mesh, a, a_shape, b, b_shape);
+  DimSizes sizes;
+  for (std::size_t i = 0; i < a.dims.size(); ++i) sizes[a.dims[i].name] = a_shape[i];
+  for (std::size_t i = 0; i < b.dims.size(); ++i) sizes.emplace(b.dims[i].name, b_shape[i]);
   return sizes;
 }
 
@@ -100,9 +107,10 @@ void check_axes(const Mesh& mesh, const AxisList& axes, const char* op) {
 
 Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, const Spec& b, const Shape& b_shape,
                        const std::vector<std::string>& out_dims, Shape* out_shape) {
-  const DimSizes sizes = letter_sizes(mesh, a, a_shape, b, b_shape);
+  // A symbolic tape runs this for every einsum it records: the letters' sizes are read off the
+  // shapes (no map built), the operands formatted only for a message.
+  check_sizes(mesh, a, a_shape, b, b_shape);
   check_letters(mesh, a, b, out_dims);
-  // Formatted only for a message: a symbolic tape runs this for every einsum it records.
   const auto what = [&] { return "einsum " + format_spec(a, mesh) + " @ " + format_spec(b, mesh); };
   const auto same_in_both = [&](const std::string& name, const char* role) {
     const AxisList& x = a.dims[static_cast<std::size_t>(a.find_dim(name))].axes;
@@ -123,7 +131,9 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
     AxisList axes = in_a && in_b ? same_in_both(n, "batch")
                                  : (in_a ? a : b).dims[static_cast<std::size_t>((in_a ? a : b).find_dim(n))].axes;
     c.dims.push_back({n, std::move(axes)});
-    if (out_shape) out_shape->push_back(sizes.at(n));
+    if (out_shape)
+      out_shape->push_back(in_a ? a_shape[static_cast<std::size_t>(a.find_dim(n))]
+                                : b_shape[static_cast<std::size_t>(b.find_dim(n))]);
   }
   for (const DimSpec& d : a.dims) {
     if (b.find_dim(d.name) >= 0 && std::find(out_dims.begin(), out_dims.end(), d.name) == out_dims.end()) {
