@@ -329,9 +329,17 @@ class OpRecorder {
   std::string signature(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
                         const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
-    const auto unnamed = [&](Spec s) {
-      s.tensor.clear();
-      return format_spec(s, g_.mesh);
+    // A spec without its tensor's name: each letter and its axes' numbers, then the pending
+    // sums' (format_spec validates the spec and names the axes: work a key does not need).
+    const auto unnamed = [](const Spec& s) {
+      std::string out;
+      for (const DimSpec& d : s.dims) {
+        out += d.name;
+        for (int a : d.axes) out += "_" + std::to_string(a);
+        out += ',';
+      }
+      for (int a : s.unreduced) out += "U" + std::to_string(a);
+      return out;
     };
     // A constant in full (to_string keeps six decimals: 0.0883883 for two different scales).
     const auto exact = [](double x) {
