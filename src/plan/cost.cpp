@@ -360,10 +360,9 @@ Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flop
   return c;
 }
 
-Bound einsum_bound(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes, std::int64_t rows) {
-  const double time = einsum_time(hw, dtype, flops, bytes, rows);
-  if (time <= 0) return Bound::none;
-  return static_cast<double>(bytes) / hw.hbm_bandwidth >= time ? Bound::memory : Bound::compute;
+Bound einsum_bound(const HardwareProfile& hw, double time_s, std::int64_t bytes) {
+  if (time_s <= 0) return Bound::none;
+  return static_cast<double>(bytes) / hw.hbm_bandwidth >= time_s ? Bound::memory : Bound::compute;
 }
 
 namespace {

@@ -747,7 +747,7 @@ void StepCoster::cost_einsum(Step& step, const std::vector<std::int64_t>& a_shap
   step.flops = flops;
   const std::int64_t rows = gemm_rows(step, a_shape, b_shape);
   step.time_s = einsum_time(options_.hw, options_.dtype, flops, bytes, rows);
-  step.bound = einsum_bound(options_.hw, options_.dtype, flops, bytes, rows);
+  step.bound = einsum_bound(options_.hw, step.time_s, bytes);
   step.confidence = einsum_confidence(options_.hw, options_.dtype, flops, bytes, rows);
 }
 

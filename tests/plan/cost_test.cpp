@@ -204,9 +204,12 @@ TEST(TorusCollectives, BoundNamesTheLargerTermOnEitherSideOfTheBoundary) {
 
 TEST(LocalWork, EinsumBoundIsTheRooflinesLargerTerm) {
   const HardwareProfile hw = ring_profile(1e10, true, 0);                  // 1e14 FLOP/s, 1e12 B/s: 100 FLOP/byte
-  EXPECT_EQ(einsum_bound(hw, DType::bf16, 1e9, 1000000), Bound::compute);  // 1000 FLOP/byte
-  EXPECT_EQ(einsum_bound(hw, DType::bf16, 1e7, 1000000), Bound::memory);   // 10 FLOP/byte
-  EXPECT_EQ(einsum_bound(hw, DType::bf16, 0, 0), Bound::none);
+  const auto bound = [&](double flops, std::int64_t bytes) {
+    return einsum_bound(hw, einsum_time(hw, DType::bf16, flops, bytes), bytes);
+  };
+  EXPECT_EQ(bound(1e9, 1000000), Bound::compute);  // 1000 FLOP/byte
+  EXPECT_EQ(bound(1e7, 1000000), Bound::memory);   // 10 FLOP/byte
+  EXPECT_EQ(bound(0, 0), Bound::none);
 }
 
 TEST(TorusCollectives, UnidirectionalRing) {
