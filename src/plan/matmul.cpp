@@ -275,7 +275,9 @@ class MatmulPlanner {
 
   // A letter's index in letters_.
   std::size_t letter(const std::string& name) const {
-    return static_cast<std::size_t>(std::find(letters_.begin(), letters_.end(), name) - letters_.begin());
+    std::size_t i = 0;
+    while (i < letters_.size() && !same_letter(letters_[i], name)) ++i;
+    return i;
   }
 
   Spec operand(const Spec& original, const std::vector<AxisList>& layout, const AxisList& unreduced) const {
@@ -493,10 +495,10 @@ class MatmulPlanner {
   void append_layout(std::vector<std::int64_t>& key, const Spec& s) const {
     for (const DimSpec& d : s.dims) {
       key.push_back(letter_ids_[letter(d.name)]);
-      key.insert(key.end(), d.axes.begin(), d.axes.end());
+      for (const Axis a : d.axes) key.push_back(a);
       key.push_back(-1);
     }
-    key.insert(key.end(), s.unreduced.begin(), s.unreduced.end());
+    for (const Axis a : s.unreduced) key.push_back(a);
     key.push_back(-2);
   }
 

@@ -37,22 +37,27 @@ struct DimSpec {
   bool operator==(const DimSpec&) const = default;
 };
 
+// Whether two letters (or names) are the same, comparing characters inline: the planners and
+// the symbolic tape compare letters millions of times, and a letter is a character or a few,
+// not worth a call to memcmp.
+inline bool same_letter(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t c = 0; c < a.size(); ++c) {
+    if (a[c] != b[c]) return false;
+  }
+  return true;
+}
+
 struct Spec {
   std::string tensor;  // may be empty ("[I_X, J]")
   std::vector<DimSpec> dims;
   AxisList unreduced;  // kept sorted in mesh order
 
   int rank() const { return static_cast<int>(dims.size()); }
-  // Index of the dimension named `name`, or -1. Inline, comparing characters itself: the
-  // planners and the symbolic tape look letters up millions of times, and a letter is a
-  // character or a few, not worth a call to memcmp.
+  // Index of the dimension named `name`, or -1 (inline: looked up millions of times).
   int find_dim(std::string_view name) const {
     for (std::size_t i = 0; i < dims.size(); ++i) {
-      const std::string& n = dims[i].name;
-      if (n.size() != name.size()) continue;
-      std::size_t c = 0;
-      while (c < n.size() && n[c] == name[c]) ++c;
-      if (c == n.size()) return static_cast<int>(i);
+      if (same_letter(dims[i].name, name)) return static_cast<int>(i);
     }
     return -1;
   }
