@@ -138,24 +138,20 @@ class MatmulPlanner {
     refuse_too_many_layouts(options);
     std::vector<Role> chosen(options.size());
     enumerate_roles(options, chosen, 0);
-    // Cheapest first; ties go to the smaller footprint, then to fewer steps, then by name (the
-    // names worked out only for such ties).
-    std::stable_sort(candidates_.begin(), candidates_.end(), [this](const Candidate& p, const Candidate& q) {
-      if (p.total_time_s != q.total_time_s) return p.total_time_s < q.total_time_s;
-      if (p.peak_bytes != q.peak_bytes) return p.peak_bytes < q.peak_bytes;
-      if (p.steps != q.steps) return p.steps < q.steps;
-      if (description(p) != description(q)) return description(p) < description(q);
-      return output_text(p) < output_text(q);
-    });
     MatmulPlanning out;
     out.every_output_layout = every_output_layout_;
-    const int chosen_at = choose(options_.tie_margin);
-    for (std::size_t i = 0; i < candidates_.size(); ++i) {
-      const bool is_chosen = static_cast<int>(i) == chosen_at;
-      if (built == Candidates::serial && !is_chosen) continue;
-      if (is_chosen) out.chosen = static_cast<int>(out.candidates.size());
-      out.candidates.push_back(build_plan(candidates_[i]));
+    if (built == Candidates::serial) {
+      // Only the chosen one is built: picked without sorting the rest (the same one).
+      if (const Candidate* chosen = choose_unsorted(options_.tie_margin)) {
+        out.chosen = 0;
+        out.candidates.push_back(build_plan(*chosen));
+      }
+      return out;
     }
+    std::stable_sort(candidates_.begin(), candidates_.end(),
+                     [this](const Candidate& p, const Candidate& q) { return ranks_before(p, q); });
+    out.chosen = choose(options_.tie_margin);
+    for (const Candidate& c : candidates_) out.candidates.push_back(build_plan(c));
     return out;
   }
 
@@ -722,8 +718,19 @@ class MatmulPlanner {
     return *c.output;
   }
 
+  // The order candidates are listed in: cheapest first; ties go to the smaller footprint, then
+  // to fewer steps, then by name (the names worked out only for such ties).
+  bool ranks_before(const Candidate& p, const Candidate& q) const {
+    if (p.total_time_s != q.total_time_s) return p.total_time_s < q.total_time_s;
+    if (p.peak_bytes != q.peak_bytes) return p.peak_bytes < q.peak_bytes;
+    if (p.steps != q.steps) return p.steps < q.steps;
+    if (description(p) != description(q)) return description(p) < description(q);
+    return output_text(p) < output_text(q);
+  }
+
   // PlanOptions::tie_margin (default 0): a near tie goes to the plan whose members meet least
-  // often, for machines whose skew between members the calibration does not see.
+  // often, for machines whose skew between members the calibration does not see. Of the
+  // candidates sorted by ranks_before.
   int choose(double tie_margin) const {
     const auto cheapest =
         std::find_if(candidates_.begin(), candidates_.end(), [](const Candidate& c) { return c.fits_memory; });
@@ -734,6 +741,26 @@ class MatmulPlanner {
       if (p->fits_memory && p->synchronizations < best->synchronizations) best = p;
     }
     return static_cast<int>(best - candidates_.begin());
+  }
+
+  // What choose() picks, from the candidates unsorted: the first in ranks_before's order of
+  // those that fit within the tie margin of the cheapest that fits with the fewest
+  // synchronizations (a stable sort keeps equal candidates in the order they were added).
+  const Candidate* choose_unsorted(double tie_margin) const {
+    const Candidate* cheapest = nullptr;
+    for (const Candidate& c : candidates_) {
+      if (c.fits_memory && (!cheapest || ranks_before(c, *cheapest))) cheapest = &c;
+    }
+    if (!cheapest) return nullptr;
+    const double tied = cheapest->total_time_s * (1 + tie_margin);
+    const Candidate* best = cheapest;
+    for (const Candidate& c : candidates_) {
+      if (!c.fits_memory || c.total_time_s > tied) continue;
+      if (c.synchronizations < best->synchronizations ||
+          (c.synchronizations == best->synchronizations && ranks_before(c, *best)))
+        best = &c;
+    }
+    return best;
   }
 
   const Mesh& mesh_;
