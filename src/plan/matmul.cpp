@@ -106,15 +106,23 @@ class MatmulPlanner {
       sizes_key_.insert(sizes_key_.end(), {letter_ids_.back(), sizes.at(l)});
     }
     named_ = {{{&c.a.tensor, id(c.a.tensor)}, {&c.b.tensor, id(c.b.tensor)}, {&c.out_tensor, id(c.out_tensor)}}};
+    std::vector<std::int64_t> contraction;
     for (const Spec* s : {&c.a, &c.b}) {
-      layout_prefix_.push_back(tensor_id(s->tensor));
-      append_layout(layout_prefix_, *s);
+      contraction.push_back(tensor_id(s->tensor));
+      append_layout(contraction, *s);
     }
-    layout_prefix_.push_back(tensor_id(c.out_tensor));
-    for (const std::string& d : c.out_dims) layout_prefix_.push_back(letter_ids_[letter(d)]);
-    layout_prefix_.push_back(-4);
-    layout_prefix_.insert(layout_prefix_.end(), sizes_key_.begin(), sizes_key_.end());
-    if (c.out) out_targets_.push_back(*c.out);
+    contraction.push_back(tensor_id(c.out_tensor));
+    for (const std::string& d : c.out_dims) contraction.push_back(letter_ids_[letter(d)]);
+    contraction.push_back(-4);
+    contraction.insert(contraction.end(), sizes_key_.begin(), sizes_key_.end());
+    contraction_id_ = signature_id(std::move(contraction));
+    if (c.out) {
+      out_targets_.push_back(*c.out);
+      std::vector<std::int64_t> pin{-5, tensor_id(c.out_tensor), tensor_id(c.out->tensor)};
+      append_layout(pin, *c.out);
+      pin.insert(pin.end(), c_shape_.begin(), c_shape_.end());
+      pin_id_ = signature_id(std::move(pin));
+    }
     inputs_ = saturating_add(input_bytes(mesh, c.a, a_shape_, options.dtype),
                              input_bytes(mesh, c.b, b_shape_, options.dtype));
   }
@@ -287,9 +295,8 @@ class MatmulPlanner {
 
   void build(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
     std::vector<std::int64_t> key;
-    key.reserve(layout_prefix_.size() + 2 * roles.size() + 2 * letters_.size() +
-                static_cast<std::size_t>(mesh_.rank()));
-    key = layout_prefix_;
+    key.reserve(1 + 2 * roles.size() + letters_.size() + static_cast<std::size_t>(mesh_.rank()));
+    key.push_back(contraction_id_);
     for (const Role& r : roles)
       key.insert(key.end(), {r.kind, r.kind == Role::dim ? letter_ids_[letter(r.letter)] : -1});
     for (const AxisList& axes : layout) {
@@ -452,8 +459,7 @@ class MatmulPlanner {
     const detail::ReshardWays& b_ways = *local.layout->b_ways;
     const int c_layout = local.layout->c_layout;
     for (std::size_t t = 0; t < local.targets->size(); ++t) {
-      const detail::ReshardWays& c_ways =
-          reshard_options(einsum.to, (*local.targets)[t], c_shape_, RingEnd::first_reduce_scatter);
+      const detail::ReshardWays& c_ways = result_ways(einsum.to, c_layout, (*local.targets)[t]);
       for (std::size_t a = 0; a < a_ways.ways.size(); ++a) {
         for (std::size_t b = 0; b < b_ways.ways.size(); ++b) {
           for (std::size_t c = 0; c < c_ways.ways.size(); ++c) {
@@ -533,6 +539,17 @@ class MatmulPlanner {
       r.signatures.push_back(signature_id(std::move(signature)));
     }
     return memo_->reshards.emplace(std::move(key), std::move(r)).first->second;
+  }
+
+  // The ways of resharding the local einsum's result (layout number `c_layout`) to `target`:
+  // for the pin, looked up by two numbers (reshard_options' key spells both specs out).
+  const detail::ReshardWays& result_ways(const Spec& result, int c_layout, const Spec& target) {
+    if (!c_.out) return reshard_options(result, target, c_shape_, RingEnd::first_reduce_scatter);
+    const std::uint64_t key = static_cast<std::uint64_t>(static_cast<std::uint32_t>(c_layout)) << 32 |
+                              static_cast<std::uint32_t>(pin_id_);
+    const auto [it, added] = memo_->result_ways.try_emplace(key, nullptr);
+    if (added) it->second = &reshard_options(result, target, c_shape_, RingEnd::first_reduce_scatter);
+    return *it->second;
   }
 
   // Beside a way whose step at `ring_end` (an operand's last all_gather, the result's first
@@ -773,7 +790,8 @@ class MatmulPlanner {
   detail::StepCoster coster_;
   std::vector<std::int64_t> a_shape_, b_shape_, c_shape_;
   std::vector<std::int64_t> sizes_key_;      // the letters' numbers and sizes, for the memo's keys
-  std::vector<std::int64_t> layout_prefix_;  // what the memo's layouts are keyed by before the layout itself
+  int contraction_id_ = 0;  // the number of what the memo's layouts are keyed by before the layout itself
+  int pin_id_ = 0;          // the pin's, with the result's name and shape (result_ways)
   std::vector<Spec> out_targets_;            // the output spec, when given
   std::int64_t inputs_ = 0;  // A's and B's blocks, the caller's
   std::deque<Local> locals_;
@@ -795,6 +813,7 @@ PlannerMemo::~PlannerMemo() = default;
 void PlannerMemo::forget_contractions() {
   // The layouts point into the reshards and einsum steps; all go together.
   impl_->layouts.clear();
+  impl_->result_ways.clear();
   impl_->reshards.clear();
   impl_->einsums.clear();
   impl_->einsum_steps.clear();

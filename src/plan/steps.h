@@ -243,8 +243,13 @@ struct PlannerMemo::Impl {
   // The layouts' local einsums before costing, by the same keys: tens of thousands of layouts
   // (the operands' specs times the axes' roles) share a few thousand.
   std::unordered_map<std::vector<std::int64_t>, Step, detail::NumbersHash> einsum_steps;
-  // A matmul planner's layouts by the operands' names and specs, the result's name and letters,
-  // the letters' sizes, the axes' roles and the letters' axes.
+  // A pinned result's reshard options (entries of `reshards`) by the numbers of the local
+  // einsum's result layout and of the pin (with the result's name and shape): one key of two
+  // numbers where the layouts of thousands of calls share a few hundred.
+  std::unordered_map<std::uint64_t, const detail::ReshardWays*> result_ways;
+  // A matmul planner's layouts by the number of the contraction (the operands' names and
+  // specs, the result's name and letters, the letters' sizes), the axes' roles and the letters'
+  // axes.
   std::unordered_map<std::vector<std::int64_t>, detail::MatmulLayout, detail::NumbersHash> layouts;
   // The reshard ways' signatures and the layouts' results as numbers, each numbered once: a
   // candidate's signature is then four numbers (a planner weighs hundreds of thousands).
