@@ -515,7 +515,11 @@ std::string format_spec(const Spec& spec, const Mesh& mesh) { return format_spec
 void append_axes_key(std::string& key, const AxisList& axes) {
   key += '[';
   for (int a : axes) {
-    key += std::to_string(a);
+    if (a >= 0 && a < 10) {
+      key += static_cast<char>('0' + a);  // as to_string writes it, without its call
+    } else {
+      key += std::to_string(a);
+    }
     key += ',';
   }
   key += ']';
