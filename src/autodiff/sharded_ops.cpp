@@ -210,7 +210,7 @@ Var ring_node(Var a, Var b, const Step& ring, const std::vector<std::string>& ou
   const DimSizes sizes = letter_sizes(t.mesh, a.spec(), a.shape(), b.spec(), b.shape());
   Shape shape;
   for (const std::string& n : out_dims) shape.push_back(sizes.at(n));
-  Value c = t.record(ring, sizes, na.value, &nb.value, shape);
+  Value c = t.record(Step(ring), sizes, na.value, &nb.value, shape);
   c.spec = ring.to;
   return t.add_node(tape, std::move(c), shape, {a.id(), b.id()},
                     [ring](Tape::Impl& impl, const Node& self, const Value& grad) {

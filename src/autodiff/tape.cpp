@@ -203,7 +203,7 @@ void Tape::Impl::enter_unit(int id) {
 
 void Tape::Impl::cost(Step& step, const Shape& shape) const { cost_step(step, mesh, shape, plan_options); }
 
-Value Tape::Impl::record(Step step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
+Value Tape::Impl::record(Step&& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape) {
   Value out{step.to, nullptr};
   TraceEvent measured;
   if (!symbolic()) {
@@ -220,8 +220,9 @@ Value Tape::Impl::record(Step step, const DimSizes& sizes, const Value& a, const
   if (phase == Phase::backward && !regathering && !units.empty()) {
     units.back().transient = std::max(units.back().transient, held_bytes(out, shape));
   }
-  // The step moves into the event: a symbolic recording's events are most of what it copies.
-  events.push_back({phase, std::move(step), !symbolic(), std::move(measured), scope});
+  // The step moves into the event, made in place: a symbolic recording's events are most of
+  // what it copies.
+  events.emplace_back(phase, std::move(step), !symbolic(), std::move(measured), scope);
   return out;
 }
 

@@ -115,7 +115,7 @@ struct Tape::Impl {
   Value run_einsum(const Value& a, const Shape& a_shape, const Value& b, const Shape& b_shape, const Spec& out,
                    const Shape& out_shape);
   // Records a costed step and, on executed tapes, runs it through a one-step Executor.
-  Value record(Step step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape);
+  Value record(Step&& step, const DimSizes& sizes, const Value& a, const Value* b, const Shape& shape);
   // plan_reshard, through options.plans when given.
   std::shared_ptr<const Plan> reshard_plan(const Spec& from, const Spec& to, const Shape& shape) const;
   // reshard_plan and run its steps; `v` unchanged when already in `to`.
