@@ -45,10 +45,18 @@ DimSizes letter_sizes(const Mesh& mesh, const Spec& a, const Shape& a_shape, con
 
 // The two-operand contractions the planner handles: every letter of an operand is in the
 // other operand or in the output, every output letter in an operand, none repeated.
+// Whether `letter` is one of letters[0, end): compared inline (a symbolic tape checks the letters
+// of every einsum it records, a few characters each).
+bool among(const std::vector<std::string>& letters, std::size_t end, std::string_view letter) {
+  for (std::size_t i = 0; i < end; ++i) {
+    if (same_letter(letters[i], letter)) return true;
+  }
+  return false;
+}
+
 void check_letters(const Mesh& mesh, const Spec& a, const Spec& b, const std::vector<std::string>& out_dims) {
   for (std::size_t i = 0; i < out_dims.size(); ++i) {
-    if (std::find(out_dims.begin(), out_dims.begin() + static_cast<std::ptrdiff_t>(i), out_dims[i]) !=
-        out_dims.begin() + static_cast<std::ptrdiff_t>(i)) {
+    if (among(out_dims, i, out_dims[i])) {
       throw InputError("einsum: output dimension '" + out_dims[i] + "' is named twice");
     }
     if (a.find_dim(out_dims[i]) < 0 && b.find_dim(out_dims[i]) < 0) {
@@ -58,7 +66,7 @@ void check_letters(const Mesh& mesh, const Spec& a, const Spec& b, const std::ve
   }
   for (const auto& [x, y] : {std::pair{&a, &b}, std::pair{&b, &a}}) {
     for (const DimSpec& d : x->dims) {
-      if (y->find_dim(d.name) < 0 && std::find(out_dims.begin(), out_dims.end(), d.name) == out_dims.end()) {
+      if (y->find_dim(d.name) < 0 && !among(out_dims, out_dims.size(), d.name)) {
         throw InputError("einsum: dimension '" + d.name + "' of " + format_spec(*x, mesh) +
                          " is in neither the other operand nor the output; sum it out first");
       }
@@ -136,7 +144,7 @@ Spec local_einsum_spec(const Mesh& mesh, const Spec& a, const Shape& a_shape, co
                                 : b_shape[static_cast<std::size_t>(b.find_dim(n))]);
   }
   for (const DimSpec& d : a.dims) {
-    if (b.find_dim(d.name) >= 0 && std::find(out_dims.begin(), out_dims.end(), d.name) == out_dims.end()) {
+    if (b.find_dim(d.name) >= 0 && !among(out_dims, out_dims.size(), d.name)) {
       const AxisList axes = same_in_both(d.name, "contracted");
       c.unreduced.insert(c.unreduced.end(), axes.begin(), axes.end());
     }
