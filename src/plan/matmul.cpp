@@ -300,7 +300,7 @@ class MatmulPlanner {
     for (const Role& r : roles)
       key.insert(key.end(), {r.kind, r.kind == Role::dim ? letter_ids_[letter(r.letter)] : -1});
     for (const AxisList& axes : layout) {
-      key.insert(key.end(), axes.begin(), axes.end());
+      for (const Axis a : axes) key.push_back(a);
       key.push_back(-1);
     }
     auto it = memo_->layouts.find(key);
@@ -314,7 +314,25 @@ class MatmulPlanner {
       if (made.free_targets.empty()) made.free_targets = free_targets(made.einsum->to);
       local.targets = &made.free_targets;
     }
-    add_plans(local);
+    if (!out_of_reach(made)) add_plans(local);
+  }
+
+  // Serial plans only: whether the layout's local einsum alone takes longer than a candidate
+  // already weighed that fits, by more than the tie margin. Every candidate of the layout
+  // takes at least as long as its einsum (a sum of the steps' times, none negative), so none
+  // of them could be chosen, or be within the margin of the one chosen: the choice is the
+  // same without them. (A candidate the layout shares with another, the same steps, has the
+  // same einsum, out of reach too.)
+  bool out_of_reach(detail::MatmulLayout& layout) {
+    if (rings_ || !fastest_fitting_s_) return false;
+    if (!layout.costed) {
+      try {
+        layout.costed = &costed_einsum(*layout.einsum);
+      } catch (const InputError&) {
+        return false;  // figures that overflow: thrown where a candidate needs them, as before
+      }
+    }
+    return layout.costed->einsum.step.time_s > *fastest_fitting_s_ * (1 + options_.tie_margin);
   }
 
   detail::MatmulLayout made_layout(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
@@ -592,6 +610,8 @@ class MatmulPlanner {
     serial.local = &local;
     serial.target = target;
     weigh(serial);
+    if (serial.fits_memory && (!fastest_fitting_s_ || serial.total_time_s < *fastest_fitting_s_))
+      fastest_fitting_s_ = serial.total_time_s;
     candidates_.push_back(serial);
     if (rings_) add_collective_matmuls(serial);
   }
@@ -801,6 +821,7 @@ class MatmulPlanner {
   std::vector<int> letter_ids_;               // by letter: its number in the memo
   std::array<std::pair<const std::string*, int>, 3> named_;  // A's, B's and the result's names, numbered
   std::set<std::array<int, 4>> seen_;                        // plans added, by their reshards' and result's signatures
+  std::optional<double> fastest_fitting_s_;  // of the candidates weighed (out_of_reach)
   bool every_output_layout_ = true;
   bool rings_ = true;  // whether collective matmuls are weighed (Candidates::all)
 };
