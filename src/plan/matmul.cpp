@@ -563,8 +563,8 @@ class MatmulPlanner {
   // for the pin, looked up by two numbers (reshard_options' key spells both specs out).
   const detail::ReshardWays& result_ways(const Spec& result, int c_layout, const Spec& target) {
     if (!c_.out) return reshard_options(result, target, c_shape_, RingEnd::first_reduce_scatter);
-    const std::uint64_t key = static_cast<std::uint64_t>(static_cast<std::uint32_t>(c_layout)) << 32 |
-                              static_cast<std::uint32_t>(pin_id_);
+    const std::uint64_t key =
+        static_cast<std::uint64_t>(static_cast<std::uint32_t>(c_layout)) << 32 | static_cast<std::uint32_t>(pin_id_);
     const auto [it, added] = memo_->result_ways.try_emplace(key, nullptr);
     if (added) it->second = &reshard_options(result, target, c_shape_, RingEnd::first_reduce_scatter);
     return *it->second;
@@ -821,7 +821,7 @@ class MatmulPlanner {
   std::vector<int> letter_ids_;               // by letter: its number in the memo
   std::array<std::pair<const std::string*, int>, 3> named_;  // A's, B's and the result's names, numbered
   std::set<std::array<int, 4>> seen_;                        // plans added, by their reshards' and result's signatures
-  std::optional<double> fastest_fitting_s_;  // of the candidates weighed (out_of_reach)
+  std::optional<double> fastest_fitting_s_;                  // of the candidates weighed (out_of_reach)
   bool every_output_layout_ = true;
   bool rings_ = true;  // whether collective matmuls are weighed (Candidates::all)
 };
