@@ -43,8 +43,6 @@ DimSizes letter_sizes(const Mesh& mesh, const Spec& a, const Shape& a_shape, con
   return sizes;
 }
 
-// The two-operand contractions the planner handles: every letter of an operand is in the
-// other operand or in the output, every output letter in an operand, none repeated.
 // Whether `letter` is one of letters[0, end): compared inline (a symbolic tape checks the letters
 // of every einsum it records, a few characters each).
 bool among(const std::vector<std::string>& letters, std::size_t end, std::string_view letter) {
@@ -54,6 +52,8 @@ bool among(const std::vector<std::string>& letters, std::size_t end, std::string
   return false;
 }
 
+// The two-operand contractions the planner handles: every letter of an operand is in the
+// other operand or in the output, every output letter in an operand, none repeated.
 void check_letters(const Mesh& mesh, const Spec& a, const Spec& b, const std::vector<std::string>& out_dims) {
   for (std::size_t i = 0; i < out_dims.size(); ++i) {
     if (among(out_dims, i, out_dims[i])) {
