@@ -220,9 +220,14 @@ Value Tape::Impl::record(Step&& step, const DimSizes& sizes, const Value& a, con
   if (phase == Phase::backward && !regathering && !units.empty()) {
     units.back().transient = std::max(units.back().transient, held_bytes(out, shape));
   }
-  // The step moves into the event, made in place: a symbolic recording's events are most of
-  // what it copies.
-  events.emplace_back(phase, std::move(step), !symbolic(), std::move(measured), scope);
+  // The step moves into the event, made in place (not a temporary moved in): a symbolic
+  // recording's events are most of what it copies.
+  TapeEvent& event = events.emplace_back();
+  event.phase = phase;
+  event.step = std::move(step);
+  event.executed = !symbolic();
+  event.measured = std::move(measured);
+  event.scope = scope;
   return out;
 }
 
