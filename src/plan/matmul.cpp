@@ -222,14 +222,16 @@ class MatmulPlanner {
 
   // The orders (major to minor) in which a letter's axes may shard it: as the output, A or B
   // already order them, the rest in mesh order; without an output spec, every order.
-  std::vector<AxisList> orders_for(const std::string& letter, const AxisList& axes) const {
-    std::vector<const AxisList*> sources;
+  // Into `orders`, emptied first.
+  void orders_for(const std::string& letter, const AxisList& axes, std::vector<AxisList>& orders) const {
+    std::array<const AxisList*, 3> sources{};
+    std::size_t n = 0;
     if (c_.out && c_.out->find_dim(letter) >= 0)
-      sources.push_back(&c_.out->dims[static_cast<std::size_t>(c_.out->find_dim(letter))].axes);
+      sources[n++] = &c_.out->dims[static_cast<std::size_t>(c_.out->find_dim(letter))].axes;
     for (const Spec* s : {&c_.a, &c_.b}) {
-      if (s->find_dim(letter) >= 0) sources.push_back(&s->dims[static_cast<std::size_t>(s->find_dim(letter))].axes);
+      if (s->find_dim(letter) >= 0) sources[n++] = &s->dims[static_cast<std::size_t>(s->find_dim(letter))].axes;
     }
-    std::vector<AxisList> orders;
+    orders.clear();
     const auto add = [&](const AxisList* source) {
       AxisList order;
       if (source) {
@@ -242,7 +244,7 @@ class MatmulPlanner {
       }
       if (std::find(orders.begin(), orders.end(), order) == orders.end()) orders.push_back(order);
     };
-    for (const AxisList* s : sources) add(s);
+    for (std::size_t i = 0; i < n; ++i) add(sources[i]);
     if (orders.empty()) add(nullptr);
     // With no output spec, every output layout: each order of the letter's axes.
     if (!c_.out) {
@@ -252,28 +254,33 @@ class MatmulPlanner {
         if (std::find(orders.begin(), orders.end(), order) == orders.end()) orders.push_back(order);
       } while (std::next_permutation(order.begin(), order.end()));
     }
-    return orders;
   }
 
+  // The buffers are the planner's, reused: a planner enumerates tens of role combinations, and
+  // solve plans hundreds of thousands of contractions.
   void enumerate_orders(const std::vector<Role>& roles) {
     const std::size_t letters = letters_.size();
-    std::vector<std::vector<AxisList>> per_letter;
-    for (const std::string& l : letters_) {
+    per_letter_.resize(letters);
+    for (std::size_t i = 0; i < letters; ++i) {
       AxisList axes;
       for (int x = 0; x < mesh_.rank(); ++x) {
-        if (roles[static_cast<std::size_t>(x)].kind == Role::dim && roles[static_cast<std::size_t>(x)].letter == l)
-          axes.push_back(x);
+        const Role& r = roles[static_cast<std::size_t>(x)];
+        if (r.kind == Role::dim && same_letter(r.letter, letters_[i])) axes.push_back(x);
       }
-      per_letter.push_back(axes.size() > 1 ? orders_for(l, axes) : std::vector<AxisList>{axes});
+      if (axes.size() > 1) {
+        orders_for(letters_[i], axes, per_letter_[i]);
+      } else {
+        per_letter_[i].assign(1, axes);
+      }
     }
-    std::vector<std::size_t> pick(letters, 0);
-    std::vector<AxisList> layout(letters);  // by letter (letters_)
+    pick_.assign(letters, 0);
+    layout_.resize(letters);  // by letter (letters_)
     while (true) {
-      for (std::size_t i = 0; i < letters; ++i) layout[i] = per_letter[i][pick[i]];
-      build(roles, layout);
+      for (std::size_t i = 0; i < letters; ++i) layout_[i] = per_letter_[i][pick_[i]];
+      build(roles, layout_);
       std::size_t i = 0;
-      while (i < pick.size() && ++pick[i] == per_letter[i].size()) pick[i++] = 0;
-      if (i == pick.size()) break;
+      while (i < letters && ++pick_[i] == per_letter_[i].size()) pick_[i++] = 0;
+      if (i == letters) break;
     }
   }
 
@@ -294,8 +301,8 @@ class MatmulPlanner {
   }
 
   void build(const std::vector<Role>& roles, const std::vector<AxisList>& layout) {
-    std::vector<std::int64_t> key;
-    key.reserve(1 + 2 * roles.size() + letters_.size() + static_cast<std::size_t>(mesh_.rank()));
+    std::vector<std::int64_t>& key = layout_key_;  // copied into the memo on a miss only
+    key.clear();
     key.push_back(contraction_id_);
     for (const Role& r : roles)
       key.insert(key.end(), {r.kind, r.kind == Role::dim ? letter_ids_[letter(r.letter)] : -1});
@@ -304,7 +311,7 @@ class MatmulPlanner {
       key.push_back(-1);
     }
     auto it = memo_->layouts.find(key);
-    if (it == memo_->layouts.end()) it = memo_->layouts.emplace(std::move(key), made_layout(roles, layout)).first;
+    if (it == memo_->layouts.end()) it = memo_->layouts.emplace(key, made_layout(roles, layout)).first;
     detail::MatmulLayout& made = it->second;
     Local& local = locals_.emplace_back();
     local.layout = &made;
@@ -819,6 +826,12 @@ class MatmulPlanner {
   std::vector<Candidate> candidates_;
   std::vector<std::string> letters_;          // the contraction's: A's, B's not in A, then C's in neither
   std::vector<int> letter_ids_;               // by letter: its number in the memo
+  // enumerate_orders's and build's buffers: by letter, the orders its axes may take, the one
+  // picked and its axes; the memo key of a layout.
+  std::vector<std::vector<AxisList>> per_letter_;
+  std::vector<std::size_t> pick_;
+  std::vector<AxisList> layout_;
+  std::vector<std::int64_t> layout_key_;
   std::array<std::pair<const std::string*, int>, 3> named_;  // A's, B's and the result's names, numbered
   std::set<std::array<int, 4>> seen_;                        // plans added, by their reshards' and result's signatures
   std::optional<double> fastest_fitting_s_;                  // of the candidates weighed (out_of_reach)
