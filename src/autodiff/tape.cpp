@@ -73,7 +73,7 @@ void PlanCache::forget_contractions() {
   }
 }
 
-std::size_t PlanCache::ReshardHash::operator()(const ReshardQuery& q) const {
+std::size_t PlanCache::reshard_hash(const Spec& from, const Spec& to, const Shape& shape, DType dtype) {
   // FNV-1a over the numbers and the names' characters (a name's hash by std::hash, a call per
   // letter, took half of the time of the tapes' hundreds of thousands of lookups).
   std::uint64_t h = 14695981039346656037ull;
@@ -86,7 +86,7 @@ std::size_t PlanCache::ReshardHash::operator()(const ReshardQuery& q) const {
     for (const char c : name) add(static_cast<unsigned char>(c));
     add(~std::uint64_t{1});
   };
-  for (const Spec* s : {&q.from, &q.to}) {
+  for (const Spec* s : {&from, &to}) {
     add_name(s->tensor);
     for (const DimSpec& d : s->dims) {
       add_name(d.name);
@@ -94,22 +94,22 @@ std::size_t PlanCache::ReshardHash::operator()(const ReshardQuery& q) const {
     }
     add_axes(s->unreduced);
   }
-  for (std::int64_t n : q.shape) add(static_cast<std::uint64_t>(n));
-  add(static_cast<std::uint64_t>(q.dtype));
+  for (std::int64_t n : shape) add(static_cast<std::uint64_t>(n));
+  add(static_cast<std::uint64_t>(dtype));
   return static_cast<std::size_t>(h);
 }
 
 std::shared_ptr<const Plan> PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
                                                const PlanOptions& options) {
-  const ReshardQuery query{from, to, shape, options.dtype};
-  ReshardPart& part = reshards_[ReshardHash{}(query) % reshards_.size()];
+  const ReshardQuery query{from, to, shape, options.dtype, reshard_hash(from, to, shape, options.dtype)};
+  ReshardPart& part = reshards_[query.hash % reshards_.size()];
   {
     const std::lock_guard<std::mutex> lock(part.mutex);
     if (const auto it = part.plans.find(query); it != part.plans.end()) return it->second;
   }
   auto made = std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, options));
   const std::lock_guard<std::mutex> lock(part.mutex);
-  return part.plans.emplace(Reshard{from, to, shape, options.dtype}, std::move(made)).first->second;
+  return part.plans.emplace(Reshard{from, to, shape, options.dtype, query.hash}, std::move(made)).first->second;
 }
 
 AxisList sharding_axes(const Spec& spec) {

@@ -163,22 +163,27 @@ class PlanCache {
   void forget_contractions();
 
  private:
-  // A reshard as asked: the key kept (Reshard) and the one looked up (ReshardQuery), alike.
+  // A reshard as asked: the key kept (Reshard) and the one looked up (ReshardQuery), alike,
+  // each with its hash (reshard_hash), worked out once per lookup: it picks the part and the
+  // bucket.
   struct Reshard {
     Spec from, to;
     Shape shape;
     DType dtype;
+    std::size_t hash;
   };
   struct ReshardQuery {
     const Spec& from;
     const Spec& to;
     const Shape& shape;
     DType dtype;
+    std::size_t hash;
   };
+  static std::size_t reshard_hash(const Spec& from, const Spec& to, const Shape& shape, DType dtype);
   struct ReshardHash {
     using is_transparent = void;
-    std::size_t operator()(const Reshard& r) const { return (*this)(ReshardQuery{r.from, r.to, r.shape, r.dtype}); }
-    std::size_t operator()(const ReshardQuery& q) const;
+    std::size_t operator()(const Reshard& r) const { return r.hash; }
+    std::size_t operator()(const ReshardQuery& q) const { return q.hash; }
   };
   struct ReshardEqual {
     using is_transparent = void;
