@@ -1016,6 +1016,25 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           if (partial_in_neighbourhood(result_gradient, mask)) result_partials.push_back(mask);
         }
       }
+      // Where each variable's value goes in the factor's entries.
+      const auto slot = [&](int var) {
+        return static_cast<std::size_t>(std::find(f.factor.vars.begin(), f.factor.vars.end(), var) -
+                                        f.factor.vars.begin());
+      };
+      std::vector<std::size_t> operand_slots;
+      for (int v : f.operand_vars) operand_slots.push_back(slot(v));
+      const std::size_t result_slot = slot(f.result_var);
+      // The operands whose gradients (or their parts: read_gradient_var) are variables: each
+      // is partial over what this op leaves it partial over.
+      struct OperandGradient {
+        std::size_t operand = 0, slot = 0;
+        int var = -1;
+      };
+      std::vector<OperandGradient> operand_gradients;
+      for (std::size_t i = 0; differentiated && i < f.operands.size(); ++i) {
+        const int gv = read_gradient_var(f.op, f.operands[i]);
+        if (gv >= 0) operand_gradients.push_back({i, slot(gv), gv});
+      }
       std::vector<int> tuple(f.operands.size(), 0);
       double combinations = 1;  // of the operands' values: may be far too many to hold at once
       for (int v : f.operand_vars) combinations *= static_cast<double>(c.values[static_cast<std::size_t>(v)].size());
@@ -1126,6 +1145,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
         // A combination's jobs come one after another and share their result spec: looked up once.
         const Spec* last_result = nullptr;
         int last_result_value = -1;
+        std::vector<int> value_of;
         for (const Recording& job : jobs) {
           const OpCost& cost = *job.cost;
           const Combination& combo = combos[job.combination];
@@ -1141,37 +1161,15 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           }
           const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
           // The entry's values by its factor's variables (-1: not set yet).
-          const auto slot = [&](int var) {
-            return static_cast<std::size_t>(std::find(f.factor.vars.begin(), f.factor.vars.end(), var) -
-                                            f.factor.vars.begin());
-          };
-          std::vector<int> value_of(f.factor.vars.size(), -1);
-          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[slot(f.operand_vars[i])] = tuple[i];
+          value_of.assign(f.factor.vars.size(), -1);
+          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[operand_slots[i]] = tuple[i];
           if (cost.result.get() != last_result) {
             last_result = cost.result.get();
             last_result_value = value_index(f.result_var, *cost.result, result.source_name);
           }
-          value_of[slot(f.result_var)] = last_result_value;
+          value_of[result_slot] = last_result_value;
           grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
           if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
-          // Each operand's gradient (or its part: read_gradient_var) is partial over what this
-          // op leaves it partial over.
-          std::vector<std::pair<std::size_t, std::vector<int>>> operand_partials;  // by slot
-          if (differentiated) {
-            for (std::size_t i = 0; i < f.operands.size(); ++i) {
-              const int gv = read_gradient_var(f.op, f.operands[i]);
-              if (gv < 0) continue;
-              const int left = cost.operands[i].partial;
-              const int first_part = tensor_vars + gradient_vars;
-              const bool fits =
-                  gv >= first_part
-                      ? part_in_neighbourhood(gradient_of_part[static_cast<std::size_t>(gv - first_part)], left)
-                      : partial_in_neighbourhood(gv, left);
-              std::vector<int> allowed;
-              if (!(left & used_mask(specs[i])) && fits) allowed.push_back(left);
-              operand_partials.push_back({slot(gv), allowed});
-            }
-          }
           FactorEntry e;
           e.time = cost.time * f.count;
           e.figures = {cost.memory.kept, cost.memory.transient, cost.memory.transient_with_result,
@@ -1185,30 +1183,25 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
             }
             if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
           }
-          // One entry per combination of the operands' gradient variables' values.
-          std::vector<std::size_t> at(operand_partials.size(), 0);
-          while (true) {
-            std::vector<int> full = value_of;
-            bool consistent = true;
-            for (std::size_t j = 0; j < operand_partials.size(); ++j) {
-              const auto& [at_slot, allowed] = operand_partials[j];
-              if (allowed.empty()) {
-                consistent = false;
-                break;
-              }
-              const int mask = allowed[at[j]];
-              consistent = consistent && (full[at_slot] < 0 || full[at_slot] == mask);
-              full[at_slot] = mask;
-            }
-            if (consistent) {
-              FactorEntry& entry = f.factor.entries.emplace_back(e);
-              entry.values = std::move(full);
-            }
-            std::size_t j = 0;
-            while (j < at.size() && !operand_partials[j].second.empty() && ++at[j] == operand_partials[j].second.size())
-              at[j++] = 0;
-            if (j == at.size() || operand_partials[j].second.empty()) break;
+          // Each operand's gradient takes the one mask this op leaves it partial over: no entry
+          // where that mask is not allowed (it partials a sharding axis, or leaves the
+          // neighbourhood), or where it disagrees with a value already set (the same variable
+          // in two places).
+          bool consistent = true;
+          for (const OperandGradient& og : operand_gradients) {
+            const int left = cost.operands[og.operand].partial;
+            const int first_part = tensor_vars + gradient_vars;
+            const bool fits =
+                og.var >= first_part
+                    ? part_in_neighbourhood(gradient_of_part[static_cast<std::size_t>(og.var - first_part)], left)
+                    : partial_in_neighbourhood(og.var, left);
+            int& at = value_of[og.slot];
+            consistent = consistent && !(left & used_mask(specs[og.operand])) && fits && (at < 0 || at == left);
+            at = left;
           }
+          if (!consistent) continue;
+          e.values = value_of;
+          f.factor.entries.push_back(std::move(e));
         }
         batched += static_cast<double>(jobs.size());
         clock.batch_done(g, f.op, static_cast<std::int64_t>(jobs.size()), (combinations - visited) * batched / visited);
