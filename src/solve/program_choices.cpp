@@ -483,13 +483,18 @@ void leave_to_exit(std::unique_ptr<OpRecorder> recorder) {
   previous = std::exchange(*kept, std::move(recorder));
 }
 
-// One combination of an op's specs to record: its jobs (one per layout of the result's
-// gradient) share one forward pass.
-struct Combination {
+// A tuple of an op's operands' values, which the combinations of its result's pins share.
+struct OperandValues {
   std::vector<int> tuple;        // the operands' values
   std::vector<Spec> specs;       // the operands' specs
   std::vector<char> regathered;  // the operands' (params: FSDP's regather)
   bool regathers = false;        // some operand is a regathered param
+};
+
+// One combination of an op's specs to record: its jobs (one per layout of the result's
+// gradient) share one forward pass.
+struct Combination {
+  std::size_t operands = 0;      // into the batch's OperandValues
   std::optional<Spec> pin;       // the result's, when chosen
   int pin_at = 0;                // its place among the tuple's pins (a regathered twin's are the same)
   std::vector<std::size_t> jobs;
@@ -1051,16 +1056,19 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       for (bool more = true; more; batch = std::min(2 * batch, limits.batch)) {
         std::vector<Recording> jobs;
         std::vector<Combination> combos;
+        std::vector<OperandValues> operand_values;
         while (more && jobs.size() < batch) {
           if (f.done.insert(tuple).second) {
-            std::vector<Spec> specs;
-            std::vector<char> regathered;
+            OperandValues& values = operand_values.emplace_back();
+            values.tuple = tuple;
             for (std::size_t i = 0; i < tuple.size(); ++i) {
               const auto v = static_cast<std::size_t>(f.operand_vars[i]);
-              specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
-              regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
+              values.specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
+              values.regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
             }
-            const bool regathers = std::any_of(regathered.begin(), regathered.end(), [](char r) { return r != 0; });
+            values.regathers =
+                std::any_of(values.regathered.begin(), values.regathered.end(), [](char r) { return r != 0; });
+            const std::vector<Spec>& specs = values.specs;
             // The result's spec: its own variable's when that is an operand too (a value carried
             // into the next iteration), else each of its choices, else what the op's rule gives.
             std::vector<std::optional<Spec>> pins;
@@ -1075,8 +1083,10 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
               pins.push_back(std::nullopt);
             }
             for (std::size_t p = 0; p < pins.size(); ++p) {
-              Combination& combo = combos.emplace_back(
-                  Combination{tuple, specs, regathered, regathers, pins[p], static_cast<int>(p), {}});
+              Combination& combo = combos.emplace_back();
+              combo.operands = operand_values.size() - 1;
+              combo.pin = std::move(pins[p]);
+              combo.pin_at = static_cast<int>(p);
               for (const std::optional<int>& partial : result_partials) {
                 // A gradient is never partial over an axis that shards its value: known before
                 // recording when the result is pinned.
@@ -1097,22 +1107,25 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
         // cost where that gathers none of them (regathering changes nothing there).
         const auto key = [&](const Recording& r, bool kept) {
           const Combination& combo = combos[r.combination];
-          std::vector<int> t = combo.tuple;
+          const OperandValues& values = operand_values[combo.operands];
+          std::vector<int> t = values.tuple;
           for (std::size_t i = 0; kept && i < t.size(); ++i) {
-            if (combo.regathered[i])
+            if (values.regathered[i])
               t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
           }
           return JobKey{t, combo.pin_at, r.partial ? *r.partial : -1};
         };
         std::vector<std::size_t> kept_combos, twin_combos;
-        for (std::size_t k = 0; k < combos.size(); ++k) (combos[k].regathers ? twin_combos : kept_combos).push_back(k);
+        for (std::size_t k = 0; k < combos.size(); ++k)
+          (operand_values[combos[k].operands].regathers ? twin_combos : kept_combos).push_back(k);
         // A combination's jobs (of its result gradient's layouts) share one forward pass.
         const auto record = [&](const Combination& combo, const std::vector<std::size_t>& list) {
           if (list.empty()) return;
           std::vector<std::optional<int>> partials;
           for (std::size_t j : list) partials.push_back(jobs[j].partial);
           std::vector<std::shared_ptr<const OpCost>> costs =
-              recorder.costs(f.op, f.operands, combo.specs, combo.regathered, combo.pin, partials);
+              recorder.costs(f.op, f.operands, operand_values[combo.operands].specs,
+                             operand_values[combo.operands].regathered, combo.pin, partials);
           for (std::size_t i = 0; i < list.size(); ++i) jobs[list[i]].cost = std::move(costs[i]);
         };
         for_each_parallel(kept_combos.size(), [&](std::size_t k) {
@@ -1131,8 +1144,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
             if (kept != kept_costs.end()) {
               const OpCost& twin = *kept->second;
               bool gathers = false;
-              for (std::size_t i = 0; twin.allowed && i < combo.regathered.size(); ++i)
-                gathers = gathers || (combo.regathered[i] && twin.operands[i].gathered);
+              const std::vector<char>& regathered = operand_values[combo.operands].regathered;
+              for (std::size_t i = 0; twin.allowed && i < regathered.size(); ++i)
+                gathers = gathers || (regathered[i] && twin.operands[i].gathered);
               if (!gathers) {
                 job.cost = kept->second;
                 continue;
@@ -1149,8 +1163,8 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
         for (const Recording& job : jobs) {
           const OpCost& cost = *job.cost;
           const Combination& combo = combos[job.combination];
-          const std::vector<int>& tuple = combo.tuple;
-          const std::vector<Spec>& specs = combo.specs;
+          const std::vector<int>& tuple = operand_values[combo.operands].tuple;
+          const std::vector<Spec>& specs = operand_values[combo.operands].specs;
           const std::optional<Spec>& pin = combo.pin;
           const std::optional<int>& partial = job.partial;
           if (!cost.allowed) continue;
