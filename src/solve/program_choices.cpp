@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <future>
 #include <iomanip>
 #include <locale>
 #include <map>
@@ -505,6 +506,14 @@ struct Recording {
   std::size_t combination = 0;
   std::optional<int> partial;  // the result's gradient's pending axes (differentiated ops)
   std::shared_ptr<const OpCost> cost;
+};
+
+// A batch of an op's recordings: the tuples of operand values, their combinations with the
+// result's pins, and the jobs.
+struct Batch {
+  std::vector<OperandValues> operand_values;
+  std::vector<Combination> combos;
+  std::vector<Recording> jobs;
 };
 
 // fn(0) .. fn(n - 1) on the machine's cores: recordings are independent (each its own
@@ -1051,12 +1060,95 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       // kept twin's, recorded in an earlier batch or earlier in its own.
       using JobKey = std::tuple<std::vector<int>, int, int>;
       std::map<JobKey, std::shared_ptr<const OpCost>> kept_costs;
+      // A batch's recordings entered into the factor, in order: whether the result's variable
+      // gained a value.
+      const auto enter = [&](const Batch& b) {
+        const std::vector<OperandValues>& operand_values = b.operand_values;
+        const std::vector<Combination>& combos = b.combos;
+        const std::vector<Recording>& jobs = b.jobs;
+        bool gained = false;
+        // A combination's jobs come one after another and share their result spec: looked up once.
+        const Spec* last_result = nullptr;
+        int last_result_value = -1;
+        std::vector<int> value_of;
+        for (const Recording& job : jobs) {
+          const OpCost& cost = *job.cost;
+          const Combination& combo = combos[job.combination];
+          const std::vector<int>& tuple = operand_values[combo.operands].tuple;
+          const std::vector<Spec>& specs = operand_values[combo.operands].specs;
+          const std::optional<Spec>& pin = combo.pin;
+          const std::optional<int>& partial = job.partial;
+          if (!cost.allowed) continue;
+          if (pin && !(*cost.result == *pin)) continue;  // the rule gives another layout
+          for (std::size_t i = 0; i < tuple.size(); ++i) {
+            if (cost.operands[i].regathered)
+              regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
+          }
+          const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
+          // The entry's values by its factor's variables (-1: not set yet).
+          value_of.assign(f.factor.vars.size(), -1);
+          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[operand_slots[i]] = tuple[i];
+          if (cost.result.get() != last_result) {
+            last_result = cost.result.get();
+            last_result_value = value_index(f.result_var, *cost.result, result.source_name);
+          }
+          value_of[result_slot] = last_result_value;
+          gained = gained || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
+          if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
+          FactorEntry e;
+          e.time = cost.time * f.count;
+          e.figures = {cost.memory.kept, cost.memory.transient, cost.memory.transient_with_result,
+                       cost.memory.backward};
+          if (train) {
+            e.memory = cost.internal_memory * f.count;
+            for (std::size_t i = 0; i < f.operands.size(); ++i) {
+              if (cost.operands[i].saved && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
+                e.shared.push_back(shared_term(f.operand_vars[i]));
+              }
+            }
+            if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
+          }
+          // Each operand's gradient takes the one mask this op leaves it partial over: no entry
+          // where that mask is not allowed (it partials a sharding axis, or leaves the
+          // neighbourhood), or where it disagrees with a value already set (the same variable
+          // in two places).
+          bool consistent = true;
+          for (const OperandGradient& og : operand_gradients) {
+            const int left = cost.operands[og.operand].partial;
+            const int first_part = tensor_vars + gradient_vars;
+            const bool fits =
+                og.var >= first_part
+                    ? part_in_neighbourhood(gradient_of_part[static_cast<std::size_t>(og.var - first_part)], left)
+                    : partial_in_neighbourhood(og.var, left);
+            int& at = value_of[og.slot];
+            consistent = consistent && !(left & used_mask(specs[og.operand])) && fits && (at < 0 || at == left);
+            at = left;
+          }
+          if (!consistent) continue;
+          e.values = value_of;
+          f.factor.entries.push_back(std::move(e));
+        }
+        return gained;
+      };
+      // A batch is entered on a thread of its own while the next one is enumerated and recorded
+      // (entered between batches, it kept one core busy and the other idle), unless the op
+      // carries its result into an operand: entering may add values the enumeration reads.
+      const bool carries =
+          std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var) != f.operand_vars.end();
+      Batch entering_batch;
+      std::future<bool> entering;  // declared after what it reads: its destructor waits for it
+      const auto entered = [&] {
+        if (!entering.valid()) return;
+        const bool gained = entering.get();
+        grew = grew || gained;
+      };
       // Small batches first: the first says soon how fast this op's recordings go.
       std::size_t batch = std::min<std::size_t>(512, limits.batch);
       for (bool more = true; more; batch = std::min(2 * batch, limits.batch)) {
-        std::vector<Recording> jobs;
-        std::vector<Combination> combos;
-        std::vector<OperandValues> operand_values;
+        Batch current;
+        std::vector<OperandValues>& operand_values = current.operand_values;
+        std::vector<Combination>& combos = current.combos;
+        std::vector<Recording>& jobs = current.jobs;
         while (more && jobs.size() < batch) {
           if (f.done.insert(tuple).second) {
             OperandValues& values = operand_values.emplace_back();
@@ -1156,70 +1248,18 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           }
           record(combo, to_record);
         });
-        // A combination's jobs come one after another and share their result spec: looked up once.
-        const Spec* last_result = nullptr;
-        int last_result_value = -1;
-        std::vector<int> value_of;
-        for (const Recording& job : jobs) {
-          const OpCost& cost = *job.cost;
-          const Combination& combo = combos[job.combination];
-          const std::vector<int>& tuple = operand_values[combo.operands].tuple;
-          const std::vector<Spec>& specs = operand_values[combo.operands].specs;
-          const std::optional<Spec>& pin = combo.pin;
-          const std::optional<int>& partial = job.partial;
-          if (!cost.allowed) continue;
-          if (pin && !(*cost.result == *pin)) continue;  // the rule gives another layout
-          for (std::size_t i = 0; i < tuple.size(); ++i) {
-            if (cost.operands[i].regathered)
-              regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
-          }
-          const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
-          // The entry's values by its factor's variables (-1: not set yet).
-          value_of.assign(f.factor.vars.size(), -1);
-          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[operand_slots[i]] = tuple[i];
-          if (cost.result.get() != last_result) {
-            last_result = cost.result.get();
-            last_result_value = value_index(f.result_var, *cost.result, result.source_name);
-          }
-          value_of[result_slot] = last_result_value;
-          grew = grew || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
-          if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
-          FactorEntry e;
-          e.time = cost.time * f.count;
-          e.figures = {cost.memory.kept, cost.memory.transient, cost.memory.transient_with_result,
-                       cost.memory.backward};
-          if (train) {
-            e.memory = cost.internal_memory * f.count;
-            for (std::size_t i = 0; i < f.operands.size(); ++i) {
-              if (cost.operands[i].saved && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
-                e.shared.push_back(shared_term(f.operand_vars[i]));
-              }
-            }
-            if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
-          }
-          // Each operand's gradient takes the one mask this op leaves it partial over: no entry
-          // where that mask is not allowed (it partials a sharding axis, or leaves the
-          // neighbourhood), or where it disagrees with a value already set (the same variable
-          // in two places).
-          bool consistent = true;
-          for (const OperandGradient& og : operand_gradients) {
-            const int left = cost.operands[og.operand].partial;
-            const int first_part = tensor_vars + gradient_vars;
-            const bool fits =
-                og.var >= first_part
-                    ? part_in_neighbourhood(gradient_of_part[static_cast<std::size_t>(og.var - first_part)], left)
-                    : partial_in_neighbourhood(og.var, left);
-            int& at = value_of[og.slot];
-            consistent = consistent && !(left & used_mask(specs[og.operand])) && fits && (at < 0 || at == left);
-            at = left;
-          }
-          if (!consistent) continue;
-          e.values = value_of;
-          f.factor.entries.push_back(std::move(e));
-        }
         batched += static_cast<double>(jobs.size());
         clock.batch_done(g, f.op, static_cast<std::int64_t>(jobs.size()), (combinations - visited) * batched / visited);
+        entered();
+        entering_batch = std::move(current);
+        if (carries || !more) {  // the op's last batch: nothing to record meanwhile
+          const bool gained = enter(entering_batch);
+          grew = grew || gained;
+        } else {
+          entering = std::async(std::launch::async, enter, std::cref(entering_batch));
+        }
       }
+      entered();
       recorder.forget_plans();
     }
   }
