@@ -11,6 +11,7 @@
 
 #include "random_cases.h"
 #include "random_programs.h"
+#include "same_choices.h"
 #include "shardmm/core/error.h"
 #include "shardmm/runtime/runner.h"
 #include "shardmm/solve/solve.h"
@@ -62,7 +63,7 @@ RandomCase random_case(std::uint64_t seed, int c, int max_axes, std::int64_t max
 
 TEST(SolveRandom, OptimumIsExhaustiveSearchsAndRunsVerified) {
   const int cases = static_cast<int>(testing::scaled_cases(150));
-  int compared = 0, limited = 0, executed = 0;
+  int compared = 0, limited = 0, executed = 0, rebatched = 0;
   for (int c = 0; c < cases; ++c) {
     const RandomCase rc = random_case(20261205 + static_cast<std::uint64_t>(c), c, 2, 4, 5);
     SCOPED_TRACE(rc.text);
@@ -77,6 +78,15 @@ TEST(SolveRandom, OptimumIsExhaustiveSearchsAndRunsVerified) {
     const std::optional<SolveOutcome> dp = solve_elimination(choices.problem);
     ASSERT_TRUE(dp.has_value());
     ASSERT_EQ(dp->status, SolveStatus::optimal);
+
+    // Built in small batches (most of them entered beside the next one's recording), the
+    // problem is the same.
+    if (c % 4 == 1) {
+      BuildLimits small;
+      small.batch = 8 + static_cast<std::size_t>(c % 25);
+      testing::expect_same_choices(choices, build_choices(g, options, small));
+      ++rebatched;
+    }
 
     // The answer costs, under `shardmm program`, exactly what the solver says.
     const program::Graph answer = pinned_graph(g, specs_of(choices, dp->best), regathered_of(choices, dp->best));
@@ -113,11 +123,14 @@ TEST(SolveRandom, OptimumIsExhaustiveSearchsAndRunsVerified) {
       EXPECT_TRUE(run.verification.verified) << run.verification.detail;
     }
   }
-  std::printf("%d random programs: %d compared with exhaustive search, %d with a binding limit, %d executed\n", cases,
-              compared, limited, executed);
+  std::printf(
+      "%d random programs: %d compared with exhaustive search, %d with a binding limit, %d executed, %d rebuilt in "
+      "small batches\n",
+      cases, compared, limited, executed, rebatched);
   EXPECT_GE(compared, cases * 2 / 3);
   EXPECT_GE(limited, cases / 10);
   EXPECT_GE(executed, cases / 4);
+  EXPECT_GE(rebatched, cases / 5);
 }
 
 // The search by neighbourhoods (what meshes past two axes get) on random programs on random
