@@ -210,7 +210,8 @@ double einsum_time(const HardwareProfile& hw, DType dtype, double flops, std::in
 Confidence einsum_confidence(const HardwareProfile& hw, DType dtype, double flops, std::int64_t bytes,
                              std::int64_t rows = 0);
 // Which term sets an einsum's time `time_s` (einsum_time's) of `bytes` read and written:
-// memory when the bytes' term is the larger, else compute.
+// memory when the bytes' term is the larger, else compute; none for an einsum that takes no
+// time.
 Bound einsum_bound(const HardwareProfile& hw, double time_s, std::int64_t bytes);
 // A local copy (slice) reads and writes `bytes`: at the HBM bandwidth, or on a calibrated
 // profile at the copy bandwidth measured for that size (interpolated in log(bytes) between the
