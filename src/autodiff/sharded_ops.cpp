@@ -200,10 +200,12 @@ Var einsum(Var a, Var b, const std::vector<std::string>& out_dims) {
   // Each operand's gradient is contracted from the other operand's value.
   if (nb.requires_grad) na.saved = true;
   if (na.requires_grad) nb.saved = true;
-  return t.add_node(tape, std::move(c), shape, {a.id(), b.id()},
-                    [](Tape::Impl& impl, const Node& self, const Value& grad) {
-                      contraction_backward(impl, self, impl.align(grad, self.value.spec, self.shape), {});
-                    });
+  const Var out_var = t.add_node(tape, std::move(c), shape, {a.id(), b.id()},
+                                 [](Tape::Impl& impl, const Node& self, const Value& grad) {
+                                   contraction_backward(impl, self, impl.align(grad, self.value.spec, self.shape), {});
+                                 });
+  t.node(out_var).contraction = true;
+  return out_var;
 }
 
 // A collective matmul ring (plan/step.h) as one node over the operands a and b; its backward

@@ -552,21 +552,114 @@ void Tape::backward(Var loss) {
   run_backward(loss, std::move(seed));
 }
 
-void Tape::backward_from(Var out, const AxisList& unreduced) {
-  Impl& t = *impl_;
-  if (&out.tape() != this) throw InputError("backward_from(out): the value belongs to another tape");
+namespace {
+
+// backward_from's seed: `out`'s gradient in its dimension sharding, partial over `unreduced`.
+Value gradient_seed(const Tape& tape, const Tape::Impl& t, Var out, const AxisList& unreduced) {
+  if (&out.tape() != &tape) throw InputError("backward_from(out): the value belongs to another tape");
   if (!t.symbolic()) throw InputError("backward_from(): only a symbolic tape starts backward from a chosen layout");
-  const Node& o = t.node(out);
+  const Node& o = t.node(out.id());
   Spec seed_spec;
   seed_spec.tensor = "d" + o.value.spec.tensor;
   seed_spec.dims = o.value.spec.dims;
   seed_spec.unreduced = unreduced;
   std::sort(seed_spec.unreduced.begin(), seed_spec.unreduced.end());
   validate_spec(seed_spec, t.mesh);
-  run_backward(out, Value{seed_spec, nullptr});
+  return Value{seed_spec, nullptr};
 }
 
-void Tape::run_backward(Var from, Value seed) {
+}  // namespace
+
+void Tape::backward_from(Var out, const AxisList& unreduced) {
+  run_backward(out, gradient_seed(*this, *impl_, out, unreduced));
+}
+
+std::optional<Var> Tape::contraction_in(int scope) {
+  const Impl& t = *impl_;
+  std::optional<Var> found;
+  for (const ForwardOp& op : t.ops) {
+    if (op.scope != scope) continue;
+    for (int id = op.first_node; id <= op.last_node; ++id) {
+      if (!t.node(id).contraction) continue;
+      if (found) return std::nullopt;
+      found = var(id);
+    }
+  }
+  return found;
+}
+
+std::shared_ptr<const Tape::Below> Tape::backward_below(Var contraction) {
+  Impl& t = *impl_;
+  const int c = contraction.id();
+  if (&contraction.tape() != this || !t.node(c).contraction)
+    throw std::logic_error("Tape::backward_below: not a contraction of this tape");
+  rewind();
+  try {
+    backward_from(contraction, {});
+  } catch (...) {
+    rewind();
+    throw;
+  }
+  auto below = std::make_shared<Below>();
+  below->contraction = c;
+  below->aligned = t.node(c).value.spec;
+  below->aligned.unreduced.clear();
+  below->events.assign(t.events.begin() + static_cast<std::ptrdiff_t>(t.forward_events), t.events.end());
+  below->units = t.units;
+  for (int id = 0; id < static_cast<int>(t.nodes.size()); ++id) {
+    const Node& n = t.node(id);
+    if (id == c || (id > c && !n.leaf)) continue;
+    if (!n.grad && n.grad_from < 0 && n.grad_to < 0 && !n.regathered && n.arrived_unreduced.empty()) continue;
+    below->nodes.push_back({id, n.grad, n.arrived_unreduced, n.regathered, n.grad_bytes, n.grad_from, n.grad_to,
+                            n.regathered_in, n.regathered ? std::optional<Value>(n.value) : std::nullopt});
+  }
+  below->scope = t.scope;
+  rewind();
+  return below;
+}
+
+bool Tape::backward_from(Var out, const AxisList& unreduced, const Below& below) {
+  Impl& t = *impl_;
+  const int c = below.contraction;
+  run_backward(out, gradient_seed(*this, t, out, unreduced), c);
+  Node& n = t.nodes[static_cast<std::size_t>(c)];
+  if (!n.grad) return false;
+  for (int id = 0; id < static_cast<int>(t.nodes.size()); ++id) {
+    const Node& m = t.node(id);
+    if (m.regathered || (id < c && m.grad) || (id > c && m.leaf && m.grad)) return false;
+  }
+  // The contraction's backward as run_backward starts it, up to its alignment.
+  t.scope = n.scope;
+  t.enter_unit(c);
+  const Value grad = std::move(*n.grad);
+  n.grad.reset();
+  n.grad_to = static_cast<int>(t.units.size()) - 1;
+  if (!(t.align(grad, n.value.spec, n.shape).spec == below.aligned)) return false;
+  // Then what the pass below it did, its units counted on from the contraction's.
+  const int base = static_cast<int>(t.units.size()) - 1;
+  BackwardUnit& unit = t.units.back();
+  unit.transient = std::max(unit.transient, below.units.front().transient);
+  unit.node = below.units.front().node;
+  unit.lowest_node = below.units.front().lowest_node;
+  t.units.insert(t.units.end(), below.units.begin() + 1, below.units.end());
+  t.events.insert(t.events.end(), below.events.begin(), below.events.end());
+  const auto shifted = [base](int unit_index) { return unit_index < 0 ? unit_index : unit_index + base; };
+  for (const Below::Changed& changed : below.nodes) {
+    Node& m = t.nodes[static_cast<std::size_t>(changed.id)];
+    m.grad = changed.grad;
+    m.arrived_unreduced = changed.arrived_unreduced;
+    m.regathered = changed.regathered;
+    m.grad_bytes = changed.grad_bytes;
+    m.grad_from = shifted(changed.grad_from);
+    m.grad_to = shifted(changed.grad_to);
+    m.regathered_in = shifted(changed.regathered_in);
+    if (changed.value) m.value = *changed.value;
+  }
+  t.scope = below.scope;
+  return true;
+}
+
+void Tape::run_backward(Var from, Value seed, int stop) {
   Impl& t = *impl_;
   if (t.backward_done) throw InputError("backward() runs once per tape");
   t.phase = Phase::backward;
@@ -583,6 +676,7 @@ void Tape::run_backward(Var from, Value seed) {
   t.enter_unit(from.id());
   t.accumulate(from.id(), std::move(seed));
   for (int id = static_cast<int>(t.nodes.size()) - 1; id >= 0; --id) {
+    if (id == stop) return;
     Node& n = t.nodes[static_cast<std::size_t>(id)];
     if (!n.grad) continue;
     t.scope = n.scope;

@@ -41,6 +41,8 @@ struct Node {
   bool regathered = false;  // in this backward pass
   std::vector<int> inputs;
   Backward backward;
+  // einsum()'s: its backward begins by aligning its gradient (Tape::backward_below).
+  bool contraction = false;
   int scope = -1;              // Tape::set_scope's label when recorded
   std::optional<Value> grad;   // accumulated during backward
   AxisList arrived_unreduced;  // a leaf's: what its gradient was partial over before its reduction
@@ -71,6 +73,27 @@ struct BackwardUnit {
   int node = -1;               // the node whose backward (or reduction) ran last
   int lowest_node = 0;         // the lowest node id it ran
   std::int64_t transient = 0;  // the largest buffer a step of it made
+};
+
+// What a backward pass below a contraction changed (Tape::backward_below), to splice onto a
+// pass run down to it: the fields Tape::rewind resets, unit indices counted from the
+// contraction's unit.
+struct Tape::Below {
+  struct Changed {
+    int id = -1;
+    std::optional<Value> grad;
+    AxisList arrived_unreduced;
+    bool regathered = false;
+    std::int64_t grad_bytes = 0;
+    int grad_from = -1, grad_to = -1, regathered_in = -1;
+    std::optional<Value> value;  // a regathered one's
+  };
+  int contraction = -1;
+  Spec aligned;                     // the contraction's gradient as its backward begins
+  std::vector<TapeEvent> events;    // recorded below
+  std::vector<BackwardUnit> units;  // the first continues the contraction's
+  std::vector<Changed> nodes;       // below the contraction, and the leaves above it
+  int scope = -1;                   // the tape's after the pass
 };
 
 struct Tape::Impl {

@@ -1,16 +1,19 @@
 // Symbolic tapes that share a PlanCache (solve's recordings) record what tapes without one
 // record: the same steps, times and memory, however many tapes planned through it before. And
 // backward after a Tape::rewind (solve's, one per layout of an op's result gradient) records
-// what backward on a fresh tape that recorded the same forward pass records.
+// what backward on a fresh tape that recorded the same forward pass records; so does a pass
+// in two halves, the one below the contraction run once and spliced on (Tape::backward_below).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shardmm/autodiff/tape.h"
+#include "shardmm/core/error.h"
 #include "shardmm/core/spec.h"
 
 namespace shardmm::autodiff {
@@ -131,6 +134,141 @@ TEST(TapeRewind, BackwardAfterARewindRecordsWhatAFreshTapeDoes) {
       }
     }
   EXPECT_EQ(compared, 2 * 3 * 2 * (4 + 2 + 4));  // y[B_X, F]'s gradient is never partial over X
+}
+
+// Everything a recording reads off a tape after backward: text_of(), the timeline, and the
+// figures of the op recorded under scope 0.
+std::string whole_text(Tape& tape, const Mesh& mesh, Var y) {
+  const Tape::OpMemory m = tape.op_memory(0, y, true);
+  return text_of(tape, mesh) + "\n" + timeline_text(tape) + "op kept " + std::to_string(m.kept) + " transient " +
+         std::to_string(m.transient) + " with result " + std::to_string(m.transient_with_result) + " backward " +
+         std::to_string(m.backward);
+}
+
+// One op recorded under scope 0 (as solve records each), backward from each layout of its
+// result's gradient: the pass below its contraction run once and spliced onto the pass down to
+// it leaves the tape as the whole pass does, the events in the same order, and a rewind after
+// it the forward pass as it was. Over meshes of two and three axes, operands and results
+// sharded, partial or replicated, the weight kept or regathered (FSDP), nested expressions
+// around the contraction.
+TEST(TapeHalves, SplicedBelowTheContractionRecordWhatTheWholePassDoes) {
+  struct MeshCase {
+    const char* mesh;
+    std::vector<std::string> xs, ws, outs;
+  };
+  const std::vector<MeshCase> meshes{
+      {"X=2,Y=2",
+       {"x[B, D]", "x[B_X, D]", "x[B, D_Y]", "x[B_X, D_Y]", "x[B_XY, D]", "x[B, D]{U_X}"},
+       {"w[D, F]", "w[D_X, F]", "w[D, F_Y]", "w[D_Y, F_X]", "w[D_XY, F]"},
+       {"y[B, F]", "y[B_X, F_Y]", "y[B, F]{U_Y}", "y[B_X, F]", "y[B, F_YX]"}},
+      {"X=2,Y=3,Z=2",
+       {"x[B_Z, D]", "x[B_X, D_Y]", "x[B, D_ZY]"},
+       {"w[D_Y, F]", "w[D, F_XZ]", "w[D_Y, F_Z]"},
+       {"y[B, F]", "y[B_Z, F_Y]", "y[B, F]{U_XY}", "y[B_X, F_Z]{U_Y}"}},
+  };
+  int spliced = 0, whole = 0;
+  for (const MeshCase& m : meshes) {
+    const Mesh mesh = Mesh::parse(m.mesh);
+    std::vector<std::string> partials;
+    for (int mask = 0; mask < 1 << mesh.rank(); ++mask) {
+      std::string p;
+      for (int a = 0; a < mesh.rank(); ++a) {
+        if (mask >> a & 1) p += mesh.axis(a).name;
+      }
+      partials.push_back(p);
+    }
+    for (const Gathered keep_w : {Gathered::kept, Gathered::regathered})
+      for (const bool nested : {false, true})
+        for (const std::string& x : m.xs)
+          for (const std::string& w : m.ws)
+            for (const std::string& out : m.outs) {
+              const auto record_forward = [&](Tape& tape) {
+                const DimSizes sizes = parse_dims("B=64,D=36,F=48");
+                tape.set_scope(0);
+                const Var a = tape.input(x, sizes, {}, true);
+                const Var b = tape.input(w, sizes, {}, true);
+                // Nested: a local op below the contraction, one above it.
+                const Var y = planned_einsum(nested ? scale(a, 0.5) : a, b, tape.spec(out), Gathered::kept, keep_w);
+                return nested ? scale(y, 2.0) : y;
+              };
+              Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
+              const Var y = record_forward(tape);
+              const std::string forward_only = text_of(tape, mesh);
+              const std::optional<Var> contraction = tape.contraction_in(0);
+              ASSERT_TRUE(contraction.has_value()) << x << " @ " << w << " -> " << out;
+              std::shared_ptr<const Tape::Below> below;
+              try {
+                below = tape.backward_below(*contraction);
+              } catch (const InputError&) {
+                continue;  // every pass fails below the contraction
+              }
+              EXPECT_EQ(text_of(tape, mesh), forward_only);
+              for (const std::string& partial : partials) {
+                const std::string what = x + " @ " + w + " -> " + out + " partial over '" + partial + "'";
+                Tape fresh(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
+                const Var fresh_y = record_forward(fresh);
+                std::string expected;
+                try {
+                  fresh.backward_from(fresh_y, axes(fresh, partial));
+                  expected = whole_text(fresh, mesh, fresh_y);
+                } catch (const InputError& e) {
+                  expected = std::string("fails: ") + e.what();
+                }
+                std::string got;
+                try {
+                  if (tape.backward_from(y, axes(tape, partial), *below)) {
+                    ++spliced;
+                  } else {
+                    ++whole;
+                    tape.rewind();
+                    tape.backward_from(y, axes(tape, partial));
+                  }
+                  got = whole_text(tape, mesh, y);
+                } catch (const InputError& e) {
+                  got = std::string("fails: ") + e.what();
+                }
+                EXPECT_EQ(got, expected) << what;
+                tape.rewind();
+                EXPECT_EQ(text_of(tape, mesh), forward_only) << what;
+              }
+            }
+  }
+  // Every pass that ran backward (a gradient is never partial over an axis sharding its value;
+  // those fail in both) was spliced.
+  EXPECT_GT(spliced, 2000);
+  EXPECT_EQ(whole, 0);
+}
+
+// Where a value below the contraction receives its gradient before the contraction runs (read
+// again above it), or a leaf above it has its gradient reduced, the halves do not make the pass:
+// backward_from says so, and the whole pass after a rewind is what a fresh tape records.
+TEST(TapeHalves, RefusedWhereTheHalvesDoNotMakeThePass) {
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  for (const bool read_above : {false, true}) {
+    const auto record_forward = [&](Tape& tape) {
+      const DimSizes sizes = parse_dims("B=64,D=32,F=32");
+      tape.set_scope(0);
+      const Var a = tape.input("x[B_X, D]", sizes, {}, true);
+      const Var b = tape.input("w[D, F_Y]", sizes, {}, true);
+      const Var before = tape.input("v[B_X, D]", sizes, {}, true);
+      const Var y = planned_einsum(a, b, tape.spec("y[B_X, F_Y]"), Gathered::kept, Gathered::kept);
+      const Var after = tape.input("u[B_X, F]", sizes, {}, true);
+      const Var other = read_above ? rename(before, "D", "F") : after;
+      Spec as_y = other.spec();
+      as_y.dims[1].axes = tape.axes("Y");
+      return add(y, reshard(other, as_y));
+    };
+    Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
+    const Var y = record_forward(tape);
+    const std::shared_ptr<const Tape::Below> below = tape.backward_below(*tape.contraction_in(0));
+    EXPECT_FALSE(tape.backward_from(y, {}, *below)) << read_above;
+    tape.rewind();
+    tape.backward_from(y, {});
+    Tape fresh(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
+    const Var fresh_y = record_forward(fresh);
+    fresh.backward_from(fresh_y, {});
+    EXPECT_EQ(whole_text(tape, mesh, y), whole_text(fresh, mesh, fresh_y)) << read_above;
+  }
 }
 
 }  // namespace

@@ -48,6 +48,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -302,6 +303,24 @@ class Tape {
   // Symbolic tapes: runs backward from `out`'s gradient, in out's dimension sharding and
   // partial over `unreduced` (what `out`'s consumers would deliver): costs an op alone.
   void backward_from(Var out, const AxisList& unreduced);
+  // A backward pass in two halves, for symbolic tapes that cost one op's backward from each
+  // layout its result's gradient may arrive in (solve). A contraction (einsum) brings the
+  // gradient it receives to its own dimension sharding, nothing pending, before anything else:
+  // what its backward and everything below it then do is the same whichever layout the
+  // gradient arrived in, and runs once.
+  struct Below;  // the pass below a contraction (private: src/autodiff/tape_impl.h)
+  // The node of the one plain contraction recorded under `scope` (einsum(), not a ring), if it
+  // has exactly one.
+  std::optional<Var> contraction_in(int scope);
+  // The pass below `contraction` (contraction_in): backward_from(contraction, {}) run and kept,
+  // then the tape rewound. Throws what that pass throws (the tape rewound).
+  std::shared_ptr<const Below> backward_below(Var contraction);
+  // backward_from(out, unreduced) down to `below`'s contraction, whose gradient is aligned as
+  // its backward begins; then `below` spliced on: the tape as the whole pass leaves it (its
+  // events, memory figures and gradients). False, the pass left midway (rewind the tape), where
+  // the halves would not make the whole: a value below the contraction received its gradient
+  // before the contraction ran, a leaf's gradient was reduced above it, or a value regathered.
+  bool backward_from(Var out, const AxisList& unreduced, const Below& below);
   // After backward: the axes a leaf's gradient was partial over when it arrived, before it
   // was reduced into the leaf's spec (its consumers' share of that reduction).
   AxisList gradient_arrived_unreduced(Var leaf) const;
@@ -349,7 +368,8 @@ class Tape {
  private:
   friend class Var;
   static Var make_var(Tape* tape, int id) { return Var(tape, id); }
-  void run_backward(Var from, Value seed);
+  // Down to node `stop` (-1: the whole pass), whose gradient is then left unused.
+  void run_backward(Var from, Value seed, int stop = -1);
   std::unique_ptr<Impl> impl_;
 };
 
