@@ -593,6 +593,7 @@ std::shared_ptr<const Tape::Below> Tape::backward_below(Var contraction) {
   const int c = contraction.id();
   if (&contraction.tape() != this || !t.node(c).contraction)
     throw std::logic_error("Tape::backward_below: not a contraction of this tape");
+  if (!t.symbolic()) throw InputError("backward_below(): only a symbolic tape runs backward in halves");
   rewind();
   try {
     backward_from(contraction, {});
@@ -601,6 +602,8 @@ std::shared_ptr<const Tape::Below> Tape::backward_below(Var contraction) {
     throw;
   }
   auto below = std::make_shared<Below>();
+  below->tape = &t;
+  below->forward_nodes = t.nodes.size();
   below->contraction = c;
   below->aligned = t.node(c).value.spec;
   below->aligned.unreduced.clear();
@@ -620,6 +623,8 @@ std::shared_ptr<const Tape::Below> Tape::backward_below(Var contraction) {
 
 bool Tape::backward_from(Var out, const AxisList& unreduced, const Below& below) {
   Impl& t = *impl_;
+  if (below.tape != &t || below.forward_nodes != t.nodes.size())
+    throw std::logic_error("Tape::backward_from: the pass below is of another tape, or of a shorter forward pass");
   const int c = below.contraction;
   run_backward(out, gradient_seed(*this, t, out, unreduced), c);
   Node& n = t.nodes[static_cast<std::size_t>(c)];

@@ -88,6 +88,8 @@ struct Tape::Below {
     int grad_from = -1, grad_to = -1, regathered_in = -1;
     std::optional<Value> value;  // a regathered one's
   };
+  const Tape::Impl* tape = nullptr;  // whose forward pass, of `forward_nodes` nodes
+  std::size_t forward_nodes = 0;
   int contraction = -1;
   Spec aligned;                     // the contraction's gradient as its backward begins
   std::vector<TapeEvent> events;    // recorded below

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -269,6 +270,22 @@ TEST(TapeHalves, RefusedWhereTheHalvesDoNotMakeThePass) {
     fresh.backward_from(fresh_y, {});
     EXPECT_EQ(whole_text(tape, mesh, y), whole_text(fresh, mesh, fresh_y)) << read_above;
   }
+}
+
+// A pass below is spliced only onto the tape and the forward pass it was run on.
+TEST(TapeHalves, RefusesAPassBelowOfAnotherTapeOrForwardPass) {
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  Tape tape(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
+  Tape other(mesh, {DType::bf16, builtin_profile("h100"), 0, nullptr});
+  tape.set_scope(0);
+  other.set_scope(0);
+  const Var y = forward(tape, "x[B_X, D]", "w[D, F]", "y[B_X, F]");
+  forward(other, "x[B_X, D]", "w[D, F]", "y[B_X, F]");
+  const std::shared_ptr<const Tape::Below> below = tape.backward_below(*tape.contraction_in(0));
+  const std::shared_ptr<const Tape::Below> others = other.backward_below(*other.contraction_in(0));
+  EXPECT_THROW(tape.backward_from(y, {}, *others), std::logic_error);
+  scale(y, 2.0);  // the forward pass goes on
+  EXPECT_THROW(tape.backward_from(y, {}, *below), std::logic_error);
 }
 
 }  // namespace
