@@ -559,19 +559,38 @@ std::vector<std::vector<char>> supported_values(const ChoiceProblem& p, const Ke
     for (std::size_t x = 0; x < alive[v].size(); ++x) alive[v][x] = x < (*keep)[v].size() && (*keep)[v][x] != 0;
   }
   // A value no entry of some factor of its variable supports (among entries whose values are
-  // all alive) is never part of an allowed assignment: drop it, until nothing changes.
-  for (bool changed = true; changed;) {
+  // all alive) is never part of an allowed assignment: drop it, until nothing changes. An entry
+  // with a dropped value stays dead, so each sweep reads only the entries the last one left
+  // (a named strategy's keep leaves a few of each factor's: the later sweeps were most of its
+  // dynamic program's time).
+  std::vector<std::vector<std::uint32_t>> live(p.factors.size());
+  for (bool first = true, changed = true; changed; first = false) {
     changed = false;
-    for (const Factor& f : p.factors) {
+    for (std::size_t fi = 0; fi < p.factors.size(); ++fi) {
+      const Factor& f = p.factors[fi];
+      std::vector<std::uint32_t>& entries = live[fi];
       std::vector<std::vector<char>> supported(f.vars.size());
       for (std::size_t i = 0; i < f.vars.size(); ++i)
         supported[i].assign(alive[static_cast<std::size_t>(f.vars[i])].size(), 0);
-      for (const FactorEntry& e : f.entries) {
-        bool ok = true;
-        for (std::size_t i = 0; i < f.vars.size() && ok; ++i)
-          ok = alive[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])];
-        if (!ok) continue;
+      // Whether entry `at` has all its values alive; then it supports them.
+      const auto supports = [&](std::uint32_t at) {
+        const FactorEntry& e = f.entries[at];
+        for (std::size_t i = 0; i < f.vars.size(); ++i) {
+          if (!alive[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])]) return false;
+        }
         for (std::size_t i = 0; i < f.vars.size(); ++i) supported[i][static_cast<std::size_t>(e.values[i])] = 1;
+        return true;
+      };
+      if (first) {
+        for (std::size_t at = 0; at < f.entries.size(); ++at) {
+          if (supports(static_cast<std::uint32_t>(at))) entries.push_back(static_cast<std::uint32_t>(at));
+        }
+      } else {
+        std::size_t kept = 0;
+        for (const std::uint32_t at : entries) {
+          if (supports(at)) entries[kept++] = at;
+        }
+        entries.resize(kept);
       }
       for (std::size_t i = 0; i < f.vars.size(); ++i) {
         std::vector<char>& a = alive[static_cast<std::size_t>(f.vars[i])];
