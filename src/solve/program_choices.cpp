@@ -248,7 +248,8 @@ enum Figure { kKept, kTransient, kTransientWithResult, kBackward };
 
 class OpRecorder {
  public:
-  OpRecorder(const Graph& g, const nn::ProgramOptions& options) : g_(g), options_(options) {}
+  OpRecorder(const Graph& g, const nn::ProgramOptions& options)
+      : g_(g), options_(options), op_keys_(op_keys(g)), letter_keys_(letter_keys(g)) {}
 
   // Op k in these specs, once for each of `result_partials` (the layouts of its result's
   // gradient: nullopt, no backward). Ops alike in everything the tape sees (a transformer's q,
@@ -327,45 +328,77 @@ class OpRecorder {
   // Everything of op k and its specs that the tape sees: the op, each operand's role,
   // letters, spec, whether it is differentiable and regathered (by position, repeats
   // included), the result's letters and pin; no tensor names. (The result's gradient: costs().)
+  // The parts that do not depend on the specs are worked out once (op_keys_, letter_keys_).
   std::string signature(int k, const std::vector<int>& operands, const std::vector<Spec>& operand_specs,
                         const std::vector<char>& operand_regathered, const std::optional<Spec>& result_pin) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     // A spec without its tensor's name: each letter and its axes' numbers, then the pending
     // sums' (format_spec validates the spec and names the axes: work a key does not need).
-    const auto unnamed = [](const Spec& s) {
-      std::string out;
+    const auto add_unnamed = [](std::string& out, const Spec& s) {
+      const auto add_axis = [&out](char tag, int a) {
+        out += tag;
+        if (a >= 10) out += static_cast<char>('0' + a / 10);
+        out += static_cast<char>('0' + a % 10);
+      };
       for (const DimSpec& d : s.dims) {
         out += d.name;
-        for (int a : d.axes) out += "_" + std::to_string(a);
+        for (int a : d.axes) add_axis('_', a);
         out += ',';
       }
-      for (int a : s.unreduced) out += "U" + std::to_string(a);
-      return out;
+      for (int a : s.unreduced) add_axis('U', a);
     };
+    std::string key = op_keys_[static_cast<std::size_t>(k)];
+    for (int x : op.operands) {
+      const auto i = static_cast<std::size_t>(std::find(operands.begin(), operands.end(), x) - operands.begin());
+      const program::Tensor& t = g_.tensors[static_cast<std::size_t>(x)];
+      key += " | ";
+      key += std::to_string(i);
+      key += ' ';
+      key += program::to_string(t.role);
+      key += t.differentiable ? " d " : " n ";
+      key += operand_regathered[i] ? "r " : "k ";
+      key += letter_keys_[static_cast<std::size_t>(x)];
+      key += ' ';
+      add_unnamed(key, operand_specs[i]);
+    }
+    key += " -> ";
+    key += letter_keys_[static_cast<std::size_t>(op.result)];
+    key += ' ';
+    if (result_pin) {
+      add_unnamed(key, *result_pin);
+    } else {
+      key += "free";
+    }
+    return key;
+  }
+
+  // signature()'s parts that depend on the graph alone: an op's own (kind, function, constants,
+  // renamed letters) and a tensor's letters.
+  static std::vector<std::string> op_keys(const Graph& g) {
     // A constant in full (to_string keeps six decimals: 0.0883883 for two different scales).
     const auto exact = [](double x) {
       char text[32];
       std::snprintf(text, sizeof text, "%a", x);
       return std::string(text);
     };
-    const auto letters = [](const program::Tensor& t) {
-      std::string out;
-      for (const std::string& l : t.letters) out += l + ",";
-      return out;
-    };
-    std::string key = std::string(program::to_string(op.op.kind)) + " " + op.op.function + " " + op.op.over + " " +
-                      exact(op.op.constant) + " " + std::to_string(op.op.top);
-    for (const std::string& l : op.op.from) key += " <" + l;
-    for (const std::string& l : op.op.to) key += " >" + l;
-    for (int x : op.operands) {
-      const auto i = static_cast<std::size_t>(std::find(operands.begin(), operands.end(), x) - operands.begin());
-      const program::Tensor& t = g_.tensors[static_cast<std::size_t>(x)];
-      key += " | " + std::to_string(i) + " " + program::to_string(t.role) + (t.differentiable ? " d " : " n ") +
-             (operand_regathered[i] ? "r " : "k ") + letters(t) + " " + unnamed(operand_specs[i]);
+    std::vector<std::string> keys;
+    for (const program::GraphOp& op : g.ops) {
+      std::string key = std::string(program::to_string(op.op.kind)) + " " + op.op.function + " " + op.op.over + " " +
+                        exact(op.op.constant) + " " + std::to_string(op.op.top);
+      for (const std::string& l : op.op.from) key += " <" + l;
+      for (const std::string& l : op.op.to) key += " >" + l;
+      keys.push_back(std::move(key));
     }
-    key += " -> " + letters(g_.tensors[static_cast<std::size_t>(op.result)]) + " " +
-           (result_pin ? unnamed(*result_pin) : "free");
-    return key;
+    return keys;
+  }
+  static std::vector<std::string> letter_keys(const Graph& g) {
+    std::vector<std::string> keys;
+    for (const program::Tensor& t : g.tensors) {
+      std::string key;
+      for (const std::string& l : t.letters) key += l + ",";
+      keys.push_back(std::move(key));
+    }
+    return keys;
   }
 
   // Op k recorded alone, forward once; then backward from each of `result_partials`, the tape
@@ -375,6 +408,7 @@ class OpRecorder {
                              const std::vector<std::optional<int>>& result_partials) const {
     const program::GraphOp& op = g_.ops[static_cast<std::size_t>(k)];
     Graph mini;
+    mini.tensors.reserve(operands.size() + 1);
     mini.file = g_.file;
     mini.mesh = g_.mesh;
     mini.dims = g_.dims;
@@ -413,6 +447,7 @@ class OpRecorder {
       const auto runs_backward = [&](const std::optional<int>& partial) {
         return partial && !(*partial & used_mask(*result_spec));
       };
+      const ForwardFigures forward = forward_figures(tape, rec, r, mini);
       // The pass below the op's contraction is the same from every layout of the result's
       // gradient: run once where there are several (2.7 an einsum on average for the 32-layer
       // decoder on dp=8,tp=8) and spliced onto each pass down to it.
@@ -433,7 +468,7 @@ class OpRecorder {
         if (partial && !runs_backward(partial)) continue;
         tape.rewind();
         try {
-          measure(tape, rec, r, mini, partial, below.get(), cost);
+          measure(tape, rec, r, mini, forward, partial, below.get(), cost);
         } catch (const InputError&) {
           cost.allowed = false;  // its backward cannot bring the gradient back in these specs
         }
@@ -444,47 +479,75 @@ class OpRecorder {
     return out;
   }
 
+  // What the op's forward pass alone decides, the same for each of its backward passes: its
+  // time, what it keeps for backward, which operands it gathers.
+  struct ForwardFigures {
+    double time = 0;
+    bool result_saved = false;
+    std::int64_t internal_memory = 0;
+    std::vector<char> saved, gathered;  // by operand
+  };
+  ForwardFigures forward_figures(autodiff::Tape& tape, const nn::ProgramRecord& rec, int r, const Graph& mini) const {
+    const auto var = [&](int i) { return tape.var(rec.values[static_cast<std::size_t>(i)].id()); };
+    ForwardFigures f;
+    for (const autodiff::TapeEvent& e : tape.events()) {
+      if (e.scope == 0) f.time += e.step.time_s;
+    }
+    const std::int64_t result_kept = tape.bytes_saved_for_backward(var(r));
+    f.result_saved = result_kept > 0;
+    f.internal_memory = tape.memory().activations - result_kept;
+    for (int i = 0; i < r; ++i) {
+      f.saved.push_back(tape.bytes_saved_for_backward(var(i)) > 0);
+      f.gathered.push_back(gathered_in(tape, mini, i, autodiff::Phase::forward));
+    }
+    return f;
+  }
+
+  // Whether operand i's param is all-gathered in `phase` (a regathered param's gather run again
+  // in backward is a step on the param itself; the gradients' steps move `d` + its name).
+  static bool gathered_in(const autodiff::Tape& tape, const Graph& mini, int i, autodiff::Phase phase) {
+    const std::string& name = mini.tensors[static_cast<std::size_t>(i)].name;
+    return std::any_of(tape.events().begin(), tape.events().end(), [&](const autodiff::TapeEvent& e) {
+      return e.phase == phase && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
+    });
+  }
+
   // Backward from the result's gradient partial over `result_partial` (none: forward only) on
-  // `tape`, which holds the op's forward pass as `rec` recorded it, the pass below its
-  // contraction spliced on where `below` is given and makes the whole; then the cost read off it.
+  // `tape`, which holds the op's forward pass as `rec` recorded it (with the figures `forward`
+  // read off it), the pass below its contraction spliced on where `below` is given and makes the
+  // whole; then the cost read off it.
   void measure(autodiff::Tape& tape, const nn::ProgramRecord& rec, int r, const Graph& mini,
-               const std::optional<int>& result_partial, const autodiff::Tape::Below* below, OpCost& out) const {
+               const ForwardFigures& forward, const std::optional<int>& result_partial,
+               const autodiff::Tape::Below* below, OpCost& out) const {
     const auto var = [&](int i) { return tape.var(rec.values[static_cast<std::size_t>(i)].id()); };
     const autodiff::Var y = var(r);
+    out.time = forward.time;
     if (result_partial) {
       const AxisList partial = axes_of(*result_partial, g_.mesh.rank());
       if (!below || !tape.backward_from(y, partial, *below)) {
         tape.rewind();
         tape.backward_from(y, partial);
       }
+      for (const autodiff::TapeEvent& e : tape.events()) {
+        if (e.phase == autodiff::Phase::backward && e.scope == 0) out.time += e.step.time_s;
+      }
     }
-    for (const autodiff::TapeEvent& e : tape.events()) {
-      if (e.scope == 0) out.time += e.step.time_s;
-    }
-    const std::int64_t result_kept = tape.bytes_saved_for_backward(y);
-    out.result_saved = result_kept > 0;
-    out.internal_memory = tape.memory().activations - result_kept;
+    out.result_saved = forward.result_saved;
+    out.internal_memory = forward.internal_memory;
     out.memory = tape.op_memory(0, y, options_.train && g_.loss >= 0);
     for (int i = 0; i < r; ++i) {
       OperandCost& operand = out.operands.emplace_back();
-      operand.saved = tape.bytes_saved_for_backward(var(i)) > 0;
+      operand.saved = forward.saved[static_cast<std::size_t>(i)] != 0;
       operand.partial = result_partial ? mask_of(tape.gradient_arrived_unreduced(var(i))) : 0;
-      // A regathered param's gather run again in backward is a step on the param itself
-      // (the gradients' steps move `d` + its name).
-      const std::string& name = mini.tensors[static_cast<std::size_t>(i)].name;
-      const auto gathered_in = [&](autodiff::Phase phase) {
-        return std::any_of(tape.events().begin(), tape.events().end(), [&](const autodiff::TapeEvent& e) {
-          return e.phase == phase && e.step.op == shardmm::OpKind::all_gather && e.step.tensor == name;
-        });
-      };
-      operand.gathered = gathered_in(autodiff::Phase::forward);
-      operand.regathered = gathered_in(autodiff::Phase::backward);
+      operand.gathered = forward.gathered[static_cast<std::size_t>(i)] != 0;
+      operand.regathered = result_partial && gathered_in(tape, mini, i, autodiff::Phase::backward);
     }
     out.allowed = true;
   }
 
   const Graph& g_;
   const nn::ProgramOptions& options_;
+  const std::vector<std::string> op_keys_, letter_keys_;  // signature()'s, by op and by tensor
   // The same reshards (backward's) plan once; the contractions share the planner's memos but
   // are not kept (memo_ keeps each combination's recording, which plans its contraction once).
   // One op's (forget_plans).
