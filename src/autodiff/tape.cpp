@@ -69,29 +69,20 @@ void PlanCache::forget_contractions() {
   for (IdleMemo& m : idle_) m.memo->forget_contractions();
   for (ReshardPart& part : reshards_) {
     const std::lock_guard<std::mutex> part_lock(part.mutex);
-    part.plans.clear();
+    part.named.clear();
   }
 }
 
 std::size_t PlanCache::reshard_hash(const Spec& from, const Spec& to, const Shape& shape, DType dtype) {
-  // FNV-1a over the numbers and the names' characters (a name's hash by std::hash, a call per
-  // letter, took half of the time of the tapes' hundreds of thousands of lookups).
+  // FNV-1a over the numbers: the layouts, the shape and the dtype (SameLayouts' key).
   std::uint64_t h = 14695981039346656037ull;
   const auto add = [&h](std::uint64_t n) { h = (h ^ n) * 1099511628211ull; };
   const auto add_axes = [&](const AxisList& axes) {
     for (int a : axes) add(static_cast<std::uint64_t>(a));
     add(~std::uint64_t{0});
   };
-  const auto add_name = [&](const std::string& name) {
-    for (const char c : name) add(static_cast<unsigned char>(c));
-    add(~std::uint64_t{1});
-  };
   for (const Spec* s : {&from, &to}) {
-    add_name(s->tensor);
-    for (const DimSpec& d : s->dims) {
-      add_name(d.name);
-      add_axes(d.axes);
-    }
+    for (const DimSpec& d : s->dims) add_axes(d.axes);
     add_axes(s->unreduced);
   }
   for (std::int64_t n : shape) add(static_cast<std::uint64_t>(n));
@@ -99,17 +90,51 @@ std::size_t PlanCache::reshard_hash(const Spec& from, const Spec& to, const Shap
   return static_cast<std::size_t>(h);
 }
 
+Plan PlanCache::renamed(const Plan& plan, const Reshard& planned, const Spec& from) {
+  const auto rename = [&](Spec& s) {
+    if (s.tensor != planned.from.tensor || s.dims.size() != from.dims.size())
+      throw std::logic_error("PlanCache: a reshard plan of " + planned.from.tensor + " names " + s.tensor +
+                             " or other dimensions; it cannot be renamed");
+    s.tensor = from.tensor;
+    for (std::size_t d = 0; d < s.dims.size(); ++d) s.dims[d].name = from.dims[d].name;
+  };
+  Plan out = plan;
+  for (Step& step : out.steps) {
+    step.tensor = from.tensor;
+    rename(step.from);
+    rename(step.to);
+  }
+  rename(out.output);
+  return out;
+}
+
 std::shared_ptr<const Plan> PlanCache::reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
                                                const PlanOptions& options) {
   const ReshardQuery query{from, to, shape, options.dtype, reshard_hash(from, to, shape, options.dtype)};
   ReshardPart& part = reshards_[query.hash % reshards_.size()];
+  const Reshard* planned = nullptr;  // the plan of the same layouts: kept as long as the cache
+  std::shared_ptr<const Plan> plan;
   {
     const std::lock_guard<std::mutex> lock(part.mutex);
-    if (const auto it = part.plans.find(query); it != part.plans.end()) return it->second;
+    if (const auto it = part.named.find(query); it != part.named.end()) return it->second;
+    if (const auto it = part.unnamed.find(query); it != part.unnamed.end()) {
+      planned = &it->first;
+      plan = it->second;
+    }
   }
-  auto made = std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, options));
+  std::shared_ptr<const Plan> made;
+  if (planned) {
+    // What plan_reshard checks of the names before it plans.
+    validate_spec(from, mesh);
+    validate_spec(to, mesh);
+    check_same_tensor(from, to, mesh);
+    made = std::make_shared<const Plan>(renamed(*plan, *planned, from));
+  } else {
+    made = std::make_shared<const Plan>(plan_reshard(mesh, from, to, shape, options));
+  }
   const std::lock_guard<std::mutex> lock(part.mutex);
-  return part.plans.emplace(Reshard{from, to, shape, options.dtype, query.hash}, std::move(made)).first->second;
+  part.unnamed.try_emplace(Reshard{from, to, shape, options.dtype, query.hash}, made);
+  return part.named.emplace(Reshard{from, to, shape, options.dtype, query.hash}, std::move(made)).first->second;
 }
 
 AxisList sharding_axes(const Spec& spec) {

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -92,6 +93,112 @@ TEST(PlanCache, SharedByManyTapesChangesNoRecording) {
     }
   }
   EXPECT_EQ(compared, 3 * 5 * 4 * 6);
+}
+
+// A plan in full: every step's op, tensor, specs (names included), figures and operand, and the
+// plan's output, description and totals.
+std::string plan_text(const Plan& p, const Mesh& mesh) {
+  std::string text;
+  for (const Step& s : p.steps) {
+    text += std::string(to_string(s.op)) + " " + s.tensor + " " + format_spec(s.from, mesh) + " -> " +
+            format_spec(s.to, mesh) + " axes " + mesh.axis_names(s.axes) + " dim " + std::to_string(s.dim) +
+            " t=" + exact(s.time_s) + " sent=" + std::to_string(s.bytes_sent) +
+            " received=" + std::to_string(s.bytes_received) + " operand " + std::to_string(s.operand) + "\n";
+  }
+  return text + "output " + format_spec(p.output, mesh) + " | " + p.description + " | t=" + exact(p.total_time_s) +
+         " peak=" + std::to_string(p.peak_bytes_per_device) + " fits " + std::to_string(p.fits_memory);
+}
+
+// A reshard asked under names it was not planned with (other tensors, other letters, the two
+// specs naming one tensor or two) is what plan_reshard plans under those names, whichever
+// names the cache planned the layouts with first, before and after it forgets its contractions.
+TEST(PlanCache, ReshardsUnderOtherNamesAreThePlansOfThoseNames) {
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  PlanOptions options;
+  options.dtype = DType::bf16;
+  options.hw = builtin_profile("h100");
+  const std::vector<std::pair<std::string, std::string>> layouts{
+      {"[B_X, D]", "[B, D_X]"},       {"[B, D]{U_X}", "[B_X, D]"},   {"[B_XY, D]", "[B, D_YX]"},
+      {"[B_X, D_Y]", "[B_Y, D_X]"},   {"[B, D]{U_XY}", "[B_Y, D]"},  {"[B_X, D]{U_Y}", "[B, D]"},
+      {"[B, D_XY]", "[B_Y, D]{U_X}"}, {"[B_Y, D]", "[B_Y, D]{U_X}"},
+  };
+  // Tensor names (from, to) and the letters of the two dimensions.
+  const std::vector<std::array<std::string, 4>> names{
+      {"x", "x", "B", "D"}, {"dx", "dx", "I", "J"}, {"x", "y", "B", "D"}, {"w", "g", "K", "B"}, {"", "", "B", "D"}};
+  const auto named = [](std::string layout, const std::array<std::string, 4>& n, bool to) {
+    std::string text;
+    for (const char c : layout) text += c == 'B' ? n[2] : c == 'D' ? n[3] : std::string(1, c);
+    return (to ? n[1] : n[0]) + text;
+  };
+  const Shape shape{64, 32};
+  PlanCache cache;
+  int compared = 0;
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) cache.forget_contractions();
+    for (std::size_t first = 0; first < names.size(); ++first) {
+      for (const auto& [from_layout, to_layout] : layouts) {
+        // The layouts planned under `first`'s names, then asked under every set of names.
+        for (std::size_t k = 0; k < names.size(); ++k) {
+          const std::array<std::string, 4>& n = names[(first + k) % names.size()];
+          const Spec from = parse_spec(named(from_layout, n, false), mesh);
+          const Spec to = parse_spec(named(to_layout, n, true), mesh);
+          ASSERT_EQ(plan_text(*cache.reshard(mesh, from, to, shape, options), mesh),
+                    plan_text(plan_reshard(mesh, from, to, shape, options), mesh))
+              << format_spec(from, mesh) << " -> " << format_spec(to, mesh);
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 5 * 8 * 5);
+  // Names the layouts' plan does not check: refused as plan_reshard refuses them.
+  const Spec from = parse_spec("x[B_X, D]", mesh);
+  for (const std::string to : {"x[B, E_X]", "x[D, B_X]"}) {
+    std::string fresh, cached;
+    try {
+      plan_reshard(mesh, from, parse_spec(to, mesh), shape, options);
+    } catch (const InputError& e) {
+      fresh = e.what();
+    }
+    try {
+      cache.reshard(mesh, from, parse_spec(to, mesh), shape, options);
+    } catch (const InputError& e) {
+      cached = e.what();
+    }
+    EXPECT_FALSE(fresh.empty()) << to;
+    EXPECT_EQ(cached, fresh) << to;
+  }
+}
+
+// Tapes of other tensors and letters recording through one cache record what tapes without
+// one record.
+TEST(PlanCache, TapesOfOtherNamesShareItAndRecordTheirOwn) {
+  const Mesh mesh = Mesh::parse("X=2,Y=2");
+  const auto rename = [](std::string text, bool other) {
+    if (!other) return text;
+    for (char& c : text) {
+      c = c == 'x' ? 'a' : c == 'w' ? 'b' : c == 'y' ? 'c' : c;
+    }
+    return text;
+  };
+  PlanCache cache;
+  int compared = 0;
+  for (const std::string x : {"x[B, D]", "x[B_X, D]", "x[B_X, D_Y]", "x[B_XY, D]"}) {
+    for (const std::string w : {"w[D, F]", "w[D_X, F]", "w[D_Y, F_X]"}) {
+      for (const std::string out : {"y[B, F]", "y[B_X, F_Y]", "y[B, F]{U_Y}"}) {
+        for (const bool other : {false, true}) {
+          const std::string partial = out.find('X') == std::string::npos ? "X" : "";
+          const std::string fresh =
+              record(mesh, nullptr, rename(x, other), rename(w, other), rename(out, other), partial);
+          ASSERT_EQ(record(mesh, &cache, rename(x, other), rename(w, other), rename(out, other), partial), fresh)
+              << rename(x, other) << " @ " << rename(w, other) << " -> " << rename(out, other);
+          ++compared;
+        }
+      }
+      cache.forget_contractions();
+    }
+  }
+  EXPECT_EQ(compared, 4 * 3 * 3 * 2);
 }
 
 // A tape's memory timeline as text, to compare.

@@ -138,10 +138,12 @@ inline constexpr int kGradientSumBlocks = 5;
 // reshard again (solve records each op once per combination of specs, and ops alike in what
 // they contract): planned_einsum's by the contraction, its sizes and the dtype; reshards' by
 // the two specs (names included: the steps carry them), the shape and the dtype, compared as
-// they are (no text made for a key: a solve looks reshards up millions of times). A
-// contraction it has not seen is planned with one of its PlannerMemos (each thread planning
-// takes one of its own), so the contractions share their reshards and step costs too.
-// Thread-safe; one cache serves tapes of one mesh, hardware profile and memory limit.
+// they are (no text made for a key: a solve looks reshards up millions of times). A reshard's
+// plan does not depend on the names: one asked under names it was not planned with is a plan
+// of the same layouts renamed, where there is one (an op's tensors' reshards are mostly other
+// ops' renamed). A contraction it has not seen is planned with one of its PlannerMemos (each
+// thread planning takes one of its own), so the contractions share their reshards and step
+// costs too. Thread-safe; one cache serves tapes of one mesh, hardware profile and memory limit.
 class PlanCache {
  public:
   // Which plans it keeps: the contractions' too, or (for a caller that asks for each
@@ -158,15 +160,16 @@ class PlanCache {
   // plan_reshard(mesh, from, to, shape, options), remembered.
   std::shared_ptr<const Plan> reshard(const Mesh& mesh, const Spec& from, const Spec& to, const Shape& shape,
                                       const PlanOptions& options);
-  // Drops the plans it keeps and what its memos keep of contractions (each memo's
-  // forget_contractions), for a caller done with the tensors they name; not while a tape plans
-  // with it. The steps' costs stay.
+  // Drops the plans it keeps under the names of tensors (contractions, reshards) and what its
+  // memos keep of contractions (each memo's forget_contractions), for a caller done with the
+  // tensors they name; not while a tape plans with it. The steps' costs, and a reshard plan of
+  // each pair of layouts, to rename, stay.
   void forget_contractions();
 
  private:
   // A reshard as asked: the key kept (Reshard) and the one looked up (ReshardQuery), alike,
-  // each with its hash (reshard_hash), worked out once per lookup: it picks the part and the
-  // bucket.
+  // each with its hash (reshard_hash, of the layouts alone), worked out once per lookup: it
+  // picks the part and the bucket in both of the part's maps.
   struct Reshard {
     Spec from, to;
     Shape shape;
@@ -186,7 +189,23 @@ class PlanCache {
     std::size_t operator()(const Reshard& r) const { return r.hash; }
     std::size_t operator()(const ReshardQuery& q) const { return q.hash; }
   };
-  struct ReshardEqual {
+  static bool same_layout(const Spec& a, const Spec& b) {
+    if (a.dims.size() != b.dims.size() || !(a.unreduced == b.unreduced)) return false;
+    for (std::size_t d = 0; d < a.dims.size(); ++d) {
+      if (!(a.dims[d].axes == b.dims[d].axes)) return false;
+    }
+    return true;
+  }
+  // The same layouts, whatever the names.
+  struct SameLayouts {
+    using is_transparent = void;
+    template <class A, class B>
+    bool operator()(const A& a, const B& b) const {
+      return same_layout(a.from, b.from) && same_layout(a.to, b.to) && a.shape == b.shape && a.dtype == b.dtype;
+    }
+  };
+  // The same specs, names included.
+  struct SameSpecs {
     using is_transparent = void;
     template <class A, class B>
     bool operator()(const A& a, const B& b) const {
@@ -194,6 +213,9 @@ class PlanCache {
              a.shape == b.shape && a.dtype == b.dtype;
     }
   };
+  // `plan`, planned for `planned`, under the names of `from`: its steps and output name the
+  // source tensor (plan_reshard's) and the source's dimensions.
+  static Plan renamed(const Plan& plan, const Reshard& planned, const Spec& from);
 
   const Keep keep_;
   std::mutex mutex_;  // plans_ and idle_
@@ -203,7 +225,8 @@ class PlanCache {
   // millions of times, and one lock for all had them waiting for each other.
   struct ReshardPart {
     std::mutex mutex;
-    std::unordered_map<Reshard, std::shared_ptr<const Plan>, ReshardHash, ReshardEqual> plans;
+    std::unordered_map<Reshard, std::shared_ptr<const Plan>, ReshardHash, SameSpecs> named;
+    std::unordered_map<Reshard, std::shared_ptr<const Plan>, ReshardHash, SameLayouts> unnamed;  // the first asked
   };
   std::array<ReshardPart, 16> reshards_;
   struct IdleMemo {
