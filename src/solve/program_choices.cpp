@@ -297,9 +297,10 @@ class OpRecorder {
 
   // Called once an op's combinations are all recorded (never while one is). The plans its
   // recordings made name its tensors, and the next op finds little there but the steps' costs
-  // and a reshard plan of each pair of layouts (renamed for its tensors), which stay. Keeping every op's plans took two to four times the memory (a 2-layer decoder's
-  // search on 2x2x2: 746 MB against 378 MB; the 32-layer one's on 8,192 devices: 2.2 GB against
-  // 0.6 GB); the time is the same either way.
+  // and a reshard plan of each pair of layouts (renamed for its tensors), which stay. Keeping
+  // every op's plans took two to four times the memory (a 2-layer decoder's search on 2x2x2:
+  // 746 MB against 378 MB; the 32-layer one's on 8,192 devices: 2.2 GB against 0.6 GB); the
+  // time is the same either way.
   void forget_plans() { plans_.forget_contractions(); }
 
   std::int64_t recordings() const {
