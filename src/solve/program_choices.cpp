@@ -1035,8 +1035,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     std::vector<int> operands;  // distinct operand tensors of that op
     std::vector<int> operand_vars;
     int result_var = -1;
+    int result_gradient = -1;         // differentiated: its result's gradient variable (none: the loss)
+    std::vector<int> read_gradients;  // differentiated: its operands' gradients' variables (or parts)
     int count = 0;
     std::set<std::vector<int>> done;  // operand value tuples recorded
+    bool filled = false;              // its entries are all in
     Factor factor;
   };
   std::map<std::string, OpFactor> factors;
@@ -1068,11 +1071,20 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       for (int v : vars) add_var(f.factor.vars, v);
       add_var(f.factor.vars, f.result_var);
       if (c.on_loss_path[k]) {
-        add_var(f.factor.vars, c.gradient_var[static_cast<std::size_t>(op.result)]);
-        for (int x : operands) add_var(f.factor.vars, read_gradient_var(static_cast<int>(k), x));
+        f.result_gradient = c.gradient_var[static_cast<std::size_t>(op.result)];
+        add_var(f.factor.vars, f.result_gradient);
+        for (int x : operands) {
+          const int gv = read_gradient_var(static_cast<int>(k), x);
+          add_var(f.factor.vars, gv);
+          add_var(f.read_gradients, gv);
+        }
       }
     }
     factor_of_op.push_back(key);
+  }
+  std::map<int, std::vector<const OpFactor*>> readers_of;  // by gradient variable (or part): the factors leaving it
+  for (const auto& [key, f] : factors) {
+    for (int gv : f.read_gradients) readers_of[gv].push_back(&f);
   }
 
   // Shared terms: a computed variable's activation, held once however many consumers keep it.
@@ -1095,260 +1107,353 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   OpRecorder& recorder = limits.recordings ? limits.recordings->recorder : *recorder_owned;
   const std::int64_t recorded_before = recorder.recordings();
   BuildClock clock(limits);
-  // Fill the factors in program order until no derived variable gains a value (a repeat's
-  // later iterations can feed values back to an earlier factor's operands).
+  // The masks a gradient (or a part of one) can be partial over when it reaches its producer: those
+  // its readers' entries leave it, counting only the entries whose own result's gradient takes
+  // such a mask in turn (a gradient with parts: the union of one mask of each part). A mask no
+  // reader leaves has no support in the readers' factors: the producer's entries with it are
+  // dead, and the dynamic program's domain reduction would drop them. Nullopt where a reader is
+  // not filled yet, or where the readers loop back to a gradient being worked out (a repeat's
+  // carried value): every mask there, which keeps the sets supersets of the live ones.
+  std::map<int, std::vector<char>> reachable_of;
+  std::set<int> reaching;
+  const std::function<std::optional<std::vector<char>>(int)> reachable =
+      [&](int gv) -> std::optional<std::vector<char>> {
+    if (const auto it = reachable_of.find(gv); it != reachable_of.end()) return it->second;
+    if (!reaching.insert(gv).second) return std::nullopt;
+    std::optional<std::vector<char>> out(std::in_place, static_cast<std::size_t>(masks), 0);
+    const int first_part = tensor_vars + gradient_vars;
+    const std::vector<int>* of = gv < first_part ? &parts[static_cast<std::size_t>(gv - tensor_vars)] : nullptr;
+    if (of && !of->empty()) {
+      (*out)[0] = 1;
+      for (std::size_t i = 0; out && i < of->size(); ++i) {
+        const std::optional<std::vector<char>> part = reachable((*of)[i]);
+        if (!part) {
+          out.reset();
+          break;
+        }
+        std::vector<char> unions(static_cast<std::size_t>(masks), 0);
+        for (int a = 0; a < masks; ++a) {
+          for (int b = 0; (*out)[static_cast<std::size_t>(a)] && b < masks; ++b) {
+            if ((*part)[static_cast<std::size_t>(b)]) unions[static_cast<std::size_t>(a | b)] = 1;
+          }
+        }
+        *out = std::move(unions);
+      }
+    } else {
+      const auto readers = readers_of.find(gv);
+      if (readers == readers_of.end()) out.reset();
+      for (std::size_t r = 0; out && r < readers->second.size(); ++r) {
+        const OpFactor& reader = *readers->second[r];
+        if (!reader.filled) {
+          out.reset();
+          break;
+        }
+        const auto slot_of = [&](int var) {
+          return static_cast<std::size_t>(std::find(reader.factor.vars.begin(), reader.factor.vars.end(), var) -
+                                          reader.factor.vars.begin());
+        };
+        // Where the reader's own result's gradient is not known (nullopt), from any mask: a
+        // superset of what it leaves is sound.
+        std::optional<std::vector<char>> from;
+        std::size_t from_at = 0;
+        if (reader.result_gradient >= 0) {
+          from = reachable(reader.result_gradient);
+          from_at = slot_of(reader.result_gradient);
+        }
+        const std::size_t at = slot_of(gv);
+        for (const FactorEntry& e : reader.factor.entries) {
+          if (!from || (*from)[static_cast<std::size_t>(e.values[from_at])])
+            (*out)[static_cast<std::size_t>(e.values[at])] = 1;
+        }
+      }
+    }
+    reaching.erase(gv);
+    if (out) reachable_of.emplace(gv, *out);
+    return out;
+  };
+
+  // An op waits for its readers where its result's values are known before it is recorded
+  // (pinned, or chosen and not carried from an operand): it is recorded after the others, last
+  // first, each from only the layouts of its result's gradient that its readers can leave
+  // (reachable). Recorded in program order instead, a 2-D mesh's attention scores were recorded
+  // from every layout of their gradient, which the softmax's backward leaves in one.
+  const auto waits = [&](const OpFactor& f) {
+    const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[static_cast<std::size_t>(f.op)].result)];
+    return f.result_gradient >= 0 && !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
+           (result.pinned || c.chosen[static_cast<std::size_t>(f.result_var)]) &&
+           std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var) == f.operand_vars.end();
+  };
+  // Op k's factor given every new combination of its specs (its result's gradient in the
+  // layouts `gradient_layouts` allows, where given); whether a derived variable gained a value.
+  const auto fill = [&](std::size_t k, const std::vector<char>* gradient_layouts) {
+    bool grew = false;
+    OpFactor& f = factors[factor_of_op[k]];
+    const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[k].result)];
+    const bool choice_result = !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
+                               (result.pinned || c.chosen[static_cast<std::size_t>(f.result_var)]);
+    const bool differentiated = c.on_loss_path[k] != 0;
+    const int result_gradient = c.gradient_var[static_cast<std::size_t>(g.ops[k].result)];
+    std::vector<std::optional<int>> result_partials;
+    if (!differentiated) {
+      result_partials = {std::nullopt};
+    } else if (result_gradient < 0) {
+      result_partials = {0};  // the loss: its gradient is the whole seed
+    } else {
+      for (int mask = 0; mask < masks; ++mask) {
+        if (partial_in_neighbourhood(result_gradient, mask) &&
+            (!gradient_layouts || (*gradient_layouts)[static_cast<std::size_t>(mask)]))
+          result_partials.push_back(mask);
+      }
+    }
+    // Where each variable's value goes in the factor's entries.
+    const auto slot = [&](int var) {
+      return static_cast<std::size_t>(std::find(f.factor.vars.begin(), f.factor.vars.end(), var) -
+                                      f.factor.vars.begin());
+    };
+    std::vector<std::size_t> operand_slots;
+    for (int v : f.operand_vars) operand_slots.push_back(slot(v));
+    const std::size_t result_slot = slot(f.result_var);
+    // The operands whose gradients (or their parts: read_gradient_var) are variables: each
+    // is partial over what this op leaves it partial over.
+    struct OperandGradient {
+      std::size_t operand = 0, slot = 0;
+      int var = -1;
+    };
+    std::vector<OperandGradient> operand_gradients;
+    for (std::size_t i = 0; differentiated && i < f.operands.size(); ++i) {
+      const int gv = read_gradient_var(f.op, f.operands[i]);
+      if (gv >= 0) operand_gradients.push_back({i, slot(gv), gv});
+    }
+    std::vector<int> tuple(f.operands.size(), 0);
+    double combinations = 1;  // of the operands' values: may be far too many to hold at once
+    for (int v : f.operand_vars) combinations *= static_cast<double>(c.values[static_cast<std::size_t>(v)].size());
+    if (combinations == 0) return grew;
+    // Every new combination of this op's specs, in batches: each recorded in parallel, then
+    // entered in order, and the time limit checked.
+    double visited = 0, batched = 0;
+    // The kept combinations' costs, by JobKey (below): a regathered combination takes its
+    // kept twin's, recorded in an earlier batch or earlier in its own.
+    using JobKey = std::tuple<std::vector<int>, int, int>;
+    std::map<JobKey, std::shared_ptr<const OpCost>> kept_costs;
+    // A batch's recordings entered into the factor, in order: whether the result's variable
+    // gained a value.
+    const auto enter = [&](const Batch& b) {
+      const std::vector<OperandValues>& operand_values = b.operand_values;
+      const std::vector<Combination>& combos = b.combos;
+      const std::vector<Recording>& jobs = b.jobs;
+      bool gained = false;
+      // A combination's jobs come one after another and share their result spec: looked up once.
+      const Spec* last_result = nullptr;
+      int last_result_value = -1;
+      std::vector<int> value_of;
+      for (const Recording& job : jobs) {
+        const OpCost& cost = *job.cost;
+        const Combination& combo = combos[job.combination];
+        const std::vector<int>& tuple = operand_values[combo.operands].tuple;
+        const std::vector<Spec>& specs = operand_values[combo.operands].specs;
+        const std::optional<Spec>& pin = combo.pin;
+        const std::optional<int>& partial = job.partial;
+        if (!cost.allowed) continue;
+        if (pin && !(*cost.result == *pin)) continue;  // the rule gives another layout
+        for (std::size_t i = 0; i < tuple.size(); ++i) {
+          if (cost.operands[i].regathered)
+            regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
+        }
+        const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
+        // The entry's values by its factor's variables (-1: not set yet).
+        value_of.assign(f.factor.vars.size(), -1);
+        for (std::size_t i = 0; i < tuple.size(); ++i) value_of[operand_slots[i]] = tuple[i];
+        if (cost.result.get() != last_result) {
+          last_result = cost.result.get();
+          last_result_value = value_index(f.result_var, *cost.result, result.source_name);
+        }
+        value_of[result_slot] = last_result_value;
+        gained = gained || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
+        if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
+        FactorEntry e;
+        e.time = cost.time * f.count;
+        e.figures = {cost.memory.kept, cost.memory.transient, cost.memory.transient_with_result, cost.memory.backward};
+        if (train) {
+          e.memory = cost.internal_memory * f.count;
+          for (std::size_t i = 0; i < f.operands.size(); ++i) {
+            if (cost.operands[i].saved && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
+              e.shared.push_back(shared_term(f.operand_vars[i]));
+            }
+          }
+          if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
+        }
+        // Each operand's gradient takes the one mask this op leaves it partial over: no entry
+        // where that mask is not allowed (it partials a sharding axis, or leaves the
+        // neighbourhood), or where it disagrees with a value already set (the same variable
+        // in two places).
+        bool consistent = true;
+        for (const OperandGradient& og : operand_gradients) {
+          const int left = cost.operands[og.operand].partial;
+          const int first_part = tensor_vars + gradient_vars;
+          const bool fits =
+              og.var >= first_part
+                  ? part_in_neighbourhood(gradient_of_part[static_cast<std::size_t>(og.var - first_part)], left)
+                  : partial_in_neighbourhood(og.var, left);
+          int& at = value_of[og.slot];
+          consistent = consistent && !(left & used_mask(specs[og.operand])) && fits && (at < 0 || at == left);
+          at = left;
+        }
+        if (!consistent) continue;
+        e.values = value_of;
+        f.factor.entries.push_back(std::move(e));
+      }
+      return gained;
+    };
+    // A batch is entered on a thread of its own while the next one is enumerated and recorded
+    // (entered between batches, it kept one core busy and the other idle), unless the op
+    // carries its result into an operand: entering may add values the enumeration reads.
+    const bool carries = std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var) != f.operand_vars.end();
+    Batch entering_batch;
+    std::future<bool> entering;  // declared after what it reads: its destructor waits for it
+    const auto entered = [&] {
+      if (!entering.valid()) return;
+      const bool gained = entering.get();
+      grew = grew || gained;
+    };
+    // Small batches first: the first says soon how fast this op's recordings go.
+    std::size_t batch = std::min<std::size_t>(512, limits.batch);
+    for (bool more = true; more; batch = std::min(2 * batch, limits.batch)) {
+      Batch current;
+      std::vector<OperandValues>& operand_values = current.operand_values;
+      std::vector<Combination>& combos = current.combos;
+      std::vector<Recording>& jobs = current.jobs;
+      while (more && jobs.size() < batch) {
+        if (f.done.insert(tuple).second) {
+          OperandValues& values = operand_values.emplace_back();
+          values.tuple = tuple;
+          for (std::size_t i = 0; i < tuple.size(); ++i) {
+            const auto v = static_cast<std::size_t>(f.operand_vars[i]);
+            values.specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
+            values.regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
+          }
+          values.regathers =
+              std::any_of(values.regathered.begin(), values.regathered.end(), [](char r) { return r != 0; });
+          const std::vector<Spec>& specs = values.specs;
+          // The result's spec: its own variable's when that is an operand too (a value carried
+          // into the next iteration), else each of its choices, else what the op's rule gives.
+          std::vector<std::optional<Spec>> pins;
+          const auto same = std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var);
+          if (same != f.operand_vars.end()) {
+            pins.push_back(specs[static_cast<std::size_t>(same - f.operand_vars.begin())]);
+          } else if (choice_result) {
+            for (const Spec& s : c.values[static_cast<std::size_t>(f.result_var)]) {
+              if (result.pinned || follows_operands(s, specs, result, options.rings)) pins.push_back(s);
+            }
+          } else {
+            pins.push_back(std::nullopt);
+          }
+          for (std::size_t p = 0; p < pins.size(); ++p) {
+            Combination& combo = combos.emplace_back();
+            combo.operands = operand_values.size() - 1;
+            combo.pin = std::move(pins[p]);
+            combo.pin_at = static_cast<int>(p);
+            for (const std::optional<int>& partial : result_partials) {
+              // A gradient is never partial over an axis that shards its value: known before
+              // recording when the result is pinned.
+              if (combo.pin && partial && (*partial & used_mask(*combo.pin))) continue;
+              combo.jobs.push_back(jobs.size());
+              jobs.push_back({combos.size() - 1, partial, nullptr});
+            }
+          }
+        }
+        ++visited;
+        std::size_t i = 0;
+        while (i < tuple.size() &&
+               ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size()))
+          tuple[i++] = 0;
+        more = i < tuple.size();
+      }
+      // The kept combinations first; one with regathered params then takes its kept twin's
+      // cost where that gathers none of them (regathering changes nothing there).
+      const auto key = [&](const Recording& r, bool kept) {
+        const Combination& combo = combos[r.combination];
+        const OperandValues& values = operand_values[combo.operands];
+        std::vector<int> t = values.tuple;
+        for (std::size_t i = 0; kept && i < t.size(); ++i) {
+          if (values.regathered[i])
+            t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
+        }
+        return JobKey{t, combo.pin_at, r.partial ? *r.partial : -1};
+      };
+      std::vector<std::size_t> kept_combos, twin_combos;
+      for (std::size_t k = 0; k < combos.size(); ++k)
+        (operand_values[combos[k].operands].regathers ? twin_combos : kept_combos).push_back(k);
+      // A combination's jobs (of its result gradient's layouts) share one forward pass.
+      const auto record = [&](const Combination& combo, const std::vector<std::size_t>& list) {
+        if (list.empty()) return;
+        std::vector<std::optional<int>> partials;
+        for (std::size_t j : list) partials.push_back(jobs[j].partial);
+        std::vector<std::shared_ptr<const OpCost>> costs =
+            recorder.costs(f.op, f.operands, operand_values[combo.operands].specs,
+                           operand_values[combo.operands].regathered, combo.pin, partials);
+        for (std::size_t i = 0; i < list.size(); ++i) jobs[list[i]].cost = std::move(costs[i]);
+      };
+      for_each_parallel(kept_combos.size(), [&](std::size_t k) {
+        const Combination& combo = combos[kept_combos[k]];
+        record(combo, combo.jobs);
+      });
+      for (std::size_t k : kept_combos) {
+        for (std::size_t j : combos[k].jobs) kept_costs.emplace(key(jobs[j], false), jobs[j].cost);
+      }
+      for_each_parallel(twin_combos.size(), [&](std::size_t k) {
+        const Combination& combo = combos[twin_combos[k]];
+        std::vector<std::size_t> to_record;
+        for (std::size_t j : combo.jobs) {
+          Recording& job = jobs[j];
+          const auto kept = kept_costs.find(key(job, true));
+          if (kept != kept_costs.end()) {
+            const OpCost& twin = *kept->second;
+            bool gathers = false;
+            const std::vector<char>& regathered = operand_values[combo.operands].regathered;
+            for (std::size_t i = 0; twin.allowed && i < regathered.size(); ++i)
+              gathers = gathers || (regathered[i] && twin.operands[i].gathered);
+            if (!gathers) {
+              job.cost = kept->second;
+              continue;
+            }
+          }
+          to_record.push_back(j);
+        }
+        record(combo, to_record);
+      });
+      batched += static_cast<double>(jobs.size());
+      clock.batch_done(g, f.op, static_cast<std::int64_t>(jobs.size()), (combinations - visited) * batched / visited);
+      entered();
+      entering_batch = std::move(current);
+      if (carries || !more) {  // the op's last batch: nothing to record meanwhile
+        const bool gained = enter(entering_batch);
+        grew = grew || gained;
+      } else {
+        entering = std::async(std::launch::async, enter, std::cref(entering_batch));
+      }
+    }
+    entered();
+    recorder.forget_plans();
+    return grew;
+  };
+  // The others in program order until no derived variable gains a value (a repeat's later
+  // iterations can feed values back to an earlier factor's operands), then those that wait.
   for (bool grew = true; grew;) {
     grew = false;
     for (std::size_t k = 0; k < g.ops.size(); ++k) {
-      OpFactor& f = factors[factor_of_op[k]];
-      if (f.op != static_cast<int>(k)) continue;
-      const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[k].result)];
-      const bool choice_result = !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
-                                 (result.pinned || c.chosen[static_cast<std::size_t>(f.result_var)]);
-      const bool differentiated = c.on_loss_path[k] != 0;
-      const int result_gradient = c.gradient_var[static_cast<std::size_t>(g.ops[k].result)];
-      std::vector<std::optional<int>> result_partials;
-      if (!differentiated) {
-        result_partials = {std::nullopt};
-      } else if (result_gradient < 0) {
-        result_partials = {0};  // the loss: its gradient is the whole seed
-      } else {
-        for (int mask = 0; mask < masks; ++mask) {
-          if (partial_in_neighbourhood(result_gradient, mask)) result_partials.push_back(mask);
-        }
-      }
-      // Where each variable's value goes in the factor's entries.
-      const auto slot = [&](int var) {
-        return static_cast<std::size_t>(std::find(f.factor.vars.begin(), f.factor.vars.end(), var) -
-                                        f.factor.vars.begin());
-      };
-      std::vector<std::size_t> operand_slots;
-      for (int v : f.operand_vars) operand_slots.push_back(slot(v));
-      const std::size_t result_slot = slot(f.result_var);
-      // The operands whose gradients (or their parts: read_gradient_var) are variables: each
-      // is partial over what this op leaves it partial over.
-      struct OperandGradient {
-        std::size_t operand = 0, slot = 0;
-        int var = -1;
-      };
-      std::vector<OperandGradient> operand_gradients;
-      for (std::size_t i = 0; differentiated && i < f.operands.size(); ++i) {
-        const int gv = read_gradient_var(f.op, f.operands[i]);
-        if (gv >= 0) operand_gradients.push_back({i, slot(gv), gv});
-      }
-      std::vector<int> tuple(f.operands.size(), 0);
-      double combinations = 1;  // of the operands' values: may be far too many to hold at once
-      for (int v : f.operand_vars) combinations *= static_cast<double>(c.values[static_cast<std::size_t>(v)].size());
-      if (combinations == 0) continue;
-      // Every new combination of this op's specs, in batches: each recorded in parallel, then
-      // entered in order, and the time limit checked.
-      double visited = 0, batched = 0;
-      // The kept combinations' costs, by JobKey (below): a regathered combination takes its
-      // kept twin's, recorded in an earlier batch or earlier in its own.
-      using JobKey = std::tuple<std::vector<int>, int, int>;
-      std::map<JobKey, std::shared_ptr<const OpCost>> kept_costs;
-      // A batch's recordings entered into the factor, in order: whether the result's variable
-      // gained a value.
-      const auto enter = [&](const Batch& b) {
-        const std::vector<OperandValues>& operand_values = b.operand_values;
-        const std::vector<Combination>& combos = b.combos;
-        const std::vector<Recording>& jobs = b.jobs;
-        bool gained = false;
-        // A combination's jobs come one after another and share their result spec: looked up once.
-        const Spec* last_result = nullptr;
-        int last_result_value = -1;
-        std::vector<int> value_of;
-        for (const Recording& job : jobs) {
-          const OpCost& cost = *job.cost;
-          const Combination& combo = combos[job.combination];
-          const std::vector<int>& tuple = operand_values[combo.operands].tuple;
-          const std::vector<Spec>& specs = operand_values[combo.operands].specs;
-          const std::optional<Spec>& pin = combo.pin;
-          const std::optional<int>& partial = job.partial;
-          if (!cost.allowed) continue;
-          if (pin && !(*cost.result == *pin)) continue;  // the rule gives another layout
-          for (std::size_t i = 0; i < tuple.size(); ++i) {
-            if (cost.operands[i].regathered)
-              regather_matters[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(tuple[i])] = 1;
-          }
-          const std::size_t before = c.values[static_cast<std::size_t>(f.result_var)].size();
-          // The entry's values by its factor's variables (-1: not set yet).
-          value_of.assign(f.factor.vars.size(), -1);
-          for (std::size_t i = 0; i < tuple.size(); ++i) value_of[operand_slots[i]] = tuple[i];
-          if (cost.result.get() != last_result) {
-            last_result = cost.result.get();
-            last_result_value = value_index(f.result_var, *cost.result, result.source_name);
-          }
-          value_of[result_slot] = last_result_value;
-          gained = gained || c.values[static_cast<std::size_t>(f.result_var)].size() > before;
-          if (result_gradient >= 0 && partial) value_of[slot(result_gradient)] = *partial;
-          FactorEntry e;
-          e.time = cost.time * f.count;
-          e.figures = {cost.memory.kept, cost.memory.transient, cost.memory.transient_with_result,
-                       cost.memory.backward};
-          if (train) {
-            e.memory = cost.internal_memory * f.count;
-            for (std::size_t i = 0; i < f.operands.size(); ++i) {
-              if (cost.operands[i].saved && g.tensors[static_cast<std::size_t>(f.operands[i])].role == Role::computed) {
-                e.shared.push_back(shared_term(f.operand_vars[i]));
-              }
-            }
-            if (cost.result_saved) e.shared.push_back(shared_term(f.result_var));
-          }
-          // Each operand's gradient takes the one mask this op leaves it partial over: no entry
-          // where that mask is not allowed (it partials a sharding axis, or leaves the
-          // neighbourhood), or where it disagrees with a value already set (the same variable
-          // in two places).
-          bool consistent = true;
-          for (const OperandGradient& og : operand_gradients) {
-            const int left = cost.operands[og.operand].partial;
-            const int first_part = tensor_vars + gradient_vars;
-            const bool fits =
-                og.var >= first_part
-                    ? part_in_neighbourhood(gradient_of_part[static_cast<std::size_t>(og.var - first_part)], left)
-                    : partial_in_neighbourhood(og.var, left);
-            int& at = value_of[og.slot];
-            consistent = consistent && !(left & used_mask(specs[og.operand])) && fits && (at < 0 || at == left);
-            at = left;
-          }
-          if (!consistent) continue;
-          e.values = value_of;
-          f.factor.entries.push_back(std::move(e));
-        }
-        return gained;
-      };
-      // A batch is entered on a thread of its own while the next one is enumerated and recorded
-      // (entered between batches, it kept one core busy and the other idle), unless the op
-      // carries its result into an operand: entering may add values the enumeration reads.
-      const bool carries =
-          std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var) != f.operand_vars.end();
-      Batch entering_batch;
-      std::future<bool> entering;  // declared after what it reads: its destructor waits for it
-      const auto entered = [&] {
-        if (!entering.valid()) return;
-        const bool gained = entering.get();
-        grew = grew || gained;
-      };
-      // Small batches first: the first says soon how fast this op's recordings go.
-      std::size_t batch = std::min<std::size_t>(512, limits.batch);
-      for (bool more = true; more; batch = std::min(2 * batch, limits.batch)) {
-        Batch current;
-        std::vector<OperandValues>& operand_values = current.operand_values;
-        std::vector<Combination>& combos = current.combos;
-        std::vector<Recording>& jobs = current.jobs;
-        while (more && jobs.size() < batch) {
-          if (f.done.insert(tuple).second) {
-            OperandValues& values = operand_values.emplace_back();
-            values.tuple = tuple;
-            for (std::size_t i = 0; i < tuple.size(); ++i) {
-              const auto v = static_cast<std::size_t>(f.operand_vars[i]);
-              values.specs.push_back(c.values[v][static_cast<std::size_t>(tuple[i])]);
-              values.regathered.push_back(c.regathered[v][static_cast<std::size_t>(tuple[i])]);
-            }
-            values.regathers =
-                std::any_of(values.regathered.begin(), values.regathered.end(), [](char r) { return r != 0; });
-            const std::vector<Spec>& specs = values.specs;
-            // The result's spec: its own variable's when that is an operand too (a value carried
-            // into the next iteration), else each of its choices, else what the op's rule gives.
-            std::vector<std::optional<Spec>> pins;
-            const auto same = std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var);
-            if (same != f.operand_vars.end()) {
-              pins.push_back(specs[static_cast<std::size_t>(same - f.operand_vars.begin())]);
-            } else if (choice_result) {
-              for (const Spec& s : c.values[static_cast<std::size_t>(f.result_var)]) {
-                if (result.pinned || follows_operands(s, specs, result, options.rings)) pins.push_back(s);
-              }
-            } else {
-              pins.push_back(std::nullopt);
-            }
-            for (std::size_t p = 0; p < pins.size(); ++p) {
-              Combination& combo = combos.emplace_back();
-              combo.operands = operand_values.size() - 1;
-              combo.pin = std::move(pins[p]);
-              combo.pin_at = static_cast<int>(p);
-              for (const std::optional<int>& partial : result_partials) {
-                // A gradient is never partial over an axis that shards its value: known before
-                // recording when the result is pinned.
-                if (combo.pin && partial && (*partial & used_mask(*combo.pin))) continue;
-                combo.jobs.push_back(jobs.size());
-                jobs.push_back({combos.size() - 1, partial, nullptr});
-              }
-            }
-          }
-          ++visited;
-          std::size_t i = 0;
-          while (i < tuple.size() &&
-                 ++tuple[i] == static_cast<int>(c.values[static_cast<std::size_t>(f.operand_vars[i])].size()))
-            tuple[i++] = 0;
-          more = i < tuple.size();
-        }
-        // The kept combinations first; one with regathered params then takes its kept twin's
-        // cost where that gathers none of them (regathering changes nothing there).
-        const auto key = [&](const Recording& r, bool kept) {
-          const Combination& combo = combos[r.combination];
-          const OperandValues& values = operand_values[combo.operands];
-          std::vector<int> t = values.tuple;
-          for (std::size_t i = 0; kept && i < t.size(); ++i) {
-            if (values.regathered[i])
-              t[i] = kept_twin[static_cast<std::size_t>(f.operand_vars[i])][static_cast<std::size_t>(t[i])];
-          }
-          return JobKey{t, combo.pin_at, r.partial ? *r.partial : -1};
-        };
-        std::vector<std::size_t> kept_combos, twin_combos;
-        for (std::size_t k = 0; k < combos.size(); ++k)
-          (operand_values[combos[k].operands].regathers ? twin_combos : kept_combos).push_back(k);
-        // A combination's jobs (of its result gradient's layouts) share one forward pass.
-        const auto record = [&](const Combination& combo, const std::vector<std::size_t>& list) {
-          if (list.empty()) return;
-          std::vector<std::optional<int>> partials;
-          for (std::size_t j : list) partials.push_back(jobs[j].partial);
-          std::vector<std::shared_ptr<const OpCost>> costs =
-              recorder.costs(f.op, f.operands, operand_values[combo.operands].specs,
-                             operand_values[combo.operands].regathered, combo.pin, partials);
-          for (std::size_t i = 0; i < list.size(); ++i) jobs[list[i]].cost = std::move(costs[i]);
-        };
-        for_each_parallel(kept_combos.size(), [&](std::size_t k) {
-          const Combination& combo = combos[kept_combos[k]];
-          record(combo, combo.jobs);
-        });
-        for (std::size_t k : kept_combos) {
-          for (std::size_t j : combos[k].jobs) kept_costs.emplace(key(jobs[j], false), jobs[j].cost);
-        }
-        for_each_parallel(twin_combos.size(), [&](std::size_t k) {
-          const Combination& combo = combos[twin_combos[k]];
-          std::vector<std::size_t> to_record;
-          for (std::size_t j : combo.jobs) {
-            Recording& job = jobs[j];
-            const auto kept = kept_costs.find(key(job, true));
-            if (kept != kept_costs.end()) {
-              const OpCost& twin = *kept->second;
-              bool gathers = false;
-              const std::vector<char>& regathered = operand_values[combo.operands].regathered;
-              for (std::size_t i = 0; twin.allowed && i < regathered.size(); ++i)
-                gathers = gathers || (regathered[i] && twin.operands[i].gathered);
-              if (!gathers) {
-                job.cost = kept->second;
-                continue;
-              }
-            }
-            to_record.push_back(j);
-          }
-          record(combo, to_record);
-        });
-        batched += static_cast<double>(jobs.size());
-        clock.batch_done(g, f.op, static_cast<std::int64_t>(jobs.size()), (combinations - visited) * batched / visited);
-        entered();
-        entering_batch = std::move(current);
-        if (carries || !more) {  // the op's last batch: nothing to record meanwhile
-          const bool gained = enter(entering_batch);
-          grew = grew || gained;
-        } else {
-          entering = std::async(std::launch::async, enter, std::cref(entering_batch));
-        }
-      }
-      entered();
-      recorder.forget_plans();
+      const OpFactor& f = factors[factor_of_op[k]];
+      if (f.op == static_cast<int>(k) && !waits(f)) grew = fill(k, nullptr) || grew;
     }
+  }
+  for (auto& [key, f] : factors) f.filled = !waits(f);
+  for (std::size_t k = g.ops.size(); k-- > 0;) {
+    OpFactor& f = factors[factor_of_op[k]];
+    if (f.op != static_cast<int>(k) || !waits(f)) continue;
+    std::optional<std::vector<char>> layouts = reachable(f.result_gradient);
+    // None reachable: the readers leave no entry; recorded in full, the problem says so as before.
+    if (layouts && std::find(layouts->begin(), layouts->end(), 1) == layouts->end()) layouts.reset();
+    fill(k, layouts ? &*layouts : nullptr);
+    f.filled = true;
   }
 
   // Regathered twins that regather nothing leave the problem (they would only tie their twins).

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <functional>
 #include <random>
+#include <set>
 #include <stdexcept>
 
 #include "random_cases.h"
@@ -1146,6 +1147,98 @@ TEST(Solve, TheComputeBoundIsOneDevicesStepOverTheDevices) {
 }
 
 // A repeat block is solved once: 2 or 6 layers make the same problem, costs scaled.
+// The values each variable keeps under arc consistency (what the dynamic program's domain
+// reduction keeps): a value that some factor over its variable has no entry for, among the
+// other variables' values kept, is dropped, until nothing changes.
+std::vector<std::vector<char>> arc_consistent_values(const ChoiceProblem& p) {
+  std::vector<std::vector<char>> live(p.domain.size());
+  for (std::size_t v = 0; v < p.domain.size(); ++v) live[v].assign(static_cast<std::size_t>(p.domain[v]), 1);
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    for (const Factor& f : p.factors) {
+      std::vector<std::vector<char>> supported(f.vars.size());
+      for (std::size_t i = 0; i < f.vars.size(); ++i)
+        supported[i].assign(live[static_cast<std::size_t>(f.vars[i])].size(), 0);
+      for (const FactorEntry& e : f.entries) {
+        bool alive = true;
+        for (std::size_t i = 0; alive && i < f.vars.size(); ++i)
+          alive = live[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])] != 0;
+        for (std::size_t i = 0; alive && i < f.vars.size(); ++i)
+          supported[i][static_cast<std::size_t>(e.values[i])] = 1;
+      }
+      for (std::size_t i = 0; i < f.vars.size(); ++i) {
+        std::vector<char>& l = live[static_cast<std::size_t>(f.vars[i])];
+        for (std::size_t x = 0; x < l.size(); ++x) {
+          if (l[x] && !supported[i][x]) {
+            l[x] = 0;
+            dropped = true;
+          }
+        }
+      }
+    }
+  }
+  return live;
+}
+
+// An einsum whose result's specs are its choices is recorded after its readers, from only the
+// layouts of its result's gradient they can leave: the attention scores' gradient reaches them
+// from the softmax's backward through the scale, reduced, and every layout recorded for it is
+// one that arc consistency keeps (recorded in program order, the scores were recorded from
+// every layout of their gradient on a 2-D mesh, three of four dead). The solver's answer costs
+// what `shardmm program` costs it.
+TEST(Choices, AnEinsumIsRecordedFromTheGradientLayoutsItsReadersLeave) {
+  const program::Program p = program::parse_program(R"(
+mesh   X=2, Y=2
+dims   B=4, T=4, S=4, D=8, A=4
+input  x[B, T, D]
+param  wq[D, A]
+param  wk[D, A]
+q[B, T, A]  = x @ wq
+kt[B, T, A] = x @ wk
+k[B, S, A]  = rename(kt, T -> S)
+s[B, T, S]  = q @ k
+p[B, T, S]  = softmax(scale(s, 0.5), over=S)
+input  g[B, T, S]
+loss sum(p * g)
+)",
+                                                    "scores.prog");
+  const program::Graph g = program::bind(p, {});
+  const ProgramChoices c = build_choices(g, bf16());
+  const std::vector<std::vector<char>> live = arc_consistent_values(c.problem);
+  int checked = 0;
+  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+    const int producer = g.tensors[t].producer;
+    const int gv = c.gradient_var[t];
+    if (producer < 0 || gv < 0 || g.ops[static_cast<std::size_t>(producer)].op.kind != program::OpKind::einsum)
+      continue;
+    SCOPED_TRACE(g.tensors[t].name);
+    // The einsum's factor: over its operands' variables and its result's.
+    const program::GraphOp& op = g.ops[static_cast<std::size_t>(producer)];
+    for (const Factor& f : c.problem.factors) {
+      const auto has = [&](int var) { return std::find(f.vars.begin(), f.vars.end(), var) != f.vars.end(); };
+      if (!has(gv) || !has(c.var_of_tensor[t]) || !std::all_of(op.operands.begin(), op.operands.end(), [&](int x) {
+            return has(c.var_of_tensor[static_cast<std::size_t>(x)]);
+          }))
+        continue;
+      const auto at = static_cast<std::size_t>(std::find(f.vars.begin(), f.vars.end(), gv) - f.vars.begin());
+      std::set<int> recorded;
+      for (const FactorEntry& e : f.entries) recorded.insert(e.values[at]);
+      ASSERT_FALSE(recorded.empty());
+      for (int mask : recorded) {
+        EXPECT_TRUE(live[static_cast<std::size_t>(gv)][static_cast<std::size_t>(mask)]) << mask;
+      }
+      if (g.tensors[t].name == "s") {
+        EXPECT_EQ(recorded, std::set<int>{0});
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3);  // q, kt and s
+  SolveOptions o;
+  o.program = bf16();
+  expect_emitted_costs_the_answer(p, g, o, solve_program(g, o));
+}
+
 TEST(Solve, RepeatBlocksShareTheirChoices) {
   const auto layers = [&](int n) {
     program::Program p = free_program("examples/programs/gpt.prog");
