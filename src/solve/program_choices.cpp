@@ -877,6 +877,112 @@ std::vector<char> regathering_that_gathers(const Graph& g, const ProgramChoices&
   return regathered;
 }
 
+// Arc consistency over the factors filled so far, kept as more are filled: the values (and
+// masks) that some entry of each factor over the variable supports, among the others' kept
+// values, and that each gradient with parts can be the union of (a gradient is partial over
+// the union of what its readers leave: its parts). The factors filled are final, and a factor
+// filled later only adds constraints, so a value dropped here has no place in any sharding,
+// and an op recorded later need not be recorded with it: its entries would be dead (the dynamic
+// program's domain reduction drops them).
+class LiveValues {
+ public:
+  // `domain`: by variable, how many values; `unions`: by gradient variable with parts, the
+  // variable and its parts.
+  LiveValues(const std::vector<int>& domain, std::vector<std::vector<int>> unions) : unions_(std::move(unions)) {
+    for (int n : domain) live_.emplace_back(static_cast<std::size_t>(n), 1);
+  }
+  void drop(int var, int value) { live_[static_cast<std::size_t>(var)][static_cast<std::size_t>(value)] = 0; }
+  void add(const Factor& f) {
+    Watched& w = factors_.emplace_back();
+    w.factor = &f;
+    w.alive.resize(f.entries.size());
+    std::iota(w.alive.begin(), w.alive.end(), std::uint32_t{0});
+  }
+  // Sweeps the factors and the unions until nothing more drops.
+  void settle() {
+    for (bool dropped = true; dropped;) {
+      dropped = false;
+      for (Watched& w : factors_) dropped = sweep(w) || dropped;
+      for (const std::vector<int>& u : unions_) dropped = sweep_union(u) || dropped;
+    }
+  }
+  bool live(int var, int value) const {
+    return live_[static_cast<std::size_t>(var)][static_cast<std::size_t>(value)] != 0;
+  }
+
+ private:
+  struct Watched {
+    const Factor* factor = nullptr;
+    std::vector<std::uint32_t> alive;  // its entries whose values are all live (an entry with a dropped one stays dead)
+  };
+  bool sweep(Watched& w) {
+    const Factor& f = *w.factor;
+    std::vector<std::vector<char>> supported(f.vars.size());
+    for (std::size_t i = 0; i < f.vars.size(); ++i)
+      supported[i].assign(live_[static_cast<std::size_t>(f.vars[i])].size(), 0);
+    std::size_t kept = 0;
+    for (const std::uint32_t e : w.alive) {
+      const std::vector<int>& values = f.entries[e].values;
+      bool alive = true;
+      for (std::size_t i = 0; alive && i < values.size(); ++i) alive = live(f.vars[i], values[i]);
+      if (!alive) continue;
+      for (std::size_t i = 0; i < values.size(); ++i) supported[i][static_cast<std::size_t>(values[i])] = 1;
+      w.alive[kept++] = e;
+    }
+    w.alive.resize(kept);
+    bool dropped = false;
+    for (std::size_t i = 0; i < f.vars.size(); ++i) dropped = keep_only(f.vars[i], supported[i]) || dropped;
+    return dropped;
+  }
+  // u[0] is the union of u[1..]: each part's mask must make, with one live mask of every
+  // other part, a live mask of the union, and the union one that live masks of the parts make.
+  bool sweep_union(const std::vector<int>& u) {
+    const std::size_t parts = u.size() - 1, masks = live_[static_cast<std::size_t>(u[0])].size();
+    // The unions of live masks of the parts before i (before[i]) and after it (after[i]).
+    const auto unions_of = [&](const std::vector<char>& a, const std::vector<char>& b) {
+      std::vector<char> out(masks, 0);
+      for (std::size_t x = 0; x < masks; ++x) {
+        for (std::size_t y = 0; a[x] && y < masks; ++y) {
+          if (b[y]) out[x | y] = 1;
+        }
+      }
+      return out;
+    };
+    std::vector<char> none(masks, 0);
+    none[0] = 1;
+    std::vector<std::vector<char>> before(parts + 1, none), after(parts + 1, none);
+    for (std::size_t i = 0; i < parts; ++i)
+      before[i + 1] = unions_of(before[i], live_[static_cast<std::size_t>(u[i + 1])]);
+    for (std::size_t i = parts; i-- > 0;) after[i] = unions_of(after[i + 1], live_[static_cast<std::size_t>(u[i + 1])]);
+    bool dropped = keep_only(u[0], before[parts]);
+    for (std::size_t i = 0; i < parts; ++i) {
+      const std::vector<char> others = unions_of(before[i], after[i + 1]);
+      const std::vector<char>& whole = live_[static_cast<std::size_t>(u[0])];
+      std::vector<char> supported(masks, 0);
+      for (std::size_t m = 0; m < masks; ++m) {
+        for (std::size_t o = 0; !supported[m] && o < masks; ++o) supported[m] = others[o] && whole[o | m];
+      }
+      dropped = keep_only(u[i + 1], supported) || dropped;
+    }
+    return dropped;
+  }
+  bool keep_only(int var, const std::vector<char>& supported) {
+    bool dropped = false;
+    std::vector<char>& l = live_[static_cast<std::size_t>(var)];
+    for (std::size_t x = 0; x < l.size(); ++x) {
+      if (l[x] && !supported[x]) {
+        l[x] = 0;
+        dropped = true;
+      }
+    }
+    return dropped;
+  }
+
+  std::vector<std::vector<char>> live_;  // by variable and value
+  std::vector<Watched> factors_;
+  std::vector<std::vector<int>> unions_;
+};
+
 ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits,
                              const Neighbourhood* neighbourhood) {
   const auto started = std::chrono::steady_clock::now();
@@ -1035,11 +1141,9 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
     std::vector<int> operands;  // distinct operand tensors of that op
     std::vector<int> operand_vars;
     int result_var = -1;
-    int result_gradient = -1;         // differentiated: its result's gradient variable (none: the loss)
-    std::vector<int> read_gradients;  // differentiated: its operands' gradients' variables (or parts)
+    int result_gradient = -1;  // differentiated: its result's gradient variable (none: the loss)
     int count = 0;
     std::set<std::vector<int>> done;  // operand value tuples recorded
-    bool filled = false;              // its entries are all in
     Factor factor;
   };
   std::map<std::string, OpFactor> factors;
@@ -1073,18 +1177,10 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       if (c.on_loss_path[k]) {
         f.result_gradient = c.gradient_var[static_cast<std::size_t>(op.result)];
         add_var(f.factor.vars, f.result_gradient);
-        for (int x : operands) {
-          const int gv = read_gradient_var(static_cast<int>(k), x);
-          add_var(f.factor.vars, gv);
-          add_var(f.read_gradients, gv);
-        }
+        for (int x : operands) add_var(f.factor.vars, read_gradient_var(static_cast<int>(k), x));
       }
     }
     factor_of_op.push_back(key);
-  }
-  std::map<int, std::vector<const OpFactor*>> readers_of;  // by gradient variable (or part): the factors leaving it
-  for (const auto& [key, f] : factors) {
-    for (int gv : f.read_gradients) readers_of[gv].push_back(&f);
   }
 
   // Shared terms: a computed variable's activation, held once however many consumers keep it.
@@ -1107,85 +1203,21 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   OpRecorder& recorder = limits.recordings ? limits.recordings->recorder : *recorder_owned;
   const std::int64_t recorded_before = recorder.recordings();
   BuildClock clock(limits);
-  // The masks a gradient (or a part of one) can be partial over when it reaches its producer: those
-  // its readers' entries leave it, counting only the entries whose own result's gradient takes
-  // such a mask in turn (a gradient with parts: the union of one mask of each part). A mask no
-  // reader leaves has no support in the readers' factors: the producer's entries with it are
-  // dead, and the dynamic program's domain reduction would drop them. Nullopt where a reader is
-  // not filled yet, or where the readers loop back to a gradient being worked out (a repeat's
-  // carried value): every mask there, which keeps the sets supersets of the live ones.
-  std::map<int, std::vector<char>> reachable_of;
-  std::set<int> reaching;
-  const std::function<std::optional<std::vector<char>>(int)> reachable =
-      [&](int gv) -> std::optional<std::vector<char>> {
-    if (const auto it = reachable_of.find(gv); it != reachable_of.end()) return it->second;
-    if (!reaching.insert(gv).second) return std::nullopt;
-    std::optional<std::vector<char>> out(std::in_place, static_cast<std::size_t>(masks), 0);
-    const int first_part = tensor_vars + gradient_vars;
-    const std::vector<int>* of = gv < first_part ? &parts[static_cast<std::size_t>(gv - tensor_vars)] : nullptr;
-    if (of && !of->empty()) {
-      (*out)[0] = 1;
-      for (std::size_t i = 0; out && i < of->size(); ++i) {
-        const std::optional<std::vector<char>> part = reachable((*of)[i]);
-        if (!part) {
-          out.reset();
-          break;
-        }
-        std::vector<char> unions(static_cast<std::size_t>(masks), 0);
-        for (int a = 0; a < masks; ++a) {
-          for (int b = 0; (*out)[static_cast<std::size_t>(a)] && b < masks; ++b) {
-            if ((*part)[static_cast<std::size_t>(b)]) unions[static_cast<std::size_t>(a | b)] = 1;
-          }
-        }
-        *out = std::move(unions);
-      }
-    } else {
-      const auto readers = readers_of.find(gv);
-      if (readers == readers_of.end()) out.reset();
-      for (std::size_t r = 0; out && r < readers->second.size(); ++r) {
-        const OpFactor& reader = *readers->second[r];
-        if (!reader.filled) {
-          out.reset();
-          break;
-        }
-        const auto slot_of = [&](int var) {
-          return static_cast<std::size_t>(std::find(reader.factor.vars.begin(), reader.factor.vars.end(), var) -
-                                          reader.factor.vars.begin());
-        };
-        // Where the reader's own result's gradient is not known (nullopt), from any mask: a
-        // superset of what it leaves is sound.
-        std::optional<std::vector<char>> from;
-        std::size_t from_at = 0;
-        if (reader.result_gradient >= 0) {
-          from = reachable(reader.result_gradient);
-          from_at = slot_of(reader.result_gradient);
-        }
-        const std::size_t at = slot_of(gv);
-        for (const FactorEntry& e : reader.factor.entries) {
-          if (!from || (*from)[static_cast<std::size_t>(e.values[from_at])])
-            (*out)[static_cast<std::size_t>(e.values[at])] = 1;
-        }
-      }
-    }
-    reaching.erase(gv);
-    if (out) reachable_of.emplace(gv, *out);
-    return out;
-  };
-
   // An op waits for its readers where its result's values are known before it is recorded
   // (pinned, or chosen and not carried from an operand): it is recorded after the others, last
-  // first, each from only the layouts of its result's gradient that its readers can leave
-  // (reachable). Recorded in program order instead, a 2-D mesh's attention scores were recorded
-  // from every layout of their gradient, which the softmax's backward leaves in one.
+  // first, each in only the values and gradient layouts arc consistency over the factors filled
+  // before it keeps (LiveValues). Recorded in program order instead, a 2-D mesh's attention
+  // scores were recorded from every layout of their gradient, which the softmax's backward
+  // leaves in one.
   const auto waits = [&](const OpFactor& f) {
     const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[static_cast<std::size_t>(f.op)].result)];
     return f.result_gradient >= 0 && !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
            (result.pinned || c.chosen[static_cast<std::size_t>(f.result_var)]) &&
            std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var) == f.operand_vars.end();
   };
-  // Op k's factor given every new combination of its specs (its result's gradient in the
-  // layouts `gradient_layouts` allows, where given); whether a derived variable gained a value.
-  const auto fill = [&](std::size_t k, const std::vector<char>* gradient_layouts) {
+  // Op k's factor given every new combination of its specs (only live values and gradient
+  // layouts, where `live` is given); whether a derived variable gained a value.
+  const auto fill = [&](std::size_t k, const LiveValues* live) {
     bool grew = false;
     OpFactor& f = factors[factor_of_op[k]];
     const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[k].result)];
@@ -1200,8 +1232,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       result_partials = {0};  // the loss: its gradient is the whole seed
     } else {
       for (int mask = 0; mask < masks; ++mask) {
-        if (partial_in_neighbourhood(result_gradient, mask) &&
-            (!gradient_layouts || (*gradient_layouts)[static_cast<std::size_t>(mask)]))
+        if (partial_in_neighbourhood(result_gradient, mask) && (!live || live->live(result_gradient, mask)))
           result_partials.push_back(mask);
       }
     }
@@ -1323,7 +1354,13 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       std::vector<Combination>& combos = current.combos;
       std::vector<Recording>& jobs = current.jobs;
       while (more && jobs.size() < batch) {
-        if (f.done.insert(tuple).second) {
+        const auto dead = [&] {
+          for (std::size_t i = 0; live && i < tuple.size(); ++i) {
+            if (!live->live(f.operand_vars[i], tuple[i])) return true;
+          }
+          return false;
+        };
+        if (!dead() && f.done.insert(tuple).second) {
           OperandValues& values = operand_values.emplace_back();
           values.tuple = tuple;
           for (std::size_t i = 0; i < tuple.size(); ++i) {
@@ -1341,8 +1378,11 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
           if (same != f.operand_vars.end()) {
             pins.push_back(specs[static_cast<std::size_t>(same - f.operand_vars.begin())]);
           } else if (choice_result) {
-            for (const Spec& s : c.values[static_cast<std::size_t>(f.result_var)]) {
-              if (result.pinned || follows_operands(s, specs, result, options.rings)) pins.push_back(s);
+            const std::vector<Spec>& results = c.values[static_cast<std::size_t>(f.result_var)];
+            for (std::size_t r = 0; r < results.size(); ++r) {
+              if ((!live || live->live(f.result_var, static_cast<int>(r))) &&
+                  (result.pinned || follows_operands(results[r], specs, result, options.rings)))
+                pins.push_back(results[r]);
             }
           } else {
             pins.push_back(std::nullopt);
@@ -1448,15 +1488,31 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       if (f.op == static_cast<int>(k) && !waits(f)) grew = fill(k, nullptr) || grew;
     }
   }
-  for (auto& [key, f] : factors) f.filled = !waits(f);
+  std::vector<int> domain;
+  for (const std::vector<Spec>& v : c.values) domain.push_back(static_cast<int>(v.size()));
+  domain.resize(static_cast<std::size_t>(next_var), masks);
+  std::vector<std::vector<int>> unions;
+  for (int gv = tensor_vars; gv < tensor_vars + gradient_vars; ++gv) {
+    const std::vector<int>& of = parts[static_cast<std::size_t>(gv - tensor_vars)];
+    if (of.empty()) continue;
+    unions.push_back({gv});
+    unions.back().insert(unions.back().end(), of.begin(), of.end());
+  }
+  LiveValues live(domain, std::move(unions));
+  for (int gv = tensor_vars; gv < tensor_vars + gradient_vars; ++gv) {
+    for (int mask = 0; mask < masks; ++mask) {
+      if (!partial_in_neighbourhood(gv, mask)) live.drop(gv, mask);
+    }
+  }
+  for (const auto& [key, f] : factors) {
+    if (!waits(f)) live.add(f.factor);
+  }
   for (std::size_t k = g.ops.size(); k-- > 0;) {
-    OpFactor& f = factors[factor_of_op[k]];
+    const OpFactor& f = factors[factor_of_op[k]];
     if (f.op != static_cast<int>(k) || !waits(f)) continue;
-    std::optional<std::vector<char>> layouts = reachable(f.result_gradient);
-    // None reachable: the readers leave no entry; recorded in full, the problem says so as before.
-    if (layouts && std::find(layouts->begin(), layouts->end(), 1) == layouts->end()) layouts.reset();
-    fill(k, layouts ? &*layouts : nullptr);
-    f.filled = true;
+    live.settle();
+    fill(k, &live);
+    live.add(f.factor);
   }
 
   // Regathered twins that regather nothing leave the problem (they would only tie their twins).

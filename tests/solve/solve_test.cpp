@@ -1180,14 +1180,16 @@ std::vector<std::vector<char>> arc_consistent_values(const ChoiceProblem& p) {
   return live;
 }
 
-// An einsum whose result's specs are its choices is recorded after its readers, from only the
-// layouts of its result's gradient they can leave: the attention scores' gradient reaches them
-// from the softmax's backward through the scale, reduced, and every layout recorded for it is
-// one that arc consistency keeps (recorded in program order, the scores were recorded from
-// every layout of their gradient on a 2-D mesh, three of four dead). The solver's answer costs
-// what `shardmm program` costs it.
+// An einsum whose result's specs are its choices is recorded after its readers, in only the
+// values and layouts of its result's gradient that arc consistency over the factors filled
+// before it keeps. The attention scores' gradient reaches them from the softmax's backward
+// through the scale, reduced; a residual block's product's gradient arrives as the layer norms
+// after it leave theirs, through a gradient the repeat carries round (recorded in program
+// order, both were recorded from every layout of their gradient on a 2-D mesh, most of them
+// dead). Every layout recorded here is one that arc consistency over the whole problem keeps,
+// and the solver's answer costs what `shardmm program` costs it.
 TEST(Choices, AnEinsumIsRecordedFromTheGradientLayoutsItsReadersLeave) {
-  const program::Program p = program::parse_program(R"(
+  const char* scores = R"(
 mesh   X=2, Y=2
 dims   B=4, T=4, S=4, D=8, A=4
 input  x[B, T, D]
@@ -1200,43 +1202,61 @@ s[B, T, S]  = q @ k
 p[B, T, S]  = softmax(scale(s, 0.5), over=S)
 input  g[B, T, S]
 loss sum(p * g)
-)",
-                                                    "scores.prog");
-  const program::Graph g = program::bind(p, {});
-  const ProgramChoices c = build_choices(g, bf16());
-  const std::vector<std::vector<char>> live = arc_consistent_values(c.problem);
-  int checked = 0;
-  for (std::size_t t = 0; t < g.tensors.size(); ++t) {
-    const int producer = g.tensors[t].producer;
-    const int gv = c.gradient_var[t];
-    if (producer < 0 || gv < 0 || g.ops[static_cast<std::size_t>(producer)].op.kind != program::OpKind::einsum)
-      continue;
-    SCOPED_TRACE(g.tensors[t].name);
-    // The einsum's factor: over its operands' variables and its result's.
-    const program::GraphOp& op = g.ops[static_cast<std::size_t>(producer)];
-    for (const Factor& f : c.problem.factors) {
-      const auto has = [&](int var) { return std::find(f.vars.begin(), f.vars.end(), var) != f.vars.end(); };
-      if (!has(gv) || !has(c.var_of_tensor[t]) || !std::all_of(op.operands.begin(), op.operands.end(), [&](int x) {
-            return has(c.var_of_tensor[static_cast<std::size_t>(x)]);
-          }))
+)";
+  const char* residual = R"(
+mesh   X=2, Y=2
+dims   B=4, D=8, E=8
+input  x[B, D]
+repeat 3 {
+  param w[D, E]
+  h[B, D] = layer_norm(x, over=D)
+  u[B, E] = h @ w
+  x[B, D] = x + rename(u, E -> D)
+}
+out[B, D] = layer_norm(x, over=D)
+input  g[B, D]
+loss sum(out * g)
+)";
+  for (const auto& [text, einsums, whole] : {std::tuple{scores, 3, "s"}, std::tuple{residual, 3, "u"}}) {
+    const program::Program p = program::parse_program(text, "einsums.prog");
+    const program::Graph g = program::bind(p, {});
+    SCOPED_TRACE(whole);
+    const ProgramChoices c = build_choices(g, bf16());
+    const std::vector<std::vector<char>> live = arc_consistent_values(c.problem);
+    int checked = 0;
+    for (std::size_t t = 0; t < g.tensors.size(); ++t) {
+      const int producer = g.tensors[t].producer;
+      const int gv = c.gradient_var[t];
+      if (producer < 0 || gv < 0 || g.ops[static_cast<std::size_t>(producer)].op.kind != program::OpKind::einsum)
         continue;
-      const auto at = static_cast<std::size_t>(std::find(f.vars.begin(), f.vars.end(), gv) - f.vars.begin());
-      std::set<int> recorded;
-      for (const FactorEntry& e : f.entries) recorded.insert(e.values[at]);
-      ASSERT_FALSE(recorded.empty());
-      for (int mask : recorded) {
-        EXPECT_TRUE(live[static_cast<std::size_t>(gv)][static_cast<std::size_t>(mask)]) << mask;
+      SCOPED_TRACE(g.tensors[t].name);
+      // The einsum's factor: over its operands' variables and its result's.
+      const program::GraphOp& op = g.ops[static_cast<std::size_t>(producer)];
+      for (const Factor& f : c.problem.factors) {
+        const auto has = [&](int var) { return std::find(f.vars.begin(), f.vars.end(), var) != f.vars.end(); };
+        if (!has(gv) || !has(c.var_of_tensor[t]) || !std::all_of(op.operands.begin(), op.operands.end(), [&](int x) {
+              return has(c.var_of_tensor[static_cast<std::size_t>(x)]);
+            }))
+          continue;
+        const auto at = static_cast<std::size_t>(std::find(f.vars.begin(), f.vars.end(), gv) - f.vars.begin());
+        std::set<int> recorded;
+        for (const FactorEntry& e : f.entries) recorded.insert(e.values[at]);
+        ASSERT_FALSE(recorded.empty());
+        for (int mask : recorded) {
+          EXPECT_TRUE(live[static_cast<std::size_t>(gv)][static_cast<std::size_t>(mask)]) << mask;
+        }
+        if (g.tensors[t].source_name == whole) {
+          EXPECT_EQ(recorded, std::set<int>{0});
+        }
+        ++checked;
+        break;  // a repeat's copies share one factor
       }
-      if (g.tensors[t].name == "s") {
-        EXPECT_EQ(recorded, std::set<int>{0});
-      }
-      ++checked;
     }
+    EXPECT_EQ(checked, einsums);  // q, kt and s; u in each iteration
+    SolveOptions o;
+    o.program = bf16();
+    expect_emitted_costs_the_answer(p, g, o, solve_program(g, o));
   }
-  EXPECT_EQ(checked, 3);  // q, kt and s
-  SolveOptions o;
-  o.program = bf16();
-  expect_emitted_costs_the_answer(p, g, o, solve_program(g, o));
 }
 
 TEST(Solve, RepeatBlocksShareTheirChoices) {
