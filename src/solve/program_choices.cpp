@@ -4,6 +4,7 @@
 // variables' values; a factor per leaf for the memory it holds (the leaf, its gradient,
 // Adam's moments) and one for reducing its gradient into its spec.
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -1209,9 +1210,14 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   // before it keeps (LiveValues). Recorded in program order instead, a 2-D mesh's attention
   // scores were recorded from every layout of their gradient, which the softmax's backward
   // leaves in one.
+  // Not in a whole build past two axes: solve tries one within a part of its time limit and
+  // searches by neighbourhoods when the build says, within its first ops, that it cannot finish
+  // (an einsum has millions of combinations on 2x2x2). In program order the first einsum comes
+  // early; recorded after the others, the einsums came after seconds of the cheap ops.
+  const bool readers_first = neighbourhood || std::popcount(static_cast<unsigned>(placed_axes(g.mesh))) <= 2;
   const auto waits = [&](const OpFactor& f) {
     const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[static_cast<std::size_t>(f.op)].result)];
-    return f.result_gradient >= 0 && !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
+    return readers_first && f.result_gradient >= 0 && !c.values[static_cast<std::size_t>(f.result_var)].empty() &&
            (result.pinned || c.chosen[static_cast<std::size_t>(f.result_var)]) &&
            std::find(f.operand_vars.begin(), f.operand_vars.end(), f.result_var) == f.operand_vars.end();
   };

@@ -1024,6 +1024,9 @@ TEST(Choices, ASearchTooLargeForTheTimeLimitIsRefused) {
   } catch (const InputError& e) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("the search is too large for"));
     EXPECT_THAT(e.what(), ::testing::HasSubstr("combinations of specs more"));
+    // Said at the first einsum, in program order: past two axes no op waits for its readers
+    // (recorded after them, the einsums came after seconds of the cheap ops on 2x2x2).
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("`q = h @ wq` alone has"));
   }
   EXPECT_GT(reports, 0);
 }
