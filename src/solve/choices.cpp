@@ -9,6 +9,7 @@
 #include <queue>
 
 #include "shardmm/core/error.h"
+#include "solve/arc_consistency.h"
 #include "solve/factor_index.h"
 
 namespace shardmm::solve {
@@ -551,59 +552,13 @@ std::optional<SolveOutcome> eliminate(const std::vector<int>& domain, std::vecto
 // By variable and value: whether the value survives arc consistency (reduce_domains), the
 // values `keep` refuses (where given) dropped first.
 std::vector<std::vector<char>> supported_values(const ChoiceProblem& p, const Kept* keep = nullptr) {
-  const std::size_t n = p.domain.size();
-  std::vector<std::vector<char>> alive(n);
-  for (std::size_t v = 0; v < n; ++v) {
-    alive[v].assign(static_cast<std::size_t>(p.domain[v]), 1);
-    if (!keep || v >= keep->size() || (*keep)[v].empty()) continue;
-    for (std::size_t x = 0; x < alive[v].size(); ++x) alive[v][x] = x < (*keep)[v].size() && (*keep)[v][x] != 0;
+  ArcConsistency ac(p.domain);
+  for (std::size_t v = 0; keep && v < keep->size() && v < p.domain.size(); ++v) {
+    if (!(*keep)[v].empty()) ac.restrict(static_cast<int>(v), (*keep)[v]);
   }
-  // A value no entry of some factor of its variable supports (among entries whose values are
-  // all alive) is never part of an allowed assignment: drop it, until nothing changes. An entry
-  // with a dropped value stays dead, so each sweep reads only the entries the last one left
-  // (a named strategy's keep leaves a few of each factor's: the later sweeps were most of its
-  // dynamic program's time).
-  std::vector<std::vector<std::uint32_t>> live(p.factors.size());
-  for (bool first = true, changed = true; changed; first = false) {
-    changed = false;
-    for (std::size_t fi = 0; fi < p.factors.size(); ++fi) {
-      const Factor& f = p.factors[fi];
-      std::vector<std::uint32_t>& entries = live[fi];
-      std::vector<std::vector<char>> supported(f.vars.size());
-      for (std::size_t i = 0; i < f.vars.size(); ++i)
-        supported[i].assign(alive[static_cast<std::size_t>(f.vars[i])].size(), 0);
-      // Whether entry `at` has all its values alive; then it supports them.
-      const auto supports = [&](std::uint32_t at) {
-        const FactorEntry& e = f.entries[at];
-        for (std::size_t i = 0; i < f.vars.size(); ++i) {
-          if (!alive[static_cast<std::size_t>(f.vars[i])][static_cast<std::size_t>(e.values[i])]) return false;
-        }
-        for (std::size_t i = 0; i < f.vars.size(); ++i) supported[i][static_cast<std::size_t>(e.values[i])] = 1;
-        return true;
-      };
-      if (first) {
-        for (std::size_t at = 0; at < f.entries.size(); ++at) {
-          if (supports(static_cast<std::uint32_t>(at))) entries.push_back(static_cast<std::uint32_t>(at));
-        }
-      } else {
-        std::size_t kept = 0;
-        for (const std::uint32_t at : entries) {
-          if (supports(at)) entries[kept++] = at;
-        }
-        entries.resize(kept);
-      }
-      for (std::size_t i = 0; i < f.vars.size(); ++i) {
-        std::vector<char>& a = alive[static_cast<std::size_t>(f.vars[i])];
-        for (std::size_t x = 0; x < a.size(); ++x) {
-          if (a[x] && !supported[i][x]) {
-            a[x] = 0;
-            changed = true;
-          }
-        }
-      }
-    }
-  }
-  return alive;
+  for (const Factor& f : p.factors) ac.add(f);
+  ac.settle();
+  return ac.values();
 }
 
 // The surviving values renumbered: by variable, each original value's new number (-1: dropped)

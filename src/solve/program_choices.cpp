@@ -4,11 +4,12 @@
 // variables' values; a factor per leaf for the memory it holds (the leaf, its gradient,
 // Adam's moments) and one for reducing its gradient into its spec.
 #include <algorithm>
-#include <bit>
 #include <atomic>
+#include <bit>
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <future>
@@ -29,6 +30,7 @@
 #include "shardmm/core/error.h"
 #include "shardmm/core/geometry.h"
 #include "shardmm/solve/solve.h"
+#include "solve/arc_consistency.h"
 
 namespace shardmm::solve {
 
@@ -878,112 +880,6 @@ std::vector<char> regathering_that_gathers(const Graph& g, const ProgramChoices&
   return regathered;
 }
 
-// Arc consistency over the factors filled so far, kept as more are filled: the values (and
-// masks) that some entry of each factor over the variable supports, among the others' kept
-// values, and that each gradient with parts can be the union of (a gradient is partial over
-// the union of what its readers leave: its parts). The factors filled are final, and a factor
-// filled later only adds constraints, so a value dropped here has no place in any sharding,
-// and an op recorded later need not be recorded with it: its entries would be dead (the dynamic
-// program's domain reduction drops them).
-class LiveValues {
- public:
-  // `domain`: by variable, how many values; `unions`: by gradient variable with parts, the
-  // variable and its parts.
-  LiveValues(const std::vector<int>& domain, std::vector<std::vector<int>> unions) : unions_(std::move(unions)) {
-    for (int n : domain) live_.emplace_back(static_cast<std::size_t>(n), 1);
-  }
-  void drop(int var, int value) { live_[static_cast<std::size_t>(var)][static_cast<std::size_t>(value)] = 0; }
-  void add(const Factor& f) {
-    Watched& w = factors_.emplace_back();
-    w.factor = &f;
-    w.alive.resize(f.entries.size());
-    std::iota(w.alive.begin(), w.alive.end(), std::uint32_t{0});
-  }
-  // Sweeps the factors and the unions until nothing more drops.
-  void settle() {
-    for (bool dropped = true; dropped;) {
-      dropped = false;
-      for (Watched& w : factors_) dropped = sweep(w) || dropped;
-      for (const std::vector<int>& u : unions_) dropped = sweep_union(u) || dropped;
-    }
-  }
-  bool live(int var, int value) const {
-    return live_[static_cast<std::size_t>(var)][static_cast<std::size_t>(value)] != 0;
-  }
-
- private:
-  struct Watched {
-    const Factor* factor = nullptr;
-    std::vector<std::uint32_t> alive;  // its entries whose values are all live (an entry with a dropped one stays dead)
-  };
-  bool sweep(Watched& w) {
-    const Factor& f = *w.factor;
-    std::vector<std::vector<char>> supported(f.vars.size());
-    for (std::size_t i = 0; i < f.vars.size(); ++i)
-      supported[i].assign(live_[static_cast<std::size_t>(f.vars[i])].size(), 0);
-    std::size_t kept = 0;
-    for (const std::uint32_t e : w.alive) {
-      const std::vector<int>& values = f.entries[e].values;
-      bool alive = true;
-      for (std::size_t i = 0; alive && i < values.size(); ++i) alive = live(f.vars[i], values[i]);
-      if (!alive) continue;
-      for (std::size_t i = 0; i < values.size(); ++i) supported[i][static_cast<std::size_t>(values[i])] = 1;
-      w.alive[kept++] = e;
-    }
-    w.alive.resize(kept);
-    bool dropped = false;
-    for (std::size_t i = 0; i < f.vars.size(); ++i) dropped = keep_only(f.vars[i], supported[i]) || dropped;
-    return dropped;
-  }
-  // u[0] is the union of u[1..]: each part's mask must make, with one live mask of every
-  // other part, a live mask of the union, and the union one that live masks of the parts make.
-  bool sweep_union(const std::vector<int>& u) {
-    const std::size_t parts = u.size() - 1, masks = live_[static_cast<std::size_t>(u[0])].size();
-    // The unions of live masks of the parts before i (before[i]) and after it (after[i]).
-    const auto unions_of = [&](const std::vector<char>& a, const std::vector<char>& b) {
-      std::vector<char> out(masks, 0);
-      for (std::size_t x = 0; x < masks; ++x) {
-        for (std::size_t y = 0; a[x] && y < masks; ++y) {
-          if (b[y]) out[x | y] = 1;
-        }
-      }
-      return out;
-    };
-    std::vector<char> none(masks, 0);
-    none[0] = 1;
-    std::vector<std::vector<char>> before(parts + 1, none), after(parts + 1, none);
-    for (std::size_t i = 0; i < parts; ++i)
-      before[i + 1] = unions_of(before[i], live_[static_cast<std::size_t>(u[i + 1])]);
-    for (std::size_t i = parts; i-- > 0;) after[i] = unions_of(after[i + 1], live_[static_cast<std::size_t>(u[i + 1])]);
-    bool dropped = keep_only(u[0], before[parts]);
-    for (std::size_t i = 0; i < parts; ++i) {
-      const std::vector<char> others = unions_of(before[i], after[i + 1]);
-      const std::vector<char>& whole = live_[static_cast<std::size_t>(u[0])];
-      std::vector<char> supported(masks, 0);
-      for (std::size_t m = 0; m < masks; ++m) {
-        for (std::size_t o = 0; !supported[m] && o < masks; ++o) supported[m] = others[o] && whole[o | m];
-      }
-      dropped = keep_only(u[i + 1], supported) || dropped;
-    }
-    return dropped;
-  }
-  bool keep_only(int var, const std::vector<char>& supported) {
-    bool dropped = false;
-    std::vector<char>& l = live_[static_cast<std::size_t>(var)];
-    for (std::size_t x = 0; x < l.size(); ++x) {
-      if (l[x] && !supported[x]) {
-        l[x] = 0;
-        dropped = true;
-      }
-    }
-    return dropped;
-  }
-
-  std::vector<std::vector<char>> live_;  // by variable and value
-  std::vector<Watched> factors_;
-  std::vector<std::vector<int>> unions_;
-};
-
 ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, const BuildLimits& limits,
                              const Neighbourhood* neighbourhood) {
   const auto started = std::chrono::steady_clock::now();
@@ -1207,7 +1103,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   // An op waits for its readers where its result's values are known before it is recorded
   // (pinned, or chosen and not carried from an operand): it is recorded after the others, last
   // first, each in only the values and gradient layouts arc consistency over the factors filled
-  // before it keeps (LiveValues). Recorded in program order instead, a 2-D mesh's attention
+  // before it keeps (below). Recorded in program order instead, a 2-D mesh's attention
   // scores were recorded from every layout of their gradient, which the softmax's backward
   // leaves in one.
   // Not in a whole build past two axes: solve tries one within a part of its time limit and
@@ -1223,7 +1119,7 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
   };
   // Op k's factor given every new combination of its specs (only live values and gradient
   // layouts, where `live` is given); whether a derived variable gained a value.
-  const auto fill = [&](std::size_t k, const LiveValues* live) {
+  const auto fill = [&](std::size_t k, const ArcConsistency* live) {
     bool grew = false;
     OpFactor& f = factors[factor_of_op[k]];
     const program::Tensor& result = g.tensors[static_cast<std::size_t>(g.ops[k].result)];
@@ -1494,21 +1390,23 @@ ProgramChoices build_choices(const Graph& g, const nn::ProgramOptions& options, 
       if (f.op == static_cast<int>(k) && !waits(f)) grew = fill(k, nullptr) || grew;
     }
   }
+  // Arc consistency over the factors filled so far, and the unions of the gradients' parts (a
+  // gradient is partial over the union of what its readers leave); the factors filled are final
+  // and each filled later only adds constraints, so what it drops has no place in any sharding.
   std::vector<int> domain;
   for (const std::vector<Spec>& v : c.values) domain.push_back(static_cast<int>(v.size()));
   domain.resize(static_cast<std::size_t>(next_var), masks);
-  std::vector<std::vector<int>> unions;
+  ArcConsistency live(domain);
   for (int gv = tensor_vars; gv < tensor_vars + gradient_vars; ++gv) {
+    std::vector<char> allowed(static_cast<std::size_t>(masks));
+    for (int mask = 0; mask < masks; ++mask)
+      allowed[static_cast<std::size_t>(mask)] = partial_in_neighbourhood(gv, mask);
+    live.restrict(gv, allowed);
     const std::vector<int>& of = parts[static_cast<std::size_t>(gv - tensor_vars)];
     if (of.empty()) continue;
-    unions.push_back({gv});
-    unions.back().insert(unions.back().end(), of.begin(), of.end());
-  }
-  LiveValues live(domain, std::move(unions));
-  for (int gv = tensor_vars; gv < tensor_vars + gradient_vars; ++gv) {
-    for (int mask = 0; mask < masks; ++mask) {
-      if (!partial_in_neighbourhood(gv, mask)) live.drop(gv, mask);
-    }
+    std::vector<int> with_parts{gv};
+    with_parts.insert(with_parts.end(), of.begin(), of.end());
+    live.add_union(std::move(with_parts));
   }
   for (const auto& [key, f] : factors) {
     if (!waits(f)) live.add(f.factor);
