@@ -63,6 +63,11 @@ constexpr std::array kNormalize = {"softmax", "layer_norm", "rms_norm"};
 constexpr std::array kShape = {"transpose", "split", "merge", "rename", "causal_mask", "scale", "route"};
 // The most repeat blocks nest, and the most iterations a program unrolls to (bind()).
 constexpr int kMaxRepeatDepth = 8;
+// The most an expression nests (parentheses and op calls) and the most ops a statement holds:
+// the parser, the binder and the formatter recurse over an expression, and a line of nested
+// parentheses found by the fuzzer (1,593 bytes) overflowed the stack.
+constexpr int kMaxNesting = 64;
+constexpr int kMaxOpsPerStatement = 256;
 
 template <std::size_t N>
 bool one_of(const std::array<const char*, N>& names, std::string_view s) {
@@ -213,6 +218,7 @@ class LineParser {
   Expr expression() {
     skip_space();
     const std::size_t start = pos_;
+    const Nesting nesting(*this, start);
     Expr left = term();
     for (;;) {
       skip_space();
@@ -227,7 +233,25 @@ class LineParser {
   }
 
  private:
+  // One level of expression(), refused past kMaxNesting.
+  struct Nesting {
+    LineParser& parser;
+    Nesting(LineParser& p, std::size_t at) : parser(p) {
+      if (++parser.nesting_ > kMaxNesting)
+        parser.fail("an expression nests at most " + std::to_string(kMaxNesting) + " deep (parentheses and op calls)",
+                    at);
+    }
+    ~Nesting() { --parser.nesting_; }
+    Nesting(const Nesting&) = delete;
+    Nesting& operator=(const Nesting&) = delete;
+  };
+  void count_op(std::size_t at) {
+    if (++ops_ > kMaxOpsPerStatement)
+      fail("a statement holds at most " + std::to_string(kMaxOpsPerStatement) + " ops (split it into statements)", at);
+  }
+
   Expr binary(const char* function, Expr left, Expr right, std::size_t start) {
+    count_op(start);
     Expr e;
     e.op.kind = std::string_view(function) == "einsum" ? OpKind::einsum : OpKind::binary;
     e.op.function = function;
@@ -275,6 +299,7 @@ class LineParser {
 
   // f(args): the ops written as calls.
   Expr call(const std::string& f, std::size_t start) {
+    count_op(start);
     Expr e;
     e.where = at(start);
     e.op.function = f;
@@ -364,6 +389,8 @@ class LineParser {
   int number_;
   std::string_view src_;
   std::size_t pos_ = 0;
+  int nesting_ = 0;  // expression() levels open (Nesting)
+  int ops_ = 0;      // ops this line holds so far (count_op)
 };
 
 // The end of the code on a line: a '#' starts a comment.

@@ -124,8 +124,8 @@ TEST(Program, OverridesReplaceTheFilesMeshDimsAndPins) {
 
 // Each bad program with the exact message it must produce (headline only).
 struct BadProgram {
-  const char* text;
-  const char* message;
+  std::string text;
+  std::string message;
 };
 
 TEST(Program, BadProgramsNameFileLineAndColumn) {
@@ -164,6 +164,17 @@ TEST(Program, BadProgramsNameFileLineAndColumn) {
        "t.prog:4:11: relu gives [I, J] but the line declares [J, I]; reorder letters with transpose(...) on a line of "
        "its own"},
       {"input a[I, J]\nb[I, J] = relu(c)\n", "t.prog:4:16: 'c' is not defined before this line"},
+      // Nested 65 deep (the fuzzer's 1,593 bytes of parentheses overflowed the stack), and 257 ops.
+      {"input a[I, J]\nb[I, J] = " + std::string(65, '(') + "a" + std::string(65, ')') + "\n",
+       "t.prog:4:75: an expression nests at most 64 deep (parentheses and op calls)"},
+      {"input a[I, J]\nb[I, J] = exp(" + std::string(64, '(') + "a" + std::string(64, ')') + ")\n",
+       "t.prog:4:78: an expression nests at most 64 deep (parentheses and op calls)"},
+      {[] {
+         std::string sum = "input a[I, J]\nb[I, J] = a";
+         for (int i = 0; i < 257; ++i) sum += " + a";
+         return sum + "\n";
+       }(),
+       "t.prog:4:11: a statement holds at most 256 ops (split it into statements)"},
       {"input a[I, J]\ninput b[I, J]\nc[I, J] = relu(a)\n",
        "t.prog:4:7: input 'b' is never used; remove it or use it in an op"},
       {"input a[I, Q]\nb[I, Q] = relu(a)\n",
