@@ -9,7 +9,6 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <future>
